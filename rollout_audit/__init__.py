@@ -1,0 +1,27 @@
+"""rollout-audit: recompute what an agent RL rollout log claims, before training on it.
+
+    import rollout_audit as ra
+    log = ra.scan("logs/")                      # polars LazyFrames: .trajectories .turns .tokens
+    report = ra.audit("logs/")                  # or ra.audit(traj_table, update_table)
+    report.ok, report.findings                  # findings: a polars DataFrame
+
+Names are imported lazily so that `rollout-audit --help` starts fast.
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+_EXPORTS = {
+    "Config": "config", "load_config": "config", "audit": "engine", "audit_tables": "engine",
+    "RolloutWriter": "io", "UsageError": "io", "Log": "log", "scan": "log", "RULES": "registry",
+    "all_rules": "registry", "Report": "report", "models": "models",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        mod = importlib.import_module(f".{_EXPORTS[name]}", __name__)
+        return mod if name == _EXPORTS[name] else getattr(mod, name)
+    raise AttributeError(f"module 'rollout_audit' has no attribute {name!r}")

@@ -1,0 +1,242 @@
+"""One slice of trajectory rows, with the flattened token arrays and the per-trajectory and
+per-turn aggregates every check shares (computed once, vectorised, on first use)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import schema as S
+
+TOKEN_LISTS = ("token_ids", "token_source", "loss_mask", "behavior_logprobs", "token_turn")
+_NSRC = 6  # token_source 0..4, and 5 for any out-of-range value
+_NLP = 3   # 0 null, 1 valid (finite, <= 0), 2 invalid (NaN, inf, > 0)
+
+
+def _np(a: pa.Array, fill=None) -> np.ndarray:
+    if fill is not None and a.null_count:
+        a = a.fill_null(fill)
+    return a.to_numpy(zero_copy_only=False)
+
+
+@dataclass
+class Tokens:
+    """Flattened token arrays of the well-formed rows of a batch (numpy, one entry per token)."""
+
+    row: np.ndarray       # batch row of each token
+    pos: np.ndarray       # position inside its trajectory
+    source: np.ndarray    # uint8; 5 stands for an out-of-range value
+    mask: np.ndarray      # bool
+    lp: np.ndarray        # float64, NaN where null
+    lp_present: np.ndarray  # bool: a value (possibly NaN) was recorded
+    turn: np.ndarray      # int64, the token_turn value
+    starts: np.ndarray    # per batch row: offset of its first token in these arrays
+    ids: np.ndarray | None  # int64 token ids, when token_ids was read
+
+    @property
+    def policy(self) -> np.ndarray:
+        return self.source == S.POLICY
+
+
+class Batch:
+    """A slice of trajectory rows from one file, as read (contract types already applied)."""
+
+    def __init__(self, table: pa.Table, file: str, first_row: int, turn_fields: tuple[str, ...],
+                 schema_problems: list[tuple[str, str]] | None = None) -> None:
+        self.table = table
+        self.file = file
+        self.first_row = first_row
+        self.n = table.num_rows
+        self.columns = frozenset(table.column_names)
+        self.turn_fields = frozenset(turn_fields)
+        self.schema_problems = schema_problems or []  # (column, problem), reported once per file
+
+    def has(self, req: str) -> bool:
+        if req.startswith("turns."):
+            return "turns" in self.columns and req[6:] in self.turn_fields
+        return req in self.columns
+
+    def col(self, name: str) -> pa.Array:
+        return self.table.column(name).combine_chunks()
+
+    # ---------------------------------------------------------------- identity
+
+    @cached_property
+    def ids(self) -> pl.Series:
+        if "trajectory_id" in self.columns:
+            return pl.Series("trajectory_id", self.col("trajectory_id").cast(pa.large_string()))
+        return pl.Series("trajectory_id", [None] * self.n, dtype=pl.String)
+
+    @cached_property
+    def traj(self) -> pl.DataFrame:
+        """Scalar columns of each trajectory plus `_row` and the token aggregates `n_*`."""
+        scalars = [c for c in self.table.column_names
+                   if not pa.types.is_list(self.table.schema.field(c).type) and c != "trajectory_id"]
+        df = pl.from_arrow(self.table.select(scalars)) if scalars else pl.DataFrame()
+        if isinstance(df, pl.Series):
+            df = df.to_frame()
+        df = df.with_columns(self.ids, pl.Series("_row", np.arange(self.n, dtype=np.int64)))
+        return pl.concat([df, self.stats], how="horizontal")
+
+    # ---------------------------------------------------------------- token lists
+
+    @cached_property
+    def lengths(self) -> dict[str, np.ndarray]:
+        """Length of each token list per row (-1 where the list is null)."""
+        out = {}
+        for c in TOKEN_LISTS:
+            if c in self.columns:
+                out[c] = _np(pc.list_value_length(self.col(c)), -1).astype(np.int64)
+        return out
+
+    @cached_property
+    def ok(self) -> np.ndarray:
+        """Rows whose token lists are all present, non-null and of one length."""
+        ok = np.ones(self.n, dtype=bool)
+        lens = list(self.lengths.values())
+        for c in TOKEN_LISTS:
+            if c not in self.lengths and c != "token_ids":
+                ok[:] = False
+        for ln in lens:
+            ok &= ln >= 0
+            ok &= ln == lens[0]
+        return ok
+
+    @cached_property
+    def tokens(self) -> Tokens:
+        n_tok = np.where(self.ok, self.lengths["token_source"], 0) if self.ok.any() else np.zeros(self.n, np.int64)
+        starts = np.concatenate([[0], np.cumsum(n_tok)])
+        keep = np.flatnonzero(self.ok)
+        whole = len(keep) == self.n
+
+        def flat(name: str) -> pa.Array:
+            a = self.col(name)
+            if not whole:
+                a = a.take(pa.array(keep))
+            return a.flatten()
+
+        row = np.repeat(np.arange(self.n, dtype=np.int64), n_tok)
+        pos = np.arange(len(row), dtype=np.int64) - starts[:-1][row]
+        src = _np(flat("token_source"), 255)
+        src = np.where(src > 4, 5, src).astype(np.uint8)
+        lp_arr = flat("behavior_logprobs")
+        lp = _np(lp_arr.cast(pa.float64()), np.nan) if len(lp_arr) else np.zeros(0)
+        present = _np(lp_arr.is_valid()) if lp_arr.null_count else np.ones(len(lp_arr), bool)
+        ids = _np(flat("token_ids"), -1).astype(np.int64) if "token_ids" in self.columns else None
+        return Tokens(row=row, pos=pos, source=src, mask=_np(flat("loss_mask"), False).astype(bool),
+                      lp=lp, lp_present=present, turn=_np(flat("token_turn"), -2).astype(np.int64),
+                      starts=starts[:-1], ids=ids)
+
+    def first_position(self, where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, first token position) for each row where `where` holds somewhere."""
+        idx = np.flatnonzero(where)
+        rows, first = np.unique(self.tokens.row[idx], return_index=True)
+        return rows, self.tokens.pos[idx[first]]
+
+    @cached_property
+    def lp_state(self) -> np.ndarray:
+        t = self.tokens
+        bad = ~np.isfinite(t.lp) | (t.lp > 0)
+        return np.where(~t.lp_present, 0, np.where(bad, 2, 1)).astype(np.int64)
+
+    @cached_property
+    def stats(self) -> pl.DataFrame:
+        """Per-trajectory token counts, from one bincount over a combined category code."""
+        cols = {}
+        if not self.ok.any():
+            counts = np.zeros((self.n, _NSRC, 2, _NLP), np.int64)
+        else:
+            t = self.tokens
+            code = (t.source.astype(np.int64) * 2 + t.mask) * _NLP + self.lp_state
+            per = _NSRC * 2 * _NLP
+            counts = np.bincount(t.row * per + code, minlength=self.n * per).reshape(self.n, _NSRC, 2, _NLP)
+        nul = lambda a: pl.Series(a).set(pl.Series(~self.ok), None)  # noqa: E731
+        cols["n_tokens"] = counts.sum(axis=(1, 2, 3))
+        cols["n_trainable"] = counts[:, :, 1, :].sum(axis=(1, 2))
+        cols["n_policy"] = counts[:, S.POLICY].sum(axis=(1, 2))
+        for s in (0, 1, 3, 4, 5):
+            cols[f"n_trainable_src{s}"] = counts[:, s, 1, :].sum(axis=1)
+        cols["n_policy_unmasked"] = counts[:, S.POLICY, 0, :].sum(axis=1)
+        cols["n_trainable_bad_lp"] = counts[:, :, 1, 0].sum(axis=1) + counts[:, :, 1, 2].sum(axis=1)
+        cols["n_lp_nonpolicy"] = (counts[:, :, :, 1:].sum(axis=(2, 3)).sum(axis=1)
+                                  - counts[:, S.POLICY, :, 1:].sum(axis=(1, 2)))
+        cols["n_src_invalid"] = counts[:, 5].sum(axis=(1, 2))
+        return pl.DataFrame({k: nul(v.astype(np.int64)).alias(k) for k, v in cols.items()})
+
+    # ---------------------------------------------------------------- turns
+
+    @cached_property
+    def turn_counts(self) -> np.ndarray:
+        if "turns" not in self.columns:
+            return np.zeros(self.n, np.int64)
+        return _np(pc.list_value_length(self.col("turns")), 0).astype(np.int64)
+
+    @cached_property
+    def turn_key(self) -> np.ndarray:
+        """Per token: index of its turn in `turns` (flattened over the batch), -1 if none."""
+        t = self.tokens
+        T = self.turn_counts
+        base = np.concatenate([[0], np.cumsum(T)])[:-1]
+        valid = (t.turn >= 0) & (t.turn < T[t.row])
+        return np.where(valid, base[t.row] + t.turn, -1)
+
+    @cached_property
+    def turns(self) -> pl.DataFrame:
+        """One row per turn: `_row`, `_t` (index in the list), trajectory_id, the struct's
+        fields, and recomputed `rc_*` values from the tokens of that turn."""
+        if "turns" not in self.columns:
+            return pl.DataFrame()
+        lst = self.col("turns")
+        structs = lst.flatten()
+        parent = _np(pc.list_parent_indices(lst)).astype(np.int64)
+        T = self.turn_counts
+        base = np.concatenate([[0], np.cumsum(T)])[:-1]
+        tbl = pa.Table.from_struct_array(structs) if len(structs) else pa.table(
+            {f.name: pa.array([], f.type) for f in lst.type.value_type})
+        df = pl.from_arrow(tbl)
+        n_turns = len(parent)
+        df = df.with_columns(pl.Series("_row", parent), pl.Series("_t", np.arange(n_turns) - base[parent]),
+                             self.ids.gather(parent))
+        if self.ok.any() and n_turns:
+            t = self.tokens
+            key = self.turn_key
+            pol = t.policy & (key >= 0)
+            good_lp = pol & (self.lp_state == 1)
+            kp = key[pol]
+            df = df.with_columns(
+                pl.Series("rc_n_policy", np.bincount(kp, minlength=n_turns)),
+                pl.Series("rc_n_trainable", np.bincount(key[t.mask & (key >= 0)], minlength=n_turns)),
+                pl.Series("rc_n_lp_valid", np.bincount(key[good_lp], minlength=n_turns)),
+                pl.Series("rc_lp_sum", np.bincount(key[good_lp], weights=t.lp[good_lp], minlength=n_turns)),
+            )
+            first = np.full(n_turns, -1, np.int64)
+            if kp.size:
+                pos_p = t.pos[pol]
+                order = np.lexsort((pos_p, kp))
+                ks, fi = np.unique(kp[order], return_index=True)
+                first[ks] = pos_p[order][fi]
+            df = df.with_columns(pl.Series("rc_first_policy_pos", first).replace(-1, None))
+            okrow = pl.Series(self.ok[parent])
+            df = df.with_columns(pl.when(okrow).then(pl.col(c)).otherwise(None).alias(c)
+                                 for c in ("rc_n_policy", "rc_n_trainable", "rc_n_lp_valid", "rc_lp_sum",
+                                           "rc_first_policy_pos"))
+        return df
+
+    # ---------------------------------------------------------------- summary for log checks
+
+    def summary(self) -> pl.DataFrame:
+        """The per-trajectory frame log-level checks see (scalars, counts, versions)."""
+        df = self.traj.with_columns(pl.lit(self.file).alias("file"), (pl.col("_row") + self.first_row).alias("_row"),
+                                    pl.Series("ok", self.ok), pl.Series("n_turns", self.turn_counts))
+        tr = self.turns
+        if len(tr) and "policy_version" in tr.columns:
+            agg = [pl.col("policy_version").min().alias("pv_min"), pl.col("policy_version").max().alias("pv_max")]
+            if "rc_n_trainable" in tr.columns:
+                agg.append((pl.col("rc_n_trainable") > 0).sum().cast(pl.Int64).alias("n_turns_trainable"))
+            per = tr.group_by("_row").agg(agg).with_columns((pl.col("_row") + self.first_row).alias("_row"))
+            df = df.join(per, on="_row", how="left")
+        return df

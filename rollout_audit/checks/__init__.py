@@ -1,0 +1,12 @@
+"""The check catalogue. Each module holds one family; importing registers its rules."""
+from . import (  # noqa: F401
+    environment,
+    groups,
+    logprobs,
+    masks,
+    rewards,
+    structure,
+    termination,
+    updates,
+    versions,
+)

@@ -1,0 +1,115 @@
+"""Structure (S): the log can be read as the contract describes (DESIGN 3)."""
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from .. import schema as S
+from ..batch import TOKEN_LISTS, Batch
+from ..registry import rule
+
+
+@rule("S001", "column missing or of the wrong type")
+def required_columns(b: Batch, cfg) -> pl.DataFrame | None:
+    """A required column (or turn field) is missing, has the wrong type, or holds nulls.
+
+    Every check reads columns by the contract of `schemas/rollout_log_v1.json`
+    (`rollout-audit schema`); a missing or mistyped column means the checks that need it
+    cannot run (they are listed as not run). Integer and float widths are accepted and cast;
+    a float where an integer is expected (token_ids as floats) is not. Fix the producer so
+    that it writes the contract's types, e.g. with `rollout_audit.RolloutWriter`.
+    """
+    rows = [{"message": f"{c}: {p}"} for c, p in b.schema_problems]
+    for name in S.required("trajectories"):
+        if name in b.columns and name != "reward" and name != "reset_seed":
+            nulls = b.table.column(name).null_count
+            if nulls:
+                mask = b.table.column(name).is_null().to_numpy(zero_copy_only=False)
+                ids = b.ids.filter(pl.Series(mask))
+                rows += [{"trajectory_id": i, "message": f"{name}: required value is null"} for i in ids.head(50)]
+    return pl.DataFrame(rows, schema={"trajectory_id": pl.String, "message": pl.String}) if rows else None
+
+
+@rule("S002", "duplicate trajectory_id", scope="log", requires=("trajectory_id",))
+def duplicate_ids(log, cfg) -> pl.DataFrame | None:
+    """The same trajectory_id appears on more than one row.
+
+    Updates name their batch by trajectory_id, so a duplicate makes the batch ambiguous and
+    usually means a shard was written twice or ids are not globally unique. Make ids unique
+    across the whole log (e.g. prefix with the collector run and worker).
+    """
+    t = log.traj.filter(pl.col("trajectory_id").is_not_null())
+    dup = (t.group_by("trajectory_id").agg(pl.len().alias("n"), pl.col("file").unique().sort().alias("files"),
+                                           pl.col("file").first())
+           .filter(pl.col("n") > 1))
+    if dup.is_empty():
+        return None
+    return dup.select("trajectory_id", "file", pl.format("trajectory_id appears {} times (in {})", "n",
+                                                          pl.col("files").list.join(", ")).alias("message"))
+
+
+@rule("S003", "token lists of different lengths", requires=("token_source",))
+def token_list_lengths(b: Batch, cfg) -> pl.DataFrame | None:
+    """The token lists of a row (token_ids, token_source, loss_mask, behavior_logprobs,
+    token_turn) are null or differ in length.
+
+    Every per-token check aligns these lists position by position; when lengths differ the
+    alignment is unknown, so the row is left out of all token-level checks. Usually one
+    list was built from a different tokenization than the others: write all of them from
+    the same token sequence.
+    """
+    lens = b.lengths
+    present = [c for c in TOKEN_LISTS if c in lens]
+    bad = np.flatnonzero(~b.ok)
+    if not len(bad) or not present:
+        return None
+    msgs = []
+    for r in bad:
+        parts = [f"{c} {'null' if lens[c][r] < 0 else lens[c][r]}" for c in present]
+        msgs.append("token lists differ or are null: " + ", ".join(parts))
+    return pl.DataFrame({"trajectory_id": b.ids.gather(bad), "message": msgs})
+
+
+@rule("S004", "turns misnumbered or token_turn out of range", requires=("turns", "token_turn"))
+def turn_numbering(b: Batch, cfg) -> pl.DataFrame | None:
+    """Turns are not numbered 0..T-1 in order, or a token's token_turn names a turn that
+    does not exist (anything other than -1 or 0..T-1).
+
+    Per-turn log-probs, policy versions and rewards are joined to tokens by turn number;
+    a gap or a stray number silently attaches a token to the wrong turn (or to none).
+    Number turns by their position in `turns` and tag every token with that number.
+    """
+    out = []
+    tr = b.turns
+    if len(tr) and "turn_id" in tr.columns:
+        bad = tr.filter(pl.col("turn_id").is_null() | (pl.col("turn_id").cast(pl.Int64) != pl.col("_t")))
+        if bad.height:
+            out.append(bad.select("trajectory_id", pl.col("_t").alias("turn"),
+                                  pl.format("turn at index {} has turn_id {}", "_t",
+                                            pl.col("turn_id").cast(pl.String).fill_null("null")).alias("message")))
+    if b.ok.any():
+        t = b.tokens
+        T = b.turn_counts
+        wrong = (t.turn < -1) | (t.turn >= T[t.row])
+        if wrong.any():
+            rows, pos = b.first_position(wrong)
+            n = np.bincount(t.row[wrong], minlength=b.n)[rows]
+            first_val = t.turn[t.starts[rows] + pos]
+            out.append(pl.DataFrame({
+                "trajectory_id": b.ids.gather(rows), "position": pos,
+                "message": [f"{k} token(s) name a turn that does not exist (first: token_turn {v}, "
+                            f"the trajectory has {T[r]} turns)" for k, v, r in zip(n, first_val, rows)]}))
+    return pl.concat(out, how="diagonal_relaxed") if out else None
+
+
+@rule("S005", "unreadable or corrupt file", scope="log")
+def unreadable_files(log, cfg) -> pl.DataFrame | None:
+    """A file could not be read as Parquet (truncated, corrupt, not Parquet, unreadable).
+
+    The rest of the log is still audited, but the rollouts in this file are not: training on
+    the directory would either crash or silently skip them. Re-export the file, or remove it
+    from the training input if it is known to be garbage.
+    """
+    if not log.broken:
+        return None
+    return pl.DataFrame({"file": [p for p, _ in log.broken], "message": [w for _, w in log.broken]})

@@ -1,0 +1,121 @@
+"""The `rollout-audit` command line. Exit codes: 0 clean, 1 error findings, 2 unusable input."""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+FORMATS = ("text", "json", "github", "junit")
+
+
+def _codes(values: tuple[str, ...]) -> list[str]:
+    return [c.strip().upper() for v in values for c in v.split(",") if c.strip()]
+
+
+def _fail(msg: str) -> None:
+    click.echo(f"rollout-audit: error: {msg}", err=True)
+    sys.exit(2)
+
+
+class _Group(click.Group):
+    """Turn click's usage errors into exit code 2 (its default) and anything unexpected into a
+    one-line message instead of a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit):
+            raise
+        except Exception as e:  # noqa: BLE001 - the user gets a message, never a traceback
+            from .io import UsageError
+            if isinstance(e, (UsageError, ValueError, OSError)):
+                _fail(str(e))
+            _fail(f"internal error: {type(e).__name__}: {e} (please report this)")
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="rollout-audit")
+def main() -> None:
+    """Audit rollout logs of RL-trained LLM agents before training."""
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--select", multiple=True, help="Codes or prefixes to run (e.g. M,L201). Default: all.")
+@click.option("--ignore", multiple=True, help="Codes or prefixes to skip.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
+              help="TOML file with a [tool.rollout-audit] table (default: nearest pyproject.toml).")
+@click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
+@click.option("--show-all", is_flag=True, help="Text format: show every finding, not a sample per code.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
+              help="Write the report to this file instead of stdout.")
+def check(paths, select, ignore, fmt, config_path, strict, show_all, output) -> None:
+    """Audit the log at PATHS (Parquet files or directories). Exit 1 blocks training."""
+    from .config import load_config
+    from .engine import run_audit
+    from .io import discover
+    from .registry import all_rules
+
+    cfg = load_config(config_path)
+    sel, ign = _codes(select), _codes(ignore)
+    known = all_rules()
+    for c in sel + ign:
+        if not any(k.startswith(c) for k in known):
+            _fail(f"unknown check code or prefix {c!r}; see `rollout-audit explain --list`")
+    resolved = {str(p) for p in paths}
+    if output and any(str(output) == p or str(output).startswith(p.rstrip("/") + "/") for p in resolved):
+        _fail("--output must not be inside the audited log (the tool never writes to its input)")
+    rep = run_audit(discover(paths), cfg, sel or None, ign or None)
+    text = rep.render(fmt, limit=None if show_all else cfg.max_examples)
+    if output:
+        with open(output, "w") as fh:
+            fh.write(text + "\n")
+    else:
+        click.echo(text)
+    sys.exit(rep.exit_code(strict))
+
+
+@main.command()
+@click.argument("code", required=False)
+@click.option("--list", "list_all", is_flag=True, help="List every check code.")
+def explain(code, list_all) -> None:
+    """Explain a check: the rule, the lesson it comes from, what to fix."""
+    from .registry import all_rules
+
+    rules = all_rules()
+    if list_all or not code:
+        for c, r in rules.items():
+            click.echo(f"{c}  {r.severity:<7}  {r.name}")
+        return
+    r = rules.get(code.upper())
+    if r is None:
+        _fail(f"unknown check code {code!r}; see `rollout-audit explain --list`")
+    needs = ", ".join(r.requires) or "nothing beyond the required columns"
+    click.echo(f"{r.code} ({r.severity}): {r.name}\n\n{r.explanation}\n\nNeeds: {needs}")
+
+
+@main.command()
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def schema(fmt) -> None:
+    """Print the log contract (columns, types, requirement levels)."""
+    from . import schema as S
+
+    if fmt == "json":
+        click.echo(json.dumps(S.contract(), indent=1))
+        return
+    doc = S.contract()
+    click.echo(f"rollout log contract v{doc['version']}  (R required, C recommended, O optional)")
+    for table, title in (("trajectories", "trajectory records: one row per episode"),
+                         ("turn", "turn struct: one element of `turns` per agent turn"),
+                         ("updates", "update records: one row per optimizer update")):
+        click.echo(f"\n{title}")
+        for c in S.columns(table):
+            click.echo(f"  {c.name:<24} {c.type:<20} {c.requirement}  {c.meaning}")
+    click.echo("\nstop reasons: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in doc["stop_reasons"].items()))
+    click.echo("token_source: " + ", ".join(f"{k} {v}" for k, v in doc["token_source"].items()))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,329 @@
+"""The audit engine: stream row-group batches through the batch checks, keep one small
+per-trajectory summary for the log checks, and gather findings into a Report."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import polars as pl
+import pyarrow as pa
+
+from . import schema as S
+from .batch import Batch
+from .config import Config
+from .io import Discovery, LogFile, discover, iter_batches
+from .registry import Rule, all_rules, selected
+from .report import FINDING_SCHEMA, Report, build_report
+
+_DEBUG = bool(os.environ.get("ROLLOUT_AUDIT_DEBUG"))  # re-raise check crashes (tests set this)
+
+
+@dataclass
+class LogView:
+    """What log-level checks see: per-trajectory summaries of the whole log, and updates."""
+
+    traj: pl.DataFrame
+    updates: pl.DataFrame | None
+    broken: list[tuple[str, str]]
+    update_files: list[str] = field(default_factory=list)
+    stats: dict = field(default_factory=dict)  # statistics a check wants in the JSON summary
+
+    def has(self, req: str) -> bool:
+        if req == "updates":
+            return self.updates is not None
+        if req.startswith("updates."):
+            return self.updates is not None and req[8:] in self.updates.columns
+        if req.startswith("turns."):
+            return False
+        return req in self.traj.columns
+
+
+# ---------------------------------------------------------------- schema handling
+
+
+def _cast_column(name: str, found: pa.DataType, table: str) -> tuple[pa.DataType | None, str | None]:
+    """(target type, problem): the contract type to cast to, or why the column is unusable."""
+    spec = {c.name: c for c in S.columns(table)}
+    if name not in spec:
+        return None, None  # unknown columns are ignored
+    if name == "turns":
+        if not (pa.types.is_list(found) or pa.types.is_large_list(found)) or not pa.types.is_struct(found.value_type):
+            return None, f"expected list<struct>, found {found}"
+        tspec = {c.name: c for c in S.columns("turn")}
+        fields = []
+        for f in found.value_type:
+            if f.name in tspec and S.compatible(f.type, tspec[f.name].arrow_type):
+                fields.append(pa.field(f.name, tspec[f.name].arrow_type))
+        return pa.list_(pa.struct(fields)), None
+    exp = spec[name].arrow_type
+    if not S.compatible(found, exp):
+        return None, f"expected {spec[name].type}, found {found}"
+    return exp, None
+
+
+def schema_plan(f: LogFile, table: str = "trajectories") -> tuple[dict[str, pa.DataType], list[tuple[str, str]]]:
+    """Columns to read with their target types, and the schema problems (S001) of the file."""
+    targets: dict[str, pa.DataType] = {}
+    problems: list[tuple[str, str]] = []
+    names = set(f.schema.names)
+    for c in S.columns(table):
+        if c.requirement == "R" and c.name not in names:
+            problems.append((c.name, "required column missing"))
+    for fld in f.schema:
+        tgt, prob = _cast_column(fld.name, fld.type, table)
+        if prob:
+            problems.append((fld.name, prob))
+        elif tgt is not None:
+            targets[fld.name] = tgt
+    if table == "trajectories" and "turns" in targets:
+        have = {x.name for x in targets["turns"].value_type}
+        found = {x.name: x.type for x in f.schema.field("turns").type.value_type}
+        for tc in S.columns("turn"):
+            if tc.name in found and tc.name not in have:
+                problems.append((f"turns.{tc.name}", f"expected {tc.type}, found {found[tc.name]}"))
+            elif tc.requirement == "R" and tc.name not in found:
+                problems.append((f"turns.{tc.name}", "required turn field missing"))
+    return targets, problems
+
+
+def _cast(table: pa.Table, targets: dict[str, pa.DataType]) -> tuple[pa.Table, list[tuple[str, str]]]:
+    """Cast each column to its contract type; a column whose values do not fit is dropped."""
+    cols, names, problems = [], [], []
+    for name in table.column_names:
+        tgt = targets[name]
+        col = table.column(name)
+        if col.type != tgt:
+            try:
+                col = col.cast(tgt)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+                problems.append((name, f"values do not fit {tgt}: {str(e).splitlines()[0]}"))
+                continue
+        cols.append(col)
+        names.append(name)
+    return pa.Table.from_arrays(cols, names=names), problems
+
+
+# ---------------------------------------------------------------- running
+
+
+def _normalise(df: pl.DataFrame | None, rule: Rule, file: str | None) -> pl.DataFrame | None:
+    if df is None or df.height == 0:
+        return None
+    exprs = []
+    for name, dtype in FINDING_SCHEMA.items():
+        if name == "code":
+            exprs.append(pl.lit(rule.code).alias(name))
+        elif name == "severity":
+            exprs.append(pl.lit(rule.severity).alias(name))
+        elif name == "file" and "file" not in df.columns:
+            exprs.append(pl.lit(file, dtype=pl.String).alias(name))
+        elif name in df.columns:
+            exprs.append(pl.col(name).cast(dtype))
+        else:
+            exprs.append(pl.lit(None, dtype=dtype).alias(name))
+    return df.select(exprs)
+
+
+class _Run:
+    """State of one audit: selected rules, findings, where each rule could not run."""
+
+    def __init__(self, cfg: Config, select: Sequence[str] | None, ignore: Sequence[str] | None) -> None:
+        self.cfg = cfg
+        sel = list(select or []) or list(cfg.select)
+        ign = list(ignore or []) + list(cfg.ignore)
+        self.rules = {c: r for c, r in all_rules().items() if selected(c, sel, ign)}
+        self.findings: list[pl.DataFrame] = []
+        self.skipped: dict[str, dict[str, int]] = {}  # code -> reason -> count
+        self.ran: dict[str, int] = {}
+        self.rows = 0
+        self.tokens = 0
+        self.stats: dict = {}
+
+    def needed_columns(self) -> list[str]:
+        cols = {"trajectory_id", *S.required("trajectories")}
+        for r in self.rules.values():
+            for q in r.requires:
+                if not q.startswith("updates"):
+                    cols.add(q.split(".")[0])
+        if any(r.scope == "log" for r in self.rules.values()):
+            cols.update(c.name for c in S.columns("trajectories")
+                        if not c.type.startswith("list") and not c.type.startswith("map"))
+        return [c.name for c in S.columns("trajectories") if c.name in cols]
+
+    def apply(self, rule: Rule, target, file: str | None) -> None:
+        missing = [q for q in rule.requires if not target.has(q)]
+        if missing:
+            why = f"{'column' if len(missing) == 1 else 'columns'} {', '.join(missing)} absent"
+            self.skipped.setdefault(rule.code, {}).setdefault(why, 0)
+            self.skipped[rule.code][why] += 1
+            return
+        try:
+            out = rule.func(target, self.cfg)
+        except Exception as e:  # a check must never turn bad data into a traceback
+            if _DEBUG:
+                raise
+            why = f"check failed on this input: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            self.skipped.setdefault(rule.code, {}).setdefault(why, 0)
+            self.skipped[rule.code][why] += 1
+            return
+        self.ran[rule.code] = self.ran.get(rule.code, 0) + 1
+        norm = _normalise(out, rule, file)
+        if norm is not None:
+            self.findings.append(norm)
+
+    def not_run(self) -> dict[str, str]:
+        out = {}
+        for code in self.rules:
+            reasons = self.skipped.get(code)
+            if not reasons:
+                if code not in self.ran:
+                    out[code] = "no input reached this check (no readable trajectory rows)"
+                continue
+            why = "; ".join(reasons)
+            if code in self.ran:
+                out[code] = f"partly not run ({sum(reasons.values())} of {sum(reasons.values()) + self.ran[code]} batches): {why}"
+            else:
+                out[code] = why
+        return out
+
+
+def _batches(files: list[LogFile], run: _Run, batch_rows: int) -> Iterable[Batch]:
+    want = run.needed_columns()
+    for f in files:
+        targets, problems = schema_plan(f)
+        cols = [c for c in want if c in targets]
+        first = True
+        offset = 0
+        try:
+            parts = iter_batches(f, cols, batch_rows)
+            for part in parts:
+                part, cast_problems = _cast(part.select([c for c in cols if c in part.column_names]), targets)
+                fields = tuple(x.name for x in part.schema.field("turns").type.value_type) if "turns" in part.column_names else ()
+                yield Batch(part, f.path, offset, fields, (problems if first else []) + cast_problems)
+                first = False
+                offset += part.num_rows
+        except (OSError, pa.ArrowException) as e:
+            run.broken.append((f.path, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+            continue
+        if first:  # an empty file: still report its schema problems
+            empty = pa.table({c: pa.array([], targets[c]) for c in cols})
+            yield Batch(empty, f.path, 0, (), problems)
+
+
+def _read_updates(files: list[LogFile], broken: list) -> tuple[pl.DataFrame | None, list[str]]:
+    frames = []
+    for f in files:
+        targets, problems = schema_plan(f, "updates")
+        if problems:
+            broken.append((f.path, "update records: " + "; ".join(f"{c}: {p}" for c, p in problems)))
+            continue
+        try:
+            t = pa.concat_tables(list(iter_batches(f, list(targets), 1 << 30)) or
+                                 [pa.table({c: pa.array([], targets[c]) for c in targets})])
+            t, cp = _cast(t, targets)
+        except (OSError, pa.ArrowException) as e:
+            broken.append((f.path, f"{type(e).__name__}: {str(e).splitlines()[0]}"))
+            continue
+        frames.append(pl.from_arrow(t).with_columns(pl.lit(f.path).alias("file")))
+    if not frames:
+        return None, []
+    return pl.concat(frames, how="diagonal_relaxed"), [f.path for f in files]
+
+
+def run_audit(disc: Discovery, cfg: Config | None = None, select: Sequence[str] | None = None,
+              ignore: Sequence[str] | None = None, batch_rows: int = 4096,
+              tables: tuple[pa.Table | None, pa.Table | None] | None = None) -> Report:
+    """Audit discovered files (or in-memory `tables` = (trajectories, updates))."""
+    cfg = cfg or Config()
+    run = _Run(cfg, select, ignore)
+    run.broken = list(disc.broken)
+    batch_rules = [r for r in run.rules.values() if r.scope == "batch"]
+    log_rules = [r for r in run.rules.values() if r.scope == "log"]
+    summaries: list[pl.DataFrame] = []
+    if tables is None:
+        batches = _batches(disc.of_kind("trajectories"), run, batch_rows)
+        updates, update_files = _read_updates(disc.of_kind("updates"), run.broken)
+    else:
+        batches = _memory_batches(tables[0], run, batch_rows)
+        updates = None if tables[1] is None else _memory_updates(tables[1], run)
+        update_files = []
+    for b in batches:
+        run.rows += b.n
+        if b.ok.any():
+            run.tokens += int(b.tokens.row.size)
+        for r in batch_rules:
+            run.apply(r, b, b.file)
+        if log_rules:
+            summaries.append(b.summary())
+    traj = pl.concat(summaries, how="diagonal_relaxed") if summaries else pl.DataFrame()
+    view = LogView(traj, updates, run.broken, update_files, run.stats)
+    for r in log_rules:
+        if r.code == "S005" or traj.height or r.requires and all(q.startswith("updates") for q in r.requires):
+            run.apply(r, view, None)
+    findings = pl.concat(run.findings) if run.findings else pl.DataFrame(schema=FINDING_SCHEMA)
+    return build_report(findings, run.not_run(), rows=run.rows, tokens=run.tokens, stats=run.stats, cfg=cfg,
+                        rules=run.rules)
+
+
+def _memory_batches(table: pa.Table | None, run: _Run, batch_rows: int) -> Iterable[Batch]:
+    if table is None:
+        return
+    f = LogFile("<memory>", "trajectories", table.schema, table.num_rows, 1)
+    targets, problems = schema_plan(f)
+    cols = [c for c in run.needed_columns() if c in targets]
+    first = True
+    for off in range(0, max(table.num_rows, 1), batch_rows):
+        part, cp = _cast(table.select(cols).slice(off, batch_rows), targets)
+        fields = tuple(x.name for x in part.schema.field("turns").type.value_type) if "turns" in part.column_names else ()
+        yield Batch(part, "<memory>", off, fields, (problems if first else []) + cp)
+        first = False
+
+
+def _memory_updates(table: pa.Table, run: _Run) -> pl.DataFrame | None:
+    f = LogFile("<memory>", "updates", table.schema, table.num_rows, 1)
+    targets, problems = schema_plan(f, "updates")
+    if problems:
+        run.broken.append(("<memory updates>", "; ".join(f"{c}: {p}" for c, p in problems)))
+        return None
+    t, _ = _cast(table.select(list(targets)), targets)
+    return pl.from_arrow(t).with_columns(pl.lit("<memory>").alias("file"))
+
+
+def _to_arrow(x, kind: str = "trajectories") -> pa.Table | None:
+    if x is None or isinstance(x, pa.Table):
+        return x
+    if isinstance(x, pa.RecordBatch):
+        return pa.Table.from_batches([x])
+    if isinstance(x, pl.DataFrame):
+        return x.to_arrow()
+    if isinstance(x, pl.LazyFrame):
+        return x.collect().to_arrow()
+    if isinstance(x, list):
+        from .io import records_to_table
+        return records_to_table(x, kind)
+    raise TypeError(f"cannot audit an object of type {type(x).__name__}")
+
+
+def audit_tables(trajectories=None, updates=None, *, config: Config | None = None,
+                 select: Sequence[str] | None = None, ignore: Sequence[str] | None = None) -> Report:
+    """Audit in-memory tables (pyarrow Tables, polars DataFrames, or lists of dicts)."""
+    return run_audit(Discovery(), config, select, ignore, tables=(_to_arrow(trajectories),
+                                                                  _to_arrow(updates, "updates")))
+
+
+def audit(source, updates=None, *, config: Config | None = None, select: Sequence[str] | None = None,
+          ignore: Sequence[str] | None = None) -> Report:
+    """Audit a path (file or directory), a list of paths, a scanned `Log`, or in-memory tables.
+
+    A training loop can call `audit(batch_table, update_table)` before the optimizer step.
+    """
+    from .log import Log
+
+    if isinstance(source, Log):
+        return run_audit(source.discovery, config, select, ignore)
+    if isinstance(source, (str, os.PathLike)) or (isinstance(source, (list, tuple)) and source
+                                                  and all(isinstance(s, (str, os.PathLike)) for s in source)):
+        paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+        return run_audit(discover(paths), config, select, ignore)
+    return audit_tables(source, updates, config=config, select=select, ignore=ignore)

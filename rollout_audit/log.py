@@ -1,0 +1,79 @@
+"""`scan(path)`: a rollout log as polars LazyFrames, for notebooks and pipelines."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Sequence
+
+import polars as pl
+
+from .io import Discovery, discover
+
+_TOKEN_LISTS = ["token_ids", "token_source", "loss_mask", "behavior_logprobs", "token_turn"]
+
+
+@dataclass
+class Log:
+    """A discovered log. Frames are lazy: nothing is read until `.collect()`.
+
+    `broken` lists files that could not be opened (path, reason); they are left out of
+    the frames and reported as S005 by the audit.
+    """
+
+    discovery: Discovery
+
+    @property
+    def files(self) -> list[str]:
+        return [f.path for f in self.discovery.files]
+
+    @property
+    def broken(self) -> list[tuple[str, str]]:
+        return self.discovery.broken
+
+    def _scan(self, kind: str) -> pl.LazyFrame | None:
+        paths = [f.path for f in self.discovery.of_kind(kind)]
+        if not paths:
+            return None
+        return pl.scan_parquet(paths, hive_partitioning=False, missing_columns="insert",
+                               extra_columns="ignore", include_file_paths="file")
+
+    @cached_property
+    def trajectories(self) -> pl.LazyFrame:
+        """One row per trajectory, every column as stored, plus `file`."""
+        lf = self._scan("trajectories")
+        if lf is None:
+            raise ValueError("the log holds no trajectory files")
+        return lf
+
+    @property
+    def turns(self) -> pl.LazyFrame:
+        """One row per turn: trajectory_id, turn (index in the list) and the turn fields."""
+        return (self.trajectories.select("trajectory_id", "turns")
+                .with_columns(pl.int_ranges(pl.col("turns").list.len()).alias("turn"))
+                .explode(["turns", "turn"]).drop_nulls("turn").unnest("turns"))
+
+    @property
+    def tokens(self) -> pl.LazyFrame:
+        """One row per token: trajectory_id, position, and the token lists as columns.
+
+        Rows whose token lists differ in length (S003) are left out.
+        """
+        lf = self.trajectories
+        names = [c for c in _TOKEN_LISTS if c in lf.collect_schema().names()]
+        same = pl.all_horizontal([pl.col(c).list.len() == pl.col(names[0]).list.len() for c in names])
+        return (lf.select("trajectory_id", *names).filter(same)
+                .with_columns(pl.int_ranges(pl.col(names[0]).list.len()).alias("position"))
+                .explode([*names, "position"]).drop_nulls("position")
+                .select("trajectory_id", "position", *names))
+
+    @property
+    def updates(self) -> pl.LazyFrame | None:
+        """One row per optimizer update, or None when the log has no update records."""
+        return self._scan("updates")
+
+
+def scan(path: str | os.PathLike | Sequence[str | os.PathLike]) -> Log:
+    """Discover the Parquet files of a log (a file, a directory, or several)."""
+    paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+    return Log(discover(paths))

@@ -1,0 +1,137 @@
+"""The log contract, read from `schemas/rollout_log_v1.json`: the one source of truth.
+
+Arrow schemas, type compatibility rules and the `schema` command's table are all
+built from that file, so a collector in another language validates against the same data.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import pyarrow as pa
+
+SCHEMA_VERSION = "1"
+META_VERSION = b"rollout_log.schema_version"
+META_KIND = b"rollout_log.kind"
+
+POLICY = 2  # token_source value of a token sampled by the behaviour policy
+SOURCE_NAMES = {0: "system", 1: "user", 2: "policy", 3: "observation", 4: "template"}
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column (or struct field) of the contract."""
+
+    name: str
+    type: str
+    requirement: str  # R, C or O
+    meaning: str
+
+    @property
+    def arrow_type(self) -> pa.DataType:
+        return parse_type(self.type)
+
+
+def _contract_path() -> Path:
+    here = Path(__file__).resolve().parent
+    for cand in (here / "schemas", here.parent / "schemas"):
+        p = cand / "rollout_log_v1.json"
+        if p.exists():
+            return p
+    raise FileNotFoundError("rollout_log_v1.json not found next to the package")
+
+
+@lru_cache(maxsize=None)
+def contract() -> dict:
+    """The raw contract document."""
+    return json.loads(_contract_path().read_text())
+
+
+def columns(table: str) -> tuple[Column, ...]:
+    """Columns of `trajectories`, `turn` (the turn struct) or `updates`."""
+    return tuple(Column(**c) for c in contract()["tables"][table])
+
+
+def column(table: str, name: str) -> Column:
+    return {c.name: c for c in columns(table)}[name]
+
+
+def required(table: str) -> tuple[str, ...]:
+    return tuple(c.name for c in columns(table) if c.requirement == "R")
+
+
+_SCALARS = {
+    "string": pa.string(), "bool": pa.bool_(), "uint8": pa.uint8(), "int16": pa.int16(),
+    "int32": pa.int32(), "int64": pa.int64(), "float32": pa.float32(), "float64": pa.float64(),
+}
+
+
+def parse_type(t: str) -> pa.DataType:
+    """Parse the contract's type notation (`list<int32>`, `map<string,float64>`...)."""
+    t = t.replace(" ", "")
+    if t == "list<struct>":
+        return pa.list_(turn_struct())
+    if t.startswith("list<") and t.endswith(">"):
+        return pa.list_(parse_type(t[5:-1]))
+    if t.startswith("map<") and t.endswith(">"):
+        k, v = t[4:-1].split(",", 1)
+        return pa.map_(parse_type(k), parse_type(v))
+    return _SCALARS[t]
+
+
+@lru_cache(maxsize=None)
+def turn_struct() -> pa.StructType:
+    return pa.struct([pa.field(c.name, c.arrow_type) for c in columns("turn")])
+
+
+@lru_cache(maxsize=None)
+def arrow_schema(table: str) -> pa.Schema:
+    """The full Arrow schema of `trajectories` or `updates`, with contract metadata."""
+    meta = {META_VERSION: SCHEMA_VERSION.encode(), META_KIND: table.encode()}
+    return pa.schema([pa.field(c.name, c.arrow_type) for c in columns(table)], metadata=meta)
+
+
+def stop_reasons() -> dict[str, str]:
+    """stop_reason -> the flag that must be true."""
+    return {r: flag for flag, rs in contract()["stop_reasons"].items() for r in rs}
+
+
+def _kind(t: pa.DataType) -> str:
+    if pa.types.is_integer(t):
+        return "int"
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    if pa.types.is_boolean(t):
+        return "bool"
+    if pa.types.is_null(t):
+        return "null"
+    return str(t)
+
+
+def compatible(found: pa.DataType, expected: pa.DataType) -> bool:
+    """True when `found` can be read as `expected` without changing meaning.
+
+    Integer widths, float widths, large/view variants and all-null columns are accepted
+    (they are cast on read); a float where an int is expected is not.
+    """
+    if pa.types.is_null(found):
+        return True
+    if pa.types.is_map(expected):
+        return pa.types.is_map(found) and compatible(found.key_type, expected.key_type) and compatible(
+            found.item_type, expected.item_type)
+    if pa.types.is_list(expected):
+        if not (pa.types.is_list(found) or pa.types.is_large_list(found) or pa.types.is_list_view(found)):
+            return False
+        return compatible(found.value_type, expected.value_type)
+    if pa.types.is_struct(expected):
+        if not pa.types.is_struct(found):
+            return False
+        exp = {f.name: f.type for f in expected}
+        return all(compatible(f.type, exp[f.name]) for f in found if f.name in exp)
+    k = _kind(found)
+    e = _kind(expected)
+    return k == e or (e == "float" and k == "int")
