@@ -9,9 +9,11 @@ from ..batch import TOKEN_LISTS, Batch
 from ..registry import rule
 
 
-@rule("S001", "column missing or of the wrong type")
+@rule("S001", "column missing, of the wrong type, or out of its domain")
 def required_columns(b: Batch, cfg) -> pl.DataFrame | None:
-    """A required column (or turn field) is missing, has the wrong type, or holds nulls.
+    """A required column (or turn field) is missing, has the wrong type, holds nulls, or
+    holds values outside its domain (NaN or infinite rewards, values and potentials; gamma
+    outside (0, 1]; token_source outside 0..4; negative counts or times).
 
     Every check reads columns by the contract of `schemas/rollout_log_v1.json`
     (`rollout-audit schema`); a missing or mistyped column means the checks that need it
@@ -27,7 +29,33 @@ def required_columns(b: Batch, cfg) -> pl.DataFrame | None:
                 mask = b.table.column(name).is_null().to_numpy(zero_copy_only=False)
                 ids = b.ids.filter(pl.Series(mask))
                 rows += [{"trajectory_id": i, "message": f"{name}: required value is null"} for i in ids.head(50)]
-    return pl.DataFrame(rows, schema={"trajectory_id": pl.String, "message": pl.String}) if rows else None
+    out = [pl.DataFrame(rows, schema={"trajectory_id": pl.String, "message": pl.String})] if rows else []
+    out += _domain(b)
+    return pl.concat(out, how="diagonal_relaxed") if out else None
+
+
+def _domain(b: Batch) -> list[pl.DataFrame]:
+    """Value-domain problems of the per-trajectory and per-turn frames (pandera models)."""
+    from ..models import TrajectoryFrame, TurnFrame, domain_problems
+
+    out = []
+    bad = domain_problems(TrajectoryFrame, b.traj.drop("trajectory_id"))
+    bad = bad.with_columns(pl.when(pl.col("column") == "n_src_invalid").then(pl.lit("token_source"))
+                           .otherwise("column").alias("column"),
+                           pl.when(pl.col("column") == "n_src_invalid").then(pl.format("{} values outside 0..4", "value"))
+                           .otherwise("value").alias("value"))
+    if bad.height:
+        out.append(bad.with_columns(b.ids.gather(bad["index"])).select(
+            "trajectory_id", pl.format("{}: value {} fails {}", "column", "value", "check").alias("message")))
+    tr = b.turns
+    if tr.height:
+        cols = [c for c in tr.columns if not c.startswith(("rc_", "_"))]
+        bad = domain_problems(TurnFrame, tr.select(cols))
+        if bad.height:
+            out.append(bad.join(tr.select(pl.int_range(pl.len()).alias("index"), "trajectory_id", pl.col("_t").alias("turn")),
+                                on="index").select(
+                "trajectory_id", "turn", pl.format("turns.{}: value {} fails {}", "column", "value", "check").alias("message")))
+    return out
 
 
 @rule("S002", "duplicate trajectory_id", scope="log", requires=("trajectory_id",))

@@ -1,0 +1,207 @@
+"""Foundation: writer, reader, structural checks S001-S005, CLI exit codes and formats."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+import rollout_audit as ra
+from rollout_audit.cli import main
+from conftest import write_log
+
+
+def run_cli(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def digest(root):
+    return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_compliant_log_exits_0_with_no_findings(tmp_path, records):
+    root = write_log(tmp_path / "log", *records, validate=True)
+    before = digest(root)
+    res = run_cli("check", root)
+    assert res.exit_code == 0, res.output
+    assert "0 errors, 0 warnings" in res.output
+    assert digest(root) == before  # never writes to its input
+
+
+def test_json_shape_is_stable(tmp_path, records):
+    trajs, ups = records
+    trajs[1]["token_ids"] = trajs[1]["token_ids"][:-1]
+    root = write_log(tmp_path / "log", trajs, ups)
+    res = run_cli("check", root, "--format", "json")
+    assert res.exit_code == 1
+    doc = json.loads(res.output)
+    assert set(doc) == {"findings", "not_run", "summary"}
+    f = doc["findings"][0]
+    assert {"code", "severity", "message", "file", "trajectory_id", "turn", "position"} <= set(f)
+    assert f["code"] == "S003" and f["trajectory_id"] == trajs[1]["trajectory_id"]
+    assert f["file"].endswith(".parquet")
+    assert doc["summary"]["counts"]["S003"] == 1
+    assert doc["summary"]["rows_read"] == len(trajs)
+
+
+def test_writer_refuses_bad_record_naming_column_and_trajectory(tmp_path, records):
+    trajs, _ = records
+    trajs[2]["loss_mask"] = trajs[2]["loss_mask"] + [True]
+    with pytest.raises(ValueError, match=r"S003.*loss_mask.*t000002"):
+        with ra.RolloutWriter(tmp_path / "x.parquet") as w:
+            w.write(trajs)
+    assert not list(tmp_path.iterdir())  # nothing published, no temp left behind
+
+
+def test_writer_refuses_wrong_type(tmp_path, records):
+    trajs, _ = records
+    trajs[0]["reset_seed"] = "seven"
+    with pytest.raises(ValueError, match="record refused"):
+        with ra.RolloutWriter(tmp_path / "x.parquet") as w:
+            w.write(trajs)
+
+
+def test_writer_is_atomic(tmp_path, records):
+    trajs, _ = records
+    w = ra.RolloutWriter(tmp_path / "a.parquet")
+    w.write(trajs[:5])
+    w.write(trajs[5:10])
+    assert not (tmp_path / "a.parquet").exists()  # only a hidden temp file so far
+    with pytest.raises(ra.UsageError, match="no \\*.parquet"):
+        ra.scan(tmp_path)  # a half-written file never reads as a log
+    w.close()
+    pf = pq.ParquetFile(tmp_path / "a.parquet")
+    assert pf.metadata.num_row_groups == 2 and pf.metadata.num_rows == 10
+    assert pf.schema_arrow.metadata[b"rollout_log.kind"] == b"trajectories"
+    assert pf.schema_arrow.metadata[b"rollout_log.schema_version"] == b"1"
+
+
+def test_one_file_and_partitions_give_same_findings(tmp_path, records):
+    trajs, ups = records
+    trajs[3]["token_turn"][-1] = 42
+    trajs[7]["turns"][0]["turn_id"] = 5
+    one = ra.audit(write_log(tmp_path / "one", trajs, ups)).findings
+    many = ra.audit(write_log(tmp_path / "many", trajs, ups, parts=3)).findings
+    key = ["code", "trajectory_id", "turn", "position", "message"]
+    assert one.height == 2
+    assert one.select(key).sort(key).equals(many.select(key).sort(key))
+
+
+def test_missing_required_column_s001_and_checks_not_run(tmp_path, records):
+    t = ra.io.records_to_table(records[0]).drop_columns(["loss_mask"])
+    pq.write_table(t, tmp_path / "x.parquet")
+    rep = ra.audit(tmp_path)
+    s001 = rep.findings.filter(pl.col("code") == "S001")
+    assert "loss_mask: required column missing" in s001["message"].to_list()
+    assert s001["file"][0].endswith("x.parquet")
+    assert not rep.ok
+
+
+def test_token_ids_as_floats_is_s001(tmp_path, records):
+    t = ra.io.records_to_table(records[0])
+    t = t.set_column(t.schema.get_field_index("token_ids"), "token_ids",
+                     t.column("token_ids").cast(pa.list_(pa.float64())))
+    pq.write_table(t, tmp_path / "x.parquet")
+    rep = ra.audit(tmp_path)
+    msgs = rep.findings.filter(pl.col("code") == "S001")["message"].to_list()
+    assert any("token_ids: expected list<int32>" in m for m in msgs)
+
+
+def test_duplicate_ids_across_files_s002(tmp_path, records):
+    trajs, ups = records
+    trajs[-1]["trajectory_id"] = trajs[0]["trajectory_id"]
+    rep = ra.audit(write_log(tmp_path / "log", trajs, ups, parts=2))
+    s002 = rep.findings.filter(pl.col("code") == "S002")
+    assert s002["trajectory_id"].to_list() == [trajs[0]["trajectory_id"]]
+    assert "2 times" in s002["message"][0]
+
+
+def test_truncated_and_non_parquet_files_s005_rest_still_read(tmp_path, records):
+    root = write_log(tmp_path / "log", *records, parts=2)
+    victim = sorted(root.rglob("part-0001.parquet"))[0]
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) // 2])
+    (root / "notes.parquet").write_text("this is not parquet")
+    rep = ra.audit(root)
+    s005 = rep.findings.filter(pl.col("code") == "S005")
+    assert sorted(s005["file"].to_list()) == sorted([str(victim), str(root / "notes.parquet")])
+    assert rep.summary["rows_read"] == len(records[0]) // 2  # the intact file was audited
+    res = run_cli("check", root)
+    assert res.exit_code == 1 and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("setup", ["missing", "empty_dir", "not_parquet_dir"])
+def test_unusable_input_exit_2(tmp_path, setup):
+    target = tmp_path / "t"
+    if setup == "empty_dir":
+        target.mkdir()
+    elif setup == "not_parquet_dir":
+        target.mkdir()
+        (target / "a.csv").write_text("x,y\n1,2\n")
+    res = run_cli("check", target)
+    assert res.exit_code == 2
+    assert res.output.startswith("rollout-audit: error:") and "Traceback" not in res.output
+
+
+def test_usage_errors_exit_2(tmp_path, records):
+    root = write_log(tmp_path / "log", *records)
+    assert run_cli("check", root, "--select", "Z9").exit_code == 2
+    assert run_cli("check", root, "--format", "yaml").exit_code == 2
+    assert run_cli("explain", "Q123").exit_code == 2
+    assert run_cli("check", root, "-o", root / "report.txt").exit_code == 2
+    assert not (root / "report.txt").exists()
+
+
+def test_select_and_ignore(tmp_path, records):
+    trajs, ups = records
+    trajs[1]["token_ids"] = trajs[1]["token_ids"][:-1]
+    root = write_log(tmp_path / "log", trajs, ups)
+    assert run_cli("check", root, "--ignore", "S003").exit_code == 0
+    assert run_cli("check", root, "--select", "S").exit_code == 1
+    rep = ra.audit(root, select=["S00"], ignore=["S003"])
+    assert "S003" not in rep.codes() and "S003" not in rep.summary["checks_run"]
+
+
+def test_github_and_junit_formats(tmp_path, records):
+    trajs, ups = records
+    trajs[1]["token_ids"] = trajs[1]["token_ids"][:-1]
+    root = write_log(tmp_path / "log", trajs, ups)
+    gh = run_cli("check", root, "--format", "github").output
+    assert gh.startswith("::error file=") and "title=S003" in gh
+    junit = run_cli("check", root, "--format", "junit").output
+    assert "<testsuite" in junit and 'name="S003' in junit and "<failure" in junit
+
+
+def test_explain_and_schema(tmp_path):
+    res = run_cli("explain", "S003")
+    assert res.exit_code == 0 and "differ in length" in res.output
+    doc = json.loads(run_cli("schema", "--format", "json").output)
+    names = [c["name"] for c in doc["tables"]["trajectories"]]
+    assert names[0] == "trajectory_id" and "turns" in names
+    assert "token_source" in run_cli("schema").output
+
+
+def test_scan_frames(tmp_path, records):
+    trajs, ups = records
+    root = write_log(tmp_path / "log", trajs, ups, parts=2)
+    log = ra.scan(root)
+    assert log.trajectories.select(pl.len()).collect().item() == len(trajs)
+    turns = log.turns.collect()
+    assert turns.height == sum(len(t["turns"]) for t in trajs)
+    assert {"trajectory_id", "turn", "policy_version", "logprob"} <= set(turns.columns)
+    toks = log.tokens.filter(pl.col("trajectory_id") == trajs[0]["trajectory_id"]).collect()
+    assert toks["token_ids"].to_list() == trajs[0]["token_ids"]
+    assert toks["position"].to_list() == list(range(len(trajs[0]["token_ids"])))
+    assert log.updates.collect().height == len(ups)
+
+
+def test_in_memory_audit_of_arrow_and_polars(records):
+    trajs, ups = records
+    table = ra.io.records_to_table(trajs)
+    for src in (table, pl.from_arrow(table)):
+        rep = ra.audit(src, ra.io.records_to_table(ups, "updates"))
+        assert rep.ok and rep.count("warning") == 0
