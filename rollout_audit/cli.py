@@ -117,5 +117,33 @@ def schema(fmt) -> None:
     click.echo("token_source: " + ", ".join(f"{k} {v}" for k, v in doc["token_source"].items()))
 
 
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def stats(paths, fmt) -> None:
+    """Counts, trainable share, stop causes, rewards, groups and policy versions of a log."""
+    from .log import scan
+    from .stats import log_stats, render_stats
+
+    d = log_stats(scan(paths))
+    click.echo(json.dumps(d, indent=1, default=str) if fmt == "json" else render_stats(d))
+
+
+@main.command()
+@click.argument("path", type=click.Path())
+@click.argument("trajectory_id")
+@click.option("--color/--no-color", default=None, help="Colour by provenance (default: when stdout is a terminal).")
+def show(path, trajectory_id, color) -> None:
+    """Print one trajectory token by token, coloured by provenance, with mask and log-probs."""
+    from .log import scan
+    from .show import render, transcript
+
+    try:
+        scalars, toks, turns = transcript(scan(path), trajectory_id)
+    except KeyError as e:
+        _fail(str(e.args[0]))
+    click.echo(render(scalars, toks, turns, sys.stdout.isatty() if color is None else color))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
