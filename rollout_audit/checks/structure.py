@@ -9,6 +9,11 @@ from ..batch import TOKEN_LISTS, Batch
 from ..registry import rule
 
 
+# nulls in these required columns mean something specific and have their own check
+_NULL_HAS_OWN_CHECK = {"reward": "excluded episode", "reset_seed": "E801", "environment_version": "E801",
+                       "verifier_version": "E801"}
+
+
 @rule("S001", "column missing, of the wrong type, or out of its domain")
 def required_columns(b: Batch, cfg) -> pl.DataFrame | None:
     """A required column (or turn field) is missing, has the wrong type, holds nulls, or
@@ -23,7 +28,7 @@ def required_columns(b: Batch, cfg) -> pl.DataFrame | None:
     """
     rows = [{"message": f"{c}: {p}"} for c, p in b.schema_problems]
     for name in S.required("trajectories"):
-        if name in b.columns and name != "reward" and name != "reset_seed":
+        if name in b.columns and name not in _NULL_HAS_OWN_CHECK:
             nulls = b.table.column(name).null_count
             if nulls:
                 mask = b.table.column(name).is_null().to_numpy(zero_copy_only=False)
