@@ -27,6 +27,9 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit):
             raise
+        except BrokenPipeError:  # output piped into `head`: not an error
+            sys.stderr.close()
+            sys.exit(0)
         except Exception as e:  # noqa: BLE001 - the user gets a message, never a traceback
             from .io import UsageError
             if isinstance(e, (UsageError, ValueError, OSError)):
@@ -143,6 +146,60 @@ def show(path, trajectory_id, color) -> None:
     except KeyError as e:
         _fail(str(e.args[0]))
     click.echo(render(scalars, toks, turns, sys.stdout.isatty() if color is None else color))
+
+
+@main.group(invoke_without_command=True)
+@click.option("--list", "list_all", is_flag=True, help="List the named faults and the codes each must raise.")
+@click.pass_context
+def faults(ctx, list_all) -> None:
+    """Break a compliant log on purpose: named faults, each with the codes it must raise."""
+    if ctx.invoked_subcommand is None:
+        from .faults import FAULTS
+
+        for f in FAULTS.values():
+            click.echo(f"{f.name:<44} {','.join(sorted(f.codes)):<12} {f.description}")
+
+
+def _refuse_inside(dst, src) -> None:
+    from pathlib import Path
+
+    d, s = Path(dst).resolve(), Path(src).resolve()
+    if d == s or s in d.parents or (d.exists() and any(d.iterdir())):
+        _fail(f"{dst}: must be a new directory outside the source log (the tool never writes to its input)")
+
+
+@faults.command("apply")
+@click.argument("name")
+@click.argument("src", type=click.Path(exists=True))
+@click.argument("dst", type=click.Path())
+@click.option("--seed", default=0, show_default=True, help="Chooses which trajectory is broken.")
+def faults_apply(name, src, dst, seed) -> None:
+    """Write DST: the log at SRC broken by fault NAME."""
+    from .faults import FAULTS, apply, read_records, write_records
+
+    if name not in FAULTS:
+        _fail(f"unknown fault {name!r}; see `rollout-audit faults --list`")
+    _refuse_inside(dst, src)
+    (t, u), touched = apply(name, *read_records(src), seed=seed)
+    write_records(dst, t, u, corrupt=FAULTS[name].file_level)
+    click.echo(f"{dst}: {name} (must raise {', '.join(sorted(FAULTS[name].codes))}); touched: "
+               f"{', '.join(touched) or 'the whole log'}")
+
+
+@faults.command("matrix")
+@click.argument("src", type=click.Path(exists=True))
+@click.option("--parts", default=1, show_default=True, help="Split each broken log into this many partitions.")
+def faults_matrix(src, parts) -> None:
+    """Apply every fault to the log at SRC, audit each, print the detection matrix (exit 1 on a miss)."""
+    import tempfile
+
+    from .faults import FAULTS, detect, read_records, render_matrix
+
+    trajs, ups = read_records(src)
+    with tempfile.TemporaryDirectory() as work:
+        rows = [detect(n, trajs, ups, work, parts=parts) for n in FAULTS]
+    click.echo(render_matrix(rows))
+    sys.exit(0 if all(r.ok for r in rows) else 1)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -91,10 +91,14 @@ def token_list_lengths(b: Batch, cfg) -> pl.DataFrame | None:
     list was built from a different tokenization than the others: write all of them from
     the same token sequence.
     """
-    lens = b.lengths
+    lens = b.lengths  # absent columns are S001's business; compare the lists that exist
     present = [c for c in TOKEN_LISTS if c in lens]
-    bad = np.flatnonzero(~b.ok)
-    if not len(bad) or not present:
+    if not present:
+        return None
+    first = lens[present[0]]
+    consistent = np.logical_and.reduce([(lens[c] >= 0) & (lens[c] == first) for c in present])
+    bad = np.flatnonzero(~consistent)
+    if not len(bad):
         return None
     msgs = []
     for r in bad:
