@@ -148,6 +148,34 @@ def show(path, trajectory_id, color) -> None:
     click.echo(render(scalars, toks, turns, sys.stdout.isatty() if color is None else color))
 
 
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default="rollout-audit-report.html", show_default=True)
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False))
+def report(paths, output, config_path) -> None:
+    """Write an HTML page with the findings and plots of the log's statistics."""
+    from .config import load_config
+    from .engine import run_audit
+    from .html import render_html
+    from .log import Log
+    from .io import discover
+    from .stats import log_stats
+
+    disc = discover(paths)
+    for p in paths:
+        if str(output).startswith(str(p).rstrip("/") + "/") or str(output) == str(p):
+            _fail("--output must not be inside the audited log (the tool never writes to its input)")
+    rep = run_audit(disc, load_config(config_path))
+    try:
+        st = log_stats(Log(disc)) if disc.of_kind("trajectories") else None
+    except Exception:  # statistics are a courtesy; a broken log still gets its findings page
+        st = None
+    with open(output, "w") as fh:
+        fh.write(render_html(rep, st, ", ".join(map(str, paths))))
+    click.echo(f"wrote {output}")
+    sys.exit(rep.exit_code())
+
+
 @main.group(invoke_without_command=True)
 @click.option("--list", "list_all", is_flag=True, help="List the named faults and the codes each must raise.")
 @click.pass_context
