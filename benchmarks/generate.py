@@ -1,0 +1,464 @@
+"""Vectorised generator of large synthetic rollout logs that satisfy contract v1.
+
+    python -m benchmarks.generate --tokens 50M --out benchmarks/data/50M [--fault-share 0.01]
+
+Same conventions as `rollout_audit.synth.make_log` (the reference for "compliant"), every
+optional trajectory column and turn field filled, but built with numpy + pyarrow from flat
+arrays and offsets: no Python loop per trajectory or per token. The one per-turn loop is
+the SHA-256 of each turn's context prefix (`context_sha256`), hashed incrementally per
+trajectory (update with the new bytes, digest a copy), so each token is hashed once.
+
+Shape (like /work/shared/notes/performance.md): ~600 tokens and ~8 turns per trajectory,
+groups of 8 per task, 64 groups per optimizer update, ~5% episodes truncated at max_turns
+(null reward, excluded from updates) and ~0.5% infra errors (null reward, excluded).
+
+Layout: `part-00000.parquet ...` (16384 trajectories per file, row groups of 4096, zstd,
+metadata rollout_log.schema_version=1, rollout_log.kind=trajectories), and
+`updates/updates.parquet` (kind=updates), and `_generated.json` (parameters; the audit
+ignores files starting with `_`). Written into a temporary directory renamed at the end,
+so a directory that exists is complete.
+
+With `--fault-share f`, a fraction f of trajectories gets one injected fault each, in
+rotation (see FAULTS); their ids and kinds are listed in `_generated.json`.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from rollout_audit import schema as S
+
+ROW_GROUP = 4096
+FILE_ROWS = 4 * ROW_GROUP
+GROUP_SIZE = 8
+GROUPS_PER_UPDATE = 64
+MAX_TURNS = 12
+GAMMA = 0.99
+TRUNCATED_SHARE = 0.05
+INFRA_SHARE = 0.005
+GRPO_EPS = 1e-6
+ACTIONS = ["inspect", "pickup_red", "pickup_blue", "open_red", "open_blue", "finish"]
+
+# fault kind -> the code it must raise (other codes may follow from it, on the same
+# trajectory or, for update-level checks, on the update that contains it)
+FAULTS = {
+    1: ("mask_tool", "M101"),         # loss_mask true on the observation tokens of turn 0
+    2: ("turn_logprob", "L202"),      # turn 0 logprob off by +0.5
+    3: ("trainable_count", "M103"),   # num_trainable_tokens off by +3 (update denominator stays right)
+    4: ("stop_reason", "T302"),       # a terminated episode recorded with stop_reason max_tokens
+}
+
+# segment kinds inside a trajectory: sys, user, then per turn: open template, policy, close template, observation
+_K_SYS, _K_USER, _K_OPEN, _K_POL, _K_CLOSE, _K_OBS = range(6)
+_KIND_SOURCE = np.array([0, 1, 4, 2, 4, 3], np.uint8)
+_HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
+
+
+def parse_size(s: str) -> int:
+    """'50M' -> 50_000_000, '200k' -> 200_000, '1.5G' -> 1_500_000_000."""
+    s = s.strip().upper()
+    mult = {"K": 10**3, "M": 10**6, "G": 10**9}.get(s[-1:], 1)
+    return int(float(s[:-1] if s[-1:] in "KMG" else s) * mult)
+
+
+# ---------------------------------------------------------------- vectorised string columns
+
+
+def _strings_fixed(mat: np.ndarray) -> pa.StringArray:
+    """A string array from an (n, width) uint8 matrix of ASCII codes (all of one width)."""
+    n, w = mat.shape
+    offsets = (np.arange(n + 1, dtype=np.int64) * w).astype(np.int32)
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(mat).tobytes()))
+
+
+def _digits(x: np.ndarray, width: int) -> np.ndarray:
+    """(n, width) ASCII decimal digits of non-negative integers, zero padded."""
+    x = x.astype(np.int64)
+    out = np.empty((len(x), width), np.uint8)
+    for k in range(width - 1, -1, -1):  # loop over digit positions, not rows
+        out[:, k] = 48 + x % 10
+        x = x // 10
+    return out
+
+
+def _hex_bytes(b: np.ndarray) -> np.ndarray:
+    """(n, 2k) ASCII hex of an (n, k) uint8 matrix."""
+    return np.stack([_HEX[b >> 4], _HEX[b & 15]], axis=-1).reshape(len(b), -1)
+
+
+def _fmt(n: int, *parts) -> pa.StringArray:
+    """Concatenate constant strings and (int array, width) decimal fields, row-wise."""
+    cols = []
+    for p in parts:
+        if isinstance(p, str):
+            cols.append(np.broadcast_to(np.frombuffer(p.encode(), np.uint8), (n, len(p))))
+        elif isinstance(p[0], str) and p[0] == "hex":
+            cols.append(_hex_bytes(p[1].astype(">u8").view(np.uint8).reshape(n, 8)))
+        else:
+            cols.append(_digits(p[0], p[1]))
+    return _strings_fixed(np.concatenate(cols, axis=1))
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: a cheap, deterministic 64-bit hash of integers."""
+    with np.errstate(over="ignore"):
+        z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def _take_str(values: list[str], idx: np.ndarray) -> pa.Array:
+    return pa.array(values, pa.string()).take(pa.array(idx.astype(np.int32)))
+
+
+def _list(offsets: np.ndarray, values: pa.Array) -> pa.ListArray:
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values)
+
+
+def _offsets(counts: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+
+# ---------------------------------------------------------------- the plan (per trajectory)
+
+
+@dataclass
+class Plan:
+    """Trajectory-level decisions for the whole log (small: a few arrays of length N)."""
+
+    n: int
+    group: np.ndarray
+    update: np.ndarray
+    task: np.ndarray
+    n_turns: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    infra: np.ndarray
+    success: np.ndarray
+    fault: np.ndarray  # 0 none, else a key of FAULTS
+
+
+def make_plan(tokens: int, seed: int, fault_share: float) -> Plan:
+    rng = np.random.default_rng([seed, 0])
+    n = max(GROUP_SIZE, int(round(tokens / 600 / GROUP_SIZE)) * GROUP_SIZE)
+    n_groups = n // GROUP_SIZE
+    n_tasks = max(1, n_groups // 8)          # each task appears in ~8 groups over the log
+    p_task = rng.uniform(0.25, 0.75, n_tasks)
+    g_task = rng.integers(0, n_tasks, n_groups)
+    group = np.arange(n) // GROUP_SIZE
+    task = g_task[group]
+    u = rng.random(n)
+    infra = u < INFRA_SHARE
+    truncated = (u >= INFRA_SHARE) & (u < INFRA_SHARE + TRUNCATED_SHARE)
+    terminated = ~(infra | truncated)
+    success = terminated & (rng.random(n) < p_task[task])
+    n_turns = (4 + rng.binomial(8, 0.5, n)).astype(np.int64)  # 4..12, mean 8
+    n_turns[truncated] = MAX_TURNS
+    fault = np.zeros(n, np.int8)
+    if fault_share > 0:
+        k = max(len(FAULTS), int(round(fault_share * n)))
+        cand = rng.choice(n, size=min(k, n), replace=False)
+        kinds = (np.arange(len(cand)) % len(FAULTS) + 1).astype(np.int8)
+        # stop_reason faults need a terminated episode; give the others the rest
+        ok = (kinds != 4) | terminated[cand]
+        fault[cand[ok]] = kinds[ok]
+    return Plan(n, group, group // GROUPS_PER_UPDATE, task, n_turns, terminated, truncated, infra, success, fault)
+
+
+# ---------------------------------------------------------------- one row group
+
+
+def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.ndarray]:
+    """Trajectories lo..hi-1 as a contract table; also their true trainable counts."""
+    rng = np.random.default_rng([seed, 1, lo])
+    n = hi - lo
+    gidx = np.arange(lo, hi, dtype=np.int64)
+    T = plan.n_turns[lo:hi]
+    term = plan.terminated[lo:hi]
+    trunc = plan.truncated[lo:hi]
+    infra = plan.infra[lo:hi]
+    success = plan.success[lo:hi]
+    fault = plan.fault[lo:hi]
+    version = plan.update[lo:hi].astype(np.int64)
+    task = plan.task[lo:hi].astype(np.int64)
+
+    # ---- turns (flat, nT rows)
+    turn_start = _offsets(T)
+    nT = int(turn_start[-1])
+    t_row = np.repeat(np.arange(n), T)
+    t_idx = np.arange(nT) - turn_start[:-1][t_row]
+    m = 1 + rng.poisson(22, nT)                     # policy tokens per turn (>= 1)
+    o = 4 + rng.poisson(32, nT)                     # observation tokens per turn
+    is_last = t_idx == T[t_row] - 1
+
+    # ---- segments: 2 per trajectory + 4 per turn, laid out in trajectory order
+    seg_cnt = 2 + 4 * T
+    seg_start = _offsets(seg_cnt)
+    nS = int(seg_start[-1])
+    seg_len = np.empty(nS, np.int64)
+    seg_kind = np.empty(nS, np.int8)
+    seg_turn = np.empty(nS, np.int16)
+    s0 = seg_start[:-1]
+    seg_len[s0] = rng.integers(16, 49, n)
+    seg_len[s0 + 1] = rng.integers(24, 121, n)
+    seg_kind[s0], seg_kind[s0 + 1] = _K_SYS, _K_USER
+    seg_turn[s0] = seg_turn[s0 + 1] = -1
+    base = s0[t_row] + 2 + 4 * t_idx
+    for k, (kind, ln) in enumerate(((_K_OPEN, 2), (_K_POL, m), (_K_CLOSE, 1), (_K_OBS, o))):
+        seg_len[base + k] = ln
+        seg_kind[base + k] = kind
+        seg_turn[base + k] = t_idx
+    seg_row = np.repeat(np.arange(n), seg_cnt)
+    seg_tok = _offsets(seg_len)
+
+    # ---- tokens (flat)
+    ntok = int(seg_tok[-1])
+    kind = np.repeat(seg_kind, seg_len)
+    src = _KIND_SOURCE[kind]
+    turn = np.repeat(seg_turn, seg_len)
+    row = np.repeat(seg_row, seg_len)
+    pos_in_seg = np.arange(ntok) - np.repeat(seg_tok[:-1], seg_len)
+    ids = rng.integers(1000, 50000, ntok, dtype=np.int32)
+    ids[kind == _K_OPEN] = (100 + pos_in_seg[kind == _K_OPEN]).astype(np.int32)
+    ids[kind == _K_CLOSE] = 102
+    pol = src == S.POLICY
+    lp32 = np.zeros(ntok, np.float32)
+    lp32[pol] = -rng.exponential(0.8, int(pol.sum())).astype(np.float32) - np.float32(1e-4)
+    mask = pol.copy()
+    tok_per_traj = np.bincount(row, minlength=n)
+    tok_start = _offsets(tok_per_traj)
+
+    # per-turn values computed from the tokens
+    pol_turn_start = _offsets(m)
+    lp_turn = np.add.reduceat(lp32[pol].astype(np.float64), pol_turn_start[:-1]) if nT else np.zeros(0)
+    ctx_len = seg_tok[base + 1] - tok_start[:-1][t_row]
+    true_trainable = np.bincount(row[pol], minlength=n).astype(np.int64)
+
+    # context_sha256: incremental per trajectory over the little-endian int32 bytes
+    mv = memoryview(ids.astype("<i4").tobytes())
+    begin = (tok_start[:-1][t_row] * 4).tolist()
+    end = ((tok_start[:-1][t_row] + ctx_len) * 4).tolist()
+    first = (t_idx == 0).tolist()
+    digests = bytearray()
+    sha = hashlib.sha256
+    h = sha()
+    cur = 0
+    for b, e, f in zip(begin, end, first):
+        if f:
+            h = sha()
+            cur = b
+        h.update(mv[cur:e])
+        cur = e
+        digests += h.copy().digest()
+    ctx_sha = _strings_fixed(_hex_bytes(np.frombuffer(bytes(digests), np.uint8).reshape(nT, 32)))
+
+    # ---- rewards, potentials, values
+    outcome = success.astype(np.float64)
+    r = np.where(is_last & term[t_row], outcome[t_row], 0.0)
+    phi_start = turn_start[:-1] + np.arange(n)           # T+1 potentials per trajectory
+    phi = np.round(rng.uniform(0.0, 1.0, nT + n), 6)
+    phi[(phi_start + T)[term | infra]] = 0.0             # zero terminal potential
+    p_before = phi[phi_start[t_row] + t_idx]
+    p_after = phi[phi_start[t_row] + t_idx + 1]
+    shaping = GAMMA * p_after - p_before
+    value = np.round(rng.uniform(-0.5, 1.0, nT), 6)
+    final_value = np.where(trunc, np.round(rng.uniform(0.0, 1.0, n), 6), 0.0)
+    v_next = np.where(is_last, final_value[t_row], np.append(value[1:], 0.0))
+    td = r + shaping + GAMMA * v_next - value
+    disc = GAMMA ** t_idx.astype(np.float64)
+    ret = np.bincount(t_row, weights=disc * (r + shaping), minlength=n)
+
+    latency = np.round(rng.uniform(0.05, 2.0, nT), 4)
+    tool_latency = np.round(rng.uniform(0.001, 0.2, nT), 4)
+    # actions: consecutive turns never repeat (no R409 loop)
+    action = np.cumsum(1 + rng.integers(0, 5, nT)) % len(ACTIONS)
+    obs_idx = rng.integers(0, 64, nT)
+    finish = np.where(is_last & term[t_row], 0, 1)        # 0 stop, 1 tool_calls
+
+    # ---- faults
+    num_trainable = true_trainable.copy()
+    stop_idx = np.where(term, np.where(success, 0, 1), np.where(trunc, 2, 3))  # success failure max_turns env_error
+    turn_lp = lp_turn.copy()
+    if fault.any():
+        f_tok = fault[row]
+        mask |= (f_tok == 1) & (src == 3) & (turn == 0)
+        turn_lp[(fault[t_row] == 2) & (t_idx == 0)] += 0.5
+        num_trainable[fault == 3] += 3
+        stop_idx[fault == 4] = 4                          # max_tokens on a terminated episode
+
+    # ---- arrays
+    comp_keys = pa.array(np.tile(np.array(["outcome", "format"], object), nT), pa.string())
+    comp_vals = np.stack([r, np.zeros(nT)], axis=1).reshape(-1)
+    turn_fields = {
+        "turn_id": pa.array(t_idx.astype(np.int16)),
+        "policy_version": pa.array(version[t_row]),
+        "logprob": pa.array(turn_lp),
+        "num_policy_tokens": pa.array(m.astype(np.int32)),
+        "temperature": pa.array(np.ones(nT, np.float32)),
+        "top_p": pa.array(np.ones(nT, np.float32)),
+        "action_text": _take_str([f"<call>{a}</call>" for a in ACTIONS], action),
+        "parsed_action": _take_str([json.dumps({"action": a}) for a in ACTIONS], action),
+        "observation_text": _take_str([f"obs {k}" for k in range(64)], obs_idx),
+        "reward": pa.array(r),
+        "reward_components": pa.MapArray.from_arrays(pa.array((np.arange(nT + 1) * 2).astype(np.int32)),
+                                                     comp_keys, pa.array(comp_vals)),
+        "potential_before": pa.array(p_before),
+        "potential_after": pa.array(p_after),
+        "shaping": pa.array(shaping),
+        "value": pa.array(value),
+        "td_residual": pa.array(td),
+        "latency_s": pa.array(latency),
+        "tool_latency_s": pa.array(tool_latency),
+        "tool_status": _take_str(["ok"], np.zeros(nT, np.int32)),
+        "finish_reason": _take_str(["stop", "tool_calls"], finish),
+        "sampled_token_ids": _list(pol_turn_start, pa.array(ids[pol])),
+        "context_length": pa.array(ctx_len.astype(np.int32)),
+        "context_sha256": ctx_sha,
+    }
+    tstruct = S.turn_struct()
+    turns = pa.StructArray.from_arrays([turn_fields[f.name].cast(f.type) for f in tstruct],
+                                       fields=list(tstruct))
+    seed_of_task = task * 7919 + 17
+    reward = pa.array(np.where(term, outcome, np.nan), mask=~term)
+    lp_arr = pa.array(lp32, mask=~pol)
+    cols = {
+        "trajectory_id": _fmt(n, "t", (gidx, 9)),
+        "task_id": _fmt(n, "task", (task, 6)),
+        "group_id": _fmt(n, "task", (task, 6), "/g", (plan.group[lo:hi], 8)),
+        "environment_id": _take_str(["bench-keydoor"], np.zeros(n, np.int32)),
+        "environment_version": _take_str(["1.0"], np.zeros(n, np.int32)),
+        "reset_seed": pa.array(seed_of_task),
+        "initial_state_id": _fmt(n, "state", (seed_of_task, 8)),
+        "initial_state_checksum": _fmt(n, ("hex", _mix64(seed_of_task))),
+        "final_state_checksum": _fmt(n, ("hex", _mix64(gidx + (1 << 40)))),
+        "verifier_version": _take_str(["v1"], np.zeros(n, np.int32)),
+        "tokenizer_id": _take_str(["bench-tok-1"], np.zeros(n, np.int32)),
+        "gamma": pa.array(np.full(n, GAMMA)),
+        "token_ids": _list(tok_start, pa.array(ids)),
+        "token_source": _list(tok_start, pa.array(src)),
+        "loss_mask": _list(tok_start, pa.array(mask)),
+        "behavior_logprobs": _list(tok_start, lp_arr),
+        "token_turn": _list(tok_start, pa.array(turn.astype(np.int16))),
+        "turns": _list(turn_start, turns),
+        "terminated": pa.array(term),
+        "truncated": pa.array(trunc),
+        "infra_error": pa.array(infra),
+        "stop_reason": _take_str(["success", "failure", "max_turns", "env_error", "max_tokens"], stop_idx),
+        "reward": reward,
+        "verifier_success": pa.array(success),
+        "discounted_return": pa.array(ret),
+        "final_value": pa.array(final_value),
+        "num_trainable_tokens": pa.array(num_trainable.astype(np.int32)),
+        "wall_clock_s": pa.array(np.round(0.1 + np.bincount(t_row, weights=latency + tool_latency, minlength=n), 4)),
+    }
+    schema = S.arrow_schema("trajectories")
+    table = pa.Table.from_arrays([cols[f.name].cast(f.type) for f in schema], schema=schema)
+    return table, true_trainable
+
+
+# ---------------------------------------------------------------- updates
+
+
+def make_updates(plan: Plan, trainable: np.ndarray) -> pa.Table:
+    """One update per 64 groups: the rewarded episodes, GRPO advantages, token denominator."""
+    keep = np.flatnonzero(plan.terminated)                # truncated and infra episodes are excluded
+    rew = plan.success[keep].astype(np.float64)
+    g = plan.group[keep]
+    ng = int(plan.group.max()) + 1
+    cnt = np.bincount(g, minlength=ng)
+    mean = np.bincount(g, weights=rew, minlength=ng) / np.maximum(cnt, 1)
+    dev = rew - mean[g]
+    var = np.bincount(g, weights=dev * dev, minlength=ng) / np.maximum(cnt - 1, 1)
+    adv = np.where(cnt[g] >= 2, dev / (np.sqrt(var)[g] + GRPO_EPS), 0.0)
+    upd = plan.update[keep]
+    nu = int(plan.update.max()) + 1
+    per = np.bincount(upd, minlength=nu)
+    offs = _offsets(per)
+    denom = np.bincount(upd, weights=trainable[keep].astype(np.float64), minlength=nu)
+    cols = {
+        "update_step": pa.array(np.arange(nu, dtype=np.int64)),
+        "trainer_version": pa.array(np.arange(nu, dtype=np.int64)),
+        "trajectory_ids": _list(offs, _fmt(len(keep), "t", (keep, 9))),
+        "reduction": _take_str(["token"], np.zeros(nu, np.int32)),
+        "loss_denominator": pa.array(denom),
+        "advantages": _list(offs, pa.array(adv)),
+        "advantage_estimator": _take_str(["grpo"], np.zeros(nu, np.int32)),
+        "max_policy_lag": pa.array(np.zeros(nu, np.int64)),
+    }
+    schema = S.arrow_schema("updates")
+    return pa.Table.from_arrays([cols[f.name].cast(f.type) for f in schema], schema=schema)
+
+
+# ---------------------------------------------------------------- driver
+
+
+def generate(tokens: int, out: str | os.PathLike, *, fault_share: float = 0.0, seed: int = 0,
+             file_rows: int = FILE_ROWS, row_group: int = ROW_GROUP, verbose: bool = False) -> dict:
+    """Write a log of about `tokens` tokens under `out` (replaced if it exists). Returns the
+    parameters and counts also written to `out/_generated.json`."""
+    t0 = time.perf_counter()
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    plan = make_plan(tokens, seed, fault_share)
+    trainable = np.zeros(plan.n, np.int64)
+    n_tokens = 0
+    files = []
+    for fi, flo in enumerate(range(0, plan.n, file_rows)):
+        path = tmp / f"part-{fi:05d}.parquet"
+        with pq.ParquetWriter(path, S.arrow_schema("trajectories"), compression="zstd") as w:
+            for lo in range(flo, min(flo + file_rows, plan.n), row_group):
+                hi = min(lo + row_group, flo + file_rows, plan.n)
+                table, tr = make_chunk(plan, lo, hi, seed)
+                trainable[lo:hi] = tr
+                n_tokens += int(pc.sum(pc.list_value_length(table.column("token_source"))).as_py())
+                w.write_table(table, row_group_size=row_group)
+        files.append(path.name)
+        if verbose:
+            print(f"  {path.name}: {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    (tmp / "updates").mkdir()
+    pq.write_table(make_updates(plan, trainable), tmp / "updates" / "updates.parquet", compression="zstd")
+    faulted = np.flatnonzero(plan.fault)
+    info = {
+        "tokens_requested": tokens, "tokens": n_tokens, "trajectories": plan.n, "files": files,
+        "row_group": row_group, "updates": int(plan.update.max()) + 1, "seed": seed, "fault_share": fault_share,
+        "faults": {f"t{i:09d}": FAULTS[int(plan.fault[i])][0] for i in faulted},
+        "fault_codes": {name: code for name, code in FAULTS.values()},
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+    (tmp / "_generated.json").write_text(json.dumps(info, indent=1))
+    shutil.rmtree(out, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, out)
+    return info
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", default="50M", help="approximate number of tokens, e.g. 200k, 12M, 50M")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--fault-share", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("-v", "--verbose", action="store_true")
+    a = ap.parse_args(argv)
+    info = generate(parse_size(a.tokens), a.out, fault_share=a.fault_share, seed=a.seed, verbose=a.verbose)
+    print(f"{a.out}: {info['trajectories']} trajectories, {info['tokens']} tokens, {len(info['files'])} files, "
+          f"{len(info['faults'])} faulted, {info['seconds']} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,363 @@
+"""Speed and memory benchmark of the full default audit against the Parquet read floor.
+
+    python -m benchmarks.run --sizes 12M,50M [--naive-subset 2000] [--check-identical] [--profile]
+
+For each size, in one run (logs generated under benchmarks/data/ when absent):
+
+- floor: `pyarrow.parquet.read_table(files, columns=<columns the audit reads>)` over the same
+  trajectory files, files warm in the page cache (one untimed read first), median of N;
+- audit: `rollout_audit.audit(path)` with the default configuration, median of N. Floor and
+  audit run interleaved in one fresh subprocess (imports, including pandera, and one warm-up
+  audit done before the clock starts), so load from other processes hits both alike; wall
+  and CPU (process_time) seconds are both recorded;
+- peak RSS: a second fresh subprocess runs one audit only and reports VmHWM from
+  /proc/self/status (ru_maxrss as fallback), so the floor's table does not count;
+- ratio audit/floor (the DESIGN 8 bar is 1.5; also as CPU-time ratio), tokens/s and
+  trajectories/s of the audit;
+- naive: a per-trajectory Python loop (`to_pylist` rows; trainable counts, mask provenance,
+  log-prob validity, per-turn log-prob sums and counts, shaping and its telescoping, stop
+  flags, group degeneracy) timed on a subset and extrapolated: floor + per-trajectory time x N.
+  It does fewer checks than the audit, so the speedup flatters the naive loop.
+
+`--check-identical` audits a faulted log three ways — streaming by row group (default),
+streaming with batches not aligned to row groups (batch_rows=1000), and in memory in one
+batch (`run_audit(..., batch_rows=10**9, tables=...)`) — and asserts the findings are equal.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .generate import parse_size
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE / "data"
+
+
+# ---------------------------------------------------------------- data
+
+
+def dataset(label: str, fault_share: float = 0.0, data_dir: Path = DATA) -> Path:
+    """The directory of a generated log of `label` tokens, generated (in a subprocess, so
+    this process stays small) when absent."""
+    name = label + (f"-f{fault_share:g}" if fault_share else "")
+    out = data_dir / name
+    if not (out / "_generated.json").exists():
+        print(f"generating {out} ...", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-m", "benchmarks.generate", "--tokens", label, "--out", str(out),
+                        "--fault-share", str(fault_share)], check=True, cwd=HERE.parent)
+    return out
+
+
+def trajectory_files(path: Path) -> list[str]:
+    from rollout_audit.io import discover
+    return [f.path for f in discover([path]).of_kind("trajectories")]
+
+
+def audited_columns() -> list[str]:
+    from rollout_audit.config import Config
+    from rollout_audit.engine import _Run
+    return _Run(Config(), None, None).needed_columns()
+
+
+# ---------------------------------------------------------------- audit in a fresh process
+
+
+def _vmhwm_mb() -> float:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _imports() -> float:
+    import rollout_audit  # noqa: F401
+    from rollout_audit import models  # noqa: F401  (pandera: imported before any clock starts)
+    from rollout_audit.registry import all_rules
+    all_rules()
+    return _vmhwm_mb()
+
+
+def _child_rss(path: str) -> None:
+    """Subprocess: one audit and nothing else, for its peak RSS."""
+    import rollout_audit
+    rss_import = _imports()
+    rep = rollout_audit.audit(path)
+    print(json.dumps({
+        "peak_rss_mb": _vmhwm_mb(), "rss_after_import_mb": rss_import,
+        "ru_maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "by_severity": rep.summary["by_severity"], "counts": rep.summary["counts"],
+        "rows": rep.summary["rows_read"], "tokens": rep.summary["tokens_read"], "not_run": sorted(rep.not_run),
+    }))
+
+
+def _child_time(path: str, repeat: int) -> None:
+    """Subprocess: floor read and audit interleaved `repeat` times (so that load from other
+    processes on the machine hits both alike); wall and CPU seconds of each."""
+    import rollout_audit
+    _imports()
+    files = trajectory_files(Path(path))
+    cols = audited_columns()
+    pq.read_table(files, columns=cols)  # warm the page cache
+    rollout_audit.audit(path)           # warm lazy imports and caches
+    out = {"floor": [], "audit": [], "floor_cpu": [], "audit_cpu": []}
+    for _ in range(repeat):
+        for key, fn in (("floor", lambda: pq.read_table(files, columns=cols)), ("audit", lambda: rollout_audit.audit(path))):
+            c0, t0 = time.process_time(), time.perf_counter()
+            res = fn()
+            out[key].append(time.perf_counter() - t0)
+            out[key + "_cpu"].append(time.process_time() - c0)
+            del res
+    print(json.dumps(out))
+
+
+def _run_child(args: list[str]) -> dict:
+    r = subprocess.run([sys.executable, "-m", "benchmarks.run", *args], capture_output=True, text=True, cwd=HERE.parent)
+    if r.returncode:
+        raise RuntimeError(f"benchmark subprocess failed:\n{r.stderr[-4000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------- naive baseline
+
+
+def naive_audit(rows: list[dict], atol: float = 1e-4, lp_atol: float = 1e-3) -> Counter:
+    """The straightforward per-trajectory Python loop (a subset of the audit's checks)."""
+    from rollout_audit.schema import stop_reasons
+    reasons = stop_reasons()
+    found: Counter = Counter()
+    groups: dict = defaultdict(list)
+    for r in rows:
+        src, mask, lps, tt = r["token_source"], r["loss_mask"], r["behavior_logprobs"], r["token_turn"]
+        n = len(src)
+        if not (len(mask) == len(lps) == len(tt) == len(r["token_ids"]) == n):
+            found["S003"] += 1
+            continue
+        trainable = bad_mask = bad_lp = lp_nonpol = 0
+        turn_lp: dict = defaultdict(float)
+        turn_np: dict = defaultdict(int)
+        for k in range(n):
+            s, m, lp = src[k], mask[k], lps[k]
+            if m:
+                trainable += 1
+                if s != 2:
+                    bad_mask += 1
+                if lp is None or not math.isfinite(lp) or lp > 0:
+                    bad_lp += 1
+            if s == 2:
+                turn_np[tt[k]] += 1
+                if lp is not None and math.isfinite(lp):
+                    turn_lp[tt[k]] += lp
+            elif lp is not None:
+                lp_nonpol += 1
+        found["M101"] += bad_mask > 0
+        found["L201"] += bad_lp > 0
+        found["L203"] += lp_nonpol > 0
+        found["M103"] += r["num_trainable_tokens"] is not None and r["num_trainable_tokens"] != trainable
+        g = r["gamma"] if r["gamma"] is not None else 1.0
+        turns = r["turns"] or []
+        tel = 0.0
+        for t, tr in enumerate(turns):
+            found["S004"] += tr["turn_id"] != t
+            found["L202"] += tr["logprob"] is not None and abs(tr["logprob"] - turn_lp[t]) > lp_atol
+            found["M104"] += tr["num_policy_tokens"] is not None and tr["num_policy_tokens"] != turn_np[t]
+            pb, pa_, sh = tr["potential_before"], tr["potential_after"], tr["shaping"]
+            if None not in (pb, pa_, sh):
+                found["R402"] += abs(g * pa_ - pb - sh) > atol
+                tel += g ** t * sh
+            if t + 1 < len(turns) and turns[t + 1]["potential_before"] != pa_:
+                found["R403"] += 1
+        if turns and turns[0]["potential_before"] is not None and turns[-1]["potential_after"] is not None:
+            want = -turns[0]["potential_before"] + g ** len(turns) * turns[-1]["potential_after"]
+            found["R404"] += abs(tel - want) > atol
+        flags = [k for k in ("terminated", "truncated", "infra_error") if r[k]]
+        found["T301"] += len(flags) != 1
+        found["T302"] += len(flags) == 1 and reasons.get(r["stop_reason"]) != flags[0]
+        if r["reward"] is not None and r["group_id"] is not None:
+            groups[r["group_id"]].append(r["reward"])
+    found["G701_degenerate_groups"] = sum(1 for v in groups.values() if len(v) > 1 and len(set(v)) == 1)
+    return Counter({k: int(v) for k, v in found.items() if v})
+
+
+def naive_time(files: list[str], cols: list[str], subset: int) -> tuple[float, int, Counter]:
+    """Seconds per trajectory of to_pylist + the naive loop, measured on `subset` rows."""
+    pf = pq.ParquetFile(files[0])
+    parts, n = [], 0
+    for rg in range(pf.num_row_groups):
+        parts.append(pf.read_row_group(rg, columns=cols))
+        n += parts[-1].num_rows
+        if n >= subset:
+            break
+    tbl = pa.concat_tables(parts).slice(0, subset)
+    t0 = time.perf_counter()
+    rows = tbl.to_pylist()
+    found = naive_audit(rows)
+    dt = time.perf_counter() - t0
+    return dt / tbl.num_rows, tbl.num_rows, found
+
+
+# ---------------------------------------------------------------- identical results
+
+
+def check_identical(path: Path) -> str:
+    import polars as pl
+    from rollout_audit.engine import run_audit
+    from rollout_audit.io import Discovery, discover
+
+    disc = discover([path])
+    reports = {"streaming (row groups)": run_audit(disc), "streaming (batch_rows=1000)": run_audit(disc, batch_rows=1000)}
+    traj = pa.concat_tables([pq.read_table(f.path) for f in disc.of_kind("trajectories")])
+    upd = pa.concat_tables([pq.read_table(f.path) for f in disc.of_kind("updates")])
+    reports["in memory (one batch)"] = run_audit(Discovery(), batch_rows=10**9, tables=(traj, upd))
+
+    def norm(rep):
+        f = rep.findings.drop("file")
+        return f.sort(f.columns, nulls_last=True)
+
+    ref_name, ref = next(iter(reports.items()))
+    for name, rep in reports.items():
+        a, b = norm(ref), norm(rep)
+        if not a.equals(b):
+            only_a = a.join(b, on=a.columns, how="anti", nulls_equal=True)
+            only_b = b.join(a, on=a.columns, how="anti", nulls_equal=True)
+            raise AssertionError(f"findings differ between {ref_name} ({a.height}) and {name} ({b.height}):\n"
+                                 f"only in {ref_name}:\n{only_a.head(10)}\nonly in {name}:\n{only_b.head(10)}")
+        if rep.summary["counts"] != ref.summary["counts"]:
+            raise AssertionError(f"summary counts differ: {ref.summary['counts']} vs {rep.summary['counts']}")
+    counts = ref.summary["counts"]
+    return (f"identical findings on {path.name} across {', '.join(reports)}: {ref.findings.height} findings "
+            f"{dict(sorted(counts.items()))}")
+
+
+# ---------------------------------------------------------------- profile
+
+
+def profile_audit(path: Path, top: int = 25) -> str:
+    import cProfile
+    import io
+    import pstats
+
+    import rollout_audit
+    from rollout_audit import models  # noqa: F401
+    rollout_audit.audit(path)
+    pr = cProfile.Profile()
+    pr.enable()
+    rollout_audit.audit(path)
+    pr.disable()
+    s = io.StringIO()
+    st = pstats.Stats(pr, stream=s)
+    st.sort_stats("tottime").print_stats(top)
+    st.sort_stats("cumulative").print_stats(top)
+    return s.getvalue()
+
+
+# ---------------------------------------------------------------- main
+
+
+def _mb(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.rglob("*.parquet")) / 2**20
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="rollout-audit benchmark: audit vs Parquet read floor")
+    ap.add_argument("--sizes", default="12M,50M")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--naive-subset", type=int, default=2000, help="0 to skip the naive baseline")
+    ap.add_argument("--fault-share", type=float, default=0.0, help="benchmark faulted logs instead of clean ones")
+    ap.add_argument("--check-identical", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="cProfile one audit of the largest size")
+    ap.add_argument("--data-dir", default=str(DATA))
+    ap.add_argument("--child-time", help=argparse.SUPPRESS)
+    ap.add_argument("--child-rss", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child_time:
+        _child_time(a.child_time, a.repeat)
+        return
+    if a.child_rss:
+        _child_rss(a.child_rss)
+        return
+
+    import numpy as np
+    import polars as pl
+    cols = audited_columns()
+    data_dir = Path(a.data_dir)
+    labels = [s.strip() for s in a.sizes.split(",") if s.strip()]
+    print(f"# rollout-audit benchmark — {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+          f"pyarrow {pa.__version__}, polars {pl.__version__}, numpy {np.__version__}")
+    print(f"audited columns ({len(cols)}): {', '.join(cols)}\n")
+    rows = []
+    for label in labels:
+        path = dataset(label, a.fault_share, data_dir)
+        info = json.loads((path / "_generated.json").read_text())
+        files = trajectory_files(path)
+        tm = _run_child(["--child-time", str(path), "--repeat", str(a.repeat)])
+        au = _run_child(["--child-rss", str(path)])
+        fl = tm["floor"]
+        floor, aud = statistics.median(fl), statistics.median(tm["audit"])
+        ratios = [x / y for x, y in zip(tm["audit"], tm["floor"])]
+        n_traj, n_tok = info["trajectories"], info["tokens"]
+        naive = speed = None
+        found = Counter()
+        if a.naive_subset:
+            per, _, found = naive_time(files, cols, a.naive_subset)
+            naive = floor + per * n_traj
+            speed = naive / aud
+        sev = au["by_severity"]
+        rows.append({
+            "size": label, "trajectories": n_traj, "tokens": n_tok, "files": len(files), "disk MB": _mb(path),
+            "floor s": floor, "audit s": aud, "audit/floor": aud / floor,
+            "CPU audit/floor": statistics.median(tm["audit_cpu"]) / statistics.median(tm["floor_cpu"]), "Mtok/s": n_tok / aud / 1e6,
+            "ktraj/s": n_traj / aud / 1e3, "peak RSS MB": au["peak_rss_mb"], "naive s (extrap.)": naive,
+            "speedup": speed, "E/W/I": f"{sev.get('error', 0)}/{sev.get('warning', 0)}/{sev.get('info', 0)}",
+        })
+        print(f"{label}: floor {[round(x, 3) for x in fl]} s; audit {[round(x, 3) for x in tm['audit']]} s; "
+              f"paired ratios {[round(x, 2) for x in ratios]}; CPU floor {[round(x, 2) for x in tm['floor_cpu']]} "
+              f"audit {[round(x, 2) for x in tm['audit_cpu']]}; "
+              f"RSS after imports {au['rss_after_import_mb']:.0f} MB, peak {au['peak_rss_mb']:.0f} MB; "
+              f"findings {au['counts']}; not run {au['not_run']}; naive loop found {dict(found)}",
+              file=sys.stderr, flush=True)
+
+    def fmt(v):
+        if v is None:
+            return "—"
+        if isinstance(v, float):
+            return f"{v:.2f}" if v < 100 else f"{v:.0f}"
+        return str(v)
+
+    head = list(rows[0])
+    print("| " + " | ".join(head) + " |")
+    print("|" + "|".join("---" for _ in head) + "|")
+    for r in rows:
+        print("| " + " | ".join(fmt(r[h]) for h in head) + " |")
+    if len(rows) > 1:
+        rss = [r["peak RSS MB"] for r in rows]
+        print(f"\npeak RSS spread {min(rss):.0f}–{max(rss):.0f} MB "
+              f"({(max(rss) / min(rss) - 1) * 100:+.0f}% largest vs smallest; bar: ≤ 600 MB, flat within ±20%)")
+    if a.check_identical:
+        share = a.fault_share or 0.01
+        smallest = min(labels, key=parse_size)
+        print("\n" + check_identical(dataset(smallest, share, data_dir)))
+    if a.profile:
+        largest = max(labels, key=parse_size)
+        print(f"\n## cProfile of one audit of {largest}\n")
+        print(profile_audit(dataset(largest, a.fault_share, data_dir)))
+
+
+if __name__ == "__main__":
+    main()

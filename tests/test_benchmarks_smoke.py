@@ -1,0 +1,79 @@
+"""Smoke test of the benchmark generator: a tiny generated log is clean for the audit, and
+its injected faults are found (no timing assertions)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` lives at the repo root
+
+import rollout_audit  # noqa: E402
+from benchmarks.generate import FAULTS, generate  # noqa: E402
+from benchmarks.run import naive_audit  # noqa: E402
+from rollout_audit import schema as S  # noqa: E402
+from rollout_audit.registry import all_rules  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "200k"
+    generate(200_000, out, row_group=128, file_rows=256)
+    return out
+
+
+def test_generated_log_has_the_full_contract(clean):
+    info = json.loads((clean / "_generated.json").read_text())
+    assert info["tokens"] > 150_000 and len(info["files"]) >= 2
+    for name in info["files"]:
+        pf = pq.ParquetFile(clean / name)
+        meta = pf.schema_arrow.metadata
+        assert meta[S.META_VERSION] == b"1" and meta[S.META_KIND] == b"trajectories"
+        assert pf.metadata.num_row_groups >= 1
+        assert pf.schema_arrow.names == [c.name for c in S.columns("trajectories")]
+        turn_fields = [f.name for f in pf.schema_arrow.field("turns").type.value_type]
+        assert turn_fields == [c.name for c in S.columns("turn")]
+    upd = pq.ParquetFile(clean / "updates" / "updates.parquet")
+    assert upd.schema_arrow.metadata[S.META_KIND] == b"updates"
+    assert upd.schema_arrow.names == [c.name for c in S.columns("updates")]
+    t = pq.read_table(clean / info["files"][0])
+    assert t.column("truncated").to_numpy().any()
+    assert t.column("reward").null_count > 0
+
+
+def test_clean_log_raises_nothing(clean):
+    rep = rollout_audit.audit(clean)
+    assert rep.count("error") == 0 and rep.count("warning") == 0, rep.render(limit=5)
+    assert rep.findings.filter(rep.findings["severity"] != "info").height == 0
+    assert rep.not_run == {}, rep.not_run  # every column a check needs is present
+    assert rep.summary["rows_read"] == json.loads((clean / "_generated.json").read_text())["trajectories"]
+
+
+def test_naive_loop_agrees_on_clean_log(clean):
+    rows = pq.read_table(next(clean.glob("part-*.parquet"))).to_pylist()
+    found = naive_audit(rows)
+    assert set(found) <= {"G701_degenerate_groups"}, found
+
+
+def test_injected_faults_are_found(tmp_path):
+    out = tmp_path / "faulty"
+    info = generate(200_000, out, fault_share=0.05, row_group=128, file_rows=256)
+    faulted = info["faults"]
+    assert set(faulted.values()) == {name for name, _ in FAULTS.values()}
+    rep = rollout_audit.audit(out)
+    f = rep.findings
+    registered = set(all_rules())
+    for name, code in info["fault_codes"].items():
+        if code not in registered:
+            continue
+        want = {tid for tid, kind in faulted.items() if kind == name}
+        got = set(f.filter(f["code"] == code)["trajectory_id"].to_list())
+        assert want <= got, f"{code} ({name}) missed {sorted(want - got)[:5]}"
+    # zero false positives: every trajectory-level error or warning is on a faulted trajectory
+    bad = f.filter(f["severity"] != "info")
+    on_traj = bad.filter(bad["trajectory_id"].is_not_null())
+    assert set(on_traj["trajectory_id"].to_list()) <= set(faulted), on_traj.head(5)
+    assert set(bad.filter(bad["trajectory_id"].is_null())["code"].to_list()) <= {"U601"}
