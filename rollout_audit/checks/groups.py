@@ -1,1 +1,120 @@
-"""(placeholder: being written)"""
+"""Groups and difficulty (G): how much relative signal the log's groups can carry, per task
+(lessons 11.4.1-11.4.2). Statistics: info findings, and tables in the JSON summary."""
+from __future__ import annotations
+
+import polars as pl
+
+from ..registry import rule
+from .updates import num
+
+DEGENERATE_SHARE = 0.5  # G701 reports a task when at least this share of its groups is degenerate
+MIN_DEGENERATE = 2      # ... and at least this many: one degenerate group is not evidence about a task
+OUTSIDE_SHARE = 0.5     # G702 fires when more than this share of tasks lies outside the band
+
+
+def p_info(p: pl.Expr, g: pl.Expr) -> pl.Expr:
+    """P_info = 1 − p^G − (1−p)^G: the probability that a group of G holds a success and a failure."""
+    return 1.0 - p.pow(g) - (1.0 - p).pow(g)
+
+
+def _scored(log, cfg) -> pl.DataFrame:
+    """Trajectories that carry a reward (the ones training compares), with `_success` and the
+    group key `_g` (group_id, else task_id)."""
+    t = log.traj.filter(pl.col("reward").is_not_null() & pl.col("task_id").is_not_null())
+    if "infra_error" in t.columns:
+        t = t.filter(~pl.col("infra_error").fill_null(False))
+    win = pl.col("reward") > 0
+    success = pl.coalesce(pl.col("verifier_success"), win) if "verifier_success" in t.columns else win
+    group = pl.coalesce(pl.col("group_id"), pl.col("task_id")) if "group_id" in t.columns else pl.col("task_id")
+    return t.select("task_id", pl.col("reward").cast(pl.Float64), success.cast(pl.Float64).alias("_success"),
+                    group.alias("_g"))
+
+
+def _per_task(log, cfg) -> pl.DataFrame:
+    """Per task: trajectories, groups, median group size G, success estimate p, P_info,
+    expected groups to one informative comparison, observed and expected degenerate shares."""
+    t = _scored(log, cfg)
+    groups = t.group_by("task_id", "_g").agg(
+        pl.len().alias("size"),
+        ((pl.col("reward").max() - pl.col("reward").min()) <= cfg.atol).alias("degenerate"))
+    per = (t.group_by("task_id").agg(pl.len().alias("trajectories"), pl.col("_success").mean().alias("p"))
+           .join(groups.group_by("task_id").agg(pl.len().alias("groups"), pl.col("size").median().alias("group_size"),
+                                                pl.col("degenerate").mean().alias("degenerate_share")),
+                 on="task_id")
+           .with_columns(p_info(pl.col("p"), pl.col("group_size")).alias("p_info")))
+    return (per.with_columns(pl.when(pl.col("p_info") > 0).then(1.0 / pl.col("p_info")).alias("expected_groups"),
+                             (1.0 - pl.col("p_info")).alias("expected_degenerate_share"))
+            .select("task_id", "trajectories", "groups", "group_size", "p", "p_info", "expected_groups",
+                    "degenerate_share", "expected_degenerate_share")
+            .sort("task_id"))
+
+
+@rule("G701", "degenerate groups per task", "info", scope="log", requires=("task_id", "reward"))
+def degenerate_groups(log, cfg) -> pl.DataFrame | None:
+    """Share of degenerate groups per task, with the success estimate p, the group size G,
+    P_info = 1 − p^G − (1−p)^G and the expected number of groups 1/P_info to one informative
+    comparison.
+
+    Lesson 11.4.1: with binary reward a group of G trajectories carries relative signal only
+    when it holds both a success and a failure; with p = 0.01 and G = 8, P_info ≈ 0.0773 and
+    about 12.94 groups are needed per informative one. A larger learning rate does not help:
+    zero relative signal times any step is zero. p is the task's mean verifier_success (reward
+    > 0 where that is absent), over the trajectories with a reward; a group is the
+    trajectories sharing group_id (task_id when absent); a group is degenerate when all its
+    rewards are equal; G is the median group size. The full per-task table is in the summary
+    statistics (`G701`); a task is reported when at least half of its groups, and at least two,
+    are degenerate (one degenerate group says little about a task).
+    Levers: larger groups, tasks of intermediate difficulty, more diverse decoding, partial
+    verifiable feedback, or filtering zero-variance tasks.
+    """
+    per = _per_task(log, cfg)
+    log.stats["G701"] = per.to_dicts()
+    n_deg = (pl.col("degenerate_share") * pl.col("groups")).round(0).cast(pl.Int64)
+    bad = per.filter((pl.col("degenerate_share") >= DEGENERATE_SHARE) & (n_deg >= MIN_DEGENERATE))
+    if bad.is_empty():
+        return None
+    exp = pl.when(pl.col("expected_groups").is_not_null()).then(num(pl.col("expected_groups").round(2))) \
+        .otherwise(pl.lit("never (P_info = 0)"))
+    return bad.select(pl.format(
+        "task {}: {} of {} groups degenerate ({}%); estimated p = {} over {} trajectories, G = {}: "
+        "P_info = 1 − p^G − (1−p)^G = {}, expected groups to one informative comparison: {}",
+        "task_id", n_deg, "groups",
+        num((pl.col("degenerate_share") * 100).round(1)), num(pl.col("p").round(4)), "trajectories",
+        num(pl.col("group_size")), num(pl.col("p_info").round(4)), exp).alias("message"))
+
+
+@rule("G702", "global success rate hides tasks outside the difficulty band", "info", scope="log",
+      requires=("task_id", "reward"))
+def difficulty_band(log, cfg) -> pl.DataFrame | None:
+    """A global success rate inside the difficulty band hides a majority of tasks that are
+    nearly always solved or nearly never solved.
+
+    Lesson 11.4.2: degeneracy must be computed per prompt. A global mean success of 0.5 can be
+    a mixture of tasks with p = 0.01 and p = 0.99, where almost every group is degenerate and
+    group-relative learning gets no signal. With band = configuration difficulty_band
+    (low, high), default (0.05, 0.95), this fires when more than half of the tasks have
+    p < low or p > high while the global rate is within the band (p per task as in G701).
+    The numbers are in the summary statistics (`G702`). Sample more from tasks where both
+    outcomes remain plausible, keep some easy and hard ones to monitor, and report the
+    sampled distribution next to the original one.
+    """
+    low, high = cfg.difficulty_band
+    t = _scored(log, cfg)
+    per = t.group_by("task_id").agg(pl.col("_success").mean().alias("p"))
+    n_tasks = per.height
+    if not n_tasks:
+        return None
+    rate = t["_success"].mean()
+    near0 = int((per["p"] < low).sum())
+    near1 = int((per["p"] > high).sum())
+    share = (near0 + near1) / n_tasks
+    fires = share > OUTSIDE_SHARE and low <= rate <= high
+    log.stats["G702"] = {"global_success_rate": rate, "band": [low, high], "tasks": n_tasks,
+                         "tasks_below_band": near0, "tasks_above_band": near1, "share_outside_band": share,
+                         "hidden_by_global_rate": fires}
+    if not fires:
+        return None
+    return pl.DataFrame({"message": [
+        f"global success rate {rate:.3f} is inside the band [{low}, {high}], but {near0 + near1} of {n_tasks} tasks "
+        f"({share:.0%}) are outside it: {near0} with p < {low} (nearly never solved), {near1} with p > {high} "
+        f"(nearly always solved); their groups are almost all degenerate"]})

@@ -1,0 +1,358 @@
+"""Updates and reduction: U601-U606 recompute each update's denominator, advantages and batch
+membership from the trajectories it names."""
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+import rollout_audit as ra
+from conftest import write_log
+
+U = {"U601", "U602", "U603", "U604", "U605", "U606"}
+
+
+def blocking(rep) -> set[str]:
+    return rep.codes("error") | rep.codes("warning")
+
+
+def of(rep, code) -> pl.DataFrame:
+    return rep.findings.filter(pl.col("code") == code)
+
+
+def by_id(trajs):
+    return {t["trajectory_id"]: t for t in trajs}
+
+
+def recompute(rewards_by_group: dict[str, list[float]], estimator: str, eps: float = 1e-6) -> dict:
+    """Independent numpy recomputation, per group: list of advantages in member order."""
+    out = {}
+    for g, rs in rewards_by_group.items():
+        r = np.asarray(rs, dtype=np.float64)
+        n = len(r)
+        if estimator == "reinforce":
+            a = r
+        elif n < 2:
+            a = np.zeros(n)
+        elif estimator == "grpo":
+            a = (r - r.mean()) / (r.std(ddof=1) + eps)
+        elif estimator == "grpo_no_std":
+            a = r - r.mean()
+        elif estimator == "rloo":
+            a = r - (r.sum() - r) / (n - 1)
+        out[g] = list(a)
+    return out
+
+
+def set_advantages(trajs, update, estimator, key="group_id", eps=1e-6):
+    tb = by_id(trajs)
+    groups: dict[str, list[str]] = {}
+    for tid in update["trajectory_ids"]:
+        groups.setdefault(tb[tid][key] or tb[tid]["task_id"], []).append(tid)
+    adv = {}
+    for g, a in recompute({g: [tb[t]["reward"] for t in ids] for g, ids in groups.items()}, estimator, eps).items():
+        adv.update(zip(groups[g], a))
+    update["advantages"] = [adv[t] for t in update["trajectory_ids"]]
+    update["advantage_estimator"] = estimator
+
+
+def informative_member(trajs, update):
+    """(index in batch, trajectory_id) of a member of a group whose rewards differ."""
+    tb = by_id(trajs)
+    groups: dict[str, set] = {}
+    for tid in update["trajectory_ids"]:
+        groups.setdefault(tb[tid]["group_id"], set()).add(tb[tid]["reward"])
+    for k, tid in enumerate(update["trajectory_ids"]):
+        if len(groups[tb[tid]["group_id"]]) > 1:
+            return k, tid
+    raise AssertionError("no informative group in the synthetic update")
+
+
+def degenerate_member(trajs, update):
+    tb = by_id(trajs)
+    groups: dict[str, set] = {}
+    for tid in update["trajectory_ids"]:
+        groups.setdefault(tb[tid]["group_id"], set()).add(tb[tid]["reward"])
+    for k, tid in enumerate(update["trajectory_ids"]):
+        if len(groups[tb[tid]["group_id"]]) == 1:
+            return k, tid
+    raise AssertionError("no degenerate group in the synthetic update")
+
+
+def trainable(trajs, ids):
+    tb = by_id(trajs)
+    return sum(sum(tb[t]["loss_mask"]) for t in ids)
+
+
+# ---------------------------------------------------------------- compliant
+
+
+def test_compliant_log_is_silent(records):
+    rep = ra.audit(*records)
+    assert not (rep.codes() & U)
+    assert not blocking(rep)
+    assert not (set(rep.not_run) & U)
+
+
+# ---------------------------------------------------------------- U601
+
+
+def test_u601_token_denominator_too_small(records):
+    trajs, ups = records
+    expected = trainable(trajs, ups[1]["trajectory_ids"])
+    ups[1]["loss_denominator"] = float(expected - 10)
+    rep = ra.audit(trajs, ups)
+    assert blocking(rep) == {"U601"}
+    f = of(rep, "U601")
+    assert f.height == 1
+    msg = f["message"][0]
+    assert "update 1 (reduction token)" in msg
+    assert f"loss_denominator {expected - 10} recorded, expected {expected}" in msg
+    assert f["trajectory_id"][0] is None
+
+
+def test_u601_turn_and_trajectory_reductions(records):
+    trajs, ups = records
+    tb = by_id(trajs)
+    turns = sum(len(tb[t]["turns"]) for t in ups[0]["trajectory_ids"])  # every synthetic turn has policy tokens
+    ups[0]["reduction"], ups[0]["loss_denominator"] = "turn", float(turns)
+    ups[1]["reduction"], ups[1]["loss_denominator"] = "trajectory", float(len(ups[1]["trajectory_ids"]))
+    assert not (ra.audit(trajs, ups).codes() & U)
+    ups[0]["loss_denominator"] = float(turns + 3)
+    ups[1]["loss_denominator"] = 1.0
+    rep = ra.audit(trajs, ups)
+    assert blocking(rep) == {"U601"}
+    msgs = sorted(of(rep, "U601")["message"].to_list())
+    assert f"expected {turns} = Σ turns with a trainable token" in msgs[0]
+    assert f"loss_denominator 1 recorded, expected {len(ups[1]['trajectory_ids'])} = the batch size" in msgs[1]
+
+
+def test_u601_turn_reduction_counts_only_turns_with_trainable_tokens(records):
+    trajs, ups = records
+    tb = by_id(trajs)
+    tid = ups[0]["trajectory_ids"][0]
+    t = tb[tid]
+    # mask out every policy token of turn 0: that turn no longer counts, the recorded counts follow
+    t["loss_mask"] = [m and tt != 0 for m, tt in zip(t["loss_mask"], t["token_turn"])]
+    t["num_trainable_tokens"] = sum(t["loss_mask"])
+    turns = sum(len(tb[x]["turns"]) for x in ups[0]["trajectory_ids"])
+    ups[0]["reduction"], ups[0]["loss_denominator"] = "turn", float(turns)
+    rep = ra.audit(trajs, ups, select=["U"])
+    assert rep.codes() == {"U601"}
+    assert f"loss_denominator {turns} recorded, expected {turns - 1}" in of(rep, "U601")["message"][0]
+
+
+@pytest.mark.parametrize("value", [0.0, -4.0, float("nan"), float("inf")])
+def test_u601_constant_needs_positive_finite(records, value):
+    trajs, ups = records
+    ups[0]["reduction"], ups[0]["loss_denominator"] = "constant", 4096.0
+    assert not (ra.audit(trajs, ups).codes() & U)
+    ups[0]["loss_denominator"] = value
+    rep = ra.audit(trajs, ups)
+    assert blocking(rep) == {"U601"}
+    assert "is not a positive finite number" in of(rep, "U601")["message"][0]
+
+
+def test_u601_empty_batch_recomputes_to_zero(records):
+    trajs, ups = records
+    ups.append({"update_step": 2, "trainer_version": 2, "trajectory_ids": [], "reduction": "token",
+                "loss_denominator": 0.0, "advantages": [], "advantage_estimator": "grpo", "max_policy_lag": 0})
+    assert not (ra.audit(trajs, ups).codes() & U)
+    ups[-1]["loss_denominator"] = 8.0
+    rep = ra.audit(trajs, ups)
+    assert blocking(rep) == {"U601"}
+    assert "update 2 (reduction token): loss_denominator 8 recorded, expected 0" in of(rep, "U601")["message"][0]
+
+
+def test_u601_unknown_reduction(records):
+    trajs, ups = records
+    ups[1]["reduction"] = "mean"
+    rep = ra.audit(trajs, ups)
+    assert blocking(rep) == {"U601"}
+    assert "reduction mean is not one of token, turn, trajectory, constant" in of(rep, "U601")["message"][0]
+
+
+# ---------------------------------------------------------------- U602
+
+
+def test_u602_denominator_counts_every_token(records):
+    trajs, ups = records
+    ids = ups[0]["trajectory_ids"]
+    tb = by_id(trajs)
+    total = sum(len(tb[t]["token_ids"]) for t in ids)
+    pol = trainable(trajs, ids)
+    ups[0]["loss_denominator"] = float(total)
+    rep = ra.audit(trajs, ups)
+    assert blocking(rep) == {"U601", "U602"}  # the same defect: wrong value, and diluted
+    msg = of(rep, "U602")["message"][0]
+    factor = round(total / pol, 2)
+    assert f"{total}/{pol} = {factor:g}" in msg and f"scaled down {factor:g}x" in msg
+    assert f"it equals every token of the {len(ids)} sequences, {total - pol} of them not sampled" in msg
+
+
+def test_u602_silent_when_denominator_is_not_larger(records):
+    trajs, ups = records
+    ups[0]["loss_denominator"] = float(trainable(trajs, ups[0]["trajectory_ids"]) - 1)
+    rep = ra.audit(trajs, ups)
+    assert "U602" not in rep.codes() and "U601" in rep.codes()
+    ups[0]["loss_denominator"] = float(trainable(trajs, ups[0]["trajectory_ids"]) + 7)
+    ups[0]["reduction"] = "constant"  # a token count under another reduction is not a dilution claim
+    assert not (ra.audit(trajs, ups).codes() & U)
+
+
+# ---------------------------------------------------------------- U603
+
+
+def test_u603_wrong_advantage_named(records):
+    trajs, ups = records
+    k, tid = informative_member(trajs, ups[1])
+    ups[1]["advantages"][k] += 0.25
+    rep = ra.audit(trajs, ups)
+    assert blocking(rep) == {"U603"}
+    f = of(rep, "U603")
+    assert f["trajectory_id"].to_list() == [tid]
+    assert "update 1 (grpo)" in f["message"][0] and "expected" in f["message"][0]
+
+
+@pytest.mark.parametrize("estimator", ["grpo_no_std", "rloo", "reinforce"])
+def test_u603_other_estimators_recomputed(records, estimator):
+    trajs, ups = records
+    for u in ups:
+        set_advantages(trajs, u, estimator)
+    assert not (ra.audit(trajs, ups).codes() & U)
+    ups[0]["advantage_estimator"] = "grpo"  # advantages of another estimator under the grpo label
+    rep = ra.audit(trajs, ups)
+    # reinforce's A = R is also non-zero in an all-success (degenerate) group: U604 joins in then
+    assert blocking(rep) == ({"U603", "U604"} if estimator == "reinforce" else {"U603"})
+    assert set(of(rep, "U603")["trajectory_id"]) <= set(ups[0]["trajectory_ids"])
+
+
+def test_u603_uses_configured_epsilon(records):
+    trajs, ups = records
+    for u in ups:
+        set_advantages(trajs, u, "grpo", eps=0.5)
+    assert "U603" in ra.audit(trajs, ups).codes()
+    assert not (ra.audit(trajs, ups, config=ra.Config(grpo_epsilon=0.5)).codes() & U)
+
+
+def test_u603_groups_fall_back_to_task_id(records):
+    trajs, ups = records
+    for t in trajs:
+        t["group_id"] = None
+    assert not (ra.audit(trajs, ups).codes() & U)  # one group per task per batch, as before
+    # a task split into two groups: recorded advantages are now grouped by group_id
+    tb = by_id(trajs)
+    for tid in ups[1]["trajectory_ids"]:
+        tb[tid]["group_id"] = f"{tb[tid]['task_id']}/{tid}"
+    rep = ra.audit(trajs, ups)
+    # every member is now a group of one (advantage 0 expected, and a group of one is degenerate)
+    assert blocking(rep) == {"U603", "U604"}
+    nonzero = {t for t, a in zip(ups[1]["trajectory_ids"], ups[1]["advantages"]) if abs(a) > 1e-4}
+    assert nonzero and set(of(rep, "U603")["trajectory_id"]) == nonzero == set(of(rep, "U604")["trajectory_id"])
+
+
+def test_u603_misaligned_and_unknown_estimator(records):
+    trajs, ups = records
+    ups[0]["advantages"] = ups[0]["advantages"][:-1]
+    ups[1]["advantage_estimator"] = "ppo"
+    rep = ra.audit(trajs, ups)
+    assert blocking(rep) == {"U603"}
+    msgs = sorted(of(rep, "U603")["message"].to_list())
+    n = len(ups[0]["trajectory_ids"])
+    assert msgs[0] == f"update 0: {n - 1} advantages for {n} trajectory_ids (they must be aligned)"
+    assert "advantage_estimator ppo is not one of" in msgs[1]
+
+
+def test_u603_u604_not_run_without_advantages(records):
+    trajs, ups = records
+    for u in ups:
+        del u["advantages"], u["advantage_estimator"]
+    rep = ra.audit(trajs, ups)
+    assert {"U603", "U604"} <= set(rep.not_run)
+    assert "updates.advantages" in rep.not_run["U603"]
+    assert not blocking(rep)
+
+
+# ---------------------------------------------------------------- U604
+
+
+def test_u604_degenerate_group_with_nonzero_advantage(records):
+    trajs, ups = records
+    for u in ups:
+        del u["advantage_estimator"]  # U603 cannot run; U604 still can
+    k, tid = degenerate_member(trajs, ups[0])
+    ups[0]["advantages"][k] = 0.3
+    rep = ra.audit(trajs, ups)
+    assert blocking(rep) == {"U604"}
+    assert "U603" in rep.not_run
+    f = of(rep, "U604")
+    assert f["trajectory_id"].to_list() == [tid]
+    assert "is degenerate" in f["message"][0] and "advantage 0.3 is recorded, expected 0" in f["message"][0]
+
+
+def test_u604_fires_with_u603_and_skips_reinforce(records):
+    trajs, ups = records
+    k, tid = degenerate_member(trajs, ups[0])
+    ups[0]["advantages"][k] = float("nan")
+    rep = ra.audit(trajs, ups)
+    assert blocking(rep) == {"U603", "U604"}
+    assert of(rep, "U604")["trajectory_id"].to_list() == [tid]
+    for u in ups:
+        set_advantages(trajs, u, "reinforce")  # A = R: non-zero in all-success groups, by design
+    assert not (ra.audit(trajs, ups).codes() & U)
+
+
+# ---------------------------------------------------------------- U605, U606
+
+
+def test_u605_unknown_trajectory(records):
+    trajs, ups = records
+    ups[1]["trajectory_ids"][2] = "ghost-17"
+    rep = ra.audit(trajs, ups)
+    assert blocking(rep) == {"U605"}  # denominator and advantages of that update are not recomputed
+    f = of(rep, "U605")
+    assert f["trajectory_id"].to_list() == ["ghost-17"]
+    assert "update 1 names trajectory ghost-17 (batch position 2), which is not in the log" == f["message"][0]
+
+
+def test_u605_runs_without_trajectories(records):
+    _, ups = records
+    rep = ra.audit(None, ups, select=["U605"])
+    assert of(rep, "U605").height == sum(len(u["trajectory_ids"]) for u in ups)
+
+
+def test_u606_truncated_episode_in_update(records):
+    trajs, ups = records
+    trunc = next(t for t in trajs if t["truncated"] and t["trajectory_id"] not in ups[0]["trajectory_ids"]
+                 and t["trajectory_id"] < ups[1]["trajectory_ids"][0])
+    ups[0]["trajectory_ids"].append(trunc["trajectory_id"])
+    ups[0]["advantages"].append(0.0)
+    ups[0]["loss_denominator"] += sum(trunc["loss_mask"])
+    rep = ra.audit(trajs, ups)
+    assert blocking(rep) == {"U606"}
+    f = of(rep, "U606")
+    assert f["trajectory_id"].to_list() == [trunc["trajectory_id"]]
+    assert "collector-truncated episode (stop_reason max_turns) under truncation = exclude" in f["message"][0]
+
+
+def test_u606_infra_error_episode_in_update(records):
+    trajs, ups = records
+    tid = ups[1]["trajectory_ids"][0]
+    t = by_id(trajs)[tid]
+    t.update(terminated=False, infra_error=True, stop_reason="env_error", reward=None, verifier_success=False)
+    rep = ra.audit(trajs, ups)
+    assert "U606" in blocking(rep)
+    assert blocking(rep) <= {"U606", "T303"}  # T303 reports the same infra_error episode from its side
+    f = of(rep, "U606")
+    assert f["trajectory_id"].to_list() == [tid]
+    assert "infra_error episode (stop_reason env_error)" in f["message"][0]
+
+
+def test_findings_name_the_update_file(tmp_path, records):
+    trajs, ups = records
+    ups[1]["trajectory_ids"][0] = "ghost"
+    root = write_log(tmp_path / "log", trajs, ups, parts=2)
+    rep = ra.audit(str(root))
+    f = of(rep, "U605")
+    assert f["file"].to_list() == [str(root / "updates" / "updates.parquet")]
+    assert blocking(rep) == {"U605"}
