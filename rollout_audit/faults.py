@@ -537,7 +537,8 @@ def environment_version_missing(ctx: _Ctx) -> list[str]:
 def reset_not_reproducible(ctx: _Ctx) -> list[str]:
     """Two resets with the same seed produced different initial states (shared mutable state
     between rollouts)."""
-    t = ctx.pick()
+    t = ctx.pick(lambda t: sum(o["reset_seed"] == t["reset_seed"] for o in ctx.trajs) > 1,
+                 "reset seed used twice")
     t["initial_state_checksum"] = "f" * 16
     return [t["trajectory_id"]]
 
