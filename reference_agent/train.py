@@ -1,0 +1,380 @@
+"""On-policy collection, GRPO actor + shaped-return critic update, compliant logging, greedy evaluation.
+
+Advantage: GRPO group-relative on the episode reward, A_i = (R_i − mean_g) / (std_g(ddof=1) + 1e-6),
+broadcast to every policy token of the episode (token reduction: the loss is divided by the number of
+loss-mask tokens in the batch). The critic regresses V(h_t) on the potential-shaped discounted
+return-to-go; its values fill the turn `value` / `td_residual` fields and the truncation bootstrap.
+Excluded episodes (truncated under policy `exclude`, infra errors) carry a null reward and are in no update.
+
+Run: python -m reference_agent.train --profile smoke --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from reference_agent.env import (ACTIONS, COLOURS, ENVIRONMENT_ID, ENVIRONMENT_VERSION, OBS_RESET,
+                                 VERIFIER_VERSION, KeyDoorEnv, controller_mask, state_checksum, verify)
+from reference_agent.logging import write_log
+from reference_agent.policy import (PolicyConfig, RecurrentActorCritic, decoding_distribution,
+                                    load_checkpoint, sample_action, save_checkpoint)
+from reference_agent.tokenizer import SYSTEM_PROMPT, TASK_STATEMENT, Tokenizer
+
+SRC_SYSTEM, SRC_USER, SRC_POLICY, SRC_OBS, SRC_TEMPLATE = 0, 1, 2, 3, 4
+GRPO_EPS = 1e-6
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters of one training run (a profile is a named instance)."""
+
+    seed: int = 0
+    iterations: int = 60
+    groups_per_iter: int = 8
+    group_size: int = 8
+    lr: float = 3e-3
+    gamma: float = 0.95
+    temperature: float = 1.0
+    top_p: float = 0.98
+    max_turns: int = 6
+    infra_failure_rate: float = 0.01
+    value_coef: float = 0.5
+    entropy_coef: float = 0.01
+    embed_dim: int = 32
+    hidden_dim: int = 64
+    eval_episodes: int = 100
+    threads: int = 2
+
+
+PROFILES: dict[str, TrainConfig] = {
+    "smoke": TrainConfig(),
+    "full": TrainConfig(iterations=120),
+    "tiny": TrainConfig(iterations=3, groups_per_iter=2, group_size=4, eval_episodes=8, infra_failure_rate=0.05),
+}
+FULL_SEEDS: tuple[int, ...] = (0, 1, 2, 3, 4)
+
+
+def canonical_action(action: str) -> str:
+    """Canonical JSON of the parsed semantic action, e.g. {"action":"inspect"}."""
+    return json.dumps({"action": action}, sort_keys=True, separators=(",", ":"))
+
+
+def context_sha256(token_ids: list[int], context_length: int) -> str:
+    """SHA-256 of the engine's context ids as little-endian int32 (DESIGN 3.2)."""
+    return hashlib.sha256(np.asarray(token_ids[:context_length], dtype="<i4").tobytes()).hexdigest()
+
+
+class Transcript:
+    """The token stream with per-token provenance, mask, behaviour log-prob and turn index."""
+
+    def __init__(self) -> None:
+        self.ids: list[int] = []
+        self.source: list[int] = []
+        self.turn: list[int] = []
+        self.logprob: list[float | None] = []
+
+    def emit(self, ids: list[int], source: int, turn: int, logprob: float | None = None) -> None:
+        """Append tokens written by one party (logprob only for a policy token)."""
+        for i in ids:
+            self.ids.append(i)
+            self.source.append(source)
+            self.turn.append(turn)
+            self.logprob.append(logprob)
+
+
+def run_episode(env: KeyDoorEnv, policy: RecurrentActorCritic, tok: Tokenizer, *, reset_seed: int,
+                rng: np.random.Generator | None, version: int, temperature: float, top_p: float,
+                max_turns: int, gamma: float, options: dict[str, Any] | None = None, memory: bool = True,
+                greedy: bool = False) -> dict[str, Any]:
+    """Play one episode token by token and return its contract record (DESIGN 3.1/3.2).
+
+    memory=False resets the GRU state at each turn (it then reads only the latest observation and the
+    scaffold): the ablation showing the clue must be carried in the recurrent state.
+    """
+    t_start = time.perf_counter()
+    tr = Transcript()
+    tr.emit([tok.id("<sys>"), *tok.encode(SYSTEM_PROMPT), tok.id("</sys>")], SRC_SYSTEM, -1)
+    tr.emit([tok.id("<user>"), *tok.encode(TASK_STATEMENT), tok.id("</user>")], SRC_USER, -1)
+    obs, info = env.reset(reset_seed, options)
+    initial_checksum, phi = info["checksum"], info["potential"]
+    last_obs_start = len(tr.ids)
+    tr.emit([tok.id("<obs>"), *tok.encode(obs), tok.id("</obs>")], SRC_OBS, -1)
+    observations = [obs]
+    h: torch.Tensor | None = None
+    fed = 0
+    steps: list[dict[str, Any]] = []
+    terminated = truncated = infra_error = False
+    stop_reason = ""
+    for t in range(max_turns):
+        t_gen = time.perf_counter()
+        tr.emit([tok.id("<call>")], SRC_TEMPLATE, t)  # the controller's tool-call scaffold
+        ctx_len = len(tr.ids)
+        if memory:
+            logits, value, h = policy.read(tr.ids[fed:ctx_len], h)
+        else:
+            logits, value, _ = policy.read(tr.ids[last_obs_start:ctx_len], None)
+        fed = ctx_len
+        mask = torch.from_numpy(controller_mask(observations))
+        if greedy:
+            a = int(torch.argmax(logits.masked_fill(~mask, float("-inf"))))
+            lp = 0.0
+        else:
+            logp = decoding_distribution(logits, mask, temperature, top_p)
+            a = sample_action(logp, rng)  # type: ignore[arg-type]
+            lp = float(np.float32(logp[a]))
+        action, action_id = ACTIONS[a], tok.action_ids[a]
+        tr.emit([action_id], SRC_POLICY, t, lp)
+        latency = time.perf_counter() - t_gen
+        t_tool = time.perf_counter()
+        obs, reward, terminated, _, info = env.step(action)
+        tool_latency = time.perf_counter() - t_tool
+        step = {"t": t, "action": action, "action_id": action_id, "logprob": lp, "value": value,
+                "context_length": ctx_len, "reward": reward, "phi_before": phi, "phi_after": info["potential"],
+                "latency": latency, "tool_latency": tool_latency, "tool_status": info["tool_status"],
+                "observation": obs, "finish_reason": "stop" if action == "finish" else "tool_calls"}
+        steps.append(step)
+        phi = info["potential"]
+        if info["tool_status"] == "timeout":  # infrastructure failure: not a task outcome
+            tr.emit([tok.id("</call>")], SRC_TEMPLATE, t)
+            infra_error, stop_reason, step["observation"] = True, "tool_error", None
+            break
+        if action == "finish":
+            tr.emit([tok.id("<eos>")], SRC_TEMPLATE, t)
+        else:
+            tr.emit([tok.id("</call>")], SRC_TEMPLATE, t)
+            last_obs_start = len(tr.ids)
+            tr.emit([tok.id("<obs>"), *tok.encode(obs), tok.id("</obs>")], SRC_OBS, t)
+            observations.append(obs)
+        if terminated:
+            stop_reason = info["stop_reason"]
+            break
+    else:
+        truncated, stop_reason = True, "max_turns"  # the collector's limit, not the task's
+    if terminated:
+        final_value = 0.0
+    else:  # V(h_T) of the information state where the next turn would start
+        final_value = policy.read(tr.ids[fed:] + [tok.id("<call>")], h)[1] if memory else 0.0
+    return _record(tr, steps, env, tok, reset_seed=reset_seed, version=version, temperature=temperature,
+                   top_p=top_p, gamma=gamma, terminated=terminated, truncated=truncated, infra_error=infra_error,
+                   stop_reason=stop_reason, final_value=final_value, initial_checksum=initial_checksum,
+                   wall_clock=time.perf_counter() - t_start)
+
+
+def _record(tr: Transcript, steps: list[dict[str, Any]], env: KeyDoorEnv, tok: Tokenizer, *, reset_seed: int,
+            version: int, temperature: float, top_p: float, gamma: float, terminated: bool, truncated: bool,
+            infra_error: bool, stop_reason: str, final_value: float, initial_checksum: str,
+            wall_clock: float) -> dict[str, Any]:
+    """Assemble the trajectory row: turns with shaping F_t = γΦ(s_{t+1}) − Φ(s_t) and δ_t on r + F."""
+    assert env.state is not None
+    turns = []
+    discounted = 0.0
+    for i, s in enumerate(steps):
+        shaping = gamma * s["phi_after"] - s["phi_before"]
+        v_next = steps[i + 1]["value"] if i + 1 < len(steps) else final_value
+        discounted += gamma ** i * (s["reward"] + shaping)
+        turns.append({
+            "turn_id": s["t"], "policy_version": version, "logprob": s["logprob"], "num_policy_tokens": 1,
+            "temperature": temperature, "top_p": top_p, "action_text": s["action"],
+            "parsed_action": canonical_action(s["action"]), "observation_text": s["observation"],
+            "reward": s["reward"], "reward_components": [("outcome", s["reward"])],
+            "potential_before": s["phi_before"], "potential_after": s["phi_after"], "shaping": shaping,
+            "value": s["value"], "td_residual": s["reward"] + shaping + gamma * v_next - s["value"],
+            "latency_s": s["latency"], "tool_latency_s": s["tool_latency"], "tool_status": s["tool_status"],
+            "finish_reason": s["finish_reason"], "sampled_token_ids": [s["action_id"]],
+            "context_length": s["context_length"], "context_sha256": context_sha256(tr.ids, s["context_length"]),
+        })
+    target, budget = env.state.target, env.state.budget
+    loss_mask = [src == SRC_POLICY for src in tr.source]
+    return {
+        "trajectory_id": "", "task_id": f"keydoor-{target}-s{reset_seed}", "group_id": None,
+        "environment_id": ENVIRONMENT_ID, "environment_version": ENVIRONMENT_VERSION, "reset_seed": reset_seed,
+        "initial_state_id": None, "initial_state_checksum": initial_checksum,
+        "final_state_checksum": state_checksum(env.state), "verifier_version": VERIFIER_VERSION,
+        "tokenizer_id": tok.tokenizer_id, "gamma": gamma, "token_ids": tr.ids, "token_source": tr.source,
+        "loss_mask": loss_mask, "behavior_logprobs": tr.logprob, "token_turn": tr.turn, "turns": turns,
+        "terminated": terminated, "truncated": truncated, "infra_error": infra_error, "stop_reason": stop_reason,
+        "reward": float(sum(s["reward"] for s in steps)) if terminated else None,
+        "verifier_success": verify(env.state), "discounted_return": discounted, "final_value": final_value,
+        "num_trainable_tokens": int(sum(loss_mask)), "wall_clock_s": wall_clock,
+    }
+
+
+def grpo_advantages(rewards: list[float]) -> list[float]:
+    """GRPO: (R − mean_g) / (std_g with ddof=1 + ε); a degenerate group gets zeros."""
+    r = np.asarray(rewards, dtype=np.float64)
+    return list((r - r.mean()) / (r.std(ddof=1) + GRPO_EPS))
+
+
+def update(policy: RecurrentActorCritic, opt: torch.optim.Optimizer, records: list[dict[str, Any]],
+           cfg: TrainConfig, step: int, version: int) -> dict[str, Any]:
+    """One optimizer step on the included episodes; returns the update record (DESIGN 3.4)."""
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        if r["reward"] is not None:  # truncated (exclude) and infra_error episodes never enter an update
+            by_group.setdefault(r["group_id"], []).append(r)
+    batch, advantages = [], []
+    for members in by_group.values():
+        if len(members) < 2:  # no group-relative comparison possible (std undefined): left out
+            continue
+        batch += members
+        advantages += grpo_advantages([m["reward"] for m in members])
+    record = {"update_step": step, "trainer_version": version, "trajectory_ids": [r["trajectory_id"] for r in batch],
+              "reduction": "token", "loss_denominator": 0.0, "advantages": [float(a) for a in advantages],
+              "advantage_estimator": "grpo", "max_policy_lag": 0}
+    if not batch:
+        return record
+    length = max(len(r["token_ids"]) for r in batch)
+    ids = torch.zeros(len(batch), length, dtype=torch.long)
+    for b, r in enumerate(batch):
+        ids[b, : len(r["token_ids"])] = torch.tensor(r["token_ids"])
+    logits, values, _ = policy(ids)
+    rows, cols, acts, masks, advs, beh, rets = [], [], [], [], [], [], []
+    for b, r in enumerate(batch):
+        observations = [OBS_RESET]  # the controller's view, rebuilt from the log
+        rtg = shaped_returns_to_go(r["turns"], cfg.gamma)
+        for t, turn in enumerate(r["turns"]):
+            rows.append(b)
+            cols.append(turn["context_length"] - 1)  # the output that has read the context
+            acts.append(ACTIONS.index(turn["action_text"]))
+            masks.append(controller_mask(observations))
+            advs.append(advantages[b])
+            beh.append(turn["logprob"])
+            rets.append(rtg[t])
+            observations.append(turn["observation_text"])
+    rows_t, cols_t = torch.tensor(rows), torch.tensor(cols)
+    logp = decoding_distribution(logits[rows_t, cols_t], torch.from_numpy(np.stack(masks)),
+                                 cfg.temperature, cfg.top_p)
+    logp_a = logp.gather(1, torch.tensor(acts)[:, None]).squeeze(1)
+    drift = float((logp_a.detach() - torch.tensor(beh)).abs().max())
+    assert drift < 1e-4, f"on-policy log-probs drifted from behaviour log-probs by {drift}"
+    denominator = float(sum(r["num_trainable_tokens"] for r in batch))  # loss-mask tokens in the batch
+    policy_loss = -(torch.tensor(advs, dtype=torch.float32) * logp_a).sum() / denominator
+    value_loss = 0.5 * ((values[rows_t, cols_t] - torch.tensor(rets, dtype=torch.float32)) ** 2).mean()
+    support = torch.isfinite(logp)
+    safe_logp = logp.masked_fill(~support, 0.0)  # avoids 0 · (−inf) = NaN in the backward pass
+    entropy = -(safe_logp.exp() * safe_logp * support).sum(-1).mean()
+    loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+    opt.step()
+    record["loss_denominator"] = denominator
+    return record
+
+
+def shaped_returns_to_go(turns: list[dict[str, Any]], gamma: float) -> list[float]:
+    """G_t = Σ_{j≥t} γ^{j−t} (r_j + F_j): the critic's target on the reward the trainer optimises."""
+    out, g = [], 0.0
+    for turn in reversed(turns):
+        g = turn["reward"] + turn["shaping"] + gamma * g
+        out.append(g)
+    return out[::-1]
+
+
+def evaluate(policy: RecurrentActorCritic, tok: Tokenizer, cfg: TrainConfig, memory: bool = True
+             ) -> dict[str, float]:
+    """Greedy success rate on red tasks and on blue tasks separately (fixed held-out seeds, no faults)."""
+    env = KeyDoorEnv(infra_failure_rate=0.0)
+    result = {}
+    for colour in COLOURS:
+        wins = 0
+        for i in range(cfg.eval_episodes):
+            rec = run_episode(env, policy, tok, reset_seed=10**9 + i, rng=None, version=-1, temperature=1.0,
+                              top_p=1.0, max_turns=cfg.max_turns, gamma=cfg.gamma, options={"target": colour},
+                              memory=memory, greedy=True)
+            wins += bool(rec["verifier_success"] and rec["stop_reason"] == "success")
+        result[colour] = wins / cfg.eval_episodes
+    return result
+
+
+def train(cfg: TrainConfig, out_dir: str | Path) -> dict[str, Any]:
+    """Train one run: logs in out/trajectories and out/updates, a checkpoint per version, eval table."""
+    t0 = time.perf_counter()
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    out = Path(out_dir)
+    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer()
+    policy = RecurrentActorCritic(PolicyConfig(tok.vocab_size, len(ACTIONS), cfg.embed_dim, cfg.hidden_dim))
+    opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
+    env = KeyDoorEnv(infra_failure_rate=cfg.infra_failure_rate)
+    save_checkpoint(policy, out / "checkpoints" / "v0.safetensors", 0, tok.tokenizer_id)
+    trajectories: list[dict[str, Any]] = []
+    updates: list[dict[str, Any]] = []
+    for it in range(cfg.iterations):
+        version = it  # one optimizer step per collection round: policy lag 0
+        rng = np.random.default_rng([cfg.seed, it])
+        batch = []
+        for g in range(cfg.groups_per_iter):
+            reset_seed = cfg.seed * 1_000_000 + it * 100 + g  # even g → red task, odd g → blue: balanced batches
+            group_id = f"s{cfg.seed}-i{it:04d}-g{g:02d}"
+            for k in range(cfg.group_size):
+                rec = run_episode(env, policy, tok, reset_seed=reset_seed, rng=rng, version=version,
+                                  temperature=cfg.temperature, top_p=cfg.top_p, max_turns=cfg.max_turns,
+                                  gamma=cfg.gamma, options={"fault_seed": k})
+                rec["trajectory_id"], rec["group_id"] = f"{group_id}-e{k}", group_id
+                batch.append(rec)
+        updates.append(update(policy, opt, batch, cfg, step=it, version=version))
+        save_checkpoint(policy, out / "checkpoints" / f"v{version + 1}.safetensors", version + 1, tok.tokenizer_id)
+        trajectories += batch
+    train_seconds = time.perf_counter() - t0
+    write_log(out / "trajectories" / "part-0000.parquet", "trajectories", trajectories)
+    write_log(out / "updates" / "part-0000.parquet", "updates", updates)
+    untrained = load_checkpoint(out / "checkpoints" / "v0.safetensors")
+    policy.eval()
+    evaluation = {
+        "trained": evaluate(policy, tok, cfg),
+        "untrained": evaluate(untrained, tok, cfg),
+        "no_memory": evaluate(policy, tok, cfg, memory=False),
+    }
+    stops: dict[str, int] = {}
+    for r in trajectories:
+        stops[r["stop_reason"]] = stops.get(r["stop_reason"], 0) + 1
+    return {"seed": cfg.seed, "config": asdict(cfg), "train_seconds": train_seconds,
+            "total_seconds": time.perf_counter() - t0, "evaluation": evaluation, "episodes": len(trajectories),
+            "stop_reasons": stops, "final_version": cfg.iterations, "out_dir": str(out)}
+
+
+def run_profile(profile: str, out_dir: str | Path, seed: int = 0) -> dict[str, Any]:
+    """smoke/tiny: one run; full: one run per seed in FULL_SEEDS under out/seed{s}, with mean and spread."""
+    cfg = PROFILES[profile]
+    if profile != "full":
+        result = train(replace(cfg, seed=seed), out_dir)
+        result["profile"] = profile
+        return result
+    runs = [train(replace(cfg, seed=s), Path(out_dir) / f"seed{s}") for s in FULL_SEEDS]
+    summary = {}
+    for policy_name in ("trained", "untrained", "no_memory"):
+        for colour in COLOURS:
+            vals = np.array([r["evaluation"][policy_name][colour] for r in runs])
+            summary[f"{policy_name}/{colour}"] = {"mean": float(vals.mean()), "std": float(vals.std(ddof=1)),
+                                                  "min": float(vals.min()), "max": float(vals.max())}
+    evaluation = {p: {c: summary[f"{p}/{c}"]["mean"] for c in COLOURS} for p in ("trained", "untrained", "no_memory")}
+    return {"profile": "full", "seeds": list(FULL_SEEDS), "runs": runs, "summary": summary,
+            "evaluation": evaluation, "train_seconds": sum(r["train_seconds"] for r in runs),
+            "total_seconds": sum(r["total_seconds"] for r in runs), "out_dir": str(out_dir)}
+
+
+def main() -> None:
+    """CLI entry: train a profile and print the evaluation table."""
+    from reference_agent.demo import format_table
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="smoke")
+    parser.add_argument("--out", default="out")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print(format_table(run_profile(args.profile, args.out, args.seed)))
+
+
+if __name__ == "__main__":
+    main()
