@@ -1,1 +1,369 @@
-"""(placeholder: being written)"""
+"""Reward and credit (R): turn rewards, potential-based shaping, TD residuals and returns are
+recomputed from the log and compared with what it records (DESIGN 4; lesson 11.3).
+
+Discounting uses γ^t with t the turn index and γ the trajectory's `gamma` (1.0 when the
+column or the value is absent). Sums over turns are computed per trajectory with one
+`group_by("_row")` over the batch's turn frame. Values that are null are not compared
+(nothing was claimed); NaN is compared and reported.
+"""
+from __future__ import annotations
+
+import polars as pl
+
+from ..batch import Batch
+from ..registry import rule
+
+_G = pl.col("_gamma")
+_GT = pl.col("_g_t")  # γ^t
+
+
+def _num(expr: pl.Expr) -> pl.Expr:
+    """A float for a message: rounded, `null` when missing."""
+    return expr.round(6).cast(pl.String).fill_null("null")
+
+
+def _off(found: pl.Expr, expected: pl.Expr, cfg) -> pl.Expr:
+    """True where |found − expected| > atol + rtol·|expected| (NaN included); null → False."""
+    return (~((found - expected).abs() <= cfg.atol + cfg.rtol * expected.abs())).fill_null(False)
+
+
+def _gamma(b: Batch) -> pl.DataFrame:
+    """Per trajectory: `_row`, `_gamma` (1.0 when absent or null), `_T` (number of turns)."""
+    g = pl.col("gamma").cast(pl.Float64).fill_null(1.0) if "gamma" in b.traj.columns else pl.lit(1.0)
+    return b.traj.select("_row", g.alias("_gamma"), pl.Series("_T", b.turn_counts))
+
+
+def _turns(b: Batch, *fields: str, traj: tuple[str, ...] = ()) -> pl.DataFrame:
+    """The turn frame restricted to `fields` (`shaping` only when recorded), with `_gamma`,
+    `_g_t` = γ^t and `_T` (turns in the trajectory), plus trajectory columns `traj`."""
+    g = _gamma(b)
+    if traj:
+        g = g.join(b.traj.select("_row", *traj), on="_row", how="left")
+    fields = tuple(dict.fromkeys(f for f in fields if f in b.turns.columns or f != "shaping"))
+    return (b.turns.select("_row", "_t", "trajectory_id", *fields)
+            .join(g, on="_row", how="left")
+            .with_columns(_G.pow(pl.col("_t")).alias("_g_t")))
+
+
+def _entries(dtype: pl.DataType) -> pl.Expr:
+    """reward_components as list<struct{key, value}> (polars ≥ 2 reads Arrow maps as Map)."""
+    c = pl.col("reward_components")
+    if hasattr(pl, "Map") and isinstance(dtype, pl.Map):
+        return c.map.entries()
+    return c
+
+
+def _shaping(b: Batch) -> pl.Expr:
+    """F_t as added to the reward: the recorded shaping, 0 where absent."""
+    return pl.col("shaping").fill_null(0.0) if "shaping" in b.turns.columns else pl.lit(0.0)
+
+
+@rule("R401", "reward_components do not sum to the turn reward", requires=("turns.reward", "turns.reward_components"))
+def components_sum(b: Batch, cfg) -> pl.DataFrame | None:
+    """A turn's reward_components do not sum to its reward.
+
+    Lesson 11.3.3–11.3.5: dense rewards are assembled from parts (outcome, verified
+    milestones, process scores, penalties); the components are how a reward is audited for
+    farming and first-visit rules. When they do not add up to the reward the trainer uses,
+    either a component is missing from the log or the reward was changed after the
+    components were recorded. A null component value counts as NaN. Write the reward as the
+    sum of the logged components, at the same place.
+    """
+    tr = b.turns
+    if tr.is_empty():
+        return None
+    ent = _entries(tr.schema["reward_components"])
+    df = (tr.select("trajectory_id", "_t", "reward", ent.alias("_e"))
+          .filter(pl.col("_e").is_not_null() & pl.col("reward").is_not_null())
+          .with_columns(pl.col("_e").list.eval(pl.element().struct.field("value").fill_null(float("nan")))
+                        .list.sum().alias("_sum"),
+                        pl.col("_e").list.eval(pl.element().struct.field("key").fill_null("null"))
+                        .list.join(", ").alias("_keys")))
+    bad = df.filter(_off(pl.col("_sum"), pl.col("reward"), cfg))
+    if bad.is_empty():
+        return None
+    return bad.rechunk().select("trajectory_id", pl.col("_t").alias("turn"),
+                      pl.format("reward_components ({}) sum to {}, expected the turn reward {}", "_keys",
+                                _num(pl.col("_sum")), _num(pl.col("reward"))).alias("message"))
+
+
+@rule("R402", "shaping term is not γΦ(s_{t+1}) − Φ(s_t)",
+      requires=("turns.shaping", "turns.potential_before", "turns.potential_after"))
+def shaping_form(b: Batch, cfg) -> pl.DataFrame | None:
+    """A turn's shaping differs from γ·potential_after − potential_before.
+
+    Lesson 11.3.4: potential-based shaping F(s_t, s_{t+1}) = γΦ(s_{t+1}) − Φ(s_t) preserves the
+    optimal policies only when the term has exactly this form with the same γ as the return
+    (gamma column, 1.0 when absent). A bonus for "useful-looking steps", a different γ, or a
+    potential read from another state changes the objective and often creates a farmable
+    loop. Compute the shaping from the two logged potentials with the trainer's γ.
+    """
+    if b.turns.is_empty():
+        return None
+    df = _turns(b, "shaping", "potential_before", "potential_after")
+    exp = _G * pl.col("potential_after") - pl.col("potential_before")
+    bad = df.filter(_off(pl.col("shaping"), exp, cfg))
+    if bad.is_empty():
+        return None
+    return bad.rechunk().select("trajectory_id", pl.col("_t").alias("turn"),
+                      pl.format("shaping {}, expected γΦ(s_t+1) − Φ(s_t) = {}·{} − {} = {}", _num(pl.col("shaping")),
+                                _num(_G), _num(pl.col("potential_after")), _num(pl.col("potential_before")),
+                                _num(exp)).alias("message"))
+
+
+@rule("R403", "potential chain broken", requires=("turns.potential_before", "turns.potential_after"))
+def potential_chain(b: Batch, cfg) -> pl.DataFrame | None:
+    """potential_after of turn t differs from potential_before of turn t+1.
+
+    Lesson 11.3.4: s_{t+1} is both the state reached by turn t and the state turn t+1 starts
+    from, so Φ(s_{t+1}) must be recorded once. When the two values differ the shaping terms
+    no longer telescope (R404) and the sum of bonuses depends on the path, not only on the
+    first and last state. Usually the potential is computed from the observation text, or
+    before and after a state change that happens between turns. Compute Φ from the
+    environment state at the turn boundary, once. The finding names turn t+1.
+    """
+    if b.turns.is_empty():
+        return None
+    # turns are contiguous per trajectory and in order: a plain shift, masked at `_t == 0`
+    df = b.turns.select("trajectory_id", "_row", "_t", "potential_before", "potential_after").with_columns(
+        pl.col("potential_after").shift(1).alias("_prev_after"))
+    bad = df.filter((pl.col("_t") > 0) & _off(pl.col("potential_before"), pl.col("_prev_after"), cfg))
+    if bad.is_empty():
+        return None
+    return bad.rechunk().select("trajectory_id", pl.col("_t").alias("turn"),
+                      pl.format("potential_before {} differs from potential_after {} of turn {}",
+                                _num(pl.col("potential_before")), _num(pl.col("_prev_after")),
+                                pl.col("_t") - 1).alias("message"))
+
+
+@rule("R404", "shaping does not telescope",
+      requires=("turns.shaping", "turns.potential_before", "turns.potential_after"))
+def shaping_telescope(b: Batch, cfg) -> pl.DataFrame | None:
+    """Σ_t γ^t F_t differs from −Φ(s_0) + γ^T Φ(s_T).
+
+    Lesson 11.3.4: with F_t = γΦ(s_{t+1}) − Φ(s_t) the discounted shaping terms telescope,
+    so the whole bonus an episode collects is fixed by its first and last state; that is why
+    shaping cannot be farmed. F_t is the recorded shaping, Φ(s_0) the first potential_before,
+    Φ(s_T) the last potential_after. A failure means a shaping term is not a potential
+    difference (R402), the chain of potentials is broken (R403), or the discount is applied
+    inconsistently. Trajectories with a null shaping or potential are not compared.
+    """
+    if b.turns.is_empty():
+        return None
+    df = _turns(b, "shaping", "potential_before", "potential_after")
+    agg = (df.group_by("_row", maintain_order=True).agg(
+        pl.col("trajectory_id").first(),
+        (_GT * pl.col("shaping")).sum().alias("_found"),
+        (-pl.col("potential_before").first() + _G.first().pow(pl.len()) * pl.col("potential_after").last())
+        .alias("_exp"),
+        pl.len().alias("_T"),
+        pl.sum_horizontal(pl.col("shaping", "potential_before", "potential_after").null_count()).alias("_nulls")))
+    bad = agg.filter((pl.col("_nulls") == 0) & _off(pl.col("_found"), pl.col("_exp"), cfg))
+    if bad.is_empty():
+        return None
+    return bad.rechunk().select("trajectory_id",
+                      pl.format("Σ γ^t shaping_t over {} turns = {}, expected −Φ(s_0) + γ^T Φ(s_T) = {}", "_T",
+                                _num(pl.col("_found")), _num(pl.col("_exp"))).alias("message"))
+
+
+@rule("R405", "terminal state with non-zero potential", requires=("terminated", "turns.potential_after"))
+def terminal_potential(b: Batch, cfg) -> pl.DataFrame | None:
+    """A terminated episode ends in a state whose potential Φ(s_T) is not 0.
+
+    Lesson 11.3.4: the shaping theorem needs boundary terms handled consistently. At a
+    terminal state nothing follows, so Φ(s_T) must be 0; otherwise the telescoped bonus
+    γ^T Φ(s_T) is paid on termination and rewards (or punishes) ending in that state, which
+    changes the optimal policy — for instance, ending early in a high-potential state.
+    Assign potential 0 to terminal states (truncated episodes keep theirs).
+    """
+    tr = b.turns
+    if tr.is_empty():
+        return None
+    last = _turns(b, "potential_after").filter(pl.col("_t") == pl.col("_T") - 1)
+    term = b.traj.filter(pl.col("terminated").fill_null(False)).select("_row")
+    bad = last.join(term, on="_row", how="semi").filter(_off(pl.col("potential_after"), pl.lit(0.0), cfg))
+    if bad.is_empty():
+        return None
+    return bad.rechunk().select("trajectory_id", pl.col("_t").alias("turn"),
+                      pl.format("terminated episode ends with potential_after {}, expected 0 at a terminal state",
+                                _num(pl.col("potential_after"))).alias("message"))
+
+
+@rule("R406", "TD residuals do not telescope",
+      requires=("turns.td_residual", "turns.value", "turns.reward", "final_value"))
+def td_residuals(b: Batch, cfg) -> pl.DataFrame | None:
+    """A recorded TD residual δ_t differs from r'_{t+1} + γV(h_{t+1}) − V(h_t), or
+    Σ γ^t δ_t differs from G_0 − V(h_0) + γ^T V(h_T).
+
+    Lesson 11.3.2: δ_t = r_{t+1} + γV(h_{t+1}) − V(h_t), and without premature zeroing of the
+    terminal value the residuals telescope to G_0 − V(h_0) + γ^T V(h_T). Here r' is the reward
+    the trainer optimises, reward + shaping (shaping 0 when absent), G_0 = Σ γ^t r'_{t+1}, and
+    V(h_T) is final_value (0 at a terminal state, the bootstrap value after truncation). A
+    mismatch means the critic values, the rewards or the discount used by the trainer are not
+    the ones logged (often: the last value zeroed on a truncated episode, or shaping left out).
+    Each differing δ_t is reported at its turn; the sum is reported for a trajectory only when
+    no single turn explains it.
+    """
+    if b.turns.is_empty():
+        return None
+    df = _turns(b, "td_residual", "value", "reward", "shaping", traj=("final_value",)).with_columns(
+        (pl.col("reward") + _shaping(b)).alias("_r"))
+    v_next = pl.when(pl.col("_t") == pl.col("_T") - 1).then(pl.col("final_value")).otherwise(
+        pl.col("value").shift(-1))  # turns are contiguous per trajectory and in order
+    df = df.with_columns((pl.col("_r") + _G * v_next - pl.col("value")).alias("_delta"))
+    per_turn = df.filter(_off(pl.col("td_residual"), pl.col("_delta"), cfg))
+    out = []
+    if not per_turn.is_empty():
+        out.append(per_turn.rechunk().select(
+            "trajectory_id", pl.col("_t").alias("turn"),
+            pl.format("td_residual {}, expected r' + γV(h_t+1) − V(h_t) = {} + {}·{} − {} = {}",
+                      _num(pl.col("td_residual")), _num(pl.col("_r")), _num(_G), _num(v_next),
+                      _num(pl.col("value")), _num(pl.col("_delta"))).alias("message")))
+    agg = (df.group_by("_row", maintain_order=True).agg(
+        pl.col("trajectory_id").first(),
+        (_GT * pl.col("td_residual")).sum().alias("_found"),
+        ((_GT * pl.col("_r")).sum() - pl.col("value").first()
+         + _G.first().pow(pl.len()) * pl.col("final_value").first()).alias("_exp"),
+        pl.sum_horizontal(pl.col("td_residual", "value", "_r", "final_value").null_count()).alias("_nulls")))
+    tel = (agg.filter((pl.col("_nulls") == 0) & _off(pl.col("_found"), pl.col("_exp"), cfg))
+           .join(per_turn.select("_row").unique(), on="_row", how="anti"))
+    if not tel.is_empty():
+        out.append(tel.rechunk().select("trajectory_id", pl.format(
+            "Σ γ^t td_residual_t = {}, expected G_0 − V(h_0) + γ^T V(h_T) = {}", _num(pl.col("_found")),
+            _num(pl.col("_exp"))).alias("message")))
+    return pl.concat(out, how="diagonal_relaxed") if out else None
+
+
+@rule("R407", "discounted_return differs from the recomputed return", requires=("discounted_return", "turns.reward"))
+def discounted_return(b: Batch, cfg) -> pl.DataFrame | None:
+    """The recorded discounted_return differs from Σ_t γ^t (reward_t + shaping_t).
+
+    Lesson 11.1.5 and 11.3.2: the objective is the discounted sum of the rewards the trainer
+    optimises, here the turn rewards plus shaping (0 when absent), with γ the gamma column.
+    A mismatch means the return used for advantages was computed with another γ, without
+    shaping, or from rewards other than the logged ones. Trajectories with a null turn
+    reward are not compared. Compute the return from the logged per-turn values.
+    """
+    if b.turns.is_empty():
+        return None
+    df = _turns(b, "reward", "shaping").with_columns((pl.col("reward") + _shaping(b)).alias("_r"))
+    agg = df.group_by("_row").agg((_GT * pl.col("_r")).sum().alias("_ret"),
+                                  pl.col("_r").null_count().alias("_nulls"))
+    t = (b.traj.select("_row", "trajectory_id", "discounted_return").join(agg, on="_row", how="left")
+         .with_columns(pl.col("_ret").fill_null(0.0), pl.col("_nulls").fill_null(0)))
+    bad = t.filter((pl.col("_nulls") == 0) & _off(pl.col("discounted_return"), pl.col("_ret"), cfg))
+    if bad.is_empty():
+        return None
+    return bad.rechunk().select("trajectory_id", pl.format("discounted_return {}, expected Σ γ^t (reward_t + shaping_t) = {}",
+                                                 _num(pl.col("discounted_return")), _num(pl.col("_ret")))
+                      .alias("message"))
+
+
+@rule("R408", "first-visit reward component paid more than once", requires=("turns.reward_components",))
+def first_visit(b: Batch, cfg) -> pl.DataFrame | None:
+    """A reward component configured as first-visit is non-zero on more than one turn of an
+    episode.
+
+    Lesson 11.3.5: partial credit should reward a change of world state once ("the first
+    successful login may be rewarded once; repeated login calls should not be paid
+    repeatedly"); a milestone paid on every visit is farmed in a loop (lesson 11.3.3). Which
+    components are first-visit is project knowledge: list them in configuration
+    `first_visit_components = ["key_picked", ...]`. With an empty list this check has
+    nothing to compare and reports nothing (it cannot yet list itself as not run). Pay the
+    component only on the transition that first reaches the state.
+    """
+    keys = list(cfg.first_visit_components)
+    tr = b.turns
+    if not keys or tr.is_empty():
+        return None
+    ent = _entries(tr.schema["reward_components"])
+    paid = (tr.select("_row", "_t", "trajectory_id", ent.alias("_e")).explode("_e").drop_nulls("_e").unnest("_e")
+            .filter(pl.col("key").is_in(keys) & (pl.col("value").fill_null(0.0) != 0.0)))
+    rep = (paid.group_by("_row", "key", maintain_order=True)
+           .agg(pl.col("trajectory_id").first(), pl.col("_t").first().alias("_first"),
+                pl.col("_t").slice(1, 1).first().alias("turn"), pl.len().alias("_n"),
+                pl.col("_t").cast(pl.String).str.join(", ").alias("_turns"))
+           .filter(pl.col("_n") > 1))
+    if rep.is_empty():
+        return None
+    return rep.rechunk().select("trajectory_id", "turn",
+                      pl.format("first-visit component '{}' paid on {} turns ({}), expected at most once", "key",
+                                "_n", "_turns").alias("message"))
+
+
+@rule("R409", "same action repeated in a loop", "warning", requires=("turns.parsed_action",))
+def action_loop(b: Batch, cfg) -> pl.DataFrame | None:
+    """The same parsed action is repeated `loop_length` (default 4) or more times in a row.
+
+    Lesson 11.3.3–11.3.4: a naive bonus for useful-looking steps, or a milestone that pays
+    again, makes the agent repeat the paying action instead of finishing the task; a policy
+    stuck on an unchanged observation does the same. Repeated identical calls in a row are
+    the visible symptom. Turns whose action could not be parsed (null) break a run. Inspect
+    the reward components of the repeated turns; make partial credit first-visit or
+    potential-based, and give the environment a budget for repeated calls.
+    """
+    k = cfg.loop_length
+    tr = b.turns
+    if tr.is_empty():
+        return None
+    df = tr.select("_row", "_t", "trajectory_id", "parsed_action").with_columns(
+        ((pl.col("parsed_action") != pl.col("parsed_action").shift(1)).fill_null(True) | (pl.col("_t") == 0))
+        .cum_sum().alias("_run"))  # turns are contiguous per trajectory: a run starts at turn 0 or a change
+    runs = (df.filter(pl.col("parsed_action").is_not_null())
+            .group_by("_run", maintain_order=True)
+            .agg(pl.col("trajectory_id").first(), pl.col("parsed_action").first(), pl.col("_t").first().alias("turn"),
+                 pl.col("_t").last().alias("_last"), pl.len().alias("_n"))
+            .filter(pl.col("_n") >= k))
+    if runs.is_empty():
+        return None
+    return runs.rechunk().select("trajectory_id", "turn",
+                       pl.format(f"action {{}} repeated {{}} times in a row (turns {{}}–{{}}); loop_length is {k}",
+                                 "parsed_action", "_n", "turn", "_last").alias("message"))
+
+
+@rule("R410", "reward inconsistent with verifier_success", scope="log",
+      requires=("task_id", "reward", "verifier_success"))
+def reward_vs_verifier(log, cfg) -> pl.DataFrame | None:
+    """The episode reward contradicts the verifier's verdict under the configured reward rule.
+
+    Lesson 11.3.5: the reward should describe the change in the world that the verifier
+    checks, not persuasive text. With `reward_rule = "monotone"` (default) no verified
+    success may score below a verified failure of the same task (partial credit must not
+    reorder the task's preferences); each offending trajectory is named with the one it is
+    inverted against. With `reward_rule = "binary"` the reward is 1 on success and 0 on
+    failure. Episodes with a null reward (excluded) or a null verdict are ignored. Fix the
+    reward function, or the verifier, so that both describe the same world state.
+    """
+    t = log.traj.filter(pl.col("reward").is_not_null() & pl.col("verifier_success").is_not_null())
+    if t.is_empty():
+        return None
+    ok = pl.col("verifier_success")
+    if cfg.reward_rule == "binary":
+        exp = pl.when(ok).then(1.0).otherwise(0.0)
+        bad = t.filter(_off(pl.col("reward"), exp, cfg))
+        if bad.is_empty():
+            return None
+        return bad.rechunk().select("trajectory_id", "file", pl.format(
+            "reward {} with verifier_success {}, expected {} (reward_rule 'binary')", _num(pl.col("reward")),
+            ok.cast(pl.String).str.to_lowercase(), _num(exp)).alias("message"))
+    t = t.filter(~pl.col("reward").is_nan())
+    r = pl.col("reward")
+    s = t.filter(ok).sort("reward").group_by("task_id").agg(
+        r.first().alias("_s_min"), pl.col("trajectory_id").first().alias("_s_id"))
+    f = t.filter(~ok).sort("reward", descending=True).group_by("task_id").agg(
+        r.first().alias("_f_max"), pl.col("trajectory_id").first().alias("_f_id"))
+    t = t.join(s, on="task_id", how="inner").join(f, on="task_id", how="inner")
+    tol = lambda x: cfg.atol + cfg.rtol * x.abs()  # noqa: E731
+    low = ok & (pl.col("_f_max") - r > tol(pl.col("_f_max")))
+    high = ~ok & (r - pl.col("_s_min") > tol(pl.col("_s_min")))
+    bad = t.filter(low | high)
+    if bad.is_empty():
+        return None
+    msg = (pl.when(ok)
+           .then(pl.format("verified success scores {}, below verified failure {} of task {} (reward {}); "
+                           "expected no success below a failure (reward_rule 'monotone')", _num(r), "_f_id",
+                           "task_id", _num(pl.col("_f_max"))))
+           .otherwise(pl.format("verified failure scores {}, above verified success {} of task {} (reward {}); "
+                                "expected no failure above a success (reward_rule 'monotone')", _num(r), "_s_id",
+                                "task_id", _num(pl.col("_s_min")))))
+    return bad.rechunk().select("trajectory_id", "file", msg.alias("message"))

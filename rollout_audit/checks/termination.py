@@ -1,1 +1,177 @@
-"""(placeholder: being written)"""
+"""Termination (T): why the episode stopped, and what that allows (DESIGN 3.3; lesson 11.1.4)."""
+from __future__ import annotations
+
+import polars as pl
+
+from .. import schema as S
+from ..batch import Batch
+from ..registry import rule
+
+FLAGS = ("terminated", "truncated", "infra_error")
+LAUNDERED = ("length", "abort")  # engine finish reasons that mean "cut off", not "done"
+
+
+def _num(expr: pl.Expr) -> pl.Expr:
+    """A float for a message: rounded, `null` when missing."""
+    return expr.round(6).cast(pl.String).fill_null("null")
+
+
+def _flag_text() -> pl.Expr:
+    """`terminated=true, truncated=false, infra_error=null` for a message."""
+    return pl.concat_str([pl.format(f"{f}={{}}", pl.col(f).cast(pl.String).str.to_lowercase().fill_null("null"))
+                          for f in FLAGS], separator=", ")
+
+
+def _n_true() -> pl.Expr:
+    return pl.sum_horizontal([pl.col(f).fill_null(False).cast(pl.Int8) for f in FLAGS])
+
+
+@rule("T301", "not exactly one of terminated / truncated / infra_error", requires=FLAGS)
+def one_flag(b: Batch, cfg) -> pl.DataFrame | None:
+    """Exactly one of `terminated`, `truncated` and `infra_error` must be true (a null
+    flag counts as not set).
+
+    Lesson 11.1.4 separates the stop causes because each one is trained on differently: a
+    terminated episode is a task outcome, a collector-truncated one is not (it is excluded,
+    bootstrapped or penalized by policy), and an infrastructure failure is no outcome at all.
+    With no flag or several flags set, the trainer picks one by accident of code order.
+    Set exactly one flag per episode, from the same place that sets stop_reason.
+    """
+    bad = b.traj.filter(_n_true() != 1)
+    if bad.is_empty():
+        return None
+    return bad.rechunk().select("trajectory_id", pl.format("{} of terminated/truncated/infra_error are true, expected exactly 1 "
+                                                 "({})", _n_true(), _flag_text()).alias("message"))
+
+
+@rule("T302", "stop_reason inconsistent with the flag", requires=(*FLAGS, "stop_reason"))
+def stop_reason_flag(b: Batch, cfg) -> pl.DataFrame | None:
+    """stop_reason is unknown, or names a cause of another flag than the one that is true.
+
+    The contract maps each stop reason to one flag (DESIGN 3.3): terminated — success,
+    failure, task_budget (a limit that is part of the task is a genuine terminal failure);
+    truncated — max_turns, max_tokens, timeout (limits of the collector); infra_error —
+    env_error, tool_error, engine_error. Projects add their own reasons with
+    `extra_stop_reasons = {reason = "flag"}` in configuration. Lesson 11.1.4: a collector
+    limit recorded as a task failure teaches the policy that being cut off is failing.
+    Consistency is checked only when exactly one flag is true (T301 reports the others);
+    a null stop_reason is reported by S001. Fix the collector so both come from one place,
+    or declare the project's reason in configuration.
+    """
+    table = {**S.stop_reasons(), **cfg.extra_stop_reasons}
+    known = pl.DataFrame({"stop_reason": list(table), "_expected_flag": list(table.values())})
+    t = b.traj.select("trajectory_id", "stop_reason", *FLAGS).join(known, on="stop_reason", how="left")
+    true_flag = pl.coalesce([pl.when(pl.col(f).fill_null(False)).then(pl.lit(f)) for f in FLAGS])
+    unknown = pl.col("stop_reason").is_not_null() & pl.col("_expected_flag").is_null()
+    wrong = (_n_true() == 1) & pl.col("_expected_flag").is_not_null() & (pl.col("_expected_flag") != true_flag)
+    bad = t.filter(unknown | wrong)
+    if bad.is_empty():
+        return None
+    names = ", ".join(sorted(table))
+    msg = (pl.when(unknown)
+           .then(pl.format(f"unknown stop_reason '{{}}' (known: {names}; add it to extra_stop_reasons)",
+                           "stop_reason"))
+           .otherwise(pl.format("stop_reason '{}' belongs to {}, but {} is the flag set", "stop_reason",
+                                "_expected_flag", true_flag)))
+    return bad.rechunk().select("trajectory_id", msg.alias("message"))
+
+
+@rule("T303", "infra_error episode carries a reward or is used in an update", scope="log",
+      requires=("trajectory_id", "infra_error", "reward"))
+def infra_error_scored(log, cfg) -> pl.DataFrame | None:
+    """An episode with infra_error = true has a non-null reward, or an update trains on it.
+
+    Lesson 11.1.4: when the environment or the engine failed, the record must carry an
+    infrastructure status rather than masquerade as a task failure. A reward (usually 0) on
+    such an episode tells the policy that the failure was its own; training on it, with or
+    without a reward, pushes probability away from actions that did nothing wrong. The
+    contract (DESIGN 3.3): an infra_error episode always has a null reward and appears in no
+    update. Without update records only the reward is checked. Fix the collector to write a
+    null reward and the trainer to drop infra_error episodes from its batches (retry them).
+    """
+    t = log.traj.filter(pl.col("infra_error").fill_null(False)).select("trajectory_id", "file", "reward")
+    if t.is_empty():
+        return None
+    used = None
+    if log.updates is not None and "trajectory_ids" in log.updates.columns:
+        u = log.updates
+        step = pl.col("update_step") if "update_step" in u.columns else pl.int_range(pl.len())
+        used = (u.select(step.cast(pl.String).alias("_step"), pl.col("trajectory_ids").alias("trajectory_id"))
+                .explode("trajectory_id")
+                .join(t.select("trajectory_id").unique(), on="trajectory_id", how="semi")
+                .group_by("trajectory_id").agg(pl.col("_step").unique().sort().alias("_steps")))
+    if used is not None:
+        t = t.join(used, on="trajectory_id", how="left")
+    else:
+        t = t.with_columns(pl.lit(None, dtype=pl.List(pl.String)).alias("_steps"))
+    has_r = pl.col("reward").is_not_null()
+    in_upd = pl.col("_steps").is_not_null()
+    bad = t.filter(has_r | in_upd)
+    if bad.is_empty():
+        return None
+    r_part = pl.when(has_r).then(pl.format("carries reward {} (expected null)", _num(pl.col("reward"))))
+    u_part = pl.when(in_upd).then(pl.format("is used in update(s) {}", pl.col("_steps").list.join(", ")))
+    msg = pl.concat_str([r_part, u_part], separator=" and ", ignore_nulls=True)
+    return bad.rechunk().select("trajectory_id", "file", pl.format("infra_error episode {}", msg).alias("message"))
+
+
+@rule("T304", "truncated episode rewarded against the truncation policy",
+      requires=("truncated", "reward"))
+def truncated_reward(b: Batch, cfg) -> pl.DataFrame | None:
+    """A collector-truncated episode (truncated = true) has a reward that the configured
+    truncation policy does not allow.
+
+    Lesson 11.1.4: when a limit of the collector (not of the task) cuts an episode, a zero
+    reward confounds task difficulty with bad behaviour. Configuration `truncation` states the
+    project's policy (DESIGN 3.3): `exclude` (default) — the reward is null (U606 checks that
+    no update uses the episode); `bootstrap` — a reward is allowed only with the critic's
+    final_value V(h_T) to bootstrap from; `penalize` — a numeric reward is a deliberate
+    choice and accepted. Fix the collector to write the reward the policy prescribes, or
+    state the policy you actually use in configuration.
+    """
+    if cfg.truncation == "penalize":
+        return None
+    t = b.traj.filter(pl.col("truncated").fill_null(False) & pl.col("reward").is_not_null())
+    if "stop_reason" not in t.columns:
+        t = t.with_columns(pl.lit(None, dtype=pl.String).alias("stop_reason"))
+    if cfg.truncation == "bootstrap":
+        if "final_value" in t.columns:
+            t = t.filter(pl.col("final_value").is_null())
+        msg = pl.format("truncated episode (stop_reason {}) has reward {} but no final_value to bootstrap from "
+                        "(truncation policy 'bootstrap')", pl.col("stop_reason").fill_null("null"),
+                        _num(pl.col("reward")))
+    else:
+        msg = pl.format("truncated episode (stop_reason {}) has reward {}, expected null (truncation policy "
+                        "'exclude')", pl.col("stop_reason").fill_null("null"), _num(pl.col("reward")))
+    if t.is_empty():
+        return None
+    return t.rechunk().select("trajectory_id", msg.alias("message"))
+
+
+@rule("T305", "truncation laundered as termination", requires=("terminated", "turns.finish_reason"))
+def laundered_truncation(b: Batch, cfg) -> pl.DataFrame | None:
+    """The last turn's finish_reason is `length` or `abort`, but the episode is recorded as
+    terminated.
+
+    Lesson 11.1.4: an episode cut off by the engine (token limit reached, request aborted)
+    did not reach a terminal state of the task; recording it as terminated turns a collector
+    limit into a task outcome and usually into a zero reward (a truncated episode scored as
+    a failure). Record it as truncated (stop_reason max_tokens or timeout) or infra_error,
+    and apply the truncation policy.
+    """
+    tr = b.turns
+    if tr.is_empty():
+        return None
+    is_last = tr["_t"].to_numpy() == b.turn_counts[tr["_row"].to_numpy()] - 1
+    last = tr.filter(pl.Series(is_last) & pl.col("finish_reason").is_in(list(LAUNDERED)))
+    if last.is_empty():
+        return None
+    reason = pl.col("stop_reason") if "stop_reason" in b.traj.columns else pl.lit(None, pl.String).alias("stop_reason")
+    term = b.traj.filter(pl.col("terminated").fill_null(False)).select("_row", reason)
+    bad = last.join(term, on="_row", how="inner")
+    if bad.is_empty():
+        return None
+    return bad.rechunk().select("trajectory_id", pl.col("_t").alias("turn"),
+                      pl.format("last turn ended with finish_reason '{}' but the episode is recorded as terminated "
+                                "(stop_reason {}); expected truncated or infra_error", "finish_reason",
+                                pl.col("stop_reason").fill_null("null")).alias("message"))

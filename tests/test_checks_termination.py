@@ -1,0 +1,224 @@
+"""Termination checks T301-T305 (DESIGN 3.3, lesson 11.1.4) against mutated synthetic logs."""
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+import rollout_audit as ra
+from rollout_audit.config import Config
+from conftest import write_log
+
+T_CODES = {"T301", "T302", "T303", "T304", "T305"}
+
+
+def audit(trajs, updates, **cfg):
+    return ra.audit(trajs, updates, config=Config(**cfg))
+
+
+def blocking(rep) -> set[str]:
+    return rep.codes("error") | rep.codes("warning")
+
+
+def rows(rep, code) -> pl.DataFrame:
+    return rep.findings.filter(pl.col("code") == code)
+
+
+def pick(trajs, updates=None, *, stop=None, in_update=None, n=1, min_turns=1):
+    """The first `n` trajectories matching the stop-reason set and update membership."""
+    used = {i for u in updates or [] for i in u["trajectory_ids"]}
+    out = [t for t in trajs if (stop is None or t["stop_reason"] in stop) and len(t["turns"]) >= min_turns
+           and (in_update is None or (t["trajectory_id"] in used) == in_update)]
+    assert len(out) >= n
+    return out[:n]
+
+
+def to_infra(t, reason="env_error"):
+    t.update(terminated=False, truncated=False, infra_error=True, stop_reason=reason)
+
+
+def test_compliant_log_is_silent_and_every_check_runs(records):
+    rep = audit(*records)
+    assert rep.ok and not blocking(rep)
+    assert not T_CODES & set(rep.not_run), rep.not_run
+
+
+# ---------------------------------------------------------------- T301
+
+
+def test_t301_no_flag_and_two_flags(records):
+    trajs, ups = records
+    a, = pick(trajs, stop={"success", "failure"})
+    b, = pick(trajs, stop={"max_turns"})
+    a["terminated"] = False                 # no flag at all
+    b["infra_error"] = True                 # truncated and infra_error
+    rep = audit(trajs, ups)
+    assert blocking(rep) == {"T301"}
+    f = rows(rep, "T301")
+    assert sorted(f["trajectory_id"]) == sorted([a["trajectory_id"], b["trajectory_id"]])
+    msg = dict(zip(f["trajectory_id"], f["message"]))
+    assert msg[a["trajectory_id"]].startswith("0 of") and "terminated=false" in msg[a["trajectory_id"]]
+    assert msg[b["trajectory_id"]].startswith("2 of") and "infra_error=true" in msg[b["trajectory_id"]]
+
+
+def test_t301_null_flag_counts_as_unset(records):
+    trajs, ups = records
+    a, = pick(trajs, stop={"max_turns"})
+    a["truncated"] = None
+    rep = audit(trajs, ups)
+    assert rows(rep, "T301")["trajectory_id"].to_list() == [a["trajectory_id"]]
+    assert "truncated=null" in rows(rep, "T301")["message"][0]
+
+
+# ---------------------------------------------------------------- T302
+
+
+def test_t302_reason_of_another_flag(records):
+    trajs, ups = records
+    a, = pick(trajs, stop={"failure"})
+    a["stop_reason"] = "max_turns"          # a collector limit recorded as a task failure
+    rep = audit(trajs, ups)
+    assert blocking(rep) == {"T302"}
+    f = rows(rep, "T302")
+    assert f["trajectory_id"].to_list() == [a["trajectory_id"]]
+    assert "belongs to truncated, but terminated is the flag set" in f["message"][0]
+
+
+def test_t302_unknown_reason_and_extra_stop_reasons(records):
+    trajs, ups = records
+    a, = pick(trajs, stop={"failure"})
+    a["stop_reason"] = "gave_up"
+    rep = audit(trajs, ups)
+    assert blocking(rep) == {"T302"}
+    assert rows(rep, "T302")["trajectory_id"].to_list() == [a["trajectory_id"]]
+    assert "unknown stop_reason 'gave_up'" in rows(rep, "T302")["message"][0]
+    # declared in configuration: accepted for its flag, rejected for another
+    assert not blocking(audit(trajs, ups, extra_stop_reasons={"gave_up": "terminated"}))
+    rep = audit(trajs, ups, extra_stop_reasons={"gave_up": "infra_error"})
+    assert blocking(rep) == {"T302"}
+
+
+def test_t302_leaves_multi_flag_rows_to_t301(records):
+    trajs, ups = records
+    a, = pick(trajs, stop={"max_turns"})
+    a["terminated"] = True
+    rep = audit(trajs, ups, select=["T"])
+    assert rep.codes() == {"T301"}
+
+
+# ---------------------------------------------------------------- T303
+
+
+def test_t303_silent_on_a_clean_infra_error_episode(records):
+    trajs, ups = records
+    a, = pick(trajs, stop={"max_turns"}, in_update=False)   # reward null, in no update
+    to_infra(a)
+    rep = audit(trajs, ups)
+    assert not blocking(rep)
+
+
+def test_t303_infra_error_with_a_reward(records):
+    trajs, ups = records
+    a, = pick(trajs, stop={"max_turns"}, in_update=False)
+    to_infra(a, "tool_error")
+    a["reward"] = 0.0                       # infrastructure failure scored as a task failure
+    rep = audit(trajs, ups)
+    assert blocking(rep) == {"T303"}
+    f = rows(rep, "T303")
+    assert f["trajectory_id"].to_list() == [a["trajectory_id"]]
+    assert f["message"][0] == "infra_error episode carries reward 0.0 (expected null)"
+
+
+def test_t303_infra_error_used_in_an_update(tmp_path, records):
+    trajs, ups = records
+    a, = pick(trajs, ups, stop={"failure"}, in_update=True)
+    to_infra(a)
+    a["reward"] = None
+    steps = [u["update_step"] for u in ups if a["trajectory_id"] in u["trajectory_ids"]]
+    # U606 (another family) also covers use in an update; restrict to this family.
+    rep = ra.audit(write_log(tmp_path / "log", trajs, ups, parts=2), select=["T"])
+    assert rep.codes() == {"T303"}
+    f = rows(rep, "T303")
+    assert f["trajectory_id"].to_list() == [a["trajectory_id"]]
+    assert f["message"][0] == f"infra_error episode is used in update(s) {', '.join(map(str, steps))}"
+    assert f["file"][0].endswith(".parquet")
+
+
+def test_t303_reward_part_runs_without_updates(records):
+    trajs, _ = records
+    a, b = pick(trajs, stop={"failure"}, n=2)
+    to_infra(a)
+    to_infra(b)
+    b["reward"] = None
+    rep = audit(trajs, None, select=["T"])
+    assert rep.codes() == {"T303"}
+    assert rows(rep, "T303")["trajectory_id"].to_list() == [a["trajectory_id"]]
+    assert "T303" not in rep.not_run
+
+
+# ---------------------------------------------------------------- T304
+
+
+def test_t304_exclude_policy_wants_a_null_reward(records):
+    trajs, ups = records
+    a, = pick(trajs, stop={"max_turns"}, in_update=False)
+    a["reward"] = 0.0                       # truncated episode scored as a failure
+    rep = audit(trajs, ups)
+    assert blocking(rep) == {"T304"}
+    f = rows(rep, "T304")
+    assert f["trajectory_id"].to_list() == [a["trajectory_id"]]
+    assert "expected null (truncation policy 'exclude')" in f["message"][0]
+
+
+def test_t304_bootstrap_needs_final_value_and_penalize_accepts(records):
+    trajs, ups = records
+    a, b = pick(trajs, stop={"max_turns"}, in_update=False, n=2)
+    a["reward"] = 0.0
+    b["reward"] = 0.0
+    b["final_value"] = None
+    rep = audit(trajs, ups, truncation="bootstrap")
+    assert blocking(rep) == {"T304"}
+    assert rows(rep, "T304")["trajectory_id"].to_list() == [b["trajectory_id"]]
+    assert "no final_value to bootstrap from" in rows(rep, "T304")["message"][0]
+    assert not blocking(audit(trajs, ups, truncation="penalize", select=["T"]))
+
+
+def test_t304_silent_when_truncated_rewards_are_null(records):
+    trajs, ups = records
+    assert any(t["truncated"] for t in trajs)
+    for policy in ("exclude", "bootstrap", "penalize"):
+        assert not blocking(audit(trajs, ups, truncation=policy, select=["T304"]))
+
+
+# ---------------------------------------------------------------- T305
+
+
+@pytest.mark.parametrize("reason", ["length", "abort"])
+def test_t305_length_cut_recorded_as_terminated(records, reason):
+    trajs, ups = records
+    a, = pick(trajs, stop={"failure"}, min_turns=2)
+    a["turns"][-1]["finish_reason"] = reason
+    rep = audit(trajs, ups)
+    assert blocking(rep) == {"T305"}
+    f = rows(rep, "T305")
+    assert f["trajectory_id"].to_list() == [a["trajectory_id"]]
+    assert f["turn"].to_list() == [len(a["turns"]) - 1]
+    assert f"finish_reason '{reason}'" in f["message"][0]
+
+
+def test_t305_silent_on_earlier_turns_and_truncated_episodes(records):
+    trajs, ups = records
+    a, = pick(trajs, stop={"failure"}, min_turns=2)
+    b, = pick(trajs, stop={"max_turns"})
+    a["turns"][0]["finish_reason"] = "length"     # not the last turn
+    b["turns"][-1]["finish_reason"] = "length"    # honestly recorded as truncated
+    assert not blocking(audit(trajs, ups))
+
+
+def test_t305_not_run_without_finish_reason(records):
+    trajs, ups = records
+    for t in trajs:
+        for tr in t["turns"]:
+            del tr["finish_reason"]
+    rep = audit(trajs, ups)
+    assert "T305" in rep.not_run and "turns.finish_reason" in rep.not_run["T305"]
+    assert not blocking(rep)
