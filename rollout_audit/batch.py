@@ -35,7 +35,7 @@ class Tokens:
     lp_present: np.ndarray  # bool: a value (possibly NaN) was recorded
     turn: np.ndarray      # int64, the token_turn value
     starts: np.ndarray    # per batch row: offset of its first token in these arrays
-    ids: np.ndarray | None  # int64 token ids, when token_ids was read
+    ids: np.ndarray | None  # int32 token ids (the contract type), when token_ids was read
 
     @property
     def policy(self) -> np.ndarray:
@@ -126,10 +126,19 @@ class Batch:
         lp_arr = flat("behavior_logprobs")
         lp = _np(lp_arr.cast(pa.float64()), np.nan) if len(lp_arr) else np.zeros(0)
         present = _np(lp_arr.is_valid()) if lp_arr.null_count else np.ones(len(lp_arr), bool)
-        ids = _np(flat("token_ids"), -1).astype(np.int64) if "token_ids" in self.columns else None
+        ids = _np(flat("token_ids"), -1).astype(np.int32, copy=False) if "token_ids" in self.columns else None
         return Tokens(row=row, pos=pos, source=src, mask=_np(flat("loss_mask"), False).astype(bool),
                       lp=lp, lp_present=present, turn=_np(flat("token_turn"), -2).astype(np.int64),
                       starts=starts[:-1], ids=ids)
+
+    @cached_property
+    def ids_le_bytes(self) -> memoryview:
+        """token_ids of the well-formed rows as one byte buffer of little-endian int32 (4 bytes
+        per token, aligned with `tokens`): the bytes context_sha256 is computed over."""
+        ids = self.tokens.ids
+        if ids is None:
+            return memoryview(b"")
+        return memoryview(np.ascontiguousarray(ids, dtype="<i4")).cast("B")
 
     def first_position(self, where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(rows, first token position) for each row where `where` holds somewhere."""
@@ -137,11 +146,29 @@ class Batch:
         rows, first = np.unique(self.tokens.row[idx], return_index=True)
         return rows, self.tokens.pos[idx[first]]
 
+    def locate(self, where: np.ndarray) -> pl.DataFrame:
+        """One row per trajectory where the per-token condition `where` holds somewhere:
+        `_row`, trajectory_id, `n` (how many tokens), `position` and `turn` of the first one
+        (turn null when that token carries -1 or another out-of-range value)."""
+        t = self.tokens
+        rows, pos = self.first_position(where)
+        n = np.bincount(t.row[where], minlength=self.n)[rows]
+        turn = t.turn[t.starts[rows] + pos] if rows.size else np.zeros(0, np.int64)
+        return pl.DataFrame({
+            "_row": rows.astype(np.int64), "trajectory_id": self.ids.gather(rows), "n": n.astype(np.int64),
+            "position": pos.astype(np.int64),
+            "turn": pl.Series(turn.astype(np.int64)).set(pl.Series(turn < 0), None),
+        })
+
     @cached_property
     def lp_state(self) -> np.ndarray:
+        """Per token (int8): 0 no log-prob recorded, 1 valid (finite, <= 0), 2 invalid (NaN, inf, > 0)."""
         t = self.tokens
-        bad = ~np.isfinite(t.lp) | (t.lp > 0)
-        return np.where(~t.lp_present, 0, np.where(bad, 2, 1)).astype(np.int64)
+        state = ~np.isfinite(t.lp)
+        state |= t.lp > 0
+        state = state.view(np.int8) + np.int8(1)
+        state *= t.lp_present
+        return state
 
     @cached_property
     def stats(self) -> pl.DataFrame:
@@ -164,6 +191,8 @@ class Batch:
         cols["n_trainable_bad_lp"] = counts[:, :, 1, 0].sum(axis=1) + counts[:, :, 1, 2].sum(axis=1)
         cols["n_lp_nonpolicy"] = (counts[:, :, :, 1:].sum(axis=(2, 3)).sum(axis=1)
                                   - counts[:, S.POLICY, :, 1:].sum(axis=(1, 2)))
+        for s in (0, 1, 3, 4, 5):
+            cols[f"n_lp_src{s}"] = counts[:, s, :, 1:].sum(axis=(1, 2))
         cols["n_src_invalid"] = counts[:, 5].sum(axis=(1, 2))
         return pl.DataFrame({k: nul(v.astype(np.int64)).alias(k) for k, v in cols.items()})
 
@@ -185,6 +214,21 @@ class Batch:
         return np.where(valid, base[t.row] + t.turn, -1)
 
     @cached_property
+    def policy_by_turn(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(index, count, start): indices into `tokens` of the policy tokens that belong to a
+        turn, grouped by turn key in position order; per turn key, how many there are and
+        where its first one sits in `index`."""
+        key = self.turn_key
+        index = np.flatnonzero(self.tokens.policy & (key >= 0))
+        kp = key[index]
+        if kp.size > 1 and (np.diff(kp) < 0).any():  # token_turn not in turn order: group stably
+            order = np.argsort(kp, kind="stable")
+            index, kp = index[order], kp[order]
+        count = np.bincount(kp, minlength=int(self.turn_counts.sum()))
+        start = np.concatenate([[0], np.cumsum(count)])[:-1]
+        return index, count, start
+
+    @cached_property
     def turns(self) -> pl.DataFrame:
         """One row per turn: `_row`, `_t` (index in the list), trajectory_id, the struct's
         fields, and recomputed `rc_*` values from the tokens of that turn."""
@@ -204,22 +248,18 @@ class Batch:
         if self.ok.any() and n_turns:
             t = self.tokens
             key = self.turn_key
-            pol = t.policy & (key >= 0)
-            good_lp = pol & (self.lp_state == 1)
-            kp = key[pol]
-            df = df.with_columns(
-                pl.Series("rc_n_policy", np.bincount(kp, minlength=n_turns)),
-                pl.Series("rc_n_trainable", np.bincount(key[t.mask & (key >= 0)], minlength=n_turns)),
-                pl.Series("rc_n_lp_valid", np.bincount(key[good_lp], minlength=n_turns)),
-                pl.Series("rc_lp_sum", np.bincount(key[good_lp], weights=t.lp[good_lp], minlength=n_turns)),
-            )
+            index, count, start = self.policy_by_turn
+            good = index[self.lp_state[index] == 1]
             first = np.full(n_turns, -1, np.int64)
-            if kp.size:
-                pos_p = t.pos[pol]
-                order = np.lexsort((pos_p, kp))
-                ks, fi = np.unique(kp[order], return_index=True)
-                first[ks] = pos_p[order][fi]
-            df = df.with_columns(pl.Series("rc_first_policy_pos", first).replace(-1, None))
+            has = count > 0
+            first[has] = t.pos[index[start[has]]]
+            df = df.with_columns(
+                pl.Series("rc_n_policy", count),
+                pl.Series("rc_n_trainable", np.bincount(key[t.mask & (key >= 0)], minlength=n_turns)),
+                pl.Series("rc_n_lp_valid", np.bincount(key[good], minlength=n_turns)),
+                pl.Series("rc_lp_sum", np.bincount(key[good], weights=t.lp[good], minlength=n_turns)),
+                pl.Series("rc_first_policy_pos", first).replace(-1, None),
+            )
             okrow = pl.Series(self.ok[parent])
             df = df.with_columns(pl.when(okrow).then(pl.col(c)).otherwise(None).alias(c)
                                  for c in ("rc_n_policy", "rc_n_trainable", "rc_n_lp_valid", "rc_lp_sum",
@@ -234,7 +274,8 @@ class Batch:
                                     pl.Series("ok", self.ok), pl.Series("n_turns", self.turn_counts))
         tr = self.turns
         if len(tr) and "policy_version" in tr.columns:
-            agg = [pl.col("policy_version").min().alias("pv_min"), pl.col("policy_version").max().alias("pv_max")]
+            agg = [pl.col("policy_version").min().alias("pv_min"), pl.col("policy_version").max().alias("pv_max"),
+                   pl.col("policy_version").drop_nulls().n_unique().cast(pl.Int64).alias("n_versions")]
             if "rc_n_trainable" in tr.columns:
                 agg.append((pl.col("rc_n_trainable") > 0).sum().cast(pl.Int64).alias("n_turns_trainable"))
             per = tr.group_by("_row").agg(agg).with_columns((pl.col("_row") + self.first_row).alias("_row"))

@@ -1,1 +1,270 @@
-"""(placeholder: being written)"""
+"""Mask and provenance (M): who generated each token, and what the trainer will learn from
+(DESIGN 4, lesson 11.2.1-11.2.2)."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..batch import Batch
+from ..registry import rule
+
+# token_source values other than policy, with the name used in messages (5: out of range)
+_NON_POLICY = ((0, "system"), (1, "user"), (3, "observation"), (4, "template"), (5, "invalid source"))
+
+
+def source_breakdown(prefix: str) -> pl.Expr:
+    """'observation 9, template 3' from the per-source count columns `{prefix}{s}`."""
+    parts = [pl.when(pl.col(f"{prefix}{s}") > 0).then(pl.format(f"{name} {{}}", pl.col(f"{prefix}{s}")))
+             for s, name in _NON_POLICY]
+    return pl.concat_list(parts).list.drop_nulls().list.join(", ")
+
+
+def where_first(turn: str = "turn") -> pl.Expr:
+    """'position 40 (turn 2)' or 'position 3' for the first offending token."""
+    return pl.format("position {}", "position") + pl.when(pl.col(turn).is_not_null()).then(
+        pl.format(" (turn {})", turn)).otherwise(pl.lit(""))
+
+
+def ragged_index(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenated ranges starts[i] .. starts[i]+lengths[i]-1: (indices, owner i of each)."""
+    owner = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    offs = np.concatenate([[0], np.cumsum(lengths)])[:-1]
+    return starts[owner] + np.arange(owner.size, dtype=np.int64) - offs[owner], owner
+
+
+@rule("M101", "loss_mask true on a token the policy did not sample", "error",
+      requires=("loss_mask", "token_source"))
+def mask_on_non_policy(b: Batch, cfg) -> pl.DataFrame | None:
+    """loss_mask is true on a token the policy did not sample (system, user, tool/observation
+    or template), counted per source.
+
+    Lesson 11.2.1-11.2.2: the policy chooses its action tokens but not the environment's
+    reply. Only tokens with token_source = 2 (sampled by the behaviour policy) may enter the
+    policy loss; training on a tool output or a chat-template token teaches the model to
+    predict the environment and dilutes the gradient of its own actions. Build loss_mask as
+    `token_source == 2` (or a subset of it), after the chat template and tool outputs have been
+    inserted, not from message roles before templating.
+    """
+    if not b.ok.any():
+        return None
+    t = b.tokens
+    bad = t.mask & ~t.policy
+    if not bad.any():
+        return None
+    loc = b.locate(bad).join(b.traj.select("_row", *(f"n_trainable_src{s}" for s, _ in _NON_POLICY)), on="_row")
+    return loc.select("trajectory_id", "turn", "position", pl.format(
+        "loss_mask true on {} non-policy token(s) ({}); expected 0; first at ", "n",
+        source_breakdown("n_trainable_src")).add(where_first()).alias("message"))
+
+
+@rule("M102", "policy-sampled token outside the loss mask", "warning", requires=("loss_mask", "token_source"))
+def policy_not_masked(b: Batch, cfg) -> pl.DataFrame | None:
+    """A token the policy sampled has loss_mask false.
+
+    Lesson 11.2.2: every sampled action token carries its share of the policy gradient; a
+    policy token left out of the loss silently removes part of the action (often the tool-call
+    arguments or the end-of-turn token, when the mask is built from message text). Some
+    pipelines mask policy tokens on purpose, e.g. turns cut by the engine
+    (finish_reason `length` or `abort`): declare those finish reasons in the configuration
+    `masked_ok_reasons` and the turns are not reported. Otherwise set loss_mask true on every
+    token with token_source = 2.
+    """
+    if not b.ok.any():
+        return None
+    t = b.tokens
+    bad = t.policy & ~t.mask
+    if not bad.any():
+        return None
+    tr = b.turns
+    if cfg.masked_ok_reasons and len(tr) and "finish_reason" in tr.columns:
+        excused = tr["finish_reason"].is_in(list(cfg.masked_ok_reasons)).fill_null(False).to_numpy()
+        key = b.turn_key
+        bad &= ~((key >= 0) & excused[np.maximum(key, 0)])
+        if not bad.any():
+            return None
+    loc = b.locate(bad).join(b.traj.select("_row", "n_policy"), on="_row")
+    return loc.select("trajectory_id", "turn", "position", pl.format(
+        "{} of {} policy-sampled token(s) have loss_mask false; expected all in the loss; first at ",
+        "n", "n_policy").add(where_first()).alias("message"))
+
+
+@rule("M103", "num_trainable_tokens differs from the recomputed count", "error",
+      requires=("num_trainable_tokens", "loss_mask"))
+def trainable_count(b: Batch, cfg) -> pl.DataFrame | None:
+    """The recorded num_trainable_tokens differs from the number of tokens with loss_mask true.
+
+    Lesson 11.2.2 and 11.2.4: the trainable-token count is the denominator of a token-level
+    loss and the measure of signal dilution; when the pipeline's count disagrees with the
+    mask it ships, either the mask or the normaliser is not the one that was intended.
+    Recompute num_trainable_tokens from the final loss_mask (after templating and truncation).
+    A null count is not compared (nothing was claimed).
+    """
+    bad = b.traj.filter(pl.col("n_trainable").is_not_null() & pl.col("num_trainable_tokens").is_not_null()
+                        & (pl.col("num_trainable_tokens").cast(pl.Int64) != pl.col("n_trainable")))
+    if bad.is_empty():
+        return None
+    return bad.select("trajectory_id", pl.format("num_trainable_tokens is {}, but loss_mask is true on {} token(s)",
+                                                 "num_trainable_tokens", "n_trainable").alias("message"))
+
+
+@rule("M104", "turn num_policy_tokens differs from the recomputed count", "error",
+      requires=("turns.num_policy_tokens", "token_source", "token_turn"))
+def policy_token_count(b: Batch, cfg) -> pl.DataFrame | None:
+    """A turn's recorded num_policy_tokens differs from the number of tokens with
+    token_source = 2 (policy) and token_turn = t.
+
+    Lesson 11.2.1 and 11.2.3: per-turn log-probs, turn-level reductions and length penalties
+    all use the number of tokens the policy sampled in the turn. A disagreement means the
+    provenance tags or the turn tags were written from a different tokenization than the
+    recorded turn. Tag every sampled token with token_source = 2 and its turn number, and count
+    from those tags. Rows with malformed token lists (S003) and null counts are not compared.
+    """
+    tr = b.turns
+    if not len(tr) or "rc_n_policy" not in tr.columns:
+        return None
+    bad = tr.filter(pl.col("rc_n_policy").is_not_null() & pl.col("num_policy_tokens").is_not_null()
+                    & (pl.col("num_policy_tokens").cast(pl.Int64) != pl.col("rc_n_policy")))
+    if bad.is_empty():
+        return None
+    return bad.select("trajectory_id", pl.col("_t").alias("turn"), pl.col("rc_first_policy_pos").alias("position"),
+                      pl.format("num_policy_tokens is {}, but {} token(s) have token_source policy and token_turn {}",
+                                "num_policy_tokens", "rc_n_policy", "_t").alias("message"))
+
+
+@rule("M105", "token-in-token-out broken: engine context is not a prefix of the trainer's sequence", "error",
+      requires=("token_ids", "token_source", "token_turn", "turns.context_length", "turns.context_sha256"))
+def context_prefix(b: Batch, cfg) -> pl.DataFrame | None:
+    """The context the inference engine was given for turn t is not the prefix of the
+    trainer's token_ids that ends just before the turn's first policy token.
+
+    Lesson 11.2.3 (token in, token out): the behaviour log-probs are conditional on the exact
+    ids the engine saw. The recorded context_length must equal the position of the turn's first
+    policy token, and context_sha256 must equal the hex SHA-256 of token_ids[:context_length]
+    as little-endian int32 bytes. A mismatch means the trainer rebuilt the sequence differently
+    from what was sampled: a chat template re-applied, a separator dropped, earlier reasoning
+    stripped, text re-tokenized. Build the training sequence by appending the engine's ids
+    turn by turn instead of re-rendering the conversation. Turns with a null context_length
+    or context_sha256 are not compared.
+    """
+    tr = b.turns
+    if not len(tr) or "rc_first_policy_pos" not in tr.columns or b.tokens.ids is None:
+        return None
+    parent = tr["_row"].to_numpy()
+    tr = tr.select(
+        "trajectory_id", "_row", "_t", pl.col("context_length").cast(pl.Int64).alias("cl"),
+        pl.col("context_sha256").str.to_lowercase().alias("sha"), "rc_first_policy_pos",
+        pl.Series("n_tok", b.lengths["token_source"][parent]), pl.Series("ok", b.ok[parent]),
+    ).filter(pl.col("ok") & pl.col("cl").is_not_null())
+    if tr.is_empty():
+        return None
+    cl, n_tok, rows = tr["cl"].to_numpy(), tr["n_tok"].to_numpy(), tr["_row"].to_numpy()
+    in_range = (cl >= 0) & (cl <= n_tok)
+    first_pol = tr["rc_first_policy_pos"]
+    len_bad = (first_pol.is_not_null() & (first_pol != tr["cl"])).fill_null(False).to_numpy()
+    # incremental prefix hashes: one sha256 per trajectory, fed segment by segment in
+    # increasing context_length; hexdigest() at each turn boundary works on a copy of the state
+    todo = np.flatnonzero(in_range & tr["sha"].is_not_null().to_numpy())
+    r, c = rows[todo], cl[todo]
+    if todo.size > 1 and ((np.diff(r) < 0) | ((np.diff(r) == 0) & (np.diff(c) < 0))).any():
+        order = np.lexsort((c, r))
+        todo, r, c = todo[order], r[order], c[order]
+    hi = (b.tokens.starts[r] + c) * 4
+    first = np.ones(todo.size, bool)
+    first[1:] = r[1:] != r[:-1]
+    lo = np.empty_like(hi)
+    lo[1:] = hi[:-1]
+    lo[first] = b.tokens.starts[r[first]] * 4
+    buf = b.ids_le_bytes
+    new, digests = hashlib.sha256, []
+    append = digests.append
+    h = new()
+    for f, a, z in zip(first.tolist(), lo.tolist(), hi.tolist()):
+        if f:
+            h = new()
+        h.update(buf[a:z])
+        append(h.hexdigest())
+    sha_bad = np.zeros(tr.height, bool)
+    sha_bad[todo] = (pl.Series(digests, dtype=pl.String) != tr["sha"].gather(todo)).to_numpy()
+    bad_rows = np.flatnonzero(len_bad | sha_bad | ~in_range)
+    if not bad_rows.size:
+        return None
+    got = np.full(tr.height, None, object)
+    got[todo] = digests
+    bad = tr[bad_rows].with_columns(
+        pl.Series("in_range", in_range[bad_rows]), pl.Series("len_bad", len_bad[bad_rows]),
+        pl.Series("sha_bad", sha_bad[bad_rows]), pl.Series("found", got[bad_rows], dtype=pl.String),
+    ).with_columns((pl.col("sha_bad") & ~pl.col("sha").str.contains("^[0-9a-f]{64}$")).alias("malformed"))
+    msg_len = pl.when(~pl.col("in_range")).then(pl.format(
+        "context_length {} lies outside the trajectory's {} tokens", "cl", "n_tok")).when("len_bad").then(pl.format(
+            "context_length is {}, but the turn's first policy token is at position {}", "cl", "rc_first_policy_pos"))
+    msg_sha = pl.when(pl.col("malformed")).then(pl.format(
+        "context_sha256 '{}' is not a 64-digit hex SHA-256", pl.col("sha").str.slice(0, 70))).when("sha_bad").then(
+        pl.format("sha256 of token_ids[:{}] is {}..., context_sha256 is {}...", "cl",
+                  pl.col("found").str.slice(0, 16), pl.col("sha").str.slice(0, 16)))
+    return bad.select("trajectory_id", pl.col("_t").alias("turn"),
+                      pl.coalesce("rc_first_policy_pos", pl.when(pl.col("in_range")).then("cl")).alias("position"),
+                      pl.concat_str([msg_len, msg_sha], separator="; ", ignore_nulls=True).alias("message"))
+
+
+@rule("M106", "the trainer's policy tokens differ from the engine's sampled_token_ids", "error",
+      requires=("token_ids", "token_source", "token_turn", "turns.sampled_token_ids"))
+def sampled_ids(b: Batch, cfg) -> pl.DataFrame | None:
+    """The policy tokens the trainer has for turn t (token_source = 2, token_turn = t, in
+    position order) are not exactly the sampled_token_ids the inference engine returned.
+
+    Lesson 11.2.3: behaviour log-probs belong to the tokens that were sampled. When the
+    trainer's sequence is re-tokenized from the decoded text, the same string can come back
+    as different ids (merges across the boundary, normalised whitespace), and every
+    probability ratio is then computed on tokens the behaviour policy never produced. Keep
+    the engine's ids (token in, token out) and never round-trip actions through text. Turns
+    with a null sampled_token_ids are not compared.
+    """
+    tr = b.turns
+    if not len(tr) or "rc_n_policy" not in tr.columns or b.tokens.ids is None:
+        return None
+    samp = pc.struct_field(b.col("turns").flatten(), "sampled_token_ids")
+    s_len = pc.list_value_length(samp).fill_null(-1).to_numpy().astype(np.int64)
+    s_flat = samp.flatten().cast(pa.int64()).fill_null(-1).to_numpy()
+    s_start = np.concatenate([[0], np.cumsum(np.maximum(s_len, 0))])[:-1]
+    t = b.tokens
+    index, n_p, p_start = b.policy_by_turn
+    p_ids, p_pos = t.ids[index], t.pos[index]
+    row_ok = b.ok[tr["_row"].to_numpy()]
+    cmp = row_ok & (s_len >= 0)
+    same_len = np.flatnonzero(cmp & (s_len == n_p))
+    if same_len.size == len(tr):  # every turn comparable: both sides already line up
+        ip = is_ = np.arange(index.size)
+        owner = np.repeat(np.arange(len(tr)), n_p)
+    else:
+        ip, owner = ragged_index(p_start[same_len], n_p[same_len])
+        is_, _ = ragged_index(s_start[same_len], n_p[same_len])
+    diff = p_ids[ip] != s_flat[is_]
+    out = []
+    if diff.any():  # per turn with a difference: how many, and the first one
+        d = np.flatnonzero(diff)
+        hit, first, n_diff = np.unique(owner[d], return_index=True, return_counts=True)
+        k, first_k = same_len[hit], d[first]
+        out.append(pl.DataFrame({
+            "_k": k, "position": p_pos[ip[first_k]], "n_diff": n_diff, "n": n_p[k], "off": ip[first_k] - p_start[k],
+            "trainer": p_ids[ip[first_k]], "engine": s_flat[is_[first_k]],
+        }).select("_k", "position", pl.format(
+            "the trainer's {} policy token(s) differ from sampled_token_ids at {} position(s); first at turn "
+            "offset {}: trainer has id {}, the engine sampled {}", "n", "n_diff", "off", "trainer", "engine"
+        ).alias("message")))
+    wrong_len = np.flatnonzero(cmp & (s_len != n_p))
+    if wrong_len.size:
+        out.append(pl.DataFrame({"_k": wrong_len, "s": s_len[wrong_len], "n": n_p[wrong_len]}).select(
+            "_k", pl.lit(None, pl.Int64).alias("position"), pl.format(
+                "the engine sampled {} token(s) (sampled_token_ids), the trainer has {} policy token(s) in this turn",
+                "s", "n").alias("message")))
+    if not out:
+        return None
+    found = pl.concat(out)
+    return found.join(tr.with_row_index("_k").select(pl.col("_k").cast(pl.Int64), "trajectory_id", "_t",
+                                                     "rc_first_policy_pos"), on="_k").select(
+        "trajectory_id", pl.col("_t").alias("turn"), pl.coalesce("position", "rc_first_policy_pos").alias("position"),
+        "message")

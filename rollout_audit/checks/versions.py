@@ -1,1 +1,142 @@
-"""(placeholder: being written)"""
+"""Policy versions (P): which weights sampled each turn, and how stale the data is when the
+trainer uses it (DESIGN 4, lesson 11.2.3, 11.4.3)."""
+from __future__ import annotations
+
+import polars as pl
+
+from ..batch import Batch
+from ..registry import rule
+
+
+def _histogram(s: pl.Series) -> dict[int, int]:
+    """value -> count, sorted by value (JSON-friendly)."""
+    vc = s.drop_nulls().value_counts().sort(s.name)
+    return {int(k): int(v) for k, v in zip(vc[s.name].to_list(), vc["count"].to_list())}
+
+
+def _fmt_hist(h: dict[int, int]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in h.items())
+
+
+@rule("P501", "policy_version missing on a turn", "error", requires=("turns.policy_version",))
+def version_missing(b: Batch, cfg) -> pl.DataFrame | None:
+    """A turn has no policy_version (null).
+
+    Lesson 11.2.3: with asynchronous or off-policy collection, the weights that sampled a
+    turn are part of the behaviour policy's definition; without the version neither the
+    policy lag (P503) nor a replay of the log-probs (L205) can be established, and the turn
+    cannot be excluded when it is too stale. Record the weight version the engine held when
+    it sampled each turn (not the version at episode start).
+    """
+    tr = b.turns
+    if not len(tr):
+        return None
+    miss = pl.col("policy_version").is_null()
+    per = tr.group_by("_row", maintain_order=True).agg(
+        pl.col("trajectory_id").first(), pl.len().alias("T"), pl.col("_t").filter(miss).alias("tm")
+    ).filter(pl.col("tm").list.len() > 0)
+    if per.is_empty():
+        return None
+    return per.select("trajectory_id", pl.col("tm").list.first().alias("turn"), pl.format(
+        "policy_version is null on {} of {} turn(s) (turns {})", pl.col("tm").list.len(), "T",
+        pl.col("tm").list.head(10).cast(pl.List(pl.String)).list.join(", ")).alias("message"))
+
+
+@rule("P502", "policy versions decrease within an episode", "error", requires=("turns.policy_version",))
+def version_decreasing(b: Batch, cfg) -> pl.DataFrame | None:
+    """A turn's policy_version is lower than the version of the turn before it (the previous
+    turn with a version) in the same episode.
+
+    Lesson 11.2.3 and 11.4.3: weights only move forward; within one episode later turns are
+    sampled by the same or newer weights. A decrease means versions were taken from the
+    wrong worker, turns were reordered, or an episode was stitched from several rollouts.
+    Fix the version bookkeeping of the collector (record the engine's weight version at
+    sampling time, in turn order).
+    """
+    tr = b.turns
+    if not len(tr):
+        return None
+    prev = pl.col("policy_version").shift(1).forward_fill().over("_row")
+    bad = tr.with_columns(prev.alias("prev")).filter(pl.col("policy_version") < pl.col("prev"))
+    if bad.is_empty():
+        return None
+    return bad.select("trajectory_id", pl.col("_t").alias("turn"), pl.format(
+        "policy_version {} follows version {} of an earlier turn; expected non-decreasing versions",
+        "policy_version", "prev").alias("message"))
+
+
+@rule("P503", "policy lag above the bound in an update", "error", scope="log", requires=("updates", "pv_min"))
+def policy_lag(log, cfg) -> pl.DataFrame | None:
+    """An update trains on a trajectory whose oldest turn was sampled more than the allowed
+    number of versions ago (trainer_version − min policy_version > bound), or by weights newer
+    than the trainer's (negative lag).
+
+    Lesson 11.4.3: importance ratios correct for a small distance between the behaviour and
+    the current policy; beyond the staleness bound the trainer promised, clipping hides how
+    off-policy the batch is. The bound is the update's max_policy_lag, else the configuration
+    `max_policy_lag`; updates with neither are not checked for excess lag (the summary says
+    so), but a negative lag is always reported: policy_version and trainer_version do not
+    count the same weights. Drop or down-weight stale trajectories before the update, or
+    raise the bound deliberately.
+    """
+    u = log.updates
+    has_bound = "max_policy_lag" in u.columns
+    bound = (pl.col("max_policy_lag") if has_bound else pl.lit(None, pl.Int64)).cast(pl.Int64)
+    if cfg.max_policy_lag is not None:
+        bound = bound.fill_null(pl.lit(int(cfg.max_policy_lag), pl.Int64))
+    u = u.select("update_step", "trainer_version", "trajectory_ids", bound.alias("bound"))
+    n_bounded = int(u["bound"].is_not_null().sum())
+    stats = log.stats.setdefault("P503", {})
+    if not n_bounded:
+        stats["note"] = "no lag bound declared (neither max_policy_lag in updates nor in the configuration)"
+    elif n_bounded < u.height:
+        stats["note"] = f"{u.height - n_bounded} of {u.height} updates declare no lag bound"
+    traj = log.traj.select("trajectory_id", "file", "pv_min", "pv_max").filter(
+        pl.col("trajectory_id").is_not_null() & pl.col("pv_min").is_not_null()).unique("trajectory_id", keep="first")
+    used = (u.explode("trajectory_ids").rename({"trajectory_ids": "trajectory_id"})
+            .join(traj, on="trajectory_id", how="inner")
+            .with_columns((pl.col("trainer_version") - pl.col("pv_min")).alias("lag"),
+                          (pl.col("trainer_version") - pl.col("pv_max")).alias("lag_min")))
+    stats["lag_histogram"] = {str(k): v for k, v in _histogram(used["lag"]).items()}
+    if used.height:
+        stats["max_lag"] = int(used["lag"].max())
+    too_old = pl.col("bound").is_not_null() & (pl.col("lag") > pl.col("bound"))
+    too_new = pl.col("lag_min") < 0
+    bad = used.filter(too_old | too_new)
+    if bad.is_empty():
+        return None
+    return bad.select("trajectory_id", "file", pl.when(too_new).then(pl.format(
+        "update {} starts from trainer_version {} but the trajectory was sampled by version {} (negative lag {}): "
+        "the policy is newer than the trainer", "update_step", "trainer_version", "pv_max", "lag_min")).otherwise(
+        pl.format("update {} (trainer_version {}) uses a trajectory sampled by version {}: lag {} > bound {}",
+                  "update_step", "trainer_version", "pv_min", "lag", "bound")).alias("message"))
+
+
+@rule("P504", "several policy versions inside one episode", "info", scope="log", requires=("pv_min",))
+def versions_per_episode(log, cfg) -> pl.DataFrame | None:
+    """Statistics: episodes whose turns were sampled by more than one policy version, with the
+    histogram of versions per episode and of the version span (max − min).
+
+    Lesson 11.2.3 and 11.4.3: in asynchronous collection the weights can change in the middle
+    of an episode, so one trajectory mixes behaviour policies. That is legitimate when every
+    turn carries its own version and log-probs (the ratio is per turn), but it matters for
+    sequence-level ratios and for staleness accounting. Informational; the histograms are
+    also in the JSON summary (statistics.P504).
+    """
+    t = log.traj.filter(pl.col("pv_min").is_not_null())
+    if t.is_empty():
+        return None
+    t = t.with_columns((pl.col("pv_max") - pl.col("pv_min")).alias("span"))
+    counts = _histogram(t["n_versions"]) if "n_versions" in t.columns else {}
+    spans = _histogram(t["span"])
+    multi = t.filter(pl.col("span") > 0)
+    log.stats["P504"] = {"episodes": t.height, "multi_version_episodes": multi.height,
+                         "versions_per_episode": {str(k): v for k, v in counts.items()},
+                         "version_span": {str(k): v for k, v in spans.items()}}
+    if multi.is_empty():
+        return None
+    widest = multi.sort("span", descending=True, maintain_order=True).row(0, named=True)
+    return pl.DataFrame({"trajectory_id": [widest["trajectory_id"]], "file": [widest["file"]], "message": [
+        f"{multi.height} of {t.height} episodes were sampled by several policy versions; versions per episode "
+        f"{{{_fmt_hist(counts)}}}; version span {{{_fmt_hist(spans)}}}; widest here (versions "
+        f"{widest['pv_min']}..{widest['pv_max']})"]})

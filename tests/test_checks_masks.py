@@ -1,0 +1,275 @@
+"""Mask and provenance checks M101-M106: each fires on its own fault, naming the trajectory,
+turn and position, stays silent on a compliant log, and is not run without its inputs."""
+from __future__ import annotations
+
+import polars as pl
+
+import rollout_audit as ra
+from rollout_audit.config import Config
+from rollout_audit.synth import context_sha256
+from conftest import write_log
+
+EXCLUDED = 13  # t000013: 6 turns, collector-truncated, in no update (mask edits leave U-checks alone)
+
+
+def loud(rep) -> set[str]:
+    """Codes of error and warning findings."""
+    return rep.codes("error") | rep.codes("warning")
+
+
+def only(rep, code: str) -> pl.DataFrame:
+    assert loud(rep) == {code}, rep.render()
+    return rep.findings.filter(pl.col("code") == code)
+
+
+def positions(tr: dict, source: int, turn: int | None = None) -> list[int]:
+    return [i for i, (s, t) in enumerate(zip(tr["token_source"], tr["token_turn"]))
+            if s == source and (turn is None or t == turn)]
+
+
+def drop_turn_field(trajs: list[dict], name: str) -> None:
+    for tr in trajs:
+        for t in tr["turns"]:
+            t.pop(name)
+
+
+def test_compliant_log_is_silent(records):
+    rep = ra.audit(*records)
+    assert not loud(rep), rep.render()
+    for code in ("M101", "M102", "M103", "M104", "M105", "M106"):
+        assert code not in rep.not_run and code in rep.summary["checks_run"]
+
+
+# ---------------------------------------------------------------- M101
+
+
+def test_m101_counts_non_policy_tokens_per_source(records):
+    trajs, ups = records
+    tr = trajs[EXCLUDED]
+    obs = positions(tr, 3, turn=2)[:2]
+    tmpl = positions(tr, 4, turn=4)[0]
+    for p in (*obs, tmpl):
+        tr["loss_mask"][p] = True
+    tr["num_trainable_tokens"] += 3
+    f = only(ra.audit(trajs, ups), "M101")
+    assert f.height == 1
+    r = f.row(0, named=True)
+    assert r["trajectory_id"] == tr["trajectory_id"] and r["severity"] == "error"
+    assert r["position"] == obs[0] and r["turn"] == 2
+    assert "3 non-policy token(s) (observation 2, template 1)" in r["message"]
+
+
+def test_m101_user_prompt_token_has_no_turn(records):
+    trajs, ups = records
+    tr = trajs[EXCLUDED]
+    tr["loss_mask"][4] = True  # a user token, token_turn -1
+    tr["num_trainable_tokens"] += 1
+    r = only(ra.audit(trajs, ups), "M101").row(0, named=True)
+    assert r["position"] == 4 and r["turn"] is None and "(user 1)" in r["message"]
+
+
+# ---------------------------------------------------------------- M102
+
+
+def test_m102_warns_on_unmasked_policy_tokens(records):
+    trajs, ups = records
+    tr = trajs[EXCLUDED]
+    p = positions(tr, 2, turn=3)
+    for q in p:
+        tr["loss_mask"][q] = False
+    tr["num_trainable_tokens"] -= len(p)
+    rep = ra.audit(trajs, ups)
+    f = only(rep, "M102")
+    r = f.row(0, named=True)
+    assert f.height == 1 and r["severity"] == "warning" and rep.ok
+    assert r["trajectory_id"] == tr["trajectory_id"] and r["turn"] == 3 and r["position"] == p[0]
+    assert r["message"].startswith(f"{len(p)} of {sum(s == 2 for s in tr['token_source'])} policy-sampled")
+
+
+def test_m102_silenced_by_declared_finish_reason(records):
+    trajs, ups = records
+    tr = trajs[EXCLUDED]
+    p = positions(tr, 2, turn=3)
+    for q in p:
+        tr["loss_mask"][q] = False
+    tr["num_trainable_tokens"] -= len(p)
+    tr["turns"][3]["finish_reason"] = "length"
+    assert "M102" in ra.audit(trajs, ups).codes()
+    rep = ra.audit(trajs, ups, config=Config(masked_ok_reasons=["length"]))
+    assert not loud(rep), rep.render()
+    # a declared reason excuses only its own turn
+    tr["loss_mask"][positions(tr, 2, turn=1)[0]] = False
+    tr["num_trainable_tokens"] -= 1
+    r = only(ra.audit(trajs, ups, config=Config(masked_ok_reasons=["length"])), "M102").row(0, named=True)
+    assert r["turn"] == 1 and r["message"].startswith("1 of")
+
+
+# ---------------------------------------------------------------- M103
+
+
+def test_m103_recorded_trainable_count(records):
+    trajs, ups = records
+    tr = trajs[EXCLUDED]
+    real = sum(tr["loss_mask"])
+    tr["num_trainable_tokens"] = real + 5
+    r = only(ra.audit(trajs, ups), "M103").row(0, named=True)
+    assert r["trajectory_id"] == tr["trajectory_id"]
+    assert r["message"] == f"num_trainable_tokens is {real + 5}, but loss_mask is true on {real} token(s)"
+
+
+def test_m103_not_run_without_column(records):
+    trajs, ups = records
+    for tr in trajs:
+        del tr["num_trainable_tokens"]
+    rep = ra.audit(trajs, ups)
+    assert "M103" in rep.not_run and "num_trainable_tokens" in rep.not_run["M103"]
+    assert "M103" not in rep.codes()
+
+
+# ---------------------------------------------------------------- M104
+
+
+def test_m104_turn_policy_token_count(records):
+    trajs, ups = records
+    tr = trajs[5]
+    n = tr["turns"][1]["num_policy_tokens"]
+    tr["turns"][1]["num_policy_tokens"] = n + 2
+    r = only(ra.audit(trajs, ups), "M104").row(0, named=True)
+    assert (r["trajectory_id"], r["turn"], r["position"]) == (tr["trajectory_id"], 1, positions(tr, 2, 1)[0])
+    assert f"num_policy_tokens is {n + 2}, but {n} token(s)" in r["message"]
+
+
+def test_m104_not_run_without_field(records):
+    trajs, ups = records
+    drop_turn_field(trajs, "num_policy_tokens")
+    rep = ra.audit(trajs, ups)
+    assert "turns.num_policy_tokens" in rep.not_run["M104"] and "M104" not in rep.codes()
+
+
+# ---------------------------------------------------------------- M105
+
+
+def test_m105_template_reapplied_breaks_every_later_context(records):
+    trajs, ups = records
+    tr = trajs[11]  # 5 turns
+    tr["token_ids"][1] += 7  # the system prompt as the trainer rendered it differs
+    f = only(ra.audit(trajs, ups), "M105").sort("turn")
+    assert f["trajectory_id"].to_list() == [tr["trajectory_id"]] * 5
+    assert f["turn"].to_list() == list(range(5))
+    assert f["position"].to_list() == [positions(tr, 2, t)[0] for t in range(5)]
+    assert all("context_sha256 is" in m and "context_length" not in m.split(";")[0] for m in f["message"])
+
+
+def test_m105_dropped_separator_shifts_the_context(records):
+    """The engine saw one more token before turn 2 than the trainer has (a separator the
+    trainer dropped): context_length no longer ends at the first policy token."""
+    trajs, ups = records
+    tr = trajs[11]
+    t2 = tr["turns"][2]
+    engine_ids = list(tr["token_ids"])
+    engine_ids.insert(t2["context_length"] - 1, 999)
+    t2["context_length"] += 1
+    t2["context_sha256"] = context_sha256(engine_ids, t2["context_length"])
+    r = only(ra.audit(trajs, ups), "M105").row(0, named=True)
+    first = positions(tr, 2, 2)[0]
+    assert (r["trajectory_id"], r["turn"], r["position"]) == (tr["trajectory_id"], 2, first)
+    assert r["message"].startswith(f"context_length is {first + 1}, but the turn's first policy token is at "
+                                   f"position {first}; sha256 of token_ids[:{first + 1}]")
+
+
+def test_m105_context_length_out_of_range_and_case_of_hex(records):
+    trajs, ups = records
+    tr = trajs[11]
+    tr["turns"][0]["context_sha256"] = tr["turns"][0]["context_sha256"].upper()  # hex case is not a fault
+    tr["turns"][4]["context_length"] = 10_000
+    r = only(ra.audit(trajs, ups), "M105").row(0, named=True)
+    assert r["turn"] == 4 and "outside the trajectory's" in r["message"]
+
+
+def test_m105_same_result_from_files_in_several_parts(tmp_path, records):
+    trajs, ups = records
+    trajs[3]["turns"][1]["context_sha256"] = "0" * 64
+    trajs[29]["token_ids"][0] += 1
+    one = ra.audit(write_log(tmp_path / "one", trajs, ups))
+    many = ra.audit(write_log(tmp_path / "many", trajs, ups, parts=3))
+    key = ["trajectory_id", "turn", "position", "message"]
+    a = one.findings.filter(pl.col("code") == "M105").select(key).sort(key)
+    assert a.height == 1 + len(trajs[29]["turns"]) and loud(one) == {"M105"}
+    assert a.equals(many.findings.filter(pl.col("code") == "M105").select(key).sort(key))
+
+
+def test_m105_not_run_without_context_fields(records):
+    trajs, ups = records
+    drop_turn_field(trajs, "context_sha256")
+    rep = ra.audit(trajs, ups)
+    assert "turns.context_sha256" in rep.not_run["M105"] and not loud(rep)
+
+
+# ---------------------------------------------------------------- M106
+
+
+def test_m106_retokenized_action(records):
+    trajs, ups = records
+    tr = trajs[22]  # 6 turns
+    samp = tr["turns"][3]["sampled_token_ids"]
+    assert len(samp) >= 1
+    samp[-1] += 1000  # the engine sampled another id than the one the trainer holds
+    r = only(ra.audit(trajs, ups), "M106").row(0, named=True)
+    p = positions(tr, 2, 3)
+    assert (r["trajectory_id"], r["turn"], r["position"]) == (tr["trajectory_id"], 3, p[-1])
+    assert f"differ from sampled_token_ids at 1 position(s); first at turn offset {len(p) - 1}" in r["message"]
+    assert f"trainer has id {tr['token_ids'][p[-1]]}, the engine sampled {samp[-1]}" in r["message"]
+
+
+def test_m106_length_differs(records):
+    trajs, ups = records
+    tr = trajs[22]
+    tr["turns"][0]["sampled_token_ids"].append(5)
+    tr["turns"][5]["sampled_token_ids"] = []
+    f = only(ra.audit(trajs, ups), "M106").sort("turn")
+    assert f["turn"].to_list() == [0, 5] and set(f["trajectory_id"]) == {tr["trajectory_id"]}
+    n0 = tr["turns"][0]["num_policy_tokens"]
+    assert f["message"][0] == (f"the engine sampled {n0 + 1} token(s) (sampled_token_ids), the trainer has {n0} "
+                               "policy token(s) in this turn")
+    assert f["position"].to_list() == [positions(tr, 2, 0)[0], positions(tr, 2, 5)[0]]
+
+
+def test_m106_null_sampled_ids_not_compared_and_not_run_without_field(records):
+    trajs, ups = records
+    trajs[22]["turns"][2]["sampled_token_ids"] = None
+    assert not loud(ra.audit(trajs, ups))
+    drop_turn_field(trajs, "sampled_token_ids")
+    rep = ra.audit(trajs, ups)
+    assert "turns.sampled_token_ids" in rep.not_run["M106"] and not loud(rep)
+
+
+def test_malformed_rows_are_left_to_s003(records):
+    trajs, ups = records
+    tr = trajs[EXCLUDED]
+    tr["loss_mask"] = tr["loss_mask"][:-1]
+    tr["turns"][0]["num_policy_tokens"] += 1
+    rep = ra.audit(trajs, ups)
+    assert loud(rep) == {"S003"}, rep.render()
+
+
+def test_m105_malformed_hash(records):
+    trajs, ups = records
+    tr = trajs[11]
+    tr["turns"][1]["context_sha256"] = "not-a-hash"
+    r = only(ra.audit(trajs, ups), "M105").row(0, named=True)
+    assert (r["trajectory_id"], r["turn"]) == (tr["trajectory_id"], 1)
+    assert r["message"] == "context_sha256 'not-a-hash' is not a 64-digit hex SHA-256"
+
+
+def test_policy_token_tagged_with_an_earlier_turn(records):
+    """A sampled token of turn 2 tagged as turn 0: both turns' counts, ids and log-prob sums
+    disagree with what was recorded (the per-turn grouping must not assume turn order)."""
+    trajs, ups = records
+    tr = trajs[22]
+    p = positions(tr, 2, turn=2)[-1]
+    tr["token_turn"][p] = 0
+    rep = ra.audit(trajs, ups)
+    assert loud(rep) == {"M104", "M106", "L202"}, rep.render()
+    for code in ("M104", "M106", "L202"):
+        f = rep.findings.filter(pl.col("code") == code).sort("turn")
+        assert f["turn"].to_list() == [0, 2] and set(f["trajectory_id"]) == {tr["trajectory_id"]}, code
