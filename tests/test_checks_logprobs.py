@@ -8,22 +8,7 @@ import polars as pl
 
 import rollout_audit as ra
 from rollout_audit.config import Config
-
-EXCLUDED = 13  # t000013: 6 turns, in no update
-
-
-def loud(rep) -> set[str]:
-    return rep.codes("error") | rep.codes("warning")
-
-
-def only(rep, code: str) -> pl.DataFrame:
-    assert loud(rep) == {code}, rep.render()
-    return rep.findings.filter(pl.col("code") == code)
-
-
-def positions(tr: dict, source: int, turn: int | None = None) -> list[int]:
-    return [i for i, (s, t) in enumerate(zip(tr["token_source"], tr["token_turn"]))
-            if s == source and (turn is None or t == turn)]
+from checkhelp import EXCLUDED, drop_turn_field, loud, only, positions
 
 
 def test_compliant_log_is_silent(records):
@@ -94,9 +79,7 @@ def test_l202_tolerance_and_nan(records):
 
 def test_l202_not_run_without_turn_logprob(records):
     trajs, ups = records
-    for tr in trajs:
-        for t in tr["turns"]:
-            del t["logprob"]
+    drop_turn_field(trajs, "logprob")
     rep = ra.audit(trajs, ups)
     assert "turns.logprob" in rep.not_run["L202"] and not loud(rep)
 
@@ -145,8 +128,6 @@ def test_l204_missing_decoding_parameters(records):
 
 def test_l204_not_run_when_a_column_is_absent(records):
     trajs, ups = records
-    for tr in trajs:
-        for t in tr["turns"]:
-            del t["top_p"]
+    drop_turn_field(trajs, "top_p")
     rep = ra.audit(trajs, ups)
     assert "turns.top_p" in rep.not_run["L204"] and "L204" not in rep.codes()

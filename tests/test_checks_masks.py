@@ -8,29 +8,7 @@ import rollout_audit as ra
 from rollout_audit.config import Config
 from rollout_audit.synth import context_sha256
 from conftest import write_log
-
-EXCLUDED = 13  # t000013: 6 turns, collector-truncated, in no update (mask edits leave U-checks alone)
-
-
-def loud(rep) -> set[str]:
-    """Codes of error and warning findings."""
-    return rep.codes("error") | rep.codes("warning")
-
-
-def only(rep, code: str) -> pl.DataFrame:
-    assert loud(rep) == {code}, rep.render()
-    return rep.findings.filter(pl.col("code") == code)
-
-
-def positions(tr: dict, source: int, turn: int | None = None) -> list[int]:
-    return [i for i, (s, t) in enumerate(zip(tr["token_source"], tr["token_turn"]))
-            if s == source and (turn is None or t == turn)]
-
-
-def drop_turn_field(trajs: list[dict], name: str) -> None:
-    for tr in trajs:
-        for t in tr["turns"]:
-            t.pop(name)
+from checkhelp import EXCLUDED, drop_turn_field, loud, only, positions
 
 
 def test_compliant_log_is_silent(records):
@@ -71,13 +49,19 @@ def test_m101_user_prompt_token_has_no_turn(records):
 # ---------------------------------------------------------------- M102
 
 
-def test_m102_warns_on_unmasked_policy_tokens(records):
-    trajs, ups = records
-    tr = trajs[EXCLUDED]
-    p = positions(tr, 2, turn=3)
+def unmask_turn(tr: dict, turn: int) -> list[int]:
+    """Take the policy tokens of `turn` out of the loss (keeping the recorded count right)."""
+    p = positions(tr, 2, turn=turn)
     for q in p:
         tr["loss_mask"][q] = False
     tr["num_trainable_tokens"] -= len(p)
+    return p
+
+
+def test_m102_warns_on_unmasked_policy_tokens(records):
+    trajs, ups = records
+    tr = trajs[EXCLUDED]
+    p = unmask_turn(tr, 3)
     rep = ra.audit(trajs, ups)
     f = only(rep, "M102")
     r = f.row(0, named=True)
@@ -89,10 +73,7 @@ def test_m102_warns_on_unmasked_policy_tokens(records):
 def test_m102_silenced_by_declared_finish_reason(records):
     trajs, ups = records
     tr = trajs[EXCLUDED]
-    p = positions(tr, 2, turn=3)
-    for q in p:
-        tr["loss_mask"][q] = False
-    tr["num_trainable_tokens"] -= len(p)
+    p = unmask_turn(tr, 3)
     tr["turns"][3]["finish_reason"] = "length"
     assert "M102" in ra.audit(trajs, ups).codes()
     rep = ra.audit(trajs, ups, config=Config(masked_ok_reasons=["length"]))

@@ -7,17 +7,7 @@ import polars as pl
 import rollout_audit as ra
 from rollout_audit.config import Config
 from conftest import write_log
-
-EXCLUDED = 13  # t000013: 6 turns, version 0, in no update
-
-
-def loud(rep) -> set[str]:
-    return rep.codes("error") | rep.codes("warning")
-
-
-def only(rep, code: str) -> pl.DataFrame:
-    assert loud(rep) == {code}, rep.render()
-    return rep.findings.filter(pl.col("code") == code)
+from checkhelp import EXCLUDED, drop_turn_field, loud, only
 
 
 def set_version(tr: dict, v: int) -> None:
@@ -52,9 +42,7 @@ def test_p501_null_version_on_turns(records):
 
 def test_p501_not_run_without_the_field(records):
     trajs, ups = records
-    for tr in trajs:
-        for t in tr["turns"]:
-            del t["policy_version"]
+    drop_turn_field(trajs, "policy_version")
     rep = ra.audit(trajs, ups)
     for code in ("P501", "P502", "P503", "P504"):
         assert code in rep.not_run, code
