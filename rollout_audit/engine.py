@@ -13,7 +13,7 @@ from . import schema as S
 from .batch import Batch
 from .config import Config
 from .io import Discovery, LogFile, discover, iter_batches
-from .registry import Rule, all_rules, selected
+from .registry import NotRun, Rule, all_rules, selected
 from .report import FINDING_SCHEMA, Report, build_report
 
 _DEBUG = bool(os.environ.get("ROLLOUT_AUDIT_DEBUG"))  # re-raise check crashes (tests set this)
@@ -34,9 +34,12 @@ class LogView:
             return self.updates is not None
         if req.startswith("updates."):
             return self.updates is not None and req[8:] in self.updates.columns
-        if req.startswith("turns."):
-            return False
+        if req.startswith("turns."):  # turn fields reach the summary only as aggregates
+            return _TURN_AGGREGATES.get(req, "") in self.traj.columns
         return req in self.traj.columns
+
+
+_TURN_AGGREGATES = {"turns.policy_version": "pv_min"}
 
 
 # ---------------------------------------------------------------- schema handling
@@ -146,9 +149,9 @@ class _Run:
             for q in r.requires:
                 if not q.startswith("updates"):
                     cols.add(q.split(".")[0])
-        if any(r.scope == "log" for r in self.rules.values()):
-            cols.update(c.name for c in S.columns("trajectories")
-                        if not c.type.startswith("list") and not c.type.startswith("map"))
+        # scalar columns are cheap and checks read some as optional inputs (gamma, final_value)
+        cols.update(c.name for c in S.columns("trajectories")
+                    if not c.type.startswith("list") and not c.type.startswith("map"))
         return [c.name for c in S.columns("trajectories") if c.name in cols]
 
     def apply(self, rule: Rule, target, file: str | None) -> None:
@@ -160,6 +163,10 @@ class _Run:
             return
         try:
             out = rule.func(target, self.cfg)
+        except NotRun as e:  # the check itself says why it cannot run (e.g. needs configuration)
+            self.skipped.setdefault(rule.code, {}).setdefault(str(e), 0)
+            self.skipped[rule.code][str(e)] += 1
+            return
         except Exception as e:  # a check must never turn bad data into a traceback
             if _DEBUG:
                 raise

@@ -317,14 +317,14 @@ def reward_components_mismatch(ctx: _Ctx) -> list[str]:
 
 @fault("progress_bonus_not_potential", {"R402", "R404"})
 def progress_bonus_not_potential(ctx: _Ctx) -> list[str]:
-    """A "+0.1 per useful step" bonus replaced potential-based shaping (farmable in a loop).
+    """A "+0.1 per useful step" bonus was added to the shaping term (farmable in a loop).
 
     Returns and TD residuals are computed with the bonus, consistently; only the potential
     form and the telescoping identity expose it.
     """
     t = ctx.pick(lambda t: len(t["turns"]) >= 2)
     for tr in t["turns"]:
-        tr["shaping"] = 0.1
+        tr["shaping"] = tr["shaping"] + 0.1
     _rederive_returns(t)
     return [t["trajectory_id"]]
 
@@ -433,7 +433,7 @@ def policy_version_decreasing(ctx: _Ctx) -> list[str]:
 def stale_batch_beyond_lag(ctx: _Ctx) -> list[str]:
     """A trajectory sampled one version ago entered an update that promised lag 0."""
     u = max(ctx.updates, key=lambda u: u["trainer_version"])
-    if u["trainer_version"] < 1:
+    if u["trainer_version"] < 1 or not u["trajectory_ids"]:
         raise ValueError("the log has no update after version 0 this fault can break")
     tid = ctx.rng.choice(u["trajectory_ids"])
     for tr in ctx.by_id[tid]["turns"]:

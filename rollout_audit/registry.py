@@ -40,6 +40,11 @@ class Rule:
 RULES: dict[str, Rule] = {}
 
 
+class NotRun(Exception):
+    """Raised by a check that cannot run on this input; the message is the reason shown
+    under `not_run` (e.g. "needs first_visit_components in the configuration")."""
+
+
 def rule(code: str, name: str, severity: Severity = "error", *, requires: tuple[str, ...] = (),
          scope: Scope = "batch") -> Callable[[Callable], Callable]:
     """Register a check function under `code`.

@@ -242,9 +242,6 @@ def test_r407_shaping_counts_as_zero_when_absent(records):
     assert "R407" not in rep.not_run and not blocking(rep)
 
 
-@pytest.mark.xfail(strict=True, reason="engine: a selection of batch checks only reads their `requires` columns, "
-                   "so the optional gamma column is not read and 1.0 is assumed (needs engine.needed_columns to "
-                   "read the scalar columns always)")
 def test_r407_reads_gamma_when_selected_alone(records):
     rep = audit(*records, select=["R407"])
     assert not rep.codes()

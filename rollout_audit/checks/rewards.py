@@ -11,7 +11,7 @@ from __future__ import annotations
 import polars as pl
 
 from ..batch import Batch
-from ..registry import rule
+from ..registry import NotRun, rule
 
 _G = pl.col("_gamma")
 _GT = pl.col("_g_t")  # γ^t
@@ -268,13 +268,14 @@ def first_visit(b: Batch, cfg) -> pl.DataFrame | None:
     successful login may be rewarded once; repeated login calls should not be paid
     repeatedly"); a milestone paid on every visit is farmed in a loop (lesson 11.3.3). Which
     components are first-visit is project knowledge: list them in configuration
-    `first_visit_components = ["key_picked", ...]`. With an empty list this check has
-    nothing to compare and reports nothing (it cannot yet list itself as not run). Pay the
-    component only on the transition that first reaches the state.
+    `first_visit_components = ["key_picked", ...]`; with an empty list the check is
+    reported as not run. Pay the component only on the transition that first reaches the state.
     """
     keys = list(cfg.first_visit_components)
+    if not keys:
+        raise NotRun("needs first_visit_components in the configuration")
     tr = b.turns
-    if not keys or tr.is_empty():
+    if tr.is_empty():
         return None
     ent = _entries(tr.schema["reward_components"])
     paid = (tr.select("_row", "_t", "trajectory_id", ent.alias("_e")).explode("_e").drop_nulls("_e").unnest("_e")

@@ -65,7 +65,7 @@ def version_decreasing(b: Batch, cfg) -> pl.DataFrame | None:
         "policy_version", "prev").alias("message"))
 
 
-@rule("P503", "policy lag above the bound in an update", "error", scope="log", requires=("updates", "pv_min"))
+@rule("P503", "policy lag above the bound in an update", "error", scope="log", requires=("updates", "turns.policy_version"))
 def policy_lag(log, cfg) -> pl.DataFrame | None:
     """An update trains on a trajectory whose oldest turn was sampled more than the allowed
     number of versions ago (trainer_version − min policy_version > bound), or by weights newer
@@ -112,7 +112,7 @@ def policy_lag(log, cfg) -> pl.DataFrame | None:
                   "update_step", "trainer_version", "pv_min", "lag", "bound")).alias("message"))
 
 
-@rule("P504", "several policy versions inside one episode", "info", scope="log", requires=("pv_min",))
+@rule("P504", "several policy versions inside one episode", "info", scope="log", requires=("turns.policy_version",))
 def versions_per_episode(log, cfg) -> pl.DataFrame | None:
     """Statistics: episodes whose turns were sampled by more than one policy version, with the
     histogram of versions per episode and of the version span (max − min).
