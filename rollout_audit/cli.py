@@ -176,6 +176,34 @@ def report(paths, output, config_path) -> None:
     sys.exit(rep.exit_code())
 
 
+@main.command()
+@click.argument("out", type=click.Path(file_okay=False), default="demo-out")
+@click.option("--profile", type=click.Choice(["tiny", "smoke", "full"]), default="smoke", show_default=True)
+@click.option("--seed", default=0, show_default=True)
+def demo(out, profile, seed) -> None:
+    """Train the key-and-door reference agent on CPU, write its log to OUT, audit it.
+
+    Needs the agent extra: pip install 'rollout-audit[agent]'.
+    """
+    from pathlib import Path
+
+    try:
+        from reference_agent.demo import format_table, run_demo
+    except ImportError as e:
+        _fail(f"the reference agent needs torch: pip install -e '.[agent]' ({e})")
+    if Path(out).exists() and any(Path(out).iterdir()):
+        _fail(f"{out}: directory exists and is not empty; choose a new OUT")
+    click.echo(f"training the {profile} profile (seed {seed}) into {out} ...", err=True)
+    result = run_demo(str(out), profile=profile, seed=seed)
+    click.echo(format_table(result))
+    from .engine import audit
+
+    rep = audit(str(out))
+    click.echo("\naudit of the log it wrote:")
+    click.echo(rep.render("text"))
+    sys.exit(rep.exit_code())
+
+
 @main.group(invoke_without_command=True)
 @click.option("--list", "list_all", is_flag=True, help="List the named faults and the codes each must raise.")
 @click.pass_context
