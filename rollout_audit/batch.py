@@ -27,13 +27,13 @@ def _np(a: pa.Array, fill=None) -> np.ndarray:
 class Tokens:
     """Flattened token arrays of the well-formed rows of a batch (numpy, one entry per token)."""
 
-    row: np.ndarray       # batch row of each token
-    pos: np.ndarray       # position inside its trajectory
+    row: np.ndarray       # int32 batch row of each token
+    pos: np.ndarray       # int32 position inside its trajectory
     source: np.ndarray    # uint8; 5 stands for an out-of-range value
     mask: np.ndarray      # bool
-    lp: np.ndarray        # float64, NaN where null
+    lp: np.ndarray        # float32 as recorded (the contract type), NaN where null
     lp_present: np.ndarray  # bool: a value (possibly NaN) was recorded
-    turn: np.ndarray      # int64, the token_turn value
+    turn: np.ndarray      # int32, the token_turn value (-2 where null)
     starts: np.ndarray    # per batch row: offset of its first token in these arrays
     ids: np.ndarray | None  # int32 token ids (the contract type), when token_ids was read
 
@@ -46,7 +46,8 @@ class Batch:
     """A slice of trajectory rows from one file, as read (contract types already applied)."""
 
     def __init__(self, table: pa.Table, file: str, first_row: int, turn_fields: tuple[str, ...],
-                 schema_problems: list[tuple[str, str]] | None = None) -> None:
+                 schema_problems: list[tuple[str, str]] | None = None,
+                 turn_frame_fields: frozenset[str] | None = None) -> None:
         self.table = table
         self.file = file
         self.first_row = first_row
@@ -54,6 +55,9 @@ class Batch:
         self.columns = frozenset(table.column_names)
         self.turn_fields = frozenset(turn_fields)
         self.schema_problems = schema_problems or []  # (column, problem), reported once per file
+        # turn fields converted into the `turns` frame (None: all); the rest stay in Arrow
+        self.turn_frame_fields = turn_frame_fields
+        self._cols: dict[str, pa.Array] = {}
 
     def has(self, req: str) -> bool:
         if req.startswith("turns."):
@@ -61,7 +65,18 @@ class Batch:
         return req in self.columns
 
     def col(self, name: str) -> pa.Array:
-        return self.table.column(name).combine_chunks()
+        """One column as a single Arrow array (chunks combined once, then cached)."""
+        a = self._cols.get(name)
+        if a is None:
+            c = self.table.column(name)
+            a = c.chunk(0) if c.num_chunks == 1 else c.combine_chunks()
+            self._cols[name] = a
+        return a
+
+    def release(self) -> None:
+        """Drop the data and every cached aggregate (the engine calls this once the batch is done)."""
+        self._cols.clear()
+        self.__dict__.clear()
 
     # ---------------------------------------------------------------- identity
 
@@ -109,9 +124,12 @@ class Batch:
     @cached_property
     def tokens(self) -> Tokens:
         n_tok = np.where(self.ok, self.lengths["token_source"], 0) if self.ok.any() else np.zeros(self.n, np.int64)
-        starts = np.concatenate([[0], np.cumsum(n_tok)])
+        starts = np.zeros(self.n + 1, np.int64)
+        np.cumsum(n_tok, out=starts[1:])
         keep = np.flatnonzero(self.ok)
         whole = len(keep) == self.n
+        total = int(starts[-1])
+        idx_t = np.int32 if total < 2**31 and self.n < 2**31 else np.int64
 
         def flat(name: str) -> pa.Array:
             a = self.col(name)
@@ -119,16 +137,23 @@ class Batch:
                 a = a.take(pa.array(keep))
             return a.flatten()
 
-        row = np.repeat(np.arange(self.n, dtype=np.int64), n_tok)
-        pos = np.arange(len(row), dtype=np.int64) - starts[:-1][row]
+        row = np.repeat(np.arange(self.n, dtype=idx_t), n_tok)
+        pos = np.arange(total, dtype=idx_t)
+        pos -= np.repeat(starts[:-1].astype(idx_t), n_tok)
         src = _np(flat("token_source"), 255)
-        src = np.where(src > 4, 5, src).astype(np.uint8)
+        if (src > 4).any():
+            src = np.where(src > 4, 5, src)
+        src = src.astype(np.uint8, copy=False)
         lp_arr = flat("behavior_logprobs")
-        lp = _np(lp_arr.cast(pa.float64()), np.nan) if len(lp_arr) else np.zeros(0)
+        # float arrays convert with NaN where null; float32 is the contract type and every use
+        # (validity, comparisons, sums in float64) gives the same result as a float64 copy
+        lp = lp_arr.to_numpy(zero_copy_only=False) if len(lp_arr) else np.zeros(0, np.float32)
+        if lp.dtype != np.float32 and lp.dtype != np.float64:
+            lp = lp.astype(np.float64)
         present = _np(lp_arr.is_valid()) if lp_arr.null_count else np.ones(len(lp_arr), bool)
         ids = _np(flat("token_ids"), -1).astype(np.int32, copy=False) if "token_ids" in self.columns else None
-        return Tokens(row=row, pos=pos, source=src, mask=_np(flat("loss_mask"), False).astype(bool),
-                      lp=lp, lp_present=present, turn=_np(flat("token_turn"), -2).astype(np.int64),
+        return Tokens(row=row, pos=pos, source=src, mask=_np(flat("loss_mask"), False).astype(bool, copy=False),
+                      lp=lp, lp_present=present, turn=_np(flat("token_turn"), -2).astype(np.int32, copy=False),
                       starts=starts[:-1], ids=ids)
 
     @cached_property
@@ -153,7 +178,7 @@ class Batch:
         t = self.tokens
         rows, pos = self.first_position(where)
         n = np.bincount(t.row[where], minlength=self.n)[rows]
-        turn = t.turn[t.starts[rows] + pos] if rows.size else np.zeros(0, np.int64)
+        turn = t.turn[t.starts[rows] + pos].astype(np.int64) if rows.size else np.zeros(0, np.int64)
         return pl.DataFrame({
             "_row": rows.astype(np.int64), "trajectory_id": self.ids.gather(rows), "n": n.astype(np.int64),
             "position": pos.astype(np.int64),
@@ -167,7 +192,8 @@ class Batch:
         state = ~np.isfinite(t.lp)
         state |= t.lp > 0
         state = state.view(np.int8) + np.int8(1)
-        state *= t.lp_present
+        if not t.lp_present.all():
+            state *= t.lp_present
         return state
 
     @cached_property
@@ -178,9 +204,13 @@ class Batch:
             counts = np.zeros((self.n, _NSRC, 2, _NLP), np.int64)
         else:
             t = self.tokens
-            code = (t.source.astype(np.int64) * 2 + t.mask) * _NLP + self.lp_state
             per = _NSRC * 2 * _NLP
-            counts = np.bincount(t.row * per + code, minlength=self.n * per).reshape(self.n, _NSRC, 2, _NLP)
+            dt = np.int32 if self.n * per < 2**31 else np.int64
+            code = t.row.astype(dt) * per
+            code += t.source * np.uint8(2 * _NLP)
+            code += t.mask.view(np.uint8) * np.uint8(_NLP)
+            code += self.lp_state
+            counts = np.bincount(code, minlength=self.n * per).reshape(self.n, _NSRC, 2, _NLP)
         nul = lambda a: pl.Series(a).set(pl.Series(~self.ok), None)  # noqa: E731
         cols["n_tokens"] = counts.sum(axis=(1, 2, 3))
         cols["n_trainable"] = counts[:, :, 1, :].sum(axis=(1, 2))
@@ -209,9 +239,16 @@ class Batch:
         """Per token: index of its turn in `turns` (flattened over the batch), -1 if none."""
         t = self.tokens
         T = self.turn_counts
-        base = np.concatenate([[0], np.cumsum(T)])[:-1]
-        valid = (t.turn >= 0) & (t.turn < T[t.row])
-        return np.where(valid, base[t.row] + t.turn, -1)
+        n_tok = np.diff(np.append(t.starts, t.row.size))
+        dt = np.int32 if int(T.sum()) < 2**31 else np.int64
+        base = np.zeros(self.n, dt)
+        np.cumsum(T[:-1], out=base[1:])
+        key = np.repeat(base, n_tok)
+        key += t.turn
+        bad = t.turn < 0
+        bad |= t.turn >= np.repeat(T.astype(dt), n_tok)
+        key[bad] = -1
+        return key
 
     @cached_property
     def policy_by_turn(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -229,55 +266,81 @@ class Batch:
         return index, count, start
 
     @cached_property
+    def turn_parent(self) -> np.ndarray:
+        """Per turn (flattened over the batch): its batch row."""
+        T = self.turn_counts
+        return np.repeat(np.arange(self.n, dtype=np.int64), T)
+
+    @cached_property
     def turns(self) -> pl.DataFrame:
         """One row per turn: `_row`, `_t` (index in the list), trajectory_id, the struct's
-        fields, and recomputed `rc_*` values from the tokens of that turn."""
+        fields (those in `turn_frame_fields`), and recomputed `rc_*` values from the tokens
+        of that turn."""
         if "turns" not in self.columns:
             return pl.DataFrame()
         lst = self.col("turns")
         structs = lst.flatten()
-        parent = _np(pc.list_parent_indices(lst)).astype(np.int64)
+        want = [f.name for f in lst.type.value_type
+                if self.turn_frame_fields is None or f.name in self.turn_frame_fields]
+        if len(structs):
+            tbl = pa.Table.from_struct_array(structs).select(want)
+        else:
+            tbl = pa.table({f.name: pa.array([], f.type) for f in lst.type.value_type if f.name in want})
+        df = pl.from_arrow(tbl) if want else pl.DataFrame()
+        if isinstance(df, pl.Series):
+            df = df.to_frame()
         T = self.turn_counts
-        base = np.concatenate([[0], np.cumsum(T)])[:-1]
-        tbl = pa.Table.from_struct_array(structs) if len(structs) else pa.table(
-            {f.name: pa.array([], f.type) for f in lst.type.value_type})
-        df = pl.from_arrow(tbl)
-        n_turns = len(parent)
-        df = df.with_columns(pl.Series("_row", parent), pl.Series("_t", np.arange(n_turns) - base[parent]),
-                             self.ids.gather(parent))
+        n_turns = int(T.sum())
+        parent = self.turn_parent
+        base = np.zeros(self.n, np.int64)
+        np.cumsum(T[:-1], out=base[1:])
+        local = np.arange(n_turns, dtype=np.int64) - np.repeat(base, T)
+        df = df.with_columns(pl.Series("_row", parent), pl.Series("_t", local), self.ids.gather(parent))
         if self.ok.any() and n_turns:
             t = self.tokens
             key = self.turn_key
             index, count, start = self.policy_by_turn
             good = index[self.lp_state[index] == 1]
+            kg = key[good]
             first = np.full(n_turns, -1, np.int64)
             has = count > 0
             first[has] = t.pos[index[start[has]]]
-            df = df.with_columns(
-                pl.Series("rc_n_policy", count),
-                pl.Series("rc_n_trainable", np.bincount(key[t.mask & (key >= 0)], minlength=n_turns)),
-                pl.Series("rc_n_lp_valid", np.bincount(key[good], minlength=n_turns)),
-                pl.Series("rc_lp_sum", np.bincount(key[good], weights=t.lp[good], minlength=n_turns)),
-                pl.Series("rc_first_policy_pos", first).replace(-1, None),
-            )
-            okrow = pl.Series(self.ok[parent])
-            df = df.with_columns(pl.when(okrow).then(pl.col(c)).otherwise(None).alias(c)
-                                 for c in ("rc_n_policy", "rc_n_trainable", "rc_n_lp_valid", "rc_lp_sum",
-                                           "rc_first_policy_pos"))
+            km = key[t.mask]
+            km = km[km >= 0]
+            cols = {"rc_n_policy": count, "rc_n_trainable": np.bincount(km, minlength=n_turns),
+                    "rc_n_lp_valid": np.bincount(kg, minlength=n_turns),
+                    "rc_lp_sum": np.bincount(kg, weights=t.lp[good], minlength=n_turns)}
+            okrow = self.ok[parent]
+            nulls = ~okrow
+            first_null = nulls | ~has
+            rc = [pl.Series(k, v) for k, v in cols.items()]
+            if nulls.any():
+                ns = pl.Series(nulls)
+                rc = [c.set(ns, None) for c in rc]
+            rc.append(pl.Series("rc_first_policy_pos", first).set(pl.Series(first_null), None)
+                      if first_null.any() else pl.Series("rc_first_policy_pos", first))
+            df = df.with_columns(rc)
         return df
 
     # ---------------------------------------------------------------- summary for log checks
 
-    def summary(self) -> pl.DataFrame:
-        """The per-trajectory frame log-level checks see (scalars, counts, versions)."""
-        df = self.traj.with_columns(pl.lit(self.file).alias("file"), (pl.col("_row") + self.first_row).alias("_row"),
-                                    pl.Series("ok", self.ok), pl.Series("n_turns", self.turn_counts))
-        tr = self.turns
-        if len(tr) and "policy_version" in tr.columns:
-            agg = [pl.col("policy_version").min().alias("pv_min"), pl.col("policy_version").max().alias("pv_max"),
-                   pl.col("policy_version").drop_nulls().n_unique().cast(pl.Int64).alias("n_versions")]
-            if "rc_n_trainable" in tr.columns:
-                agg.append((pl.col("rc_n_trainable") > 0).sum().cast(pl.Int64).alias("n_turns_trainable"))
-            per = tr.group_by("_row").agg(agg).with_columns((pl.col("_row") + self.first_row).alias("_row"))
-            df = df.join(per, on="_row", how="left")
+    def summary(self, columns: frozenset[str] | None = None) -> pl.DataFrame:
+        """The per-trajectory frame log-level checks see (scalars, counts, versions), restricted
+        to `columns` when given (the engine passes what the selected log checks read)."""
+        base = self.traj
+        df = base.select([c for c in base.columns if columns is None or c in columns or c == "_row"]).with_columns(
+            pl.lit(self.file).alias("file"), (pl.col("_row") + self.first_row).alias("_row"),
+            pl.Series("ok", self.ok), pl.Series("n_turns", self.turn_counts))
+        per_turn = ("pv_min", "pv_max", "n_versions", "n_turns_trainable")
+        if columns is None or any(c in columns for c in per_turn):
+            tr = self.turns
+            if len(tr) and "policy_version" in tr.columns:
+                agg = [pl.col("policy_version").min().alias("pv_min"), pl.col("policy_version").max().alias("pv_max"),
+                       pl.col("policy_version").drop_nulls().n_unique().cast(pl.Int64).alias("n_versions")]
+                if "rc_n_trainable" in tr.columns:
+                    agg.append((pl.col("rc_n_trainable") > 0).sum().cast(pl.Int64).alias("n_turns_trainable"))
+                per = tr.group_by("_row").agg(agg).with_columns((pl.col("_row") + self.first_row).alias("_row"))
+                df = df.join(per, on="_row", how="left", maintain_order="left")
+        if columns is not None:
+            df = df.select([c for c in df.columns if c in columns])
         return df

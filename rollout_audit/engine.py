@@ -3,8 +3,10 @@ per-trajectory summary for the log checks, and gather findings into a Report."""
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import polars as pl
 import pyarrow as pa
@@ -40,6 +42,18 @@ class LogView:
 
 
 _TURN_AGGREGATES = {"turns.policy_version": "pv_min"}
+
+# Columns of the per-trajectory summary that log checks read beyond their `requires` (optional
+# inputs, ids, flags and the counts of the update checks). The summary keeps only these and
+# the selected log rules' requirements, so that it stays small (it grows with the log).
+_LOG_READS = frozenset({
+    "trajectory_id", "file", "ok", "n_turns", "task_id", "group_id", "reward", "truncated", "infra_error",
+    "stop_reason", "verifier_success", "n_trainable", "n_tokens", "n_policy", "n_turns_trainable",
+    "pv_min", "pv_max", "n_versions", "environment_id", "environment_version", "verifier_version",
+    "reset_seed", "initial_state_id", "initial_state_checksum",
+})
+# Turn fields read by batch checks beyond their `requires` (optional inputs)
+_TURN_READS = frozenset({"turn_id", "finish_reason", "shaping", "policy_version"})
 
 
 # ---------------------------------------------------------------- schema handling
@@ -154,6 +168,24 @@ class _Run:
                     if not c.type.startswith("list") and not c.type.startswith("map"))
         return [c.name for c in S.columns("trajectories") if c.name in cols]
 
+    def turn_frame_fields(self) -> frozenset[str]:
+        """Turn fields converted into `Batch.turns`: the ones selected rules need (S001 checks
+        the domains of the `TurnFrame` fields); strings and lists nobody reads stay in Arrow."""
+        need = set(_TURN_READS)
+        for r in self.rules.values():
+            need.update(q[6:] for q in r.requires if q.startswith("turns."))
+        if "S001" in self.rules:
+            need.update(_TURN_DOMAIN_FIELDS)
+        return frozenset(need)
+
+    def summary_columns(self) -> frozenset[str]:
+        cols = set(_LOG_READS)
+        for r in self.rules.values():
+            if r.scope == "log":
+                cols.update(q for q in r.requires if not q.startswith(("updates", "turns.")))
+                cols.update(_TURN_AGGREGATES[q] for q in r.requires if q in _TURN_AGGREGATES)
+        return frozenset(cols)
+
     def apply(self, rule: Rule, target, file: str | None) -> None:
         missing = [q for q in rule.requires if not target.has(q)]
         if missing:
@@ -195,8 +227,13 @@ class _Run:
         return out
 
 
+_TURN_DOMAIN_FIELDS = ("turn_id", "policy_version", "temperature", "top_p", "num_policy_tokens", "context_length",
+                       "logprob", "reward", "shaping", "value", "td_residual", "potential_before", "potential_after")
+
+
 def _batches(files: list[LogFile], run: _Run, batch_rows: int) -> Iterable[Batch]:
     want = run.needed_columns()
+    tff = run.turn_frame_fields()
     for f in files:
         targets, problems = schema_plan(f)
         cols = [c for c in want if c in targets]
@@ -207,7 +244,7 @@ def _batches(files: list[LogFile], run: _Run, batch_rows: int) -> Iterable[Batch
             for part in parts:
                 part, cast_problems = _cast(part.select([c for c in cols if c in part.column_names]), targets)
                 fields = tuple(x.name for x in part.schema.field("turns").type.value_type) if "turns" in part.column_names else ()
-                yield Batch(part, f.path, offset, fields, (problems if first else []) + cast_problems)
+                yield Batch(part, f.path, offset, fields, (problems if first else []) + cast_problems, tff)
                 first = False
                 offset += part.num_rows
         except (OSError, pa.ArrowException) as e:
@@ -215,7 +252,7 @@ def _batches(files: list[LogFile], run: _Run, batch_rows: int) -> Iterable[Batch
             continue
         if first:  # an empty file: still report its schema problems
             empty = pa.table({c: pa.array([], targets[c]) for c in cols})
-            yield Batch(empty, f.path, 0, (), problems)
+            yield Batch(empty, f.path, 0, (), problems, tff)
 
 
 def _read_updates(files: list[LogFile], broken: list) -> tuple[pl.DataFrame | None, list[str]]:
@@ -249,21 +286,33 @@ def run_audit(disc: Discovery, cfg: Config | None = None, select: Sequence[str] 
     log_rules = [r for r in run.rules.values() if r.scope == "log"]
     summaries: list[pl.DataFrame] = []
     if tables is None:
-        batches = _batches(disc.of_kind("trajectories"), run, batch_rows)
+        files = disc.of_kind("trajectories")
+        batches = _prefetch(_batches(files, run, batch_rows), _warm)
         updates, update_files = _read_updates(disc.of_kind("updates"), run.broken)
     else:
+        files = []
         batches = _memory_batches(tables[0], run, batch_rows)
         updates = None if tables[1] is None else _memory_updates(tables[1], run)
         update_files = []
-    for b in batches:
-        run.rows += b.n
-        if b.ok.any():
-            run.tokens += int(b.tokens.row.size)
-        for r in batch_rules:
-            run.apply(r, b, b.file)
-        if log_rules:
-            summaries.append(b.summary())
-    traj = pl.concat(summaries, how="diagonal_relaxed") if summaries else pl.DataFrame()
+    sum_cols = run.summary_columns()
+    progress = _progress(files)
+    try:
+        for b in batches:
+            run.rows += b.n
+            if b.ok.any():
+                run.tokens += int(b.tokens.row.size)
+            for r in batch_rules:
+                run.apply(r, b, b.file)
+            if log_rules:
+                summaries.append(b.summary(sum_cols))
+            if progress is not None:
+                progress.advance(b.n)
+            b.release()
+    finally:
+        if progress is not None:
+            progress.stop()
+    traj = pl.concat(summaries, how="diagonal_relaxed", rechunk=False) if summaries else pl.DataFrame()
+    del summaries
     view = LogView(traj, updates, run.broken, update_files, run.stats)
     for r in log_rules:
         if r.code == "S005" or traj.height or r.requires and all(q.startswith("updates") for q in r.requires):
@@ -271,6 +320,97 @@ def run_audit(disc: Discovery, cfg: Config | None = None, select: Sequence[str] 
     findings = pl.concat(run.findings) if run.findings else pl.DataFrame(schema=FINDING_SCHEMA)
     return build_report(findings, run.not_run(), rows=run.rows, tokens=run.tokens, stats=run.stats, cfg=cfg,
                         rules=run.rules)
+
+
+def _warm(b: Batch) -> None:
+    """Work done on the reader thread while the checks run on the previous batch: the Arrow
+    and numpy parts of the shared aggregates (they release the GIL for most of their time)."""
+    if b.n and "token_source" in b.columns:
+        b.ok
+        if b.ok.any():
+            b.tokens
+            b.lp_state
+            if "turns" in b.columns:
+                b.turn_key
+
+
+_DONE = object()
+
+
+def _prefetch(items: Iterator[Batch], warm=None, depth: int = 1) -> Iterator[Batch]:
+    """Yield from `items`, produced (read, decoded, warmed) on a background thread up to
+    `depth` batches ahead, so that reading row group i+1 overlaps the checks of batch i."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(x) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(x, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for b in items:
+                if warm is not None:
+                    try:
+                        warm(b)
+                    except Exception:  # noqa: BLE001 - the checks meet (and report) it again
+                        pass
+                if not put(b):
+                    return
+            put(_DONE)
+        except BaseException as e:  # noqa: BLE001 - re-raised on the consumer side
+            put(e)
+
+    t = threading.Thread(target=produce, name="rollout-audit-reader", daemon=True)
+    t.start()
+    try:
+        while True:
+            x = q.get()
+            if x is _DONE:
+                break
+            if isinstance(x, BaseException):
+                raise x
+            yield x
+            del x
+    finally:
+        stop.set()
+        t.join(timeout=5)
+
+
+def _progress(files: list[LogFile]):
+    """A rich progress bar on stderr for audits expected to take more than a couple of seconds
+    (more than ~5M tokens: ~8,000 trajectories of ~600 tokens by the footers' row counts, or
+    ~25 MB of Parquet), only when stderr is a terminal."""
+    import sys
+    if not files or not sys.stderr.isatty() or os.environ.get("ROLLOUT_AUDIT_NO_PROGRESS"):
+        return None
+    rows = sum(f.num_rows for f in files)
+    try:
+        size = sum(os.path.getsize(f.path) for f in files)
+    except OSError:
+        size = 0
+    if rows <= 8_000 and size <= 25 * 2**20:
+        return None
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    p = Progress(TextColumn("auditing"), BarColumn(), MofNCompleteColumn(), TextColumn("trajectories"),
+                 TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+    task = p.add_task("audit", total=rows)
+    p.start()
+
+    class _P:
+        def advance(self, n: int) -> None:
+            p.advance(task, n)
+
+        def stop(self) -> None:
+            p.stop()
+    return _P()
 
 
 def _memory_batches(table: pa.Table | None, run: _Run, batch_rows: int) -> Iterable[Batch]:
@@ -283,7 +423,7 @@ def _memory_batches(table: pa.Table | None, run: _Run, batch_rows: int) -> Itera
     for off in range(0, max(table.num_rows, 1), batch_rows):
         part, cp = _cast(table.select(cols).slice(off, batch_rows), targets)
         fields = tuple(x.name for x in part.schema.field("turns").type.value_type) if "turns" in part.column_names else ()
-        yield Batch(part, "<memory>", off, fields, (problems if first else []) + cp)
+        yield Batch(part, "<memory>", off, fields, (problems if first else []) + cp, run.turn_frame_fields())
         first = False
 
 
