@@ -20,16 +20,17 @@ BUDGET_RANGE: tuple[int, int] = (4, 7)  # inclusive range of non-finish actions 
 # Every text the environment can emit; the tokenizer's vocabulary is built to cover exactly these.
 OBS_RESET = "you are in a room with a red key , a blue key , a red door and a blue door ."
 OBS_CLUE = "the clue is {colour} ."
+OBS_NOTE_GONE = "the note is gone ."  # the clue is shown once: re-reading it would let a memoryless policy cheat
 OBS_TAKE = "you take the key ."  # the key colour is deliberately not repeated: the policy must remember it
 OBS_ALREADY_CARRY = "you already carry a key ."
 OBS_NO_KEY = "you have no key ."
-OBS_NO_FIT = "the key does not fit ."
+OBS_JAMMED = "the key jams the lock ."  # wrong key in a door: a genuine, terminal task failure
 OBS_ALREADY_OPEN = "a door is already open ."
 OBS_OPENS = "the door opens ."
 OBS_TIME_UP = "the time is up ."
 ALL_OBSERVATIONS: tuple[str, ...] = (
-    OBS_RESET, OBS_CLUE.format(colour="red"), OBS_CLUE.format(colour="blue"), OBS_TAKE, OBS_ALREADY_CARRY,
-    OBS_NO_KEY, OBS_NO_FIT, OBS_ALREADY_OPEN, OBS_OPENS, OBS_TIME_UP,
+    OBS_RESET, OBS_CLUE.format(colour="red"), OBS_CLUE.format(colour="blue"), OBS_NOTE_GONE, OBS_TAKE, OBS_ALREADY_CARRY,
+    OBS_NO_KEY, OBS_JAMMED, OBS_ALREADY_OPEN, OBS_OPENS, OBS_TIME_UP,
 )
 
 
@@ -113,8 +114,8 @@ class KeyDoorEnv:
             return OBS_TIME_UP, 0.0, True, False, self._info("ok", "task_budget")
         s.budget -= 1
         if action == "inspect":
+            obs = OBS_NOTE_GONE if s.inspected else OBS_CLUE.format(colour=s.target)
             s.inspected = True
-            obs = OBS_CLUE.format(colour=s.target)
         elif action.startswith("pickup_"):
             if s.key is not None:
                 obs = OBS_ALREADY_CARRY
@@ -127,8 +128,9 @@ class KeyDoorEnv:
                 obs = OBS_ALREADY_OPEN
             elif s.key is None:
                 obs = OBS_NO_KEY
-            elif s.key != colour:
-                obs = OBS_NO_FIT
+            elif s.key != colour:  # no second try: otherwise a memoryless policy could test both doors
+                s.done = True
+                return OBS_JAMMED, 0.0, True, False, self._info("ok", "failure")
             else:
                 s.opened = colour
                 obs = OBS_OPENS

@@ -24,7 +24,7 @@ import torch
 
 from reference_agent.env import (ACTIONS, COLOURS, ENVIRONMENT_ID, ENVIRONMENT_VERSION, OBS_RESET,
                                  VERIFIER_VERSION, KeyDoorEnv, controller_mask, state_checksum, verify)
-from reference_agent.logging import write_log
+from reference_agent.logging import open_writer, to_table
 from reference_agent.policy import (PolicyConfig, RecurrentActorCritic, decoding_distribution,
                                     load_checkpoint, sample_action, save_checkpoint)
 from reference_agent.tokenizer import SYSTEM_PROMPT, TASK_STATEMENT, Tokenizer
@@ -38,17 +38,17 @@ class TrainConfig:
     """Hyper-parameters of one training run (a profile is a named instance)."""
 
     seed: int = 0
-    iterations: int = 60
+    iterations: int = 150
     groups_per_iter: int = 8
     group_size: int = 8
-    lr: float = 3e-3
+    lr: float = 1e-2
     gamma: float = 0.95
-    temperature: float = 1.0
-    top_p: float = 0.98
+    temperature: float = 1.2
+    top_p: float = 0.999
     max_turns: int = 6
     infra_failure_rate: float = 0.01
     value_coef: float = 0.5
-    entropy_coef: float = 0.01
+    entropy_coef: float = 0.1
     embed_dim: int = 32
     hidden_dim: int = 64
     eval_episodes: int = 100
@@ -57,8 +57,9 @@ class TrainConfig:
 
 PROFILES: dict[str, TrainConfig] = {
     "smoke": TrainConfig(),
-    "full": TrainConfig(iterations=120),
-    "tiny": TrainConfig(iterations=3, groups_per_iter=2, group_size=4, eval_episodes=8, infra_failure_rate=0.05),
+    "full": TrainConfig(iterations=200),
+    "tiny": TrainConfig(iterations=3, groups_per_iter=2, group_size=4, eval_episodes=4, infra_failure_rate=0.05,
+                        top_p=0.7),
 }
 FULL_SEEDS: tuple[int, ...] = (0, 1, 2, 3, 4)
 
@@ -296,7 +297,7 @@ def evaluate(policy: RecurrentActorCritic, tok: Tokenizer, cfg: TrainConfig, mem
     return result
 
 
-def train(cfg: TrainConfig, out_dir: str | Path) -> dict[str, Any]:
+def train(cfg: TrainConfig, out_dir: str | Path, verbose: bool = False) -> dict[str, Any]:
     """Train one run: logs in out/trajectories and out/updates, a checkpoint per version, eval table."""
     t0 = time.perf_counter()
     torch.set_num_threads(cfg.threads)
@@ -308,27 +309,35 @@ def train(cfg: TrainConfig, out_dir: str | Path) -> dict[str, Any]:
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
     env = KeyDoorEnv(infra_failure_rate=cfg.infra_failure_rate)
     save_checkpoint(policy, out / "checkpoints" / "v0.safetensors", 0, tok.tokenizer_id)
-    trajectories: list[dict[str, Any]] = []
-    updates: list[dict[str, Any]] = []
-    for it in range(cfg.iterations):
-        version = it  # one optimizer step per collection round: policy lag 0
-        rng = np.random.default_rng([cfg.seed, it])
-        batch = []
-        for g in range(cfg.groups_per_iter):
-            reset_seed = cfg.seed * 1_000_000 + it * 100 + g  # even g → red task, odd g → blue: balanced batches
-            group_id = f"s{cfg.seed}-i{it:04d}-g{g:02d}"
-            for k in range(cfg.group_size):
-                rec = run_episode(env, policy, tok, reset_seed=reset_seed, rng=rng, version=version,
-                                  temperature=cfg.temperature, top_p=cfg.top_p, max_turns=cfg.max_turns,
-                                  gamma=cfg.gamma, options={"fault_seed": k})
-                rec["trajectory_id"], rec["group_id"] = f"{group_id}-e{k}", group_id
-                batch.append(rec)
-        updates.append(update(policy, opt, batch, cfg, step=it, version=version))
-        save_checkpoint(policy, out / "checkpoints" / f"v{version + 1}.safetensors", version + 1, tok.tokenizer_id)
-        trajectories += batch
+    stops: dict[str, int] = {}
+    with open_writer(out / "trajectories" / "part-0000.parquet", "trajectories") as traj_w, \
+            open_writer(out / "updates" / "part-0000.parquet", "updates") as upd_w:
+        for it in range(cfg.iterations):
+            version = it  # one optimizer step per collection round: policy lag 0
+            rng = np.random.default_rng([cfg.seed, it])
+            batch = []
+            for g in range(cfg.groups_per_iter):
+                reset_seed = cfg.seed * 1_000_000 + it * 100 + g  # even g → red task, odd g → blue: balanced
+                group_id = f"s{cfg.seed}-i{it:04d}-g{g:02d}"
+                for k in range(cfg.group_size):
+                    rec = run_episode(env, policy, tok, reset_seed=reset_seed, rng=rng, version=version,
+                                      temperature=cfg.temperature, top_p=cfg.top_p, max_turns=cfg.max_turns,
+                                      gamma=cfg.gamma, options={"fault_seed": k})
+                    rec["trajectory_id"], rec["group_id"] = f"{group_id}-e{k}", group_id
+                    batch.append(rec)
+            upd = update(policy, opt, batch, cfg, step=it, version=version)
+            save_checkpoint(policy, out / "checkpoints" / f"v{version + 1}.safetensors", version + 1,
+                            tok.tokenizer_id)
+            traj_w.write(to_table(batch, "trajectories"))  # one row group per collection round
+            upd_w.write(to_table([upd], "updates"))
+            for r in batch:
+                stops[r["stop_reason"]] = stops.get(r["stop_reason"], 0) + 1
+            if verbose and (it % 10 == 0 or it == cfg.iterations - 1):
+                inspected = np.mean([r["turns"][0]["action_text"] == "inspect" for r in batch])
+                success = np.mean([r["verifier_success"] for r in batch])
+                print(f"iter {it:4d}  success {success:.2f}  first-turn inspect {inspected:.2f}  "
+                      f"{time.perf_counter() - t0:.1f}s", flush=True)
     train_seconds = time.perf_counter() - t0
-    write_log(out / "trajectories" / "part-0000.parquet", "trajectories", trajectories)
-    write_log(out / "updates" / "part-0000.parquet", "updates", updates)
     untrained = load_checkpoint(out / "checkpoints" / "v0.safetensors")
     policy.eval()
     evaluation = {
@@ -336,11 +345,8 @@ def train(cfg: TrainConfig, out_dir: str | Path) -> dict[str, Any]:
         "untrained": evaluate(untrained, tok, cfg),
         "no_memory": evaluate(policy, tok, cfg, memory=False),
     }
-    stops: dict[str, int] = {}
-    for r in trajectories:
-        stops[r["stop_reason"]] = stops.get(r["stop_reason"], 0) + 1
     return {"seed": cfg.seed, "config": asdict(cfg), "train_seconds": train_seconds,
-            "total_seconds": time.perf_counter() - t0, "evaluation": evaluation, "episodes": len(trajectories),
+            "total_seconds": time.perf_counter() - t0, "evaluation": evaluation, "episodes": sum(stops.values()),
             "stop_reasons": stops, "final_version": cfg.iterations, "out_dir": str(out)}
 
 
