@@ -146,11 +146,14 @@ class KeyDoorEnv:
 def controller_mask(observations: list[str]) -> np.ndarray:
     """Legal-action mask from the visible transcript only (never the hidden colour).
 
-    Before a key is taken, open_* is hidden; after a door opened only finish remains.
+    Before a key is taken, open_* is hidden; once the note was read, inspect is hidden (it is gone);
+    after a door opened only finish remains.
     """
     has_key = OBS_TAKE in observations
     door_open = OBS_OPENS in observations
+    clue_read = any(o.startswith("the clue is") for o in observations)
     mask = np.ones(len(ACTIONS), dtype=bool)
+    mask[ACTIONS.index("inspect")] = not clue_read
     if door_open:
         mask[:] = False
         mask[ACTIONS.index("finish")] = True
