@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import polars as pl
 
+import rollout_audit as ra
+from rollout_audit.config import Config
+
 # t000013 of the `records` fixture: 6 turns, version 0, collector-truncated, in no update, so
 # editing its mask or counts leaves the update checks (U601/U602) alone
 EXCLUDED = 13
@@ -30,3 +33,13 @@ def drop_turn_field(trajs: list[dict], name: str) -> None:
     for tr in trajs:
         for t in tr["turns"]:
             del t[name]
+
+
+def audit(trajs, updates, **cfg):
+    """Audit in-memory records with configuration keys as keyword arguments."""
+    return ra.audit(trajs, updates, config=Config(**cfg))
+
+
+def rows(rep, code: str) -> pl.DataFrame:
+    """The findings of `code`."""
+    return rep.findings.filter(pl.col("code") == code)

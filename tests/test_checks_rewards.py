@@ -8,25 +8,14 @@ from __future__ import annotations
 
 import json
 
-import polars as pl
 import pytest
 
 import rollout_audit as ra
-from rollout_audit.config import Config
 
 R_CODES = {f"R4{i:02d}" for i in range(1, 11)}
 
-
-def audit(trajs, updates, **cfg):
-    return ra.audit(trajs, updates, config=Config(**cfg))
-
-
-def blocking(rep) -> set[str]:
-    return rep.codes("error") | rep.codes("warning")
-
-
-def rows(rep, code) -> pl.DataFrame:
-    return rep.findings.filter(pl.col("code") == code)
+from checkhelp import audit, rows
+from checkhelp import loud as blocking
 
 
 def pick(trajs, *, stop=None, min_turns=1, n=1):

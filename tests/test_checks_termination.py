@@ -1,26 +1,15 @@
 """Termination checks T301-T305 (DESIGN 3.3, lesson 11.1.4) against mutated synthetic logs."""
 from __future__ import annotations
 
-import polars as pl
 import pytest
 
 import rollout_audit as ra
-from rollout_audit.config import Config
 from conftest import write_log
 
 T_CODES = {"T301", "T302", "T303", "T304", "T305"}
 
-
-def audit(trajs, updates, **cfg):
-    return ra.audit(trajs, updates, config=Config(**cfg))
-
-
-def blocking(rep) -> set[str]:
-    return rep.codes("error") | rep.codes("warning")
-
-
-def rows(rep, code) -> pl.DataFrame:
-    return rep.findings.filter(pl.col("code") == code)
+from checkhelp import audit, rows
+from checkhelp import loud as blocking
 
 
 def pick(trajs, updates=None, *, stop=None, in_update=None, n=1, min_turns=1):
