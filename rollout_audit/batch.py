@@ -37,7 +37,7 @@ class Tokens:
     starts: np.ndarray    # per batch row: offset of its first token in these arrays
     ids: np.ndarray | None  # int32 token ids (the contract type), when token_ids was read
 
-    @property
+    @cached_property
     def policy(self) -> np.ndarray:
         return self.source == S.POLICY
 
@@ -205,13 +205,12 @@ class Batch:
         else:
             t = self.tokens
             per = _NSRC * 2 * _NLP
-            dt = np.int32 if self.n * per < 2**31 else np.int64
-            code = t.row.astype(dt) * per
+            code = np.multiply(t.row, per, dtype=np.intp)  # bincount wants intp: no hidden copy
             code += t.source * np.uint8(2 * _NLP)
             code += t.mask.view(np.uint8) * np.uint8(_NLP)
             code += self.lp_state
             counts = np.bincount(code, minlength=self.n * per).reshape(self.n, _NSRC, 2, _NLP)
-        nul = lambda a: pl.Series(a).set(pl.Series(~self.ok), None)  # noqa: E731
+            del code
         cols["n_tokens"] = counts.sum(axis=(1, 2, 3))
         cols["n_trainable"] = counts[:, :, 1, :].sum(axis=(1, 2))
         cols["n_policy"] = counts[:, S.POLICY].sum(axis=(1, 2))
@@ -224,7 +223,16 @@ class Batch:
         for s in (0, 1, 3, 4, 5):
             cols[f"n_lp_src{s}"] = counts[:, s, :, 1:].sum(axis=(1, 2))
         cols["n_src_invalid"] = counts[:, 5].sum(axis=(1, 2))
-        return pl.DataFrame({k: nul(v.astype(np.int64)).alias(k) for k, v in cols.items()})
+        df = pl.DataFrame({k: v.astype(np.int64, copy=False) for k, v in cols.items()})
+        if not self.ok.all():  # counts of malformed rows are unknown
+            df = df.with_columns(pl.when(pl.Series(self.ok)).then(pl.all()))
+        return df
+
+    def any_count(self, *names: str) -> bool:
+        """True when one of the per-trajectory count columns `names` of `stats` is non-zero
+        somewhere: a cheap test before a check scans the token arrays."""
+        st = self.stats
+        return any(bool(st[c].sum()) for c in names)
 
     # ---------------------------------------------------------------- turns
 

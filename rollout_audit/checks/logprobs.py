@@ -25,7 +25,7 @@ def invalid_logprob(b: Batch, cfg) -> pl.DataFrame | None:
     did not sample have no behaviour log-prob by definition: in the loss they are reported
     by M101, not here.
     """
-    if not b.ok.any():
+    if not b.ok.any() or not b.any_count("n_trainable_bad_lp"):  # counts every source: a superset
         return None
     t = b.tokens
     st = b.lp_state
@@ -85,7 +85,7 @@ def logprob_on_non_policy(b: Batch, cfg) -> pl.DataFrame | None:
     quantity from the sampling distribution), or the provenance tags are shifted. Write
     null for every token whose token_source is not 2.
     """
-    if not b.ok.any():
+    if not b.ok.any() or not b.any_count("n_lp_nonpolicy"):
         return None
     t = b.tokens
     bad = t.lp_present & ~t.policy

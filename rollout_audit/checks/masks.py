@@ -49,7 +49,7 @@ def mask_on_non_policy(b: Batch, cfg) -> pl.DataFrame | None:
     `token_source == 2` (or a subset of it), after the chat template and tool outputs have been
     inserted, not from message roles before templating.
     """
-    if not b.ok.any():
+    if not b.ok.any() or not b.any_count(*(f"n_trainable_src{s}" for s, _ in _NON_POLICY)):
         return None
     t = b.tokens
     bad = t.mask & ~t.policy
@@ -73,7 +73,7 @@ def policy_not_masked(b: Batch, cfg) -> pl.DataFrame | None:
     `masked_ok_reasons` and the turns are not reported. Otherwise set loss_mask true on every
     token with token_source = 2.
     """
-    if not b.ok.any():
+    if not b.ok.any() or not b.any_count("n_policy_unmasked"):
         return None
     t = b.tokens
     bad = t.policy & ~t.mask
@@ -186,14 +186,18 @@ def context_prefix(b: Batch, cfg) -> pl.DataFrame | None:
         if f:
             h = new()
         h.update(buf[a:z])
-        append(h.hexdigest())
+        append(h.digest())  # compared as bytes; hex only for the findings
     sha_bad = np.zeros(tr.height, bool)
-    sha_bad[todo] = (pl.Series(digests, dtype=pl.String) != tr["sha"].gather(todo)).to_numpy()
+    recorded = tr["sha"].gather(todo).str.decode("hex", strict=False)  # malformed hex -> null -> differs
+    sha_bad[todo] = (pl.Series(digests, dtype=pl.Binary) != recorded).fill_null(True).to_numpy()
     bad_rows = np.flatnonzero(len_bad | sha_bad | ~in_range)
     if not bad_rows.size:
         return None
     got = np.full(tr.height, None, object)
-    got[todo] = digests
+    pos_in_todo = np.full(tr.height, -1, np.int64)
+    pos_in_todo[todo] = np.arange(todo.size)
+    for i in bad_rows[pos_in_todo[bad_rows] >= 0]:
+        got[i] = digests[pos_in_todo[i]].hex()
     bad = tr[bad_rows].with_columns(
         pl.Series("in_range", in_range[bad_rows]), pl.Series("len_bad", len_bad[bad_rows]),
         pl.Series("sha_bad", sha_bad[bad_rows]), pl.Series("found", got[bad_rows], dtype=pl.String),

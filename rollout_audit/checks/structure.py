@@ -176,7 +176,8 @@ def turn_numbering(b: Batch, cfg) -> pl.DataFrame | None:
     if b.ok.any():
         t = b.tokens
         T = b.turn_counts
-        wrong = (t.turn < -1) | (t.turn >= T[t.row])
+        wrong = b.turn_key < 0  # token_turn is -1 or names no turn (the key of S004's cases)
+        wrong &= t.turn != -1
         if wrong.any():
             rows, pos = b.first_position(wrong)
             n = np.bincount(t.row[wrong], minlength=b.n)[rows]
