@@ -15,7 +15,8 @@ VERIFIER_VERSION = "keydoor-verifier-1.0"
 
 ACTIONS: tuple[str, ...] = ("inspect", "pickup_red", "pickup_blue", "open_red", "open_blue", "finish")
 COLOURS: tuple[str, ...] = ("red", "blue")
-BUDGET_RANGE: tuple[int, int] = (4, 7)  # inclusive range of non-finish actions a task allows
+BUDGET_RANGE: tuple[int, int] = (3, 5)  # inclusive range of non-finish actions a task allows
+STUCK_PROB = 0.2  # chance the target door sticks once (one retry needed): makes budgets and turn limits bind
 
 # Every text the environment can emit; the tokenizer's vocabulary is built to cover exactly these.
 OBS_RESET = "you are in a room with a red key , a blue key , a red door and a blue door ."
@@ -27,10 +28,11 @@ OBS_NO_KEY = "you have no key ."
 OBS_JAMMED = "the key jams the lock ."  # wrong key in a door: a genuine, terminal task failure
 OBS_ALREADY_OPEN = "a door is already open ."
 OBS_OPENS = "the door opens ."
+OBS_STUCK = "the door is stuck ."
 OBS_TIME_UP = "the time is up ."
 ALL_OBSERVATIONS: tuple[str, ...] = (
     OBS_RESET, OBS_CLUE.format(colour="red"), OBS_CLUE.format(colour="blue"), OBS_NOTE_GONE, OBS_TAKE, OBS_ALREADY_CARRY,
-    OBS_NO_KEY, OBS_JAMMED, OBS_ALREADY_OPEN, OBS_OPENS, OBS_TIME_UP,
+    OBS_NO_KEY, OBS_JAMMED, OBS_ALREADY_OPEN, OBS_OPENS, OBS_STUCK, OBS_TIME_UP,
 )
 
 
@@ -43,15 +45,16 @@ class KeyDoorState:
     key: str | None
     opened: str | None
     budget: int
+    stuck: bool = False
     done: bool = False
 
 
-def task_from_seed(seed: int) -> tuple[str, int]:
-    """Derive the task from the reset seed so a seed names one task: parity → colour, hash → budget."""
+def task_from_seed(seed: int) -> tuple[str, int, bool]:
+    """Derive the task from the reset seed so a seed names one task: parity → colour, hash → budget, stuck."""
     rng = np.random.default_rng([seed, 7])
     target = COLOURS[seed % 2]
     budget = int(rng.integers(BUDGET_RANGE[0], BUDGET_RANGE[1] + 1))
-    return target, budget
+    return target, budget, bool(rng.random() < STUCK_PROB)
 
 
 def state_checksum(state: KeyDoorState) -> str:
@@ -86,12 +89,13 @@ class KeyDoorEnv:
         self._fault_rng = np.random.default_rng(0)
 
     def reset(self, seed: int, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        """Start the task named by seed (options may force "target"/"budget"; "fault_seed" seeds faults)."""
+        """Start the task named by seed (options may force "target"/"budget"/"stuck"; "fault_seed" seeds faults)."""
         options = options or {}
-        target, budget = task_from_seed(seed)
+        target, budget, stuck = task_from_seed(seed)
         target = options.get("target", target)
         budget = int(options.get("budget", budget))
-        self.state = KeyDoorState(target=target, inspected=False, key=None, opened=None, budget=budget)
+        stuck = bool(options.get("stuck", stuck))
+        self.state = KeyDoorState(target=target, inspected=False, key=None, opened=None, budget=budget, stuck=stuck)
         self._fault_rng = np.random.default_rng([seed, int(options.get("fault_seed", 0)), 11])
         info = {"checksum": state_checksum(self.state), "target": target, "budget": budget,
                 "potential": potential(self.state)}
@@ -131,6 +135,9 @@ class KeyDoorEnv:
             elif s.key != colour:  # no second try: otherwise a memoryless policy could test both doors
                 s.done = True
                 return OBS_JAMMED, 0.0, True, False, self._info("ok", "failure")
+            elif s.stuck:  # the door gives way on the next try
+                s.stuck = False
+                obs = OBS_STUCK
             else:
                 s.opened = colour
                 obs = OBS_OPENS

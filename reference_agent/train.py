@@ -2,7 +2,8 @@
 
 Advantage: GRPO group-relative on the episode reward, A_i = (R_i − mean_g) / (std_g(ddof=1) + 1e-6),
 broadcast to every policy token of the episode (token reduction: the loss is divided by the number of
-loss-mask tokens in the batch). The critic regresses V(h_t) on the potential-shaped discounted
+loss-mask tokens in the batch). Each collection round is reused for `epochs` optimizer steps with a
+PPO-clipped ratio against the logged behaviour log-probs (one update record and checkpoint per step). The critic regresses V(h_t) on the potential-shaped discounted
 return-to-go; its values fill the turn `value` / `td_residual` fields and the truncation bootstrap.
 Excluded episodes (truncated under policy `exclude`, infra errors) carry a null reward and are in no update.
 
@@ -38,17 +39,20 @@ class TrainConfig:
     """Hyper-parameters of one training run (a profile is a named instance)."""
 
     seed: int = 0
-    iterations: int = 150
+    iterations: int = 80
     groups_per_iter: int = 8
     group_size: int = 8
     lr: float = 1e-2
     gamma: float = 0.95
     temperature: float = 1.2
     top_p: float = 0.999
-    max_turns: int = 6
+    max_turns: int = 4  # collector limit: only inspect + a stuck door reaches it (no action can repeat 4 times)
+    eval_budget: int = 5
     infra_failure_rate: float = 0.01
     value_coef: float = 0.5
     entropy_coef: float = 0.1
+    epochs: int = 4  # optimizer steps per collection round (PPO-style reuse; policy lag up to epochs − 1)
+    clip: float = 0.2
     embed_dim: int = 32
     hidden_dim: int = 64
     eval_episodes: int = 100
@@ -57,7 +61,7 @@ class TrainConfig:
 
 PROFILES: dict[str, TrainConfig] = {
     "smoke": TrainConfig(),
-    "full": TrainConfig(iterations=200),
+    "full": TrainConfig(iterations=120),
     "tiny": TrainConfig(iterations=3, groups_per_iter=2, group_size=4, eval_episodes=4, infra_failure_rate=0.05,
                         top_p=0.7),
 }
@@ -216,8 +220,12 @@ def grpo_advantages(rewards: list[float]) -> list[float]:
 
 
 def update(policy: RecurrentActorCritic, opt: torch.optim.Optimizer, records: list[dict[str, Any]],
-           cfg: TrainConfig, step: int, version: int) -> dict[str, Any]:
-    """One optimizer step on the included episodes; returns the update record (DESIGN 3.4)."""
+           cfg: TrainConfig, step: int, version: int, epoch: int) -> dict[str, Any]:
+    """One optimizer step (PPO-clipped, GRPO advantages) on the included episodes; returns its update record.
+
+    epoch e of a collection round starts from version v+e while the data came from v: policy lag e,
+    corrected by the ratio π_θ/π_beh with the logged behaviour log-probs (clipped at 1 ± clip).
+    """
     by_group: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         if r["reward"] is not None:  # truncated (exclude) and infra_error episodes never enter an update
@@ -230,7 +238,7 @@ def update(policy: RecurrentActorCritic, opt: torch.optim.Optimizer, records: li
         advantages += grpo_advantages([m["reward"] for m in members])
     record = {"update_step": step, "trainer_version": version, "trajectory_ids": [r["trajectory_id"] for r in batch],
               "reduction": "token", "loss_denominator": 0.0, "advantages": [float(a) for a in advantages],
-              "advantage_estimator": "grpo", "max_policy_lag": 0}
+              "advantage_estimator": "grpo", "max_policy_lag": cfg.epochs - 1}
     if not batch:
         return record
     length = max(len(r["token_ids"]) for r in batch)
@@ -255,10 +263,15 @@ def update(policy: RecurrentActorCritic, opt: torch.optim.Optimizer, records: li
     logp = decoding_distribution(logits[rows_t, cols_t], torch.from_numpy(np.stack(masks)),
                                  cfg.temperature, cfg.top_p)
     logp_a = logp.gather(1, torch.tensor(acts)[:, None]).squeeze(1)
-    drift = float((logp_a.detach() - torch.tensor(beh)).abs().max())
-    assert drift < 1e-4, f"on-policy log-probs drifted from behaviour log-probs by {drift}"
+    beh_t = torch.tensor(beh, dtype=torch.float32)
+    if epoch == 0:  # on-policy: recomputation must reproduce the behaviour log-probs (a live replay check)
+        drift = float((logp_a.detach() - beh_t).abs().max())
+        assert drift < 1e-4, f"on-policy log-probs drifted from behaviour log-probs by {drift}"
     denominator = float(sum(r["num_trainable_tokens"] for r in batch))  # loss-mask tokens in the batch
-    policy_loss = -(torch.tensor(advs, dtype=torch.float32) * logp_a).sum() / denominator
+    adv_t = torch.tensor(advs, dtype=torch.float32)
+    ratio = torch.exp(logp_a - beh_t)
+    surrogate = torch.minimum(ratio * adv_t, torch.clamp(ratio, 1 - cfg.clip, 1 + cfg.clip) * adv_t)
+    policy_loss = -surrogate.sum() / denominator
     value_loss = 0.5 * ((values[rows_t, cols_t] - torch.tensor(rets, dtype=torch.float32)) ** 2).mean()
     support = torch.isfinite(logp)
     safe_logp = logp.masked_fill(~support, 0.0)  # avoids 0 · (−inf) = NaN in the backward pass
@@ -283,14 +296,15 @@ def shaped_returns_to_go(turns: list[dict[str, Any]], gamma: float) -> list[floa
 
 def evaluate(policy: RecurrentActorCritic, tok: Tokenizer, cfg: TrainConfig, memory: bool = True
              ) -> dict[str, float]:
-    """Greedy success rate on red tasks and on blue tasks separately (fixed held-out seeds, no faults)."""
+    """Greedy success on red and on blue tasks separately (held-out seeds, standard door, no faults)."""
     env = KeyDoorEnv(infra_failure_rate=0.0)
     result = {}
     for colour in COLOURS:
         wins = 0
         for i in range(cfg.eval_episodes):
             rec = run_episode(env, policy, tok, reset_seed=10**9 + i, rng=None, version=-1, temperature=1.0,
-                              top_p=1.0, max_turns=cfg.max_turns, gamma=cfg.gamma, options={"target": colour},
+                              top_p=1.0, max_turns=cfg.max_turns, gamma=cfg.gamma,
+                              options={"target": colour, "budget": cfg.eval_budget, "stuck": False},
                               memory=memory, greedy=True)
             wins += bool(rec["verifier_success"] and rec["stop_reason"] == "success")
         result[colour] = wins / cfg.eval_episodes
@@ -313,7 +327,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, verbose: bool = False) -> dict[
     with open_writer(out / "trajectories" / "part-0000.parquet", "trajectories") as traj_w, \
             open_writer(out / "updates" / "part-0000.parquet", "updates") as upd_w:
         for it in range(cfg.iterations):
-            version = it  # one optimizer step per collection round: policy lag 0
+            version = it * cfg.epochs  # the weights that sample this round
             rng = np.random.default_rng([cfg.seed, it])
             batch = []
             for g in range(cfg.groups_per_iter):
@@ -325,11 +339,13 @@ def train(cfg: TrainConfig, out_dir: str | Path, verbose: bool = False) -> dict[
                                       gamma=cfg.gamma, options={"fault_seed": k})
                     rec["trajectory_id"], rec["group_id"] = f"{group_id}-e{k}", group_id
                     batch.append(rec)
-            upd = update(policy, opt, batch, cfg, step=it, version=version)
-            save_checkpoint(policy, out / "checkpoints" / f"v{version + 1}.safetensors", version + 1,
-                            tok.tokenizer_id)
+            upds = []
+            for e in range(cfg.epochs):  # one optimizer step per epoch, a checkpoint per resulting version
+                upds.append(update(policy, opt, batch, cfg, step=version + e, version=version + e, epoch=e))
+                save_checkpoint(policy, out / "checkpoints" / f"v{version + e + 1}.safetensors", version + e + 1,
+                                tok.tokenizer_id)
             traj_w.write(to_table(batch, "trajectories"))  # one row group per collection round
-            upd_w.write(to_table([upd], "updates"))
+            upd_w.write(to_table(upds, "updates"))
             for r in batch:
                 stops[r["stop_reason"]] = stops.get(r["stop_reason"], 0) + 1
             if verbose and (it % 10 == 0 or it == cfg.iterations - 1):
@@ -347,7 +363,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, verbose: bool = False) -> dict[
     }
     return {"seed": cfg.seed, "config": asdict(cfg), "train_seconds": train_seconds,
             "total_seconds": time.perf_counter() - t0, "evaluation": evaluation, "episodes": sum(stops.values()),
-            "stop_reasons": stops, "final_version": cfg.iterations, "out_dir": str(out)}
+            "stop_reasons": stops, "final_version": cfg.iterations * cfg.epochs, "out_dir": str(out)}
 
 
 def run_profile(profile: str, out_dir: str | Path, seed: int = 0) -> dict[str, Any]:

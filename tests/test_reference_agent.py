@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 from safetensors.torch import load_file  # noqa: E402
 
 from reference_agent.env import (ACTIONS, ALL_OBSERVATIONS, OBS_CLUE, OBS_JAMMED, OBS_NO_KEY,  # noqa: E402
-                                 OBS_NOTE_GONE, OBS_OPENS, OBS_RESET, OBS_TAKE, OBS_TIME_UP, KeyDoorEnv,
+                                 OBS_NOTE_GONE, OBS_OPENS, OBS_RESET, OBS_STUCK, OBS_TAKE, OBS_TIME_UP, KeyDoorEnv,
                                  controller_mask, potential, task_from_seed)
 from reference_agent.policy import (PolicyConfig, RecurrentActorCritic, decoding_distribution,  # noqa: E402
                                     load_checkpoint)
@@ -48,7 +48,7 @@ def test_reset_is_reproducible_and_seed_names_the_task() -> None:
 
 def test_success_path_transitions_and_reward() -> None:
     env = KeyDoorEnv()
-    obs, info = env.reset(3, {"target": "blue", "budget": 5})
+    obs, info = env.reset(3, {"target": "blue", "budget": 5, "stuck": False})
     assert obs == OBS_RESET and "blue" not in obs.replace("a blue key", "").replace("a blue door", "")
     assert env.step("inspect")[0] == OBS_CLUE.format(colour="blue")
     assert env.step("inspect")[0] == OBS_NOTE_GONE  # the clue is shown once
@@ -65,7 +65,7 @@ def test_success_path_transitions_and_reward() -> None:
 
 def test_failures_wrong_key_no_key_budget_and_early_finish() -> None:
     env = KeyDoorEnv()
-    env.reset(0, {"target": "red", "budget": 5})
+    env.reset(0, {"target": "red", "budget": 5, "stuck": False})
     assert env.step("open_red")[0] == OBS_NO_KEY
     env.step("pickup_blue")
     obs, r, term, _, info = env.step("open_blue")  # the blue door opens, but it is not the target
@@ -85,6 +85,14 @@ def test_failures_wrong_key_no_key_budget_and_early_finish() -> None:
 
     env.reset(0)
     assert env.step("finish")[1:3] == (0.0, True)
+
+
+def test_stuck_door_opens_on_second_try() -> None:
+    env = KeyDoorEnv()
+    env.reset(0, {"target": "red", "budget": 5, "stuck": True})
+    env.step("pickup_red")
+    assert env.step("open_red")[0] == OBS_STUCK
+    assert env.step("open_red")[0] == OBS_OPENS
 
 
 def test_infra_failure_leaves_state_unchanged() -> None:
@@ -165,8 +173,9 @@ def _updates(out: Path) -> list[dict]:
 def test_log_files_checkpoints_and_metadata(run_dir: Path) -> None:
     meta = pq.read_schema(run_dir / "trajectories" / "part-0000.parquet").metadata
     assert meta[b"rollout_log.schema_version"] == b"1" and meta[b"rollout_log.kind"] == b"trajectories"
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [f"v{i}.safetensors" for i in range(4)]
-    assert load_checkpoint(run_dir / "checkpoints" / "v3.safetensors").cfg.vocab_size == Tokenizer().vocab_size
+    n = TEST_CFG.iterations * TEST_CFG.epochs + 1
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == sorted(f"v{i}.safetensors" for i in range(n))
+    assert load_checkpoint(run_dir / "checkpoints" / f"v{n - 1}.safetensors").cfg.vocab_size == Tokenizer().vocab_size
 
 
 def test_token_provenance_mask_and_context(run_dir: Path) -> None:
@@ -274,9 +283,11 @@ def test_shaping_telescopes_and_td_identity(run_dir: Path) -> None:
 def test_update_records_denominator_and_grpo(run_dir: Path) -> None:
     rows = {r["trajectory_id"]: r for r in _rows(run_dir)}
     for u in _updates(run_dir):
-        assert u["reduction"] == "token" and u["advantage_estimator"] == "grpo" and u["max_policy_lag"] == 0
+        assert u["reduction"] == "token" and u["advantage_estimator"] == "grpo"
+        assert u["max_policy_lag"] == TEST_CFG.epochs - 1 and u["update_step"] == u["trainer_version"]
         assert u["loss_denominator"] == sum(rows[t]["num_trainable_tokens"] for t in u["trajectory_ids"])
-        assert all(rows[t]["turns"][0]["policy_version"] == u["trainer_version"] for t in u["trajectory_ids"])
+        lags = {u["trainer_version"] - rows[t]["turns"][0]["policy_version"] for t in u["trajectory_ids"]}
+        assert len(lags) == 1 and 0 <= lags.pop() <= u["max_policy_lag"]
         groups: dict[str, list[int]] = {}
         for k, tid in enumerate(u["trajectory_ids"]):
             groups.setdefault(rows[tid]["group_id"], []).append(k)
@@ -294,7 +305,7 @@ def test_same_seed_same_log(run_dir: Path, tmp_path: Path) -> None:
 
     assert strip(_rows(run_dir)) == strip(_rows(tmp_path))
     assert _updates(run_dir) == _updates(tmp_path)
-    for name in ("v0.safetensors", "v3.safetensors"):
+    for name in ("v0.safetensors", f"v{TEST_CFG.iterations * TEST_CFG.epochs}.safetensors"):
         a, b = load_file(str(run_dir / "checkpoints" / name)), load_file(str(tmp_path / "checkpoints" / name))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
