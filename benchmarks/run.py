@@ -6,7 +6,8 @@ For each size, in one run (logs generated under benchmarks/data/ when absent):
 
 - floor: `pyarrow.parquet.read_table(files, columns=<columns the audit reads>)` over the same
   trajectory files, files warm in the page cache (one untimed read first), median of N;
-- audit: `rollout_audit.audit(path)` with the default configuration, median of N. Floor and
+- audit: the audit `rollout-audit check PATH` runs (`cli_audit` below: default configuration,
+  allocator tuning on, as in the CLI), median of N. Floor and
   audit run interleaved in one fresh subprocess (imports, including pandera, and one warm-up
   audit done before the clock starts), so load from other processes hits both alike; wall
   and CPU (process_time) seconds are both recorded;
@@ -94,11 +95,17 @@ def _imports() -> float:
     return _vmhwm_mb()
 
 
+def cli_audit(path: str):
+    """The audit exactly as `rollout-audit check PATH` runs it."""
+    from rollout_audit.engine import run_audit
+    from rollout_audit.io import discover
+    return run_audit(discover([path]), tune_allocator=True)
+
+
 def _child_rss(path: str) -> None:
     """Subprocess: one audit and nothing else, for its peak RSS."""
-    import rollout_audit
     rss_import = _imports()
-    rep = rollout_audit.audit(path)
+    rep = cli_audit(path)
     print(json.dumps({
         "peak_rss_mb": _vmhwm_mb(), "rss_after_import_mb": rss_import,
         "ru_maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -110,15 +117,14 @@ def _child_rss(path: str) -> None:
 def _child_time(path: str, repeat: int) -> None:
     """Subprocess: floor read and audit interleaved `repeat` times (so that load from other
     processes on the machine hits both alike); wall and CPU seconds of each."""
-    import rollout_audit
     _imports()
     files = trajectory_files(Path(path))
     cols = audited_columns()
     pq.read_table(files, columns=cols)  # warm the page cache
-    rollout_audit.audit(path)           # warm lazy imports and caches
+    cli_audit(path)                     # warm lazy imports and caches
     out = {"floor": [], "audit": [], "floor_cpu": [], "audit_cpu": []}
     for _ in range(repeat):
-        for key, fn in (("floor", lambda: pq.read_table(files, columns=cols)), ("audit", lambda: rollout_audit.audit(path))):
+        for key, fn in (("floor", lambda: pq.read_table(files, columns=cols)), ("audit", lambda: cli_audit(path))):
             c0, t0 = time.process_time(), time.perf_counter()
             res = fn()
             out[key].append(time.perf_counter() - t0)
@@ -216,7 +222,6 @@ def naive_time(files: list[str], cols: list[str], subset: int) -> tuple[float, i
 
 
 def check_identical(path: Path) -> str:
-    import polars as pl
     from rollout_audit.engine import run_audit
     from rollout_audit.io import Discovery, discover
 

@@ -20,8 +20,6 @@ from .registry import NotRun, Rule, all_rules, selected
 from .report import FINDING_SCHEMA, Report, build_report
 
 _PREFETCH = not os.environ.get("ROLLOUT_AUDIT_NO_THREADS")  # read ahead on a background thread
-_WARM = int(os.environ.get("ROLLOUT_AUDIT_WARM", "0"))  # 0: read only, 1: + token arrays, 2: + aggregates
-_WARM_MORE = _WARM >= 2
 _DEBUG = bool(os.environ.get("ROLLOUT_AUDIT_DEBUG"))  # re-raise check crashes (tests set this)
 
 
@@ -281,10 +279,16 @@ def _read_updates(files: list[LogFile], broken: list) -> tuple[pl.DataFrame | No
 
 def run_audit(disc: Discovery, cfg: Config | None = None, select: Sequence[str] | None = None,
               ignore: Sequence[str] | None = None, batch_rows: int = 4096,
-              tables: tuple[pa.Table | None, pa.Table | None] | None = None) -> Report:
-    """Audit discovered files (or in-memory `tables` = (trajectories, updates))."""
+              tables: tuple[pa.Table | None, pa.Table | None] | None = None,
+              tune_allocator: bool = False) -> Report:
+    """Audit discovered files (or in-memory `tables` = (trajectories, updates)).
+
+    `tune_allocator` (the CLI sets it) changes glibc's process-wide allocator settings for
+    speed; a library caller's process is left alone by default.
+    """
     cfg = cfg or Config()
-    _tune_allocator()
+    if tune_allocator:
+        _tune_allocator()
     run = _Run(cfg, select, ignore)
     run.broken = list(disc.broken)
     batch_rules = [r for r in run.rules.values() if r.scope == "batch"]
@@ -294,7 +298,7 @@ def run_audit(disc: Discovery, cfg: Config | None = None, select: Sequence[str] 
         files = disc.of_kind("trajectories")
         batches = _batches(files, run, batch_rows)
         if _PREFETCH:
-            batches = _prefetch(batches, _warm if _WARM else None)
+            batches = _prefetch(batches)
         updates, update_files = _read_updates(disc.of_kind("updates"), run.broken)
     else:
         files = []
@@ -319,7 +323,8 @@ def run_audit(disc: Discovery, cfg: Config | None = None, select: Sequence[str] 
         if progress is not None:
             progress.stop()
     del batches
-    _release_memory()  # the batches' buffers go back to the OS before the log checks allocate
+    if tune_allocator:
+        _release_memory()  # the batches' buffers go back to the OS before the log checks allocate
     traj = pl.concat(summaries, how="diagonal_relaxed", rechunk=False) if summaries else pl.DataFrame()
     del summaries
     view = LogView(traj, updates, run.broken, update_files, run.stats)
@@ -353,46 +358,26 @@ def _tune_allocator() -> None:
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 512 * 2**20)  # M_MMAP_THRESHOLD
         libc.mallopt(-1, 1024 * 2**20)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        pass
+    except (OSError, AttributeError):  # not glibc: keep the platform's defaults
+        return
 
 
 def _release_memory() -> None:
     """Return memory the allocators keep for reuse (glibc heap, Arrow's pool) to the OS."""
-    try:
-        pa.default_memory_pool().release_unused()
-    except Exception:  # noqa: BLE001 - an optimisation only
-        pass
+    pa.default_memory_pool().release_unused()
     if sys.platform.startswith("linux") and not os.environ.get("ROLLOUT_AUDIT_NO_MALLOPT"):
         try:
             import ctypes
             ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):
-            pass
-
-
-def _warm(b: Batch) -> None:
-    """Work done on the reader thread while the checks run on the previous batch: the Arrow
-    and numpy parts of the shared aggregates (they release the GIL for most of their time)."""
-    if b.n and "token_source" in b.columns:
-        b.ok
-        if b.ok.any():
-            b.tokens
-            b.lp_state
-            if _WARM_MORE:
-                b.stats
-            if "turns" in b.columns:
-                b.turn_key
-                if _WARM_MORE:
-                    b.policy_by_turn
-                    b.turns
+        except (OSError, AttributeError):  # not glibc: nothing to trim
+            return
 
 
 _DONE = object()
 
 
-def _prefetch(items: Iterator[Batch], warm=None, depth: int = 1) -> Iterator[Batch]:
-    """Yield from `items`, produced (read, decoded, warmed) on a background thread up to
+def _prefetch(items: Iterator[Batch], depth: int = 1) -> Iterator[Batch]:
+    """Yield from `items`, produced (read and decoded) on a background thread up to
     `depth` batches ahead, so that reading row group i+1 overlaps the checks of batch i."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
@@ -409,11 +394,6 @@ def _prefetch(items: Iterator[Batch], warm=None, depth: int = 1) -> Iterator[Bat
     def produce() -> None:
         try:
             for b in items:
-                if warm is not None:
-                    try:
-                        warm(b)
-                    except Exception:  # noqa: BLE001 - the checks meet (and report) it again
-                        pass
                 if not put(b):
                     return
             put(_DONE)
