@@ -54,7 +54,7 @@ class TrainConfig:
     eval_budget: int = 5
     infra_failure_rate: float = 0.01
     value_coef: float = 0.5
-    entropy_coef: float = 0.1
+    entropy_coef: float = 0.1  # linearly annealed to 0 over the run
     epochs: int = 4  # optimizer steps per collection round (PPO-style reuse; policy lag up to epochs − 1)
     clip: float = 0.2
     embed_dim: int = 32
@@ -224,7 +224,7 @@ def grpo_advantages(rewards: list[float]) -> list[float]:
 
 
 def update(policy: RecurrentActorCritic, opt: torch.optim.Optimizer, records: list[dict[str, Any]],
-           cfg: TrainConfig, step: int, version: int, epoch: int) -> dict[str, Any]:
+           cfg: TrainConfig, step: int, version: int, epoch: int, progress: float = 0.0) -> dict[str, Any]:
     """One optimizer step (PPO-clipped, GRPO advantages) on the included episodes; returns its update record.
 
     epoch e of a collection round starts from version v+e while the data came from v: policy lag e,
@@ -281,7 +281,8 @@ def update(policy: RecurrentActorCritic, opt: torch.optim.Optimizer, records: li
     support = torch.isfinite(logp)
     safe_logp = logp.masked_fill(~support, 0.0)  # avoids 0 · (−inf) = NaN in the backward pass
     entropy = -(safe_logp.exp() * safe_logp * support).sum(-1).mean()
-    loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy
+    entropy_coef = cfg.entropy_coef * (1.0 - progress)  # annealed to 0: explore early, sharpen at the end
+    loss = policy_loss + cfg.value_coef * value_loss - entropy_coef * entropy
     opt.zero_grad()
     loss.backward()
     torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
@@ -346,7 +347,8 @@ def train(cfg: TrainConfig, out_dir: str | Path, verbose: bool = False) -> dict[
                     batch.append(rec)
             upds = []
             for e in range(cfg.epochs):  # one optimizer step per epoch, a checkpoint per resulting version
-                upds.append(update(policy, opt, batch, cfg, step=version + e, version=version + e, epoch=e))
+                upds.append(update(policy, opt, batch, cfg, step=version + e, version=version + e, epoch=e,
+                                   progress=it / cfg.iterations))
                 save_checkpoint(policy, out / "checkpoints" / f"v{version + e + 1}.safetensors", version + e + 1,
                                 tok.tokenizer_id)
             traj_w.write(to_table(batch, "trajectories"))  # one row group per collection round
