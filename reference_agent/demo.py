@@ -30,6 +30,10 @@ def format_table(result: dict[str, Any]) -> str:
             else:
                 cells.append(f"{result['evaluation'][key][colour]:.3f}")
         lines.append(f"{label:<44}{cells[0]:>16}{cells[1]:>16}")
+    for run in result.get("runs", []):  # full profile: every seed, so a failed seed is visible
+        ev = run["evaluation"]
+        lines.append(f"  seed {run['seed']}: trained red {ev['trained']['red']:.2f} blue {ev['trained']['blue']:.2f}, "
+                     f"no-memory red {ev['no_memory']['red']:.2f} blue {ev['no_memory']['blue']:.2f}")
     if "stop_reasons" in result:
         lines.append("stop reasons: " + ", ".join(f"{k}={v}" for k, v in sorted(result["stop_reasons"].items())))
     return "\n".join(lines)
