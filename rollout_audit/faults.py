@@ -367,7 +367,10 @@ def td_terminal_value_zeroed(ctx: _Ctx) -> list[str]:
 @fault("return_without_shaping", {"R407"})
 def return_without_shaping(ctx: _Ctx) -> list[str]:
     """discounted_return logged from environment rewards only, without the shaping terms."""
-    t = ctx.pick(lambda t: abs(sum(tr["shaping"] for tr in t["turns"])) > 1e-3)
+    def shaped(t: dict) -> float:  # Σγ^t F_t: zero when Φ(s_0) = Φ(s_T) = 0, and then the bug is invisible
+        g = t.get("gamma") or 1.0
+        return sum(g ** i * tr["shaping"] for i, tr in enumerate(t["turns"]))
+    t = ctx.pick(lambda t: abs(shaped(t)) > 1e-3, "trajectory whose shaping does not cancel")
     g = t.get("gamma") or 1.0
     t["discounted_return"] = sum(g ** i * tr["reward"] for i, tr in enumerate(t["turns"]))
     return [t["trajectory_id"]]
@@ -431,13 +434,15 @@ def policy_version_decreasing(ctx: _Ctx) -> list[str]:
 
 @fault("stale_batch_beyond_lag", {"P503"})
 def stale_batch_beyond_lag(ctx: _Ctx) -> list[str]:
-    """A trajectory sampled one version ago entered an update that promised lag 0."""
-    u = max(ctx.updates, key=lambda u: u["trainer_version"])
-    if u["trainer_version"] < 1 or not u["trajectory_ids"]:
-        raise ValueError("the log has no update after version 0 this fault can break")
+    """A trajectory sampled one version too many ago entered an update (its lag exceeds the
+    bound the update promised)."""
+    ups = [u for u in ctx.updates if u["trajectory_ids"] and u["trainer_version"] >= (u.get("max_policy_lag") or 0) + 1]
+    if not ups:
+        raise ValueError("the log has no update late enough for this fault")
+    u = max(ups, key=lambda u: u["trainer_version"])
     tid = ctx.rng.choice(u["trajectory_ids"])
     for tr in ctx.by_id[tid]["turns"]:
-        tr["policy_version"] = u["trainer_version"] - 1
+        tr["policy_version"] = u["trainer_version"] - (u.get("max_policy_lag") or 0) - 1
     return [tid]
 
 

@@ -1,0 +1,118 @@
+"""The committed fixtures: a small compliant log from the reference agent and one broken log
+per named fault, with a manifest of the codes each must raise.
+
+    python -m rollout_audit.fixtures            # regenerate fixtures/ (needs the agent extra)
+    python -m rollout_audit.fixtures --check    # exit 1 if the committed fixtures drift
+
+Measured columns (wall-clock and latencies) are excluded from the drift comparison; floats
+compare to 1e-6, everything else exactly.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+MEASURED = {"wall_clock_s", "latency_s", "tool_latency_s"}
+FIXTURE_SEED = 0
+
+
+def agent_log(out: Path) -> None:
+    """Train the reference agent's fixture profile into `out` (trajectories/, updates/)."""
+    from reference_agent.train import PROFILES, train
+
+    work = Path(tempfile.mkdtemp())
+    try:
+        train(replace(PROFILES["fixture"], seed=FIXTURE_SEED), work)
+        for sub in ("trajectories", "updates"):
+            shutil.copytree(work / sub, out / sub)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def generate(root: Path) -> dict:
+    """Write compliant/, broken/<fault>/ and manifest.json under `root`; returns the manifest."""
+    from .faults import FAULTS, apply, read_records, write_records
+
+    if root.exists():
+        shutil.rmtree(root / "compliant", ignore_errors=True)
+        shutil.rmtree(root / "broken", ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    agent_log(root / "compliant")
+    trajs, ups = read_records(root / "compliant")
+    manifest = {"source": "reference agent, profile 'fixture', seed 0", "compliant": "compliant", "faults": {}}
+    for name, f in FAULTS.items():
+        (bt, bu), touched = apply(name, trajs, ups, seed=FIXTURE_SEED)
+        write_records(root / "broken" / name, bt, bu, corrupt=f.file_level)
+        manifest["faults"][name] = {"codes": sorted(f.codes), "touched": touched, "config": f.config,
+                                    "description": f.description}
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+def _rows(path: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    out = []
+    for f in sorted(path.rglob("*.parquet")):
+        try:
+            out += pq.read_table(f).to_pylist()
+        except Exception:  # noqa: BLE001 - a deliberately corrupt fixture: compare its bytes' length
+            out.append({"corrupt_file": f.relative_to(path).as_posix()})
+    return out
+
+
+def _same(a, b, key: str = "") -> bool:
+    if key in MEASURED:
+        return True
+    if isinstance(a, float) and isinstance(b, float):
+        return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k], k) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y, key) for x, y in zip(a, b))
+    return a == b
+
+
+def drift(committed: Path, fresh: Path) -> list[str]:
+    """Differences between two fixture trees (file sets, manifest, record contents)."""
+    problems = []
+    files = lambda r: sorted(p.relative_to(r).as_posix() for p in r.rglob("*") if p.is_file())  # noqa: E731
+    if files(committed) != files(fresh):
+        problems.append(f"file sets differ: {sorted(set(files(committed)) ^ set(files(fresh)))[:10]}")
+    if (committed / "manifest.json").read_text() != (fresh / "manifest.json").read_text():
+        problems.append("manifest.json differs")
+    for d in sorted({p.parent for p in fresh.rglob("*.parquet")}):
+        rel = d.relative_to(fresh)
+        if not _same(_rows(committed / rel), _rows(d)):
+            problems.append(f"{rel}: records differ")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="compare a fresh generation with the committed fixtures")
+    ap.add_argument("--out", type=Path, default=FIXTURES)
+    args = ap.parse_args(argv)
+    if not args.check:
+        m = generate(args.out)
+        print(f"wrote {args.out}: compliant log and {len(m['faults'])} broken logs")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(Path(tmp))
+        problems = drift(args.out, Path(tmp))
+    for p in problems:
+        print(p)
+    print("fixtures up to date" if not problems else f"{len(problems)} difference(s): regenerate with "
+          "`python -m rollout_audit.fixtures`")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
