@@ -54,7 +54,9 @@ def main() -> None:
 @click.option("--show-all", is_flag=True, help="Text format: show every finding, not a sample per code.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
               help="Write the report to this file instead of stdout.")
-def check(paths, select, ignore, fmt, config_path, strict, show_all, output) -> None:
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Batches checked at once (2: ~15% faster, one more batch in memory).")
+def check(paths, select, ignore, fmt, config_path, strict, show_all, output, workers) -> None:
     """Audit the log at PATHS (Parquet files or directories). Exit 1 blocks training."""
     from .config import load_config
     from .engine import run_audit
@@ -70,7 +72,7 @@ def check(paths, select, ignore, fmt, config_path, strict, show_all, output) -> 
     resolved = {str(p) for p in paths}
     if output and any(str(output) == p or str(output).startswith(p.rstrip("/") + "/") for p in resolved):
         _fail("--output must not be inside the audited log (the tool never writes to its input)")
-    rep = run_audit(discover(paths), cfg, sel or None, ign or None, tune_allocator=True)
+    rep = run_audit(discover(paths), cfg, sel or None, ign or None, tune_allocator=True, workers=workers)
     text = rep.render(fmt, limit=None if show_all else cfg.max_examples)
     if output:
         with open(output, "w") as fh:

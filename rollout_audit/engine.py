@@ -158,6 +158,7 @@ class _Run:
         self.rows = 0
         self.tokens = 0
         self.stats: dict = {}
+        self._lock = threading.Lock()
 
     def needed_columns(self) -> list[str]:
         cols = {"trajectory_id", *S.required("trajectories")}
@@ -188,30 +189,34 @@ class _Run:
                 cols.update(_TURN_AGGREGATES[q] for q in r.requires if q in _TURN_AGGREGATES)
         return frozenset(cols)
 
+    def _skip(self, code: str, why: str) -> None:
+        with self._lock:
+            reasons = self.skipped.setdefault(code, {})
+            reasons[why] = reasons.get(why, 0) + 1
+
     def apply(self, rule: Rule, target, file: str | None) -> None:
+        """Run one rule on a batch or the log view; record findings, or why it did not run.
+        Safe to call from several threads at once."""
         missing = [q for q in rule.requires if not target.has(q)]
         if missing:
-            why = f"{'column' if len(missing) == 1 else 'columns'} {', '.join(missing)} absent"
-            self.skipped.setdefault(rule.code, {}).setdefault(why, 0)
-            self.skipped[rule.code][why] += 1
+            self._skip(rule.code, f"{'column' if len(missing) == 1 else 'columns'} {', '.join(missing)} absent")
             return
         try:
             out = rule.func(target, self.cfg)
         except NotRun as e:  # the check itself says why it cannot run (e.g. needs configuration)
-            self.skipped.setdefault(rule.code, {}).setdefault(str(e), 0)
-            self.skipped[rule.code][str(e)] += 1
+            self._skip(rule.code, str(e))
             return
         except Exception as e:  # a check must never turn bad data into a traceback
             if _DEBUG:
                 raise
-            why = f"check failed on this input: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            self.skipped.setdefault(rule.code, {}).setdefault(why, 0)
-            self.skipped[rule.code][why] += 1
+            self._skip(rule.code, f"check failed on this input: {type(e).__name__}: "
+                                  f"{str(e).splitlines()[0] if str(e) else ''}")
             return
-        self.ran[rule.code] = self.ran.get(rule.code, 0) + 1
         norm = _normalise(out, rule, file)
-        if norm is not None:
-            self.findings.append(norm)
+        with self._lock:
+            self.ran[rule.code] = self.ran.get(rule.code, 0) + 1
+            if norm is not None:
+                self.findings.append(norm)
 
     def not_run(self) -> dict[str, str]:
         out = {}
@@ -278,13 +283,15 @@ def _read_updates(files: list[LogFile], broken: list) -> tuple[pl.DataFrame | No
 
 
 def run_audit(disc: Discovery, cfg: Config | None = None, select: Sequence[str] | None = None,
-              ignore: Sequence[str] | None = None, batch_rows: int = 4096,
+              ignore: Sequence[str] | None = None, batch_rows: int = 2048,
               tables: tuple[pa.Table | None, pa.Table | None] | None = None,
-              tune_allocator: bool = False) -> Report:
+              tune_allocator: bool = False, workers: int = 1) -> Report:
     """Audit discovered files (or in-memory `tables` = (trajectories, updates)).
 
     `tune_allocator` (the CLI sets it) changes glibc's process-wide allocator settings for
-    speed; a library caller's process is left alone by default.
+    speed; a library caller's process is left alone by default. `workers` batches are checked
+    at once on threads (polars, Arrow and most numpy kernels release the GIL): 2 is about 15%
+    faster and holds one more batch in memory. Reading always runs one batch ahead.
     """
     cfg = cfg or Config()
     if tune_allocator:
@@ -307,18 +314,24 @@ def run_audit(disc: Discovery, cfg: Config | None = None, select: Sequence[str] 
         update_files = []
     sum_cols = run.summary_columns()
     progress = _progress(files)
+
+    def check(b: Batch) -> tuple[int, int, pl.DataFrame | None]:
+        """Every batch rule on one batch; returns rows, tokens and the batch's summary."""
+        n, tokens = b.n, (int(b.tokens.row.size) if b.ok.any() else 0)
+        for r in batch_rules:
+            run.apply(r, b, b.file)
+        summary = b.summary(sum_cols) if log_rules else None
+        b.release()
+        return n, tokens, summary
+
     try:
-        for b in batches:
-            run.rows += b.n
-            if b.ok.any():
-                run.tokens += int(b.tokens.row.size)
-            for r in batch_rules:
-                run.apply(r, b, b.file)
-            if log_rules:
-                summaries.append(b.summary(sum_cols))
+        for n, tokens, summary in _map_ordered(check, batches, workers):
+            run.rows += n
+            run.tokens += tokens
+            if summary is not None:
+                summaries.append(summary)
             if progress is not None:
-                progress.advance(b.n)
-            b.release()
+                progress.advance(n)
     finally:
         if progress is not None:
             progress.stop()
@@ -371,6 +384,24 @@ def _release_memory() -> None:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
         except (OSError, AttributeError):  # not glibc: nothing to trim
             return
+
+
+def _map_ordered(func, items: Iterable, workers: int) -> Iterator:
+    """`map(func, items)` with up to `workers` calls in flight on threads, results in order."""
+    if workers <= 1:
+        yield from map(func, items)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="rollout-audit-check") as ex:
+        pending: deque = deque()
+        for x in items:
+            pending.append(ex.submit(func, x))
+            while len(pending) >= workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 _DONE = object()

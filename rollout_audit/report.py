@@ -60,7 +60,8 @@ class Report:
 
 def _sort(findings: pl.DataFrame) -> pl.DataFrame:
     return findings.with_columns(pl.col("severity").replace_strict(SEVERITY_ORDER, return_dtype=pl.Int8).alias("_s")) \
-        .sort(["_s", "code", "file", "trajectory_id", "turn", "position"], nulls_last=True, maintain_order=True) \
+        .sort(["_s", "code", "file", "trajectory_id", "turn", "position", "message"], nulls_last=True,
+              maintain_order=True) \
         .drop("_s")
 
 
