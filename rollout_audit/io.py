@@ -47,13 +47,18 @@ def _parquet_paths(path: Path) -> list[Path]:
 
 
 def _kind_of(path: Path, pschema: pa.Schema) -> str:
+    """`trajectories` or `updates` from the file's metadata, else from its folder and columns;
+    `unknown` for a file without metadata that has fewer than half the required columns of
+    either kind (some other Parquet file that happens to lie in the log's directory)."""
     meta = pschema.metadata or {}
     kind = meta.get(S.META_KIND)
     if kind in (b"trajectories", b"updates"):
         return kind.decode()
-    if "updates" in path.parts[:-1] or "update_step" in pschema.names:
-        return "updates"
-    return "trajectories"
+    names = set(pschema.names)
+    share = {k: len(names & set(S.required(k))) / len(S.required(k)) for k in ("trajectories", "updates")}
+    if "updates" in path.parts[:-1] or "update_step" in names:
+        return "updates" if share["updates"] >= 0.5 or "updates" in path.parts[:-1] else "unknown"
+    return "trajectories" if share["trajectories"] >= 0.5 else "unknown"
 
 
 def discover(paths: Sequence[str | os.PathLike]) -> Discovery:
@@ -73,8 +78,12 @@ def discover(paths: Sequence[str | os.PathLike]) -> Discovery:
             try:
                 pf = pq.ParquetFile(f)
                 sch = pf.schema_arrow
-                out.files.append(LogFile(str(f), _kind_of(f, sch), sch, pf.metadata.num_rows,
-                                         pf.metadata.num_row_groups))
+                kind = _kind_of(f, sch)
+                if kind == "unknown":
+                    out.broken.append((str(f), "not a rollout log file: no rollout_log.kind metadata and too few "
+                                               "of the contract's required columns (see `rollout-audit schema`)"))
+                    continue
+                out.files.append(LogFile(str(f), kind, sch, pf.metadata.num_rows, pf.metadata.num_row_groups))
             except Exception as e:  # any footer error means the file is unusable
                 out.broken.append((str(f), _one_line(e)))
     return out

@@ -205,3 +205,14 @@ def test_in_memory_audit_of_arrow_and_polars(records):
     for src in (table, pl.from_arrow(table)):
         rep = ra.audit(src, ra.io.records_to_table(ups, "updates"))
         assert rep.ok and rep.count("warning") == 0
+
+
+def test_foreign_parquet_file_is_reported_once_not_as_33_missing_columns(tmp_path, records):
+    root = write_log(tmp_path / "log", *records)
+    pq.write_table(pa.table({"a": [1, 2, 3]}), root / "metrics.parquet")
+    rep = ra.audit(root)
+    s005 = rep.findings.filter(pl.col("code") == "S005")
+    assert s005["file"].to_list() == [str(root / "metrics.parquet")]
+    assert "not a rollout log file" in s005["message"][0]
+    assert "S001" not in rep.codes()
+    assert rep.summary["rows_read"] == len(records[0])  # the log itself is audited
