@@ -198,6 +198,9 @@ class _Run:
         """Run one rule on a batch or the log view; record findings, or why it did not run.
         Safe to call from several threads at once."""
         missing = [q for q in rule.requires if not target.has(q)]
+        if "updates" in missing:
+            self._skip(rule.code, "the log has no update records")
+            return
         if missing:
             self._skip(rule.code, f"{'column' if len(missing) == 1 else 'columns'} {', '.join(missing)} absent")
             return
