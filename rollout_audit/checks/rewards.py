@@ -8,6 +8,7 @@ column or the value is absent). Sums over turns are computed per trajectory with
 """
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from ..batch import Batch
@@ -27,21 +28,17 @@ def _off(found: pl.Expr, expected: pl.Expr, cfg) -> pl.Expr:
     return (~((found - expected).abs() <= cfg.atol + cfg.rtol * expected.abs())).fill_null(False)
 
 
-def _gamma(b: Batch) -> pl.DataFrame:
-    """Per trajectory: `_row`, `_gamma` (1.0 when absent or null), `_T` (number of turns)."""
-    g = pl.col("gamma").cast(pl.Float64).fill_null(1.0) if "gamma" in b.traj.columns else pl.lit(1.0)
-    return b.traj.select("_row", g.alias("_gamma"), pl.Series("_T", b.turn_counts))
-
-
 def _turns(b: Batch, *fields: str, traj: tuple[str, ...] = ()) -> pl.DataFrame:
-    """The turn frame restricted to `fields` (`shaping` only when recorded), with `_gamma`,
-    `_g_t` = γ^t and `_T` (turns in the trajectory), plus trajectory columns `traj`."""
-    g = _gamma(b)
-    if traj:
-        g = g.join(b.traj.select("_row", *traj), on="_row", how="left")
+    """The turn frame restricted to `fields` (`shaping` only when recorded), with `_gamma`
+    (1.0 when absent or null), `_g_t` = γ^t and `_T` (turns in the trajectory), plus
+    trajectory columns `traj` (gathered by `_row`, the turn's position in the batch)."""
+    rows = b.turns["_row"]
+    gamma = (b.traj["gamma"].cast(pl.Float64).fill_null(1.0) if "gamma" in b.traj.columns
+             else pl.Series(np.ones(b.n)))
+    per_traj = [gamma.gather(rows).alias("_gamma"), pl.Series("_T", b.turn_counts).gather(rows)]
+    per_traj += [b.traj[c].gather(rows) for c in traj]
     fields = tuple(dict.fromkeys(f for f in fields if f in b.turns.columns or f != "shaping"))
-    return (b.turns.select("_row", "_t", "trajectory_id", *fields)
-            .join(g, on="_row", how="left")
+    return (b.turns.select("_row", "_t", "trajectory_id", *fields).with_columns(per_traj)
             .with_columns(_G.pow(pl.col("_t")).alias("_g_t")))
 
 
