@@ -337,7 +337,7 @@ class Batch:
         to `columns` when given (the engine passes what the selected log checks read)."""
         base = self.traj
         df = base.select([c for c in base.columns if columns is None or c in columns or c == "_row"]).with_columns(
-            pl.lit(self.file).alias("file"), (pl.col("_row") + self.first_row).alias("_row"),
+            pl.lit(self.file, dtype=pl.Categorical).alias("file"), (pl.col("_row") + self.first_row).alias("_row"),
             pl.Series("ok", self.ok), pl.Series("n_turns", self.turn_counts))
         per_turn = ("pv_min", "pv_max", "n_versions", "n_turns_trainable")
         if columns is None or any(c in columns for c in per_turn):

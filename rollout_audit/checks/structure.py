@@ -121,7 +121,7 @@ def duplicate_ids(log, cfg) -> pl.DataFrame | None:
     across the whole log (e.g. prefix with the collector run and worker).
     """
     t = log.traj.filter(pl.col("trajectory_id").is_not_null())
-    dup = (t.group_by("trajectory_id").agg(pl.len().alias("n"), pl.col("file").unique().sort().alias("files"),
+    dup = (t.group_by("trajectory_id").agg(pl.len().alias("n"), pl.col("file").cast(pl.String).unique().sort().alias("files"),
                                            pl.col("file").first())
            .filter(pl.col("n") > 1))
     if dup.is_empty():
