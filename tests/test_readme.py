@@ -1,0 +1,25 @@
+"""The README's library snippet runs and its configuration example loads."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from rollout_audit.config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def test_library_snippet_runs(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    code = re.search(r"```python\n(.*?)```", README, re.S).group(1)
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - our own README
+    assert scope["report"].ok
+
+
+def test_config_example_loads(tmp_path):
+    toml = re.search(r"```toml\n(.*?)```", README, re.S).group(1)
+    (tmp_path / "pyproject.toml").write_text(toml)
+    cfg = load_config(start=tmp_path)
+    assert cfg.ignore == ["R409"] and cfg.truncation == "exclude" and cfg.max_policy_lag == 1
