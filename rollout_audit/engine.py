@@ -32,6 +32,7 @@ class LogView:
     broken: list[tuple[str, str]]
     update_files: list[str] = field(default_factory=list)
     stats: dict = field(default_factory=dict)  # statistics a check wants in the JSON summary
+    cache: dict = field(default_factory=dict)  # frames several log checks share (built once per audit)
 
     def has(self, req: str) -> bool:
         if req == "updates":

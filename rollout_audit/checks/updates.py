@@ -7,17 +7,12 @@ per-trajectory summary of the log. Group statistics are polars `over()` windows 
 """
 from __future__ import annotations
 
-import weakref
-
 import polars as pl
 
 from ..registry import rule
 
 REDUCTIONS = ("token", "turn", "trajectory", "constant")
 ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "reinforce")
-
-_cache: tuple[weakref.ref, pl.DataFrame] | None = None
-
 
 def num(e: pl.Expr) -> pl.Expr:
     """A float rendered for a message: integers without '.0', others to 6 significant places."""
@@ -66,9 +61,8 @@ def members(log) -> pl.DataFrame:
     step/file/reduction/estimator, the recorded advantage `adv` and `_aligned` (the update's
     advantages list has one entry per trajectory id), `_in_log`, the member's
     summary columns and its group key `_g` (group_id, else task_id). Cached per LogView."""
-    global _cache
-    if _cache is not None and _cache[0]() is log:
-        return _cache[1]
+    if "update_members" in log.cache:
+        return log.cache["update_members"]
     u = _updates(log)
     head = ["_u", "update_step", "file", "reduction", "advantage_estimator"]
     aligned = (pl.col("advantages").list.len() == pl.col("trajectory_ids").list.len()).fill_null(False)
@@ -84,7 +78,7 @@ def members(log) -> pl.DataFrame:
          .join(t, on="trajectory_id", how="left")
          .with_columns(pl.col("_in_log").fill_null(False),
                        pl.coalesce("group_id", "task_id").alias("_g")))
-    _cache = (weakref.ref(log), m)
+    log.cache["update_members"] = m
     return m
 
 
