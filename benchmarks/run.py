@@ -99,7 +99,7 @@ def cli_audit(path: str):
     """The audit exactly as `rollout-audit check PATH` runs it."""
     from rollout_audit.engine import run_audit
     from rollout_audit.io import discover
-    return run_audit(discover([path]), tune_allocator=True)
+    return run_audit(discover([path]), tune=True)
 
 
 def _child_rss(path: str) -> None:
@@ -222,14 +222,14 @@ def naive_time(files: list[str], cols: list[str], subset: int) -> tuple[float, i
 
 
 def check_identical(path: Path) -> str:
-    from rollout_audit.engine import run_audit
+    from rollout_audit.engine import memory_discovery, run_audit
     from rollout_audit.io import Discovery, discover
 
     disc = discover([path])
     reports = {"streaming (row groups)": run_audit(disc), "streaming (batch_rows=1000)": run_audit(disc, batch_rows=1000)}
     traj = pa.concat_tables([pq.read_table(f.path) for f in disc.of_kind("trajectories")])
     upd = pa.concat_tables([pq.read_table(f.path) for f in disc.of_kind("updates")])
-    reports["in memory (one batch)"] = run_audit(Discovery(), batch_rows=10**9, tables=(traj, upd))
+    reports["in memory (one batch)"] = run_audit(memory_discovery(traj, upd), batch_rows=10**9)
 
     def norm(rep):
         f = rep.findings.drop("file")

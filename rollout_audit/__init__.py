@@ -14,8 +14,8 @@ import importlib
 __version__ = "0.1.0"
 _EXPORTS = {
     "Config": "config", "load_config": "config", "audit": "engine", "audit_tables": "engine",
-    "RolloutWriter": "io", "UsageError": "io", "Log": "log", "scan": "log", "RULES": "registry",
-    "all_rules": "registry", "Report": "report", "models": "models",
+    "RolloutWriter": "writer", "UsageError": "io", "Log": "log", "scan": "log", "RULES": "registry",
+    "all_rules": "registry", "ConfigError": "config", "records_to_table": "records", "Report": "report", "models": "models",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -72,7 +72,7 @@ def check(paths, select, ignore, fmt, config_path, strict, show_all, output, wor
     resolved = {str(p) for p in paths}
     if output and any(str(output) == p or str(output).startswith(p.rstrip("/") + "/") for p in resolved):
         _fail("--output must not be inside the audited log (the tool never writes to its input)")
-    rep = run_audit(discover(paths), cfg, sel or None, ign or None, tune_allocator=True, workers=workers)
+    rep = run_audit(discover(paths), cfg, sel or None, ign or None, tune=True, workers=workers)
     text = rep.render(fmt, limit=None if show_all else cfg.max_examples)
     if output:
         with open(output, "w") as fh:
@@ -167,7 +167,7 @@ def report(paths, output, config_path) -> None:
     for p in paths:
         if str(output).startswith(str(p).rstrip("/") + "/") or str(output) == str(p):
             _fail("--output must not be inside the audited log (the tool never writes to its input)")
-    rep = run_audit(disc, load_config(config_path), tune_allocator=True)
+    rep = run_audit(disc, load_config(config_path), tune=True)
     try:
         st = log_stats(Log(disc)) if disc.of_kind("trajectories") else None
     except Exception:  # statistics are a courtesy; a broken log still gets its findings page

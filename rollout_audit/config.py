@@ -1,10 +1,16 @@
-"""Audit configuration: `[tool.rollout-audit]` in pyproject.toml, or a `--config` TOML file."""
+"""Audit configuration: `[tool.rollout-audit]` in pyproject.toml, or a `--config` TOML file.
+
+Validated with pydantic (already installed with pandera): every key typed, unknown keys and
+wrong types rejected with the key and the expected type, never coerced from strings.
+"""
+
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -12,69 +18,104 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
-@dataclass
-class Config:
+class ConfigError(ValueError):
+    """The configuration cannot be used (exit code 2): names the file, key and what was expected."""
+
+
+class Config(BaseModel):
     """Every tunable of the audit, with its default. Tolerances compare in float64."""
 
-    select: list[str] = field(default_factory=list)   # codes or prefixes; empty = all
-    ignore: list[str] = field(default_factory=list)
-    # |found - expected| <= atol + rtol * |expected|
-    atol: float = 1e-4
-    rtol: float = 1e-5
-    logprob_atol: float = 1e-3      # L202: float32 token log-probs summed in float64
-    truncation: str = "exclude"     # exclude | bootstrap | penalize
-    extra_stop_reasons: dict[str, str] = field(default_factory=dict)  # reason -> flag
-    first_visit_components: list[str] = field(default_factory=list)
-    loop_length: int = 4
-    max_policy_lag: int | None = None  # used when an update does not state its bound
-    reward_rule: str = "monotone"   # monotone | binary
-    grpo_epsilon: float = 1e-6
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, frozen=False)
+
+    select: list[str] = Field(default_factory=list, description="codes or prefixes to run; empty = all")
+    ignore: list[str] = Field(default_factory=list, description="codes or prefixes to skip")
+    atol: float = Field(1e-4, ge=0, description="|found - expected| <= atol + rtol * |expected|")
+    rtol: float = Field(1e-5, ge=0)
+    logprob_atol: float = Field(1e-3, ge=0, description="L202: float32 token log-probs summed in float64")
+    truncation: Literal["exclude", "bootstrap", "penalize"] = "exclude"
+    extra_stop_reasons: dict[str, Literal["terminated", "truncated", "infra_error"]] = Field(default_factory=dict)
+    first_visit_components: list[str] = Field(default_factory=list)
+    loop_length: int = Field(4, ge=2)
+    max_policy_lag: int | None = Field(None, ge=0, description="used when an update does not state its bound")
+    reward_rule: Literal["monotone", "binary"] = "monotone"
+    grpo_epsilon: float = Field(1e-6, ge=0)
     difficulty_band: tuple[float, float] = (0.05, 0.95)
-    max_examples: int = 20          # findings shown per code in text output
-    masked_ok_reasons: list[str] = field(default_factory=list)  # M102: finish reasons that may mask policy tokens
+    max_examples: int = Field(20, ge=0, description="findings shown per code in text output")
+    masked_ok_reasons: list[str] = Field(default_factory=list, description="M102: finish reasons that may mask")
+
+    @field_validator("atol", "rtol", "logprob_atol", "grpo_epsilon", mode="before")
+    @classmethod
+    def _int_is_a_float(cls, v: Any) -> Any:
+        """TOML writes `atol = 0` as an integer: accept integers for floats, nothing else."""
+        return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    @field_validator("difficulty_band", mode="before")
+    @classmethod
+    def _band(cls, v: Any) -> Any:
+        if isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+            return tuple(float(x) for x in v)
+        return v
 
     @classmethod
-    def from_mapping(cls, data: dict[str, Any]) -> "Config":
-        known = {f.name for f in fields(cls)}
-        norm = {k.replace("-", "_"): v for k, v in data.items()}
-        unknown = sorted(set(norm) - known)
-        if unknown:
-            raise ValueError(f"unknown configuration key(s): {', '.join(unknown)}")
-        cfg = cls(**norm)
-        cfg.validate()
-        return cfg
-
-    def validate(self) -> None:
-        if self.truncation not in ("exclude", "bootstrap", "penalize"):
-            raise ValueError(f"truncation must be exclude, bootstrap or penalize, not {self.truncation!r}")
-        if self.reward_rule not in ("monotone", "binary"):
-            raise ValueError(f"reward_rule must be monotone or binary, not {self.reward_rule!r}")
-        bad = {k: v for k, v in self.extra_stop_reasons.items() if v not in ("terminated", "truncated", "infra_error")}
-        if bad:
-            raise ValueError(f"extra_stop_reasons must map to terminated, truncated or infra_error: {bad}")
-        if self.loop_length < 2:
-            raise ValueError("loop_length must be at least 2")
-        self.difficulty_band = tuple(self.difficulty_band)  # type: ignore[assignment]
+    def from_mapping(cls, data: dict[str, Any], source: str = "configuration") -> Config:
+        """Validate a table of settings (keys may use - or _)."""
+        norm = {str(k).replace("-", "_"): v for k, v in data.items()}
+        try:
+            return cls.model_validate(norm)
+        except ValidationError as e:
+            raise ConfigError(f"{source}: {_explain(e)}") from None
 
     def tol(self) -> tuple[float, float]:
         return self.atol, self.rtol
 
+    def settings(self) -> dict[str, Any]:
+        """Every key with its value (for `--show-settings`)."""
+        return self.model_dump()
+
+
+def _explain(e: ValidationError) -> str:
+    """'atol: expected a number, got str '1e-4'' for each error, joined."""
+    out = []
+    for err in e.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            out.append(f"unknown key {key!r} (see `rollout-audit check --show-settings`)")
+        else:
+            got = err.get("input")
+            shown = f"{type(got).__name__} {got!r}" if not isinstance(got, dict) else "a table"
+            out.append(f"{key}: {err['msg'].lower()}, got {shown[:80]}")
+    return "; ".join(out)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: TOML syntax error: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read: {e}") from None
+
 
 def load_config(path: str | Path | None = None, start: str | Path = ".") -> Config:
-    """Read `path` (a TOML file: a `[tool.rollout-audit]` table or top-level keys), or the
-    nearest pyproject.toml above `start` that has the table; defaults otherwise."""
+    """Read `path` (a TOML file: a `[tool.rollout-audit]` table, or top-level keys when it has
+    no `tool` table), or the nearest pyproject.toml at or above `start` that has the table;
+    defaults otherwise. A broken pyproject.toml on the way is an error, never skipped."""
     if path is not None:
-        data = tomllib.loads(Path(path).read_text())
-        table = data.get("tool", {}).get("rollout-audit", data)
-        return Config.from_mapping(table)
+        p = Path(path)
+        data = _read_toml(p)
+        if "tool" in data:
+            table = data["tool"].get("rollout-audit", {}) if isinstance(data["tool"], dict) else {}
+        else:
+            table = data
+        return Config.from_mapping(table, str(p))
     here = Path(start).resolve()
+    if here.is_file():
+        here = here.parent
     for d in (here, *here.parents):
         pp = d / "pyproject.toml"
         if pp.is_file():
-            try:
-                data = tomllib.loads(pp.read_text())
-            except (tomllib.TOMLDecodeError, OSError):
-                continue
-            if "rollout-audit" in data.get("tool", {}):
-                return Config.from_mapping(data["tool"]["rollout-audit"])
+            data = _read_toml(pp)
+            tool = data.get("tool", {})
+            if isinstance(tool, dict) and "rollout-audit" in tool:
+                return Config.from_mapping(tool["rollout-audit"], f"{pp} [tool.rollout-audit]")
     return Config()

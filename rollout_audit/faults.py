@@ -583,7 +583,7 @@ def write_records(dst, trajs: list[dict], updates: list[dict], *, parts: int = 1
     that broken records reach the file; `corrupt` truncates the first shard's footer."""
     from pathlib import Path
 
-    from .io import RolloutWriter
+    from .writer import RolloutWriter
 
     dst = Path(dst)
     size = -(-len(trajs) // parts)

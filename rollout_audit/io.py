@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import os
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,6 +25,7 @@ class LogFile:
     schema: pa.Schema
     num_rows: int
     num_row_groups: int
+    table: pa.Table | None = None  # an in-memory table audited like a file (path is its name)
 
 
 @dataclass
@@ -85,11 +85,11 @@ def discover(paths: Sequence[str | os.PathLike]) -> Discovery:
                     continue
                 out.files.append(LogFile(str(f), kind, sch, pf.metadata.num_rows, pf.metadata.num_row_groups))
             except Exception as e:  # any footer error means the file is unusable
-                out.broken.append((str(f), _one_line(e)))
+                out.broken.append((str(f), one_line(e)))
     return out
 
 
-def _one_line(e: BaseException) -> str:
+def one_line(e: BaseException) -> str:
     msg = str(e).strip().splitlines()
     return f"{type(e).__name__}: {msg[0] if msg else ''}".strip()
 
@@ -97,9 +97,12 @@ def _one_line(e: BaseException) -> str:
 def iter_batches(f: LogFile, columns: Sequence[str], batch_rows: int = 4096) -> Iterator[pa.Table]:
     """Row-group-bounded batches of the given columns (those present in the file)."""
     cols = [c for c in columns if c in f.schema.names]
-    pf = pq.ParquetFile(f.path)
-    for rg in range(f.num_row_groups):
-        t = pf.read_row_group(rg, columns=cols)
+    if f.table is not None:
+        groups: Iterable[pa.Table] = [f.table.select(cols)]
+    else:
+        pf = pq.ParquetFile(f.path)
+        groups = (pf.read_row_group(rg, columns=cols) for rg in range(f.num_row_groups))
+    for t in groups:
         for off in range(0, max(t.num_rows, 1), batch_rows):
             part = t.slice(off, batch_rows)
             if part.num_rows:
@@ -109,150 +112,3 @@ def iter_batches(f: LogFile, columns: Sequence[str], batch_rows: int = 4096) -> 
 def read_table(f: LogFile, columns: Sequence[str] | None = None) -> pa.Table:
     cols = None if columns is None else [c for c in columns if c in f.schema.names]
     return pq.read_table(f.path, columns=cols)
-
-
-# ---------------------------------------------------------------- writing
-
-
-class RolloutWriter:
-    """Write a valid rollout log file, row group by row group, published atomically.
-
-    Each `write` checks the batch against the contract (required columns, types, list
-    lengths, turn numbering, stop reasons) and raises ValueError naming the column and
-    row of the first problem. The file only appears under its final name on `close`.
-
-        with RolloutWriter("logs/step=3/part-0.parquet") as w:
-            w.write(records)            # list of dicts, or a pyarrow Table/RecordBatch
-    """
-
-    def __init__(self, path: str | os.PathLike, kind: str = "trajectories", *, validate: bool = True,
-                 compression: str = "zstd") -> None:
-        if kind not in ("trajectories", "updates"):
-            raise ValueError(f"kind must be 'trajectories' or 'updates', not {kind!r}")
-        self.path = Path(path)
-        self.kind = kind
-        self.validate = validate
-        self.compression = compression
-        self._tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex[:8]}.tmp")
-        self._writer: pq.ParquetWriter | None = None
-        self._schema: pa.Schema | None = None
-        self.rows_written = 0
-
-    def __enter__(self) -> "RolloutWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-
-    def write(self, records: Iterable[Mapping] | pa.Table | pa.RecordBatch) -> None:
-        """Validate and append one batch as one row group."""
-        table = self._to_table(records)
-        if self.validate:
-            problems = contract_problems(table, self.kind)
-            if problems:
-                raise ValueError(f"{self.path}: record refused: {problems[0]}"
-                                 + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
-        if self._writer is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(self._tmp, self._schema, compression=self.compression)
-        self._writer.write_table(table, row_group_size=max(table.num_rows, 1))
-        self.rows_written += table.num_rows
-
-    def close(self) -> Path:
-        """Finish the file and move it to its final name."""
-        if self._writer is None:
-            raise ValueError(f"{self.path}: nothing was written; refusing to publish an empty log")
-        self._writer.close()
-        self._writer = None
-        os.replace(self._tmp, self.path)
-        return self.path
-
-    def abort(self) -> None:
-        """Drop the temporary file; nothing is published."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        self._tmp.unlink(missing_ok=True)
-
-    def _to_table(self, records) -> pa.Table:
-        if isinstance(records, pa.RecordBatch):
-            records = pa.Table.from_batches([records])
-        if not isinstance(records, pa.Table):
-            records = list(records)
-            if not records:
-                raise ValueError("write() got no records")
-            if self._schema is None:
-                self._schema = _schema_for_records(records, self.kind)
-            try:
-                records = pa.Table.from_pylist(records, schema=self._schema)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
-                raise ValueError(f"{self.path}: record refused: {_one_line(e)}") from None
-        if self._schema is None:
-            self._schema = _canonical_schema(records.schema, self.kind)
-        try:
-            return records.select(self._schema.names).cast(self._schema)
-        except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-            raise ValueError(f"{self.path}: batch does not match the file's schema: {_one_line(e)}") from None
-
-
-def _meta(kind: str) -> dict[bytes, bytes]:
-    return {S.META_VERSION: S.SCHEMA_VERSION.encode(), S.META_KIND: kind.encode()}
-
-
-def records_to_table(records: list[Mapping], kind: str = "trajectories") -> pa.Table:
-    """Records (dicts with contract column names) as an Arrow table with contract types."""
-    return pa.Table.from_pylist(list(records), schema=_schema_for_records(list(records), kind))
-
-
-def _schema_for_records(records: list[Mapping], kind: str) -> pa.Schema:
-    """Contract schema restricted to the columns (and turn fields) the producer supplies."""
-    present = set().union(*(r.keys() for r in records))
-    unknown = sorted(present - {c.name for c in S.columns(kind)})
-    if unknown:
-        raise ValueError(f"unknown column(s) {unknown} for {kind}; see `rollout-audit schema`")
-    fields = []
-    for c in S.columns(kind):
-        if c.name not in present:
-            continue
-        if c.name == "turns":
-            keys = set()
-            for r in records:
-                for t in r.get("turns") or ():
-                    keys.update(t.keys())
-            tf = [pa.field(tc.name, tc.arrow_type) for tc in S.columns("turn") if tc.name in keys]
-            bad = sorted(keys - {tc.name for tc in S.columns("turn")})
-            if bad:
-                raise ValueError(f"unknown turn field(s) {bad}; see `rollout-audit schema`")
-            fields.append(pa.field("turns", pa.list_(pa.struct(tf))))
-        else:
-            fields.append(pa.field(c.name, c.arrow_type))
-    return pa.schema(fields, metadata=_meta(kind))
-
-
-def _canonical_schema(found: pa.Schema, kind: str) -> pa.Schema:
-    """Contract types for the columns of an Arrow table (unknown columns refused)."""
-    spec = {c.name: c for c in S.columns(kind)}
-    fields = []
-    for f in found:
-        if f.name not in spec:
-            raise ValueError(f"unknown column {f.name!r} for {kind}; see `rollout-audit schema`")
-        if f.name == "turns" and pa.types.is_list(f.type) and pa.types.is_struct(f.type.value_type):
-            tspec = {c.name: c for c in S.columns("turn")}
-            tf = [pa.field(x.name, tspec[x.name].arrow_type) for x in f.type.value_type if x.name in tspec]
-            fields.append(pa.field("turns", pa.list_(pa.struct(tf))))
-        else:
-            fields.append(pa.field(f.name, spec[f.name].arrow_type))
-    return pa.schema(fields, metadata=_meta(kind))
-
-
-def contract_problems(table: pa.Table, kind: str) -> list[str]:
-    """Structural problems of an in-memory batch, as messages (used by the writer)."""
-    from .engine import audit_tables  # late import: the engine imports this module
-
-    rep = audit_tables(table if kind == "trajectories" else None, table if kind == "updates" else None,
-                       select=["S", "T301", "T302"] if kind == "trajectories" else ["S"])
-    return [f"{r['code']} {r['message']}" + (f" (trajectory {r['trajectory_id']})" if r["trajectory_id"] else "")
-            for r in rep.findings.filter(rep.findings["severity"] == "error").iter_rows(named=True)]

@@ -1,16 +1,26 @@
 """The check catalogue as a table of rules: each check is one decorated function.
 
-A rule's docstring is its explanation (`rollout-audit explain CODE`): the rule, the lesson
-it comes from, and what to fix. `requires` names the inputs it needs; when they are absent
-the engine lists the rule under *not run* with the reason instead of counting it as passed.
-Requirement strings: `col` (trajectory column), `turns.field` (turn struct field),
-`updates` / `updates.col` (update records).
+A rule's docstring is its explanation (`rollout-audit explain CODE`): the rule, the lesson it
+restates, and what to fix. A rule declares everything it reads, and the engine derives its
+whole plan (what to read, what the per-trajectory summary keeps, what is not run) from these
+declarations alone:
+
+- `requires`: inputs that must be present, else the check is listed as not run with the reason;
+- `optional`: inputs read when present;
+- `config`: configuration keys read.
+
+Input names: `col` (trajectory column), `turns.field` (turn struct field), `updates` /
+`updates.col` (update records), and for log checks the derived per-trajectory values of the
+summary (`n_trainable`, `pv_min`, ...: see `frames.SUMMARY_INPUTS`). A check is handed a view
+that holds only what it declared: reading anything else raises `UndeclaredInput`.
 """
+
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Any, Literal
 
 Severity = Literal["error", "warning", "info"]
 Scope = Literal["batch", "log"]
@@ -19,14 +29,21 @@ SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 @dataclass(frozen=True)
 class Rule:
-    """One check: a stable code, a severity, what it needs, and the function that runs it."""
+    """One check: a stable code, a severity, what it reads, and the function that runs it."""
 
     code: str
     name: str
     severity: Severity
     scope: Scope
     requires: tuple[str, ...]
-    func: Callable
+    optional: tuple[str, ...]
+    config: tuple[str, ...]
+    func: Callable[..., Any]
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """Every data input the rule declares (required first)."""
+        return self.requires + tuple(q for q in self.optional if q not in self.requires)
 
     @property
     def explanation(self) -> str:
@@ -35,6 +52,10 @@ class Rule:
     @property
     def summary(self) -> str:
         return self.explanation.splitlines()[0]
+
+    @property
+    def family(self) -> str:
+        return self.code[0]
 
 
 RULES: dict[str, Rule] = {}
@@ -45,20 +66,34 @@ class NotRun(Exception):
     under `not_run` (e.g. "needs first_visit_components in the configuration")."""
 
 
-def rule(code: str, name: str, severity: Severity = "error", *, requires: tuple[str, ...] = (),
-         scope: Scope = "batch") -> Callable[[Callable], Callable]:
+class UndeclaredInput(Exception):
+    """A check read an input it did not declare: a defect of the check, reported as a crash."""
+
+
+def rule(
+    code: str,
+    name: str,
+    severity: Severity = "error",
+    *,
+    requires: tuple[str, ...] = (),
+    optional: tuple[str, ...] = (),
+    config: tuple[str, ...] = (),
+    scope: Scope = "batch",
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a check function under `code`.
 
-    A `batch` check gets a `Batch` (one row-group slice of trajectories) and the config; a
-    `log` check gets the `LogView` (per-trajectory summaries of the whole log, updates).
+    A `batch` check gets a view of one row-group slice of trajectories and the config; a `log`
+    check gets a view of the per-trajectory summary of the whole log and the update records.
     Both return a polars DataFrame with any of the columns trajectory_id, turn, position,
     message (and file, for log checks), or None when nothing is wrong.
     """
-    def deco(func: Callable) -> Callable:
+
+    def deco(func: Callable[..., Any]) -> Callable[..., Any]:
         if code in RULES:
             raise ValueError(f"check code {code} registered twice")
-        RULES[code] = Rule(code, name, severity, scope, tuple(requires), func)
+        RULES[code] = Rule(code, name, severity, scope, tuple(requires), tuple(optional), tuple(config), func)
         return func
+
     return deco
 
 
@@ -72,4 +107,5 @@ def selected(code: str, select: list[str] | tuple[str, ...] = (), ignore: list[s
 def all_rules() -> dict[str, Rule]:
     """Every registered rule, importing the check modules on first use."""
     from . import checks  # noqa: F401  (registration happens at import)
+
     return dict(sorted(RULES.items()))

@@ -9,11 +9,9 @@ from xml.sax.saxutils import escape, quoteattr
 import polars as pl
 
 from .registry import SEVERITY_ORDER, Rule
+from .runner import FINDING_SCHEMA, Runner
 
-FINDING_SCHEMA = {
-    "code": pl.String, "severity": pl.String, "message": pl.String, "file": pl.String,
-    "trajectory_id": pl.String, "turn": pl.Int64, "position": pl.Int64,
-}
+__all__ = ["FINDING_SCHEMA", "FORMATS", "Report", "build_report"]
 FORMATS = ("text", "json", "github", "junit")
 
 
@@ -25,6 +23,15 @@ class Report:
     not_run: dict[str, str]
     summary: dict
     rules: dict[str, Rule] = field(default_factory=dict, repr=False)
+    partial: dict[str, str] = field(default_factory=dict)  # code -> "ran on 812 of 1000 trajectories; ..."
+    crashes: list[dict] = field(default_factory=list)  # checks that raised: code, error, file, rows
+    unusable: str | None = None  # why no trajectory row could be audited (exit 2)
+
+    @property
+    def complete(self) -> bool:
+        """True when every selected check that had its inputs ran to the end (no crash) and
+        some input was usable: only then can "ok" be trusted."""
+        return not self.crashes and self.unusable is None
 
     @property
     def ok(self) -> bool:
@@ -39,6 +46,9 @@ class Report:
         return set(f["code"].to_list())
 
     def exit_code(self, strict: bool = False) -> int:
+        """0 clean, 1 findings that block training, 2 the audit could not be completed."""
+        if not self.complete:
+            return 2
         if self.count("error") or (strict and self.count("warning")):
             return 1
         return 0
@@ -46,7 +56,8 @@ class Report:
     def to_dict(self, limit: int | None = None) -> dict:
         f = self.findings if limit is None else self.findings.group_by("code", maintain_order=True).head(limit)
         return {"findings": f.to_dicts(), "not_run": [{"code": c, "reason": r} for c, r in sorted(self.not_run.items())],
-                "summary": self.summary}
+                "partially_run": [{"code": c, "coverage": r} for c, r in sorted(self.partial.items())],
+                "check_errors": self.crashes, "unusable": self.unusable, "summary": self.summary}
 
     def render(self, fmt: str = "text", *, limit: int | None = 20, color: bool = False) -> str:
         if fmt == "json":
@@ -65,19 +76,23 @@ def _sort(findings: pl.DataFrame) -> pl.DataFrame:
         .drop("_s")
 
 
-def build_report(findings: pl.DataFrame, not_run: dict[str, str], *, rows: int, tokens: int, stats: dict, cfg,
-                 rules: dict[str, Rule]) -> Report:
-    findings = _sort(findings)
+def build_report(runner: Runner, *, rows: int, tokens: int, stats: dict, cfg, unusable: str | None = None) -> Report:
+    """The report of a finished run: sorted findings, not-run and partial coverage, crashes."""
+    findings = _sort(runner.findings_frame())
+    not_run, partial = runner.not_run(), runner.partial(rows)
+    crashes = [{**c.to_dict(), "times": runner.crash_counts[c.code]} for c in runner.crashes]
     per_code = findings.group_by("code", "severity").len().sort("code").to_dicts()
     summary = {
         "rows_read": rows, "tokens_read": tokens,
         "counts": {d["code"]: d["len"] for d in per_code},
         "by_severity": {s: int((findings["severity"] == s).sum()) for s in SEVERITY_ORDER},
-        "checks_run": sorted(c for c in rules if c not in not_run or not_run[c].startswith("partly")),
+        "checks_run": sorted(c for c in runner.rules if c not in not_run and c not in runner.crash_counts),
+        "checks_partially_run": sorted(partial),
         "checks_not_run": sorted(not_run),
+        "checks_crashed": sorted(runner.crash_counts),
         "statistics": stats,
     }
-    return Report(findings, not_run, summary, rules)
+    return Report(findings, not_run, summary, runner.rules, partial, crashes, unusable)
 
 
 def _where(r: dict) -> str:
@@ -106,17 +121,34 @@ def render_text(rep: Report, limit: int | None = 20) -> str:
             out.append(f"  {where}: {r['message']}" if where else f"  {r['message']}")
         if limit is not None and grp.height > limit:
             out.append(f"  ... {grp.height - limit} more (use --show-all or --format json)")
+    if rep.unusable is not None:
+        out.append(f"error: nothing to audit: {rep.unusable}")
+        return "\n".join(out)
     if rep.not_run:
         out.append("not run:")
         for code, why in sorted(rep.not_run.items()):
             out.append(f"  {code}: {why}")
+    if rep.partial:
+        out.append("partially run:")
+        for code, why in sorted(rep.partial.items()):
+            out.append(f"  {code}: {why}")
+    for c in rep.crashes:
+        where = ", ".join(x for x in (c["file"], c["rows"] and f"rows {c['rows']}") if x)
+        out.append(f"error: check {c['code']} crashed{' on ' + where if where else ''}: {c['error']}"
+                   + (f" ({c['times']} times)" if c["times"] > 1 else ""))
     s = rep.summary
     by = s["by_severity"]
-    verdict = "FAIL" if by["error"] else "ok"
-    out.append(f"{verdict}: {by['error']} errors, {by['warning']} warnings, {by['info']} info; "
-               f"{len(s['checks_run'])} checks run, {len(rep.not_run)} not run; "
-               f"{s['rows_read']} trajectories, {s['tokens_read']} tokens read")
+    verdict = "INCOMPLETE" if rep.crashes else "FAIL" if by["error"] else "ok"
+    out.append(f"{verdict}: {_n(by['error'], 'error')}, {_n(by['warning'], 'warning')}, {by['info']} info; "
+               f"{_n(len(s['checks_run']), 'check')} run, {len(rep.partial)} partially run, "
+               f"{len(rep.not_run)} not run" + (f", {len(s['checks_crashed'])} crashed" if rep.crashes else "")
+               + f"; {_n(s['rows_read'], 'trajectory', 'trajectories')}, {_n(s['tokens_read'], 'token')} read")
     return "\n".join(out)
+
+
+def _n(k: int, one: str, many: str | None = None) -> str:
+    """'1 error', '2 errors'."""
+    return f"{k} {one if k == 1 else (many or one + 's')}"
 
 
 def render_github(rep: Report) -> str:
@@ -131,6 +163,9 @@ def render_github(rep: Report) -> str:
         msg = msg.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
         f = f" file={r['file']}," if r["file"] else " "
         lines.append(f"::{level[r['severity']]}{f}title={r['code']}::{msg}".replace(", title", ",title"))
+    for c in rep.crashes:
+        lines.append(f"::error title={c['code']} crashed::" + f"{c['file'] or ''} {c['rows'] or ''}: {c['error']}"
+                     .replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A"))
     for code, why in sorted(rep.not_run.items()):
         lines.append(f"::notice title={code} not run::{why}")
     return "\n".join(lines)
@@ -143,7 +178,11 @@ def render_junit(rep: Report) -> str:
     for code, rule in sorted(rep.rules.items()):
         grp = rep.findings.filter(pl.col("code") == code)
         body = ""
-        if code in rep.not_run and not rep.not_run[code].startswith("partly"):
+        crashed = [c for c in rep.crashes if c["code"] == code]
+        if crashed:
+            body = f"<error message={quoteattr(crashed[0]['error'])}/>"
+            failures += 1
+        elif code in rep.not_run:
             body = f"<skipped message={quoteattr(rep.not_run[code])}/>"
             skipped += 1
         elif grp.height and rule.severity == "error":

@@ -224,13 +224,17 @@ def test_m106_null_sampled_ids_not_compared_and_not_run_without_field(records):
     assert "turns.sampled_token_ids" in rep.not_run["M106"] and not loud(rep)
 
 
-def test_malformed_rows_are_left_to_s003(records):
+def test_malformed_rows_are_left_out_only_by_checks_that_read_the_bad_list(records):
     trajs, ups = records
     tr = trajs[EXCLUDED]
-    tr["loss_mask"] = tr["loss_mask"][:-1]
-    tr["turns"][0]["num_policy_tokens"] += 1
+    tr["loss_mask"] = tr["loss_mask"][:-1]  # loss_mask misaligned: S003
+    tr["turns"][0]["num_policy_tokens"] += 1  # M104 reads token_source and token_turn, which still line up
+    tr["num_trainable_tokens"] += 1  # M103 counts loss_mask alone: it still recomputes this row
     rep = ra.audit(trajs, ups)
-    assert loud(rep) == {"S003"}, rep.render()
+    assert loud(rep) == {"S003", "M103", "M104"}, rep.render()
+    # M101 aligns loss_mask with token_source: it leaves the row out and says so
+    assert rep.partial["M101"] == "ran on 31 of 32 trajectories; 1 have token lists of different lengths (S003)"
+    assert "M104" not in rep.partial and "M103" not in rep.partial and rep.exit_code() == 1
 
 
 def test_m105_malformed_hash(records):

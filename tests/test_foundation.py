@@ -39,7 +39,7 @@ def test_json_shape_is_stable(tmp_path, records):
     res = run_cli("check", root, "--format", "json")
     assert res.exit_code == 1
     doc = json.loads(res.output)
-    assert set(doc) == {"findings", "not_run", "summary"}
+    assert set(doc) == {"findings", "not_run", "partially_run", "check_errors", "unusable", "summary"}
     f = doc["findings"][0]
     assert {"code", "severity", "message", "file", "trajectory_id", "turn", "position"} <= set(f)
     assert f["code"] == "S003" and f["trajectory_id"] == trajs[1]["trajectory_id"]
@@ -92,7 +92,7 @@ def test_one_file_and_partitions_give_same_findings(tmp_path, records):
 
 
 def test_missing_required_column_s001_and_checks_not_run(tmp_path, records):
-    t = ra.io.records_to_table(records[0]).drop_columns(["loss_mask"])
+    t = ra.records_to_table(records[0]).drop_columns(["loss_mask"])
     pq.write_table(t, tmp_path / "x.parquet")
     rep = ra.audit(tmp_path)
     s001 = rep.findings.filter(pl.col("code") == "S001")
@@ -102,7 +102,7 @@ def test_missing_required_column_s001_and_checks_not_run(tmp_path, records):
 
 
 def test_token_ids_as_floats_is_s001(tmp_path, records):
-    t = ra.io.records_to_table(records[0])
+    t = ra.records_to_table(records[0])
     t = t.set_column(t.schema.get_field_index("token_ids"), "token_ids",
                      t.column("token_ids").cast(pa.list_(pa.float64())))
     pq.write_table(t, tmp_path / "x.parquet")
@@ -201,9 +201,9 @@ def test_scan_frames(tmp_path, records):
 
 def test_in_memory_audit_of_arrow_and_polars(records):
     trajs, ups = records
-    table = ra.io.records_to_table(trajs)
+    table = ra.records_to_table(trajs)
     for src in (table, pl.from_arrow(table)):
-        rep = ra.audit(src, ra.io.records_to_table(ups, "updates"))
+        rep = ra.audit(src, ra.records_to_table(ups, "updates"))
         assert rep.ok and rep.count("warning") == 0
 
 

@@ -12,9 +12,9 @@ import pytest
 
 from rollout_audit.checks import structure
 from rollout_audit.config import Config
-from rollout_audit.engine import run_audit
+from rollout_audit.engine import memory_discovery, run_audit
 from rollout_audit.faults import FAULTS, apply, write_records
-from rollout_audit.io import Discovery, discover
+from rollout_audit.io import discover
 from rollout_audit.synth import make_log
 
 
@@ -37,7 +37,7 @@ def _three_ways(root, cfg: Config | None = None) -> list[pl.DataFrame]:
     ups = [pq.read_table(f.path) for f in disc.of_kind("updates")]
     reps = [run_audit(disc, cfg),                   # row-group batches, read ahead on a thread
             run_audit(disc, cfg, batch_rows=3, workers=2),  # small batches, two checked at once
-            run_audit(Discovery(), cfg, batch_rows=10**9, tables=(traj, ups[0] if ups else None))]
+            run_audit(memory_discovery(traj, ups[0] if ups else None), cfg, batch_rows=10**9)]
     return [_norm(r) for r in reps]
 
 

@@ -17,11 +17,12 @@ def _blank(name: str) -> pl.Expr:
 
 
 def _with(t: pl.DataFrame, names, dtype=pl.String) -> pl.DataFrame:
-    return t.with_columns(pl.lit(None, dtype=dtype).alias(c) for c in names if c not in t.columns)
+    # full-length null columns: a broadcast literal inside a string `when` chain panics in polars
+    return t.with_columns(pl.Series(c, [None] * t.height, dtype=dtype) for c in names if c not in t.columns)
 
 
 @rule("E801", "environment version, verifier version or reset seed missing", scope="log",
-      requires=("trajectory_id",))
+      requires=("trajectory_id",), optional=("environment_version", "verifier_version", "reset_seed", "initial_state_id"))
 def identity_missing(log, cfg) -> pl.DataFrame | None:
     """An episode does not record its environment_version, its verifier_version, or how its
     initial state was chosen (reset_seed null while initial_state_id is null too).
@@ -57,7 +58,7 @@ def identity_missing(log, cfg) -> pl.DataFrame | None:
 
 
 @rule("E802", "same reset key, different initial state", scope="log",
-      requires=("trajectory_id", "initial_state_checksum", "environment_id", "environment_version", "reset_seed"))
+      requires=("trajectory_id", "initial_state_checksum", "environment_id", "environment_version", "reset_seed"), optional=("initial_state_id",))
 def reset_not_reproducible(log, cfg) -> pl.DataFrame | None:
     """Episodes with the same (environment_id, environment_version, reset_seed) record
     different initial_state_checksum values: reset is not reproducible or rollouts are not
@@ -90,8 +91,9 @@ def reset_not_reproducible(log, cfg) -> pl.DataFrame | None:
     where = pl.format("environment {} version {}, reset_seed {}", pl.col("environment_id").fill_null("null"),
                       pl.col("environment_version").fill_null("null"),
                       pl.col("reset_seed").cast(pl.String).fill_null("null"))
-    where = pl.when(pl.col("initial_state_id").is_not_null()) \
-        .then(pl.format("{}, initial_state_id {}", where, pl.col("initial_state_id"))).otherwise(where)
-    return t.select("trajectory_id", "file", pl.format(
+    sid = pl.col("initial_state_id")
+    where = pl.concat_str([where, pl.when(sid.is_not_null()).then(pl.format(", initial_state_id {}", sid))],
+                          ignore_nulls=True)
+    return t.rechunk().select("trajectory_id", "file", pl.format(  # one chunk: polars panics on chunked strings here
         "{}: {} distinct initial_state_checksum over {} trajectories ({}); this one has {}", where,
         "_n_distinct", "_n", "_counts", "initial_state_checksum").alias("message"))

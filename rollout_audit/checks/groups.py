@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from ..registry import rule
-from .updates import num
+from .common import num
 
 DEGENERATE_SHARE = 0.5  # G701 reports a task when at least this share of its groups is degenerate
 MIN_DEGENERATE = 2      # ... and at least this many: one degenerate group is not evidence about a task
@@ -49,7 +49,7 @@ def _per_task(log, cfg) -> pl.DataFrame:
             .sort("task_id"))
 
 
-@rule("G701", "degenerate groups per task", "info", scope="log", requires=("task_id", "reward"))
+@rule("G701", "degenerate groups per task", "info", scope="log", requires=("task_id", "reward"), optional=("infra_error", "verifier_success", "group_id"), config=("atol",))
 def degenerate_groups(log, cfg) -> pl.DataFrame | None:
     """Share of degenerate groups per task, with the success estimate p, the group size G,
     P_info = 1 − p^G − (1−p)^G and the expected number of groups 1/P_info to one informative
@@ -84,7 +84,7 @@ def degenerate_groups(log, cfg) -> pl.DataFrame | None:
 
 
 @rule("G702", "global success rate hides tasks outside the difficulty band", "info", scope="log",
-      requires=("task_id", "reward"))
+      requires=("task_id", "reward"), optional=("infra_error", "verifier_success", "group_id"), config=("difficulty_band",))
 def difficulty_band(log, cfg) -> pl.DataFrame | None:
     """A global success rate inside the difficulty band hides a majority of tasks that are
     nearly always solved or nearly never solved.

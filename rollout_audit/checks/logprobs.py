@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from ..batch import Batch
+from ..views import BatchView
 from ..registry import rule
-from .masks import source_breakdown, where_first
+from .common import source_breakdown, where_first
 
 
 @rule("L201", "loss-mask token with a missing or invalid behaviour log-prob", "error",
-      requires=("loss_mask", "behavior_logprobs"))
-def invalid_logprob(b: Batch, cfg) -> pl.DataFrame | None:
+      requires=("loss_mask", "behavior_logprobs", "token_source"), optional=("token_turn",))
+def invalid_logprob(b: BatchView, cfg) -> pl.DataFrame | None:
     """A policy-sampled token with loss_mask true has a missing (null), NaN, infinite or
     positive behaviour log-prob.
 
@@ -46,8 +46,8 @@ def invalid_logprob(b: Batch, cfg) -> pl.DataFrame | None:
 
 
 @rule("L202", "turn logprob differs from the sum of its token log-probs", "error",
-      requires=("turns.logprob", "behavior_logprobs", "token_source", "token_turn"))
-def turn_logprob_sum(b: Batch, cfg) -> pl.DataFrame | None:
+      requires=("turns.logprob", "behavior_logprobs", "token_source", "token_turn"), config=("logprob_atol", "rtol"))
+def turn_logprob_sum(b: BatchView, cfg) -> pl.DataFrame | None:
     """A turn's recorded logprob differs from the sum of the behaviour log-probs of its policy
     tokens: |logprob − Σ_k log π_beh(y_k)| > logprob_atol + rtol·|Σ|.
 
@@ -74,8 +74,8 @@ def turn_logprob_sum(b: Batch, cfg) -> pl.DataFrame | None:
 
 
 @rule("L203", "behaviour log-prob on a token the policy did not sample", "error",
-      requires=("behavior_logprobs", "token_source"))
-def logprob_on_non_policy(b: Batch, cfg) -> pl.DataFrame | None:
+      requires=("behavior_logprobs", "token_source"), optional=("token_turn",))
+def logprob_on_non_policy(b: BatchView, cfg) -> pl.DataFrame | None:
     """A token the policy did not sample (system, user, observation, template) carries a
     behaviour log-prob.
 
@@ -98,7 +98,7 @@ def logprob_on_non_policy(b: Batch, cfg) -> pl.DataFrame | None:
 
 
 @rule("L204", "decoding parameters missing for a turn", "warning", requires=("turns.temperature", "turns.top_p"))
-def decoding_params(b: Batch, cfg) -> pl.DataFrame | None:
+def decoding_params(b: BatchView, cfg) -> pl.DataFrame | None:
     """A turn has no temperature or no top_p recorded (null or NaN).
 
     Lesson 11.2.3 and 11.4.3: the behaviour distribution is the model's softmax *after*

@@ -9,36 +9,13 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..batch import Batch
+from ..views import BatchView
 from ..registry import rule
-
-# token_source values other than policy, with the name used in messages (5: out of range)
-_NON_POLICY = ((0, "system"), (1, "user"), (3, "observation"), (4, "template"), (5, "invalid source"))
-
-
-def source_breakdown(prefix: str) -> pl.Expr:
-    """'observation 9, template 3' from the per-source count columns `{prefix}{s}`."""
-    parts = [pl.when(pl.col(f"{prefix}{s}") > 0).then(pl.format(f"{name} {{}}", pl.col(f"{prefix}{s}")))
-             for s, name in _NON_POLICY]
-    return pl.concat_list(parts).list.drop_nulls().list.join(", ")
-
-
-def where_first(turn: str = "turn") -> pl.Expr:
-    """'position 40 (turn 2)' or 'position 3' for the first offending token."""
-    return pl.format("position {}", "position") + pl.when(pl.col(turn).is_not_null()).then(
-        pl.format(" (turn {})", turn)).otherwise(pl.lit(""))
-
-
-def ragged_index(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenated ranges starts[i] .. starts[i]+lengths[i]-1: (indices, owner i of each)."""
-    owner = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
-    offs = np.concatenate([[0], np.cumsum(lengths)])[:-1]
-    return starts[owner] + np.arange(owner.size, dtype=np.int64) - offs[owner], owner
-
+from .common import NON_POLICY, ragged_index, source_breakdown, where_first
 
 @rule("M101", "loss_mask true on a token the policy did not sample", "error",
-      requires=("loss_mask", "token_source"))
-def mask_on_non_policy(b: Batch, cfg) -> pl.DataFrame | None:
+      requires=("loss_mask", "token_source"), optional=("token_turn",))
+def mask_on_non_policy(b: BatchView, cfg) -> pl.DataFrame | None:
     """loss_mask is true on a token the policy did not sample (system, user, tool/observation
     or template), counted per source.
 
@@ -49,20 +26,20 @@ def mask_on_non_policy(b: Batch, cfg) -> pl.DataFrame | None:
     `token_source == 2` (or a subset of it), after the chat template and tool outputs have been
     inserted, not from message roles before templating.
     """
-    if not b.ok.any() or not b.any_count(*(f"n_trainable_src{s}" for s, _ in _NON_POLICY)):
+    if not b.ok.any() or not b.any_count(*(f"n_trainable_src{s}" for s, _ in NON_POLICY)):
         return None
     t = b.tokens
     bad = t.mask & ~t.policy
     if not bad.any():
         return None
-    loc = b.locate(bad).join(b.traj.select("_row", *(f"n_trainable_src{s}" for s, _ in _NON_POLICY)), on="_row")
+    loc = b.locate(bad).join(b.traj.select("_row", *(f"n_trainable_src{s}" for s, _ in NON_POLICY)), on="_row")
     return loc.select("trajectory_id", "turn", "position", pl.format(
         "loss_mask true on {} non-policy token(s) ({}); expected 0; first at ", "n",
         source_breakdown("n_trainable_src")).add(where_first()).alias("message"))
 
 
-@rule("M102", "policy-sampled token outside the loss mask", "warning", requires=("loss_mask", "token_source"))
-def policy_not_masked(b: Batch, cfg) -> pl.DataFrame | None:
+@rule("M102", "policy-sampled token outside the loss mask", "warning", requires=("loss_mask", "token_source"), optional=("token_turn", "turns.finish_reason"), config=("masked_ok_reasons",))
+def policy_not_masked(b: BatchView, cfg) -> pl.DataFrame | None:
     """A token the policy sampled has loss_mask false.
 
     Lesson 11.2.2: every sampled action token carries its share of the policy gradient; a
@@ -94,7 +71,7 @@ def policy_not_masked(b: Batch, cfg) -> pl.DataFrame | None:
 
 @rule("M103", "num_trainable_tokens differs from the recomputed count", "error",
       requires=("num_trainable_tokens", "loss_mask"))
-def trainable_count(b: Batch, cfg) -> pl.DataFrame | None:
+def trainable_count(b: BatchView, cfg) -> pl.DataFrame | None:
     """The recorded num_trainable_tokens differs from the number of tokens with loss_mask true.
 
     Lesson 11.2.2 and 11.2.4: the trainable-token count is the denominator of a token-level
@@ -113,7 +90,7 @@ def trainable_count(b: Batch, cfg) -> pl.DataFrame | None:
 
 @rule("M104", "turn num_policy_tokens differs from the recomputed count", "error",
       requires=("turns.num_policy_tokens", "token_source", "token_turn"))
-def policy_token_count(b: Batch, cfg) -> pl.DataFrame | None:
+def policy_token_count(b: BatchView, cfg) -> pl.DataFrame | None:
     """A turn's recorded num_policy_tokens differs from the number of tokens with
     token_source = 2 (policy) and token_turn = t.
 
@@ -137,7 +114,7 @@ def policy_token_count(b: Batch, cfg) -> pl.DataFrame | None:
 
 @rule("M105", "token-in-token-out broken: engine context is not a prefix of the trainer's sequence", "error",
       requires=("token_ids", "token_source", "token_turn", "turns.context_length", "turns.context_sha256"))
-def context_prefix(b: Batch, cfg) -> pl.DataFrame | None:
+def context_prefix(b: BatchView, cfg) -> pl.DataFrame | None:
     """The context the inference engine was given for turn t is not the prefix of the
     trainer's token_ids that ends just before the turn's first policy token.
 
@@ -200,7 +177,7 @@ def context_prefix(b: Batch, cfg) -> pl.DataFrame | None:
         got[i] = digests[pos_in_todo[i]].hex()
     bad = tr[bad_rows].with_columns(
         pl.Series("in_range", in_range[bad_rows]), pl.Series("len_bad", len_bad[bad_rows]),
-        pl.Series("sha_bad", sha_bad[bad_rows]), pl.Series("found", got[bad_rows], dtype=pl.String),
+        pl.Series("sha_bad", sha_bad[bad_rows]), pl.Series("found", got[bad_rows].tolist(), dtype=pl.String),
     ).with_columns((pl.col("sha_bad") & ~pl.col("sha").str.contains("^[0-9a-f]{64}$")).alias("malformed"))
     msg_len = pl.when(~pl.col("in_range")).then(pl.format(
         "context_length {} lies outside the trajectory's {} tokens", "cl", "n_tok")).when("len_bad").then(pl.format(
@@ -216,7 +193,7 @@ def context_prefix(b: Batch, cfg) -> pl.DataFrame | None:
 
 @rule("M106", "the trainer's policy tokens differ from the engine's sampled_token_ids", "error",
       requires=("token_ids", "token_source", "token_turn", "turns.sampled_token_ids"))
-def sampled_ids(b: Batch, cfg) -> pl.DataFrame | None:
+def sampled_ids(b: BatchView, cfg) -> pl.DataFrame | None:
     """The policy tokens the trainer has for turn t (token_source = 2, token_turn = t, in
     position order) are not exactly the sampled_token_ids the inference engine returned.
 

@@ -11,16 +11,13 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from ..batch import Batch
+from ..views import BatchView
+from .common import rounded
 from ..registry import NotRun, rule
 
 _G = pl.col("_gamma")
 _GT = pl.col("_g_t")  # γ^t
 
-
-def _num(expr: pl.Expr) -> pl.Expr:
-    """A float for a message: rounded, `null` when missing."""
-    return expr.round(6).cast(pl.String).fill_null("null")
 
 
 def _off(found: pl.Expr, expected: pl.Expr, cfg) -> pl.Expr:
@@ -28,7 +25,7 @@ def _off(found: pl.Expr, expected: pl.Expr, cfg) -> pl.Expr:
     return (~((found - expected).abs() <= cfg.atol + cfg.rtol * expected.abs())).fill_null(False)
 
 
-def _turns(b: Batch, *fields: str, traj: tuple[str, ...] = ()) -> pl.DataFrame:
+def _turns(b: BatchView, *fields: str, traj: tuple[str, ...] = ()) -> pl.DataFrame:
     """The turn frame restricted to `fields` (`shaping` only when recorded), with `_gamma`
     (1.0 when absent or null), `_g_t` = γ^t and `_T` (turns in the trajectory), plus
     trajectory columns `traj` (gathered by `_row`, the turn's position in the batch)."""
@@ -50,13 +47,13 @@ def _entries(dtype: pl.DataType) -> pl.Expr:
     return c
 
 
-def _shaping(b: Batch) -> pl.Expr:
+def _shaping(b: BatchView) -> pl.Expr:
     """F_t as added to the reward: the recorded shaping, 0 where absent."""
     return pl.col("shaping").fill_null(0.0) if "shaping" in b.turns.columns else pl.lit(0.0)
 
 
-@rule("R401", "reward_components do not sum to the turn reward", requires=("turns.reward", "turns.reward_components"))
-def components_sum(b: Batch, cfg) -> pl.DataFrame | None:
+@rule("R401", "reward_components do not sum to the turn reward", requires=("turns.reward", "turns.reward_components"), config=("atol", "rtol"))
+def components_sum(b: BatchView, cfg) -> pl.DataFrame | None:
     """A turn's reward_components do not sum to its reward.
 
     Lesson 11.3.3–11.3.5: dense rewards are assembled from parts (outcome, verified
@@ -81,12 +78,12 @@ def components_sum(b: Batch, cfg) -> pl.DataFrame | None:
         return None
     return bad.rechunk().select("trajectory_id", pl.col("_t").alias("turn"),
                       pl.format("reward_components ({}) sum to {}, expected the turn reward {}", "_keys",
-                                _num(pl.col("_sum")), _num(pl.col("reward"))).alias("message"))
+                                rounded(pl.col("_sum")), rounded(pl.col("reward"))).alias("message"))
 
 
 @rule("R402", "shaping term is not γΦ(s_{t+1}) − Φ(s_t)",
-      requires=("turns.shaping", "turns.potential_before", "turns.potential_after"))
-def shaping_form(b: Batch, cfg) -> pl.DataFrame | None:
+      requires=("turns.shaping", "turns.potential_before", "turns.potential_after"), optional=("gamma",), config=("atol", "rtol"))
+def shaping_form(b: BatchView, cfg) -> pl.DataFrame | None:
     """A turn's shaping differs from γ·potential_after − potential_before.
 
     Lesson 11.3.4: potential-based shaping F(s_t, s_{t+1}) = γΦ(s_{t+1}) − Φ(s_t) preserves the
@@ -103,13 +100,13 @@ def shaping_form(b: Batch, cfg) -> pl.DataFrame | None:
     if bad.is_empty():
         return None
     return bad.rechunk().select("trajectory_id", pl.col("_t").alias("turn"),
-                      pl.format("shaping {}, expected γΦ(s_t+1) − Φ(s_t) = {}·{} − {} = {}", _num(pl.col("shaping")),
-                                _num(_G), _num(pl.col("potential_after")), _num(pl.col("potential_before")),
-                                _num(exp)).alias("message"))
+                      pl.format("shaping {}, expected γΦ(s_t+1) − Φ(s_t) = {}·{} − {} = {}", rounded(pl.col("shaping")),
+                                rounded(_G), rounded(pl.col("potential_after")), rounded(pl.col("potential_before")),
+                                rounded(exp)).alias("message"))
 
 
-@rule("R403", "potential chain broken", requires=("turns.potential_before", "turns.potential_after"))
-def potential_chain(b: Batch, cfg) -> pl.DataFrame | None:
+@rule("R403", "potential chain broken", requires=("turns.potential_before", "turns.potential_after"), config=("atol", "rtol"))
+def potential_chain(b: BatchView, cfg) -> pl.DataFrame | None:
     """potential_after of turn t differs from potential_before of turn t+1.
 
     Lesson 11.3.4: s_{t+1} is both the state reached by turn t and the state turn t+1 starts
@@ -129,13 +126,13 @@ def potential_chain(b: Batch, cfg) -> pl.DataFrame | None:
         return None
     return bad.rechunk().select("trajectory_id", pl.col("_t").alias("turn"),
                       pl.format("potential_before {} differs from potential_after {} of turn {}",
-                                _num(pl.col("potential_before")), _num(pl.col("_prev_after")),
+                                rounded(pl.col("potential_before")), rounded(pl.col("_prev_after")),
                                 pl.col("_t") - 1).alias("message"))
 
 
 @rule("R404", "shaping does not telescope",
-      requires=("turns.shaping", "turns.potential_before", "turns.potential_after"))
-def shaping_telescope(b: Batch, cfg) -> pl.DataFrame | None:
+      requires=("turns.shaping", "turns.potential_before", "turns.potential_after"), optional=("gamma",), config=("atol", "rtol"))
+def shaping_telescope(b: BatchView, cfg) -> pl.DataFrame | None:
     """Σ_t γ^t F_t differs from −Φ(s_0) + γ^T Φ(s_T).
 
     Lesson 11.3.4: with F_t = γΦ(s_{t+1}) − Φ(s_t) the discounted shaping terms telescope,
@@ -160,11 +157,11 @@ def shaping_telescope(b: Batch, cfg) -> pl.DataFrame | None:
         return None
     return bad.rechunk().select("trajectory_id",
                       pl.format("Σ γ^t shaping_t over {} turns = {}, expected −Φ(s_0) + γ^T Φ(s_T) = {}", "_T",
-                                _num(pl.col("_found")), _num(pl.col("_exp"))).alias("message"))
+                                rounded(pl.col("_found")), rounded(pl.col("_exp"))).alias("message"))
 
 
-@rule("R405", "terminal state with non-zero potential", requires=("terminated", "turns.potential_after"))
-def terminal_potential(b: Batch, cfg) -> pl.DataFrame | None:
+@rule("R405", "terminal state with non-zero potential", requires=("terminated", "turns.potential_after"), config=("atol", "rtol"))
+def terminal_potential(b: BatchView, cfg) -> pl.DataFrame | None:
     """A terminated episode ends in a state whose potential Φ(s_T) is not 0.
 
     Lesson 11.3.4: the shaping theorem needs boundary terms handled consistently. At a
@@ -183,12 +180,12 @@ def terminal_potential(b: Batch, cfg) -> pl.DataFrame | None:
         return None
     return bad.rechunk().select("trajectory_id", pl.col("_t").alias("turn"),
                       pl.format("terminated episode ends with potential_after {}, expected 0 at a terminal state",
-                                _num(pl.col("potential_after"))).alias("message"))
+                                rounded(pl.col("potential_after"))).alias("message"))
 
 
 @rule("R406", "TD residuals do not telescope",
-      requires=("turns.td_residual", "turns.value", "turns.reward", "final_value"))
-def td_residuals(b: Batch, cfg) -> pl.DataFrame | None:
+      requires=("turns.td_residual", "turns.value", "turns.reward", "final_value"), optional=("gamma", "turns.shaping"), config=("atol", "rtol"))
+def td_residuals(b: BatchView, cfg) -> pl.DataFrame | None:
     """A recorded TD residual δ_t differs from r'_{t+1} + γV(h_{t+1}) − V(h_t), or
     Σ γ^t δ_t differs from G_0 − V(h_0) + γ^T V(h_T).
 
@@ -214,8 +211,8 @@ def td_residuals(b: Batch, cfg) -> pl.DataFrame | None:
         out.append(per_turn.rechunk().select(
             "trajectory_id", pl.col("_t").alias("turn"),
             pl.format("td_residual {}, expected r' + γV(h_t+1) − V(h_t) = {} + {}·{} − {} = {}",
-                      _num(pl.col("td_residual")), _num(pl.col("_r")), _num(_G), _num(v_next),
-                      _num(pl.col("value")), _num(pl.col("_delta"))).alias("message")))
+                      rounded(pl.col("td_residual")), rounded(pl.col("_r")), rounded(_G), rounded(v_next),
+                      rounded(pl.col("value")), rounded(pl.col("_delta"))).alias("message")))
     agg = (df.group_by("_row", maintain_order=True).agg(
         pl.col("trajectory_id").first(),
         (_GT * pl.col("td_residual")).sum().alias("_found"),
@@ -226,13 +223,13 @@ def td_residuals(b: Batch, cfg) -> pl.DataFrame | None:
            .join(per_turn.select("_row").unique(), on="_row", how="anti"))
     if not tel.is_empty():
         out.append(tel.rechunk().select("trajectory_id", pl.format(
-            "Σ γ^t td_residual_t = {}, expected G_0 − V(h_0) + γ^T V(h_T) = {}", _num(pl.col("_found")),
-            _num(pl.col("_exp"))).alias("message")))
+            "Σ γ^t td_residual_t = {}, expected G_0 − V(h_0) + γ^T V(h_T) = {}", rounded(pl.col("_found")),
+            rounded(pl.col("_exp"))).alias("message")))
     return pl.concat(out, how="diagonal_relaxed") if out else None
 
 
-@rule("R407", "discounted_return differs from the recomputed return", requires=("discounted_return", "turns.reward"))
-def discounted_return(b: Batch, cfg) -> pl.DataFrame | None:
+@rule("R407", "discounted_return differs from the recomputed return", requires=("discounted_return", "turns.reward"), optional=("gamma", "turns.shaping"), config=("atol", "rtol"))
+def discounted_return(b: BatchView, cfg) -> pl.DataFrame | None:
     """The recorded discounted_return differs from Σ_t γ^t (reward_t + shaping_t).
 
     Lesson 11.1.5 and 11.3.2: the objective is the discounted sum of the rewards the trainer
@@ -252,12 +249,12 @@ def discounted_return(b: Batch, cfg) -> pl.DataFrame | None:
     if bad.is_empty():
         return None
     return bad.rechunk().select("trajectory_id", pl.format("discounted_return {}, expected Σ γ^t (reward_t + shaping_t) = {}",
-                                                 _num(pl.col("discounted_return")), _num(pl.col("_ret")))
+                                                 rounded(pl.col("discounted_return")), rounded(pl.col("_ret")))
                       .alias("message"))
 
 
-@rule("R408", "first-visit reward component paid more than once", requires=("turns.reward_components",))
-def first_visit(b: Batch, cfg) -> pl.DataFrame | None:
+@rule("R408", "first-visit reward component paid more than once", requires=("turns.reward_components",), config=("first_visit_components",))
+def first_visit(b: BatchView, cfg) -> pl.DataFrame | None:
     """A reward component configured as first-visit is non-zero on more than one turn of an
     episode.
 
@@ -289,8 +286,8 @@ def first_visit(b: Batch, cfg) -> pl.DataFrame | None:
                                 "_n", "_turns").alias("message"))
 
 
-@rule("R409", "same action repeated in a loop", "warning", requires=("turns.parsed_action",))
-def action_loop(b: Batch, cfg) -> pl.DataFrame | None:
+@rule("R409", "same action repeated in a loop", "warning", requires=("turns.parsed_action",), config=("loop_length",))
+def action_loop(b: BatchView, cfg) -> pl.DataFrame | None:
     """The same parsed action is repeated `loop_length` (default 4) or more times in a row.
 
     Lesson 11.3.3–11.3.4: a naive bonus for useful-looking steps, or a milestone that pays
@@ -320,7 +317,7 @@ def action_loop(b: Batch, cfg) -> pl.DataFrame | None:
 
 
 @rule("R410", "reward inconsistent with verifier_success", scope="log",
-      requires=("task_id", "reward", "verifier_success"))
+      requires=("task_id", "reward", "verifier_success"), config=("reward_rule", "atol", "rtol"))
 def reward_vs_verifier(log, cfg) -> pl.DataFrame | None:
     """The episode reward contradicts the verifier's verdict under the configured reward rule.
 
@@ -342,8 +339,8 @@ def reward_vs_verifier(log, cfg) -> pl.DataFrame | None:
         if bad.is_empty():
             return None
         return bad.rechunk().select("trajectory_id", "file", pl.format(
-            "reward {} with verifier_success {}, expected {} (reward_rule 'binary')", _num(pl.col("reward")),
-            ok.cast(pl.String).str.to_lowercase(), _num(exp)).alias("message"))
+            "reward {} with verifier_success {}, expected {} (reward_rule 'binary')", rounded(pl.col("reward")),
+            ok.cast(pl.String).str.to_lowercase(), rounded(exp)).alias("message"))
     t = t.filter(~pl.col("reward").is_nan())
     r = pl.col("reward")
     s = t.filter(ok).sort("reward").group_by("task_id").agg(
@@ -359,9 +356,9 @@ def reward_vs_verifier(log, cfg) -> pl.DataFrame | None:
         return None
     msg = (pl.when(ok)
            .then(pl.format("verified success scores {}, below verified failure {} of task {} (reward {}); "
-                           "expected no success below a failure (reward_rule 'monotone')", _num(r), "_f_id",
-                           "task_id", _num(pl.col("_f_max"))))
+                           "expected no success below a failure (reward_rule 'monotone')", rounded(r), "_f_id",
+                           "task_id", rounded(pl.col("_f_max"))))
            .otherwise(pl.format("verified failure scores {}, above verified success {} of task {} (reward {}); "
-                                "expected no failure above a success (reward_rule 'monotone')", _num(r), "_s_id",
-                                "task_id", _num(pl.col("_s_min")))))
+                                "expected no failure above a success (reward_rule 'monotone')", rounded(r), "_s_id",
+                                "task_id", rounded(pl.col("_s_min")))))
     return bad.rechunk().select("trajectory_id", "file", msg.alias("message"))

@@ -5,7 +5,8 @@ import numpy as np
 import polars as pl
 
 from .. import schema as S
-from ..batch import TOKEN_LISTS, Batch
+from ..batch import TOKEN_LISTS
+from ..views import BatchView
 from ..registry import rule
 
 
@@ -14,8 +15,16 @@ _NULL_HAS_OWN_CHECK = {"reward": "excluded episode", "reset_seed": "E801", "envi
                        "verifier_version": "E801"}
 
 
-@rule("S001", "column missing, of the wrong type, or out of its domain")
-def required_columns(b: Batch, cfg) -> pl.DataFrame | None:
+# S001 reads every required column (nulls) and every column and turn field with a value domain
+_TRAJ_DOMAIN_COLS = ("gamma", "discounted_return", "final_value", "wall_clock_s", "num_trainable_tokens")
+_TURN_DOMAIN_FIELDS = ("turn_id", "policy_version", "temperature", "top_p", "num_policy_tokens", "context_length",
+                       "logprob", "reward", "shaping", "value", "td_residual", "potential_before", "potential_after")
+REQUIRED_AND_DOMAIN = (*S.required("trajectories"), *_TRAJ_DOMAIN_COLS,
+                       *(f"turns.{f}" for f in _TURN_DOMAIN_FIELDS))
+
+
+@rule("S001", "column missing, of the wrong type, or out of its domain", optional=REQUIRED_AND_DOMAIN)
+def required_columns(b: BatchView, cfg) -> pl.DataFrame | None:
     """A required column (or turn field) is missing, has the wrong type, holds nulls, or
     holds values outside its domain (NaN or infinite rewards, values and potentials; gamma
     outside (0, 1]; token_source outside 0..4; negative counts or times).
@@ -29,9 +38,9 @@ def required_columns(b: Batch, cfg) -> pl.DataFrame | None:
     rows = [{"message": f"{c}: {p}"} for c, p in b.schema_problems]
     for name in S.required("trajectories"):
         if name in b.columns and name not in _NULL_HAS_OWN_CHECK:
-            nulls = b.table.column(name).null_count
+            nulls = b.col(name).null_count
             if nulls:
-                mask = b.table.column(name).is_null().to_numpy(zero_copy_only=False)
+                mask = b.col(name).is_null().to_numpy(zero_copy_only=False)
                 ids = b.ids.filter(pl.Series(mask))
                 rows += [{"trajectory_id": i, "message": f"{name}: required value is null"} for i in ids.head(50)]
     out = [pl.DataFrame(rows, schema={"trajectory_id": pl.String, "message": pl.String})] if rows else []
@@ -82,7 +91,7 @@ def _suspect(df: pl.DataFrame, domain: dict) -> bool:
     return any(df.select(exprs).row(0))
 
 
-def _domain(b: Batch) -> list[pl.DataFrame]:
+def _domain(b: BatchView) -> list[pl.DataFrame]:
     """Value-domain problems of the per-trajectory and per-turn frames (pandera models, run
     on a frame only when a fast polars pass finds a value that may be outside its domain)."""
     out = []
@@ -130,8 +139,8 @@ def duplicate_ids(log, cfg) -> pl.DataFrame | None:
                                                           pl.col("files").list.join(", ")).alias("message"))
 
 
-@rule("S003", "token lists of different lengths", requires=("token_source",))
-def token_list_lengths(b: Batch, cfg) -> pl.DataFrame | None:
+@rule("S003", "token lists of different lengths", requires=("token_source",), optional=("token_ids", "loss_mask", "behavior_logprobs", "token_turn"))
+def token_list_lengths(b: BatchView, cfg) -> pl.DataFrame | None:
     """The token lists of a row (token_ids, token_source, loss_mask, behavior_logprobs,
     token_turn) are null or differ in length.
 
@@ -156,8 +165,8 @@ def token_list_lengths(b: Batch, cfg) -> pl.DataFrame | None:
     return pl.DataFrame({"trajectory_id": b.ids.gather(bad), "message": msgs})
 
 
-@rule("S004", "turns misnumbered or token_turn out of range", requires=("turns", "token_turn"))
-def turn_numbering(b: Batch, cfg) -> pl.DataFrame | None:
+@rule("S004", "turns misnumbered or token_turn out of range", requires=("turns", "token_turn"), optional=("turns.turn_id",))
+def turn_numbering(b: BatchView, cfg) -> pl.DataFrame | None:
     """Turns are not numbered 0..T-1 in order, or a token's token_turn names a turn that
     does not exist (anything other than -1 or 0..T-1).
 

@@ -4,16 +4,13 @@ from __future__ import annotations
 import polars as pl
 
 from .. import schema as S
-from ..batch import Batch
+from ..views import BatchView
+from .common import rounded
 from ..registry import rule
 
 FLAGS = ("terminated", "truncated", "infra_error")
 LAUNDERED = ("length", "abort")  # engine finish reasons that mean "cut off", not "done"
 
-
-def _num(expr: pl.Expr) -> pl.Expr:
-    """A float for a message: rounded, `null` when missing."""
-    return expr.round(6).cast(pl.String).fill_null("null")
 
 
 def _flag_text() -> pl.Expr:
@@ -27,7 +24,7 @@ def _n_true() -> pl.Expr:
 
 
 @rule("T301", "not exactly one of terminated / truncated / infra_error", requires=FLAGS)
-def one_flag(b: Batch, cfg) -> pl.DataFrame | None:
+def one_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     """Exactly one of `terminated`, `truncated` and `infra_error` must be true (a null
     flag counts as not set).
 
@@ -44,8 +41,8 @@ def one_flag(b: Batch, cfg) -> pl.DataFrame | None:
                                                  "({})", _n_true(), _flag_text()).alias("message"))
 
 
-@rule("T302", "stop_reason inconsistent with the flag", requires=(*FLAGS, "stop_reason"))
-def stop_reason_flag(b: Batch, cfg) -> pl.DataFrame | None:
+@rule("T302", "stop_reason inconsistent with the flag", requires=(*FLAGS, "stop_reason"), config=("extra_stop_reasons",))
+def stop_reason_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     """stop_reason is unknown, or names a cause of another flag than the one that is true.
 
     The contract maps each stop reason to one flag (DESIGN 3.3): terminated — success,
@@ -77,7 +74,7 @@ def stop_reason_flag(b: Batch, cfg) -> pl.DataFrame | None:
 
 
 @rule("T303", "infra_error episode carries a reward or is used in an update", scope="log",
-      requires=("trajectory_id", "infra_error", "reward"))
+      requires=("trajectory_id", "infra_error", "reward"), optional=("updates.trajectory_ids", "updates.update_step"))
 def infra_error_scored(log, cfg) -> pl.DataFrame | None:
     """An episode with infra_error = true has a non-null reward, or an update trains on it.
 
@@ -109,15 +106,15 @@ def infra_error_scored(log, cfg) -> pl.DataFrame | None:
     bad = t.filter(has_r | in_upd)
     if bad.is_empty():
         return None
-    r_part = pl.when(has_r).then(pl.format("carries reward {} (expected null)", _num(pl.col("reward"))))
+    r_part = pl.when(has_r).then(pl.format("carries reward {} (expected null)", rounded(pl.col("reward"))))
     u_part = pl.when(in_upd).then(pl.format("is used in update(s) {}", pl.col("_steps").list.join(", ")))
     msg = pl.concat_str([r_part, u_part], separator=" and ", ignore_nulls=True)
     return bad.rechunk().select("trajectory_id", "file", pl.format("infra_error episode {}", msg).alias("message"))
 
 
 @rule("T304", "truncated episode rewarded against the truncation policy",
-      requires=("truncated", "reward"))
-def truncated_reward(b: Batch, cfg) -> pl.DataFrame | None:
+      requires=("truncated", "reward"), optional=("stop_reason", "final_value"), config=("truncation",))
+def truncated_reward(b: BatchView, cfg) -> pl.DataFrame | None:
     """A collector-truncated episode (truncated = true) has a reward that the configured
     truncation policy does not allow.
 
@@ -139,17 +136,17 @@ def truncated_reward(b: Batch, cfg) -> pl.DataFrame | None:
             t = t.filter(pl.col("final_value").is_null())
         msg = pl.format("truncated episode (stop_reason {}) has reward {} but no final_value to bootstrap from "
                         "(truncation policy 'bootstrap')", pl.col("stop_reason").fill_null("null"),
-                        _num(pl.col("reward")))
+                        rounded(pl.col("reward")))
     else:
         msg = pl.format("truncated episode (stop_reason {}) has reward {}, expected null (truncation policy "
-                        "'exclude')", pl.col("stop_reason").fill_null("null"), _num(pl.col("reward")))
+                        "'exclude')", pl.col("stop_reason").fill_null("null"), rounded(pl.col("reward")))
     if t.is_empty():
         return None
     return t.rechunk().select("trajectory_id", msg.alias("message"))
 
 
-@rule("T305", "truncation laundered as termination", requires=("terminated", "turns.finish_reason"))
-def laundered_truncation(b: Batch, cfg) -> pl.DataFrame | None:
+@rule("T305", "truncation laundered as termination", requires=("terminated", "turns.finish_reason"), optional=("stop_reason",))
+def laundered_truncation(b: BatchView, cfg) -> pl.DataFrame | None:
     """The last turn's finish_reason is `length` or `abort`, but the episode is recorded as
     terminated.
 

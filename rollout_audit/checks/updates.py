@@ -10,17 +10,17 @@ from __future__ import annotations
 import polars as pl
 
 from ..registry import rule
+from .common import num
 
 REDUCTIONS = ("token", "turn", "trajectory", "constant")
 ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "reinforce")
-
-def num(e: pl.Expr) -> pl.Expr:
-    """A float rendered for a message: integers without '.0', others to 6 significant places."""
-    as_int = e.cast(pl.Int64, strict=False)
-    return (pl.when(e.is_null()).then(pl.lit("null"))
-            .when(e.is_finite() & (as_int.cast(pl.Float64) == e)).then(as_int.cast(pl.String))
-            .otherwise(e.round_sig_figs(6).cast(pl.String)))
-
+# What the shared per-member frame (`members`) reads: every update check declares all of it,
+# so the frame is the same whichever check builds it first.
+MEMBER_INPUTS = (
+    "trajectory_id", "task_id", "group_id", "reward", "truncated", "infra_error", "stop_reason", "n_trainable",
+    "n_tokens", "n_policy", "n_turns_trainable", "ok", "n_turns", "updates.update_step", "updates.trajectory_ids",
+    "updates.advantages", "updates.advantage_estimator", "updates.reduction", "updates.loss_denominator",
+)
 
 def _step() -> pl.Expr:
     return pl.format("update {}", pl.col("update_step").cast(pl.String).fill_null("?"))
@@ -112,7 +112,7 @@ def _differs(found: pl.Expr, expected: pl.Expr, cfg) -> pl.Expr:
 
 
 @rule("U601", "loss_denominator differs from the recomputed one", scope="log",
-      requires=("updates", "trajectory_id"))
+      requires=("updates", "trajectory_id"), optional=MEMBER_INPUTS, config=("atol", "rtol"))
 def denominator(log, cfg) -> pl.DataFrame | None:
     """An update's loss_denominator differs from the one recomputed for its declared reduction.
 
@@ -160,7 +160,7 @@ def denominator(log, cfg) -> pl.DataFrame | None:
 
 
 @rule("U602", "loss_denominator counts tokens the policy did not sample", scope="log",
-      requires=("updates", "trajectory_id"))
+      requires=("updates", "trajectory_id"), optional=MEMBER_INPUTS, config=("atol", "rtol"))
 def diluted_denominator(log, cfg) -> pl.DataFrame | None:
     """A token-reduced update divides by more tokens than the policy sampled: the denominator
     counts observation, tool, template or prompt tokens.
@@ -219,7 +219,7 @@ def _group_stats(m: pl.DataFrame) -> pl.DataFrame:
 
 
 @rule("U603", "advantages differ from the recomputed ones", scope="log",
-      requires=("updates.advantages", "updates.advantage_estimator", "trajectory_id", "task_id", "reward"))
+      requires=("updates.advantages", "updates.advantage_estimator", "trajectory_id", "task_id", "reward"), optional=MEMBER_INPUTS, config=("atol", "rtol", "grpo_epsilon"))
 def advantages(log, cfg) -> pl.DataFrame | None:
     """An update's advantages differ from the ones recomputed for its declared estimator and groups.
 
@@ -267,7 +267,7 @@ def advantages(log, cfg) -> pl.DataFrame | None:
 
 
 @rule("U604", "degenerate group carries non-zero advantages", scope="log",
-      requires=("updates.advantages", "trajectory_id", "task_id", "reward"))
+      requires=("updates.advantages", "trajectory_id", "task_id", "reward"), optional=MEMBER_INPUTS, config=("atol",))
 def degenerate_advantages(log, cfg) -> pl.DataFrame | None:
     """A group in which every reward is equal (no relative signal) carries non-zero advantages.
 
@@ -296,7 +296,7 @@ def degenerate_advantages(log, cfg) -> pl.DataFrame | None:
 # ------------------------------------------------------------------ U605, U606: batch membership
 
 
-@rule("U605", "update names a trajectory not in the log", scope="log", requires=("updates",))
+@rule("U605", "update names a trajectory not in the log", scope="log", requires=("updates",), optional=MEMBER_INPUTS)
 def unknown_member(log, cfg) -> pl.DataFrame | None:
     """An update's trajectory_ids names a trajectory that is not in the log (or a null id).
 
@@ -315,7 +315,7 @@ def unknown_member(log, cfg) -> pl.DataFrame | None:
 
 
 @rule("U606", "excluded trajectory used in an update", scope="log",
-      requires=("updates", "trajectory_id", "reward", "truncated", "infra_error"))
+      requires=("updates", "trajectory_id", "reward", "truncated", "infra_error"), optional=MEMBER_INPUTS, config=("truncation",))
 def excluded_member(log, cfg) -> pl.DataFrame | None:
     """An update trains on a trajectory that must be excluded: its reward is null, it is an
     infra_error episode, or it was truncated by the collector under truncation = exclude.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from ..batch import Batch
+from ..views import BatchView
 from ..registry import rule
 
 
@@ -19,7 +19,7 @@ def _fmt_hist(h: dict[int, int]) -> str:
 
 
 @rule("P501", "policy_version missing on a turn", "error", requires=("turns.policy_version",))
-def version_missing(b: Batch, cfg) -> pl.DataFrame | None:
+def version_missing(b: BatchView, cfg) -> pl.DataFrame | None:
     """A turn has no policy_version (null).
 
     Lesson 11.2.3: with asynchronous or off-policy collection, the weights that sampled a
@@ -43,7 +43,7 @@ def version_missing(b: Batch, cfg) -> pl.DataFrame | None:
 
 
 @rule("P502", "policy versions decrease within an episode", "error", requires=("turns.policy_version",))
-def version_decreasing(b: Batch, cfg) -> pl.DataFrame | None:
+def version_decreasing(b: BatchView, cfg) -> pl.DataFrame | None:
     """A turn's policy_version is lower than the version of the turn before it (the previous
     turn with a version) in the same episode.
 
@@ -65,7 +65,7 @@ def version_decreasing(b: Batch, cfg) -> pl.DataFrame | None:
         "policy_version", "prev").alias("message"))
 
 
-@rule("P503", "policy lag above the bound in an update", "error", scope="log", requires=("updates", "turns.policy_version"))
+@rule("P503", "policy lag above the bound in an update", "error", scope="log", requires=("updates", "updates.trainer_version", "updates.trajectory_ids", "pv_min"), optional=("pv_max", "updates.max_policy_lag", "updates.update_step"), config=("max_policy_lag",))
 def policy_lag(log, cfg) -> pl.DataFrame | None:
     """An update trains on a trajectory whose oldest turn was sampled more than the allowed
     number of versions ago (trainer_version − min policy_version > bound), or by weights newer
@@ -112,7 +112,7 @@ def policy_lag(log, cfg) -> pl.DataFrame | None:
                   "update_step", "trainer_version", "pv_min", "lag", "bound")).alias("message"))
 
 
-@rule("P504", "several policy versions inside one episode", "info", scope="log", requires=("turns.policy_version",))
+@rule("P504", "several policy versions inside one episode", "info", scope="log", requires=("pv_min", "pv_max"), optional=("n_versions",))
 def versions_per_episode(log, cfg) -> pl.DataFrame | None:
     """Statistics: episodes whose turns were sampled by more than one policy version, with the
     histogram of versions per episode and of the version span (max − min).

@@ -1,0 +1,59 @@
+"""Records (dicts with contract column names) and Arrow tables in the contract's types."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pyarrow as pa
+
+from . import schema as S
+
+
+def _meta(kind: str) -> dict[bytes, bytes]:
+    return {S.META_VERSION: S.SCHEMA_VERSION.encode(), S.META_KIND: kind.encode()}
+
+
+def records_to_table(records: list[Mapping], kind: str = "trajectories") -> pa.Table:
+    """Records (dicts with contract column names) as an Arrow table with contract types."""
+    return pa.Table.from_pylist(list(records), schema=schema_for_records(list(records), kind))
+
+
+def schema_for_records(records: list[Mapping], kind: str) -> pa.Schema:
+    """Contract schema restricted to the columns (and turn fields) the producer supplies."""
+    present = set().union(*(r.keys() for r in records))
+    unknown = sorted(present - {c.name for c in S.columns(kind)})
+    if unknown:
+        raise ValueError(f"unknown column(s) {unknown} for {kind}; see `rollout-audit schema`")
+    fields = []
+    for c in S.columns(kind):
+        if c.name not in present:
+            continue
+        if c.name == "turns":
+            keys = set()
+            for r in records:
+                for t in r.get("turns") or ():
+                    keys.update(t.keys())
+            tf = [pa.field(tc.name, tc.arrow_type) for tc in S.columns("turn") if tc.name in keys]
+            bad = sorted(keys - {tc.name for tc in S.columns("turn")})
+            if bad:
+                raise ValueError(f"unknown turn field(s) {bad}; see `rollout-audit schema`")
+            fields.append(pa.field("turns", pa.list_(pa.struct(tf))))
+        else:
+            fields.append(pa.field(c.name, c.arrow_type))
+    return pa.schema(fields, metadata=_meta(kind))
+
+
+def canonical_schema(found: pa.Schema, kind: str) -> pa.Schema:
+    """Contract types for the columns of an Arrow table (unknown columns refused)."""
+    spec = {c.name: c for c in S.columns(kind)}
+    fields = []
+    for f in found:
+        if f.name not in spec:
+            raise ValueError(f"unknown column {f.name!r} for {kind}; see `rollout-audit schema`")
+        if f.name == "turns" and pa.types.is_list(f.type) and pa.types.is_struct(f.type.value_type):
+            tspec = {c.name: c for c in S.columns("turn")}
+            tf = [pa.field(x.name, tspec[x.name].arrow_type) for x in f.type.value_type if x.name in tspec]
+            fields.append(pa.field("turns", pa.list_(pa.struct(tf))))
+        else:
+            fields.append(pa.field(f.name, spec[f.name].arrow_type))
+    return pa.schema(fields, metadata=_meta(kind))

@@ -1,0 +1,300 @@
+"""Running checks: each through a view of what it declared, with exact bookkeeping of where
+it ran, where it could not (and why), and where it crashed.
+
+The engine (whole logs) and the writer (one batch before it is written) both run checks
+through a `Runner`, so they agree on what a check sees and on what "ran" means.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from . import schema as S
+from .batch import SUMMARY_INPUTS, TOKEN_LISTS, Batch
+from .config import Config
+from .io import one_line
+from .registry import NotRun, Rule, all_rules, selected
+from .views import BatchView, ConfigView, LogCheckView, LogView
+
+FINDING_SCHEMA: dict[str, Any] = {
+    "code": pl.String,
+    "severity": pl.String,
+    "message": pl.String,
+    "file": pl.String,
+    "trajectory_id": pl.String,
+    "turn": pl.Int64,
+    "position": pl.Int64,
+}
+_RAISE = bool(os.environ.get("ROLLOUT_AUDIT_RAISE"))  # developers: re-raise a crashing check with its traceback
+MAX_CRASHES_KEPT = 5  # per check; the count is always exact
+
+
+@dataclass
+class Crash:
+    """A check that raised: where, and the exception's one-line summary."""
+
+    code: str
+    error: str
+    file: str | None
+    rows: str | None  # "first-last" rows of the batch in its file, for batch checks
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "error": self.error, "file": self.file, "rows": self.rows}
+
+
+@dataclass
+class Coverage:
+    """Trajectory rows a check ran on, and the rows it could not run on, by reason."""
+
+    ran: int = 0
+    lacking: dict[str, int] = field(default_factory=dict)
+    calls: int = 0  # times the check function was called and returned
+
+    def lack(self, why: str, rows: int) -> None:
+        self.lacking[why] = self.lacking.get(why, 0) + rows
+
+
+def normalise(df: pl.DataFrame | None, rule: Rule, file: str | None) -> pl.DataFrame | None:
+    """A check's output in the finding schema, with its code and severity."""
+    if df is None or df.height == 0:
+        return None
+    exprs = []
+    for name, dtype in FINDING_SCHEMA.items():
+        if name == "code":
+            exprs.append(pl.lit(rule.code).alias(name))
+        elif name == "severity":
+            exprs.append(pl.lit(rule.severity).alias(name))
+        elif name == "file" and "file" not in df.columns:
+            exprs.append(pl.lit(file, dtype=pl.String).alias(name))
+        elif name in df.columns:
+            exprs.append(pl.col(name).cast(dtype))
+        else:
+            exprs.append(pl.lit(None, dtype=dtype).alias(name))
+    return df.select(exprs)
+
+
+def _data_inputs(rule: Rule) -> list[str]:
+    """A rule's data inputs at the level a file has them: derived values map to their bases."""
+    out: list[str] = []
+    for q in rule.requires:
+        for base in SUMMARY_INPUTS.get(q, (q,)):
+            if base not in out:
+                out.append(base)
+    return out
+
+
+def _absent(missing: list[str]) -> str:
+    if "updates" in missing:
+        return "the log has no update records"
+    return f"{'column' if len(missing) == 1 else 'columns'} {', '.join(missing)} absent"
+
+
+class Runner:
+    """The selected rules of one audit, and what happened when each one ran.
+
+    `apply_batch` and `apply_log` are safe to call from several threads at once.
+    """
+
+    def __init__(self, cfg: Config, select: Sequence[str] | None = None, ignore: Sequence[str] | None = None,
+                 rules: dict[str, Rule] | None = None) -> None:
+        self.cfg = cfg
+        sel = list(select or []) or list(cfg.select)
+        ign = list(ignore or []) + list(cfg.ignore)
+        pool = all_rules() if rules is None else rules
+        self.rules = {c: r for c, r in pool.items() if selected(c, sel, ign)}
+        self.findings: list[pl.DataFrame] = []
+        self.coverage: dict[str, Coverage] = {c: Coverage() for c in self.rules}
+        self.reasons: dict[str, set[str]] = {c: set() for c in self.rules}  # NotRun and absence reasons
+        self.crashes: list[Crash] = []
+        self.crash_counts: dict[str, int] = {}
+        self.file_inputs: dict[str, tuple[frozenset[str], int]] = {}  # file -> (inputs it has, rows)
+        self._lock = threading.Lock()
+
+    @property
+    def batch_rules(self) -> list[Rule]:
+        return [r for r in self.rules.values() if r.scope == "batch"]
+
+    @property
+    def log_rules(self) -> list[Rule]:
+        return [r for r in self.rules.values() if r.scope == "log"]
+
+    # ------------------------------------------------------------ running
+    def _call(self, rule: Rule, view: Any, file: str | None, rows: str | None) -> tuple[bool, str | None]:
+        """Call the check; (returned normally, NotRun reason). Crashes are recorded, never raised,
+        except KeyboardInterrupt and SystemExit."""
+        try:
+            out = rule.func(view, ConfigView(self.cfg, rule))
+        except NotRun as e:
+            return False, str(e)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - native panics derive from BaseException
+            if _RAISE:
+                raise
+            with self._lock:
+                n = self.crash_counts.get(rule.code, 0)
+                self.crash_counts[rule.code] = n + 1
+                if n < MAX_CRASHES_KEPT:
+                    self.crashes.append(Crash(rule.code, one_line(e), file, rows))
+            return False, None
+        norm = normalise(out, rule, file)
+        if norm is not None:
+            with self._lock:
+                self.findings.append(norm)
+        return True, None
+
+    def note_batch(self, b: Batch) -> None:
+        """Remember which inputs this batch's file has (for the coverage of log checks)."""
+        have = frozenset(b.columns) | {f"turns.{f}" for f in b.turn_fields}
+        with self._lock:
+            old = self.file_inputs.get(b.file)
+            self.file_inputs[b.file] = (have, (old[1] if old else 0) + b.n)
+
+    def apply_batch(self, rule: Rule, b: Batch) -> None:
+        """Run one batch rule on one batch and account for every row."""
+        cov = self.coverage[rule.code]
+        missing = [q for q in rule.requires if not b.has(q)]
+        if missing:
+            with self._lock:
+                cov.lack(_absent(missing), b.n)
+            return
+        view = BatchView(b, rule)
+        rows = f"{b.first_row}-{b.first_row + b.n - 1}" if b.n else None
+        done, why = self._call(rule, view, b.file, rows)
+        lacking: dict[str, int] = {}
+        ran = b.n
+        if done and view.used_tokens:
+            ok = b.tokens(view.lists).ok
+            ran = int(ok.sum())
+            if ran < b.n:
+                lacking = _why_rows_lack(b, view.lists, ok)
+        with self._lock:
+            if why is not None:
+                cov.lack(why, b.n)
+                self.reasons[rule.code].add(why)
+            elif done:
+                cov.ran += ran
+                cov.calls += 1
+                for k, v in lacking.items():
+                    cov.lack(k, v)
+
+    def apply_log(self, rule: Rule, log: LogView) -> None:
+        """Run one log rule on the whole log."""
+        cov = self.coverage[rule.code]
+        missing = [q for q in rule.requires if not log.has(q)]
+        total = log.traj.height
+        if missing:
+            cov.lack(_absent(missing), max(total, 1))
+            return
+        done, why = self._call(rule, LogCheckView(log, rule), None, None)
+        if why is not None:
+            cov.lack(why, max(total, 1))
+            self.reasons[rule.code].add(why)
+            return
+        if not done:
+            return
+        cov.calls += 1
+        need = [q for q in _data_inputs(rule) if not q.startswith("updates")]
+        lacking = 0
+        for have, n in self.file_inputs.values():
+            gone = [q for q in need if q not in have]
+            if gone:
+                cov.lack(f"lack {', '.join(gone)}", n)
+                lacking += n
+        cov.ran += max(total - lacking, 0) if total else 1
+
+    # ------------------------------------------------------------ results
+    def not_run(self) -> dict[str, str]:
+        """Checks that ran nowhere, with the reason."""
+        out = {}
+        for code, cov in self.coverage.items():
+            if code in self.crash_counts or cov.ran:
+                continue
+            why = "; ".join(sorted(cov.lacking)) if cov.lacking else "no input reached this check"
+            out[code] = why
+        return out
+
+    def partial(self, rows: int) -> dict[str, str]:
+        """Checks that ran on some trajectories and not others: 'ran on 812 of 1000 …'."""
+        out = {}
+        for code, cov in self.coverage.items():
+            if not cov.ran or not cov.lacking or code in self.crash_counts:
+                continue
+            rule = self.rules[code]
+            total = rows if rule.scope == "batch" else cov.ran + sum(cov.lacking.values())
+            lack = "; ".join(f"{n} {why}" for why, n in sorted(cov.lacking.items(), key=lambda kv: -kv[1]))
+            out[code] = f"ran on {cov.ran} of {total} trajectories; {lack}"
+        return out
+
+    def findings_frame(self) -> pl.DataFrame:
+        return pl.concat(self.findings) if self.findings else pl.DataFrame(schema=FINDING_SCHEMA)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to read, derived from the selected rules' declarations alone."""
+
+    columns: tuple[str, ...]  # trajectory columns to read
+    turn_fields: frozenset[str]  # turn fields converted into the per-turn frame
+    summary: frozenset[str]  # per-trajectory summary kept for log checks
+
+
+def plan(runner: Runner) -> Plan:
+    """The columns, turn fields and summary columns the selected rules declare."""
+    cols: set[str] = {"trajectory_id"}
+    fields: set[str] = set()
+    summary: set[str] = set()
+
+    def need(q: str) -> None:
+        if q.startswith("updates"):
+            return
+        if q.startswith("turns."):
+            cols.add("turns")
+            fields.add(q[6:])
+        elif q in SUMMARY_INPUTS:
+            for base in SUMMARY_INPUTS[q]:
+                need(base)
+        else:
+            cols.add(q)
+
+    for r in runner.rules.values():
+        for q in r.reads:
+            need(q)
+            if r.scope == "log" and not q.startswith("updates"):
+                summary.add(q)
+    order = [c.name for c in S.columns("trajectories")]
+    return Plan(tuple(c for c in order if c in cols), frozenset(fields), frozenset(summary))
+
+
+def _why_rows_lack(b: Batch, lists: frozenset[str], ok: Any) -> dict[str, int]:
+    """Per reason, how many rows of `b` lie outside `ok` (a declared list null, or lists of
+    different lengths)."""
+    out: dict[str, int] = {}
+    nulls = None
+    for c in TOKEN_LISTS:
+        if c in lists:
+            isnull = b.lengths[c] < 0
+            k = int((isnull & ~ok).sum())
+            if k:
+                out[f"lack {c} (null)"] = k
+            nulls = isnull if nulls is None else nulls | isnull
+    mismatched = int((~ok).sum()) - (int((nulls & ~ok).sum()) if nulls is not None else 0)
+    if mismatched:
+        out["have token lists of different lengths (S003)"] = mismatched
+    return out
+
+
+def check_table(runner: Runner, b: Batch) -> None:
+    """Every selected rule on one batch that is the whole log (the writer's validation)."""
+    runner.note_batch(b)
+    for r in runner.batch_rules:
+        runner.apply_batch(r, b)
+    log = LogView(b.summary(plan(runner).summary), None, [])
+    for r in runner.log_rules:
+        runner.apply_log(r, log)

@@ -1,0 +1,123 @@
+"""Writing rollout logs: `RolloutWriter` validates each batch against the contract (the
+structural checks, run through the same `Runner` as the audit) and publishes atomically."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .batch import Batch
+from .config import Config
+from .io import one_line
+from .read import cast, memory_file, schema_plan
+from .records import canonical_schema, schema_for_records
+from .runner import Runner, check_table
+
+_VALIDATE = ("S", "T301", "T302")  # what a batch must pass before it is written
+
+
+class RolloutWriter:
+    """Write a valid rollout log file, row group by row group, published atomically.
+
+    Each `write` checks the batch against the contract (required columns, types, list
+    lengths, turn numbering, stop reasons) and raises ValueError naming the column and
+    row of the first problem. The file only appears under its final name on `close`.
+
+        with RolloutWriter("logs/step=3/part-0.parquet") as w:
+            w.write(records)            # list of dicts, or a pyarrow Table/RecordBatch
+    """
+
+    def __init__(self, path: str | os.PathLike, kind: str = "trajectories", *, validate: bool = True,
+                 compression: str = "zstd") -> None:
+        if kind not in ("trajectories", "updates"):
+            raise ValueError(f"kind must be 'trajectories' or 'updates', not {kind!r}")
+        self.path = Path(path)
+        self.kind = kind
+        self.validate = validate
+        self.compression = compression
+        self._tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        self._writer: pq.ParquetWriter | None = None
+        self._schema: pa.Schema | None = None
+        self.rows_written = 0
+
+    def __enter__(self) -> "RolloutWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def write(self, records: Iterable[Mapping] | pa.Table | pa.RecordBatch) -> None:
+        """Validate and append one batch as one row group."""
+        table = self._to_table(records)
+        if self.validate:
+            problems = contract_problems(table, self.kind)
+            if problems:
+                raise ValueError(f"{self.path}: record refused: {problems[0]}"
+                                 + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        if self._writer is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._writer = pq.ParquetWriter(self._tmp, self._schema, compression=self.compression)
+        self._writer.write_table(table, row_group_size=max(table.num_rows, 1))
+        self.rows_written += table.num_rows
+
+    def close(self) -> Path:
+        """Finish the file and move it to its final name."""
+        if self._writer is None:
+            raise ValueError(f"{self.path}: nothing was written; refusing to publish an empty log")
+        self._writer.close()
+        self._writer = None
+        os.replace(self._tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Drop the temporary file; nothing is published."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._tmp.unlink(missing_ok=True)
+
+    def _to_table(self, records) -> pa.Table:
+        if isinstance(records, pa.RecordBatch):
+            records = pa.Table.from_batches([records])
+        if not isinstance(records, pa.Table):
+            records = list(records)
+            if not records:
+                raise ValueError("write() got no records")
+            if self._schema is None:
+                self._schema = schema_for_records(records, self.kind)
+            try:
+                records = pa.Table.from_pylist(records, schema=self._schema)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+                raise ValueError(f"{self.path}: record refused: {one_line(e)}") from None
+        if self._schema is None:
+            self._schema = canonical_schema(records.schema, self.kind)
+        try:
+            return records.select(self._schema.names).cast(self._schema)
+        except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+            raise ValueError(f"{self.path}: batch does not match the file's schema: {one_line(e)}") from None
+
+
+def contract_problems(table: pa.Table, kind: str) -> list[str]:
+    """Structural problems of an in-memory batch, as messages (the writer refuses on any)."""
+    f = memory_file(table, kind)
+    targets, problems = schema_plan(f, kind)
+    if kind == "updates":
+        return [f"S001 {c}: {p}" for c, p in problems]
+    data, cast_problems = cast(table.select([c for c in table.column_names if c in targets]), targets)
+    runner = Runner(Config(), select=_VALIDATE)
+    check_table(runner, Batch(data, f.path, 0, problems + cast_problems, None))
+    msgs = [f"{c.code} check crashed: {c.error}" for c in runner.crashes]
+    found = runner.findings_frame().filter(runner.findings_frame()["severity"] == "error")
+    return msgs + [
+        f"{r['code']} {r['message']}" + (f" (trajectory {r['trajectory_id']})" if r["trajectory_id"] else "")
+        for r in found.iter_rows(named=True)
+    ]
