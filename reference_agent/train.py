@@ -68,7 +68,7 @@ PROFILES: dict[str, TrainConfig] = {
     "full": TrainConfig(iterations=120),
     "tiny": TrainConfig(iterations=3, groups_per_iter=2, group_size=4, eval_episodes=4, infra_failure_rate=0.05,
                         top_p=0.7),
-    # the committed fixtures (python -m rollout_audit.fixtures): early training, every stop cause
+    # the committed fixtures (python -m reference_agent.fixtures): early training, every stop cause
     "fixture": TrainConfig(iterations=4, groups_per_iter=8, group_size=4, eval_episodes=2, infra_failure_rate=0.05,
                            epochs=2),
 }

@@ -25,16 +25,22 @@ class _Group(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit):
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, SystemExit, KeyboardInterrupt):
             raise
         except BrokenPipeError:  # output piped into `head`: not an error
             sys.stderr.close()
             sys.exit(0)
-        except Exception as e:  # noqa: BLE001 - the user gets a message, never a traceback
+        except BaseException as e:  # noqa: BLE001 - native panics too: a message, never a traceback
             from .io import UsageError
+
             if isinstance(e, (UsageError, ValueError, OSError)):
-                _fail(str(e))
-            _fail(f"internal error: {type(e).__name__}: {e} (please report this)")
+                _fail(_first_line(e))
+            _fail(f"internal error: {type(e).__name__}: {_first_line(e)} (please report this)")
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -56,14 +62,24 @@ def main() -> None:
               help="Write the report to this file instead of stdout.")
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Batches checked at once (2: ~15% faster, one more batch in memory).")
-def check(paths, select, ignore, fmt, config_path, strict, show_all, output, workers) -> None:
-    """Audit the log at PATHS (Parquet files or directories). Exit 1 blocks training."""
-    from .config import load_config
+@click.option("--show-settings", is_flag=True, help="Print the configuration in use and where it came from, then exit.")
+def check(paths, select, ignore, fmt, config_path, strict, show_all, output, workers, show_settings) -> None:
+    """Audit the log at PATHS (Parquet files or directories).
+
+    Exit 0: every selected check that had its inputs ran and held. 1: findings that block
+    training. 2: the audit could not be completed (a check crashed, no usable input, bad
+    configuration).
+    """
+    from .config import find_config
     from .engine import run_audit
     from .io import discover
     from .registry import all_rules
 
-    cfg = load_config(config_path)
+    cfg, source = find_config(config_path, start=paths[0])
+    if show_settings:
+        click.echo(f"# configuration: {source}")
+        click.echo(json.dumps(cfg.settings(), indent=1))
+        return
     sel, ign = _codes(select), _codes(ignore)
     known = all_rules()
     for c in sel + ign:
@@ -167,7 +183,7 @@ def report(paths, output, config_path) -> None:
     for p in paths:
         if str(output).startswith(str(p).rstrip("/") + "/") or str(output) == str(p):
             _fail("--output must not be inside the audited log (the tool never writes to its input)")
-    rep = run_audit(disc, load_config(config_path), tune=True)
+    rep = run_audit(disc, load_config(config_path, start=paths[0]), tune=True)
     try:
         st = log_stats(Log(disc)) if disc.of_kind("trajectories") else None
     except Exception:  # statistics are a courtesy; a broken log still gets its findings page

@@ -98,8 +98,14 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 def load_config(path: str | Path | None = None, start: str | Path = ".") -> Config:
     """Read `path` (a TOML file: a `[tool.rollout-audit]` table, or top-level keys when it has
-    no `tool` table), or the nearest pyproject.toml at or above `start` that has the table;
-    defaults otherwise. A broken pyproject.toml on the way is an error, never skipped."""
+    no `tool` table), or the nearest pyproject.toml at or above `start` (the audited path, as
+    ruff looks next to the files checked) that has the table; defaults otherwise. A broken
+    pyproject.toml on the way is an error, never skipped."""
+    return find_config(path, start)[0]
+
+
+def find_config(path: str | Path | None = None, start: str | Path = ".") -> tuple[Config, str]:
+    """`load_config`, and where the configuration came from (a file, or "defaults")."""
     if path is not None:
         p = Path(path)
         data = _read_toml(p)
@@ -107,7 +113,7 @@ def load_config(path: str | Path | None = None, start: str | Path = ".") -> Conf
             table = data["tool"].get("rollout-audit", {}) if isinstance(data["tool"], dict) else {}
         else:
             table = data
-        return Config.from_mapping(table, str(p))
+        return Config.from_mapping(table, str(p)), str(p)
     here = Path(start).resolve()
     if here.is_file():
         here = here.parent
@@ -117,5 +123,5 @@ def load_config(path: str | Path | None = None, start: str | Path = ".") -> Conf
             data = _read_toml(pp)
             tool = data.get("tool", {})
             if isinstance(tool, dict) and "rollout-audit" in tool:
-                return Config.from_mapping(tool["rollout-audit"], f"{pp} [tool.rollout-audit]")
-    return Config()
+                return Config.from_mapping(tool["rollout-audit"], f"{pp} [tool.rollout-audit]"), str(pp)
+    return Config(), "defaults (no pyproject.toml with [tool.rollout-audit] at or above the audited path)"

@@ -18,6 +18,7 @@ from .io import Discovery, discover
 from .memory import release_memory, tune_allocator
 from .progress import progress_for
 from .read import memory_file, parts, read_updates
+from .registry import Rule
 from .report import Report, build_report
 from .runner import Plan, Runner, plan
 from .views import LogView
@@ -39,17 +40,18 @@ def run_audit(
     *,
     tune: bool = False,
     workers: int = 1,
+    rules: dict[str, Rule] | None = None,
 ) -> Report:
     """Audit the files of `disc` (Parquet files, or in-memory tables held by `LogFile`s).
 
     `tune` (the CLI sets it) changes glibc's process-wide allocator settings for speed.
     `workers` batches are checked at once on threads (polars, Arrow and most numpy kernels
-    release the GIL). Reading runs one batch ahead.
+    release the GIL). Reading runs one batch ahead. `rules` replaces the registered catalogue.
     """
     cfg = cfg or Config()
     if tune:
         tune_allocator()
-    runner = Runner(cfg, select, ignore)
+    runner = Runner(cfg, select, ignore, rules=rules)
     p = plan(runner)
     broken = list(disc.broken)
     files = disc.of_kind("trajectories")

@@ -9,7 +9,7 @@ import pytest
 
 import rollout_audit as ra
 from rollout_audit.config import Config
-from rollout_audit.fixtures import FIXTURES, drift, generate
+from reference_agent.fixtures import FIXTURES, drift, generate
 
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from ..views import BatchView
-from ..registry import rule
+from ..registry import NotRun, rule
 
 
 def _histogram(s: pl.Series) -> dict[int, int]:
@@ -104,6 +104,9 @@ def policy_lag(log, cfg) -> pl.DataFrame | None:
     too_new = pl.col("lag_min") < 0
     bad = used.filter(too_old | too_new)
     if bad.is_empty():
+        if not n_bounded:  # only the sign of the lag could be checked: the bound itself was not
+            raise NotRun("needs max_policy_lag (in the update records or the configuration); "
+                         "only negative lags were checked, none found")
         return None
     return bad.select("trajectory_id", "file", pl.when(too_new).then(pl.format(
         "update {} starts from trainer_version {} but the trajectory was sampled by version {} (negative lag {}): "

@@ -1,8 +1,8 @@
 """The committed fixtures: a small compliant log from the reference agent and one broken log
 per named fault, with a manifest of the codes each must raise.
 
-    python -m rollout_audit.fixtures            # regenerate fixtures/ (needs the agent extra)
-    python -m rollout_audit.fixtures --check    # exit 1 if the committed fixtures drift
+    python -m reference_agent.fixtures            # regenerate fixtures/ (needs the agent extra)
+    python -m reference_agent.fixtures --check    # exit 1 if the committed fixtures drift
 
 Measured columns (wall-clock and latencies) are excluded from the drift comparison; floats
 compare to 1e-6, everything else exactly.
@@ -25,7 +25,7 @@ FIXTURE_SEED = 0
 
 def agent_log(out: Path) -> None:
     """Train the reference agent's fixture profile into `out` (trajectories/, updates/)."""
-    from reference_agent.train import PROFILES, train
+    from .train import PROFILES, train
 
     work = Path(tempfile.mkdtemp())
     try:
@@ -38,7 +38,7 @@ def agent_log(out: Path) -> None:
 
 def generate(root: Path) -> dict:
     """Write compliant/, broken/<fault>/ and manifest.json under `root`; returns the manifest."""
-    from .faults import FAULTS, apply, read_records, write_records
+    from rollout_audit.faults import FAULTS, apply, read_records, write_records
 
     if root.exists():
         shutil.rmtree(root / "compliant", ignore_errors=True)
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in problems:
         print(p)
     print("fixtures up to date" if not problems else f"{len(problems)} difference(s): regenerate with "
-          "`python -m rollout_audit.fixtures`")
+          "`python -m reference_agent.fixtures`")
     return 1 if problems else 0
 
 
