@@ -13,7 +13,7 @@ For each size, in one run (logs generated under benchmarks/data/ when absent):
   and CPU (process_time) seconds are both recorded;
 - peak RSS: a second fresh subprocess runs one audit only and reports VmHWM from
   /proc/self/status (ru_maxrss as fallback), so the floor's table does not count;
-- ratio audit/floor (the DESIGN 8 bar is 1.5; also as CPU-time ratio), tokens/s and
+- ratio audit/floor (the bar is 1.5; also as CPU-time ratio), tokens/s and
   trajectories/s of the audit;
 - naive: a per-trajectory Python loop (`to_pylist` rows; trainable counts, mask provenance,
   log-prob validity, per-turn log-prob sums and counts, shaping and its telescoping, stop

@@ -1,4 +1,4 @@
-"""Key-and-door reference agent (lesson 11.5.4): env, tokenizer, GRU actor–critic, trainer, replay, demo.
+"""Key-and-door reference agent (lesson “Practice: a key-and-door tool agent”): env, tokenizer, GRU actor–critic, trainer, replay, demo.
 
 Modules, top to bottom: env.py (task, controller mask, Φ, verifier), tokenizer.py (fixed vocabulary and
 template), policy.py (recurrent actor–critic, decoding distribution, safetensors checkpoints), train.py

@@ -1,4 +1,4 @@
-"""Key-and-door environment (lesson 11.5.4): a partially observable tool task with a hidden colour."""
+"""Key-and-door environment (lesson “Practice: a key-and-door tool agent”): a partially observable tool task with a hidden colour."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ PPO-clipped ratio against the logged behaviour log-probs (one update record and 
 so the policy lag is at most epochs − 1). The critic regresses V(h_t) on the potential-shaped
 discounted return-to-go; its values fill the turn `value` / `td_residual` fields and the truncation
 bootstrap. Because Φ(s_0) = 0 and Φ = 0 at terminal states, shaping cannot change a trajectory-level
-advantage; it shapes the critic's targets (lesson 11.3.4). Excluded episodes (truncated under policy
+advantage; it shapes the critic's targets (lesson “Potential-based reward shaping”). Excluded episodes (truncated under policy
 `exclude`, infra errors) carry a null reward and are in no update.
 
 Run: python -m reference_agent.train --profile smoke --out DIR
@@ -81,7 +81,7 @@ def canonical_action(action: str) -> str:
 
 
 def context_sha256(token_ids: list[int], context_length: int) -> str:
-    """SHA-256 of the engine's context ids as little-endian int32 (DESIGN 3.2)."""
+    """SHA-256 of the engine's context ids as little-endian int32 (docs/contract.md, context_sha256)."""
     return hashlib.sha256(np.asarray(token_ids[:context_length], dtype="<i4").tobytes()).hexdigest()
 
 
@@ -107,7 +107,7 @@ def run_episode(env: KeyDoorEnv, policy: RecurrentActorCritic, tok: Tokenizer, *
                 rng: np.random.Generator | None, version: int, temperature: float, top_p: float,
                 max_turns: int, gamma: float, options: dict[str, Any] | None = None, memory: bool = True,
                 greedy: bool = False) -> dict[str, Any]:
-    """Play one episode token by token and return its contract record (DESIGN 3.1/3.2).
+    """Play one episode token by token and return its contract record (docs/contract.md, token lists).
 
     memory=False resets the GRU state at each turn (it then reads only the latest observation and the
     scaffold): the ablation showing the clue must be carried in the recurrent state.

@@ -113,8 +113,10 @@ def explain(code, list_all) -> None:
     r = rules.get(code.upper())
     if r is None:
         _fail(f"unknown check code {code!r}; see `rollout-audit explain --list`")
-    needs = ", ".join(r.requires) or "nothing beyond the required columns"
-    click.echo(f"{r.code} ({r.severity}): {r.name}\n\n{r.explanation}\n\nNeeds: {needs}")
+    needs = ", ".join(r.requires) or "nothing beyond the file list"
+    extra = (f"\nReads when present: {', '.join(r.optional)}" if r.optional else "") + (
+        f"\nConfiguration: {', '.join(r.config)}" if r.config else "")
+    click.echo(f"{r.code} ({r.severity}): {r.name}\n\n{r.explanation}\n\nNeeds: {needs}{extra}")
 
 
 @main.command()

@@ -1,5 +1,5 @@
 """Named faults: each turns a compliant log into a broken one, the way a real pipeline bug
-would (lessons 11.1.4, 11.2-11.5), and declares the codes the audit must raise.
+would (the lessons from “Success, termination, truncation, and infrastructure failure” to “A training environment is stricter than a demo environment”), and declares the codes the audit must raise.
 
 A fault takes the log as records (lists of dicts, see `Records`), mutates a deep copy and
 returns the trajectory ids it touched. Mutations stay consistent where the real bug would

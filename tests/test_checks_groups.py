@@ -41,7 +41,7 @@ def test_p_info_formula_matches_the_lecture():
 
 
 def test_g701_rare_success_task(records):
-    # p = 1/100 with groups of 8 (12 groups of 8 and one of 4: median G = 8), as in lesson 11.4.1
+    # p = 1/100 with groups of 8 (12 groups of 8 and one of 4: median G = 8), as in lesson “When a rollout group contains no relative signal”
     trajs = task_log({0: [i == 0 for i in range(100)]}, group_size=8)
     rep = ra.audit(trajs)
     assert not blocking(rep)

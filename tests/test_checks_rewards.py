@@ -1,4 +1,4 @@
-"""Reward and credit checks R401-R410 (lesson 11.3) against mutated synthetic logs.
+"""Reward and credit checks R401-R410 (lessons on credit assignment (“What one outcome reward provides” to “Potential-based reward shaping”)) against mutated synthetic logs.
 
 Each mutation breaks one identity and keeps the others: after changing shaping or potentials
 the tests re-derive td_residual and discounted_return from the recorded values (`rederive`),

@@ -1,4 +1,4 @@
-"""Termination checks T301-T305 (DESIGN 3.3, lesson 11.1.4) against mutated synthetic logs."""
+"""Termination checks T301-T305 (docs/contract.md, stop causes, lesson “Success, termination, truncation, and infrastructure failure”) against mutated synthetic logs."""
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,5 @@
 """Environment contract (E): every episode says which environment, verifier and initial state
-it ran against, and resetting to that state is reproducible (lesson 11.5.1)."""
+it ran against, and resetting to that state is reproducible (lesson “A training environment is stricter than a demo environment”)."""
 from __future__ import annotations
 
 import polars as pl
@@ -27,7 +27,7 @@ def identity_missing(log, cfg) -> pl.DataFrame | None:
     """An episode does not record its environment_version, its verifier_version, or how its
     initial state was chosen (reset_seed null while initial_state_id is null too).
 
-    Lesson 11.5.1: a training environment must answer, on every episode, which task was
+    Lesson “A training environment is stricter than a demo environment”: a training environment must answer, on every episode, which task was
     instantiated and what state it started from, and record the image, data, rules, tools and
     verifier it ran with. Without them a reward cannot be reproduced, two runs cannot be
     compared, and a verifier change looks like learning. Empty or blank strings count as
@@ -64,7 +64,7 @@ def reset_not_reproducible(log, cfg) -> pl.DataFrame | None:
     different initial_state_checksum values: reset is not reproducible or rollouts are not
     isolated.
 
-    Lesson 11.5.1: reset must return to a known initial state, with environment randomness
+    Lesson “A training environment is stricter than a demo environment”: reset must return to a known initial state, with environment randomness
     logged rather than lost, and one rollout must not alter another's initial state. When
     the same seed on the same environment version yields different states, a group's
     trajectories did not face the same task (group-relative advantages compare apples with

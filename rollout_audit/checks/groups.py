@@ -1,5 +1,5 @@
 """Groups and difficulty (G): how much relative signal the log's groups can carry, per task
-(lessons 11.4.1-11.4.2). Statistics: info findings, and tables in the JSON summary."""
+(lessons “When a rollout group contains no relative signal” and “Difficulty bands and dynamic task filtering”). Statistics: info findings, and tables in the JSON summary."""
 from __future__ import annotations
 
 import polars as pl
@@ -55,7 +55,7 @@ def degenerate_groups(log, cfg) -> pl.DataFrame | None:
     P_info = 1 − p^G − (1−p)^G and the expected number of groups 1/P_info to one informative
     comparison.
 
-    Lesson 11.4.1: with binary reward a group of G trajectories carries relative signal only
+    Lesson “When a rollout group contains no relative signal”: with binary reward a group of G trajectories carries relative signal only
     when it holds both a success and a failure; with p = 0.01 and G = 8, P_info ≈ 0.0773 and
     about 12.94 groups are needed per informative one. A larger learning rate does not help:
     zero relative signal times any step is zero. p is the task's mean verifier_success (reward
@@ -89,7 +89,7 @@ def difficulty_band(log, cfg) -> pl.DataFrame | None:
     """A global success rate inside the difficulty band hides a majority of tasks that are
     nearly always solved or nearly never solved.
 
-    Lesson 11.4.2: degeneracy must be computed per prompt. A global mean success of 0.5 can be
+    Lesson “Difficulty bands and dynamic task filtering”: degeneracy must be computed per prompt. A global mean success of 0.5 can be
     a mixture of tasks with p = 0.01 and p = 0.99, where almost every group is degenerate and
     group-relative learning gets no signal. With band = configuration difficulty_band
     (low, high), default (0.05, 0.95), this fires when more than half of the tasks have

@@ -1,5 +1,5 @@
 """Log-probabilities (L): the behaviour log-probs every importance ratio is built on
-(DESIGN 4, lesson 11.2.3, 11.4.3). Replay checks (L205-L207) need a replayer and live with it."""
+(docs/checks.md, lesson “Log-probabilities must be captured at every turn”, “Token-level and sequence-level probability ratios”). Replay checks (L205-L207) need a replayer and live with it."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,7 +16,7 @@ def invalid_logprob(b: BatchView, cfg) -> pl.DataFrame | None:
     """A policy-sampled token with loss_mask true has a missing (null), NaN, infinite or
     positive behaviour log-prob.
 
-    Lesson 11.2.3: the policy-gradient ratio π_θ(y_k | h) / π_beh(y_k | h) needs the
+    Lesson “Log-probabilities must be captured at every turn”: the policy-gradient ratio π_θ(y_k | h) / π_beh(y_k | h) needs the
     log-probability of every trained token under the distribution it was actually sampled
     from, captured at sampling time on every turn. A log-prob is a finite number ≤ 0; a null
     or NaN turns into a NaN loss or, worse, a silently zeroed ratio after clamping. Record
@@ -51,7 +51,7 @@ def turn_logprob_sum(b: BatchView, cfg) -> pl.DataFrame | None:
     """A turn's recorded logprob differs from the sum of the behaviour log-probs of its policy
     tokens: |logprob − Σ_k log π_beh(y_k)| > logprob_atol + rtol·|Σ|.
 
-    Lesson 11.2.3: log π_beh(a_t | h_t) of a turn is the sum of the log-probs of the tokens
+    Lesson “Log-probabilities must be captured at every turn”: log π_beh(a_t | h_t) of a turn is the sum of the log-probs of the tokens
     sampled in it. A turn logprob that disagrees with its tokens was computed on another
     tokenization, another span (the template tokens, a truncated action) or recomputed
     afterwards rather than captured at sampling time. Only turns whose policy tokens all have
@@ -79,7 +79,7 @@ def logprob_on_non_policy(b: BatchView, cfg) -> pl.DataFrame | None:
     """A token the policy did not sample (system, user, observation, template) carries a
     behaviour log-prob.
 
-    Lesson 11.2.1 and 11.2.3: only sampled tokens have a behaviour probability; the
+    Lesson “Who generated each token” and “Log-probabilities must be captured at every turn”: only sampled tokens have a behaviour probability; the
     environment's reply and the template were not drawn from π_beh. A log-prob there means
     the log-probs were taken from a teacher-forced pass over the whole sequence (a different
     quantity from the sampling distribution), or the provenance tags are shifted. Write
@@ -101,7 +101,7 @@ def logprob_on_non_policy(b: BatchView, cfg) -> pl.DataFrame | None:
 def decoding_params(b: BatchView, cfg) -> pl.DataFrame | None:
     """A turn has no temperature or no top_p recorded (null or NaN).
 
-    Lesson 11.2.3 and 11.4.3: the behaviour distribution is the model's softmax *after*
+    Lesson “Log-probabilities must be captured at every turn” and “Token-level and sequence-level probability ratios”: the behaviour distribution is the model's softmax *after*
     temperature, top-p and action masks. Without the decoding parameters of each turn the
     recorded log-probs cannot be reproduced (replay, L205/L206) and a trainer that recomputes
     them at temperature 1 silently changes the importance ratio. Record the sampling

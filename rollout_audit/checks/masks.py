@@ -1,5 +1,5 @@
 """Mask and provenance (M): who generated each token, and what the trainer will learn from
-(DESIGN 4, lesson 11.2.1-11.2.2)."""
+(docs/checks.md, lesson “Who generated each token” and “Trainable-token masks and signal dilution”)."""
 from __future__ import annotations
 
 import hashlib
@@ -19,7 +19,7 @@ def mask_on_non_policy(b: BatchView, cfg) -> pl.DataFrame | None:
     """loss_mask is true on a token the policy did not sample (system, user, tool/observation
     or template), counted per source.
 
-    Lesson 11.2.1-11.2.2: the policy chooses its action tokens but not the environment's
+    Lesson “Who generated each token” and “Trainable-token masks and signal dilution”: the policy chooses its action tokens but not the environment's
     reply. Only tokens with token_source = 2 (sampled by the behaviour policy) may enter the
     policy loss; training on a tool output or a chat-template token teaches the model to
     predict the environment and dilutes the gradient of its own actions. Build loss_mask as
@@ -42,7 +42,7 @@ def mask_on_non_policy(b: BatchView, cfg) -> pl.DataFrame | None:
 def policy_not_masked(b: BatchView, cfg) -> pl.DataFrame | None:
     """A token the policy sampled has loss_mask false.
 
-    Lesson 11.2.2: every sampled action token carries its share of the policy gradient; a
+    Lesson “Trainable-token masks and signal dilution”: every sampled action token carries its share of the policy gradient; a
     policy token left out of the loss silently removes part of the action (often the tool-call
     arguments or the end-of-turn token, when the mask is built from message text). Some
     pipelines mask policy tokens on purpose, e.g. turns cut by the engine
@@ -74,7 +74,7 @@ def policy_not_masked(b: BatchView, cfg) -> pl.DataFrame | None:
 def trainable_count(b: BatchView, cfg) -> pl.DataFrame | None:
     """The recorded num_trainable_tokens differs from the number of tokens with loss_mask true.
 
-    Lesson 11.2.2 and 11.2.4: the trainable-token count is the denominator of a token-level
+    Lesson “Trainable-token masks and signal dilution” and “Trajectory-, turn-, and token-level reduction”: the trainable-token count is the denominator of a token-level
     loss and the measure of signal dilution; when the pipeline's count disagrees with the
     mask it ships, either the mask or the normaliser is not the one that was intended.
     Recompute num_trainable_tokens from the final loss_mask (after templating and truncation).
@@ -94,7 +94,7 @@ def policy_token_count(b: BatchView, cfg) -> pl.DataFrame | None:
     """A turn's recorded num_policy_tokens differs from the number of tokens with
     token_source = 2 (policy) and token_turn = t.
 
-    Lesson 11.2.1 and 11.2.3: per-turn log-probs, turn-level reductions and length penalties
+    Lesson “Who generated each token” and “Log-probabilities must be captured at every turn”: per-turn log-probs, turn-level reductions and length penalties
     all use the number of tokens the policy sampled in the turn. A disagreement means the
     provenance tags or the turn tags were written from a different tokenization than the
     recorded turn. Tag every sampled token with token_source = 2 and its turn number, and count
@@ -118,7 +118,7 @@ def context_prefix(b: BatchView, cfg) -> pl.DataFrame | None:
     """The context the inference engine was given for turn t is not the prefix of the
     trainer's token_ids that ends just before the turn's first policy token.
 
-    Lesson 11.2.3 (token in, token out): the behaviour log-probs are conditional on the exact
+    Lesson “Log-probabilities must be captured at every turn” (token in, token out): the behaviour log-probs are conditional on the exact
     ids the engine saw. The recorded context_length must equal the position of the turn's first
     policy token, and context_sha256 must equal the hex SHA-256 of token_ids[:context_length]
     as little-endian int32 bytes. A mismatch means the trainer rebuilt the sequence differently
@@ -197,7 +197,7 @@ def sampled_ids(b: BatchView, cfg) -> pl.DataFrame | None:
     """The policy tokens the trainer has for turn t (token_source = 2, token_turn = t, in
     position order) are not exactly the sampled_token_ids the inference engine returned.
 
-    Lesson 11.2.3: behaviour log-probs belong to the tokens that were sampled. When the
+    Lesson “Log-probabilities must be captured at every turn”: behaviour log-probs belong to the tokens that were sampled. When the
     trainer's sequence is re-tokenized from the decoded text, the same string can come back
     as different ids (merges across the boundary, normalised whitespace), and every
     probability ratio is then computed on tokens the behaviour policy never produced. Keep

@@ -1,5 +1,5 @@
 """Reward and credit (R): turn rewards, potential-based shaping, TD residuals and returns are
-recomputed from the log and compared with what it records (DESIGN 4; lesson 11.3).
+recomputed from the log and compared with what it records (docs/checks.md; lessons on credit assignment (“What one outcome reward provides” to “Potential-based reward shaping”)).
 
 Discounting uses γ^t with t the turn index and γ the trajectory's `gamma` (1.0 when the
 column or the value is absent). Sums over turns are computed per trajectory with one
@@ -56,7 +56,7 @@ def _shaping(b: BatchView) -> pl.Expr:
 def components_sum(b: BatchView, cfg) -> pl.DataFrame | None:
     """A turn's reward_components do not sum to its reward.
 
-    Lesson 11.3.3–11.3.5: dense rewards are assembled from parts (outcome, verified
+    Lesson “Process feedback and hindsight critics”–“Verify world state, not persuasive text”: dense rewards are assembled from parts (outcome, verified
     milestones, process scores, penalties); the components are how a reward is audited for
     farming and first-visit rules. When they do not add up to the reward the trainer uses,
     either a component is missing from the log or the reward was changed after the
@@ -86,7 +86,7 @@ def components_sum(b: BatchView, cfg) -> pl.DataFrame | None:
 def shaping_form(b: BatchView, cfg) -> pl.DataFrame | None:
     """A turn's shaping differs from γ·potential_after − potential_before.
 
-    Lesson 11.3.4: potential-based shaping F(s_t, s_{t+1}) = γΦ(s_{t+1}) − Φ(s_t) preserves the
+    Lesson “Potential-based reward shaping”: potential-based shaping F(s_t, s_{t+1}) = γΦ(s_{t+1}) − Φ(s_t) preserves the
     optimal policies only when the term has exactly this form with the same γ as the return
     (gamma column, 1.0 when absent). A bonus for "useful-looking steps", a different γ, or a
     potential read from another state changes the objective and often creates a farmable
@@ -109,7 +109,7 @@ def shaping_form(b: BatchView, cfg) -> pl.DataFrame | None:
 def potential_chain(b: BatchView, cfg) -> pl.DataFrame | None:
     """potential_after of turn t differs from potential_before of turn t+1.
 
-    Lesson 11.3.4: s_{t+1} is both the state reached by turn t and the state turn t+1 starts
+    Lesson “Potential-based reward shaping”: s_{t+1} is both the state reached by turn t and the state turn t+1 starts
     from, so Φ(s_{t+1}) must be recorded once. When the two values differ the shaping terms
     no longer telescope (R404) and the sum of bonuses depends on the path, not only on the
     first and last state. Usually the potential is computed from the observation text, or
@@ -135,7 +135,7 @@ def potential_chain(b: BatchView, cfg) -> pl.DataFrame | None:
 def shaping_telescope(b: BatchView, cfg) -> pl.DataFrame | None:
     """Σ_t γ^t F_t differs from −Φ(s_0) + γ^T Φ(s_T).
 
-    Lesson 11.3.4: with F_t = γΦ(s_{t+1}) − Φ(s_t) the discounted shaping terms telescope,
+    Lesson “Potential-based reward shaping”: with F_t = γΦ(s_{t+1}) − Φ(s_t) the discounted shaping terms telescope,
     so the whole bonus an episode collects is fixed by its first and last state; that is why
     shaping cannot be farmed. F_t is the recorded shaping, Φ(s_0) the first potential_before,
     Φ(s_T) the last potential_after. A failure means a shaping term is not a potential
@@ -164,7 +164,7 @@ def shaping_telescope(b: BatchView, cfg) -> pl.DataFrame | None:
 def terminal_potential(b: BatchView, cfg) -> pl.DataFrame | None:
     """A terminated episode ends in a state whose potential Φ(s_T) is not 0.
 
-    Lesson 11.3.4: the shaping theorem needs boundary terms handled consistently. At a
+    Lesson “Potential-based reward shaping”: the shaping theorem needs boundary terms handled consistently. At a
     terminal state nothing follows, so Φ(s_T) must be 0; otherwise the telescoped bonus
     γ^T Φ(s_T) is paid on termination and rewards (or punishes) ending in that state, which
     changes the optimal policy — for instance, ending early in a high-potential state.
@@ -189,7 +189,7 @@ def td_residuals(b: BatchView, cfg) -> pl.DataFrame | None:
     """A recorded TD residual δ_t differs from r'_{t+1} + γV(h_{t+1}) − V(h_t), or
     Σ γ^t δ_t differs from G_0 − V(h_0) + γ^T V(h_T).
 
-    Lesson 11.3.2: δ_t = r_{t+1} + γV(h_{t+1}) − V(h_t), and without premature zeroing of the
+    Lesson “Turn returns and TD residuals”: δ_t = r_{t+1} + γV(h_{t+1}) − V(h_t), and without premature zeroing of the
     terminal value the residuals telescope to G_0 − V(h_0) + γ^T V(h_T). Here r' is the reward
     the trainer optimises, reward + shaping (shaping 0 when absent), G_0 = Σ γ^t r'_{t+1}, and
     V(h_T) is final_value (0 at a terminal state, the bootstrap value after truncation). A
@@ -232,7 +232,7 @@ def td_residuals(b: BatchView, cfg) -> pl.DataFrame | None:
 def discounted_return(b: BatchView, cfg) -> pl.DataFrame | None:
     """The recorded discounted_return differs from Σ_t γ^t (reward_t + shaping_t).
 
-    Lesson 11.1.5 and 11.3.2: the objective is the discounted sum of the rewards the trainer
+    Lesson “A minimal formal model of an agent episode” and “Turn returns and TD residuals”: the objective is the discounted sum of the rewards the trainer
     optimises, here the turn rewards plus shaping (0 when absent), with γ the gamma column.
     A mismatch means the return used for advantages was computed with another γ, without
     shaping, or from rewards other than the logged ones. Trajectories with a null turn
@@ -258,9 +258,9 @@ def first_visit(b: BatchView, cfg) -> pl.DataFrame | None:
     """A reward component configured as first-visit is non-zero on more than one turn of an
     episode.
 
-    Lesson 11.3.5: partial credit should reward a change of world state once ("the first
+    Lesson “Verify world state, not persuasive text”: partial credit should reward a change of world state once ("the first
     successful login may be rewarded once; repeated login calls should not be paid
-    repeatedly"); a milestone paid on every visit is farmed in a loop (lesson 11.3.3). Which
+    repeatedly"); a milestone paid on every visit is farmed in a loop (lesson “Process feedback and hindsight critics”). Which
     components are first-visit is project knowledge: list them in configuration
     `first_visit_components = ["key_picked", ...]`; with an empty list the check is
     reported as not run. Pay the component only on the transition that first reaches the state.
@@ -290,7 +290,7 @@ def first_visit(b: BatchView, cfg) -> pl.DataFrame | None:
 def action_loop(b: BatchView, cfg) -> pl.DataFrame | None:
     """The same parsed action is repeated `loop_length` (default 4) or more times in a row.
 
-    Lesson 11.3.3–11.3.4: a naive bonus for useful-looking steps, or a milestone that pays
+    Lesson “Process feedback and hindsight critics”–“Potential-based reward shaping”: a naive bonus for useful-looking steps, or a milestone that pays
     again, makes the agent repeat the paying action instead of finishing the task; a policy
     stuck on an unchanged observation does the same. Repeated identical calls in a row are
     the visible symptom. Turns whose action could not be parsed (null) break a run. Inspect
@@ -321,7 +321,7 @@ def action_loop(b: BatchView, cfg) -> pl.DataFrame | None:
 def reward_vs_verifier(log, cfg) -> pl.DataFrame | None:
     """The episode reward contradicts the verifier's verdict under the configured reward rule.
 
-    Lesson 11.3.5: the reward should describe the change in the world that the verifier
+    Lesson “Verify world state, not persuasive text”: the reward should describe the change in the world that the verifier
     checks, not persuasive text. With `reward_rule = "monotone"` (default) no verified
     success may score below a verified failure of the same task (partial credit must not
     reorder the task's preferences); each offending trajectory is named with the one it is

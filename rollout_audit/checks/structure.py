@@ -1,4 +1,4 @@
-"""Structure (S): the log can be read as the contract describes (DESIGN 3)."""
+"""Structure (S): the log can be read as the contract describes (docs/contract.md)."""
 from __future__ import annotations
 
 import numpy as np

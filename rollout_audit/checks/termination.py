@@ -1,4 +1,4 @@
-"""Termination (T): why the episode stopped, and what that allows (DESIGN 3.3; lesson 11.1.4)."""
+"""Termination (T): why the episode stopped, and what that allows (docs/contract.md, stop causes; lesson “Success, termination, truncation, and infrastructure failure”)."""
 from __future__ import annotations
 
 import polars as pl
@@ -28,7 +28,7 @@ def one_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     """Exactly one of `terminated`, `truncated` and `infra_error` must be true (a null
     flag counts as not set).
 
-    Lesson 11.1.4 separates the stop causes because each one is trained on differently: a
+    Lesson “Success, termination, truncation, and infrastructure failure” separates the stop causes because each one is trained on differently: a
     terminated episode is a task outcome, a collector-truncated one is not (it is excluded,
     bootstrapped or penalized by policy), and an infrastructure failure is no outcome at all.
     With no flag or several flags set, the trainer picks one by accident of code order.
@@ -45,11 +45,11 @@ def one_flag(b: BatchView, cfg) -> pl.DataFrame | None:
 def stop_reason_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     """stop_reason is unknown, or names a cause of another flag than the one that is true.
 
-    The contract maps each stop reason to one flag (DESIGN 3.3): terminated — success,
+    The contract maps each stop reason to one flag (docs/contract.md, stop causes): terminated — success,
     failure, task_budget (a limit that is part of the task is a genuine terminal failure);
     truncated — max_turns, max_tokens, timeout (limits of the collector); infra_error —
     env_error, tool_error, engine_error. Projects add their own reasons with
-    `extra_stop_reasons = {reason = "flag"}` in configuration. Lesson 11.1.4: a collector
+    `extra_stop_reasons = {reason = "flag"}` in configuration. Lesson “Success, termination, truncation, and infrastructure failure”: a collector
     limit recorded as a task failure teaches the policy that being cut off is failing.
     Consistency is checked only when exactly one flag is true (T301 reports the others);
     a null stop_reason is reported by S001. Fix the collector so both come from one place,
@@ -78,11 +78,11 @@ def stop_reason_flag(b: BatchView, cfg) -> pl.DataFrame | None:
 def infra_error_scored(log, cfg) -> pl.DataFrame | None:
     """An episode with infra_error = true has a non-null reward, or an update trains on it.
 
-    Lesson 11.1.4: when the environment or the engine failed, the record must carry an
+    Lesson “Success, termination, truncation, and infrastructure failure”: when the environment or the engine failed, the record must carry an
     infrastructure status rather than masquerade as a task failure. A reward (usually 0) on
     such an episode tells the policy that the failure was its own; training on it, with or
     without a reward, pushes probability away from actions that did nothing wrong. The
-    contract (DESIGN 3.3): an infra_error episode always has a null reward and appears in no
+    contract (docs/contract.md, stop causes): an infra_error episode always has a null reward and appears in no
     update. Without update records only the reward is checked. Fix the collector to write a
     null reward and the trainer to drop infra_error episodes from its batches (retry them).
     """
@@ -118,9 +118,9 @@ def truncated_reward(b: BatchView, cfg) -> pl.DataFrame | None:
     """A collector-truncated episode (truncated = true) has a reward that the configured
     truncation policy does not allow.
 
-    Lesson 11.1.4: when a limit of the collector (not of the task) cuts an episode, a zero
+    Lesson “Success, termination, truncation, and infrastructure failure”: when a limit of the collector (not of the task) cuts an episode, a zero
     reward confounds task difficulty with bad behaviour. Configuration `truncation` states the
-    project's policy (DESIGN 3.3): `exclude` (default) — the reward is null (U606 checks that
+    project's policy (docs/contract.md, stop causes): `exclude` (default) — the reward is null (U606 checks that
     no update uses the episode); `bootstrap` — a reward is allowed only with the critic's
     final_value V(h_T) to bootstrap from; `penalize` — a numeric reward is a deliberate
     choice and accepted. Fix the collector to write the reward the policy prescribes, or
@@ -150,7 +150,7 @@ def laundered_truncation(b: BatchView, cfg) -> pl.DataFrame | None:
     """The last turn's finish_reason is `length` or `abort`, but the episode is recorded as
     terminated.
 
-    Lesson 11.1.4: an episode cut off by the engine (token limit reached, request aborted)
+    Lesson “Success, termination, truncation, and infrastructure failure”: an episode cut off by the engine (token limit reached, request aborted)
     did not reach a terminal state of the task; recording it as terminated turns a collector
     limit into a task outcome and usually into a zero reward (a truncated episode scored as
     a failure). Record it as truncated (stop_reason max_tokens or timeout) or infra_error,

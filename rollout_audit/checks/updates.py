@@ -1,5 +1,5 @@
 """Updates and reduction (U): what each optimizer update claims about its batch, recomputed
-from the trajectories it names (DESIGN 3.4; lessons 11.2.2, 11.2.4, 11.4.1).
+from the trajectories it names (docs/contract.md, update records; lessons “Trainable-token masks and signal dilution”, “Trajectory-, turn-, and token-level reduction”, “When a rollout group contains no relative signal”).
 
 All checks work on one frame with a row per (update, batch member), built once per audit by
 exploding `trajectory_ids` (and, aligned by index, `advantages`) and joining the
@@ -116,7 +116,7 @@ def _differs(found: pl.Expr, expected: pl.Expr, cfg) -> pl.Expr:
 def denominator(log, cfg) -> pl.DataFrame | None:
     """An update's loss_denominator differs from the one recomputed for its declared reduction.
 
-    Lesson 11.2.4: the same token losses give different gradients depending on what they are
+    Lesson “Trajectory-, turn-, and token-level reduction”: the same token losses give different gradients depending on what they are
     averaged over, so the statistical unit must be stated and the denominator checked.
     Recomputed from the trajectories the update names: `token` -> Σ_i |I_i|, the trainable
     (loss_mask true) tokens of the batch; `turn` -> Σ_i T_i, the turns with at least one
@@ -165,7 +165,7 @@ def diluted_denominator(log, cfg) -> pl.DataFrame | None:
     """A token-reduced update divides by more tokens than the policy sampled: the denominator
     counts observation, tool, template or prompt tokens.
 
-    Lesson 11.2.2: the loss mask both removes gradients on tokens the policy did not choose and
+    Lesson “Trainable-token masks and signal dilution”: the loss mask both removes gradients on tokens the policy did not choose and
     defines the normalisation. If the policy generated 40 tokens and the environment added 290,
     dividing by 330 instead of 40 scales each policy token's gradient down by 330/40 = 8.25,
     and not uniformly: verbose tool output shrinks the update of the episodes it appears in,
@@ -223,7 +223,7 @@ def _group_stats(m: pl.DataFrame) -> pl.DataFrame:
 def advantages(log, cfg) -> pl.DataFrame | None:
     """An update's advantages differ from the ones recomputed for its declared estimator and groups.
 
-    Lesson 11.4.1 and DESIGN 3.4: a group is the batch members that share a group_id
+    Lesson “When a rollout group contains no relative signal” and docs/contract.md, update records: a group is the batch members that share a group_id
     (task_id when group_id is absent). Recomputed from the episode rewards of the log:
     `grpo` (R − mean_g) / (std_g + ε), std with Bessel's correction (ddof 1) and ε =
     configuration grpo_epsilon, 0 for a group of one; `grpo_no_std` R − mean_g; `rloo` R minus
@@ -271,7 +271,7 @@ def advantages(log, cfg) -> pl.DataFrame | None:
 def degenerate_advantages(log, cfg) -> pl.DataFrame | None:
     """A group in which every reward is equal (no relative signal) carries non-zero advantages.
 
-    Lesson 11.4.1: a group contains relative signal only when it holds both better and worse
+    Lesson “When a rollout group contains no relative signal”: a group contains relative signal only when it holds both better and worse
     outcomes; when all G rewards are equal every group-relative advantage is exactly 0, and
     zero signal times any step size stays zero. A non-zero advantage there is manufactured
     (a baseline from another group, ε-dominated division, a reward shaped after the fact) and
@@ -320,7 +320,7 @@ def excluded_member(log, cfg) -> pl.DataFrame | None:
     """An update trains on a trajectory that must be excluded: its reward is null, it is an
     infra_error episode, or it was truncated by the collector under truncation = exclude.
 
-    Lesson 11.1.4 and DESIGN 3.3: an episode cut by a collector limit or broken by the
+    Lesson “Success, termination, truncation, and infrastructure failure” and docs/contract.md, stop causes: an episode cut by a collector limit or broken by the
     infrastructure is not evidence about the task; under `exclude` it has a null reward and
     appears in no update, and an infra_error episode never does. A trainer that fills the null
     reward with 0 turns the cut into a failure signal. T303 also reports infra_error episodes

@@ -1,5 +1,5 @@
 """Policy versions (P): which weights sampled each turn, and how stale the data is when the
-trainer uses it (DESIGN 4, lesson 11.2.3, 11.4.3)."""
+trainer uses it (docs/checks.md, lesson “Log-probabilities must be captured at every turn”, “Token-level and sequence-level probability ratios”)."""
 from __future__ import annotations
 
 import polars as pl
@@ -22,7 +22,7 @@ def _fmt_hist(h: dict[int, int]) -> str:
 def version_missing(b: BatchView, cfg) -> pl.DataFrame | None:
     """A turn has no policy_version (null).
 
-    Lesson 11.2.3: with asynchronous or off-policy collection, the weights that sampled a
+    Lesson “Log-probabilities must be captured at every turn”: with asynchronous or off-policy collection, the weights that sampled a
     turn are part of the behaviour policy's definition; without the version neither the
     policy lag (P503) nor a replay of the log-probs (L205) can be established, and the turn
     cannot be excluded when it is too stale. Record the weight version the engine held when
@@ -47,7 +47,7 @@ def version_decreasing(b: BatchView, cfg) -> pl.DataFrame | None:
     """A turn's policy_version is lower than the version of the turn before it (the previous
     turn with a version) in the same episode.
 
-    Lesson 11.2.3 and 11.4.3: weights only move forward; within one episode later turns are
+    Lesson “Log-probabilities must be captured at every turn” and “Token-level and sequence-level probability ratios”: weights only move forward; within one episode later turns are
     sampled by the same or newer weights. A decrease means versions were taken from the
     wrong worker, turns were reordered, or an episode was stitched from several rollouts.
     Fix the version bookkeeping of the collector (record the engine's weight version at
@@ -71,7 +71,7 @@ def policy_lag(log, cfg) -> pl.DataFrame | None:
     number of versions ago (trainer_version − min policy_version > bound), or by weights newer
     than the trainer's (negative lag).
 
-    Lesson 11.4.3: importance ratios correct for a small distance between the behaviour and
+    Lesson “Token-level and sequence-level probability ratios”: importance ratios correct for a small distance between the behaviour and
     the current policy; beyond the staleness bound the trainer promised, clipping hides how
     off-policy the batch is. The bound is the update's max_policy_lag, else the configuration
     `max_policy_lag`; updates with neither are not checked for excess lag (the summary says
@@ -120,7 +120,7 @@ def versions_per_episode(log, cfg) -> pl.DataFrame | None:
     """Statistics: episodes whose turns were sampled by more than one policy version, with the
     histogram of versions per episode and of the version span (max − min).
 
-    Lesson 11.2.3 and 11.4.3: in asynchronous collection the weights can change in the middle
+    Lesson “Log-probabilities must be captured at every turn” and “Token-level and sequence-level probability ratios”: in asynchronous collection the weights can change in the middle
     of an episode, so one trajectory mixes behaviour policies. That is legitimate when every
     turn carries its own version and log-probs (the ratio is per turn), but it matters for
     sequence-level ratios and for staleness accounting. Informational; the histograms are
