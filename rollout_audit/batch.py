@@ -98,8 +98,7 @@ class Tokens:
             return a.flatten()
 
         self.row = np.repeat(np.arange(n, dtype=idx_t), n_tok)
-        self.pos = np.arange(total, dtype=idx_t)
-        self.pos -= np.repeat(starts[:-1].astype(idx_t), n_tok)
+        self.pos = np.arange(total, dtype=idx_t) - np.repeat(starts[:-1].astype(idx_t), n_tok)
         self.starts = starts[:-1]
         self.source = np.zeros(total, np.uint8)
         if "token_source" in lists:
@@ -135,7 +134,7 @@ class Tokens:
         arrays): the bytes context_sha256 is computed over."""
         if self.ids is None:
             return memoryview(b"")
-        return memoryview(np.ascontiguousarray(self.ids, dtype="<i4")).cast("B")
+        return np.ascontiguousarray(self.ids, dtype="<i4").data.cast("B")
 
     def first_position(self, where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(rows, first token position) for each row where `where` holds somewhere."""
@@ -329,9 +328,7 @@ class Batch:
     @cached_property
     def scalars(self) -> pl.DataFrame:
         """The scalar columns of each trajectory, with `_row` and trajectory_id."""
-        names = [
-            c for c in self.table.column_names if not pa.types.is_list(self.table.schema.field(c).type)
-        ]
+        names = [c for c in self.table.column_names if not pa.types.is_list(self.table.schema.field(c).type)]
         names = [c for c in names if c != "trajectory_id"]
         df = pl.DataFrame([self.ids, pl.Series("_row", np.arange(self.n, dtype=np.int64))])
         if names:
@@ -389,7 +386,9 @@ class Batch:
             return pl.DataFrame()
         lst = self.col("turns")
         structs = lst.flatten()
-        want = [f.name for f in lst.type.value_type if self.turn_frame_fields is None or f.name in self.turn_frame_fields]
+        want = [
+            f.name for f in lst.type.value_type if self.turn_frame_fields is None or f.name in self.turn_frame_fields
+        ]
         if len(structs):
             tbl = pa.Table.from_struct_array(structs).select(want)
         else:
@@ -412,7 +411,9 @@ class Batch:
         t = self.tokens(need)
         # counts are known only where every list they are computed from is present and lines up
         known = t.ok if need <= self.token_lists else np.zeros(self.n, bool)
-        stats = t.stats if known is t.ok else t.stats.with_columns(pl.lit(None, pl.Int64).alias(c) for c in t.stats.columns)
+        stats = (
+            t.stats if known is t.ok else t.stats.with_columns(pl.lit(None, pl.Int64).alias(c) for c in t.stats.columns)
+        )
         base = pl.concat([self.scalars, stats], how="horizontal")
         df = base.select([c for c in base.columns if c in columns or c == "_row"]).with_columns(
             pl.lit(self.file, dtype=pl.Categorical).alias("file"),
@@ -424,8 +425,11 @@ class Batch:
         agg = []
         if {"pv_min", "pv_max", "n_versions"} & columns and "policy_version" in tr.columns:
             pv = pl.col("policy_version")
-            agg += [pv.min().alias("pv_min"), pv.max().alias("pv_max"),
-                    pv.drop_nulls().n_unique().cast(pl.Int64).alias("n_versions")]
+            agg += [
+                pv.min().alias("pv_min"),
+                pv.max().alias("pv_max"),
+                pv.drop_nulls().n_unique().cast(pl.Int64).alias("n_versions"),
+            ]
         rc = {s.name: s for s in t.turn_values}
         if "n_turns_trainable" in columns and {"loss_mask", "token_turn"} <= t.lists and "rc_n_trainable" in rc:
             tr = tr.with_columns(rc["rc_n_trainable"])

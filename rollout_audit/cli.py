@@ -1,8 +1,10 @@
 """The `rollout-audit` command line. Exit codes: 0 clean, 1 error findings, 2 unusable input."""
+
 from __future__ import annotations
 
 import json
 import sys
+from typing import NoReturn
 
 import click
 
@@ -13,7 +15,7 @@ def _codes(values: tuple[str, ...]) -> list[str]:
     return [c.strip().upper() for v in values for c in v.split(",") if c.strip()]
 
 
-def _fail(msg: str) -> None:
+def _fail(msg: str) -> NoReturn:
     click.echo(f"rollout-audit: error: {msg}", err=True)
     sys.exit(2)
 
@@ -54,14 +56,27 @@ def main() -> None:
 @click.option("--select", multiple=True, help="Codes or prefixes to run (e.g. M,L201). Default: all.")
 @click.option("--ignore", multiple=True, help="Codes or prefixes to skip.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
-@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
-              help="TOML file with a [tool.rollout-audit] table (default: nearest pyproject.toml).")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="TOML file with a [tool.rollout-audit] table (default: nearest pyproject.toml).",
+)
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
 @click.option("--show-all", is_flag=True, help="Text format: show every finding, not a sample per code.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
-              help="Write the report to this file instead of stdout.")
-@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Batches checked at once (2: ~15% faster, one more batch in memory).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Write the report to this file instead of stdout.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Batches checked at once (2: ~15% faster, one more batch in memory).",
+)
 @click.option("--show-settings", is_flag=True, help="Print the configuration in use and where it came from, then exit.")
 def check(paths, select, ignore, fmt, config_path, strict, show_all, output, workers, show_settings) -> None:
     """Audit the log at PATHS (Parquet files or directories).
@@ -110,12 +125,14 @@ def explain(code, list_all) -> None:
         for c, r in rules.items():
             click.echo(f"{c}  {r.severity:<7}  {r.name}")
         return
-    r = rules.get(code.upper())
-    if r is None:
+    found = rules.get(code.upper())
+    if found is None:
         _fail(f"unknown check code {code!r}; see `rollout-audit explain --list`")
+    r = found
     needs = ", ".join(r.requires) or "nothing beyond the file list"
     extra = (f"\nReads when present: {', '.join(r.optional)}" if r.optional else "") + (
-        f"\nConfiguration: {', '.join(r.config)}" if r.config else "")
+        f"\nConfiguration: {', '.join(r.config)}" if r.config else ""
+    )
     click.echo(f"{r.code} ({r.severity}): {r.name}\n\n{r.explanation}\n\nNeeds: {needs}{extra}")
 
 
@@ -130,9 +147,11 @@ def schema(fmt) -> None:
         return
     doc = S.contract()
     click.echo(f"rollout log contract v{doc['version']}  (R required, C recommended, O optional)")
-    for table, title in (("trajectories", "trajectory records: one row per episode"),
-                         ("turn", "turn struct: one element of `turns` per agent turn"),
-                         ("updates", "update records: one row per optimizer update")):
+    for table, title in (
+        ("trajectories", "trajectory records: one row per episode"),
+        ("turn", "turn struct: one element of `turns` per agent turn"),
+        ("updates", "update records: one row per optimizer update"),
+    ):
         click.echo(f"\n{title}")
         for c in S.columns(table):
             click.echo(f"  {c.name:<24} {c.type:<20} {c.requirement}  {c.meaning}")
@@ -177,8 +196,8 @@ def report(paths, output, config_path) -> None:
     from .config import load_config
     from .engine import run_audit
     from .html import render_html
-    from .log import Log
     from .io import discover
+    from .log import Log
     from .stats import log_stats
 
     disc = discover(paths)
@@ -188,7 +207,7 @@ def report(paths, output, config_path) -> None:
     rep = run_audit(disc, load_config(config_path, start=paths[0]), tune=True)
     try:
         st = log_stats(Log(disc)) if disc.of_kind("trajectories") else None
-    except Exception:  # statistics are a courtesy; a broken log still gets its findings page
+    except Exception:  # noqa: BLE001 - statistics are a courtesy; a broken log still gets its findings page
         st = None
     with open(output, "w") as fh:
         fh.write(render_html(rep, st, ", ".join(map(str, paths))))
@@ -258,8 +277,10 @@ def faults_apply(name, src, dst, seed) -> None:
     _refuse_inside(dst, src)
     (t, u), touched = apply(name, *read_records(src), seed=seed)
     write_records(dst, t, u, corrupt=FAULTS[name].file_level)
-    click.echo(f"{dst}: {name} (must raise {', '.join(sorted(FAULTS[name].codes))}); touched: "
-               f"{', '.join(touched) or 'the whole log'}")
+    click.echo(
+        f"{dst}: {name} (must raise {', '.join(sorted(FAULTS[name].codes))}); touched: "
+        f"{', '.join(touched) or 'the whole log'}"
+    )
 
 
 @faults.command("matrix")

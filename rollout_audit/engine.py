@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 
@@ -68,7 +69,7 @@ def run_audit(
         runner.note_batch(b)
         for r in runner.batch_rules:
             runner.apply_batch(r, b)
-        n, k = b.n, int(sum(b.lengths.get("token_source", [0]).clip(0))) if "token_source" in b.columns else 0
+        n, k = b.n, int(np.clip(b.lengths["token_source"], 0, None).sum()) if "token_source" in b.columns else 0
         summary = b.summary(p.summary) if want_summary else None
         b.release()
         return n, k, summary

@@ -1,10 +1,11 @@
 """Finding, reading and writing rollout logs (Parquet files or directories of them)."""
+
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -80,11 +81,16 @@ def discover(paths: Sequence[str | os.PathLike]) -> Discovery:
                 sch = pf.schema_arrow
                 kind = _kind_of(f, sch)
                 if kind == "unknown":
-                    out.broken.append((str(f), "not a rollout log file: no rollout_log.kind metadata and too few "
-                                               "of the contract's required columns (see `rollout-audit schema`)"))
+                    out.broken.append(
+                        (
+                            str(f),
+                            "not a rollout log file: no rollout_log.kind metadata and too few "
+                            "of the contract's required columns (see `rollout-audit schema`)",
+                        )
+                    )
                     continue
                 out.files.append(LogFile(str(f), kind, sch, pf.metadata.num_rows, pf.metadata.num_row_groups))
-            except Exception as e:  # any footer error means the file is unusable
+            except Exception as e:  # noqa: BLE001 - any footer error means the file is unusable
                 out.broken.append((str(f), one_line(e)))
     return out
 

@@ -19,8 +19,13 @@ class Progress:
         from rich.progress import Progress as RichProgress
 
         self._p: Any = RichProgress(
-            TextColumn("auditing"), BarColumn(), MofNCompleteColumn(), TextColumn("trajectories"),
-            TimeRemainingColumn(), console=Console(stderr=True), transient=True,
+            TextColumn("auditing"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("trajectories"),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
         )
         self._task = self._p.add_task("audit", total=total)
         self._p.start()

@@ -1,5 +1,6 @@
 """The audit report: findings as a polars DataFrame, checks not run, a summary, and the
 output formats (text, json, github, junit). The JSON shape is a stable interface."""
+
 from __future__ import annotations
 
 import json
@@ -55,9 +56,14 @@ class Report:
 
     def to_dict(self, limit: int | None = None) -> dict:
         f = self.findings if limit is None else self.findings.group_by("code", maintain_order=True).head(limit)
-        return {"findings": f.to_dicts(), "not_run": [{"code": c, "reason": r} for c, r in sorted(self.not_run.items())],
-                "partially_run": [{"code": c, "coverage": r} for c, r in sorted(self.partial.items())],
-                "check_errors": self.crashes, "unusable": self.unusable, "summary": self.summary}
+        return {
+            "findings": f.to_dicts(),
+            "not_run": [{"code": c, "reason": r} for c, r in sorted(self.not_run.items())],
+            "partially_run": [{"code": c, "coverage": r} for c, r in sorted(self.partial.items())],
+            "check_errors": self.crashes,
+            "unusable": self.unusable,
+            "summary": self.summary,
+        }
 
     def render(self, fmt: str = "text", *, limit: int | None = 20, color: bool = False) -> str:
         if fmt == "json":
@@ -70,10 +76,13 @@ class Report:
 
 
 def _sort(findings: pl.DataFrame) -> pl.DataFrame:
-    return findings.with_columns(pl.col("severity").replace_strict(SEVERITY_ORDER, return_dtype=pl.Int8).alias("_s")) \
-        .sort(["_s", "code", "file", "trajectory_id", "turn", "position", "message"], nulls_last=True,
-              maintain_order=True) \
+    return (
+        findings.with_columns(pl.col("severity").replace_strict(SEVERITY_ORDER, return_dtype=pl.Int8).alias("_s"))
+        .sort(
+            ["_s", "code", "file", "trajectory_id", "turn", "position", "message"], nulls_last=True, maintain_order=True
+        )
         .drop("_s")
+    )
 
 
 def build_report(runner: Runner, *, rows: int, tokens: int, stats: dict, cfg, unusable: str | None = None) -> Report:
@@ -83,7 +92,8 @@ def build_report(runner: Runner, *, rows: int, tokens: int, stats: dict, cfg, un
     crashes = [{**c.to_dict(), "times": runner.crash_counts[c.code]} for c in runner.crashes]
     per_code = findings.group_by("code", "severity").len().sort("code").to_dicts()
     summary = {
-        "rows_read": rows, "tokens_read": tokens,
+        "rows_read": rows,
+        "tokens_read": tokens,
         "counts": {d["code"]: d["len"] for d in per_code},
         "by_severity": {s: int((findings["severity"] == s).sum()) for s in SEVERITY_ORDER},
         "checks_run": sorted(c for c in runner.rules if c not in not_run and c not in runner.crash_counts),
@@ -134,15 +144,20 @@ def render_text(rep: Report, limit: int | None = 20) -> str:
             out.append(f"  {code}: {why}")
     for c in rep.crashes:
         where = ", ".join(x for x in (c["file"], c["rows"] and f"rows {c['rows']}") if x)
-        out.append(f"error: check {c['code']} crashed{' on ' + where if where else ''}: {c['error']}"
-                   + (f" ({c['times']} times)" if c["times"] > 1 else ""))
+        out.append(
+            f"error: check {c['code']} crashed{' on ' + where if where else ''}: {c['error']}"
+            + (f" ({c['times']} times)" if c["times"] > 1 else "")
+        )
     s = rep.summary
     by = s["by_severity"]
     verdict = "INCOMPLETE" if rep.crashes else "FAIL" if by["error"] else "ok"
-    out.append(f"{verdict}: {_n(by['error'], 'error')}, {_n(by['warning'], 'warning')}, {by['info']} info; "
-               f"{_n(len(s['checks_run']), 'check')} run, {len(rep.partial)} partially run, "
-               f"{len(rep.not_run)} not run" + (f", {len(s['checks_crashed'])} crashed" if rep.crashes else "")
-               + f"; {_n(s['rows_read'], 'trajectory', 'trajectories')}, {_n(s['tokens_read'], 'token')} read")
+    out.append(
+        f"{verdict}: {_n(by['error'], 'error')}, {_n(by['warning'], 'warning')}, {by['info']} info; "
+        f"{_n(len(s['checks_run']), 'check')} run, {len(rep.partial)} partially run, "
+        f"{len(rep.not_run)} not run"
+        + (f", {len(s['checks_crashed'])} crashed" if rep.crashes else "")
+        + f"; {_n(s['rows_read'], 'trajectory', 'trajectories')}, {_n(s['tokens_read'], 'token')} read"
+    )
     return "\n".join(out)
 
 
@@ -164,8 +179,12 @@ def render_github(rep: Report) -> str:
         f = f" file={r['file']}," if r["file"] else " "
         lines.append(f"::{level[r['severity']]}{f}title={r['code']}::{msg}".replace(", title", ",title"))
     for c in rep.crashes:
-        lines.append(f"::error title={c['code']} crashed::" + f"{c['file'] or ''} {c['rows'] or ''}: {c['error']}"
-                     .replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A"))
+        lines.append(
+            f"::error title={c['code']} crashed::"
+            + f"{c['file'] or ''} {c['rows'] or ''}: {c['error']}".replace("%", "%25")
+            .replace("\r", "%0D")
+            .replace("\n", "%0A")
+        )
     for code, why in sorted(rep.not_run.items()):
         lines.append(f"::notice title={code} not run::{why}")
     return "\n".join(lines)
@@ -193,6 +212,8 @@ def render_junit(rep: Report) -> str:
             text = "\n".join(f"{_where(r)}: {r['message']}" for r in grp.head(200).iter_rows(named=True))
             body = f"<system-out>{escape(text)}</system-out>"
         cases.append(f'  <testcase classname="rollout-audit" name={quoteattr(f"{code} {rule.name}")}>{body}</testcase>')
-    head = (f'<?xml version="1.0" encoding="utf-8"?>\n<testsuite name="rollout-audit" tests="{len(cases)}" '
-            f'failures="{failures}" skipped="{skipped}">')
+    head = (
+        f'<?xml version="1.0" encoding="utf-8"?>\n<testsuite name="rollout-audit" tests="{len(cases)}" '
+        f'failures="{failures}" skipped="{skipped}">'
+    )
     return "\n".join([head, *cases, "</testsuite>"])

@@ -7,7 +7,6 @@ import os
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -33,8 +32,9 @@ class RolloutWriter:
             w.write(records)            # list of dicts, or a pyarrow Table/RecordBatch
     """
 
-    def __init__(self, path: str | os.PathLike, kind: str = "trajectories", *, validate: bool = True,
-                 compression: str = "zstd") -> None:
+    def __init__(
+        self, path: str | os.PathLike, kind: str = "trajectories", *, validate: bool = True, compression: str = "zstd"
+    ) -> None:
         if kind not in ("trajectories", "updates"):
             raise ValueError(f"kind must be 'trajectories' or 'updates', not {kind!r}")
         self.path = Path(path)
@@ -46,7 +46,7 @@ class RolloutWriter:
         self._schema: pa.Schema | None = None
         self.rows_written = 0
 
-    def __enter__(self) -> "RolloutWriter":
+    def __enter__(self) -> RolloutWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -61,8 +61,10 @@ class RolloutWriter:
         if self.validate:
             problems = contract_problems(table, self.kind)
             if problems:
-                raise ValueError(f"{self.path}: record refused: {problems[0]}"
-                                 + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+                raise ValueError(
+                    f"{self.path}: record refused: {problems[0]}"
+                    + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                )
         if self._writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._writer = pq.ParquetWriter(self._tmp, self._schema, compression=self.compression)

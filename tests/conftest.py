@@ -1,11 +1,10 @@
 """Shared fixtures: compliant synthetic logs written with the library's own writer."""
+
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
-
 
 from rollout_audit import RolloutWriter
 from rollout_audit.synth import make_log
@@ -27,7 +26,7 @@ def write_log(root, trajs, updates=None, parts: int = 1, validate: bool = False)
     root.mkdir(parents=True, exist_ok=True)
     size = -(-len(trajs) // parts)
     for i in range(parts):
-        chunk = trajs[i * size:(i + 1) * size]
+        chunk = trajs[i * size : (i + 1) * size]
         if not chunk:
             continue
         sub = root / f"step={i}" if parts > 1 else root

@@ -1,5 +1,6 @@
 """The committed fixtures: the compliant agent log is clean, every broken log raises exactly
 its manifest's codes naming the touched trajectories, and the fixtures match the generator."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,8 @@ import polars as pl
 import pytest
 
 import rollout_audit as ra
-from rollout_audit.config import Config
 from reference_agent.fixtures import FIXTURES, drift, generate
+from rollout_audit.config import Config
 
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 

@@ -3,6 +3,7 @@
 CI runs 25 derandomized examples per property (a red CI must be reproducible); for a longer
 random search: RA_EXAMPLES=300 python -m pytest tests/test_properties.py (passed 2026-11-29).
 """
+
 from __future__ import annotations
 
 import os
@@ -22,12 +23,19 @@ OPTIONAL_TURN_FIELDS = [c.name for c in S.columns("turn") if c.requirement != "R
 
 logs = st.builds(
     make_log,
-    n_tasks=st.integers(1, 5), group_size=st.integers(1, 6), n_versions=st.integers(1, 3),
-    seed=st.integers(0, 10_000), truncated_share=st.sampled_from([0.0, 0.2, 0.5]),
+    n_tasks=st.integers(1, 5),
+    group_size=st.integers(1, 6),
+    n_versions=st.integers(1, 3),
+    seed=st.integers(0, 10_000),
+    truncated_share=st.sampled_from([0.0, 0.2, 0.5]),
     gamma=st.sampled_from([1.0, 0.99, 0.9]),
 )
-SETTINGS = settings(max_examples=int(os.environ.get("RA_EXAMPLES", "25")), deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow], derandomize=not os.environ.get("RA_EXAMPLES"))
+SETTINGS = settings(
+    max_examples=int(os.environ.get("RA_EXAMPLES", "25")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=not os.environ.get("RA_EXAMPLES"),
+)
 
 
 def serious(rep) -> pl.DataFrame:
@@ -38,16 +46,24 @@ def serious(rep) -> pl.DataFrame:
 # declarations in the code: a check is not run exactly when one of these is absent.
 _TOKENS = {"token_source", "loss_mask", "behavior_logprobs", "token_turn", "token_ids"}
 NEEDS: dict[str, set[str]] = {
-    "S001": set(), "S002": {"trajectory_id"}, "S003": {"token_source"}, "S004": {"turns", "token_turn"},
+    "S001": set(),
+    "S002": {"trajectory_id"},
+    "S003": {"token_source"},
+    "S004": {"turns", "token_turn"},
     "S005": set(),
-    "T301": {"terminated", "truncated", "infra_error"}, "T302": {"terminated", "truncated", "infra_error", "stop_reason"},
-    "T303": {"trajectory_id", "infra_error", "reward"}, "T304": {"truncated", "reward"},
+    "T301": {"terminated", "truncated", "infra_error"},
+    "T302": {"terminated", "truncated", "infra_error", "stop_reason"},
+    "T303": {"trajectory_id", "infra_error", "reward"},
+    "T304": {"truncated", "reward"},
     "T305": {"terminated", "turns.finish_reason"},
     "L201": {"loss_mask", "behavior_logprobs", "token_source"},
     "L202": {"turns.logprob", "behavior_logprobs", "token_source", "token_turn"},
-    "L203": {"behavior_logprobs", "token_source"}, "L204": {"turns.temperature", "turns.top_p"},
-    "M101": {"loss_mask", "token_source"}, "M102": {"loss_mask", "token_source"},
-    "M103": {"num_trainable_tokens", "loss_mask"}, "M104": {"turns.num_policy_tokens", "token_source", "token_turn"},
+    "L203": {"behavior_logprobs", "token_source"},
+    "L204": {"turns.temperature", "turns.top_p"},
+    "M101": {"loss_mask", "token_source"},
+    "M102": {"loss_mask", "token_source"},
+    "M103": {"num_trainable_tokens", "loss_mask"},
+    "M104": {"turns.num_policy_tokens", "token_source", "token_turn"},
     "M105": {"token_ids", "token_source", "token_turn", "turns.context_length", "turns.context_sha256"},
     "M106": {"token_ids", "token_source", "token_turn", "turns.sampled_token_ids"},
     "R401": {"turns.reward", "turns.reward_components"},
@@ -56,16 +72,24 @@ NEEDS: dict[str, set[str]] = {
     "R404": {"turns.shaping", "turns.potential_before", "turns.potential_after"},
     "R405": {"terminated", "turns.potential_after"},
     "R406": {"turns.td_residual", "turns.value", "turns.reward", "final_value"},
-    "R407": {"discounted_return", "turns.reward"}, "R408": {"first_visit_components (configuration)"},
-    "R409": {"turns.parsed_action"}, "R410": {"task_id", "reward", "verifier_success"},
+    "R407": {"discounted_return", "turns.reward"},
+    "R408": {"first_visit_components (configuration)"},
+    "R409": {"turns.parsed_action"},
+    "R410": {"task_id", "reward", "verifier_success"},
     "E801": {"trajectory_id"},
     "E802": {"trajectory_id", "initial_state_checksum", "environment_id", "environment_version", "reset_seed"},
-    "G701": {"task_id", "reward"}, "G702": {"task_id", "reward"},
-    "P501": {"turns.policy_version"}, "P502": {"turns.policy_version"},
-    "P503": {"updates", "turns.policy_version"}, "P504": {"turns.policy_version"},
-    "U601": {"updates", "trajectory_id"}, "U602": {"updates", "trajectory_id"},
-    "U603": {"updates", "trajectory_id", "task_id", "reward"}, "U604": {"updates", "trajectory_id", "task_id", "reward"},
-    "U605": {"updates"}, "U606": {"updates", "trajectory_id", "reward", "truncated", "infra_error"},
+    "G701": {"task_id", "reward"},
+    "G702": {"task_id", "reward"},
+    "P501": {"turns.policy_version"},
+    "P502": {"turns.policy_version"},
+    "P503": {"updates", "turns.policy_version"},
+    "P504": {"turns.policy_version"},
+    "U601": {"updates", "trajectory_id"},
+    "U602": {"updates", "trajectory_id"},
+    "U603": {"updates", "trajectory_id", "task_id", "reward"},
+    "U604": {"updates", "trajectory_id", "task_id", "reward"},
+    "U605": {"updates"},
+    "U606": {"updates", "trajectory_id", "reward", "truncated", "infra_error"},
 }
 ALL_COLUMNS = [c.name for c in S.columns("trajectories")]
 ALL_TURN_FIELDS = [c.name for c in S.columns("turn")]
@@ -96,8 +120,12 @@ def test_needs_table_covers_the_catalogue():
 
 
 @SETTINGS
-@given(log=logs, drop=st.sets(st.sampled_from(OPTIONAL_COLUMNS)),
-       drop_turn=st.sets(st.sampled_from(OPTIONAL_TURN_FIELDS)), with_updates=st.booleans())
+@given(
+    log=logs,
+    drop=st.sets(st.sampled_from(OPTIONAL_COLUMNS)),
+    drop_turn=st.sets(st.sampled_from(OPTIONAL_TURN_FIELDS)),
+    with_updates=st.booleans(),
+)
 def test_random_compliant_logs_audit_clean(log, drop, drop_turn, with_updates):
     trajs, ups = log
     if trajs[0]["gamma"] != 1.0:
@@ -113,8 +141,12 @@ def test_random_compliant_logs_audit_clean(log, drop, drop_turn, with_updates):
 
 
 @SETTINGS
-@given(log=logs, drop=st.sets(st.sampled_from(ALL_COLUMNS), max_size=4),
-       drop_turn=st.sets(st.sampled_from(ALL_TURN_FIELDS), max_size=4), with_updates=st.booleans())
+@given(
+    log=logs,
+    drop=st.sets(st.sampled_from(ALL_COLUMNS), max_size=4),
+    drop_turn=st.sets(st.sampled_from(ALL_TURN_FIELDS), max_size=4),
+    with_updates=st.booleans(),
+)
 def test_dropping_any_input_gives_exactly_the_expected_not_run(log, drop, drop_turn, with_updates):
     """Required inputs too: the audit never crashes, never passes a log that lacks a required
     input, and lists exactly the checks that lost an input as not run."""
@@ -129,8 +161,9 @@ def test_dropping_any_input_gives_exactly_the_expected_not_run(log, drop, drop_t
 
 
 @SETTINGS
-@given(log=logs, name=st.sampled_from(sorted(n for n, f in FAULTS.items() if not f.file_level)),
-       seed=st.integers(0, 1000))
+@given(
+    log=logs, name=st.sampled_from(sorted(n for n, f in FAULTS.items() if not f.file_level)), seed=st.integers(0, 1000)
+)
 def test_random_fault_is_caught(log, name, seed):
     trajs, ups = log
     try:

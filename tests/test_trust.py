@@ -24,7 +24,6 @@ import rollout_audit.io
 from rollout_audit.cli import main
 from rollout_audit.faults import FAULTS, apply, read_records, write_records
 from rollout_audit.registry import RULES, rule
-from rollout_audit.runner import Runner
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -100,8 +99,10 @@ def test_a_check_reading_an_undeclared_input_crashes_loudly(tmp_path, compliant,
 
     rep = ra.audit(FIXTURES / "compliant", select=["Z9"])
     errors = {c["code"]: c["error"] for c in rep.crashes}
-    assert errors["Z902"] == "UndeclaredInput: Z902 reads behavior_logprobs without declaring it " \
-                              "(add it to requires or optional)"
+    assert (
+        errors["Z902"] == "UndeclaredInput: Z902 reads behavior_logprobs without declaring it "
+        "(add it to requires or optional)"
+    )
     assert "configuration key 'atol'" in errors["Z903"] and rep.exit_code() == 2
 
 

@@ -9,18 +9,20 @@ import polars as pl
 NON_POLICY = ((0, "system"), (1, "user"), (3, "observation"), (4, "template"), (5, "invalid source"))
 
 
-
 def source_breakdown(prefix: str) -> pl.Expr:
     """'observation 9, template 3' from the per-source count columns `{prefix}{s}`."""
-    parts = [pl.when(pl.col(f"{prefix}{s}") > 0).then(pl.format(f"{name} {{}}", pl.col(f"{prefix}{s}")))
-             for s, name in NON_POLICY]
+    parts = [
+        pl.when(pl.col(f"{prefix}{s}") > 0).then(pl.format(f"{name} {{}}", pl.col(f"{prefix}{s}")))
+        for s, name in NON_POLICY
+    ]
     return pl.concat_list(parts).list.drop_nulls().list.join(", ")
 
 
 def where_first(turn: str = "turn") -> pl.Expr:
     """'position 40 (turn 2)' or 'position 3' for the first offending token."""
     return pl.format("position {}", "position") + pl.when(pl.col(turn).is_not_null()).then(
-        pl.format(" (turn {})", turn)).otherwise(pl.lit(""))
+        pl.format(" (turn {})", turn)
+    ).otherwise(pl.lit(""))
 
 
 def ragged_index(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -33,9 +35,13 @@ def ragged_index(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, n
 def num(e: pl.Expr) -> pl.Expr:
     """A float rendered for a message: integers without '.0', others to 6 significant places."""
     as_int = e.cast(pl.Int64, strict=False)
-    return (pl.when(e.is_null()).then(pl.lit("null"))
-            .when(e.is_finite() & (as_int.cast(pl.Float64) == e)).then(as_int.cast(pl.String))
-            .otherwise(e.round_sig_figs(6).cast(pl.String)))
+    return (
+        pl.when(e.is_null())
+        .then(pl.lit("null"))
+        .when(e.is_finite() & (as_int.cast(pl.Float64) == e))
+        .then(as_int.cast(pl.String))
+        .otherwise(e.round_sig_figs(6).cast(pl.String))
+    )
 
 
 def rounded(expr: pl.Expr) -> pl.Expr:

@@ -1,22 +1,24 @@
 """Termination (T): why the episode stopped, and what that allows (docs/contract.md, stop causes; lesson “Success, termination, truncation, and infrastructure failure”)."""
+
 from __future__ import annotations
 
 import polars as pl
 
 from .. import schema as S
+from ..registry import rule
 from ..views import BatchView
 from .common import rounded
-from ..registry import rule
 
 FLAGS = ("terminated", "truncated", "infra_error")
 LAUNDERED = ("length", "abort")  # engine finish reasons that mean "cut off", not "done"
 
 
-
 def _flag_text() -> pl.Expr:
     """`terminated=true, truncated=false, infra_error=null` for a message."""
-    return pl.concat_str([pl.format(f"{f}={{}}", pl.col(f).cast(pl.String).str.to_lowercase().fill_null("null"))
-                          for f in FLAGS], separator=", ")
+    return pl.concat_str(
+        [pl.format(f"{f}={{}}", pl.col(f).cast(pl.String).str.to_lowercase().fill_null("null")) for f in FLAGS],
+        separator=", ",
+    )
 
 
 def _n_true() -> pl.Expr:
@@ -37,11 +39,17 @@ def one_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     bad = b.traj.filter(_n_true() != 1)
     if bad.is_empty():
         return None
-    return bad.rechunk().select("trajectory_id", pl.format("{} of terminated/truncated/infra_error are true, expected exactly 1 "
-                                                 "({})", _n_true(), _flag_text()).alias("message"))
+    return bad.rechunk().select(
+        "trajectory_id",
+        pl.format(
+            "{} of terminated/truncated/infra_error are true, expected exactly 1 ({})", _n_true(), _flag_text()
+        ).alias("message"),
+    )
 
 
-@rule("T302", "stop_reason inconsistent with the flag", requires=(*FLAGS, "stop_reason"), config=("extra_stop_reasons",))
+@rule(
+    "T302", "stop_reason inconsistent with the flag", requires=(*FLAGS, "stop_reason"), config=("extra_stop_reasons",)
+)
 def stop_reason_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     """stop_reason is unknown, or names a cause of another flag than the one that is true.
 
@@ -65,16 +73,25 @@ def stop_reason_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     if bad.is_empty():
         return None
     names = ", ".join(sorted(table))
-    msg = (pl.when(unknown)
-           .then(pl.format(f"unknown stop_reason '{{}}' (known: {names}; add it to extra_stop_reasons)",
-                           "stop_reason"))
-           .otherwise(pl.format("stop_reason '{}' belongs to {}, but {} is the flag set", "stop_reason",
-                                "_expected_flag", true_flag)))
+    msg = (
+        pl.when(unknown)
+        .then(pl.format(f"unknown stop_reason '{{}}' (known: {names}; add it to extra_stop_reasons)", "stop_reason"))
+        .otherwise(
+            pl.format(
+                "stop_reason '{}' belongs to {}, but {} is the flag set", "stop_reason", "_expected_flag", true_flag
+            )
+        )
+    )
     return bad.rechunk().select("trajectory_id", msg.alias("message"))
 
 
-@rule("T303", "infra_error episode carries a reward or is used in an update", scope="log",
-      requires=("trajectory_id", "infra_error", "reward"), optional=("updates.trajectory_ids", "updates.update_step"))
+@rule(
+    "T303",
+    "infra_error episode carries a reward or is used in an update",
+    scope="log",
+    requires=("trajectory_id", "infra_error", "reward"),
+    optional=("updates.trajectory_ids", "updates.update_step"),
+)
 def infra_error_scored(log, cfg) -> pl.DataFrame | None:
     """An episode with infra_error = true has a non-null reward, or an update trains on it.
 
@@ -93,10 +110,13 @@ def infra_error_scored(log, cfg) -> pl.DataFrame | None:
     if log.updates is not None and "trajectory_ids" in log.updates.columns:
         u = log.updates
         step = pl.col("update_step") if "update_step" in u.columns else pl.int_range(pl.len())
-        used = (u.select(step.cast(pl.String).alias("_step"), pl.col("trajectory_ids").alias("trajectory_id"))
-                .explode("trajectory_id")
-                .join(t.select("trajectory_id").unique(), on="trajectory_id", how="semi")
-                .group_by("trajectory_id").agg(pl.col("_step").unique().sort().alias("_steps")))
+        used = (
+            u.select(step.cast(pl.String).alias("_step"), pl.col("trajectory_ids").alias("trajectory_id"))
+            .explode("trajectory_id")
+            .join(t.select("trajectory_id").unique(), on="trajectory_id", how="semi")
+            .group_by("trajectory_id")
+            .agg(pl.col("_step").unique().sort().alias("_steps"))
+        )
     if used is not None:
         t = t.join(used, on="trajectory_id", how="left")
     else:
@@ -112,8 +132,13 @@ def infra_error_scored(log, cfg) -> pl.DataFrame | None:
     return bad.rechunk().select("trajectory_id", "file", pl.format("infra_error episode {}", msg).alias("message"))
 
 
-@rule("T304", "truncated episode rewarded against the truncation policy",
-      requires=("truncated", "reward"), optional=("stop_reason", "final_value"), config=("truncation",))
+@rule(
+    "T304",
+    "truncated episode rewarded against the truncation policy",
+    requires=("truncated", "reward"),
+    optional=("stop_reason", "final_value"),
+    config=("truncation",),
+)
 def truncated_reward(b: BatchView, cfg) -> pl.DataFrame | None:
     """A collector-truncated episode (truncated = true) has a reward that the configured
     truncation policy does not allow.
@@ -134,18 +159,29 @@ def truncated_reward(b: BatchView, cfg) -> pl.DataFrame | None:
     if cfg.truncation == "bootstrap":
         if "final_value" in t.columns:
             t = t.filter(pl.col("final_value").is_null())
-        msg = pl.format("truncated episode (stop_reason {}) has reward {} but no final_value to bootstrap from "
-                        "(truncation policy 'bootstrap')", pl.col("stop_reason").fill_null("null"),
-                        rounded(pl.col("reward")))
+        msg = pl.format(
+            "truncated episode (stop_reason {}) has reward {} but no final_value to bootstrap from "
+            "(truncation policy 'bootstrap')",
+            pl.col("stop_reason").fill_null("null"),
+            rounded(pl.col("reward")),
+        )
     else:
-        msg = pl.format("truncated episode (stop_reason {}) has reward {}, expected null (truncation policy "
-                        "'exclude')", pl.col("stop_reason").fill_null("null"), rounded(pl.col("reward")))
+        msg = pl.format(
+            "truncated episode (stop_reason {}) has reward {}, expected null (truncation policy 'exclude')",
+            pl.col("stop_reason").fill_null("null"),
+            rounded(pl.col("reward")),
+        )
     if t.is_empty():
         return None
     return t.rechunk().select("trajectory_id", msg.alias("message"))
 
 
-@rule("T305", "truncation laundered as termination", requires=("terminated", "turns.finish_reason"), optional=("stop_reason",))
+@rule(
+    "T305",
+    "truncation laundered as termination",
+    requires=("terminated", "turns.finish_reason"),
+    optional=("stop_reason",),
+)
 def laundered_truncation(b: BatchView, cfg) -> pl.DataFrame | None:
     """The last turn's finish_reason is `length` or `abort`, but the episode is recorded as
     terminated.
@@ -168,7 +204,13 @@ def laundered_truncation(b: BatchView, cfg) -> pl.DataFrame | None:
     bad = last.join(term, on="_row", how="inner")
     if bad.is_empty():
         return None
-    return bad.rechunk().select("trajectory_id", pl.col("_t").alias("turn"),
-                      pl.format("last turn ended with finish_reason '{}' but the episode is recorded as terminated "
-                                "(stop_reason {}); expected truncated or infra_error", "finish_reason",
-                                pl.col("stop_reason").fill_null("null")).alias("message"))
+    return bad.rechunk().select(
+        "trajectory_id",
+        pl.col("_t").alias("turn"),
+        pl.format(
+            "last turn ended with finish_reason '{}' but the episode is recorded as terminated "
+            "(stop_reason {}); expected truncated or infra_error",
+            "finish_reason",
+            pl.col("stop_reason").fill_null("null"),
+        ).alias("message"),
+    )
