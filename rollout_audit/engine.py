@@ -87,8 +87,9 @@ def schema_plan(f: LogFile, table: str = "trajectories") -> tuple[dict[str, pa.D
     targets: dict[str, pa.DataType] = {}
     problems: list[tuple[str, str]] = []
     names = set(f.schema.names)
+    declared = S.not_recorded(f.schema.metadata)
     for c in S.columns(table):
-        if c.requirement == "R" and c.name not in names:
+        if c.requirement == "R" and c.name not in names and c.name not in declared:
             problems.append((c.name, "required column missing"))
     for fld in f.schema:
         tgt, prob = _cast_column(fld.name, fld.type, table)
@@ -102,7 +103,7 @@ def schema_plan(f: LogFile, table: str = "trajectories") -> tuple[dict[str, pa.D
         for tc in S.columns("turn"):
             if tc.name in found and tc.name not in have:
                 problems.append((f"turns.{tc.name}", f"expected {tc.type}, found {found[tc.name]}"))
-            elif tc.requirement == "R" and tc.name not in found:
+            elif tc.requirement == "R" and tc.name not in found and f"turns.{tc.name}" not in declared:
                 problems.append((f"turns.{tc.name}", "required turn field missing"))
     return targets, problems
 
@@ -159,6 +160,7 @@ class _Run:
         self.rows = 0
         self.tokens = 0
         self.stats: dict = {}
+        self.declared: dict[str, str] = {}  # input -> why the producer's framework does not record it
         self._lock = threading.Lock()
 
     def needed_columns(self) -> list[str]:
@@ -203,7 +205,9 @@ class _Run:
             self._skip(rule.code, "the log has no update records")
             return
         if missing:
-            self._skip(rule.code, f"{'column' if len(missing) == 1 else 'columns'} {', '.join(missing)} absent")
+            said = list(dict.fromkeys(self.declared[q] for q in missing if q in self.declared))
+            self._skip(rule.code, "; ".join(said) if said else
+                       f"{'column' if len(missing) == 1 else 'columns'} {', '.join(missing)} absent")
             return
         try:
             out = rule.func(target, self.cfg)
@@ -247,6 +251,7 @@ def _batches(files: list[LogFile], run: _Run, batch_rows: int) -> Iterable[Batch
     tff = run.turn_frame_fields()
     for f in files:
         targets, problems = schema_plan(f)
+        run.declared.update(S.not_recorded(f.schema.metadata))
         cols = [c for c in want if c in targets]
         first = True
         offset = 0
@@ -311,6 +316,8 @@ def run_audit(disc: Discovery, cfg: Config | None = None, select: Sequence[str] 
         if _PREFETCH:
             batches = _prefetch(batches)
         updates, update_files = _read_updates(disc.of_kind("updates"), run.broken)
+        for uf in disc.of_kind("updates"):
+            run.declared.update(S.not_recorded(uf.schema.metadata))
     else:
         files = []
         batches = _memory_batches(tables[0], run, batch_rows)
@@ -486,6 +493,7 @@ def _memory_batches(table: pa.Table | None, run: _Run, batch_rows: int) -> Itera
         return
     f = LogFile("<memory>", "trajectories", table.schema, table.num_rows, 1)
     targets, problems = schema_plan(f)
+    run.declared.update(S.not_recorded(table.schema.metadata))
     cols = [c for c in run.needed_columns() if c in targets]
     first = True
     for off in range(0, max(table.num_rows, 1), batch_rows):
@@ -498,6 +506,7 @@ def _memory_batches(table: pa.Table | None, run: _Run, batch_rows: int) -> Itera
 def _memory_updates(table: pa.Table, run: _Run) -> pl.DataFrame | None:
     f = LogFile("<memory>", "updates", table.schema, table.num_rows, 1)
     targets, problems = schema_plan(f, "updates")
+    run.declared.update(S.not_recorded(table.schema.metadata))
     if problems:
         run.broken.append(("<memory updates>", "; ".join(f"{c}: {p}" for c, p in problems)))
         return None

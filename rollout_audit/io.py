@@ -1,6 +1,7 @@
 """Finding, reading and writing rollout logs (Parquet files or directories of them)."""
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from dataclasses import dataclass, field
@@ -198,8 +199,14 @@ class RolloutWriter:
             raise ValueError(f"{self.path}: batch does not match the file's schema: {_one_line(e)}") from None
 
 
-def _meta(kind: str) -> dict[bytes, bytes]:
-    return {S.META_VERSION: S.SCHEMA_VERSION.encode(), S.META_KIND: kind.encode()}
+def _meta(kind: str, fields: Sequence[pa.Field] = (), found: Mapping[bytes, bytes] | None = None) -> dict[bytes, bytes]:
+    """File metadata: kind, the contract version its columns need, and a producer's
+    `not_recorded` declaration carried over from the table being written."""
+    meta = {S.META_VERSION: S.version_for(kind, (f.name for f in fields)).encode(), S.META_KIND: kind.encode()}
+    declared = S.not_recorded(found)
+    if declared:
+        meta[S.META_NOT_RECORDED] = json.dumps(declared, sort_keys=True).encode()
+    return meta
 
 
 def records_to_table(records: list[Mapping], kind: str = "trajectories") -> pa.Table:
@@ -229,7 +236,7 @@ def _schema_for_records(records: list[Mapping], kind: str) -> pa.Schema:
             fields.append(pa.field("turns", pa.list_(pa.struct(tf))))
         else:
             fields.append(pa.field(c.name, c.arrow_type))
-    return pa.schema(fields, metadata=_meta(kind))
+    return pa.schema(fields, metadata=_meta(kind, fields))
 
 
 def _canonical_schema(found: pa.Schema, kind: str) -> pa.Schema:
@@ -245,7 +252,7 @@ def _canonical_schema(found: pa.Schema, kind: str) -> pa.Schema:
             fields.append(pa.field("turns", pa.list_(pa.struct(tf))))
         else:
             fields.append(pa.field(f.name, spec[f.name].arrow_type))
-    return pa.schema(fields, metadata=_meta(kind))
+    return pa.schema(fields, metadata=_meta(kind, fields, found.metadata))
 
 
 def contract_problems(table: pa.Table, kind: str) -> list[str]:

@@ -9,12 +9,15 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Iterable, Mapping
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "1"  # what a writer records when the file uses no column added later
+CONTRACT_VERSION = "1.1"  # the newest version of the contract: v1 files are valid v1.1 files
 META_VERSION = b"rollout_log.schema_version"
 META_KIND = b"rollout_log.kind"
+META_NOT_RECORDED = b"rollout_log.not_recorded"  # JSON {column: why the producer's framework lacks it}
 
 POLICY = 2  # token_source value of a token sampled by the behaviour policy
 SOURCE_NAMES = {0: "system", 1: "user", 2: "policy", 3: "observation", 4: "template"}
@@ -28,6 +31,7 @@ class Column:
     type: str
     requirement: str  # R, C or O
     meaning: str
+    since: str = "1"  # contract version that added the column
 
     @property
     def arrow_type(self) -> pa.DataType:
@@ -91,6 +95,28 @@ def arrow_schema(table: str) -> pa.Schema:
     """The full Arrow schema of `trajectories` or `updates`, with contract metadata."""
     meta = {META_VERSION: SCHEMA_VERSION.encode(), META_KIND: table.encode()}
     return pa.schema([pa.field(c.name, c.arrow_type) for c in columns(table)], metadata=meta)
+
+
+def version_for(table: str, names: Iterable[str]) -> str:
+    """The contract version a file with these columns needs: the newest `since` among them."""
+    have = set(names)
+    return max((c.since for c in columns(table) if c.name in have), key=lambda v: tuple(map(int, v.split("."))),
+               default=SCHEMA_VERSION)
+
+
+def not_recorded(meta: Mapping[bytes, bytes] | None) -> dict[str, str]:
+    """Columns a file declares its framework does not record, with the reason (empty when the
+    metadata is absent or not a JSON object of strings: a hostile value is ignored, not trusted)."""
+    raw = (meta or {}).get(META_NOT_RECORDED)
+    if not raw:
+        return {}
+    try:
+        d = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    if not isinstance(d, dict):
+        return {}
+    return {str(k)[:200]: str(v)[:500] for k, v in d.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def stop_reasons() -> dict[str, str]:

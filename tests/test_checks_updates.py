@@ -169,7 +169,7 @@ def test_u601_unknown_reduction(records):
     ups[1]["reduction"] = "mean"
     rep = ra.audit(trajs, ups)
     assert blocking(rep) == {"U601"}
-    assert "reduction mean is not one of token, turn, trajectory, constant" in of(rep, "U601")["message"][0]
+    assert "reduction mean is not one of token, token_window, turn, trajectory" in of(rep, "U601")["message"][0]
 
 
 # ---------------------------------------------------------------- U602

@@ -11,7 +11,8 @@ import polars as pl
 
 from ..registry import rule
 
-REDUCTIONS = ("token", "turn", "trajectory", "constant")
+REDUCTIONS = ("token", "token_window", "turn", "trajectory", "seq_mean_token_sum", "seq_mean_token_mean", "constant")
+PER_SEQUENCE = ("trajectory", "seq_mean_token_sum", "seq_mean_token_mean")  # D = s * B
 ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "reinforce")
 
 def num(e: pl.Expr) -> pl.Expr:
@@ -30,7 +31,8 @@ def _updates(log) -> pl.DataFrame:
     """The update records with a stable index `_u` and every optional column present."""
     u = log.updates.with_row_index("_u").with_columns(pl.col("_u").cast(pl.Int64))
     for name, dt in (("advantages", pl.List(pl.Float64)), ("advantage_estimator", pl.String),
-                     ("file", pl.String)):
+                     ("file", pl.String), ("denominator_scale", pl.Float64),
+                     ("window_trajectory_ids", pl.List(pl.String)), ("window_tokens", pl.Float64)):
         if name not in u.columns:
             u = u.with_columns(pl.lit(None, dtype=dt).alias(name))
     return u.with_columns(pl.col("trajectory_ids").fill_null(pl.lit([], dtype=pl.List(pl.String))))
@@ -95,12 +97,25 @@ def _per_update(log) -> pl.DataFrame:
         pl.col("n_tokens").sum().alias("sum_tokens"),
         pl.col("n_policy").sum().alias("sum_policy"),
     )
-    return (_updates(log).select("_u", "update_step", "file", "reduction", "loss_denominator")
-            .join(agg, on="_u", how="left")
+    return (_updates(log).select("_u", "update_step", "file", "reduction", "loss_denominator", "denominator_scale",
+                                 "window_tokens")
+            .join(agg, on="_u", how="left").join(_windows(log), on="_u", how="left")
             .with_columns(pl.col("B").fill_null(0), pl.col("all_known").fill_null(True),
                           pl.col("turns_unknown").fill_null(False),
                           *[pl.col(c).fill_null(0) for c in ("sum_trainable", "sum_turns", "sum_tokens", "sum_policy")])
-            .with_columns(pl.col("loss_denominator").cast(pl.Float64)))
+            .with_columns(pl.col("loss_denominator").cast(pl.Float64),
+                          pl.col("denominator_scale").fill_null(1.0).alias("_s")))
+
+
+def _windows(log) -> pl.DataFrame:
+    """Per update naming a window (contract 1.1 `token_window`): its size and trainable-token
+    sum recomputed from the log, and whether every window member is in the log and readable."""
+    u = _updates(log).filter(pl.col("window_trajectory_ids").is_not_null())
+    w = u.select("_u", pl.col("window_trajectory_ids").alias("trajectory_id")).explode("trajectory_id")
+    t = _traj(log).select("trajectory_id", "n_trainable", pl.col("ok").fill_null(False).alias("_ok"))
+    return (w.join(t, on="trajectory_id", how="left")
+            .group_by("_u").agg(pl.len().alias("W"), pl.col("_ok").fill_null(False).all().alias("w_known"),
+                                pl.col("n_trainable").sum().alias("w_trainable")))
 
 
 def _differs(found: pl.Expr, expected: pl.Expr, cfg) -> pl.Expr:
@@ -118,13 +133,18 @@ def denominator(log, cfg) -> pl.DataFrame | None:
 
     Lesson 11.2.4: the same token losses give different gradients depending on what they are
     averaged over, so the statistical unit must be stated and the denominator checked.
-    Recomputed from the trajectories the update names: `token` -> Σ_i |I_i|, the trainable
-    (loss_mask true) tokens of the batch; `turn` -> Σ_i T_i, the turns with at least one
-    trainable token; `trajectory` -> B, the batch size; `constant` -> cannot be recomputed, so
-    any positive finite value is accepted. A non-finite or null denominator, or an unknown
-    reduction, is always a finding (an update over an empty batch recomputes to 0). Updates
-    whose batch names a trajectory missing from the log (U605) or with malformed token lists
-    (S003) are not recomputed for token and turn reductions. A token denominator that also
+    Recomputed from the trajectories the update names, times the declared denominator_scale s
+    (1 when absent; contract 1.1, formulas in `schemas/`): `token` -> s·Σ_i |I_i|, the trainable
+    (loss_mask true) tokens of the batch; `token_window` -> s·Σ_{i∈W} |I_i| over the
+    window_trajectory_ids W (or s·window_tokens when the window is given as a count: TRL's
+    dapo divides by the generation batch's tokens × GA / steps_per_generation); `turn` ->
+    s·Σ_i T_i, the turns with at least one trainable token; `trajectory`, `seq_mean_token_sum`,
+    `seq_mean_token_mean` -> s·B, the batch size; `constant` -> s·B when denominator_scale is
+    recorded, else any positive finite value. A mismatch names recorded/expected. A non-finite
+    or null denominator, or an unknown reduction, is always a finding (an update over an empty
+    batch recomputes to 0). Updates whose batch (or window) names a trajectory missing from
+    the log (U605) or with malformed token lists (S003) are not recomputed for token, window
+    and turn reductions. A token denominator that also
     counts tokens the policy did not sample raises U602 as well, which names the dilution
     factor: both are the same defect seen from two sides (wrong value, and in which
     direction). Fix the trainer to divide by the count of its declared reduction, or declare
@@ -133,28 +153,45 @@ def denominator(log, cfg) -> pl.DataFrame | None:
     u = _per_update(log)
     d = pl.col("loss_denominator")
     red = pl.col("reduction")
-    expected = (pl.when(red == "token").then(pl.col("sum_trainable").cast(pl.Float64))
-                .when(red == "turn").then(pl.col("sum_turns").cast(pl.Float64))
-                .when(red == "trajectory").then(pl.col("B").cast(pl.Float64)))
-    recomputable = (pl.when(red == "trajectory").then(True)
+    sc = pl.col("_s")
+    window = pl.when(pl.col("W").is_not_null()).then(pl.col("w_trainable").cast(pl.Float64)).otherwise("window_tokens")
+    base = (pl.when(red == "token").then(pl.col("sum_trainable").cast(pl.Float64))
+            .when(red == "token_window").then(window)
+            .when(red == "turn").then(pl.col("sum_turns").cast(pl.Float64))
+            .when(red.is_in(PER_SEQUENCE) | ((red == "constant") & pl.col("denominator_scale").is_not_null()))
+            .then(pl.col("B").cast(pl.Float64)))
+    recomputable = (pl.when(red.is_in(PER_SEQUENCE) | (red == "constant")).then(True)
                     .when(red == "turn").then(pl.col("all_known") & ~pl.col("turns_unknown"))
+                    .when(red == "token_window")
+                    .then(pl.when(pl.col("W").is_not_null()).then(pl.col("w_known").fill_null(False))
+                          .otherwise(pl.col("window_tokens").is_not_null()))
                     .otherwise(pl.col("all_known")))
     what = (pl.when(red == "token").then(pl.format("Σ trainable tokens over {} trajectories", "B"))
+            .when(red == "token_window")
+            .then(pl.when(pl.col("W").is_not_null())
+                  .then(pl.format("Σ trainable tokens over the {} trajectories of the window", "W"))
+                  .otherwise(pl.lit("the declared window_tokens")))
             .when(red == "turn").then(pl.format("Σ turns with a trainable token over {} trajectories", "B"))
             .otherwise(pl.lit("the batch size")))
-    u = u.with_columns(expected.alias("_exp"), recomputable.alias("_rc"))
-    counted = red.is_in(("token", "turn", "trajectory")).fill_null(False)
+    what = pl.when(sc != 1.0).then(pl.format("{} × denominator_scale {}", what, num(sc))).otherwise(what)
+    u = u.with_columns((base * sc).alias("_exp"), recomputable.alias("_rc"))
+    counted = red.is_in(REDUCTIONS).fill_null(False) & pl.col("_exp").is_not_null()
     not_finite = d.is_null() | ~d.is_finite().fill_null(False)
     bad_constant = (red == "constant").fill_null(False) & (not_finite | ~(d > 0).fill_null(False))
     unknown = red.is_null() | ~red.is_in(REDUCTIONS).fill_null(False)
+    no_window = (red == "token_window").fill_null(False) & pl.col("W").is_null() & pl.col("window_tokens").is_null()
     mismatch = counted & pl.col("_rc") & _differs(d, pl.col("_exp"), cfg)
-    msg = (pl.when(unknown).then(pl.format("{}: reduction {} is not one of token, turn, trajectory, constant; "
-                                           "the denominator cannot be checked", _step(), red.fill_null("null")))
+    factor = pl.when(pl.col("_exp") > 0).then(pl.format(" (recorded/expected = {})", num((d / pl.col("_exp")).round(3))))
+    msg = (pl.when(unknown).then(pl.format("{}: reduction {} is not one of {}; the denominator cannot be checked",
+                                           _step(), red.fill_null("null"), pl.lit(", ".join(REDUCTIONS))))
+           .when(no_window).then(pl.format("{} (reduction token_window): neither window_trajectory_ids nor "
+                                           "window_tokens is recorded; the denominator cannot be checked", _step()))
            .when(bad_constant | (counted & not_finite))
            .then(pl.format("{} (reduction {}): loss_denominator {} is not a positive finite number", _step(), red,
                            num(d)))
-           .when(mismatch).then(pl.format("{} (reduction {}): loss_denominator {} recorded, expected {} = {}",
-                                          _step(), red, num(d), num(pl.col("_exp")), what)))
+           .when(mismatch).then(pl.format("{} (reduction {}): loss_denominator {} recorded, expected {} = {}{}",
+                                          _step(), red, num(d), num(pl.col("_exp")), what,
+                                          factor.fill_null(""))))
     out = u.select("file", msg.alias("message")).filter(pl.col("message").is_not_null())
     return out if out.height else None
 
@@ -179,7 +216,7 @@ def diluted_denominator(log, cfg) -> pl.DataFrame | None:
     u = _per_update(log).filter((pl.col("reduction") == "token") & pl.col("all_known") & (pl.col("B") > 0))
     d = pl.col("loss_denominator")
     tr = pl.col("sum_trainable").cast(pl.Float64)
-    over = lambda e: ~(d <= e + cfg.atol + cfg.rtol * e.abs()).fill_null(True)  # noqa: E731
+    over = lambda e: ~(d <= e * pl.col("_s") + cfg.atol + cfg.rtol * e.abs()).fill_null(True)  # noqa: E731
     bad = u.filter(d.is_finite().fill_null(False) & over(tr) & over(pl.col("sum_policy").cast(pl.Float64)))
     if bad.is_empty():
         return None
