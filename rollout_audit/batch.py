@@ -113,8 +113,8 @@ class Batch:
         """Rows whose token lists are all present, non-null and of one length."""
         ok = np.ones(self.n, dtype=bool)
         lens = list(self.lengths.values())
-        for c in TOKEN_LISTS:
-            if c not in self.lengths and c != "token_ids":
+        for c in TOKEN_LISTS:  # token ids and behaviour log-probs may be absent: the checks that read
+            if c not in self.lengths and c not in ("token_ids", "behavior_logprobs"):  # them are not run
                 ok[:] = False
         for ln in lens:
             ok &= ln >= 0
@@ -144,7 +144,7 @@ class Batch:
         if (src > 4).any():
             src = np.where(src > 4, 5, src)
         src = src.astype(np.uint8, copy=False)
-        lp_arr = flat("behavior_logprobs")
+        lp_arr = flat("behavior_logprobs") if "behavior_logprobs" in self.columns else pa.nulls(total, pa.float32())
         # float arrays convert with NaN where null; float32 is the contract type and every use
         # (validity, comparisons, sums in float64) gives the same result as a float64 copy
         lp = lp_arr.to_numpy(zero_copy_only=False) if len(lp_arr) else np.zeros(0, np.float32)

@@ -202,7 +202,10 @@ class RolloutWriter:
 def _meta(kind: str, fields: Sequence[pa.Field] = (), found: Mapping[bytes, bytes] | None = None) -> dict[bytes, bytes]:
     """File metadata: kind, the contract version its columns need, and a producer's
     `not_recorded` declaration carried over from the table being written."""
-    meta = {S.META_VERSION: S.version_for(kind, (f.name for f in fields)).encode(), S.META_KIND: kind.encode()}
+    version = S.version_for(kind, (f.name for f in fields))
+    if (found or {}).get(S.META_VERSION) == S.CONTRACT_VERSION.encode():  # the producer says it uses 1.1
+        version = S.CONTRACT_VERSION
+    meta = {S.META_VERSION: version.encode(), S.META_KIND: kind.encode()}
     declared = S.not_recorded(found)
     if declared:
         meta[S.META_NOT_RECORDED] = json.dumps(declared, sort_keys=True).encode()

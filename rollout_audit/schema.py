@@ -91,17 +91,22 @@ def turn_struct() -> pa.StructType:
 
 
 @lru_cache(maxsize=None)
-def arrow_schema(table: str) -> pa.Schema:
-    """The full Arrow schema of `trajectories` or `updates`, with contract metadata."""
-    meta = {META_VERSION: SCHEMA_VERSION.encode(), META_KIND: table.encode()}
-    return pa.schema([pa.field(c.name, c.arrow_type) for c in columns(table)], metadata=meta)
+def arrow_schema(table: str, version: str = SCHEMA_VERSION) -> pa.Schema:
+    """The full Arrow schema of `trajectories` or `updates` as of contract `version` (v1 by
+    default: a writer of every column states the version it writes), with contract metadata."""
+    meta = {META_VERSION: version.encode(), META_KIND: table.encode()}
+    cols = [c for c in columns(table) if _vkey(c.since) <= _vkey(version)]
+    return pa.schema([pa.field(c.name, c.arrow_type) for c in cols], metadata=meta)
+
+
+def _vkey(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
 
 
 def version_for(table: str, names: Iterable[str]) -> str:
     """The contract version a file with these columns needs: the newest `since` among them."""
     have = set(names)
-    return max((c.since for c in columns(table) if c.name in have), key=lambda v: tuple(map(int, v.split("."))),
-               default=SCHEMA_VERSION)
+    return max((c.since for c in columns(table) if c.name in have), key=_vkey, default=SCHEMA_VERSION)
 
 
 def not_recorded(meta: Mapping[bytes, bytes] | None) -> dict[str, str]:

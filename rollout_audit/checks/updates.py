@@ -241,18 +241,22 @@ def diluted_denominator(log, cfg) -> pl.DataFrame | None:
 # ------------------------------------------------------------------ U603, U604: advantages
 
 
-def _group_stats(m: pl.DataFrame) -> pl.DataFrame:
-    """Window statistics of each (update, group) over members with a reward."""
-    w = ["_u", "_g"]
+def _group_stats(log, m: pl.DataFrame) -> pl.DataFrame:
+    """`m` with the statistics of each member's (update, group) over the members with a reward.
+
+    The group is formed among the update's trajectories, or, when the update names a window
+    (contract 1.1 window_trajectory_ids: TRL computes advantages over the generation batch and
+    trains on it in several updates), among the window's trajectories."""
+    u = _updates(log)
+    pool = (u.select("_u", pl.coalesce("window_trajectory_ids", "trajectory_ids").alias("trajectory_id"))
+            .explode("trajectory_id").filter(pl.col("trajectory_id").is_not_null())
+            .join(_traj(log).select("trajectory_id", "reward", pl.coalesce("group_id", "task_id").alias("_g")),
+                  on="trajectory_id", how="left"))
     r = pl.col("reward")
-    return m.with_columns(
-        r.count().over(w).alias("_n"),
-        r.is_null().sum().over(w).alias("_n_unknown"),
-        r.mean().over(w).alias("_mean"),
-        r.std(ddof=1).over(w).alias("_std"),
-        r.sum().over(w).alias("_sum"),
-        (r.max().over(w) - r.min().over(w)).alias("_range"),
-    )
+    stats = pool.group_by("_u", "_g").agg(
+        r.count().alias("_n"), r.is_null().sum().alias("_n_unknown"), r.mean().alias("_mean"),
+        r.std(ddof=1).alias("_std"), r.sum().alias("_sum"), (r.max() - r.min()).alias("_range"))
+    return m.join(stats, on=["_u", "_g"], how="left", nulls_equal=True)
 
 
 @rule("U603", "advantages differ from the recomputed ones", scope="log",
@@ -282,7 +286,7 @@ def advantages(log, cfg) -> pl.DataFrame | None:
                    .then(pl.format("{}: {} advantages for {} trajectory_ids (they must be aligned)", _step(),
                                    pl.col("advantages").list.len(), pl.col("trajectory_ids").list.len()))
                    .alias("message")).filter(pl.col("message").is_not_null())
-    m = _group_stats(members(log).filter(pl.col("_aligned") & pl.col("advantage_estimator").is_in(ESTIMATORS)))
+    m = _group_stats(log, members(log).filter(pl.col("_aligned") & pl.col("advantage_estimator").is_in(ESTIMATORS)))
     r, n, mean = pl.col("reward"), pl.col("_n"), pl.col("_mean")
     expected = (pl.when((pl.col("_n_unknown") > 0) | ~pl.col("_in_log").all().over("_u")).then(None)
                 .when(est == "reinforce").then(r)
@@ -318,7 +322,7 @@ def degenerate_advantages(log, cfg) -> pl.DataFrame | None:
     baseline) are skipped. U603 also fires when the estimator is known; this check runs without
     one. Fix the grouping or the estimator, or drop zero-variance groups from the batch.
     """
-    m = _group_stats(members(log).filter(pl.col("_aligned")
+    m = _group_stats(log, members(log).filter(pl.col("_aligned")
                                          & (pl.col("advantage_estimator").fill_null("") != "reinforce")))
     bad = m.filter((pl.col("_n_unknown") == 0) & pl.col("_in_log").all().over("_u")
                    & (pl.col("_range") <= cfg.atol) & pl.col("adv").is_not_null()
