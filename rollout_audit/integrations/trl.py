@@ -57,6 +57,24 @@ TRL_LACKS = {
     "verifier_version": "TRL does not record the reward functions' version; pass verifier_version=",
     "reset_seed": "TRL does not record a reset seed; pass reset_seed=",
 }
+_PER_TURN_REWARD = "TRL records one reward per completion: no per-turn rewards, components, shaping or values"
+TRL_LACKS.update(
+    {
+        k: _PER_TURN_REWARD
+        for k in (
+            "turns.reward",
+            "turns.reward_components",
+            "turns.shaping",
+            "turns.potential_before",
+            "turns.potential_after",
+            "turns.value",
+            "turns.td_residual",
+            "final_value",
+            "discounted_return",
+        )
+    }
+)
+TRL_LACKS["turns.parsed_action"] = "TRL does not record parsed actions"
 _TURN_EXTRAS = ("turn_sampled_token_ids", "turn_logprob", "turn_context_ids")
 
 
