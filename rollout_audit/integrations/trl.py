@@ -481,9 +481,9 @@ class AuditedGRPOTrainer(GRPOTrainer):
         self.audit_reports.append((batch_id, report))
         if not report.ok:
             bad = self._act(f"generation batch {batch_id}", report, table)
-            if bad is not None:
-                out = self._skip_rows(out, bad)
+            if bad is not None:  # records keep the provenance of the batch as generated
                 table = self._ra_records(out, inputs, batch_id, excluded=bad)
+                out = self._skip_rows(dict(out), bad)
         self._ra_table = table
         self._ra_micro = 0
         self._write(table, "trajectories", f"{batch_id}.parquet")
