@@ -344,7 +344,8 @@ def update_from_step(
     it is: dapo/cispo/vespo `token_window` over the generation batch (`num_items_in_batch`,
     counted over every process) scaled by GA / (steps_per_generation × processes); bnpo
     `token` × GA; grpo/sapo `seq_mean_token_mean` B × GA; luspo `seq_mean_token_sum`;
-    dr_grpo `constant` B × max_completion_length × GA.
+    dr_grpo `constant` B × max_completion_length × GA. `window_trajectory_ids` (the generation
+    batch) is where TRL formed the advantage groups, whatever the loss type.
     """
     cm = _np(inputs["completion_mask"]).astype(bool)
     tm = _np(inputs["tool_mask"]).astype(bool) if inputs.get("tool_mask") is not None else np.ones_like(cm)
@@ -370,8 +371,8 @@ def update_from_step(
     }
     if reduction == "token_window":
         rec["window_tokens"] = window
-        if window_trajectory_ids is not None:
-            rec["window_trajectory_ids"] = list(window_trajectory_ids)
+    if window_trajectory_ids is not None:  # TRL normalises rewards into advantages over the generation batch
+        rec["window_trajectory_ids"] = list(window_trajectory_ids)
     if advantage_estimator is not None:
         rec["advantage_estimator"] = advantage_estimator
     if max_policy_lag is not None:
