@@ -3,13 +3,14 @@
 Arrow schemas, type compatibility rules and the `schema` command's table are all
 built from that file, so a collector in another language validates against the same data.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Iterable, Mapping
 
 import pyarrow as pa
 
@@ -47,7 +48,7 @@ def _contract_path() -> Path:
     raise FileNotFoundError("rollout_log_v1.json not found next to the package")
 
 
-@lru_cache(maxsize=None)
+@cache
 def contract() -> dict:
     """The raw contract document."""
     return json.loads(_contract_path().read_text())
@@ -67,8 +68,14 @@ def required(table: str) -> tuple[str, ...]:
 
 
 _SCALARS = {
-    "string": pa.string(), "bool": pa.bool_(), "uint8": pa.uint8(), "int16": pa.int16(),
-    "int32": pa.int32(), "int64": pa.int64(), "float32": pa.float32(), "float64": pa.float64(),
+    "string": pa.string(),
+    "bool": pa.bool_(),
+    "uint8": pa.uint8(),
+    "int16": pa.int16(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "float32": pa.float32(),
+    "float64": pa.float64(),
 }
 
 
@@ -85,12 +92,12 @@ def parse_type(t: str) -> pa.DataType:
     return _SCALARS[t]
 
 
-@lru_cache(maxsize=None)
+@cache
 def turn_struct() -> pa.StructType:
     return pa.struct([pa.field(c.name, c.arrow_type) for c in columns("turn")])
 
 
-@lru_cache(maxsize=None)
+@cache
 def arrow_schema(table: str, version: str = SCHEMA_VERSION) -> pa.Schema:
     """The full Arrow schema of `trajectories` or `updates` as of contract `version` (v1 by
     default: a writer of every column states the version it writes), with contract metadata."""
@@ -152,8 +159,11 @@ def compatible(found: pa.DataType, expected: pa.DataType) -> bool:
     if pa.types.is_null(found):
         return True
     if pa.types.is_map(expected):
-        return pa.types.is_map(found) and compatible(found.key_type, expected.key_type) and compatible(
-            found.item_type, expected.item_type)
+        return (
+            pa.types.is_map(found)
+            and compatible(found.key_type, expected.key_type)
+            and compatible(found.item_type, expected.item_type)
+        )
     if pa.types.is_list(expected):
         if not (pa.types.is_list(found) or pa.types.is_large_list(found) or pa.types.is_list_view(found)):
             return False

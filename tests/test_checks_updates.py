@@ -1,5 +1,6 @@
 """Updates and reduction: U601-U606 recompute each update's denominator, advantages and batch
 membership from the trajectories it names."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -156,8 +157,18 @@ def test_u601_constant_needs_positive_finite(records, value):
 
 def test_u601_empty_batch_recomputes_to_zero(records):
     trajs, ups = records
-    ups.append({"update_step": 2, "trainer_version": 2, "trajectory_ids": [], "reduction": "token",
-                "loss_denominator": 0.0, "advantages": [], "advantage_estimator": "grpo", "max_policy_lag": 0})
+    ups.append(
+        {
+            "update_step": 2,
+            "trainer_version": 2,
+            "trajectory_ids": [],
+            "reduction": "token",
+            "loss_denominator": 0.0,
+            "advantages": [],
+            "advantage_estimator": "grpo",
+            "max_policy_lag": 0,
+        }
+    )
     assert not (ra.audit(trajs, ups).codes() & U)
     ups[-1]["loss_denominator"] = 8.0
     rep = ra.audit(trajs, ups)
@@ -324,8 +335,13 @@ def test_u605_runs_without_trajectories(records):
 
 def test_u606_truncated_episode_in_update(records):
     trajs, ups = records
-    trunc = next(t for t in trajs if t["truncated"] and t["trajectory_id"] not in ups[0]["trajectory_ids"]
-                 and t["trajectory_id"] < ups[1]["trajectory_ids"][0])
+    trunc = next(
+        t
+        for t in trajs
+        if t["truncated"]
+        and t["trajectory_id"] not in ups[0]["trajectory_ids"]
+        and t["trajectory_id"] < ups[1]["trajectory_ids"][0]
+    )
     ups[0]["trajectory_ids"].append(trunc["trajectory_id"])
     ups[0]["advantages"].append(0.0)
     ups[0]["loss_denominator"] += sum(trunc["loss_mask"])
@@ -367,8 +383,12 @@ def test_u601_token_window_recomputed_over_the_window(records):
     window = ups[0]["trajectory_ids"] + ups[1]["trajectory_ids"]  # one generation batch, two updates
     scale = 0.5  # TRL dapo: GA 1 / steps_per_generation 2
     for u in ups[:2]:
-        u.update(reduction="token_window", window_trajectory_ids=window, denominator_scale=scale,
-                 loss_denominator=trainable(trajs, window) * scale)
+        u.update(
+            reduction="token_window",
+            window_trajectory_ids=window,
+            denominator_scale=scale,
+            loss_denominator=trainable(trajs, window) * scale,
+        )
     assert not (ra.audit(trajs, ups).codes() & U)
     ups[1]["loss_denominator"] = float(trainable(trajs, ups[1]["trajectory_ids"]))  # the update's own count
     rep = ra.audit(trajs, ups)
@@ -415,9 +435,19 @@ def test_u603_groups_formed_in_the_window(records):
     set_advantages(trajs, whole, "grpo")  # normalised over the generation batch, as TRL does
     adv = dict(zip(window, whole["advantages"]))
     halves = [window[0::2], window[1::2]]  # trained in two updates: every group is split between them
-    split = [{**ups[0], "update_step": k, "trajectory_ids": h, "advantages": [adv[t] for t in h],
-              "advantage_estimator": "grpo", "reduction": "token_window", "window_trajectory_ids": window,
-              "loss_denominator": float(trainable(trajs, window))} for k, h in enumerate(halves)]
+    split = [
+        {
+            **ups[0],
+            "update_step": k,
+            "trajectory_ids": h,
+            "advantages": [adv[t] for t in h],
+            "advantage_estimator": "grpo",
+            "reduction": "token_window",
+            "window_trajectory_ids": window,
+            "loss_denominator": float(trainable(trajs, window)),
+        }
+        for k, h in enumerate(halves)
+    ]
     assert not (ra.audit(trajs, split).codes() & U)
     for u in split:  # without the window, each half is grouped on its own: the advantages do not recompute
         del u["window_trajectory_ids"]

@@ -5,6 +5,7 @@ All checks work on one frame with a row per (update, batch member), built once p
 exploding `trajectory_ids` (and, aligned by index, `advantages`) and joining the
 per-trajectory summary of the log. Group statistics are polars `over()` windows on it.
 """
+
 from __future__ import annotations
 
 import polars as pl
@@ -15,12 +16,17 @@ REDUCTIONS = ("token", "token_window", "turn", "trajectory", "seq_mean_token_sum
 PER_SEQUENCE = ("trajectory", "seq_mean_token_sum", "seq_mean_token_mean")  # D = s * B
 ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "reinforce")
 
+
 def num(e: pl.Expr) -> pl.Expr:
     """A float rendered for a message: integers without '.0', others to 6 significant places."""
     as_int = e.cast(pl.Int64, strict=False)
-    return (pl.when(e.is_null()).then(pl.lit("null"))
-            .when(e.is_finite() & (as_int.cast(pl.Float64) == e)).then(as_int.cast(pl.String))
-            .otherwise(e.round_sig_figs(6).cast(pl.String)))
+    return (
+        pl.when(e.is_null())
+        .then(pl.lit("null"))
+        .when(e.is_finite() & (as_int.cast(pl.Float64) == e))
+        .then(as_int.cast(pl.String))
+        .otherwise(e.round_sig_figs(6).cast(pl.String))
+    )
 
 
 def _step() -> pl.Expr:
@@ -30,9 +36,14 @@ def _step() -> pl.Expr:
 def _updates(log) -> pl.DataFrame:
     """The update records with a stable index `_u` and every optional column present."""
     u = log.updates.with_row_index("_u").with_columns(pl.col("_u").cast(pl.Int64))
-    for name, dt in (("advantages", pl.List(pl.Float64)), ("advantage_estimator", pl.String),
-                     ("file", pl.String), ("denominator_scale", pl.Float64),
-                     ("window_trajectory_ids", pl.List(pl.String)), ("window_tokens", pl.Float64)):
+    for name, dt in (
+        ("advantages", pl.List(pl.Float64)),
+        ("advantage_estimator", pl.String),
+        ("file", pl.String),
+        ("denominator_scale", pl.Float64),
+        ("window_trajectory_ids", pl.List(pl.String)),
+        ("window_tokens", pl.Float64),
+    ):
         if name not in u.columns:
             u = u.with_columns(pl.lit(None, dtype=dt).alias(name))
     return u.with_columns(pl.col("trajectory_ids").fill_null(pl.lit([], dtype=pl.List(pl.String))))
@@ -41,9 +52,19 @@ def _updates(log) -> pl.DataFrame:
 def _traj(log) -> pl.DataFrame:
     """Per-trajectory inputs of the update checks, one row per trajectory_id."""
     t = log.traj
-    want = {"task_id": pl.String, "group_id": pl.String, "reward": pl.Float64, "truncated": pl.Boolean,
-            "infra_error": pl.Boolean, "stop_reason": pl.String, "n_trainable": pl.Int64, "n_tokens": pl.Int64,
-            "n_policy": pl.Int64, "n_turns_trainable": pl.Int64, "ok": pl.Boolean}
+    want = {
+        "task_id": pl.String,
+        "group_id": pl.String,
+        "reward": pl.Float64,
+        "truncated": pl.Boolean,
+        "infra_error": pl.Boolean,
+        "stop_reason": pl.String,
+        "n_trainable": pl.Int64,
+        "n_tokens": pl.Int64,
+        "n_policy": pl.Int64,
+        "n_turns_trainable": pl.Int64,
+        "ok": pl.Boolean,
+    }
     if "trajectory_id" not in t.columns:
         return pl.DataFrame(schema={"trajectory_id": pl.String, **want})
     t = t.with_columns(pl.lit(None, dtype=dt).alias(c) for c, dt in want.items() if c not in t.columns)
@@ -52,10 +73,15 @@ def _traj(log) -> pl.DataFrame:
         turns_trainable = pl.col("n_turns_trainable").fill_null(pl.when(pl.col("n_turns") == 0).then(0))
     else:
         turns_trainable = pl.col("n_turns_trainable")
-    return (t.filter(pl.col("trajectory_id").is_not_null())
-            .unique("trajectory_id", keep="first", maintain_order=True)
-            .select("trajectory_id", *[pl.col(c).cast(dt) for c, dt in want.items() if c != "n_turns_trainable"],
-                    pl.when(turns_ok).then(turns_trainable.cast(pl.Int64)).alias("n_turns_trainable")))
+    return (
+        t.filter(pl.col("trajectory_id").is_not_null())
+        .unique("trajectory_id", keep="first", maintain_order=True)
+        .select(
+            "trajectory_id",
+            *[pl.col(c).cast(dt) for c, dt in want.items() if c != "n_turns_trainable"],
+            pl.when(turns_ok).then(turns_trainable.cast(pl.Int64)).alias("n_turns_trainable"),
+        )
+    )
 
 
 def members(log) -> pl.DataFrame:
@@ -68,18 +94,28 @@ def members(log) -> pl.DataFrame:
     u = _updates(log)
     head = ["_u", "update_step", "file", "reduction", "advantage_estimator"]
     aligned = (pl.col("advantages").list.len() == pl.col("trajectory_ids").list.len()).fill_null(False)
-    ex = (u.select(*head, aligned.alias("_aligned"), pl.col("trajectory_ids").alias("trajectory_id"),
-                   pl.int_ranges(0, pl.col("trajectory_ids").list.len()).alias("_k"))
-          .explode("trajectory_id", "_k").filter(pl.col("_k").is_not_null()))
-    adv = (u.filter(pl.col("advantages").is_not_null())
-           .select("_u", pl.col("advantages").alias("adv"),
-                   pl.int_ranges(0, pl.col("advantages").list.len()).alias("_k"))
-           .explode("adv", "_k").filter(pl.col("_k").is_not_null()))
+    ex = (
+        u.select(
+            *head,
+            aligned.alias("_aligned"),
+            pl.col("trajectory_ids").alias("trajectory_id"),
+            pl.int_ranges(0, pl.col("trajectory_ids").list.len()).alias("_k"),
+        )
+        .explode("trajectory_id", "_k")
+        .filter(pl.col("_k").is_not_null())
+    )
+    adv = (
+        u.filter(pl.col("advantages").is_not_null())
+        .select("_u", pl.col("advantages").alias("adv"), pl.int_ranges(0, pl.col("advantages").list.len()).alias("_k"))
+        .explode("adv", "_k")
+        .filter(pl.col("_k").is_not_null())
+    )
     t = _traj(log).with_columns(pl.lit(True).alias("_in_log"))
-    m = (ex.join(adv, on=["_u", "_k"], how="left")
-         .join(t, on="trajectory_id", how="left")
-         .with_columns(pl.col("_in_log").fill_null(False),
-                       pl.coalesce("group_id", "task_id").alias("_g")))
+    m = (
+        ex.join(adv, on=["_u", "_k"], how="left")
+        .join(t, on="trajectory_id", how="left")
+        .with_columns(pl.col("_in_log").fill_null(False), pl.coalesce("group_id", "task_id").alias("_g"))
+    )
     log.cache["update_members"] = m
     return m
 
@@ -97,14 +133,21 @@ def _per_update(log) -> pl.DataFrame:
         pl.col("n_tokens").sum().alias("sum_tokens"),
         pl.col("n_policy").sum().alias("sum_policy"),
     )
-    return (_updates(log).select("_u", "update_step", "file", "reduction", "loss_denominator", "denominator_scale",
-                                 "window_tokens")
-            .join(agg, on="_u", how="left").join(_windows(log), on="_u", how="left")
-            .with_columns(pl.col("B").fill_null(0), pl.col("all_known").fill_null(True),
-                          pl.col("turns_unknown").fill_null(False),
-                          *[pl.col(c).fill_null(0) for c in ("sum_trainable", "sum_turns", "sum_tokens", "sum_policy")])
-            .with_columns(pl.col("loss_denominator").cast(pl.Float64),
-                          pl.col("denominator_scale").fill_null(1.0).alias("_s")))
+    return (
+        _updates(log)
+        .select("_u", "update_step", "file", "reduction", "loss_denominator", "denominator_scale", "window_tokens")
+        .join(agg, on="_u", how="left")
+        .join(_windows(log), on="_u", how="left")
+        .with_columns(
+            pl.col("B").fill_null(0),
+            pl.col("all_known").fill_null(True),
+            pl.col("turns_unknown").fill_null(False),
+            *[pl.col(c).fill_null(0) for c in ("sum_trainable", "sum_turns", "sum_tokens", "sum_policy")],
+        )
+        .with_columns(
+            pl.col("loss_denominator").cast(pl.Float64), pl.col("denominator_scale").fill_null(1.0).alias("_s")
+        )
+    )
 
 
 def _windows(log) -> pl.DataFrame:
@@ -113,9 +156,15 @@ def _windows(log) -> pl.DataFrame:
     u = _updates(log).filter(pl.col("window_trajectory_ids").is_not_null())
     w = u.select("_u", pl.col("window_trajectory_ids").alias("trajectory_id")).explode("trajectory_id")
     t = _traj(log).select("trajectory_id", "n_trainable", pl.col("ok").fill_null(False).alias("_ok"))
-    return (w.join(t, on="trajectory_id", how="left")
-            .group_by("_u").agg(pl.len().alias("W"), pl.col("_ok").fill_null(False).all().alias("w_known"),
-                                pl.col("n_trainable").sum().alias("w_trainable")))
+    return (
+        w.join(t, on="trajectory_id", how="left")
+        .group_by("_u")
+        .agg(
+            pl.len().alias("W"),
+            pl.col("_ok").fill_null(False).all().alias("w_known"),
+            pl.col("n_trainable").sum().alias("w_trainable"),
+        )
+    )
 
 
 def _differs(found: pl.Expr, expected: pl.Expr, cfg) -> pl.Expr:
@@ -126,8 +175,7 @@ def _differs(found: pl.Expr, expected: pl.Expr, cfg) -> pl.Expr:
 # ------------------------------------------------------------------ U601, U602: denominators
 
 
-@rule("U601", "loss_denominator differs from the recomputed one", scope="log",
-      requires=("updates", "trajectory_id"))
+@rule("U601", "loss_denominator differs from the recomputed one", scope="log", requires=("updates", "trajectory_id"))
 def denominator(log, cfg) -> pl.DataFrame | None:
     """An update's loss_denominator differs from the one recomputed for its declared reduction.
 
@@ -155,24 +203,42 @@ def denominator(log, cfg) -> pl.DataFrame | None:
     red = pl.col("reduction")
     sc = pl.col("_s")
     window = pl.when(pl.col("W").is_not_null()).then(pl.col("w_trainable").cast(pl.Float64)).otherwise("window_tokens")
-    base = (pl.when(red == "token").then(pl.col("sum_trainable").cast(pl.Float64))
-            .when(red == "token_window").then(window)
-            .when(red == "turn").then(pl.col("sum_turns").cast(pl.Float64))
-            .when(red.is_in(PER_SEQUENCE) | ((red == "constant") & pl.col("denominator_scale").is_not_null()))
-            .then(pl.col("B").cast(pl.Float64)))
-    recomputable = (pl.when(red.is_in(PER_SEQUENCE) | (red == "constant")).then(True)
-                    .when(red == "turn").then(pl.col("all_known") & ~pl.col("turns_unknown"))
-                    .when(red == "token_window")
-                    .then(pl.when(pl.col("W").is_not_null()).then(pl.col("w_known").fill_null(False))
-                          .otherwise(pl.col("window_tokens").is_not_null()))
-                    .otherwise(pl.col("all_known")))
-    what = (pl.when(red == "token").then(pl.format("Σ trainable tokens over {} trajectories", "B"))
-            .when(red == "token_window")
-            .then(pl.when(pl.col("W").is_not_null())
-                  .then(pl.format("Σ trainable tokens over the {} trajectories of the window", "W"))
-                  .otherwise(pl.lit("the declared window_tokens")))
-            .when(red == "turn").then(pl.format("Σ turns with a trainable token over {} trajectories", "B"))
-            .otherwise(pl.lit("the batch size")))
+    base = (
+        pl.when(red == "token")
+        .then(pl.col("sum_trainable").cast(pl.Float64))
+        .when(red == "token_window")
+        .then(window)
+        .when(red == "turn")
+        .then(pl.col("sum_turns").cast(pl.Float64))
+        .when(red.is_in(PER_SEQUENCE) | ((red == "constant") & pl.col("denominator_scale").is_not_null()))
+        .then(pl.col("B").cast(pl.Float64))
+    )
+    recomputable = (
+        pl.when(red.is_in(PER_SEQUENCE) | (red == "constant"))
+        .then(True)
+        .when(red == "turn")
+        .then(pl.col("all_known") & ~pl.col("turns_unknown"))
+        .when(red == "token_window")
+        .then(
+            pl.when(pl.col("W").is_not_null())
+            .then(pl.col("w_known").fill_null(False))
+            .otherwise(pl.col("window_tokens").is_not_null())
+        )
+        .otherwise(pl.col("all_known"))
+    )
+    what = (
+        pl.when(red == "token")
+        .then(pl.format("Σ trainable tokens over {} trajectories", "B"))
+        .when(red == "token_window")
+        .then(
+            pl.when(pl.col("W").is_not_null())
+            .then(pl.format("Σ trainable tokens over the {} trajectories of the window", "W"))
+            .otherwise(pl.lit("the declared window_tokens"))
+        )
+        .when(red == "turn")
+        .then(pl.format("Σ turns with a trainable token over {} trajectories", "B"))
+        .otherwise(pl.lit("the batch size"))
+    )
     what = pl.when(sc != 1.0).then(pl.format("{} × denominator_scale {}", what, num(sc))).otherwise(what)
     u = u.with_columns((base * sc).alias("_exp"), recomputable.alias("_rc"))
     counted = red.is_in(REDUCTIONS).fill_null(False) & pl.col("_exp").is_not_null()
@@ -181,23 +247,52 @@ def denominator(log, cfg) -> pl.DataFrame | None:
     unknown = red.is_null() | ~red.is_in(REDUCTIONS).fill_null(False)
     no_window = (red == "token_window").fill_null(False) & pl.col("W").is_null() & pl.col("window_tokens").is_null()
     mismatch = counted & pl.col("_rc") & _differs(d, pl.col("_exp"), cfg)
-    factor = pl.when(pl.col("_exp") > 0).then(pl.format(" (recorded/expected = {})", num((d / pl.col("_exp")).round(3))))
-    msg = (pl.when(unknown).then(pl.format("{}: reduction {} is not one of {}; the denominator cannot be checked",
-                                           _step(), red.fill_null("null"), pl.lit(", ".join(REDUCTIONS))))
-           .when(no_window).then(pl.format("{} (reduction token_window): neither window_trajectory_ids nor "
-                                           "window_tokens is recorded; the denominator cannot be checked", _step()))
-           .when(bad_constant | (counted & not_finite))
-           .then(pl.format("{} (reduction {}): loss_denominator {} is not a positive finite number", _step(), red,
-                           num(d)))
-           .when(mismatch).then(pl.format("{} (reduction {}): loss_denominator {} recorded, expected {} = {}{}",
-                                          _step(), red, num(d), num(pl.col("_exp")), what,
-                                          factor.fill_null(""))))
+    factor = pl.when(pl.col("_exp") > 0).then(
+        pl.format(" (recorded/expected = {})", num((d / pl.col("_exp")).round(3)))
+    )
+    msg = (
+        pl.when(unknown)
+        .then(
+            pl.format(
+                "{}: reduction {} is not one of {}; the denominator cannot be checked",
+                _step(),
+                red.fill_null("null"),
+                pl.lit(", ".join(REDUCTIONS)),
+            )
+        )
+        .when(no_window)
+        .then(
+            pl.format(
+                "{} (reduction token_window): neither window_trajectory_ids nor "
+                "window_tokens is recorded; the denominator cannot be checked",
+                _step(),
+            )
+        )
+        .when(bad_constant | (counted & not_finite))
+        .then(pl.format("{} (reduction {}): loss_denominator {} is not a positive finite number", _step(), red, num(d)))
+        .when(mismatch)
+        .then(
+            pl.format(
+                "{} (reduction {}): loss_denominator {} recorded, expected {} = {}{}",
+                _step(),
+                red,
+                num(d),
+                num(pl.col("_exp")),
+                what,
+                factor.fill_null(""),
+            )
+        )
+    )
     out = u.select("file", msg.alias("message")).filter(pl.col("message").is_not_null())
     return out if out.height else None
 
 
-@rule("U602", "loss_denominator counts tokens the policy did not sample", scope="log",
-      requires=("updates", "trajectory_id"))
+@rule(
+    "U602",
+    "loss_denominator counts tokens the policy did not sample",
+    scope="log",
+    requires=("updates", "trajectory_id"),
+)
 def diluted_denominator(log, cfg) -> pl.DataFrame | None:
     """A token-reduced update divides by more tokens than the policy sampled: the denominator
     counts observation, tool, template or prompt tokens.
@@ -216,25 +311,45 @@ def diluted_denominator(log, cfg) -> pl.DataFrame | None:
     u = _per_update(log).filter((pl.col("reduction") == "token") & pl.col("all_known") & (pl.col("B") > 0))
     d = pl.col("loss_denominator")
     tr = pl.col("sum_trainable").cast(pl.Float64)
-    over = lambda e: ~(d <= e * pl.col("_s") + cfg.atol + cfg.rtol * e.abs()).fill_null(True)  # noqa: E731
+    over = lambda e: ~(d <= e * pl.col("_s") + cfg.atol + cfg.rtol * e.abs()).fill_null(True)
     bad = u.filter(d.is_finite().fill_null(False) & over(tr) & over(pl.col("sum_policy").cast(pl.Float64)))
     if bad.is_empty():
         return None
     all_tok = pl.col("sum_tokens").cast(pl.Float64)
     matches = ~_differs(d, all_tok, cfg)
     factor = pl.when(tr > 0).then(num((d / tr).round(2)))
-    head = pl.format("{}: loss_denominator {} exceeds the {} trainable tokens of the batch",
-                     _step(), num(d), pl.col("sum_trainable"))
-    dil = (pl.when(tr > 0)
-           .then(pl.format("{}/{} = {}: each policy token's gradient is scaled down {}x", num(d),
-                           pl.col("sum_trainable"), factor, factor))
-           .otherwise(pl.lit("the batch has no trainable token, so the whole denominator counts tokens outside "
-                             "the loss")))
-    tail = (pl.when(matches)
-            .then(pl.format("; it equals every token of the {} sequences, {} of them not sampled by the policy",
-                            "B", (pl.col("sum_tokens") - pl.col("sum_policy"))))
-            .otherwise(pl.format("; it includes at least {} tokens the policy did not sample",
-                                 num(d - pl.max_horizontal(tr, pl.col("sum_policy").cast(pl.Float64))))))
+    head = pl.format(
+        "{}: loss_denominator {} exceeds the {} trainable tokens of the batch", _step(), num(d), pl.col("sum_trainable")
+    )
+    dil = (
+        pl.when(tr > 0)
+        .then(
+            pl.format(
+                "{}/{} = {}: each policy token's gradient is scaled down {}x",
+                num(d),
+                pl.col("sum_trainable"),
+                factor,
+                factor,
+            )
+        )
+        .otherwise(pl.lit("the batch has no trainable token, so the whole denominator counts tokens outside the loss"))
+    )
+    tail = (
+        pl.when(matches)
+        .then(
+            pl.format(
+                "; it equals every token of the {} sequences, {} of them not sampled by the policy",
+                "B",
+                (pl.col("sum_tokens") - pl.col("sum_policy")),
+            )
+        )
+        .otherwise(
+            pl.format(
+                "; it includes at least {} tokens the policy did not sample",
+                num(d - pl.max_horizontal(tr, pl.col("sum_policy").cast(pl.Float64))),
+            )
+        )
+    )
     return bad.select("file", pl.concat_str([head, pl.lit(": "), dil, tail]).alias("message"))
 
 
@@ -248,19 +363,34 @@ def _group_stats(log, m: pl.DataFrame) -> pl.DataFrame:
     (contract 1.1 window_trajectory_ids: TRL computes advantages over the generation batch and
     trains on it in several updates), among the window's trajectories."""
     u = _updates(log)
-    pool = (u.select("_u", pl.coalesce("window_trajectory_ids", "trajectory_ids").alias("trajectory_id"))
-            .explode("trajectory_id").filter(pl.col("trajectory_id").is_not_null())
-            .join(_traj(log).select("trajectory_id", "reward", pl.coalesce("group_id", "task_id").alias("_g")),
-                  on="trajectory_id", how="left"))
+    pool = (
+        u.select("_u", pl.coalesce("window_trajectory_ids", "trajectory_ids").alias("trajectory_id"))
+        .explode("trajectory_id")
+        .filter(pl.col("trajectory_id").is_not_null())
+        .join(
+            _traj(log).select("trajectory_id", "reward", pl.coalesce("group_id", "task_id").alias("_g")),
+            on="trajectory_id",
+            how="left",
+        )
+    )
     r = pl.col("reward")
     stats = pool.group_by("_u", "_g").agg(
-        r.count().alias("_n"), r.is_null().sum().alias("_n_unknown"), r.mean().alias("_mean"),
-        r.std(ddof=1).alias("_std"), r.sum().alias("_sum"), (r.max() - r.min()).alias("_range"))
+        r.count().alias("_n"),
+        r.is_null().sum().alias("_n_unknown"),
+        r.mean().alias("_mean"),
+        r.std(ddof=1).alias("_std"),
+        r.sum().alias("_sum"),
+        (r.max() - r.min()).alias("_range"),
+    )
     return m.join(stats, on=["_u", "_g"], how="left", nulls_equal=True)
 
 
-@rule("U603", "advantages differ from the recomputed ones", scope="log",
-      requires=("updates.advantages", "updates.advantage_estimator", "trajectory_id", "task_id", "reward"))
+@rule(
+    "U603",
+    "advantages differ from the recomputed ones",
+    scope="log",
+    requires=("updates.advantages", "updates.advantage_estimator", "trajectory_id", "task_id", "reward"),
+)
 def advantages(log, cfg) -> pl.DataFrame | None:
     """An update's advantages differ from the ones recomputed for its declared estimator and groups.
 
@@ -279,36 +409,84 @@ def advantages(log, cfg) -> pl.DataFrame | None:
     """
     u = _updates(log).filter(pl.col("advantages").is_not_null())
     est = pl.col("advantage_estimator")
-    upd = u.select("file", pl.when(est.is_null() | ~est.is_in(ESTIMATORS).fill_null(False))
-                   .then(pl.format("{}: advantage_estimator {} is not one of grpo, grpo_no_std, rloo, reinforce; "
-                                   "advantages cannot be recomputed", _step(), est.fill_null("null")))
-                   .when(pl.col("advantages").list.len() != pl.col("trajectory_ids").list.len())
-                   .then(pl.format("{}: {} advantages for {} trajectory_ids (they must be aligned)", _step(),
-                                   pl.col("advantages").list.len(), pl.col("trajectory_ids").list.len()))
-                   .alias("message")).filter(pl.col("message").is_not_null())
+    upd = u.select(
+        "file",
+        pl.when(est.is_null() | ~est.is_in(ESTIMATORS).fill_null(False))
+        .then(
+            pl.format(
+                "{}: advantage_estimator {} is not one of grpo, grpo_no_std, rloo, reinforce; "
+                "advantages cannot be recomputed",
+                _step(),
+                est.fill_null("null"),
+            )
+        )
+        .when(pl.col("advantages").list.len() != pl.col("trajectory_ids").list.len())
+        .then(
+            pl.format(
+                "{}: {} advantages for {} trajectory_ids (they must be aligned)",
+                _step(),
+                pl.col("advantages").list.len(),
+                pl.col("trajectory_ids").list.len(),
+            )
+        )
+        .alias("message"),
+    ).filter(pl.col("message").is_not_null())
     m = _group_stats(log, members(log).filter(pl.col("_aligned") & pl.col("advantage_estimator").is_in(ESTIMATORS)))
     r, n, mean = pl.col("reward"), pl.col("_n"), pl.col("_mean")
-    expected = (pl.when((pl.col("_n_unknown") > 0) | ~pl.col("_in_log").all().over("_u")).then(None)
-                .when(est == "reinforce").then(r)
-                .when(n < 2).then(0.0)
-                .when(est == "grpo").then((r - mean) / (pl.col("_std") + cfg.grpo_epsilon))
-                .when(est == "grpo_no_std").then(r - mean)
-                .when(est == "rloo").then(r - (pl.col("_sum") - r) / (n - 1)))
+    expected = (
+        pl.when((pl.col("_n_unknown") > 0) | ~pl.col("_in_log").all().over("_u"))
+        .then(None)
+        .when(est == "reinforce")
+        .then(r)
+        .when(n < 2)
+        .then(0.0)
+        .when(est == "grpo")
+        .then((r - mean) / (pl.col("_std") + cfg.grpo_epsilon))
+        .when(est == "grpo_no_std")
+        .then(r - mean)
+        .when(est == "rloo")
+        .then(r - (pl.col("_sum") - r) / (n - 1))
+    )
     m = m.with_columns(expected.alias("_exp"))
     bad = m.filter(pl.col("_exp").is_not_null() & _differs(pl.col("adv"), pl.col("_exp"), cfg))
-    how = (pl.when(est == "reinforce").then(pl.format("R = {}", num(r)))
-           .when(n < 2).then(pl.lit("a group of one has no baseline"))
-           .otherwise(pl.format("R = {}, group {}: {} members with a reward, mean {}, std {}", num(r), pl.col("_g"),
-                                n, num(mean), num(pl.col("_std")))))
-    per = bad.select("file", "trajectory_id", pl.format("{} ({}): advantage {} recorded, expected {} ({})", _step(),
-                                                        est, num(pl.col("adv")), num(pl.col("_exp")), how)
-                     .alias("message"))
+    how = (
+        pl.when(est == "reinforce")
+        .then(pl.format("R = {}", num(r)))
+        .when(n < 2)
+        .then(pl.lit("a group of one has no baseline"))
+        .otherwise(
+            pl.format(
+                "R = {}, group {}: {} members with a reward, mean {}, std {}",
+                num(r),
+                pl.col("_g"),
+                n,
+                num(mean),
+                num(pl.col("_std")),
+            )
+        )
+    )
+    per = bad.select(
+        "file",
+        "trajectory_id",
+        pl.format(
+            "{} ({}): advantage {} recorded, expected {} ({})",
+            _step(),
+            est,
+            num(pl.col("adv")),
+            num(pl.col("_exp")),
+            how,
+        ).alias("message"),
+    )
     out = pl.concat([upd, per], how="diagonal_relaxed")
     return out if out.height else None
 
 
-@rule("U604", "degenerate group carries non-zero advantages", scope="log",
-      requires=("updates.advantages", "trajectory_id", "task_id", "reward"))
+@rule(
+    "U604",
+    "degenerate group carries non-zero advantages",
+    scope="log",
+    requires=("updates.advantages", "trajectory_id", "task_id", "reward"),
+)
 def degenerate_advantages(log, cfg) -> pl.DataFrame | None:
     """A group in which every reward is equal (no relative signal) carries non-zero advantages.
 
@@ -322,16 +500,30 @@ def degenerate_advantages(log, cfg) -> pl.DataFrame | None:
     baseline) are skipped. U603 also fires when the estimator is known; this check runs without
     one. Fix the grouping or the estimator, or drop zero-variance groups from the batch.
     """
-    m = _group_stats(log, members(log).filter(pl.col("_aligned")
-                                         & (pl.col("advantage_estimator").fill_null("") != "reinforce")))
-    bad = m.filter((pl.col("_n_unknown") == 0) & pl.col("_in_log").all().over("_u")
-                   & (pl.col("_range") <= cfg.atol) & pl.col("adv").is_not_null()
-                   & ~(pl.col("adv").abs() <= cfg.atol).fill_null(False))
+    m = _group_stats(
+        log, members(log).filter(pl.col("_aligned") & (pl.col("advantage_estimator").fill_null("") != "reinforce"))
+    )
+    bad = m.filter(
+        (pl.col("_n_unknown") == 0)
+        & pl.col("_in_log").all().over("_u")
+        & (pl.col("_range") <= cfg.atol)
+        & pl.col("adv").is_not_null()
+        & ~(pl.col("adv").abs() <= cfg.atol).fill_null(False)
+    )
     if bad.is_empty():
         return None
-    return bad.select("file", "trajectory_id", pl.format(
-        "{}: group {} is degenerate ({} members, every reward {}) but advantage {} is recorded, expected 0",
-        _step(), pl.col("_g"), pl.col("_n"), num(pl.col("reward")), num(pl.col("adv"))).alias("message"))
+    return bad.select(
+        "file",
+        "trajectory_id",
+        pl.format(
+            "{}: group {} is degenerate ({} members, every reward {}) but advantage {} is recorded, expected 0",
+            _step(),
+            pl.col("_g"),
+            pl.col("_n"),
+            num(pl.col("reward")),
+            num(pl.col("adv")),
+        ).alias("message"),
+    )
 
 
 # ------------------------------------------------------------------ U605, U606: batch membership
@@ -350,13 +542,24 @@ def unknown_member(log, cfg) -> pl.DataFrame | None:
     m = members(log).filter(~pl.col("_in_log"))
     if m.is_empty():
         return None
-    return m.select("file", "trajectory_id", pl.format(
-        "{} names trajectory {} (batch position {}), which is not in the log", _step(),
-        pl.col("trajectory_id").fill_null("null"), pl.col("_k")).alias("message"))
+    return m.select(
+        "file",
+        "trajectory_id",
+        pl.format(
+            "{} names trajectory {} (batch position {}), which is not in the log",
+            _step(),
+            pl.col("trajectory_id").fill_null("null"),
+            pl.col("_k"),
+        ).alias("message"),
+    )
 
 
-@rule("U606", "excluded trajectory used in an update", scope="log",
-      requires=("updates", "trajectory_id", "reward", "truncated", "infra_error"))
+@rule(
+    "U606",
+    "excluded trajectory used in an update",
+    scope="log",
+    requires=("updates", "trajectory_id", "reward", "truncated", "infra_error"),
+)
 def excluded_member(log, cfg) -> pl.DataFrame | None:
     """An update trains on a trajectory that must be excluded: its reward is null, it is an
     infra_error episode, or it was truncated by the collector under truncation = exclude.
@@ -376,8 +579,11 @@ def excluded_member(log, cfg) -> pl.DataFrame | None:
     if bad.is_empty():
         return None
     stop = pl.col("stop_reason").fill_null("null")
-    why = (pl.when(infra).then(pl.format("an infra_error episode (stop_reason {})", stop))
-           .when(trunc).then(pl.format("a collector-truncated episode (stop_reason {}) under truncation = exclude",
-                                       stop))
-           .otherwise(pl.lit("an episode with a null reward (excluded from training)")))
+    why = (
+        pl.when(infra)
+        .then(pl.format("an infra_error episode (stop_reason {})", stop))
+        .when(trunc)
+        .then(pl.format("a collector-truncated episode (stop_reason {}) under truncation = exclude", stop))
+        .otherwise(pl.lit("an episode with a null reward (excluded from training)"))
+    )
     return bad.select("file", "trajectory_id", pl.format("{} uses {}", _step(), why).alias("message"))
