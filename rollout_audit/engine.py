@@ -56,6 +56,8 @@ def run_audit(
     p = plan(runner)
     broken = list(disc.broken)
     files = disc.of_kind("trajectories")
+    for f in disc.files:
+        runner.declare(f.schema.metadata)
     batches: Iterator[Batch] = _batches(files, p, batch_rows, broken)
     if _PREFETCH and not all(f.table is not None for f in files):
         batches = prefetch(batches)

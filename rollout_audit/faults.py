@@ -253,6 +253,21 @@ def logprob_on_template_tokens(ctx: _Ctx) -> list[str]:
     return [t["trajectory_id"]]
 
 
+@fault("placeholder_logprob_on_eos", {"L208"})
+def placeholder_logprob_on_eos(ctx: _Ctx) -> list[str]:
+    """A trained end-of-turn token carries the framework's 0.0 placeholder log-prob (top_p 1).
+
+    The token was appended after sampling and trained on, in a turn sampled over the full
+    vocabulary; the turn's log-prob sum follows it."""
+    t = ctx.pick(lambda t: t["loss_mask"][_policy_positions(t)[-1]], "trajectory with a trained last policy token")
+    i = _policy_positions(t)[-1]
+    k = t["token_turn"][i]
+    t["behavior_logprobs"][i] = 0.0
+    t["turns"][k]["top_p"] = 1.0
+    t["turns"][k]["logprob"] = float(sum(t["behavior_logprobs"][j] for j in _policy_positions(t, k)))
+    return [t["trajectory_id"]]
+
+
 @fault("decoding_params_dropped", {"L204"})
 def decoding_params_dropped(ctx: _Ctx) -> list[str]:
     """The collector did not record the temperature of a turn."""

@@ -47,8 +47,9 @@ def schema_plan(f: LogFile, table: str = "trajectories") -> tuple[dict[str, pa.D
     targets: dict[str, pa.DataType] = {}
     problems: list[Problem] = []
     names = set(f.schema.names)
+    declared = S.not_recorded(f.schema.metadata)  # the producer's framework does not record these
     for c in S.columns(table):
-        if c.requirement == "R" and c.name not in names:
+        if c.requirement == "R" and c.name not in names and c.name not in declared:
             problems.append((c.name, "required column missing"))
     for fld in f.schema:
         tgt, prob = _target(fld.name, fld.type, table)
@@ -62,7 +63,7 @@ def schema_plan(f: LogFile, table: str = "trajectories") -> tuple[dict[str, pa.D
         for tc in S.columns("turn"):
             if tc.name in found and tc.name not in have:
                 problems.append((f"turns.{tc.name}", f"expected {tc.type}, found {found[tc.name]}"))
-            elif tc.requirement == "R" and tc.name not in found:
+            elif tc.requirement == "R" and tc.name not in found and f"turns.{tc.name}" not in declared:
                 problems.append((f"turns.{tc.name}", "required turn field missing"))
     return targets, problems
 

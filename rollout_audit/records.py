@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 
 from . import schema as S
 
 
-def _meta(kind: str) -> dict[bytes, bytes]:
-    return {S.META_VERSION: S.SCHEMA_VERSION.encode(), S.META_KIND: kind.encode()}
+def _meta(kind: str, fields: Sequence[pa.Field] = (), found: Mapping[bytes, bytes] | None = None) -> dict[bytes, bytes]:
+    """File metadata: kind, the contract version its columns need, and a producer's
+    `not_recorded` declaration carried over from the table being written."""
+    version = S.version_for(kind, (f.name for f in fields))
+    if (found or {}).get(S.META_VERSION) == S.CONTRACT_VERSION.encode():  # the producer says it uses 1.1
+        version = S.CONTRACT_VERSION
+    meta = {S.META_VERSION: version.encode(), S.META_KIND: kind.encode()}
+    declared = S.not_recorded(found)
+    if declared:
+        meta[S.META_NOT_RECORDED] = json.dumps(declared, sort_keys=True).encode()
+    return meta
 
 
 def records_to_table(records: list[Mapping], kind: str = "trajectories") -> pa.Table:
@@ -40,7 +50,7 @@ def schema_for_records(records: list[Mapping], kind: str) -> pa.Schema:
             fields.append(pa.field("turns", pa.list_(pa.struct(tf))))
         else:
             fields.append(pa.field(c.name, c.arrow_type))
-    return pa.schema(fields, metadata=_meta(kind))
+    return pa.schema(fields, metadata=_meta(kind, fields))
 
 
 def canonical_schema(found: pa.Schema, kind: str) -> pa.Schema:
@@ -56,4 +66,4 @@ def canonical_schema(found: pa.Schema, kind: str) -> pa.Schema:
             fields.append(pa.field("turns", pa.list_(pa.struct(tf))))
         else:
             fields.append(pa.field(f.name, spec[f.name].arrow_type))
-    return pa.schema(fields, metadata=_meta(kind))
+    return pa.schema(fields, metadata=_meta(kind, fields, found.metadata))

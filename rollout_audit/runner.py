@@ -89,9 +89,12 @@ def _data_inputs(rule: Rule) -> list[str]:
     return out
 
 
-def _absent(missing: list[str]) -> str:
+def _absent(missing: list[str], declared: dict[str, str] | None = None) -> str:
     if "updates" in missing:
         return "the log has no update records"
+    said = list(dict.fromkeys((declared or {})[q] for q in missing if q in (declared or {})))
+    if said:  # the producer declared why (file metadata `rollout_log.not_recorded`)
+        return "; ".join(said)
     return f"{'column' if len(missing) == 1 else 'columns'} {', '.join(missing)} absent"
 
 
@@ -119,6 +122,7 @@ class Runner:
         self.crashes: list[Crash] = []
         self.crash_counts: dict[str, int] = {}
         self.file_inputs: dict[str, tuple[frozenset[str], int]] = {}  # file -> (inputs it has, rows)
+        self.declared: dict[str, str] = {}  # input -> why the producer's framework does not record it
         self._lock = threading.Lock()
 
     @property
@@ -154,6 +158,11 @@ class Runner:
                 self.findings.append(norm)
         return True, None
 
+    def declare(self, meta: dict[bytes, bytes] | None) -> None:
+        """Take a file's declaration of what its producer does not record (with the reasons)."""
+        with self._lock:
+            self.declared.update(S.not_recorded(meta))
+
     def note_batch(self, b: Batch) -> None:
         """Remember which inputs this batch's file has (for the coverage of log checks)."""
         have = frozenset(b.columns) | {f"turns.{f}" for f in b.turn_fields}
@@ -167,7 +176,7 @@ class Runner:
         missing = [q for q in rule.requires if not b.has(q)]
         if missing:
             with self._lock:
-                cov.lack(_absent(missing), b.n)
+                cov.lack(_absent(missing, self.declared), b.n)
             return
         view = BatchView(b, rule)
         rows = f"{b.first_row}-{b.first_row + b.n - 1}" if b.n else None
@@ -203,7 +212,7 @@ class Runner:
         total = log.traj.height
         if missing:
             no_updates = log.updates is None and any(q.startswith("updates") for q in missing)
-            cov.lack(_absent(["updates"] if no_updates else missing), max(total, 1))
+            cov.lack(_absent(["updates"] if no_updates else missing, self.declared), max(total, 1))
             return
         done, why = self._call(rule, LogCheckView(log, rule), None, None)
         if why is not None:

@@ -7,15 +7,18 @@ built from that file, so a collector in another language validates against the s
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "1"  # what a writer records when the file uses no column added later
+CONTRACT_VERSION = "1.1"  # the newest version of the contract: v1 files are valid v1.1 files
 META_VERSION = b"rollout_log.schema_version"
 META_KIND = b"rollout_log.kind"
+META_NOT_RECORDED = b"rollout_log.not_recorded"  # JSON {column: why the producer's framework lacks it}
 
 POLICY = 2  # token_source value of a token sampled by the behaviour policy
 SOURCE_NAMES = {0: "system", 1: "user", 2: "policy", 3: "observation", 4: "template"}
@@ -29,6 +32,7 @@ class Column:
     type: str
     requirement: str  # R, C or O
     meaning: str
+    since: str = "1"  # contract version that added the column
 
     @property
     def arrow_type(self) -> pa.DataType:
@@ -94,10 +98,37 @@ def turn_struct() -> pa.StructType:
 
 
 @cache
-def arrow_schema(table: str) -> pa.Schema:
-    """The full Arrow schema of `trajectories` or `updates`, with contract metadata."""
-    meta = {META_VERSION: SCHEMA_VERSION.encode(), META_KIND: table.encode()}
-    return pa.schema([pa.field(c.name, c.arrow_type) for c in columns(table)], metadata=meta)
+def arrow_schema(table: str, version: str = SCHEMA_VERSION) -> pa.Schema:
+    """The full Arrow schema of `trajectories` or `updates` as of contract `version` (v1 by
+    default: a writer of every column states the version it writes), with contract metadata."""
+    meta = {META_VERSION: version.encode(), META_KIND: table.encode()}
+    cols = [c for c in columns(table) if _vkey(c.since) <= _vkey(version)]
+    return pa.schema([pa.field(c.name, c.arrow_type) for c in cols], metadata=meta)
+
+
+def _vkey(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
+
+
+def version_for(table: str, names: Iterable[str]) -> str:
+    """The contract version a file with these columns needs: the newest `since` among them."""
+    have = set(names)
+    return max((c.since for c in columns(table) if c.name in have), key=_vkey, default=SCHEMA_VERSION)
+
+
+def not_recorded(meta: Mapping[bytes, bytes] | None) -> dict[str, str]:
+    """Columns a file declares its framework does not record, with the reason (empty when the
+    metadata is absent or not a JSON object of strings: a hostile value is ignored, not trusted)."""
+    raw = (meta or {}).get(META_NOT_RECORDED)
+    if not raw:
+        return {}
+    try:
+        d = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    if not isinstance(d, dict):
+        return {}
+    return {str(k)[:200]: str(v)[:500] for k, v in d.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def stop_reasons() -> dict[str, str]:

@@ -52,7 +52,8 @@ def render(scalars: dict, toks: pl.DataFrame, turns: pl.DataFrame, color: bool) 
         for r in grp.iter_rows(named=True):
             s = r["token_source"]
             star = "*" if r["loss_mask"] else ""
-            lp = f"({r['behavior_logprobs']:.3f})" if r["behavior_logprobs"] is not None else ""
+            val = r.get("behavior_logprobs")  # absent when the framework does not record it
+            lp = f"({val:.3f})" if val is not None else ""
             parts.append(f"[{_STYLE.get(s, 'red')}]{r['token_ids']}{star}{lp}[/]")
         con.print("  " + " ".join(parts))
     return buf.getvalue().rstrip()

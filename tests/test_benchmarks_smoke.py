@@ -39,7 +39,7 @@ def test_generated_log_has_the_full_contract(clean):
         assert turn_fields == [c.name for c in S.columns("turn")]
     upd = pq.ParquetFile(clean / "updates" / "updates.parquet")
     assert upd.schema_arrow.metadata[S.META_KIND] == b"updates"
-    assert upd.schema_arrow.names == [c.name for c in S.columns("updates")]
+    assert upd.schema_arrow.names == S.arrow_schema("updates").names  # the v1 contract, every column
     t = pq.read_table(clean / info["files"][0])
     assert t.column("truncated").to_numpy().any()
     assert t.column("reward").null_count > 0

@@ -134,3 +134,36 @@ def test_l204_not_run_when_a_column_is_absent(records):
     drop_turn_field(trajs, "top_p")
     rep = ra.audit(trajs, ups)
     assert "turns.top_p" in rep.not_run["L204"] and "L204" not in rep.codes()
+
+
+# ---------------------------------------------------------------- L208 (contract 1.1 placeholders)
+
+
+def _placeholder(trajs, turn: int = 1) -> tuple[dict, int]:
+    """Put a 0.0 log-prob on a trained policy token of `turn`, the turn's logprob following."""
+    tr = trajs[EXCLUDED]
+    p = positions(tr, 2, turn=turn)[0]
+    tr["turns"][turn]["logprob"] -= tr["behavior_logprobs"][p]
+    tr["behavior_logprobs"][p] = 0.0
+    return tr, p
+
+
+def test_l208_placeholder_on_a_trained_token_at_temperature_one(records):
+    trajs, ups = records
+    tr, p = _placeholder(trajs)
+    r = only(ra.audit(trajs, ups), "L208").row(0, named=True)
+    assert (r["trajectory_id"], r["position"], r["turn"]) == (tr["trajectory_id"], p, 1)
+    assert r["message"].startswith("1 trainable policy token(s) with behaviour log-prob exactly 0.0")
+
+
+def test_l208_silent_under_a_nucleus_greedy_or_outside_the_loss(records):
+    trajs, ups = records
+    tr, p = _placeholder(trajs)
+    tr["turns"][1]["top_p"] = 0.9  # a nucleus of one token has probability 1
+    assert "L208" not in ra.audit(trajs, ups).codes()
+    tr["turns"][1]["top_p"], tr["turns"][1]["temperature"] = 1.0, 0.0  # greedy
+    assert "L208" not in ra.audit(trajs, ups).codes()
+    tr["turns"][1]["temperature"] = 1.0
+    tr["loss_mask"][p] = False
+    tr["num_trainable_tokens"] -= 1
+    assert "L208" not in ra.audit(trajs, ups).codes()

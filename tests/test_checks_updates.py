@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 from conftest import write_log
 
@@ -180,7 +181,7 @@ def test_u601_unknown_reduction(records):
     ups[1]["reduction"] = "mean"
     rep = ra.audit(trajs, ups)
     assert blocking(rep) == {"U601"}
-    assert "reduction mean is not one of token, turn, trajectory, constant" in of(rep, "U601")["message"][0]
+    assert "reduction mean is not one of token, token_window, turn, trajectory" in of(rep, "U601")["message"][0]
 
 
 # ---------------------------------------------------------------- U602
@@ -372,3 +373,95 @@ def test_findings_name_the_update_file(tmp_path, records):
     f = of(rep, "U605")
     assert f["file"].to_list() == [str(root / "updates" / "updates.parquet")]
     assert blocking(rep) == {"U605"}
+
+
+# ---------------------------------------------------------------- contract 1.1 reductions
+
+
+def test_u601_token_window_recomputed_over_the_window(records):
+    trajs, ups = records
+    window = ups[0]["trajectory_ids"] + ups[1]["trajectory_ids"]  # one generation batch, two updates
+    scale = 0.5  # TRL dapo: GA 1 / steps_per_generation 2
+    for u in ups[:2]:
+        u.update(
+            reduction="token_window",
+            window_trajectory_ids=window,
+            denominator_scale=scale,
+            loss_denominator=trainable(trajs, window) * scale,
+        )
+    assert not (ra.audit(trajs, ups).codes() & U)
+    ups[1]["loss_denominator"] = float(trainable(trajs, ups[1]["trajectory_ids"]))  # the update's own count
+    rep = ra.audit(trajs, ups)
+    assert blocking(rep) == {"U601"}
+    msg = of(rep, "U601")["message"][0]
+    assert f"expected {num(trainable(trajs, window) * scale)} = Σ trainable tokens over the {len(window)} " in msg
+    assert "× denominator_scale 0.5" in msg and "recorded/expected = " in msg
+
+
+def test_u601_token_window_as_a_count_and_without_a_window(records):
+    trajs, ups = records
+    ups[0].update(reduction="token_window", window_tokens=1000.0, denominator_scale=0.25, loss_denominator=250.0)
+    assert not (ra.audit(trajs, ups).codes() & U)
+    del ups[0]["window_tokens"]
+    rep = ra.audit(trajs, ups)
+    assert "neither window_trajectory_ids nor window_tokens is recorded" in of(rep, "U601")["message"][0]
+
+
+@pytest.mark.parametrize("reduction", ["seq_mean_token_mean", "seq_mean_token_sum"])
+def test_u601_per_sequence_reductions_with_scale(records, reduction):
+    trajs, ups = records
+    b = len(ups[0]["trajectory_ids"])
+    ups[0].update(reduction=reduction, denominator_scale=4.0, loss_denominator=float(4 * b))  # TRL grpo with GA 4
+    assert not (ra.audit(trajs, ups).codes() & U)
+    ups[0]["loss_denominator"] = float(b)  # the /GA forgotten
+    rep = ra.audit(trajs, ups)
+    assert blocking(rep) == {"U601"}
+    assert f"expected {4 * b} = the batch size × denominator_scale 4" in of(rep, "U601")["message"][0]
+
+
+def test_u601_constant_with_a_declared_scale(records):
+    trajs, ups = records
+    b = len(ups[0]["trajectory_ids"])
+    ups[0].update(reduction="constant", denominator_scale=512.0, loss_denominator=512.0 * b)  # Dr. GRPO
+    assert not (ra.audit(trajs, ups).codes() & U)
+    ups[0]["loss_denominator"] = 512.0
+    assert blocking(ra.audit(trajs, ups)) == {"U601"}
+
+
+def test_u603_groups_formed_in_the_window(records):
+    trajs, ups = records
+    window = ups[0]["trajectory_ids"]
+    whole = {"trajectory_ids": window}
+    set_advantages(trajs, whole, "grpo")  # normalised over the generation batch, as TRL does
+    adv = dict(zip(window, whole["advantages"]))
+    halves = [window[0::2], window[1::2]]  # trained in two updates: every group is split between them
+    split = [
+        {
+            **ups[0],
+            "update_step": k,
+            "trajectory_ids": h,
+            "advantages": [adv[t] for t in h],
+            "advantage_estimator": "grpo",
+            "reduction": "token_window",
+            "window_trajectory_ids": window,
+            "loss_denominator": float(trainable(trajs, window)),
+        }
+        for k, h in enumerate(halves)
+    ]
+    assert not (ra.audit(trajs, split).codes() & U)
+    for u in split:  # without the window, each half is grouped on its own: the advantages do not recompute
+        del u["window_trajectory_ids"]
+        u["window_tokens"] = float(trainable(trajs, window))
+    assert "U603" in ra.audit(trajs, split).codes()
+
+
+def test_v1_update_audits_unchanged(records, tmp_path):
+    trajs, ups = records
+    path = write_log(tmp_path, trajs, ups)
+    for f in path.rglob("*.parquet"):
+        assert pq.read_schema(f).metadata[b"rollout_log.schema_version"] == b"1"  # no 1.1 column: a v1 file
+    assert not (ra.audit(path).codes() & U)
+
+
+def num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)

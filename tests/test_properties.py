@@ -59,6 +59,7 @@ NEEDS: dict[str, set[str]] = {
     "L201": {"loss_mask", "behavior_logprobs", "token_source"},
     "L202": {"turns.logprob", "behavior_logprobs", "token_source", "token_turn"},
     "L203": {"behavior_logprobs", "token_source"},
+    "L208": {"loss_mask", "behavior_logprobs", "token_source", "token_turn", "turns.temperature", "turns.top_p"},
     "L204": {"turns.temperature", "turns.top_p"},
     "M101": {"loss_mask", "token_source"},
     "M102": {"loss_mask", "token_source"},

@@ -1,5 +1,6 @@
 """Log-probabilities (L): the behaviour log-probs every importance ratio is built on
-(docs/checks.md, lesson “Log-probabilities must be captured at every turn”, “Token-level and sequence-level probability ratios”). Replay checks (L205-L207) need a replayer and live with it."""
+(docs/checks.md, lesson “Log-probabilities must be captured at every turn”, “Token-level and sequence-level probability ratios”). Replay checks (L205-L207) need a replayer
+and live with it; L208 is the placeholder convention of contract 1.1."""
 
 from __future__ import annotations
 
@@ -189,4 +190,54 @@ def decoding_params(b: BatchView, cfg) -> pl.DataFrame | None:
         pl.concat_str([part("temperature", "tt"), part("top_p", "tp")], separator="; ", ignore_nulls=True).alias(
             "message"
         ),
+    )
+
+
+@rule(
+    "L208",
+    "placeholder 0.0 log-prob on a trainable policy token sampled at temperature > 0",
+    "warning",
+    requires=("loss_mask", "behavior_logprobs", "token_source", "token_turn", "turns.temperature", "turns.top_p"),
+)
+def placeholder_logprob(b: BatchView, cfg) -> pl.DataFrame | None:
+    """A trainable policy token carries a behaviour log-prob of exactly 0.0 in a turn sampled
+    at temperature > 0 with top_p = 1 (contract 1.1, the placeholder convention).
+
+    Several frameworks (TRL, verl, SkyRL, slime, OpenRLHF) write 0.0 where a token has no
+    log-prob; the contract writes null there. A 0.0 left on a trained token claims probability
+    1, and the importance ratio becomes π_θ / 1: an appended EOS with a placeholder, or a span
+    whose log-probs were never captured, trains with a ratio that is not a ratio. Sampling at
+    temperature > 0 over the full vocabulary (top_p = 1) gives probability exactly 1 only when
+    float32 rounds it there (p > 1 − 6·10⁻⁸), hence a warning. A nucleus (top_p < 1) can hold a
+    single token, whose renormalised log-prob is genuinely 0.0: those turns never fire, nor do
+    greedy turns (temperature 0) or turns with unknown decoding parameters (L204). Fix the
+    adapter to write null where the framework wrote a placeholder, and keep such tokens out of
+    the loss.
+    """
+    if not b.ok.any():
+        return None
+    t = b.tokens
+    zero = t.mask & t.policy & t.lp_present & (t.lp == 0.0)
+    if not zero.any():
+        return None
+    tr = b.turns
+    sampled = ((pl.col("temperature") > 0) & (pl.col("top_p") >= 1.0)).fill_null(False)
+    eligible = tr.select(sampled.alias("s"))["s"].to_numpy() if len(tr) else np.zeros(0, bool)
+    key = b.turn_key
+    zero &= key >= 0
+    zero[zero] = eligible[key[zero]]
+    if not zero.any():
+        return None
+    loc = b.locate(zero)
+    return loc.select(
+        "trajectory_id",
+        "turn",
+        "position",
+        pl.format(
+            "{} trainable policy token(s) with behaviour log-prob exactly 0.0 sampled at temperature > 0, top_p 1 "
+            "(a placeholder, not a probability); first at ",
+            "n",
+        )
+        .add(where_first())
+        .alias("message"),
     )

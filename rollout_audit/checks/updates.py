@@ -13,7 +13,8 @@ import polars as pl
 from ..registry import rule
 from .common import num
 
-REDUCTIONS = ("token", "turn", "trajectory", "constant")
+REDUCTIONS = ("token", "token_window", "turn", "trajectory", "seq_mean_token_sum", "seq_mean_token_mean", "constant")
+PER_SEQUENCE = ("trajectory", "seq_mean_token_sum", "seq_mean_token_mean")  # D = s * B
 ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "reinforce")
 # What the shared per-member frame (`members`) reads: every update check declares all of it,
 # so the frame is the same whichever check builds it first.
@@ -37,6 +38,9 @@ MEMBER_INPUTS = (
     "updates.advantage_estimator",
     "updates.reduction",
     "updates.loss_denominator",
+    "updates.denominator_scale",
+    "updates.window_trajectory_ids",
+    "updates.window_tokens",
 )
 
 
@@ -47,7 +51,14 @@ def _step() -> pl.Expr:
 def _updates(log) -> pl.DataFrame:
     """The update records with a stable index `_u` and every optional column present."""
     u = log.updates.with_row_index("_u").with_columns(pl.col("_u").cast(pl.Int64))
-    for name, dt in (("advantages", pl.List(pl.Float64)), ("advantage_estimator", pl.String), ("file", pl.String)):
+    for name, dt in (
+        ("advantages", pl.List(pl.Float64)),
+        ("advantage_estimator", pl.String),
+        ("file", pl.String),
+        ("denominator_scale", pl.Float64),
+        ("window_trajectory_ids", pl.List(pl.String)),
+        ("window_tokens", pl.Float64),
+    ):
         if name not in u.columns:
             u = u.with_columns(pl.lit(None, dtype=dt).alias(name))
     return u.with_columns(pl.col("trajectory_ids").fill_null(pl.lit([], dtype=pl.List(pl.String))))
@@ -139,15 +150,35 @@ def _per_update(log) -> pl.DataFrame:
     )
     return (
         _updates(log)
-        .select("_u", "update_step", "file", "reduction", "loss_denominator")
+        .select("_u", "update_step", "file", "reduction", "loss_denominator", "denominator_scale", "window_tokens")
         .join(agg, on="_u", how="left")
+        .join(_windows(log), on="_u", how="left")
         .with_columns(
             pl.col("B").fill_null(0),
             pl.col("all_known").fill_null(True),
             pl.col("turns_unknown").fill_null(False),
             *[pl.col(c).fill_null(0) for c in ("sum_trainable", "sum_turns", "sum_tokens", "sum_policy")],
         )
-        .with_columns(pl.col("loss_denominator").cast(pl.Float64))
+        .with_columns(
+            pl.col("loss_denominator").cast(pl.Float64), pl.col("denominator_scale").fill_null(1.0).alias("_s")
+        )
+    )
+
+
+def _windows(log) -> pl.DataFrame:
+    """Per update naming a window (contract 1.1 `token_window`): its size and trainable-token
+    sum recomputed from the log, and whether every window member is in the log and readable."""
+    u = _updates(log).filter(pl.col("window_trajectory_ids").is_not_null())
+    w = u.select("_u", pl.col("window_trajectory_ids").alias("trajectory_id")).explode("trajectory_id")
+    t = _traj(log).select("trajectory_id", "n_trainable", pl.col("ok").fill_null(False).alias("_ok"))
+    return (
+        w.join(t, on="trajectory_id", how="left")
+        .group_by("_u")
+        .agg(
+            pl.len().alias("W"),
+            pl.col("_ok").fill_null(False).all().alias("w_known"),
+            pl.col("n_trainable").sum().alias("w_trainable"),
+        )
     )
 
 
@@ -172,13 +203,18 @@ def denominator(log, cfg) -> pl.DataFrame | None:
 
     Lesson “Trajectory-, turn-, and token-level reduction”: the same token losses give different gradients depending on what they are
     averaged over, so the statistical unit must be stated and the denominator checked.
-    Recomputed from the trajectories the update names: `token` -> Σ_i |I_i|, the trainable
-    (loss_mask true) tokens of the batch; `turn` -> Σ_i T_i, the turns with at least one
-    trainable token; `trajectory` -> B, the batch size; `constant` -> cannot be recomputed, so
-    any positive finite value is accepted. A non-finite or null denominator, or an unknown
-    reduction, is always a finding (an update over an empty batch recomputes to 0). Updates
-    whose batch names a trajectory missing from the log (U605) or with malformed token lists
-    (S003) are not recomputed for token and turn reductions. A token denominator that also
+    Recomputed from the trajectories the update names, times the declared denominator_scale s
+    (1 when absent; contract 1.1, formulas in `schemas/`): `token` -> s·Σ_i |I_i|, the trainable
+    (loss_mask true) tokens of the batch; `token_window` -> s·Σ_{i∈W} |I_i| over the
+    window_trajectory_ids W (or s·window_tokens when the window is given as a count: TRL's
+    dapo divides by the generation batch's tokens × GA / steps_per_generation); `turn` ->
+    s·Σ_i T_i, the turns with at least one trainable token; `trajectory`, `seq_mean_token_sum`,
+    `seq_mean_token_mean` -> s·B, the batch size; `constant` -> s·B when denominator_scale is
+    recorded, else any positive finite value. A mismatch names recorded/expected. A non-finite
+    or null denominator, or an unknown reduction, is always a finding (an update over an empty
+    batch recomputes to 0). Updates whose batch (or window) names a trajectory missing from
+    the log (U605) or with malformed token lists (S003) are not recomputed for token, window
+    and turn reductions. A token denominator that also
     counts tokens the policy did not sample raises U602 as well, which names the dilution
     factor: both are the same defect seen from two sides (wrong value, and in which
     direction). Fix the trainer to divide by the count of its declared reduction, or declare
@@ -187,41 +223,71 @@ def denominator(log, cfg) -> pl.DataFrame | None:
     u = _per_update(log)
     d = pl.col("loss_denominator")
     red = pl.col("reduction")
-    expected = (
+    sc = pl.col("_s")
+    window = pl.when(pl.col("W").is_not_null()).then(pl.col("w_trainable").cast(pl.Float64)).otherwise("window_tokens")
+    base = (
         pl.when(red == "token")
         .then(pl.col("sum_trainable").cast(pl.Float64))
+        .when(red == "token_window")
+        .then(window)
         .when(red == "turn")
         .then(pl.col("sum_turns").cast(pl.Float64))
-        .when(red == "trajectory")
+        .when(red.is_in(PER_SEQUENCE) | ((red == "constant") & pl.col("denominator_scale").is_not_null()))
         .then(pl.col("B").cast(pl.Float64))
     )
     recomputable = (
-        pl.when(red == "trajectory")
+        pl.when(red.is_in(PER_SEQUENCE) | (red == "constant"))
         .then(True)
         .when(red == "turn")
         .then(pl.col("all_known") & ~pl.col("turns_unknown"))
+        .when(red == "token_window")
+        .then(
+            pl.when(pl.col("W").is_not_null())
+            .then(pl.col("w_known").fill_null(False))
+            .otherwise(pl.col("window_tokens").is_not_null())
+        )
         .otherwise(pl.col("all_known"))
     )
     what = (
         pl.when(red == "token")
         .then(pl.format("Σ trainable tokens over {} trajectories", "B"))
+        .when(red == "token_window")
+        .then(
+            pl.when(pl.col("W").is_not_null())
+            .then(pl.format("Σ trainable tokens over the {} trajectories of the window", "W"))
+            .otherwise(pl.lit("the declared window_tokens"))
+        )
         .when(red == "turn")
         .then(pl.format("Σ turns with a trainable token over {} trajectories", "B"))
         .otherwise(pl.lit("the batch size"))
     )
-    u = u.with_columns(expected.alias("_exp"), recomputable.alias("_rc"))
-    counted = red.is_in(("token", "turn", "trajectory")).fill_null(False)
+    what = pl.when(sc != 1.0).then(pl.format("{} × denominator_scale {}", what, num(sc))).otherwise(what)
+    u = u.with_columns((base * sc).alias("_exp"), recomputable.alias("_rc"))
+    counted = red.is_in(REDUCTIONS).fill_null(False) & pl.col("_exp").is_not_null()
     not_finite = d.is_null() | ~d.is_finite().fill_null(False)
     bad_constant = (red == "constant").fill_null(False) & (not_finite | ~(d > 0).fill_null(False))
     unknown = red.is_null() | ~red.is_in(REDUCTIONS).fill_null(False)
+    no_window = (red == "token_window").fill_null(False) & pl.col("W").is_null() & pl.col("window_tokens").is_null()
     mismatch = counted & pl.col("_rc") & _differs(d, pl.col("_exp"), cfg)
+    factor = pl.when(pl.col("_exp") > 0).then(
+        pl.format(" (recorded/expected = {})", num((d / pl.col("_exp")).round(3)))
+    )
     msg = (
         pl.when(unknown)
         .then(
             pl.format(
-                "{}: reduction {} is not one of token, turn, trajectory, constant; the denominator cannot be checked",
+                "{}: reduction {} is not one of {}; the denominator cannot be checked",
                 _step(),
                 red.fill_null("null"),
+                pl.lit(", ".join(REDUCTIONS)),
+            )
+        )
+        .when(no_window)
+        .then(
+            pl.format(
+                "{} (reduction token_window): neither window_trajectory_ids nor "
+                "window_tokens is recorded; the denominator cannot be checked",
+                _step(),
             )
         )
         .when(bad_constant | (counted & not_finite))
@@ -229,12 +295,13 @@ def denominator(log, cfg) -> pl.DataFrame | None:
         .when(mismatch)
         .then(
             pl.format(
-                "{} (reduction {}): loss_denominator {} recorded, expected {} = {}",
+                "{} (reduction {}): loss_denominator {} recorded, expected {} = {}{}",
                 _step(),
                 red,
                 num(d),
                 num(pl.col("_exp")),
                 what,
+                factor.fill_null(""),
             )
         )
     )
@@ -268,7 +335,7 @@ def diluted_denominator(log, cfg) -> pl.DataFrame | None:
     u = _per_update(log).filter((pl.col("reduction") == "token") & pl.col("all_known") & (pl.col("B") > 0))
     d = pl.col("loss_denominator")
     tr = pl.col("sum_trainable").cast(pl.Float64)
-    over = lambda e: ~(d <= e + cfg.atol + cfg.rtol * e.abs()).fill_null(True)
+    over = lambda e: ~(d <= e * pl.col("_s") + cfg.atol + cfg.rtol * e.abs()).fill_null(True)
     bad = u.filter(d.is_finite().fill_null(False) & over(tr) & over(pl.col("sum_policy").cast(pl.Float64)))
     if bad.is_empty():
         return None
@@ -313,18 +380,33 @@ def diluted_denominator(log, cfg) -> pl.DataFrame | None:
 # ------------------------------------------------------------------ U603, U604: advantages
 
 
-def _group_stats(m: pl.DataFrame) -> pl.DataFrame:
-    """Window statistics of each (update, group) over members with a reward."""
-    w = ["_u", "_g"]
-    r = pl.col("reward")
-    return m.with_columns(
-        r.count().over(w).alias("_n"),
-        r.is_null().sum().over(w).alias("_n_unknown"),
-        r.mean().over(w).alias("_mean"),
-        r.std(ddof=1).over(w).alias("_std"),
-        r.sum().over(w).alias("_sum"),
-        (r.max().over(w) - r.min().over(w)).alias("_range"),
+def _group_stats(log, m: pl.DataFrame) -> pl.DataFrame:
+    """`m` with the statistics of each member's (update, group) over the members with a reward.
+
+    The group is formed among the update's trajectories, or, when the update names a window
+    (contract 1.1 window_trajectory_ids: TRL computes advantages over the generation batch and
+    trains on it in several updates), among the window's trajectories."""
+    u = _updates(log)
+    pool = (
+        u.select("_u", pl.coalesce("window_trajectory_ids", "trajectory_ids").alias("trajectory_id"))
+        .explode("trajectory_id")
+        .filter(pl.col("trajectory_id").is_not_null())
+        .join(
+            _traj(log).select("trajectory_id", "reward", pl.coalesce("group_id", "task_id").alias("_g")),
+            on="trajectory_id",
+            how="left",
+        )
     )
+    r = pl.col("reward")
+    stats = pool.group_by("_u", "_g").agg(
+        r.count().alias("_n"),
+        r.is_null().sum().alias("_n_unknown"),
+        r.mean().alias("_mean"),
+        r.std(ddof=1).alias("_std"),
+        r.sum().alias("_sum"),
+        (r.max() - r.min()).alias("_range"),
+    )
+    return m.join(stats, on=["_u", "_g"], how="left", nulls_equal=True)
 
 
 @rule(
@@ -375,7 +457,7 @@ def advantages(log, cfg) -> pl.DataFrame | None:
         )
         .alias("message"),
     ).filter(pl.col("message").is_not_null())
-    m = _group_stats(members(log).filter(pl.col("_aligned") & pl.col("advantage_estimator").is_in(ESTIMATORS)))
+    m = _group_stats(log, members(log).filter(pl.col("_aligned") & pl.col("advantage_estimator").is_in(ESTIMATORS)))
     r, n, mean = pl.col("reward"), pl.col("_n"), pl.col("_mean")
     expected = (
         pl.when((pl.col("_n_unknown") > 0) | ~pl.col("_in_log").all().over("_u"))
@@ -447,7 +529,7 @@ def degenerate_advantages(log, cfg) -> pl.DataFrame | None:
     one. Fix the grouping or the estimator, or drop zero-variance groups from the batch.
     """
     m = _group_stats(
-        members(log).filter(pl.col("_aligned") & (pl.col("advantage_estimator").fill_null("") != "reinforce"))
+        log, members(log).filter(pl.col("_aligned") & (pl.col("advantage_estimator").fill_null("") != "reinforce"))
     )
     bad = m.filter(
         (pl.col("_n_unknown") == 0)
