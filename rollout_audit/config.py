@@ -32,6 +32,10 @@ class Config:
     difficulty_band: tuple[float, float] = (0.05, 0.95)
     max_examples: int = 20          # findings shown per code in text output
     masked_ok_reasons: list[str] = field(default_factory=list)  # M102: finish reasons that may mask policy tokens
+    # resource caps against hostile files: a row group whose footer states more uncompressed bytes
+    # is not read (S005); a trajectory with more tokens is not audited (S001)
+    max_row_group_bytes: int = 2 * 2**30
+    max_tokens_per_trajectory: int = 1_000_000
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> "Config":

@@ -18,6 +18,7 @@ from .config import Config
 from .io import Discovery, LogFile, discover, iter_batches
 from .registry import NotRun, Rule, all_rules, selected
 from .report import FINDING_SCHEMA, Report, build_report
+from .sanitize import cap_tokens, drop_invalid, duplicate_columns, row_group_too_large
 
 _PREFETCH = not os.environ.get("ROLLOUT_AUDIT_NO_THREADS")  # read ahead on a background thread
 _DEBUG = bool(os.environ.get("ROLLOUT_AUDIT_DEBUG"))  # re-raise check crashes (tests set this)
@@ -87,10 +88,11 @@ def schema_plan(f: LogFile, table: str = "trajectories") -> tuple[dict[str, pa.D
     targets: dict[str, pa.DataType] = {}
     problems: list[tuple[str, str]] = []
     names = set(f.schema.names)
+    problems += [(c, "column name occurs more than once; not audited") for c in duplicate_columns(f.schema)]
     for c in S.columns(table):
         if c.requirement == "R" and c.name not in names:
             problems.append((c.name, "required column missing"))
-    for fld in f.schema:
+    for fld in (x for x in f.schema if x.name not in {p.split(".")[0] for p, _ in problems}):
         tgt, prob = _cast_column(fld.name, fld.type, table)
         if prob:
             problems.append((fld.name, prob))
@@ -246,6 +248,9 @@ def _batches(files: list[LogFile], run: _Run, batch_rows: int) -> Iterable[Batch
     want = run.needed_columns()
     tff = run.turn_frame_fields()
     for f in files:
+        if too_large := row_group_too_large(f.largest_row_group, run.cfg.max_row_group_bytes):
+            run.broken.append((f.path, too_large))
+            continue
         targets, problems = schema_plan(f)
         cols = [c for c in want if c in targets]
         first = True
@@ -253,11 +258,14 @@ def _batches(files: list[LogFile], run: _Run, batch_rows: int) -> Iterable[Batch
         try:
             parts = iter_batches(f, cols, batch_rows)
             for part in parts:
-                part, cast_problems = _cast(part.select([c for c in cols if c in part.column_names]), targets)
+                n_read = part.num_rows
+                part, bad = drop_invalid(part.select([c for c in cols if c in part.column_names]), offset)
+                part, long = cap_tokens(part, run.cfg.max_tokens_per_trajectory, offset)
+                part, cast_problems = _cast(part, targets)
                 fields = tuple(x.name for x in part.schema.field("turns").type.value_type) if "turns" in part.column_names else ()
-                yield Batch(part, f.path, offset, fields, (problems if first else []) + cast_problems, tff)
+                yield Batch(part, f.path, offset, fields, (problems if first else []) + bad + long + cast_problems, tff)
                 first = False
-                offset += part.num_rows
+                offset += n_read
         except (OSError, pa.ArrowException) as e:
             run.broken.append((f.path, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
             continue
@@ -266,9 +274,12 @@ def _batches(files: list[LogFile], run: _Run, batch_rows: int) -> Iterable[Batch
             yield Batch(empty, f.path, 0, (), problems, tff)
 
 
-def _read_updates(files: list[LogFile], broken: list) -> tuple[pl.DataFrame | None, list[str]]:
+def _read_updates(files: list[LogFile], broken: list, max_bytes: int) -> tuple[pl.DataFrame | None, list[str]]:
     frames = []
     for f in files:
+        if too_large := row_group_too_large(f.largest_row_group, max_bytes):
+            broken.append((f.path, too_large))
+            continue
         targets, problems = schema_plan(f, "updates")
         if problems:
             broken.append((f.path, "update records: " + "; ".join(f"{c}: {p}" for c, p in problems)))
@@ -276,6 +287,10 @@ def _read_updates(files: list[LogFile], broken: list) -> tuple[pl.DataFrame | No
         try:
             t = pa.concat_tables(list(iter_batches(f, list(targets), 1 << 30)) or
                                  [pa.table({c: pa.array([], targets[c]) for c in targets})])
+            t, bad = drop_invalid(t)
+            if bad:
+                broken.append((f.path, "update records: " + "; ".join(f"{c}: {p}" for c, p in bad)))
+                continue
             t, cp = _cast(t, targets)
         except (OSError, pa.ArrowException) as e:
             broken.append((f.path, f"{type(e).__name__}: {str(e).splitlines()[0]}"))
@@ -310,7 +325,7 @@ def run_audit(disc: Discovery, cfg: Config | None = None, select: Sequence[str] 
         batches = _batches(files, run, batch_rows)
         if _PREFETCH:
             batches = _prefetch(batches)
-        updates, update_files = _read_updates(disc.of_kind("updates"), run.broken)
+        updates, update_files = _read_updates(disc.of_kind("updates"), run.broken, cfg.max_row_group_bytes)
     else:
         files = []
         batches = _memory_batches(tables[0], run, batch_rows)
@@ -489,9 +504,10 @@ def _memory_batches(table: pa.Table | None, run: _Run, batch_rows: int) -> Itera
     cols = [c for c in run.needed_columns() if c in targets]
     first = True
     for off in range(0, max(table.num_rows, 1), batch_rows):
-        part, cp = _cast(table.select(cols).slice(off, batch_rows), targets)
+        part, bad = drop_invalid(table.select(cols).slice(off, batch_rows), off)
+        part, cp = _cast(part, targets)
         fields = tuple(x.name for x in part.schema.field("turns").type.value_type) if "turns" in part.column_names else ()
-        yield Batch(part, "<memory>", off, fields, (problems if first else []) + cp, run.turn_frame_fields())
+        yield Batch(part, "<memory>", off, fields, (problems if first else []) + bad + cp, run.turn_frame_fields())
         first = False
 
 
@@ -501,7 +517,11 @@ def _memory_updates(table: pa.Table, run: _Run) -> pl.DataFrame | None:
     if problems:
         run.broken.append(("<memory updates>", "; ".join(f"{c}: {p}" for c, p in problems)))
         return None
-    t, _ = _cast(table.select(list(targets)), targets)
+    t, bad = drop_invalid(table.select(list(targets)))
+    if bad:
+        run.broken.append(("<memory updates>", "; ".join(f"{c}: {p}" for c, p in bad)))
+        return None
+    t, _ = _cast(t, targets)
     return pl.from_arrow(t).with_columns(pl.lit("<memory>").alias("file"))
 
 

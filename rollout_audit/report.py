@@ -1,8 +1,10 @@
 """The audit report: findings as a polars DataFrame, checks not run, a summary, and the
 output formats (text, json, github, junit). The JSON shape is a stable interface."""
+
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from xml.sax.saxutils import escape, quoteattr
 
@@ -10,9 +12,42 @@ import polars as pl
 
 from .registry import SEVERITY_ORDER, Rule
 
+# Characters a log string must not bring to a terminal, a CI log or an XML file: C0/C1 controls
+# (escape sequences, newlines that start a forged `::error` line), DEL, bidirectional overrides,
+# line/paragraph separators, surrogates and the non-characters U+FFFE/U+FFFF (illegal in XML).
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff\ufffe\uffff]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+MAX_CHARS = 500  # a finding's message, file or trajectory id is cut to this many characters
+
+
+def printable(value: object) -> str:
+    """`value` as text safe to print: unprintable characters shown as escapes (`\\x1b`)."""
+    return _UNPRINTABLE.sub(_escape_char, str(value))
+
+
+def _escape_char(m: re.Match) -> str:
+    c = m.group()
+    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def _truncate(name: str, limit: int = MAX_CHARS) -> pl.Expr:
+    """A string column cut to `limit` characters, with the full length stated when cut."""
+    c = pl.col(name)
+    n = c.str.len_chars()
+    cut = pl.concat_str(
+        [c.str.slice(0, limit), pl.lit(f"… (cut to {limit} of "), n.cast(pl.String), pl.lit(" characters)")]
+    )
+    return pl.when(n > limit).then(cut).otherwise(c).alias(name)
+
+
 FINDING_SCHEMA = {
-    "code": pl.String, "severity": pl.String, "message": pl.String, "file": pl.String,
-    "trajectory_id": pl.String, "turn": pl.Int64, "position": pl.Int64,
+    "code": pl.String,
+    "severity": pl.String,
+    "message": pl.String,
+    "file": pl.String,
+    "trajectory_id": pl.String,
+    "turn": pl.Int64,
+    "position": pl.Int64,
 }
 FORMATS = ("text", "json", "github", "junit")
 
@@ -45,8 +80,11 @@ class Report:
 
     def to_dict(self, limit: int | None = None) -> dict:
         f = self.findings if limit is None else self.findings.group_by("code", maintain_order=True).head(limit)
-        return {"findings": f.to_dicts(), "not_run": [{"code": c, "reason": r} for c, r in sorted(self.not_run.items())],
-                "summary": self.summary}
+        return {
+            "findings": f.to_dicts(),
+            "not_run": [{"code": c, "reason": r} for c, r in sorted(self.not_run.items())],
+            "summary": self.summary,
+        }
 
     def render(self, fmt: str = "text", *, limit: int | None = 20, color: bool = False) -> str:
         if fmt == "json":
@@ -59,18 +97,23 @@ class Report:
 
 
 def _sort(findings: pl.DataFrame) -> pl.DataFrame:
-    return findings.with_columns(pl.col("severity").replace_strict(SEVERITY_ORDER, return_dtype=pl.Int8).alias("_s")) \
-        .sort(["_s", "code", "file", "trajectory_id", "turn", "position", "message"], nulls_last=True,
-              maintain_order=True) \
+    return (
+        findings.with_columns(pl.col("severity").replace_strict(SEVERITY_ORDER, return_dtype=pl.Int8).alias("_s"))
+        .sort(
+            ["_s", "code", "file", "trajectory_id", "turn", "position", "message"], nulls_last=True, maintain_order=True
+        )
         .drop("_s")
+    )
 
 
-def build_report(findings: pl.DataFrame, not_run: dict[str, str], *, rows: int, tokens: int, stats: dict, cfg,
-                 rules: dict[str, Rule]) -> Report:
-    findings = _sort(findings)
+def build_report(
+    findings: pl.DataFrame, not_run: dict[str, str], *, rows: int, tokens: int, stats: dict, cfg, rules: dict[str, Rule]
+) -> Report:
+    findings = _sort(findings).with_columns(_truncate("message"), _truncate("file"), _truncate("trajectory_id"))
     per_code = findings.group_by("code", "severity").len().sort("code").to_dicts()
     summary = {
-        "rows_read": rows, "tokens_read": tokens,
+        "rows_read": rows,
+        "tokens_read": tokens,
         "counts": {d["code"]: d["len"] for d in per_code},
         "by_severity": {s: int((findings["severity"] == s).sum()) for s in SEVERITY_ORDER},
         "checks_run": sorted(c for c in rules if c not in not_run or not_run[c].startswith("partly")),
@@ -83,9 +126,9 @@ def build_report(findings: pl.DataFrame, not_run: dict[str, str], *, rows: int, 
 def _where(r: dict) -> str:
     parts = []
     if r["file"]:
-        parts.append(r["file"])
+        parts.append(printable(r["file"]))
     if r["trajectory_id"] is not None:
-        parts.append(f"trajectory {r['trajectory_id']}")
+        parts.append(f"trajectory {printable(r['trajectory_id'])}")
     if r["turn"] is not None:
         parts.append(f"turn {r['turn']}")
     if r["position"] is not None:
@@ -103,19 +146,22 @@ def render_text(rep: Report, limit: int | None = 20) -> str:
         shown = grp if limit is None else grp.head(limit)
         for r in shown.iter_rows(named=True):
             where = _where(r)
-            out.append(f"  {where}: {r['message']}" if where else f"  {r['message']}")
+            msg = printable(r["message"])
+            out.append(f"  {where}: {msg}" if where else f"  {msg}")
         if limit is not None and grp.height > limit:
             out.append(f"  ... {grp.height - limit} more (use --show-all or --format json)")
     if rep.not_run:
         out.append("not run:")
         for code, why in sorted(rep.not_run.items()):
-            out.append(f"  {code}: {why}")
+            out.append(f"  {code}: {printable(why)}")
     s = rep.summary
     by = s["by_severity"]
     verdict = "FAIL" if by["error"] else "ok"
-    out.append(f"{verdict}: {by['error']} errors, {by['warning']} warnings, {by['info']} info; "
-               f"{len(s['checks_run'])} checks run, {len(rep.not_run)} not run; "
-               f"{s['rows_read']} trajectories, {s['tokens_read']} tokens read")
+    out.append(
+        f"{verdict}: {by['error']} errors, {by['warning']} warnings, {by['info']} info; "
+        f"{len(s['checks_run'])} checks run, {len(rep.not_run)} not run; "
+        f"{s['rows_read']} trajectories, {s['tokens_read']} tokens read"
+    )
     return "\n".join(out)
 
 
@@ -124,16 +170,27 @@ def render_github(rep: Report) -> str:
     level = {"error": "error", "warning": "warning", "info": "notice"}
     lines = []
     for r in rep.findings.iter_rows(named=True):
-        msg = f"{r['code']} {r['message']}"
-        loc = ", ".join(p for p in _where({**r, "file": None}).split(", ") if p)
+        msg = f"{r['code']} {printable(r['message'])}"
+        loc = _where({**r, "file": None})
         if loc:
             msg += f" ({loc})"
-        msg = msg.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-        f = f" file={r['file']}," if r["file"] else " "
-        lines.append(f"::{level[r['severity']]}{f}title={r['code']}::{msg}".replace(", title", ",title"))
+        props = ([f"file={_gh_property(printable(r['file']))}"] if r["file"] else []) + [
+            f"title={_gh_property(r['code'])}"
+        ]
+        lines.append(f"::{level[r['severity']]} {','.join(props)}::{_gh_data(msg)}")
     for code, why in sorted(rep.not_run.items()):
-        lines.append(f"::notice title={code} not run::{why}")
+        lines.append(f"::notice title={_gh_property(f'{code} not run')}::{_gh_data(printable(why))}")
     return "\n".join(lines)
+
+
+def _gh_data(s: str) -> str:
+    """A workflow command's message, escaped per the runner's rules (`%`, CR, LF)."""
+    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _gh_property(s: str) -> str:
+    """A workflow command's property value, escaped per the runner's rules (also `:` and `,`)."""
+    return _gh_data(s).replace(":", "%3A").replace(",", "%2C")
 
 
 def render_junit(rep: Report) -> str:
@@ -143,17 +200,18 @@ def render_junit(rep: Report) -> str:
     for code, rule in sorted(rep.rules.items()):
         grp = rep.findings.filter(pl.col("code") == code)
         body = ""
+        text = "\n".join(f"{_where(r)}: {printable(r['message'])}" for r in grp.head(200).iter_rows(named=True))
         if code in rep.not_run and not rep.not_run[code].startswith("partly"):
-            body = f"<skipped message={quoteattr(rep.not_run[code])}/>"
+            body = f"<skipped message={quoteattr(printable(rep.not_run[code]))}/>"
             skipped += 1
         elif grp.height and rule.severity == "error":
-            text = "\n".join(f"{_where(r)}: {r['message']}" for r in grp.head(200).iter_rows(named=True))
             body = f"<failure message={quoteattr(f'{grp.height} findings')}>{escape(text)}</failure>"
             failures += 1
         elif grp.height:
-            text = "\n".join(f"{_where(r)}: {r['message']}" for r in grp.head(200).iter_rows(named=True))
             body = f"<system-out>{escape(text)}</system-out>"
         cases.append(f'  <testcase classname="rollout-audit" name={quoteattr(f"{code} {rule.name}")}>{body}</testcase>')
-    head = (f'<?xml version="1.0" encoding="utf-8"?>\n<testsuite name="rollout-audit" tests="{len(cases)}" '
-            f'failures="{failures}" skipped="{skipped}">')
+    head = (
+        f'<?xml version="1.0" encoding="utf-8"?>\n<testsuite name="rollout-audit" tests="{len(cases)}" '
+        f'failures="{failures}" skipped="{skipped}">'
+    )
     return "\n".join([head, *cases, "</testsuite>"])
