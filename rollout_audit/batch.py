@@ -45,11 +45,14 @@ class Tokens:
 class Batch:
     """A slice of trajectory rows from one file, as read (contract types already applied)."""
 
-    def __init__(self, table: pa.Table, file: str, first_row: int, turn_fields: tuple[str, ...],
+    def __init__(self, table: pa.Table, file: str | None, first_row: int, turn_fields: tuple[str, ...],
                  schema_problems: list[tuple[str, str]] | None = None,
-                 turn_frame_fields: frozenset[str] | None = None) -> None:
+                 turn_frame_fields: frozenset[str] | None = None, *, row_file: pl.Series | None = None,
+                 row_in_file: np.ndarray | None = None) -> None:
         self.table = table
-        self.file = file
+        self.file = file  # None when the rows come from several (small) files: see row_file
+        self.row_file = row_file  # file of each row, for a batch of several files
+        self.row_in_file = row_in_file  # row of each row in its file, for a batch of several files
         self.first_row = first_row
         self.n = table.num_rows
         self.columns = frozenset(table.column_names)
@@ -330,6 +333,14 @@ class Batch:
             df = df.with_columns(rc)
         return df
 
+    def attribute_files(self, findings: pl.DataFrame) -> pl.DataFrame:
+        """Fill the `file` of findings of a several-file batch from their trajectory id."""
+        files = self.row_file if self.row_file is not None else pl.repeat(self.file, self.n, eager=True)
+        ids = pl.DataFrame({"trajectory_id": self.ids, "_file": files.cast(pl.String)})
+        ids = ids.unique("trajectory_id", keep="first", maintain_order=True)
+        return (findings.join(ids, on="trajectory_id", how="left", maintain_order="left")
+                .with_columns(pl.coalesce("file", "_file").alias("file")).drop("_file"))
+
     # ---------------------------------------------------------------- summary for log checks
 
     def summary(self, columns: frozenset[str] | None = None) -> pl.DataFrame:
@@ -337,8 +348,8 @@ class Batch:
         to `columns` when given (the engine passes what the selected log checks read)."""
         base = self.traj
         df = base.select([c for c in base.columns if columns is None or c in columns or c == "_row"]).with_columns(
-            pl.lit(self.file, dtype=pl.Categorical).alias("file"), (pl.col("_row") + self.first_row).alias("_row"),
-            pl.Series("ok", self.ok), pl.Series("n_turns", self.turn_counts))
+            pl.lit(self.file, dtype=pl.Categorical).alias("file") if self.row_file is None
+            else self.row_file.cast(pl.Categorical), pl.Series("ok", self.ok), pl.Series("n_turns", self.turn_counts))
         per_turn = ("pv_min", "pv_max", "n_versions", "n_turns_trainable")
         if columns is None or any(c in columns for c in per_turn):
             tr = self.turns
@@ -347,8 +358,9 @@ class Batch:
                        pl.col("policy_version").drop_nulls().n_unique().cast(pl.Int64).alias("n_versions")]
                 if "rc_n_trainable" in tr.columns:
                     agg.append((pl.col("rc_n_trainable") > 0).sum().cast(pl.Int64).alias("n_turns_trainable"))
-                per = tr.group_by("_row").agg(agg).with_columns((pl.col("_row") + self.first_row).alias("_row"))
-                df = df.join(per, on="_row", how="left", maintain_order="left")
+                df = df.join(tr.group_by("_row").agg(agg), on="_row", how="left", maintain_order="left")
+        df = df.with_columns((pl.col("_row") + self.first_row) if self.row_in_file is None
+                             else pl.Series("_row", self.row_in_file))
         if columns is not None:
             df = df.select([c for c in df.columns if c in columns])
         return df

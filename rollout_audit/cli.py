@@ -31,9 +31,11 @@ class _Group(click.Group):
             sys.stderr.close()
             sys.exit(0)
         except Exception as e:  # noqa: BLE001 - the user gets a message, never a traceback
+            from polars.exceptions import ComputeError
+
             from .io import UsageError
-            if isinstance(e, (UsageError, ValueError, OSError)):
-                _fail(str(e))
+            if isinstance(e, (UsageError, ValueError, OSError, ComputeError)):  # bad input: one line
+                _fail((str(e).strip().splitlines() or [type(e).__name__])[0])
             _fail(f"internal error: {type(e).__name__}: {e} (please report this)")
 
 

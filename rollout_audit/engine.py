@@ -9,6 +9,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 
@@ -219,6 +220,8 @@ class _Run:
                                   f"{str(e).splitlines()[0] if str(e) else ''}")
             return
         norm = _normalise(out, rule, file)
+        if norm is not None and getattr(target, "row_file", None) is not None:
+            norm = target.attribute_files(norm)
         with self._lock:
             self.ran[rule.code] = self.ran.get(rule.code, 0) + 1
             if norm is not None:
@@ -244,9 +247,8 @@ _TURN_DOMAIN_FIELDS = ("turn_id", "policy_version", "temperature", "top_p", "num
                        "logprob", "reward", "shaping", "value", "td_residual", "potential_before", "potential_after")
 
 
-def _batches(files: list[LogFile], run: _Run, batch_rows: int) -> Iterable[Batch]:
+def _batches(files: list[LogFile], run: _Run, batch_rows: int) -> Iterable[_Piece]:
     want = run.needed_columns()
-    tff = run.turn_frame_fields()
     for f in files:
         if too_large := row_group_too_large(f.largest_row_group, run.cfg.max_row_group_bytes):
             run.broken.append((f.path, too_large))
@@ -262,16 +264,57 @@ def _batches(files: list[LogFile], run: _Run, batch_rows: int) -> Iterable[Batch
                 part, bad = drop_invalid(part.select([c for c in cols if c in part.column_names]), offset)
                 part, long = cap_tokens(part, run.cfg.max_tokens_per_trajectory, offset)
                 part, cast_problems = _cast(part, targets)
-                fields = tuple(x.name for x in part.schema.field("turns").type.value_type) if "turns" in part.column_names else ()
-                yield Batch(part, f.path, offset, fields, (problems if first else []) + bad + long + cast_problems, tff)
+                yield _Piece(f.path, offset, part, (problems if first else []) + bad + long + cast_problems)
                 first = False
                 offset += n_read
         except (OSError, pa.ArrowException) as e:
             run.broken.append((f.path, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
             continue
         if first:  # an empty file: still report its schema problems
-            empty = pa.table({c: pa.array([], targets[c]) for c in cols})
-            yield Batch(empty, f.path, 0, (), problems, tff)
+            yield _Piece(f.path, 0, pa.table({c: pa.array([], targets[c]) for c in cols}), problems)
+
+
+@dataclass
+class _Piece:
+    """Rows of one file as read and cast, before they become (part of) a batch."""
+
+    file: str
+    offset: int
+    table: pa.Table
+    problems: list[tuple[str, str]]
+
+
+def _coalesce(pieces: Iterable[_Piece], batch_rows: int, tff: frozenset[str]) -> Iterator[Batch]:
+    """Batches from pieces: consecutive small pieces of different files with the same schema
+    and no problems share one batch (each batch has a fixed cost of some hundred polars calls,
+    so a log of many one-trajectory files would otherwise cost that much per file)."""
+    pending: list[_Piece] = []
+    rows = 0
+    for p in pieces:
+        small = not p.problems and 0 < p.table.num_rows < batch_rows // 2
+        if pending and (not small or p.table.schema != pending[0].table.schema or rows + p.table.num_rows > batch_rows):
+            yield _batch_of(pending, tff)
+            pending, rows = [], 0
+        if small:
+            pending.append(p)
+            rows += p.table.num_rows
+        else:
+            yield _batch_of([p], tff)
+    if pending:
+        yield _batch_of(pending, tff)
+
+
+def _batch_of(pieces: list[_Piece], tff: frozenset[str]) -> Batch:
+    """One batch of one or more pieces; several files' rows carry their file and row in it."""
+    first = pieces[0]
+    table = first.table if len(pieces) == 1 else pa.concat_tables([p.table for p in pieces])
+    fields = tuple(x.name for x in table.schema.field("turns").type.value_type) if "turns" in table.column_names else ()
+    if len(pieces) == 1:
+        return Batch(table, first.file, first.offset, fields, first.problems, tff)
+    n = [p.table.num_rows for p in pieces]
+    row_file = pl.Series("file", [p.file for p in pieces]).gather(np.repeat(np.arange(len(pieces)), n))
+    row_in_file = np.concatenate([np.arange(p.offset, p.offset + k) for p, k in zip(pieces, n)])
+    return Batch(table, None, 0, fields, [], tff, row_file=row_file, row_in_file=row_in_file)
 
 
 def _read_updates(files: list[LogFile], broken: list, max_bytes: int) -> tuple[pl.DataFrame | None, list[str]]:
@@ -322,7 +365,7 @@ def run_audit(disc: Discovery, cfg: Config | None = None, select: Sequence[str] 
     summaries: list[pl.DataFrame] = []
     if tables is None:
         files = disc.of_kind("trajectories")
-        batches = _batches(files, run, batch_rows)
+        batches = _coalesce(_batches(files, run, batch_rows), batch_rows, run.turn_frame_fields())
         if _PREFETCH:
             batches = _prefetch(batches)
         updates, update_files = _read_updates(disc.of_kind("updates"), run.broken, cfg.max_row_group_bytes)

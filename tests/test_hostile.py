@@ -33,8 +33,15 @@ class Run:
 
 def child(*args: str, cwd: Path | None = None, timeout: float = 120) -> Run:
     """`rollout-audit ARGS` in a child process: a native crash is an exit code, not a dead test run."""
-    r = subprocess.run([sys.executable, "-m", "rollout_audit.cli", *args], capture_output=True, text=True,
-                       env=ENV, cwd=cwd, timeout=timeout)
+    r = subprocess.run(
+        [sys.executable, "-m", "rollout_audit.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=ENV,
+        cwd=cwd,
+        timeout=timeout,
+    )
     return Run(r.returncode, r.stdout, r.stderr)
 
 
@@ -172,8 +179,10 @@ def test_non_utf8_inside_the_turns_struct(tmp_path, small_records):
     i = values.type.get_field_index("action_text")
     texts = [(s or "").encode() for s in values.field(i).to_pylist()]
     texts[-1] = b"ok\x80"
-    fields = [values.field(k) if k != i else pa.array(texts, pa.binary()).view(pa.string())
-              for k in range(values.type.num_fields)]
+    fields = [
+        values.field(k) if k != i else pa.array(texts, pa.binary()).view(pa.string())
+        for k in range(values.type.num_fields)
+    ]
     struct = pa.StructArray.from_arrays(fields, fields=list(values.type))
     bad = _with_column(t, "turns", pa.ListArray.from_arrays(turns.offsets, struct))
     write_table(tmp_path / "log" / "a.parquet", bad)
@@ -278,8 +287,14 @@ def test_row_group_cap_makes_a_file_a_finding(tmp_path, small_records):
 def test_constant_token_bomb_is_bounded(tmp_path, small_records):
     t = make_log(n_tasks=1, group_size=1, n_versions=1, seed=1)[0][0]
     n = 2_000_000  # compresses to a few KB; the default cap is 1M tokens per trajectory
-    bomb = dict(t, token_ids=[7] * n, token_source=[0] * n, loss_mask=[False] * n, behavior_logprobs=[None] * n,
-                token_turn=[-1] * n)
+    bomb = dict(
+        t,
+        token_ids=[7] * n,
+        token_source=[0] * n,
+        loss_mask=[False] * n,
+        behavior_logprobs=[None] * n,
+        token_turn=[-1] * n,
+    )
     r = cli("check", str(write(tmp_path / "log", [bomb, t])), "--format", "json")
     assert_clean_exit(r, (1,))
     assert "max_tokens_per_trajectory" in r.stdout
@@ -294,8 +309,16 @@ def test_deep_directory_tree(tmp_path, small_records):
     for _ in range(1200):  # Path.mkdir(parents=True) itself recurses once per level
         deep = deep / "d"
         deep.mkdir()
-    write(deep, small_records[0])
-    assert len(discover([d]).files) == 1
+    try:
+        write(deep, small_records[0])
+        assert len(discover([d]).files) == 1
+    finally:  # shutil.rmtree (pytest's clean-up) and rglob recurse once per level: remove the tree here
+        for leaf in (deep / "trajectories").iterdir():
+            leaf.unlink()
+        (deep / "trajectories").rmdir()
+        while deep != d:
+            deep.rmdir()
+            deep = deep.parent
 
 
 def test_unlistable_directory_is_a_finding(tmp_path, log):
