@@ -249,11 +249,12 @@ _TURN_DOMAIN_FIELDS = ("turn_id", "policy_version", "temperature", "top_p", "num
 
 def _batches(files: list[LogFile], run: _Run, batch_rows: int) -> Iterable[_Piece]:
     want = run.needed_columns()
+    plans: dict[pa.Schema, tuple] = {}  # files of one log mostly share a schema: plan it once
     for f in files:
         if too_large := row_group_too_large(f.largest_row_group, run.cfg.max_row_group_bytes):
             run.broken.append((f.path, too_large))
             continue
-        targets, problems = schema_plan(f)
+        targets, problems = plans[f.schema] if f.schema in plans else plans.setdefault(f.schema, schema_plan(f))
         cols = [c for c in want if c in targets]
         first = True
         offset = 0
@@ -261,7 +262,8 @@ def _batches(files: list[LogFile], run: _Run, batch_rows: int) -> Iterable[_Piec
             parts = iter_batches(f, cols, batch_rows)
             for part in parts:
                 n_read = part.num_rows
-                part, bad = drop_invalid(part.select([c for c in cols if c in part.column_names]), offset)
+                have = set(part.column_names)
+                part, bad = drop_invalid(part.select([c for c in cols if c in have]), offset)
                 part, long = cap_tokens(part, run.cfg.max_tokens_per_trajectory, offset)
                 part, cast_problems = _cast(part, targets)
                 yield _Piece(f.path, offset, part, (problems if first else []) + bad + long + cast_problems)
@@ -307,7 +309,7 @@ def _coalesce(pieces: Iterable[_Piece], batch_rows: int, tff: frozenset[str]) ->
 def _batch_of(pieces: list[_Piece], tff: frozenset[str]) -> Batch:
     """One batch of one or more pieces; several files' rows carry their file and row in it."""
     first = pieces[0]
-    table = first.table if len(pieces) == 1 else pa.concat_tables([p.table for p in pieces])
+    table = first.table if len(pieces) == 1 else pa.concat_tables([p.table for p in pieces]).combine_chunks()
     fields = tuple(x.name for x in table.schema.field("turns").type.value_type) if "turns" in table.column_names else ()
     if len(pieces) == 1:
         return Batch(table, first.file, first.offset, fields, first.problems, tff)

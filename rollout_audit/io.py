@@ -155,12 +155,16 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg[0] if msg else ''}".strip()
 
 
+_SMALL_ROW_GROUP = 8 * 2**20  # uncompressed bytes
+
+
 def iter_batches(f: LogFile, columns: Sequence[str], batch_rows: int = 4096) -> Iterator[pa.Table]:
     """Row-group-bounded batches of the given columns (those present in the file)."""
     cols = [c for c in columns if c in f.schema.names]
-    pf = pq.ParquetFile(f.path)
+    small = f.largest_row_group < _SMALL_ROW_GROUP  # Arrow's read-ahead and threads cost more than they save
+    pf = pq.ParquetFile(f.path, pre_buffer=not small)
     for rg in range(f.num_row_groups):
-        t = pf.read_row_group(rg, columns=cols)
+        t = pf.read_row_group(rg, columns=cols, use_threads=not small)
         for off in range(0, max(t.num_rows, 1), batch_rows):
             part = t.slice(off, batch_rows)
             if part.num_rows:
