@@ -249,12 +249,14 @@ _TURN_DOMAIN_FIELDS = ("turn_id", "policy_version", "temperature", "top_p", "num
 
 def _batches(files: list[LogFile], run: _Run, batch_rows: int) -> Iterable[_Piece]:
     want = run.needed_columns()
-    plans: dict[pa.Schema, tuple] = {}  # files of one log mostly share a schema: plan it once
+    last: tuple[pa.Schema | None, tuple] = (None, ({}, []))  # consecutive files mostly share a schema
     for f in files:
         if too_large := row_group_too_large(f.largest_row_group, run.cfg.max_row_group_bytes):
             run.broken.append((f.path, too_large))
             continue
-        targets, problems = plans[f.schema] if f.schema in plans else plans.setdefault(f.schema, schema_plan(f))
+        if last[0] is None or not f.schema.equals(last[0]):
+            last = (f.schema, schema_plan(f))
+        targets, problems = last[1]
         cols = [c for c in want if c in targets]
         first = True
         offset = 0

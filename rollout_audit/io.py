@@ -160,7 +160,8 @@ _SMALL_ROW_GROUP = 8 * 2**20  # uncompressed bytes
 
 def iter_batches(f: LogFile, columns: Sequence[str], batch_rows: int = 4096) -> Iterator[pa.Table]:
     """Row-group-bounded batches of the given columns (those present in the file)."""
-    cols = [c for c in columns if c in f.schema.names]
+    names = set(f.schema.names)
+    cols = [c for c in columns if c in names]
     small = f.largest_row_group < _SMALL_ROW_GROUP  # Arrow's read-ahead and threads cost more than they save
     pf = pq.ParquetFile(f.path, pre_buffer=not small)
     for rg in range(f.num_row_groups):
