@@ -321,18 +321,25 @@ def test_deep_directory_tree(tmp_path, small_records):
             deep = deep.parent
 
 
-def test_unlistable_directory_is_a_finding(tmp_path, log):
-    if os.geteuid() == 0:
-        pytest.skip("root lists every directory")
+def test_unlistable_directory_is_a_finding(tmp_path, log, monkeypatch):
     locked = log / "locked"
     locked.mkdir()
     locked.chmod(0)
+    if os.geteuid() == 0:  # root lists every directory: the kernel's refusal is simulated for this one
+        real = os.scandir
+
+        def scandir(path):
+            if Path(path) == locked:
+                raise PermissionError(13, "Permission denied", str(path))
+            return real(path)
+
+        monkeypatch.setattr(os, "scandir", scandir)
     try:
-        r = cli("check", str(log), "--format", "json")
+        d = discover([log])
     finally:
         locked.chmod(0o755)
-    assert_clean_exit(r, (1,))
-    assert any("cannot be listed" in f["message"] for f in json.loads(r.stdout)["findings"])
+    assert [p for p, _ in d.broken] == [str(locked)] and "cannot be listed" in d.broken[0][1]
+    assert len(d.files) == 1
 
 
 def test_symlink_out_of_the_tree_is_not_followed(tmp_path, log):
@@ -374,3 +381,17 @@ def test_writer_fsyncs_file_then_directory(tmp_path, small_records, monkeypatch)
     with RolloutWriter(tmp_path / "a.parquet") as w:
         w.write(small_records[0])
     assert len(synced) == 2 and synced[0].endswith(".tmp") and synced[1] == str(tmp_path)
+
+
+def test_many_small_files_give_the_findings_of_one_file(tmp_path, small_records):
+    trajs = [dict(t) for t in small_records[0]]
+    trajs[1]["token_turn"] = [*trajs[1]["token_turn"][:-1], 42]  # S004 on the second trajectory
+    one = write(tmp_path / "one", trajs)
+    many = tmp_path / "many"
+    for i, t in enumerate(trajs):
+        write(many, [t], f"part-{i:04d}.parquet")
+    a, b = audit(str(one)), audit(str(many))
+    key = ["code", "trajectory_id", "message", "turn", "position"]
+    assert a.findings.height and a.findings.select(key).sort(key).equals(b.findings.select(key).sort(key))
+    mine = b.findings.filter(b.findings["trajectory_id"] == trajs[1]["trajectory_id"])
+    assert mine.height and all(f.endswith("part-0001.parquet") for f in mine["file"].to_list())
