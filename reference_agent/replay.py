@@ -40,8 +40,12 @@ def replay_logprobs(checkpoint_dir: str | Path, trajectory_row: dict[str, Any]) 
             logits = cache[version]
             pos = int(turn["context_length"])
             top_p = turn["top_p"] if turn["top_p"] is not None else 1.0
-            logp = decoding_distribution(logits[pos - 1], torch.from_numpy(controller_mask(observations)),
-                                         float(turn["temperature"]), float(top_p))
+            logp = decoding_distribution(
+                logits[pos - 1],
+                torch.from_numpy(controller_mask(observations)),
+                float(turn["temperature"]),
+                float(top_p),
+            )
             out[pos] = float(logp[ACTIONS.index(tok.action_of(ids[pos]))])
             observations.append(turn["observation_text"] or "")
     return out

@@ -1,4 +1,5 @@
 """Audit configuration: `[tool.rollout-audit]` in pyproject.toml, or a `--config` TOML file."""
+
 from __future__ import annotations
 
 import sys
@@ -16,21 +17,21 @@ else:  # pragma: no cover
 class Config:
     """Every tunable of the audit, with its default. Tolerances compare in float64."""
 
-    select: list[str] = field(default_factory=list)   # codes or prefixes; empty = all
+    select: list[str] = field(default_factory=list)  # codes or prefixes; empty = all
     ignore: list[str] = field(default_factory=list)
     # |found - expected| <= atol + rtol * |expected|
     atol: float = 1e-4
     rtol: float = 1e-5
-    logprob_atol: float = 1e-3      # L202: float32 token log-probs summed in float64
-    truncation: str = "exclude"     # exclude | bootstrap | penalize
+    logprob_atol: float = 1e-3  # L202: float32 token log-probs summed in float64
+    truncation: str = "exclude"  # exclude | bootstrap | penalize
     extra_stop_reasons: dict[str, str] = field(default_factory=dict)  # reason -> flag
     first_visit_components: list[str] = field(default_factory=list)
     loop_length: int = 4
     max_policy_lag: int | None = None  # used when an update does not state its bound
-    reward_rule: str = "monotone"   # monotone | binary
+    reward_rule: str = "monotone"  # monotone | binary
     grpo_epsilon: float = 1e-6
     difficulty_band: tuple[float, float] = (0.05, 0.95)
-    max_examples: int = 20          # findings shown per code in text output
+    max_examples: int = 20  # findings shown per code in text output
     masked_ok_reasons: list[str] = field(default_factory=list)  # M102: finish reasons that may mask policy tokens
     # resource caps against hostile files: a row group whose footer states more uncompressed bytes
     # is not read (S005); a trajectory with more tokens is not audited (S001)
@@ -38,7 +39,7 @@ class Config:
     max_tokens_per_trajectory: int = 1_000_000
 
     @classmethod
-    def from_mapping(cls, data: dict[str, Any]) -> "Config":
+    def from_mapping(cls, data: dict[str, Any]) -> Config:
         known = {f.name for f in fields(cls)}
         norm = {k.replace("-", "_"): v for k, v in data.items()}
         unknown = sorted(set(norm) - known)

@@ -1,11 +1,12 @@
 """Finding, reading and writing rollout logs (Parquet files or directories of them)."""
+
 from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -79,14 +80,20 @@ def _parquet_paths(path: Path, follow_symlinks: bool = False) -> tuple[list[Path
             p = Path(e.path)
             if e.is_symlink() and not follow_symlinks and not _within(os.path.realpath(p), root):
                 if e.name.endswith(".parquet") or e.is_dir():
-                    skipped.append((e.path, "symlink to outside the audited directory; not followed "
-                                            "(audit its target explicitly)"))
+                    skipped.append(
+                        (e.path, "symlink to outside the audited directory; not followed (audit its target explicitly)")
+                    )
                 continue
             if e.is_dir():
                 stack.append(p)
             elif _is_writer_temp(e.name):
-                skipped.append((e.path, "temporary file of an unfinished write (the writer was killed or is "
-                                        "still running); not audited"))
+                skipped.append(
+                    (
+                        e.path,
+                        "temporary file of an unfinished write (the writer was killed or is "
+                        "still running); not audited",
+                    )
+                )
             elif e.name.endswith(".parquet") and not e.name.startswith((".", "_")):
                 if e.is_file():
                     found.append(p)
@@ -134,13 +141,23 @@ def discover(paths: Sequence[str | os.PathLike], follow_symlinks: bool = False) 
                 sch = pf.schema_arrow
                 dups = duplicate_columns(sch)
                 if dups:
-                    out.broken.append((str(f), f"column name(s) {', '.join(dups)} occur more than once; "
-                                               "the file cannot be read unambiguously"))
+                    out.broken.append(
+                        (
+                            str(f),
+                            f"column name(s) {', '.join(dups)} occur more than once; "
+                            "the file cannot be read unambiguously",
+                        )
+                    )
                     continue
                 kind = _kind_of(f, sch)
                 if kind == "unknown":
-                    out.broken.append((str(f), "not a rollout log file: no rollout_log.kind metadata and too few "
-                                               "of the contract's required columns (see `rollout-audit schema`)"))
+                    out.broken.append(
+                        (
+                            str(f),
+                            "not a rollout log file: no rollout_log.kind metadata and too few "
+                            "of the contract's required columns (see `rollout-audit schema`)",
+                        )
+                    )
                     continue
                 md = pf.metadata
                 largest = max((md.row_group(i).total_byte_size for i in range(md.num_row_groups)), default=0)
@@ -191,8 +208,9 @@ class RolloutWriter:
             w.write(records)            # list of dicts, or a pyarrow Table/RecordBatch
     """
 
-    def __init__(self, path: str | os.PathLike, kind: str = "trajectories", *, validate: bool = True,
-                 compression: str = "zstd") -> None:
+    def __init__(
+        self, path: str | os.PathLike, kind: str = "trajectories", *, validate: bool = True, compression: str = "zstd"
+    ) -> None:
         if kind not in ("trajectories", "updates"):
             raise ValueError(f"kind must be 'trajectories' or 'updates', not {kind!r}")
         self.path = Path(path)
@@ -204,7 +222,7 @@ class RolloutWriter:
         self._schema: pa.Schema | None = None
         self.rows_written = 0
 
-    def __enter__(self) -> "RolloutWriter":
+    def __enter__(self) -> RolloutWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -219,8 +237,10 @@ class RolloutWriter:
         if self.validate:
             problems = contract_problems(table, self.kind)
             if problems:
-                raise ValueError(f"{self.path}: record refused: {problems[0]}"
-                                 + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+                raise ValueError(
+                    f"{self.path}: record refused: {problems[0]}"
+                    + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                )
         if self._writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._writer = pq.ParquetWriter(self._tmp, self._schema, compression=self.compression)
@@ -334,7 +354,12 @@ def contract_problems(table: pa.Table, kind: str) -> list[str]:
     """Structural problems of an in-memory batch, as messages (used by the writer)."""
     from .engine import audit_tables  # late import: the engine imports this module
 
-    rep = audit_tables(table if kind == "trajectories" else None, table if kind == "updates" else None,
-                       select=["S", "T301", "T302"] if kind == "trajectories" else ["S"])
-    return [f"{r['code']} {r['message']}" + (f" (trajectory {r['trajectory_id']})" if r["trajectory_id"] else "")
-            for r in rep.findings.filter(rep.findings["severity"] == "error").iter_rows(named=True)]
+    rep = audit_tables(
+        table if kind == "trajectories" else None,
+        table if kind == "updates" else None,
+        select=["S", "T301", "T302"] if kind == "trajectories" else ["S"],
+    )
+    return [
+        f"{r['code']} {r['message']}" + (f" (trajectory {r['trajectory_id']})" if r["trajectory_id"] else "")
+        for r in rep.findings.filter(rep.findings["severity"] == "error").iter_rows(named=True)
+    ]

@@ -257,8 +257,8 @@ def _child(args: list[str], out: str, err: str) -> None:
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(f, fd)
         os.close(f)
-    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - the process ends right after
-    sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", closefd=False)
     code = 1
     try:
         from rollout_audit.cli import main
