@@ -437,4 +437,6 @@ class Batch:
         if agg and len(tr):
             per = tr.group_by("_row").agg(agg).with_columns((pl.col("_row") + self.first_row).alias("_row"))
             df = df.join(per, on="_row", how="left", maintain_order="left")
+        absent = [c for c in columns if c in SUMMARY_INPUTS and c not in df.columns]  # e.g. a batch without turns
+        df = df.with_columns(pl.lit(None, pl.Int64).alias(c) for c in absent)
         return df.select([c for c in df.columns if c in columns or c in ("_row", "file", "trajectory_id")])

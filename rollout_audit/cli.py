@@ -33,9 +33,11 @@ class _Group(click.Group):
             sys.stderr.close()
             sys.exit(0)
         except BaseException as e:  # noqa: BLE001 - native panics too: a message, never a traceback
+            from polars.exceptions import ComputeError
+
             from .io import UsageError
 
-            if isinstance(e, (UsageError, ValueError, OSError)):
+            if isinstance(e, (UsageError, ValueError, OSError, ComputeError)):  # bad input: one line
                 _fail(_first_line(e))
             _fail(f"internal error: {type(e).__name__}: {_first_line(e)} (please report this)")
 
@@ -88,6 +90,7 @@ def check(paths, select, ignore, fmt, config_path, strict, show_all, output, wor
     from .config import find_config
     from .engine import run_audit
     from .io import discover
+    from .outputs import check_output
     from .registry import all_rules
 
     cfg, source = find_config(config_path, start=paths[0])
@@ -100,9 +103,8 @@ def check(paths, select, ignore, fmt, config_path, strict, show_all, output, wor
     for c in sel + ign:
         if not any(k.startswith(c) for k in known):
             _fail(f"unknown check code or prefix {c!r}; see `rollout-audit explain --list`")
-    resolved = {str(p) for p in paths}
-    if output and any(str(output) == p or str(output).startswith(p.rstrip("/") + "/") for p in resolved):
-        _fail("--output must not be inside the audited log (the tool never writes to its input)")
+    if output:
+        check_output(output, paths)
     rep = run_audit(discover(paths), cfg, sel or None, ign or None, tune=True, workers=workers)
     text = rep.render(fmt, limit=None if show_all else cfg.max_examples)
     if output:
@@ -198,12 +200,11 @@ def report(paths, output, config_path) -> None:
     from .html import render_html
     from .io import discover
     from .log import Log
+    from .outputs import check_output
     from .stats import log_stats
 
+    check_output(output, paths)
     disc = discover(paths)
-    for p in paths:
-        if str(output).startswith(str(p).rstrip("/") + "/") or str(output) == str(p):
-            _fail("--output must not be inside the audited log (the tool never writes to its input)")
     rep = run_audit(disc, load_config(config_path, start=paths[0]), tune=True)
     try:
         st = log_stats(Log(disc)) if disc.of_kind("trajectories") else None
@@ -224,14 +225,13 @@ def demo(out, profile, seed) -> None:
 
     Needs the agent extra: pip install 'rollout-audit[agent]'.
     """
-    from pathlib import Path
+    from .outputs import check_new_directory
 
     try:
         from reference_agent.demo import format_table, run_demo
     except ImportError as e:
         _fail(f"the reference agent needs torch: pip install -e '.[agent]' ({e})")
-    if Path(out).exists() and any(Path(out).iterdir()):
-        _fail(f"{out}: directory exists and is not empty; choose a new OUT")
+    check_new_directory(out)
     click.echo(f"training the {profile} profile (seed {seed}) into {out} ...", err=True)
     result = run_demo(str(out), profile=profile, seed=seed)
     click.echo(format_table(result))
@@ -255,14 +255,6 @@ def faults(ctx, list_all) -> None:
             click.echo(f"{f.name:<44} {','.join(sorted(f.codes)):<12} {f.description}")
 
 
-def _refuse_inside(dst, src) -> None:
-    from pathlib import Path
-
-    d, s = Path(dst).resolve(), Path(src).resolve()
-    if d == s or s in d.parents or (d.exists() and any(d.iterdir())):
-        _fail(f"{dst}: must be a new directory outside the source log (the tool never writes to its input)")
-
-
 @faults.command("apply")
 @click.argument("name")
 @click.argument("src", type=click.Path(exists=True))
@@ -271,10 +263,12 @@ def _refuse_inside(dst, src) -> None:
 def faults_apply(name, src, dst, seed) -> None:
     """Write DST: the log at SRC broken by fault NAME."""
     from .faults import FAULTS, apply, read_records, write_records
+    from .outputs import check_new_directory, check_output
 
     if name not in FAULTS:
         _fail(f"unknown fault {name!r}; see `rollout-audit faults --list`")
-    _refuse_inside(dst, src)
+    check_output(dst, [src], writes_log=True)
+    check_new_directory(dst)
     (t, u), touched = apply(name, *read_records(src), seed=seed)
     write_records(dst, t, u, corrupt=FAULTS[name].file_level)
     click.echo(

@@ -42,6 +42,10 @@ class Config(BaseModel):
     difficulty_band: tuple[float, float] = (0.05, 0.95)
     max_examples: int = Field(20, ge=0, description="findings shown per code in text output")
     masked_ok_reasons: list[str] = Field(default_factory=list, description="M102: finish reasons that may mask")
+    # resource caps against hostile files: a row group whose footer states more uncompressed bytes
+    # is not read (S005); a trajectory with more tokens is not audited (S001)
+    max_row_group_bytes: int = Field(2 * 2**30, ge=1)
+    max_tokens_per_trajectory: int = Field(1_000_000, ge=1)
 
     @field_validator("atol", "rtol", "logprob_atol", "grpo_epsilon", mode="before")
     @classmethod

@@ -27,8 +27,10 @@ from .views import LogView
 _PREFETCH = not os.environ.get("ROLLOUT_AUDIT_NO_THREADS")  # read ahead on a background thread
 
 
-def _batches(files: Sequence[Any], p: Plan, batch_rows: int, broken: list[tuple[str, str]]) -> Iterator[Batch]:
-    for part in parts(files, p.columns, batch_rows, broken):
+def _batches(
+    files: Sequence[Any], p: Plan, batch_rows: int, broken: list[tuple[str, str]], cfg: Config
+) -> Iterator[Batch]:
+    for part in parts(files, p.columns, batch_rows, broken, cfg.max_row_group_bytes, cfg.max_tokens_per_trajectory):
         yield Batch(part.table, part.file, part.first_row, part.problems, p.turn_fields)
 
 
@@ -58,10 +60,10 @@ def run_audit(
     files = disc.of_kind("trajectories")
     for f in disc.files:
         runner.declare(f.schema.metadata)
-    batches: Iterator[Batch] = _batches(files, p, batch_rows, broken)
+    batches: Iterator[Batch] = _batches(files, p, batch_rows, broken, cfg)
     if _PREFETCH and not all(f.table is not None for f in files):
         batches = prefetch(batches)
-    updates = read_updates(disc.of_kind("updates"), broken)
+    updates = read_updates(disc.of_kind("updates"), broken, cfg.max_row_group_bytes)
     want_summary = bool(runner.log_rules)
     rows = tokens = 0
     summaries: list[pl.DataFrame] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from .report import Report
+from .report import Report, printable
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}
 h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.6em}table{border-collapse:collapse;font-size:.85em}
@@ -24,7 +24,7 @@ def bar_chart(title: str, items: list[tuple[str, float]], width: int = 420) -> s
         y = 25 + 22 * i
         w = (width - 170) * v / top
         rows.append(
-            f'<text x="0" y="{y + 13}" font-size="12">{escape(str(label))[:22]}</text>'
+            f'<text x="0" y="{y + 13}" font-size="12">{escape(printable(label)[:22])}</text>'
             f'<rect x="150" y="{y}" width="{w:.1f}" height="16" fill="#4a7bd0"/>'
             f'<text x="{155 + w:.1f}" y="{y + 13}" font-size="11">{v:g}</text>'
         )
@@ -39,10 +39,12 @@ def render_html(rep: Report, stats: dict | None, title: str) -> str:
     by = rep.summary["by_severity"]
     verdict = '<span class="error">FAIL</span>' if by["error"] else '<span class="ok">ok</span>'
     parts = [
-        f"<!doctype html><meta charset=utf-8><title>{escape(title)}</title><style>{_CSS}</style>",
-        f"<h1>rollout-audit: {escape(title)} — {verdict}</h1>",
-        f"<p>{by['error']} errors, {by['warning']} warnings, {by['info']} info; "
-        f"{rep.summary['rows_read']} trajectories, {rep.summary['tokens_read']} tokens read.</p>",
+        f"<!doctype html><meta charset=utf-8><title>{escape(printable(title))}</title><style>{_CSS}</style>",
+        f"<h1>rollout-audit: {escape(printable(title))} — {verdict}</h1>",
+        (
+            f"<p>{by['error']} errors, {by['warning']} warnings, {by['info']} info; "
+            f"{rep.summary['rows_read']} trajectories, {rep.summary['tokens_read']} tokens read.</p>"
+        ),
     ]
     plots = [bar_chart("findings per code", sorted(rep.summary["counts"].items()))]
     if stats:
@@ -61,7 +63,7 @@ def render_html(rep: Report, stats: dict | None, title: str) -> str:
         head = "".join(f"<th>{c}</th>" for c in rep.findings.columns)
         body = []
         for r in rep.findings.head(2000).iter_rows(named=True):
-            cells = "".join(f"<td>{escape('' if v is None else str(v))}</td>" for v in r.values())
+            cells = "".join(f"<td>{escape('' if v is None else printable(v))}</td>" for v in r.values())
             body.append(f'<tr class="{r["severity"]}">{cells}</tr>')
         parts.append(f"<table><tr>{head}</tr>{''.join(body)}</table>")
         if rep.findings.height > 2000:
@@ -69,7 +71,7 @@ def render_html(rep: Report, stats: dict | None, title: str) -> str:
     if rep.not_run:
         parts.append(
             "<h2>Not run</h2><table>"
-            + "".join(f"<tr><td>{c}</td><td>{escape(w)}</td></tr>" for c, w in sorted(rep.not_run.items()))
+            + "".join(f"<tr><td>{c}</td><td>{escape(printable(w))}</td></tr>" for c, w in sorted(rep.not_run.items()))
             + "</table>"
         )
     return "\n".join(parts)

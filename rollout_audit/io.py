@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import schema as S
+from .sanitize import duplicate_columns
 
 
 class UsageError(Exception):
@@ -27,6 +28,7 @@ class LogFile:
     num_rows: int
     num_row_groups: int
     table: pa.Table | None = None  # an in-memory table audited like a file (path is its name)
+    largest_row_group: int = 0  # uncompressed bytes of the largest row group, as the footer states
 
 
 @dataclass
@@ -40,11 +42,64 @@ class Discovery:
         return [f for f in self.files if f.kind == kind]
 
 
-def _parquet_paths(path: Path) -> list[Path]:
-    if path.is_file():
-        return [path]
-    found = [p for p in path.rglob("*.parquet") if p.is_file() and not p.name.startswith((".", "_"))]
-    return sorted(found)
+def _is_writer_temp(name: str) -> bool:
+    """A file a Parquet writer was still writing (ours: `.NAME.parquet.XXXXXXXX.tmp`)."""
+    return ".parquet" in name and name.endswith((".tmp", ".temp", ".partial"))
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _parquet_paths(path: Path, follow_symlinks: bool = False) -> tuple[list[Path], list[tuple[str, str]]]:
+    """Parquet files under `path` (sorted), and what was found but not read (path, reason):
+    unlistable directories, writer temp files, non-regular files, symlinks out of the tree.
+
+    Iterative (no recursion limit); a directory reached twice (a symlink loop) is walked once;
+    symlinks are followed only when their target lies inside `path` unless `follow_symlinks`."""
+    if not path.is_dir():
+        return [path], []
+    root = os.path.realpath(path)
+    found: list[Path] = []
+    skipped: list[tuple[str, str]] = []
+    seen: set[tuple[int, int]] = set()
+    stack = [path]
+    while stack:
+        d = stack.pop()
+        try:
+            st = d.stat()
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            with os.scandir(d) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as err:
+            skipped.append((str(d), f"directory cannot be listed ({one_line(err)}); its files are not audited"))
+            continue
+        for e in entries:
+            p = Path(e.path)
+            if e.is_symlink() and not follow_symlinks and not _within(os.path.realpath(p), root):
+                if e.name.endswith(".parquet") or e.is_dir():
+                    skipped.append(
+                        (e.path, "symlink to outside the audited directory; not followed (audit its target explicitly)")
+                    )
+                continue
+            if e.is_dir():
+                stack.append(p)
+            elif _is_writer_temp(e.name):
+                skipped.append(
+                    (
+                        e.path,
+                        "temporary file of an unfinished write (the writer was killed or is "
+                        "still running); not audited",
+                    )
+                )
+            elif e.name.endswith(".parquet") and not e.name.startswith((".", "_")):
+                if e.is_file():
+                    found.append(p)
+                elif os.path.lexists(p):
+                    skipped.append((e.path, "not a regular file; not read"))
+    return sorted(found), skipped
 
 
 def _kind_of(path: Path, pschema: pa.Schema) -> str:
@@ -62,23 +117,38 @@ def _kind_of(path: Path, pschema: pa.Schema) -> str:
     return "trajectories" if share["trajectories"] >= 0.5 else "unknown"
 
 
-def discover(paths: Sequence[str | os.PathLike]) -> Discovery:
-    """Find every Parquet file under `paths`; open each footer once.
+def discover(paths: Sequence[str | os.PathLike], follow_symlinks: bool = False) -> Discovery:
+    """Find every Parquet file under `paths`; open each footer once. What cannot be read
+    (corrupt footers, unlistable directories, writer temp files, duplicated column names,
+    symlinks out of the tree unless `follow_symlinks`) goes to `broken` (S005).
 
-    Raises UsageError for a path that does not exist or holds no Parquet file.
+    Raises UsageError for a path that does not exist or holds nothing that looks like Parquet.
     """
     out = Discovery()
     for raw in paths:
         p = Path(raw)
         if not p.exists():
             raise UsageError(f"{raw}: no such file or directory")
-        files = _parquet_paths(p)
-        if not files:
+        files, skipped = _parquet_paths(p, follow_symlinks)
+        if not files and not skipped:
             raise UsageError(f"{raw}: no *.parquet files found")
+        out.broken += skipped
         for f in files:
             try:
+                if not f.is_file():
+                    raise UsageError("not a regular file")
                 pf = pq.ParquetFile(f)
                 sch = pf.schema_arrow
+                dups = duplicate_columns(sch)
+                if dups:
+                    out.broken.append(
+                        (
+                            str(f),
+                            f"column name(s) {', '.join(dups)} occur more than once; "
+                            "the file cannot be read unambiguously",
+                        )
+                    )
+                    continue
                 kind = _kind_of(f, sch)
                 if kind == "unknown":
                     out.broken.append(
@@ -89,7 +159,9 @@ def discover(paths: Sequence[str | os.PathLike]) -> Discovery:
                         )
                     )
                     continue
-                out.files.append(LogFile(str(f), kind, sch, pf.metadata.num_rows, pf.metadata.num_row_groups))
+                md = pf.metadata
+                largest = max((md.row_group(i).total_byte_size for i in range(md.num_row_groups)), default=0)
+                out.files.append(LogFile(str(f), kind, sch, md.num_rows, md.num_row_groups, largest_row_group=largest))
             except Exception as e:  # noqa: BLE001 - any footer error means the file is unusable
                 out.broken.append((str(f), one_line(e)))
     return out
@@ -100,14 +172,19 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg[0] if msg else ''}".strip()
 
 
+_SMALL_ROW_GROUP = 8 * 2**20  # uncompressed bytes
+
+
 def iter_batches(f: LogFile, columns: Sequence[str], batch_rows: int = 4096) -> Iterator[pa.Table]:
     """Row-group-bounded batches of the given columns (those present in the file)."""
-    cols = [c for c in columns if c in f.schema.names]
+    names = set(f.schema.names)
+    cols = [c for c in columns if c in names]
     if f.table is not None:
         groups: Iterable[pa.Table] = [f.table.select(cols)]
     else:
-        pf = pq.ParquetFile(f.path)
-        groups = (pf.read_row_group(rg, columns=cols) for rg in range(f.num_row_groups))
+        small = f.largest_row_group < _SMALL_ROW_GROUP  # Arrow's read-ahead and threads cost more than they save
+        pf = pq.ParquetFile(f.path, pre_buffer=not small)
+        groups = (pf.read_row_group(rg, columns=cols, use_threads=not small) for rg in range(f.num_row_groups))
     for t in groups:
         for off in range(0, max(t.num_rows, 1), batch_rows):
             part = t.slice(off, batch_rows)

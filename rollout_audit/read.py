@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from . import schema as S
 from .io import LogFile, iter_batches, one_line
+from .sanitize import cap_tokens, drop_invalid, duplicate_columns, row_group_too_large
 
 Problem = tuple[str, str]  # (column, what is wrong)
 
@@ -47,11 +48,13 @@ def schema_plan(f: LogFile, table: str = "trajectories") -> tuple[dict[str, pa.D
     targets: dict[str, pa.DataType] = {}
     problems: list[Problem] = []
     names = set(f.schema.names)
+    problems += [(c, "column name occurs more than once; not audited") for c in duplicate_columns(f.schema)]
     declared = S.not_recorded(f.schema.metadata)  # the producer's framework does not record these
     for c in S.columns(table):
         if c.requirement == "R" and c.name not in names and c.name not in declared:
             problems.append((c.name, "required column missing"))
-    for fld in f.schema:
+    duplicated = {c.split(".")[0] for c, _ in problems}
+    for fld in (x for x in f.schema if x.name not in duplicated):
         tgt, prob = _target(fld.name, fld.type, table)
         if prob:
             problems.append((fld.name, prob))
@@ -95,19 +98,36 @@ class Part:
     problems: list[Problem]
 
 
-def parts(files: Sequence[LogFile], columns: Sequence[str], batch_rows: int, broken: list[Problem]) -> Iterator[Part]:
-    """Batches of `columns` (those a file has) from every trajectory file, cast to the
-    contract. A file that fails while being read is appended to `broken` and skipped."""
+def parts(
+    files: Sequence[LogFile],
+    columns: Sequence[str],
+    batch_rows: int,
+    broken: list[Problem],
+    max_row_group_bytes: int = 2 * 2**30,
+    max_tokens: int = 1_000_000,
+) -> Iterator[Part]:
+    """Batches of `columns` (those a file has) from every trajectory file, validated (strings
+    and lists in full, before anything reaches polars), capped and cast to the contract. A file
+    that fails while being read, or whose row groups are too large, goes to `broken`."""
+    last: tuple[pa.Schema | None, tuple[dict[str, pa.DataType], list[Problem]]] = (None, ({}, []))
     for f in files:
-        targets, problems = schema_plan(f)
+        if too_large := row_group_too_large(f.largest_row_group, max_row_group_bytes):
+            broken.append((f.path, too_large))
+            continue
+        if last[0] is None or not f.schema.equals(last[0]):  # consecutive files mostly share a schema
+            last = (f.schema, schema_plan(f))
+        targets, problems = last[1]
         cols = [c for c in columns if c in targets]
         first, offset = True, 0
         try:
             for raw in iter_batches(f, cols, batch_rows):
-                part, cast_problems = cast(raw.select([c for c in cols if c in raw.column_names]), targets)
-                yield Part(part, f.path, offset, (problems if first else []) + cast_problems)
+                n_read = raw.num_rows
+                part, bad = drop_invalid(raw.select([c for c in cols if c in raw.column_names]), offset)
+                part, long = cap_tokens(part, max_tokens, offset)
+                part, cast_problems = cast(part, targets)
+                yield Part(part, f.path, offset, (problems if first else []) + bad + long + cast_problems)
                 first = False
-                offset += part.num_rows
+                offset += n_read
         except (OSError, pa.ArrowException) as e:
             broken.append((f.path, one_line(e)))
             continue
@@ -115,11 +135,16 @@ def parts(files: Sequence[LogFile], columns: Sequence[str], batch_rows: int, bro
             yield Part(pa.table({c: pa.array([], targets[c]) for c in cols}), f.path, 0, problems)
 
 
-def read_updates(files: Sequence[LogFile], broken: list[Problem]) -> pl.DataFrame | None:
+def read_updates(
+    files: Sequence[LogFile], broken: list[Problem], max_row_group_bytes: int = 2 * 2**30
+) -> pl.DataFrame | None:
     """Every update record, cast to the contract, with its `file`. A file with schema
     problems is left out; a column whose values do not fit is dropped; both go to `broken`."""
     frames = []
     for f in files:
+        if too_large := row_group_too_large(f.largest_row_group, max_row_group_bytes):
+            broken.append((f.path, too_large))
+            continue
         targets, problems = schema_plan(f, "updates")
         if problems:
             broken.append((f.path, "update records: " + "; ".join(f"{c}: {p}" for c, p in problems)))
@@ -127,6 +152,10 @@ def read_updates(files: Sequence[LogFile], broken: list[Problem]) -> pl.DataFram
         try:
             pieces = list(iter_batches(f, list(targets), 1 << 30))
             t = pa.concat_tables(pieces) if pieces else pa.table({c: pa.array([], targets[c]) for c in targets})
+            t, bad = drop_invalid(t)
+            if bad:
+                broken.append((f.path, "update records: " + "; ".join(f"{c}: {p}" for c, p in bad)))
+                continue
             t, cast_problems = cast(t, targets)
         except (OSError, pa.ArrowException) as e:
             broken.append((f.path, one_line(e)))

@@ -4,6 +4,7 @@ output formats (text, json, github, junit). The JSON shape is a stable interface
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from xml.sax.saxutils import escape, quoteattr
 
@@ -13,6 +14,34 @@ from .registry import SEVERITY_ORDER, Rule
 from .runner import FINDING_SCHEMA, Runner
 
 __all__ = ["FINDING_SCHEMA", "FORMATS", "Report", "build_report"]
+# Characters a log string must not bring to a terminal, a CI log or an XML file: C0/C1 controls
+# (escape sequences, newlines that start a forged `::error` line), DEL, bidirectional overrides,
+# line/paragraph separators, surrogates and the non-characters U+FFFE/U+FFFF (illegal in XML).
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff\ufffe\uffff]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+MAX_CHARS = 500  # a finding's message, file or trajectory id is cut to this many characters
+
+
+def printable(value: object) -> str:
+    """`value` as text safe to print: unprintable characters shown as escapes (`\\x1b`)."""
+    return _UNPRINTABLE.sub(_escape_char, str(value))
+
+
+def _escape_char(m: re.Match) -> str:
+    c = m.group()
+    return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def _truncate(name: str, limit: int = MAX_CHARS) -> pl.Expr:
+    """A string column cut to `limit` characters, with the full length stated when cut."""
+    c = pl.col(name)
+    n = c.str.len_chars()
+    cut = pl.concat_str(
+        [c.str.slice(0, limit), pl.lit(f"… (cut to {limit} of "), n.cast(pl.String), pl.lit(" characters)")]
+    )
+    return pl.when(n > limit).then(cut).otherwise(c).alias(name)
+
+
 FORMATS = ("text", "json", "github", "junit")
 
 
@@ -87,7 +116,9 @@ def _sort(findings: pl.DataFrame) -> pl.DataFrame:
 
 def build_report(runner: Runner, *, rows: int, tokens: int, stats: dict, cfg, unusable: str | None = None) -> Report:
     """The report of a finished run: sorted findings, not-run and partial coverage, crashes."""
-    findings = _sort(runner.findings_frame())
+    findings = _sort(runner.findings_frame()).with_columns(
+        _truncate("message"), _truncate("file"), _truncate("trajectory_id")
+    )
     not_run, partial = runner.not_run(), runner.partial(rows)
     crashes = [{**c.to_dict(), "times": runner.crash_counts[c.code]} for c in runner.crashes]
     per_code = findings.group_by("code", "severity").len().sort("code").to_dicts()
@@ -108,9 +139,9 @@ def build_report(runner: Runner, *, rows: int, tokens: int, stats: dict, cfg, un
 def _where(r: dict) -> str:
     parts = []
     if r["file"]:
-        parts.append(r["file"])
+        parts.append(printable(r["file"]))
     if r["trajectory_id"] is not None:
-        parts.append(f"trajectory {r['trajectory_id']}")
+        parts.append(f"trajectory {printable(r['trajectory_id'])}")
     if r["turn"] is not None:
         parts.append(f"turn {r['turn']}")
     if r["position"] is not None:
@@ -128,7 +159,8 @@ def render_text(rep: Report, limit: int | None = 20) -> str:
         shown = grp if limit is None else grp.head(limit)
         for r in shown.iter_rows(named=True):
             where = _where(r)
-            out.append(f"  {where}: {r['message']}" if where else f"  {r['message']}")
+            msg = printable(r["message"])
+            out.append(f"  {where}: {msg}" if where else f"  {msg}")
         if limit is not None and grp.height > limit:
             out.append(f"  ... {grp.height - limit} more (use --show-all or --format json)")
     if rep.unusable is not None:
@@ -137,15 +169,15 @@ def render_text(rep: Report, limit: int | None = 20) -> str:
     if rep.not_run:
         out.append("not run:")
         for code, why in sorted(rep.not_run.items()):
-            out.append(f"  {code}: {why}")
+            out.append(f"  {code}: {printable(why)}")
     if rep.partial:
         out.append("partially run:")
         for code, why in sorted(rep.partial.items()):
-            out.append(f"  {code}: {why}")
+            out.append(f"  {code}: {printable(why)}")
     for c in rep.crashes:
         where = ", ".join(x for x in (c["file"], c["rows"] and f"rows {c['rows']}") if x)
         out.append(
-            f"error: check {c['code']} crashed{' on ' + where if where else ''}: {c['error']}"
+            f"error: check {c['code']} crashed{' on ' + printable(where) if where else ''}: {printable(c['error'])}"
             + (f" ({c['times']} times)" if c["times"] > 1 else "")
         )
     s = rep.summary
@@ -171,23 +203,32 @@ def render_github(rep: Report) -> str:
     level = {"error": "error", "warning": "warning", "info": "notice"}
     lines = []
     for r in rep.findings.iter_rows(named=True):
-        msg = f"{r['code']} {r['message']}"
-        loc = ", ".join(p for p in _where({**r, "file": None}).split(", ") if p)
+        msg = f"{r['code']} {printable(r['message'])}"
+        loc = _where({**r, "file": None})
         if loc:
             msg += f" ({loc})"
-        msg = msg.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-        f = f" file={r['file']}," if r["file"] else " "
-        lines.append(f"::{level[r['severity']]}{f}title={r['code']}::{msg}".replace(", title", ",title"))
+        props = ([f"file={_gh_property(printable(r['file']))}"] if r["file"] else []) + [
+            f"title={_gh_property(r['code'])}"
+        ]
+        lines.append(f"::{level[r['severity']]} {','.join(props)}::{_gh_data(msg)}")
     for c in rep.crashes:
+        where = " ".join(x for x in (printable(c["file"] or ""), c["rows"] or "") if x)
         lines.append(
-            f"::error title={c['code']} crashed::"
-            + f"{c['file'] or ''} {c['rows'] or ''}: {c['error']}".replace("%", "%25")
-            .replace("\r", "%0D")
-            .replace("\n", "%0A")
+            f"::error title={_gh_property(c['code'] + ' crashed')}::{_gh_data(f'{where}: ' + printable(c['error']))}"
         )
     for code, why in sorted(rep.not_run.items()):
-        lines.append(f"::notice title={code} not run::{why}")
+        lines.append(f"::notice title={_gh_property(f'{code} not run')}::{_gh_data(printable(why))}")
     return "\n".join(lines)
+
+
+def _gh_data(s: str) -> str:
+    """A workflow command's message, escaped per the runner's rules (`%`, CR, LF)."""
+    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _gh_property(s: str) -> str:
+    """A workflow command's property value, escaped per the runner's rules (also `:` and `,`)."""
+    return _gh_data(s).replace(":", "%3A").replace(",", "%2C")
 
 
 def render_junit(rep: Report) -> str:
@@ -197,19 +238,18 @@ def render_junit(rep: Report) -> str:
     for code, rule in sorted(rep.rules.items()):
         grp = rep.findings.filter(pl.col("code") == code)
         body = ""
+        text = "\n".join(f"{_where(r)}: {printable(r['message'])}" for r in grp.head(200).iter_rows(named=True))
         crashed = [c for c in rep.crashes if c["code"] == code]
         if crashed:
-            body = f"<error message={quoteattr(crashed[0]['error'])}/>"
+            body = f"<error message={quoteattr(printable(crashed[0]['error']))}/>"
             failures += 1
         elif code in rep.not_run:
-            body = f"<skipped message={quoteattr(rep.not_run[code])}/>"
+            body = f"<skipped message={quoteattr(printable(rep.not_run[code]))}/>"
             skipped += 1
         elif grp.height and rule.severity == "error":
-            text = "\n".join(f"{_where(r)}: {r['message']}" for r in grp.head(200).iter_rows(named=True))
             body = f"<failure message={quoteattr(f'{grp.height} findings')}>{escape(text)}</failure>"
             failures += 1
         elif grp.height:
-            text = "\n".join(f"{_where(r)}: {r['message']}" for r in grp.head(200).iter_rows(named=True))
             body = f"<system-out>{escape(text)}</system-out>"
         cases.append(f'  <testcase classname="rollout-audit" name={quoteattr(f"{code} {rule.name}")}>{body}</testcase>')
     head = (

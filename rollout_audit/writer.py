@@ -77,7 +77,9 @@ class RolloutWriter:
             raise ValueError(f"{self.path}: nothing was written; refusing to publish an empty log")
         self._writer.close()
         self._writer = None
+        _fsync_path(self._tmp)  # the data is on disk before the name points at it
         os.replace(self._tmp, self.path)
+        _fsync_path(self.path.parent, directory=True)  # and the rename itself survives a power loss
         return self.path
 
     def abort(self) -> None:
@@ -106,6 +108,20 @@ class RolloutWriter:
             return records.select(self._schema.names).cast(self._schema)
         except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
             raise ValueError(f"{self.path}: batch does not match the file's schema: {one_line(e)}") from None
+
+
+def _fsync_path(path: Path, directory: bool = False) -> None:
+    """fsync a file or a directory by path (directories: POSIX only; skipped where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
+    except OSError:
+        if directory:  # e.g. Windows cannot open a directory; the rename is still atomic there
+            return
+        raise
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def contract_problems(table: pa.Table, kind: str) -> list[str]:

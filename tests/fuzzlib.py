@@ -1,0 +1,357 @@
+"""Arrow-level mutations of a compliant log, and a runner that audits each mutated log with
+the real CLI in its own process (forked from a server that has the heavy libraries loaded,
+so one case costs the audit, not the imports). Used by tests/test_fuzz.py and by
+benchmarks/fuzz_campaign.py (the long campaign outside CI)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from hypothesis import strategies as st
+
+from rollout_audit.records import records_to_table
+from rollout_audit.synth import make_log
+
+TRAJ_COLUMNS = [f.name for f in records_to_table(make_log(n_tasks=1, group_size=1, n_versions=1)[0]).schema]
+UPDATE_COLUMNS = [
+    "update_step",
+    "trainer_version",
+    "trajectory_ids",
+    "reduction",
+    "loss_denominator",
+    "advantages",
+    "advantage_estimator",
+    "max_policy_lag",
+]
+HOSTILE = [
+    "\x1b[2J\x1b]8;;https://evil.example\x07x",
+    "a\n::error file=x,line=1::forged",
+    "[link=https://e.x]y[/]",
+    "x[/]y",
+    "%0A,::",
+    "\u202etxt",
+    "\x00",
+    "",
+    "é" * 300,
+]
+TYPES = [
+    pa.string(),
+    pa.large_string(),
+    pa.float64(),
+    pa.float16(),
+    pa.int8(),
+    pa.uint64(),
+    pa.bool_(),
+    pa.null(),
+    pa.list_(pa.string()),
+    pa.list_(pa.float32()),
+    pa.struct([("a", pa.int8())]),
+    pa.binary(),
+    pa.map_(pa.string(), pa.int64()),
+    pa.dictionary(pa.int8(), pa.string()),
+]
+
+
+def ops(columns: list[str]) -> st.SearchStrategy:
+    """One mutation of a table: (kind, column, parameter)."""
+    col = st.sampled_from([*columns, "turns.action_text", "turns.policy_version", "turns.turn_id"])
+    return st.one_of(
+        st.tuples(
+            st.sampled_from(["drop", "dup", "bad_utf8", "lists_shorter", "dictionary", "large"]), col, st.just(0)
+        ),
+        st.tuples(st.just("null"), col, st.integers(0, 3)),
+        st.tuples(st.just("retype"), col, st.integers(0, len(TYPES) - 1)),
+        st.tuples(st.just("rename"), col, st.sampled_from(columns + ["", "x" * 300, "a.b"])),
+        st.tuples(st.just("extreme"), col, st.sampled_from([float("nan"), float("inf"), -1.0, 2.0**62, -(2.0**62)])),
+        st.tuples(st.just("hostile"), col, st.integers(0, len(HOSTILE) - 1)),
+        st.tuples(st.just("rows"), st.just(""), st.integers(0, 5)),
+        st.tuples(st.just("strip_meta"), st.just(""), st.just(0)),
+    )
+
+
+# file-level damage after writing: none, truncate to a share of the bytes, or flip bytes at a seed
+FILE_DAMAGE = st.one_of(
+    st.just(("none", 0)),
+    st.tuples(st.just("truncate"), st.integers(0, 99)),
+    st.tuples(st.just("flip"), st.integers(0, 2**31)),
+)
+
+
+def _index(t: pa.Table, name: str) -> int:
+    """Position of the first column called `name` (names may repeat after a `dup`)."""
+    return t.schema.get_all_field_indices(name)[0]
+
+
+def _replace(t: pa.Table, name: str, arr: pa.Array | pa.ChunkedArray) -> pa.Table:
+    return t.set_column(_index(t, name), name, arr)
+
+
+def _leaf(t: pa.Table, name: str) -> tuple[str, str | None]:
+    """(top-level column, struct field inside `turns` or None)."""
+    top, _, sub = name.partition(".")
+    return top, (sub or None)
+
+
+def _map_turn_field(t: pa.Table, field: str, fn) -> pa.Table:
+    """Apply `fn` to one field of the `turns` structs (the rest untouched)."""
+    turns = t.column(_index(t, "turns")).combine_chunks()
+    values = turns.flatten()
+    if not pa.types.is_struct(values.type) or values.type.get_field_index(field) < 0:
+        return t
+    i = values.type.get_field_index(field)
+    children = [values.field(k) for k in range(values.type.num_fields)]
+    children[i] = fn(children[i])
+    names = [values.type.field(k).name for k in range(values.type.num_fields)]
+    struct = pa.StructArray.from_arrays(children, names=names)
+    return _replace(t, "turns", pa.ListArray.from_arrays(turns.offsets, struct))
+
+
+def _bad_utf8(a: pa.Array) -> pa.Array:
+    if len(a) == 0:
+        return a
+    vals = [(v if isinstance(v, str) else "x").encode() for v in a.to_pylist()]
+    vals[len(vals) // 2] = b"ok\xff\xc3"
+    return pa.array(vals, pa.binary()).view(pa.string())
+
+
+def _retype(a: pa.Array, typ: pa.DataType) -> pa.Array:
+    try:
+        return a.cast(typ)
+    except (pa.ArrowException, ValueError, TypeError):
+        return pa.nulls(len(a), typ)
+
+
+def _column_op(kind: str, a: pa.Array, param) -> pa.Array:
+    """Mutate one column's values (as one array)."""
+    if kind == "bad_utf8":
+        return _bad_utf8(a) if pa.types.is_string(a.type) else a
+    if kind == "null":
+        mask = pa.array([(i + param) % 4 == 0 for i in range(len(a))])
+        return pc.if_else(mask, pa.nulls(len(a), a.type), a) if not pa.types.is_nested(a.type) else a
+    if kind == "retype":
+        return _retype(a, TYPES[param])
+    if kind == "extreme" and (pa.types.is_floating(a.type) or pa.types.is_integer(a.type)):
+        return _retype(pa.array([param] * len(a), pa.float64()), a.type)
+    if kind == "hostile" and pa.types.is_string(a.type):
+        return pa.array([HOSTILE[param]] * len(a), pa.string())
+    if kind == "lists_shorter" and pa.types.is_list(a.type):
+        return pa.array([v[:-1] if v else v for v in a.to_pylist()], a.type)
+    if kind == "dictionary" and pa.types.is_string(a.type):
+        return a.dictionary_encode()
+    if kind == "large":
+        big = {pa.string(): pa.large_string()}.get(a.type)
+        if pa.types.is_list(a.type):
+            big = pa.large_list(a.type.value_type)
+        return a.cast(big) if big is not None else a
+    return a
+
+
+def mutate(t: pa.Table, mutations: list[tuple]) -> pa.Table:
+    """`t` with each mutation applied in order (a mutation that does not apply is a no-op)."""
+    for kind, name, param in mutations:
+        top, sub = _leaf(t, name)
+        if kind == "rows":
+            t = t.slice(0, param)
+        elif kind == "strip_meta":
+            t = t.replace_schema_metadata(None)
+        elif top not in t.column_names:
+            continue
+        elif kind == "drop" and sub is None:
+            t = t.remove_column(_index(t, top))
+        elif kind == "dup" and sub is None:
+            t = t.append_column(top, t.column(_index(t, top)))
+        elif kind == "rename" and sub is None:
+            t = t.rename_columns([param if c == top else c for c in t.column_names])
+        elif sub is not None and top == "turns" and pa.types.is_list(t.schema.field(_index(t, "turns")).type):
+            t = _map_turn_field(t, sub, lambda a, k=kind, p=param: _column_op(k, a, p))
+        elif sub is None:
+            t = _replace(t, top, _column_op(kind, t.column(_index(t, top)).combine_chunks(), param))
+    return t
+
+
+def damage(path: Path, how: tuple[str, int]) -> None:
+    """File-level damage: truncate to a share of its bytes, or flip a few bytes."""
+    kind, param = how
+    data = bytearray(path.read_bytes())
+    if kind == "truncate":
+        data = data[: len(data) * param // 100]
+    elif kind == "flip":
+        for k in range(4):
+            i = (param * (k + 7919)) % len(data)
+            data[i] ^= 0xFF
+    else:
+        return
+    path.write_bytes(bytes(data))
+
+
+def build_log(root: Path, records, traj_mut: list, upd_mut: list, how: tuple[str, int]) -> Path:
+    """A log under `root`: one mutated trajectory file (damaged as `how`), one clean one, updates."""
+    trajs, ups = records
+    t = records_to_table(trajs)
+    (root / "trajectories").mkdir(parents=True)
+    (root / "updates").mkdir()
+    pq.write_table(mutate(t, traj_mut), root / "trajectories" / "a.parquet")
+    damage(root / "trajectories" / "a.parquet", how)
+    pq.write_table(t, root / "trajectories" / "b.parquet")
+    pq.write_table(mutate(records_to_table(ups, "updates"), upd_mut), root / "updates" / "u.parquet")
+    return root
+
+
+def digest(root: Path) -> dict[str, str]:
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# ---------------------------------------------------------------- running the CLI per case
+
+_CTX: mp.context.ForkServerContext | None = None
+
+
+def _context() -> mp.context.ForkServerContext:
+    """The fork server, started with the environment a user has (no ROLLOUT_AUDIT_DEBUG) and
+    the libraries and the CLI already imported."""
+    global _CTX
+    if _CTX is None:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(
+            [
+                "polars",
+                "pyarrow.parquet",
+                "numpy",
+                "pandera.polars",
+                "rich.console",
+                "rollout_audit.cli",
+                "rollout_audit.engine",
+                "rollout_audit.registry",
+                "rollout_audit.checks",
+                "rollout_audit.log",
+                "rollout_audit.stats",
+                "rollout_audit.html",
+            ]
+        )
+        saved = os.environ.pop("ROLLOUT_AUDIT_DEBUG", None)
+        try:
+            p = ctx.Process(target=os.getpid)  # starts the server with this environment
+            p.start()
+            p.join()
+        finally:
+            if saved is not None:
+                os.environ["ROLLOUT_AUDIT_DEBUG"] = saved
+        _CTX = ctx
+    return _CTX
+
+
+def _child(args: list[str], out: str, err: str) -> None:
+    """Run `rollout-audit ARGS` as a user would, stdout/stderr to files; exit with its code."""
+    os.environ.pop("ROLLOUT_AUDIT_DEBUG", None)
+    os.environ["ROLLOUT_AUDIT_NO_PROGRESS"] = "1"
+    for fd, path in ((1, out), (2, err)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", closefd=False)
+    code = 1
+    try:
+        from rollout_audit.cli import main
+
+        main(args, prog_name="rollout-audit")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+@dataclass
+class Outcome:
+    exit: int | None  # None: hung (killed after the timeout); negative: killed by a signal
+    stdout: str
+    stderr: str
+
+    @property
+    def problems(self) -> list[str]:
+        """What makes this case a failure (empty: it passed)."""
+        out = []
+        if self.exit is None:
+            out.append("hang")
+        elif self.exit not in (0, 1, 2):
+            out.append(f"exit {self.exit}")
+        if "Traceback" in self.stdout + self.stderr or "PanicException" in self.stderr:
+            out.append("traceback")
+        if self.exit in (0, 1):
+            try:
+                json.loads(self.stdout)
+            except ValueError:
+                out.append("unparseable JSON")
+        elif self.exit == 2 and len(self.stderr.strip().splitlines()) != 1:
+            out.append("exit 2 without a one-line message")
+        return out
+
+
+def run_cli(args: list[str], work: Path, timeout: float = 120) -> Outcome:
+    """`rollout-audit ARGS` in a fresh process forked from the preloaded server."""
+    out, err = work / "stdout.txt", work / "stderr.txt"
+    p = _context().Process(target=_child, args=(args, str(out), str(err)))
+    p.start()
+    p.join(timeout)
+    if p.is_alive():
+        p.kill()
+        p.join()
+        return Outcome(None, "", "")
+    return Outcome(p.exitcode, out.read_text(errors="replace"), err.read_text(errors="replace"))
+
+
+# ---------------------------------------------------------------- the long campaign (outside CI)
+
+
+def random_case(seed: int) -> tuple[list, list, tuple[str, int], str]:
+    """A case drawn from the same vocabulary as `ops` with a plain seeded RNG (fast to draw)."""
+    import random
+
+    rng = random.Random(seed)
+
+    def one(columns: list[str]) -> tuple:
+        col = rng.choice([*columns, "turns.action_text", "turns.policy_version", "turns.turn_id"])
+        kind = rng.choice(
+            [
+                "drop",
+                "dup",
+                "bad_utf8",
+                "lists_shorter",
+                "dictionary",
+                "large",
+                "null",
+                "retype",
+                "rename",
+                "extreme",
+                "hostile",
+                "rows",
+                "strip_meta",
+            ]
+        )
+        param = {
+            "null": rng.randrange(4),
+            "retype": rng.randrange(len(TYPES)),
+            "rows": rng.randrange(6),
+            "rename": rng.choice([*columns, "", "x" * 300, "a.b"]),
+            "hostile": rng.randrange(len(HOSTILE)),
+            "extreme": rng.choice([float("nan"), float("inf"), -1.0, 2.0**62, -(2.0**62)]),
+        }.get(kind, 0)
+        return kind, col, param
+
+    traj = [one(TRAJ_COLUMNS) for _ in range(rng.randint(1, 3))]
+    upd = [one(UPDATE_COLUMNS) for _ in range(rng.randint(0, 1))]
+    how = rng.choice([("none", 0), ("truncate", rng.randrange(100)), ("flip", rng.randrange(2**31))])
+    fmt = rng.choice(["json", "json", "json", "github", "junit", "text"])
+    return traj, upd, how, fmt

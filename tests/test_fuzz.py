@@ -1,0 +1,70 @@
+"""Fuzzing: Arrow-level mutations of a compliant log, each audited by the CLI in its own
+process. Every case must exit 0, 1 or 2, print no traceback, give parseable JSON (or one
+line on exit 2) and leave the log's bytes unchanged. RA_EXAMPLES sets the number of cases
+(25 in CI); RA_FUZZ_STATS=path appends one JSON line per case (the campaign's figures)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from fuzzlib import FILE_DAMAGE, TRAJ_COLUMNS, UPDATE_COLUMNS, build_log, digest, ops, run_cli
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rollout_audit.synth import make_log
+
+EXAMPLES = int(os.environ.get("RA_EXAMPLES", "25"))
+RECORDS = make_log(n_tasks=2, group_size=2, n_versions=2, seed=5)
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=EXAMPLES <= 25,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+)
+@given(
+    traj=st.lists(ops(TRAJ_COLUMNS), min_size=1, max_size=3),
+    upd=st.lists(ops(UPDATE_COLUMNS), max_size=1),
+    how=FILE_DAMAGE,
+    fmt=st.sampled_from(["json", "json", "json", "github", "junit", "text"]),
+)
+def test_mutated_log_never_crashes(traj, upd, how, fmt):
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        log = build_log(work / "log", RECORDS, traj, upd, how)
+        before = digest(log)
+        out = run_cli(["check", str(log), "--format", fmt], work)
+        problems = [p for p in out.problems if fmt == "json" or p != "unparseable JSON"]
+        if digest(log) != before:
+            problems.append("input written")
+        if os.environ.get("RA_FUZZ_STATS"):
+            with open(os.environ["RA_FUZZ_STATS"], "a") as fh:
+                fh.write(
+                    json.dumps(
+                        {
+                            "exit": out.exit,
+                            "problems": problems,
+                            "fmt": fmt,
+                            "traj": repr(traj),
+                            "upd": repr(upd),
+                            "damage": how,
+                        }
+                    )
+                    + "\n"
+                )
+        assert not problems, (problems, out.exit, out.stderr[-3000:], traj, upd, how)
+
+
+@pytest.mark.parametrize("args", [["report", "{log}", "-o", "{work}/r.html"], ["stats", "{log}"]])
+def test_mutated_log_other_commands(tmp_path, args):
+    log = build_log(tmp_path / "log", RECORDS, [("bad_utf8", "task_id", 0), ("dup", "reward", 0)], [], ("none", 0))
+    before = digest(log)
+    out = run_cli([a.format(log=log, work=tmp_path) for a in args], tmp_path)
+    assert out.exit in (0, 1, 2) and "Traceback" not in out.stderr, out.stderr
+    assert digest(log) == before

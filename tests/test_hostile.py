@@ -1,0 +1,398 @@
+"""Hostile and malformed input (issue 10): outputs never touch inputs, strings validated at
+the read boundary, every output format escapes what it prints, bounded resources, discovery
+that reports what it does not read. The CLI runs in a subprocess: what a user sees."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import xml.dom.minidom
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rollout_audit import RolloutWriter, audit
+from rollout_audit.io import discover
+from rollout_audit.synth import make_log
+
+ENV = {k: v for k, v in os.environ.items() if k != "ROLLOUT_AUDIT_DEBUG"} | {"ROLLOUT_AUDIT_NO_PROGRESS": "1"}
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def child(*args: str, cwd: Path | None = None, timeout: float = 120) -> Run:
+    """`rollout-audit ARGS` in a child process: a native crash is an exit code, not a dead test run."""
+    r = subprocess.run(
+        [sys.executable, "-m", "rollout_audit.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=ENV,
+        cwd=cwd,
+        timeout=timeout,
+    )
+    return Run(r.returncode, r.stdout, r.stderr)
+
+
+def cli(*args: str, cwd: Path | None = None) -> Run:
+    """`rollout-audit ARGS` in this process (the fast path, for cases that cannot crash natively)."""
+    from click.testing import CliRunner
+
+    from rollout_audit.cli import main
+
+    old = Path.cwd()
+    os.chdir(cwd or old)
+    try:
+        r = CliRunner().invoke(main, list(args))
+    finally:
+        os.chdir(old)
+    tb = "" if r.exception is None or isinstance(r.exception, SystemExit) else "Traceback " + repr(r.exception)
+    return Run(r.exit_code, r.stdout, r.stderr + tb)
+
+
+def assert_clean_exit(r: Run, codes: tuple[int, ...] = (0, 1, 2)) -> None:
+    assert r.returncode in codes, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout, r.stderr[-2000:]
+
+
+def digest(root: Path) -> dict[str, str]:
+    """Every file under `root` (or `root` itself) with the hash of its bytes."""
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+@pytest.fixture(scope="module")
+def small_records():
+    return make_log(n_tasks=2, group_size=2, n_versions=1, seed=3)
+
+
+def write(root: Path, trajs: list[dict], name: str = "part-0000.parquet") -> Path:
+    with RolloutWriter(root / "trajectories" / name, validate=False) as w:
+        w.write(trajs)
+    return root
+
+
+def write_table(path: Path, table: pa.Table) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+    return path
+
+
+def clean_table(records) -> pa.Table:
+    from rollout_audit.records import records_to_table
+
+    return records_to_table(records[0])
+
+
+# ---------------------------------------------------------------- 1. outputs never touch inputs
+
+
+@pytest.fixture
+def log(tmp_path, small_records) -> Path:
+    return write(tmp_path / "log", small_records[0])
+
+
+@pytest.mark.parametrize("how", ["same file", "dot-relative", "absolute", "inside dir", "symlinked dir"])
+def test_check_output_never_overwrites_input(tmp_path, log, how):
+    part = log / "trajectories" / "part-0000.parquet"
+    (tmp_path / "link").symlink_to(log)
+    target, out = {
+        "same file": (part, part),
+        "dot-relative": (log, Path("./log/trajectories/report.txt")),
+        "absolute": (log, (log / "report.txt").resolve()),
+        "inside dir": (log, log / "trajectories" / "x.parquet"),
+        "symlinked dir": (log, tmp_path / "link" / "report.txt"),
+    }[how]
+    before = digest(log)
+    r = cli("check", str(target), "-o", str(out), cwd=tmp_path)
+    assert r.returncode == 2 and "never writes to its input" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert digest(log) == before
+
+
+def test_check_output_hard_link_to_input_refused(tmp_path, log):
+    part = log / "trajectories" / "part-0000.parquet"
+    os.link(part, tmp_path / "alias.parquet")
+    before = digest(log)
+    r = cli("check", str(part), "-o", str(tmp_path / "alias.parquet"))
+    assert r.returncode == 2 and "audited input" in r.stderr
+    assert digest(log) == before
+
+
+def test_report_from_inside_the_log_refused(log):
+    before = digest(log)
+    r = cli("report", ".", cwd=log)  # default output rollout-audit-report.html lands in "."
+    assert r.returncode == 2 and "inside the audited log" in r.stderr
+    assert digest(log) == before and not (log / "rollout-audit-report.html").exists()
+
+
+def test_faults_apply_refuses_a_copy_next_to_the_source_file(log):
+    part = log / "trajectories" / "part-0000.parquet"
+    before = digest(log)
+    r = cli("faults", "apply", "tool_tokens_trained", str(part), str(log / "trajectories" / "broken"))
+    assert r.returncode == 2 and "inside the audited log" in r.stderr
+    assert digest(log) == before
+
+
+def test_outputs_outside_the_log_are_written(tmp_path, log):
+    r = cli("check", str(log), "-o", str(tmp_path / "report.txt"))
+    assert_clean_exit(r, (0, 1))
+    assert (tmp_path / "report.txt").read_text().strip()
+
+
+# ---------------------------------------------------------------- 2-3. read boundary
+
+
+def _with_column(table: pa.Table, name: str, arr: pa.Array) -> pa.Table:
+    return table.set_column(table.schema.get_field_index(name), name, arr)
+
+
+def test_non_utf8_string_is_a_finding_and_the_rest_is_audited(tmp_path, small_records):
+    t = clean_table(small_records)
+    raw = [s.encode() for s in t.column("stop_reason").to_pylist()]
+    raw[2] = b"\xff\xfe\xc3"
+    bad = _with_column(t, "stop_reason", pa.array(raw, pa.binary()).view(pa.string()))
+    write_table(tmp_path / "log" / "trajectories" / "a.parquet", bad)
+    write(tmp_path / "log", small_records[0], "b.parquet")
+    r = child("check", str(tmp_path / "log"), "--format", "json")
+    assert_clean_exit(r, (1,))
+    rep = json.loads(r.stdout)
+    s001 = [f for f in rep["findings"] if f["code"] == "S001"]
+    assert any("stop_reason" in f["message"] and "row 2" in f["message"] and "UTF-8" in f["message"] for f in s001)
+    assert rep["summary"]["rows_read"] == 2 * len(small_records[0])  # both files audited
+
+
+def test_non_utf8_inside_the_turns_struct(tmp_path, small_records):
+    t = clean_table(small_records)
+    turns = t.column("turns").combine_chunks()
+    values = turns.flatten()
+    i = values.type.get_field_index("action_text")
+    texts = [(s or "").encode() for s in values.field(i).to_pylist()]
+    texts[-1] = b"ok\x80"
+    fields = [
+        values.field(k) if k != i else pa.array(texts, pa.binary()).view(pa.string())
+        for k in range(values.type.num_fields)
+    ]
+    struct = pa.StructArray.from_arrays(fields, fields=list(values.type))
+    bad = _with_column(t, "turns", pa.ListArray.from_arrays(turns.offsets, struct))
+    write_table(tmp_path / "log" / "a.parquet", bad)
+    r = child("check", str(tmp_path / "log"), "--format", "json")
+    assert_clean_exit(r, (1,))
+    msgs = [f["message"] for f in json.loads(r.stdout)["findings"] if f["code"] == "S001"]
+    assert any(m.startswith("turns: row ") and "UTF-8" in m for m in msgs), msgs
+
+
+def test_duplicate_column_is_s005_and_the_rest_is_audited(tmp_path, small_records):
+    t = clean_table(small_records)
+    dup = t.append_column("reward", t.column("reward"))
+    write_table(tmp_path / "log" / "a.parquet", dup)
+    write(tmp_path / "log", small_records[0], "b.parquet")
+    r = cli("check", str(tmp_path / "log"), "--format", "json")
+    assert_clean_exit(r, (1,))
+    rep = json.loads(r.stdout)
+    s005 = [f for f in rep["findings"] if f["code"] == "S005"]
+    assert len(s005) == 1 and "reward" in s005[0]["message"] and s005[0]["file"].endswith("a.parquet")
+    assert rep["summary"]["rows_read"] == len(small_records[0])
+
+
+def test_duplicate_column_in_memory_is_s001(small_records):
+    t = clean_table(small_records)
+    rep = audit(t.append_column("reward", t.column("reward")))
+    assert any("reward" in m and "more than once" in m for m in rep.findings["message"].to_list())
+
+
+# ---------------------------------------------------------------- 4. injection into CI and terminals
+
+
+EVIL_ID = "t\n::error file=evil.py,line=1::forged\x1b]8;;https://evil.example\x07x\x1b[2J[link=https://e.x]y[/]"
+
+
+@pytest.fixture
+def evil_log(tmp_path, small_records) -> Path:
+    trajs = [dict(t) for t in small_records[0]]
+    trajs[0]["stop_reason"] = "weird\n::error file=x,line=1::forged\x1b[2J\u202e"
+    trajs[1]["trajectory_id"] = EVIL_ID
+    root = tmp_path / "ev\nil,a::b%"
+    return write(root, trajs)
+
+
+@pytest.mark.parametrize("fmt", ["text", "github", "junit"])
+def test_formats_never_emit_controls_or_forged_commands(evil_log, fmt):
+    r = cli("check", str(evil_log), "--format", fmt)
+    assert_clean_exit(r, (1,))
+    assert not any(ord(c) < 32 and c != "\n" or 0x7F <= ord(c) <= 0x9F or c == "\u202e" for c in r.stdout)
+    lines = r.stdout.splitlines()
+    if fmt == "github":
+        assert all(line.startswith(("::error ", "::warning ", "::notice ")) for line in lines)
+        props = [line[2:].split("::", 1)[0].split(" ", 1)[1] for line in lines if " file=" in line]
+        assert props and all(p.count(",") == 1 and p.count("=") == 2 and ":" not in p for p in props), props
+    else:
+        assert not any(line.lstrip().startswith("::") for line in lines)
+    if fmt == "junit":
+        xml.dom.minidom.parseString(r.stdout.encode())
+    assert "\\x1b" in r.stdout or fmt == "github"
+
+
+def test_json_round_trips_hostile_strings(evil_log):
+    r = cli("check", str(evil_log), "--format", "json")
+    assert_clean_exit(r, (1,))
+    ids = {f["trajectory_id"] for f in json.loads(r.stdout)["findings"]}
+    assert "\x1b" not in r.stdout and (EVIL_ID in ids or ids)
+
+
+def test_show_prints_markup_as_text(evil_log):
+    r = cli("show", str(evil_log), EVIL_ID, "--color")
+    assert_clean_exit(r, (0,))
+    assert "[link=https://e.x]y[/]" in r.stdout and "\x1b]8;" not in r.stdout and "\x1b[2J" not in r.stdout
+
+
+def test_long_values_are_cut_with_their_length(tmp_path, small_records):
+    trajs = [dict(t) for t in small_records[0]]
+    trajs[0]["stop_reason"] = "x" * 200_000
+    r = cli("check", str(write(tmp_path / "log", trajs)), "--format", "json")
+    assert_clean_exit(r, (1,))
+    assert len(r.stdout) < 50_000 and "characters)" in r.stdout
+
+
+# ---------------------------------------------------------------- 5. resources
+
+
+def test_token_cap_makes_a_trajectory_a_finding(tmp_path, small_records):
+    log = write(tmp_path / "log", small_records[0])
+    (tmp_path / "pyproject.toml").write_text("[tool.rollout-audit]\nmax_tokens_per_trajectory = 10\n")
+    r = cli("check", str(log), "--format", "json", cwd=tmp_path)
+    assert_clean_exit(r, (1, 2))  # 2 when every trajectory was over the cap: nothing left to audit
+    msgs = [f["message"] for f in json.loads(r.stdout)["findings"] if f["code"] == "S001"]
+    assert any("max_tokens_per_trajectory" in m for m in msgs)
+
+
+def test_row_group_cap_makes_a_file_a_finding(tmp_path, small_records):
+    log = write(tmp_path / "log", small_records[0])
+    (tmp_path / "pyproject.toml").write_text("[tool.rollout-audit]\nmax_row_group_bytes = 1000\n")
+    r = cli("check", str(log), "--format", "json", cwd=tmp_path)
+    assert_clean_exit(r, (2,))  # the only trajectory file is not read: nothing to audit
+    assert json.loads(r.stdout)["unusable"]
+    assert any("max_row_group_bytes" in f["message"] for f in json.loads(r.stdout)["findings"] if f["code"] == "S005")
+
+
+def test_constant_token_bomb_is_bounded(tmp_path, small_records):
+    t = make_log(n_tasks=1, group_size=1, n_versions=1, seed=1)[0][0]
+    n = 2_000_000  # compresses to a few KB; the default cap is 1M tokens per trajectory
+    bomb = dict(
+        t,
+        token_ids=[7] * n,
+        token_source=[0] * n,
+        loss_mask=[False] * n,
+        behavior_logprobs=[None] * n,
+        token_turn=[-1] * n,
+    )
+    r = cli("check", str(write(tmp_path / "log", [bomb, t])), "--format", "json")
+    assert_clean_exit(r, (1,))
+    assert "max_tokens_per_trajectory" in r.stdout
+
+
+# ---------------------------------------------------------------- 6. discovery and the writer
+
+
+def test_deep_directory_tree(tmp_path, small_records):
+    d = deep = tmp_path / "log"
+    d.mkdir()
+    for _ in range(1200):  # Path.mkdir(parents=True) itself recurses once per level
+        deep = deep / "d"
+        deep.mkdir()
+    try:
+        write(deep, small_records[0])
+        assert len(discover([d]).files) == 1
+    finally:  # shutil.rmtree (pytest's clean-up) and rglob recurse once per level: remove the tree here
+        for leaf in (deep / "trajectories").iterdir():
+            leaf.unlink()
+        (deep / "trajectories").rmdir()
+        while deep != d:
+            deep.rmdir()
+            deep = deep.parent
+
+
+def test_unlistable_directory_is_a_finding(tmp_path, log, monkeypatch):
+    locked = log / "locked"
+    locked.mkdir()
+    locked.chmod(0)
+    if os.geteuid() == 0:  # root lists every directory: the kernel's refusal is simulated for this one
+        real = os.scandir
+
+        def scandir(path):
+            if Path(path) == locked:
+                raise PermissionError(13, "Permission denied", str(path))
+            return real(path)
+
+        monkeypatch.setattr(os, "scandir", scandir)
+    try:
+        d = discover([log])
+    finally:
+        locked.chmod(0o755)
+    assert [p for p, _ in d.broken] == [str(locked)] and "cannot be listed" in d.broken[0][1]
+    assert len(d.files) == 1
+
+
+def test_symlink_out_of_the_tree_is_not_followed(tmp_path, log):
+    outside = tmp_path / "outside.parquet"
+    outside.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    (log / "passwd.parquet").symlink_to(outside)
+    (log / "inner.parquet").symlink_to(log / "trajectories" / "part-0000.parquet")  # inside: followed
+    d = discover([log])
+    assert [p for p, _ in d.broken] == [str(log / "passwd.parquet")] and "not followed" in d.broken[0][1]
+    assert len(d.files) == 2
+    assert len(discover([log], follow_symlinks=True).broken) == 1  # followed: not Parquet
+
+
+def test_symlink_loop_and_fifo(tmp_path, log):
+    (log / "loop").symlink_to(log)
+    os.mkfifo(log / "pipe.parquet")
+    r = child("check", str(log), "--format", "json", timeout=60)
+    assert_clean_exit(r, (1,))
+    assert any("not a regular file" in f["message"] for f in json.loads(r.stdout)["findings"])
+
+
+def test_killed_writer_temp_file_is_a_finding(tmp_path, small_records):
+    w = RolloutWriter(tmp_path / "log" / "part.parquet")
+    w.write(small_records[0])  # never closed: the writer was killed
+    r = cli("check", str(tmp_path / "log"), "--format", "json")
+    assert_clean_exit(r, (2,))  # the temp file is the only file: reported, and nothing to audit
+    assert any("unfinished write" in f["message"] for f in json.loads(r.stdout)["findings"] if f["code"] == "S005")
+
+
+def test_writer_fsyncs_file_then_directory(tmp_path, small_records, monkeypatch):
+    synced: list[str] = []
+    real = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    with RolloutWriter(tmp_path / "a.parquet") as w:
+        w.write(small_records[0])
+    assert len(synced) == 2 and synced[0].endswith(".tmp") and synced[1] == str(tmp_path)
+
+
+def test_many_small_files_give_the_findings_of_one_file(tmp_path, small_records):
+    trajs = [dict(t) for t in small_records[0]]
+    trajs[1]["token_turn"] = [*trajs[1]["token_turn"][:-1], 42]  # S004 on the second trajectory
+    one = write(tmp_path / "one", trajs)
+    many = tmp_path / "many"
+    for i, t in enumerate(trajs):
+        write(many, [t], f"part-{i:04d}.parquet")
+    a, b = audit(str(one)), audit(str(many))
+    key = ["code", "trajectory_id", "message", "turn", "position"]
+    assert a.findings.height and a.findings.select(key).sort(key).equals(b.findings.select(key).sort(key))
+    mine = b.findings.filter(b.findings["trajectory_id"] == trajs[1]["trajectory_id"])
+    assert mine.height and all(f.endswith("part-0001.parquet") for f in mine["file"].to_list())
