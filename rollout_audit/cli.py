@@ -56,7 +56,9 @@ def main() -> None:
               help="Write the report to this file instead of stdout.")
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Batches checked at once (2: ~15% faster, one more batch in memory).")
-def check(paths, select, ignore, fmt, config_path, strict, show_all, output, workers) -> None:
+@click.option("--replay", "replay", type=click.IntRange(0), default=None,
+              help="Replay N trajectories stratified by policy version (L205-L207; needs a configured replayer).")
+def check(paths, select, ignore, fmt, config_path, strict, show_all, output, workers, replay) -> None:
     """Audit the log at PATHS (Parquet files or directories). Exit 1 blocks training."""
     from .config import load_config
     from .engine import run_audit
@@ -64,6 +66,8 @@ def check(paths, select, ignore, fmt, config_path, strict, show_all, output, wor
     from .registry import all_rules
 
     cfg = load_config(config_path)
+    if replay is not None:
+        cfg.replay = replay
     sel, ign = _codes(select), _codes(ignore)
     known = all_rules()
     for c in sel + ign:

@@ -32,6 +32,17 @@ class Config:
     difficulty_band: tuple[float, float] = (0.05, 0.95)
     max_examples: int = 20          # findings shown per code in text output
     masked_ok_reasons: list[str] = field(default_factory=list)  # M102: finish reasons that may mask policy tokens
+    # Replay (L205-L207): trajectories replayed, stratified by policy version; 0 = off (`check --replay N`)
+    replay: int = 0
+    replayer: str | None = None     # "module:factory" returning a replayer, e.g. "reference_agent.replay:replayer"
+    # version -> local checkpoint (a {"3": "ckpt/step-3"} table, or a template "ckpt/step-{version}")
+    replay_checkpoints: dict[str, str] | str | None = None
+    replay_endpoints: dict[str, str] = field(default_factory=dict)  # version -> OpenAI-compatible base URL (…/v1)
+    replay_batch_size: int = 8      # trajectories per forward pass / request
+    replay_atol: float = 1e-3       # L205/L206: per-token |replayed - recorded| tolerance (float32 engines)
+    replay_max_share: float = 0.0   # L205: share of replayed tokens allowed over the tolerance
+    compare_logprobs: str | None = None  # L207: a second per-token log-prob column (e.g. the trainer's recomputation)
+    max_turn_log_ratio: float = 0.6931  # L207: |log π_other/π_beh| of a turn above this (ln 2) is extreme
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> "Config":

@@ -4,6 +4,7 @@ from . import (  # noqa: F401
     groups,
     logprobs,
     masks,
+    replay,
     rewards,
     structure,
     termination,
