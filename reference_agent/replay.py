@@ -61,6 +61,7 @@ class AgentReplayer:
     def __init__(self, checkpoints: dict[str, str] | str | None, batch_size: int = 256) -> None:
         self.checkpoints = checkpoints
         self.batch_size = batch_size
+        torch.set_num_threads(1)  # kernels of a net this size do not split; two threads spin on a loaded machine
 
     def replay(self, request: ReplayRequest) -> ReplayResult:
         """Sampled-distribution and base-softmax log-probs of each scored action token."""

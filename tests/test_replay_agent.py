@@ -129,3 +129,12 @@ def test_cli_replay_option(run: Path, tmp_path: Path) -> None:
         ],
     )
     assert bad.exit_code == 1 and "L205" in bad.output, bad.output
+
+
+def test_replayer_failure_is_a_reason_not_a_traceback(run: Path, tmp_path: Path) -> None:
+    rows = pq.read_table(run / "trajectories" / "part-0000.parquet").to_pylist()
+    rows[0]["token_ids"] = [10_000] * len(rows[0]["token_ids"])  # ids the policy's embedding does not have
+    (tmp_path / "trajectories").mkdir()
+    pq.write_table(to_table(rows, "trajectories"), tmp_path / "trajectories" / "part-0000.parquet")
+    _, rep = _codes(tmp_path, _cfg(run))
+    assert rep.not_run["L205"].startswith("replay failed: IndexError")

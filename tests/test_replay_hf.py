@@ -65,6 +65,8 @@ def test_faults_caught_on_the_tiny_model_log(dirs: dict[str, str], fault: str, t
     top_p = 1.0 if fault == "wrong_version" else 0.9  # v-1 under top-p would log -inf (L201's business)
     codes, rep = _audit(sample_log(dirs, tmp_path, n=8, top_p=top_p, fault=fault), replay_checkpoints=dirs)
     assert "L205" in codes and ("L206" in codes) == (fault == "base_softmax"), rep.render()
+    # per-turn ratios: up to e^1.5 (base softmax), e^17 (v-1); top-p ignored shifts a turn by < ln 2
+    assert ("L207" in codes) == (fault != "top_p_ignored"), rep.render()
 
 
 def test_stale_mapping_and_undecidable_temperature(dirs: dict[str, str], clean: Path, tmp_path: Path) -> None:

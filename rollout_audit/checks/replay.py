@@ -28,6 +28,8 @@ def _replayed(log: LogView, cfg) -> pl.DataFrame:
             log.cache["replay"] = replay_frame(log.traj, int(cfg.replay), load_replayer(cfg))
         except (NotConfigured, ValueError) as e:
             log.cache["replay"] = str(e)
+        except Exception as e:  # noqa: BLE001 - a replayer failing on this log (e.g. ids beyond its vocabulary)
+            log.cache["replay"] = f"replay failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     out = log.cache["replay"]
     if isinstance(out, str):
         raise NotRun(out)

@@ -69,7 +69,10 @@ def checkpoint_path(mapping: dict[str, str] | str | None, version: int) -> Path:
     if not mapping:
         raise NotConfigured("needs replay_checkpoints in the configuration (version -> checkpoint)")
     if isinstance(mapping, str):
-        path = Path(mapping.format(version=version))
+        try:
+            path = Path(mapping.format(version=version))
+        except (KeyError, IndexError, ValueError) as e:
+            raise NotConfigured(f"replay_checkpoints template {mapping!r} must name only {{version}}: {e}") from e
     elif str(version) in mapping:
         path = Path(mapping[str(version)])
     else:

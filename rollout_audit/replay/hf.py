@@ -31,8 +31,8 @@ class HFReplayer:
         except ImportError as e:  # the replay extra is not installed
             raise NotConfigured(f"needs the replay extra (pip install 'rollout-audit[replay]'): {e}") from e
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=torch.float32)
-        model.to(device).eval()  # type: ignore[arg-type]
+        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True)
+        model = model.float().to(device).eval()  # replay in float32 whatever the checkpoint's dtype
         self._loaded = (version, model)
         return model
 
