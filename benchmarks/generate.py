@@ -21,6 +21,7 @@ so a directory that exists is complete.
 With `--fault-share f`, a fraction f of trajectories gets one injected fault each, in
 rotation (see FAULTS); their ids and kinds are listed in `_generated.json`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,10 +55,10 @@ ACTIONS = ["inspect", "pickup_red", "pickup_blue", "open_red", "open_blue", "fin
 # fault kind -> the code it must raise (other codes may follow from it, on the same
 # trajectory or, for update-level checks, on the update that contains it)
 FAULTS = {
-    1: ("mask_tool", "M101"),         # loss_mask true on the observation tokens of turn 0
-    2: ("turn_logprob", "L202"),      # turn 0 logprob off by +0.5
-    3: ("trainable_count", "M103"),   # num_trainable_tokens off by +3 (update denominator stays right)
-    4: ("stop_reason", "T302"),       # a terminated episode recorded with stop_reason max_tokens
+    1: ("mask_tool", "M101"),  # loss_mask true on the observation tokens of turn 0
+    2: ("turn_logprob", "L202"),  # turn 0 logprob off by +0.5
+    3: ("trainable_count", "M103"),  # num_trainable_tokens off by +3 (update denominator stays right)
+    4: ("stop_reason", "T302"),  # a terminated episode recorded with stop_reason max_tokens
 }
 
 # segment kinds inside a trajectory: sys, user, then per turn: open template, policy, close template, observation
@@ -155,7 +156,7 @@ def make_plan(tokens: int, seed: int, fault_share: float) -> Plan:
     rng = np.random.default_rng([seed, 0])
     n = max(GROUP_SIZE, int(round(tokens / 600 / GROUP_SIZE)) * GROUP_SIZE)
     n_groups = n // GROUP_SIZE
-    n_tasks = max(1, n_groups // 8)          # each task appears in ~8 groups over the log
+    n_tasks = max(1, n_groups // 8)  # each task appears in ~8 groups over the log
     p_task = rng.uniform(0.25, 0.75, n_tasks)
     g_task = rng.integers(0, n_tasks, n_groups)
     group = np.arange(n) // GROUP_SIZE
@@ -200,8 +201,8 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
     nT = int(turn_start[-1])
     t_row = np.repeat(np.arange(n), T)
     t_idx = np.arange(nT) - turn_start[:-1][t_row]
-    m = 1 + rng.poisson(22, nT)                     # policy tokens per turn (>= 1)
-    o = 4 + rng.poisson(32, nT)                     # observation tokens per turn
+    m = 1 + rng.poisson(22, nT)  # policy tokens per turn (>= 1)
+    o = 4 + rng.poisson(32, nT)  # observation tokens per turn
     is_last = t_idx == T[t_row] - 1
 
     # ---- segments: 2 per trajectory + 4 per turn, laid out in trajectory order
@@ -268,9 +269,9 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
     # ---- rewards, potentials, values
     outcome = success.astype(np.float64)
     r = np.where(is_last & term[t_row], outcome[t_row], 0.0)
-    phi_start = turn_start[:-1] + np.arange(n)           # T+1 potentials per trajectory
+    phi_start = turn_start[:-1] + np.arange(n)  # T+1 potentials per trajectory
     phi = np.round(rng.uniform(0.0, 1.0, nT + n), 6)
-    phi[(phi_start + T)[term | infra]] = 0.0             # zero terminal potential
+    phi[(phi_start + T)[term | infra]] = 0.0  # zero terminal potential
     p_before = phi[phi_start[t_row] + t_idx]
     p_after = phi[phi_start[t_row] + t_idx + 1]
     shaping = GAMMA * p_after - p_before
@@ -286,7 +287,7 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
     # actions: consecutive turns never repeat (no R409 loop)
     action = np.cumsum(1 + rng.integers(0, 5, nT)) % len(ACTIONS)
     obs_idx = rng.integers(0, 64, nT)
-    finish = np.where(is_last & term[t_row], 0, 1)        # 0 stop, 1 tool_calls
+    finish = np.where(is_last & term[t_row], 0, 1)  # 0 stop, 1 tool_calls
 
     # ---- faults
     num_trainable = true_trainable.copy()
@@ -297,7 +298,7 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
         mask |= (f_tok == 1) & (src == 3) & (turn == 0)
         turn_lp[(fault[t_row] == 2) & (t_idx == 0)] += 0.5
         num_trainable[fault == 3] += 3
-        stop_idx[fault == 4] = 4                          # max_tokens on a terminated episode
+        stop_idx[fault == 4] = 4  # max_tokens on a terminated episode
 
     # ---- arrays
     comp_keys = pa.array(np.tile(np.array(["outcome", "format"], object), nT), pa.string())
@@ -313,8 +314,9 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
         "parsed_action": _take_str([json.dumps({"action": a}) for a in ACTIONS], action),
         "observation_text": _take_str([f"obs {k}" for k in range(64)], obs_idx),
         "reward": pa.array(r),
-        "reward_components": pa.MapArray.from_arrays(pa.array((np.arange(nT + 1) * 2).astype(np.int32)),
-                                                     comp_keys, pa.array(comp_vals)),
+        "reward_components": pa.MapArray.from_arrays(
+            pa.array((np.arange(nT + 1) * 2).astype(np.int32)), comp_keys, pa.array(comp_vals)
+        ),
         "potential_before": pa.array(p_before),
         "potential_after": pa.array(p_after),
         "shaping": pa.array(shaping),
@@ -329,8 +331,7 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
         "context_sha256": ctx_sha,
     }
     tstruct = S.turn_struct()
-    turns = pa.StructArray.from_arrays([turn_fields[f.name].cast(f.type) for f in tstruct],
-                                       fields=list(tstruct))
+    turns = pa.StructArray.from_arrays([turn_fields[f.name].cast(f.type) for f in tstruct], fields=list(tstruct))
     seed_of_task = task * 7919 + 17
     reward = pa.array(np.where(term, outcome, np.nan), mask=~term)
     lp_arr = pa.array(lp32, mask=~pol)
@@ -374,7 +375,7 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
 
 def make_updates(plan: Plan, trainable: np.ndarray) -> pa.Table:
     """One update per 64 groups: the rewarded episodes, GRPO advantages, token denominator."""
-    keep = np.flatnonzero(plan.terminated)                # truncated and infra episodes are excluded
+    keep = np.flatnonzero(plan.terminated)  # truncated and infra episodes are excluded
     rew = plan.success[keep].astype(np.float64)
     g = plan.group[keep]
     ng = int(plan.group.max()) + 1
@@ -405,8 +406,16 @@ def make_updates(plan: Plan, trainable: np.ndarray) -> pa.Table:
 # ---------------------------------------------------------------- driver
 
 
-def generate(tokens: int, out: str | os.PathLike, *, fault_share: float = 0.0, seed: int = 0,
-             file_rows: int = FILE_ROWS, row_group: int = ROW_GROUP, verbose: bool = False) -> dict:
+def generate(
+    tokens: int,
+    out: str | os.PathLike,
+    *,
+    fault_share: float = 0.0,
+    seed: int = 0,
+    file_rows: int = FILE_ROWS,
+    row_group: int = ROW_GROUP,
+    verbose: bool = False,
+) -> dict:
     """Write a log of about `tokens` tokens under `out` (replaced if it exists). Returns the
     parameters and counts also written to `out/_generated.json`."""
     t0 = time.perf_counter()
@@ -434,8 +443,14 @@ def generate(tokens: int, out: str | os.PathLike, *, fault_share: float = 0.0, s
     pq.write_table(make_updates(plan, trainable), tmp / "updates" / "updates.parquet", compression="zstd")
     faulted = np.flatnonzero(plan.fault)
     info = {
-        "tokens_requested": tokens, "tokens": n_tokens, "trajectories": plan.n, "files": files,
-        "row_group": row_group, "updates": int(plan.update.max()) + 1, "seed": seed, "fault_share": fault_share,
+        "tokens_requested": tokens,
+        "tokens": n_tokens,
+        "trajectories": plan.n,
+        "files": files,
+        "row_group": row_group,
+        "updates": int(plan.update.max()) + 1,
+        "seed": seed,
+        "fault_share": fault_share,
         "faults": {f"t{i:09d}": FAULTS[int(plan.fault[i])][0] for i in faulted},
         "fault_codes": {name: code for name, code in FAULTS.values()},
         "seconds": round(time.perf_counter() - t0, 2),
@@ -456,8 +471,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
     info = generate(parse_size(a.tokens), a.out, fault_share=a.fault_share, seed=a.seed, verbose=a.verbose)
-    print(f"{a.out}: {info['trajectories']} trajectories, {info['tokens']} tokens, {len(info['files'])} files, "
-          f"{len(info['faults'])} faulted, {info['seconds']} s")
+    print(
+        f"{a.out}: {info['trajectories']} trajectories, {info['tokens']} tokens, {len(info['files'])} files, "
+        f"{len(info['faults'])} faulted, {info['seconds']} s"
+    )
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ For each size, in one run (logs generated under benchmarks/data/ when absent):
 streaming with batches not aligned to row groups (batch_rows=1000), and in memory in one
 batch (`run_audit(..., batch_rows=10**9, tables=...)`) — and asserts the findings are equal.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,19 +59,34 @@ def dataset(label: str, fault_share: float = 0.0, data_dir: Path = DATA) -> Path
     out = data_dir / name
     if not (out / "_generated.json").exists():
         print(f"generating {out} ...", file=sys.stderr, flush=True)
-        subprocess.run([sys.executable, "-m", "benchmarks.generate", "--tokens", label, "--out", str(out),
-                        "--fault-share", str(fault_share)], check=True, cwd=HERE.parent)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.generate",
+                "--tokens",
+                label,
+                "--out",
+                str(out),
+                "--fault-share",
+                str(fault_share),
+            ],
+            check=True,
+            cwd=HERE.parent,
+        )
     return out
 
 
 def trajectory_files(path: Path) -> list[str]:
     from rollout_audit.io import discover
+
     return [f.path for f in discover([path]).of_kind("trajectories")]
 
 
 def audited_columns() -> list[str]:
     from rollout_audit.config import Config
     from rollout_audit.engine import _Run
+
     return _Run(Config(), None, None).needed_columns()
 
 
@@ -91,6 +107,7 @@ def _imports() -> float:
     import rollout_audit  # noqa: F401
     from rollout_audit import models  # noqa: F401  (pandera: imported before any clock starts)
     from rollout_audit.registry import all_rules
+
     all_rules()
     return _vmhwm_mb()
 
@@ -99,6 +116,7 @@ def cli_audit(path: str):
     """The audit exactly as `rollout-audit check PATH` runs it."""
     from rollout_audit.engine import run_audit
     from rollout_audit.io import discover
+
     return run_audit(discover([path]), tune_allocator=True)
 
 
@@ -106,12 +124,20 @@ def _child_rss(path: str) -> None:
     """Subprocess: one audit and nothing else, for its peak RSS."""
     rss_import = _imports()
     rep = cli_audit(path)
-    print(json.dumps({
-        "peak_rss_mb": _vmhwm_mb(), "rss_after_import_mb": rss_import,
-        "ru_maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "by_severity": rep.summary["by_severity"], "counts": rep.summary["counts"],
-        "rows": rep.summary["rows_read"], "tokens": rep.summary["tokens_read"], "not_run": sorted(rep.not_run),
-    }))
+    print(
+        json.dumps(
+            {
+                "peak_rss_mb": _vmhwm_mb(),
+                "rss_after_import_mb": rss_import,
+                "ru_maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "by_severity": rep.summary["by_severity"],
+                "counts": rep.summary["counts"],
+                "rows": rep.summary["rows_read"],
+                "tokens": rep.summary["tokens_read"],
+                "not_run": sorted(rep.not_run),
+            }
+        )
+    )
 
 
 def _child_time(path: str, repeat: int) -> None:
@@ -121,7 +147,7 @@ def _child_time(path: str, repeat: int) -> None:
     files = trajectory_files(Path(path))
     cols = audited_columns()
     pq.read_table(files, columns=cols)  # warm the page cache
-    cli_audit(path)                     # warm lazy imports and caches
+    cli_audit(path)  # warm lazy imports and caches
     out = {"floor": [], "audit": [], "floor_cpu": [], "audit_cpu": []}
     for _ in range(repeat):
         for key, fn in (("floor", lambda: pq.read_table(files, columns=cols)), ("audit", lambda: cli_audit(path))):
@@ -146,6 +172,7 @@ def _run_child(args: list[str]) -> dict:
 def naive_audit(rows: list[dict], atol: float = 1e-4, lp_atol: float = 1e-3) -> Counter:
     """The straightforward per-trajectory Python loop (a subset of the audit's checks)."""
     from rollout_audit.schema import stop_reasons
+
     reasons = stop_reasons()
     found: Counter = Counter()
     groups: dict = defaultdict(list)
@@ -186,7 +213,7 @@ def naive_audit(rows: list[dict], atol: float = 1e-4, lp_atol: float = 1e-3) -> 
             pb, pa_, sh = tr["potential_before"], tr["potential_after"], tr["shaping"]
             if None not in (pb, pa_, sh):
                 found["R402"] += abs(g * pa_ - pb - sh) > atol
-                tel += g ** t * sh
+                tel += g**t * sh
             if t + 1 < len(turns) and turns[t + 1]["potential_before"] != pa_:
                 found["R403"] += 1
         if turns and turns[0]["potential_before"] is not None and turns[-1]["potential_after"] is not None:
@@ -226,7 +253,10 @@ def check_identical(path: Path) -> str:
     from rollout_audit.io import Discovery, discover
 
     disc = discover([path])
-    reports = {"streaming (row groups)": run_audit(disc), "streaming (batch_rows=1000)": run_audit(disc, batch_rows=1000)}
+    reports = {
+        "streaming (row groups)": run_audit(disc),
+        "streaming (batch_rows=1000)": run_audit(disc, batch_rows=1000),
+    }
     traj = pa.concat_tables([pq.read_table(f.path) for f in disc.of_kind("trajectories")])
     upd = pa.concat_tables([pq.read_table(f.path) for f in disc.of_kind("updates")])
     reports["in memory (one batch)"] = run_audit(Discovery(), batch_rows=10**9, tables=(traj, upd))
@@ -241,13 +271,17 @@ def check_identical(path: Path) -> str:
         if not a.equals(b):
             only_a = a.join(b, on=a.columns, how="anti", nulls_equal=True)
             only_b = b.join(a, on=a.columns, how="anti", nulls_equal=True)
-            raise AssertionError(f"findings differ between {ref_name} ({a.height}) and {name} ({b.height}):\n"
-                                 f"only in {ref_name}:\n{only_a.head(10)}\nonly in {name}:\n{only_b.head(10)}")
+            raise AssertionError(
+                f"findings differ between {ref_name} ({a.height}) and {name} ({b.height}):\n"
+                f"only in {ref_name}:\n{only_a.head(10)}\nonly in {name}:\n{only_b.head(10)}"
+            )
         if rep.summary["counts"] != ref.summary["counts"]:
             raise AssertionError(f"summary counts differ: {ref.summary['counts']} vs {rep.summary['counts']}")
     counts = ref.summary["counts"]
-    return (f"identical findings on {path.name} across {', '.join(reports)}: {ref.findings.height} findings "
-            f"{dict(sorted(counts.items()))}")
+    return (
+        f"identical findings on {path.name} across {', '.join(reports)}: {ref.findings.height} findings "
+        f"{dict(sorted(counts.items()))}"
+    )
 
 
 # ---------------------------------------------------------------- profile
@@ -260,6 +294,7 @@ def profile_audit(path: Path, top: int = 25) -> str:
 
     import rollout_audit
     from rollout_audit import models  # noqa: F401
+
     rollout_audit.audit(path)
     pr = cProfile.Profile()
     pr.enable()
@@ -300,11 +335,14 @@ def main(argv: list[str] | None = None) -> None:
 
     import numpy as np
     import polars as pl
+
     cols = audited_columns()
     data_dir = Path(a.data_dir)
     labels = [s.strip() for s in a.sizes.split(",") if s.strip()]
-    print(f"# rollout-audit benchmark — {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-          f"pyarrow {pa.__version__}, polars {pl.__version__}, numpy {np.__version__}")
+    print(
+        f"# rollout-audit benchmark — {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"pyarrow {pa.__version__}, polars {pl.__version__}, numpy {np.__version__}"
+    )
     print(f"audited columns ({len(cols)}): {', '.join(cols)}\n")
     rows = []
     for label in labels:
@@ -324,19 +362,34 @@ def main(argv: list[str] | None = None) -> None:
             naive = floor + per * n_traj
             speed = naive / aud
         sev = au["by_severity"]
-        rows.append({
-            "size": label, "trajectories": n_traj, "tokens": n_tok, "files": len(files), "disk MB": _mb(path),
-            "floor s": floor, "audit s": aud, "audit/floor": aud / floor,
-            "CPU audit/floor": statistics.median(tm["audit_cpu"]) / statistics.median(tm["floor_cpu"]), "Mtok/s": n_tok / aud / 1e6,
-            "ktraj/s": n_traj / aud / 1e3, "peak RSS MB": au["peak_rss_mb"], "naive s (extrap.)": naive,
-            "speedup": speed, "E/W/I": f"{sev.get('error', 0)}/{sev.get('warning', 0)}/{sev.get('info', 0)}",
-        })
-        print(f"{label}: floor {[round(x, 3) for x in fl]} s; audit {[round(x, 3) for x in tm['audit']]} s; "
-              f"paired ratios {[round(x, 2) for x in ratios]}; CPU floor {[round(x, 2) for x in tm['floor_cpu']]} "
-              f"audit {[round(x, 2) for x in tm['audit_cpu']]}; "
-              f"RSS after imports {au['rss_after_import_mb']:.0f} MB, peak {au['peak_rss_mb']:.0f} MB; "
-              f"findings {au['counts']}; not run {au['not_run']}; naive loop found {dict(found)}",
-              file=sys.stderr, flush=True)
+        rows.append(
+            {
+                "size": label,
+                "trajectories": n_traj,
+                "tokens": n_tok,
+                "files": len(files),
+                "disk MB": _mb(path),
+                "floor s": floor,
+                "audit s": aud,
+                "audit/floor": aud / floor,
+                "CPU audit/floor": statistics.median(tm["audit_cpu"]) / statistics.median(tm["floor_cpu"]),
+                "Mtok/s": n_tok / aud / 1e6,
+                "ktraj/s": n_traj / aud / 1e3,
+                "peak RSS MB": au["peak_rss_mb"],
+                "naive s (extrap.)": naive,
+                "speedup": speed,
+                "E/W/I": f"{sev.get('error', 0)}/{sev.get('warning', 0)}/{sev.get('info', 0)}",
+            }
+        )
+        print(
+            f"{label}: floor {[round(x, 3) for x in fl]} s; audit {[round(x, 3) for x in tm['audit']]} s; "
+            f"paired ratios {[round(x, 2) for x in ratios]}; CPU floor {[round(x, 2) for x in tm['floor_cpu']]} "
+            f"audit {[round(x, 2) for x in tm['audit_cpu']]}; "
+            f"RSS after imports {au['rss_after_import_mb']:.0f} MB, peak {au['peak_rss_mb']:.0f} MB; "
+            f"findings {au['counts']}; not run {au['not_run']}; naive loop found {dict(found)}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def fmt(v):
         if v is None:
@@ -352,8 +405,10 @@ def main(argv: list[str] | None = None) -> None:
         print("| " + " | ".join(fmt(r[h]) for h in head) + " |")
     if len(rows) > 1:
         rss = [r["peak RSS MB"] for r in rows]
-        print(f"\npeak RSS spread {min(rss):.0f}–{max(rss):.0f} MB "
-              f"({(max(rss) / min(rss) - 1) * 100:+.0f}% largest vs smallest; bar: ≤ 600 MB, flat within ±20%)")
+        print(
+            f"\npeak RSS spread {min(rss):.0f}–{max(rss):.0f} MB "
+            f"({(max(rss) / min(rss) - 1) * 100:+.0f}% largest vs smallest; bar: ≤ 600 MB, flat within ±20%)"
+        )
     if a.check_identical:
         share = a.fault_share or 0.01
         smallest = min(labels, key=parse_size)

@@ -31,8 +31,18 @@ OBS_OPENS = "the door opens ."
 OBS_STUCK = "the door is stuck ."
 OBS_TIME_UP = "the time is up ."
 ALL_OBSERVATIONS: tuple[str, ...] = (
-    OBS_RESET, OBS_CLUE.format(colour="red"), OBS_CLUE.format(colour="blue"), OBS_NOTE_GONE, OBS_TAKE, OBS_ALREADY_CARRY,
-    OBS_NO_KEY, OBS_JAMMED, OBS_ALREADY_OPEN, OBS_OPENS, OBS_STUCK, OBS_TIME_UP,
+    OBS_RESET,
+    OBS_CLUE.format(colour="red"),
+    OBS_CLUE.format(colour="blue"),
+    OBS_NOTE_GONE,
+    OBS_TAKE,
+    OBS_ALREADY_CARRY,
+    OBS_NO_KEY,
+    OBS_JAMMED,
+    OBS_ALREADY_OPEN,
+    OBS_OPENS,
+    OBS_STUCK,
+    OBS_TIME_UP,
 )
 
 
@@ -97,8 +107,12 @@ class KeyDoorEnv:
         stuck = bool(options.get("stuck", stuck))
         self.state = KeyDoorState(target=target, inspected=False, key=None, opened=None, budget=budget, stuck=stuck)
         self._fault_rng = np.random.default_rng([seed, int(options.get("fault_seed", 0)), 11])
-        info = {"checksum": state_checksum(self.state), "target": target, "budget": budget,
-                "potential": potential(self.state)}
+        info = {
+            "checksum": state_checksum(self.state),
+            "target": target,
+            "budget": budget,
+            "potential": potential(self.state),
+        }
         return OBS_RESET, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -146,8 +160,13 @@ class KeyDoorEnv:
     def _info(self, tool_status: str, stop_reason: str | None) -> dict[str, Any]:
         """Step info: tool status, stop reason, the new state's potential and checksum, verifier verdict."""
         assert self.state is not None
-        return {"tool_status": tool_status, "stop_reason": stop_reason, "potential": potential(self.state),
-                "checksum": state_checksum(self.state), "verifier_success": verify(self.state)}
+        return {
+            "tool_status": tool_status,
+            "stop_reason": stop_reason,
+            "potential": potential(self.state),
+            "checksum": state_checksum(self.state),
+            "verifier_success": verify(self.state),
+        }
 
 
 def controller_mask(observations: list[str]) -> np.ndarray:

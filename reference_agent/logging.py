@@ -9,35 +9,79 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-TURN_TYPE = pa.struct([
-    ("turn_id", pa.int16()), ("policy_version", pa.int64()), ("logprob", pa.float64()),
-    ("num_policy_tokens", pa.int32()), ("temperature", pa.float32()), ("top_p", pa.float32()),
-    ("action_text", pa.string()), ("parsed_action", pa.string()), ("observation_text", pa.string()),
-    ("reward", pa.float64()), ("reward_components", pa.map_(pa.string(), pa.float64())),
-    ("potential_before", pa.float64()), ("potential_after", pa.float64()), ("shaping", pa.float64()),
-    ("value", pa.float64()), ("td_residual", pa.float64()), ("latency_s", pa.float64()),
-    ("tool_latency_s", pa.float64()), ("tool_status", pa.string()), ("finish_reason", pa.string()),
-    ("sampled_token_ids", pa.list_(pa.int32())), ("context_length", pa.int32()), ("context_sha256", pa.string()),
-])
+TURN_TYPE = pa.struct(
+    [
+        ("turn_id", pa.int16()),
+        ("policy_version", pa.int64()),
+        ("logprob", pa.float64()),
+        ("num_policy_tokens", pa.int32()),
+        ("temperature", pa.float32()),
+        ("top_p", pa.float32()),
+        ("action_text", pa.string()),
+        ("parsed_action", pa.string()),
+        ("observation_text", pa.string()),
+        ("reward", pa.float64()),
+        ("reward_components", pa.map_(pa.string(), pa.float64())),
+        ("potential_before", pa.float64()),
+        ("potential_after", pa.float64()),
+        ("shaping", pa.float64()),
+        ("value", pa.float64()),
+        ("td_residual", pa.float64()),
+        ("latency_s", pa.float64()),
+        ("tool_latency_s", pa.float64()),
+        ("tool_status", pa.string()),
+        ("finish_reason", pa.string()),
+        ("sampled_token_ids", pa.list_(pa.int32())),
+        ("context_length", pa.int32()),
+        ("context_sha256", pa.string()),
+    ]
+)
 
-TRAJECTORY_SCHEMA = pa.schema([
-    ("trajectory_id", pa.string()), ("task_id", pa.string()), ("group_id", pa.string()),
-    ("environment_id", pa.string()), ("environment_version", pa.string()), ("reset_seed", pa.int64()),
-    ("initial_state_id", pa.string()), ("initial_state_checksum", pa.string()),
-    ("final_state_checksum", pa.string()), ("verifier_version", pa.string()), ("tokenizer_id", pa.string()),
-    ("gamma", pa.float64()), ("token_ids", pa.list_(pa.int32())), ("token_source", pa.list_(pa.uint8())),
-    ("loss_mask", pa.list_(pa.bool_())), ("behavior_logprobs", pa.list_(pa.float32())),
-    ("token_turn", pa.list_(pa.int16())), ("turns", pa.list_(TURN_TYPE)), ("terminated", pa.bool_()),
-    ("truncated", pa.bool_()), ("infra_error", pa.bool_()), ("stop_reason", pa.string()),
-    ("reward", pa.float64()), ("verifier_success", pa.bool_()), ("discounted_return", pa.float64()),
-    ("final_value", pa.float64()), ("num_trainable_tokens", pa.int32()), ("wall_clock_s", pa.float64()),
-])
+TRAJECTORY_SCHEMA = pa.schema(
+    [
+        ("trajectory_id", pa.string()),
+        ("task_id", pa.string()),
+        ("group_id", pa.string()),
+        ("environment_id", pa.string()),
+        ("environment_version", pa.string()),
+        ("reset_seed", pa.int64()),
+        ("initial_state_id", pa.string()),
+        ("initial_state_checksum", pa.string()),
+        ("final_state_checksum", pa.string()),
+        ("verifier_version", pa.string()),
+        ("tokenizer_id", pa.string()),
+        ("gamma", pa.float64()),
+        ("token_ids", pa.list_(pa.int32())),
+        ("token_source", pa.list_(pa.uint8())),
+        ("loss_mask", pa.list_(pa.bool_())),
+        ("behavior_logprobs", pa.list_(pa.float32())),
+        ("token_turn", pa.list_(pa.int16())),
+        ("turns", pa.list_(TURN_TYPE)),
+        ("terminated", pa.bool_()),
+        ("truncated", pa.bool_()),
+        ("infra_error", pa.bool_()),
+        ("stop_reason", pa.string()),
+        ("reward", pa.float64()),
+        ("verifier_success", pa.bool_()),
+        ("discounted_return", pa.float64()),
+        ("final_value", pa.float64()),
+        ("num_trainable_tokens", pa.int32()),
+        ("wall_clock_s", pa.float64()),
+    ]
+)
 
-UPDATE_SCHEMA = pa.schema([
-    ("update_step", pa.int64()), ("trainer_version", pa.int64()), ("trajectory_ids", pa.list_(pa.string())),
-    ("reduction", pa.string()), ("loss_denominator", pa.float64()), ("advantages", pa.list_(pa.float64())),
-    ("advantage_estimator", pa.string()), ("max_policy_lag", pa.int64()),
-])
+UPDATE_SCHEMA = pa.schema(
+    [
+        ("update_step", pa.int64()),
+        ("trainer_version", pa.int64()),
+        ("trajectory_ids", pa.list_(pa.string())),
+        ("reduction", pa.string()),
+        ("loss_denominator", pa.float64()),
+        ("advantages", pa.list_(pa.float64())),
+        ("advantage_estimator", pa.string()),
+        ("max_policy_lag", pa.int64()),
+    ]
+)
 
 SCHEMAS = {"trajectories": TRAJECTORY_SCHEMA, "updates": UPDATE_SCHEMA}
 
@@ -56,7 +100,7 @@ class _ArrowWriter:
         self.tmp = self.path.with_name(self.path.name + ".tmp")
         self._writer: pq.ParquetWriter | None = None
 
-    def __enter__(self) -> "_ArrowWriter":
+    def __enter__(self) -> _ArrowWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         schema = SCHEMAS[self.kind].with_metadata({"rollout_log.schema_version": "1", "rollout_log.kind": self.kind})
         self._writer = pq.ParquetWriter(self.tmp, schema)

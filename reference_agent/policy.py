@@ -33,8 +33,9 @@ class RecurrentActorCritic(nn.Module):
         self.actor = nn.Linear(cfg.hidden_dim, cfg.num_actions)
         self.critic = nn.Linear(cfg.hidden_dim, 1)
 
-    def forward(self, ids: torch.Tensor, h0: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(
+        self, ids: torch.Tensor, h0: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """ids [B, L] → (action logits [B, L, A], values [B, L], last hidden [1, B, H]); output k has read ids[:k+1]."""
         out, h = self.gru(self.embed(ids), h0)
         return self.actor(out), self.critic(out).squeeze(-1), h
@@ -46,8 +47,9 @@ class RecurrentActorCritic(nn.Module):
         return logits[0, -1], float(values[0, -1]), h
 
 
-def decoding_distribution(logits: torch.Tensor, mask: torch.Tensor, temperature: float | torch.Tensor,
-                          top_p: float | torch.Tensor) -> torch.Tensor:
+def decoding_distribution(
+    logits: torch.Tensor, mask: torch.Tensor, temperature: float | torch.Tensor, top_p: float | torch.Tensor
+) -> torch.Tensor:
     """Log-probs of the distribution actually sampled from: action mask → temperature → top-p → renormalise.
 
     Works on [..., A]; excluded actions get -inf. temperature and top_p are scalars or tensors of the

@@ -10,7 +10,16 @@ SYSTEM_PROMPT = "you are an agent in a room . call one tool per turn ."
 TASK_STATEMENT = "open the door that matches the clue , then finish ."
 
 SPECIAL_TOKENS: tuple[str, ...] = (
-    "<pad>", "<sys>", "</sys>", "<user>", "</user>", "<obs>", "</obs>", "<call>", "</call>", "<eos>",
+    "<pad>",
+    "<sys>",
+    "</sys>",
+    "<user>",
+    "</user>",
+    "<obs>",
+    "</obs>",
+    "<call>",
+    "</call>",
+    "<eos>",
 )
 
 

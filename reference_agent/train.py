@@ -27,11 +27,27 @@ from typing import Any
 import numpy as np
 import torch
 
-from reference_agent.env import (ACTIONS, COLOURS, ENVIRONMENT_ID, ENVIRONMENT_VERSION, OBS_RESET,
-                                 VERIFIER_VERSION, KeyDoorEnv, controller_mask, state_checksum, verify)
+from reference_agent.env import (
+    ACTIONS,
+    COLOURS,
+    ENVIRONMENT_ID,
+    ENVIRONMENT_VERSION,
+    OBS_RESET,
+    VERIFIER_VERSION,
+    KeyDoorEnv,
+    controller_mask,
+    state_checksum,
+    verify,
+)
 from reference_agent.logging import open_writer, to_table
-from reference_agent.policy import (PolicyConfig, RecurrentActorCritic, decoding_distribution,
-                                    load_checkpoint, sample_action, save_checkpoint)
+from reference_agent.policy import (
+    PolicyConfig,
+    RecurrentActorCritic,
+    decoding_distribution,
+    load_checkpoint,
+    sample_action,
+    save_checkpoint,
+)
 from reference_agent.tokenizer import SYSTEM_PROMPT, TASK_STATEMENT, Tokenizer
 
 SRC_SYSTEM, SRC_USER, SRC_POLICY, SRC_OBS, SRC_TEMPLATE = 0, 1, 2, 3, 4
@@ -74,11 +90,13 @@ PROFILES: dict[str, TrainConfig] = {
     "full": TrainConfig(iterations=120, entropy_floor=0.25),
     # the learning test that runs in CI: a third of the smoke profile's collection, fewer evaluation episodes
     "ci": TrainConfig(iterations=30, eval_episodes=20, entropy_hold=0.5, entropy_floor=0.25),
-    "tiny": TrainConfig(iterations=3, groups_per_iter=2, group_size=4, eval_episodes=4, infra_failure_rate=0.05,
-                        top_p=0.7),
+    "tiny": TrainConfig(
+        iterations=3, groups_per_iter=2, group_size=4, eval_episodes=4, infra_failure_rate=0.05, top_p=0.7
+    ),
     # the committed fixtures (python -m rollout_audit.fixtures): early training, every stop cause
-    "fixture": TrainConfig(iterations=4, groups_per_iter=8, group_size=4, eval_episodes=2, infra_failure_rate=0.05,
-                           epochs=2),
+    "fixture": TrainConfig(
+        iterations=4, groups_per_iter=8, group_size=4, eval_episodes=2, infra_failure_rate=0.05, epochs=2
+    ),
 }
 FULL_SEEDS: tuple[int, ...] = (0, 1, 2, 3, 4)
 
@@ -111,10 +129,22 @@ class Transcript:
             self.logprob.append(logprob)
 
 
-def run_episode(env: KeyDoorEnv, policy: RecurrentActorCritic, tok: Tokenizer, *, reset_seed: int,
-                rng: np.random.Generator | None, version: int, temperature: float, top_p: float,
-                max_turns: int, gamma: float, options: dict[str, Any] | None = None, memory: bool = True,
-                greedy: bool = False) -> dict[str, Any]:
+def run_episode(
+    env: KeyDoorEnv,
+    policy: RecurrentActorCritic,
+    tok: Tokenizer,
+    *,
+    reset_seed: int,
+    rng: np.random.Generator | None,
+    version: int,
+    temperature: float,
+    top_p: float,
+    max_turns: int,
+    gamma: float,
+    options: dict[str, Any] | None = None,
+    memory: bool = True,
+    greedy: bool = False,
+) -> dict[str, Any]:
     """Play one episode token by token and return its contract record (DESIGN 3.1/3.2).
 
     memory=False resets the GRU state at each turn (it then reads only the latest observation and the
@@ -157,10 +187,22 @@ def run_episode(env: KeyDoorEnv, policy: RecurrentActorCritic, tok: Tokenizer, *
         t_tool = time.perf_counter()
         obs, reward, terminated, _, info = env.step(action)
         tool_latency = time.perf_counter() - t_tool
-        step = {"t": t, "action": action, "action_id": action_id, "logprob": lp, "value": value,
-                "context_length": ctx_len, "reward": reward, "phi_before": phi, "phi_after": info["potential"],
-                "latency": latency, "tool_latency": tool_latency, "tool_status": info["tool_status"],
-                "observation": obs, "finish_reason": "stop" if action == "finish" else "tool_calls"}
+        step = {
+            "t": t,
+            "action": action,
+            "action_id": action_id,
+            "logprob": lp,
+            "value": value,
+            "context_length": ctx_len,
+            "reward": reward,
+            "phi_before": phi,
+            "phi_after": info["potential"],
+            "latency": latency,
+            "tool_latency": tool_latency,
+            "tool_status": info["tool_status"],
+            "observation": obs,
+            "finish_reason": "stop" if action == "finish" else "tool_calls",
+        }
         steps.append(step)
         phi = info["potential"]
         if info["tool_status"] == "timeout":  # infrastructure failure: not a task outcome
@@ -183,16 +225,45 @@ def run_episode(env: KeyDoorEnv, policy: RecurrentActorCritic, tok: Tokenizer, *
         final_value = 0.0
     else:  # V(h_T) of the information state where the next turn would start
         final_value = policy.read(tr.ids[fed:] + [tok.id("<call>")], h)[1] if memory else 0.0
-    return _record(tr, steps, env, tok, reset_seed=reset_seed, version=version, temperature=temperature,
-                   top_p=top_p, gamma=gamma, terminated=terminated, truncated=truncated, infra_error=infra_error,
-                   stop_reason=stop_reason, final_value=final_value, initial_checksum=initial_checksum,
-                   wall_clock=time.perf_counter() - t_start)
+    return _record(
+        tr,
+        steps,
+        env,
+        tok,
+        reset_seed=reset_seed,
+        version=version,
+        temperature=temperature,
+        top_p=top_p,
+        gamma=gamma,
+        terminated=terminated,
+        truncated=truncated,
+        infra_error=infra_error,
+        stop_reason=stop_reason,
+        final_value=final_value,
+        initial_checksum=initial_checksum,
+        wall_clock=time.perf_counter() - t_start,
+    )
 
 
-def _record(tr: Transcript, steps: list[dict[str, Any]], env: KeyDoorEnv, tok: Tokenizer, *, reset_seed: int,
-            version: int, temperature: float, top_p: float, gamma: float, terminated: bool, truncated: bool,
-            infra_error: bool, stop_reason: str, final_value: float, initial_checksum: str,
-            wall_clock: float) -> dict[str, Any]:
+def _record(
+    tr: Transcript,
+    steps: list[dict[str, Any]],
+    env: KeyDoorEnv,
+    tok: Tokenizer,
+    *,
+    reset_seed: int,
+    version: int,
+    temperature: float,
+    top_p: float,
+    gamma: float,
+    terminated: bool,
+    truncated: bool,
+    infra_error: bool,
+    stop_reason: str,
+    final_value: float,
+    initial_checksum: str,
+    wall_clock: float,
+) -> dict[str, Any]:
     """Assemble the trajectory row: turns with shaping F_t = γΦ(s_{t+1}) − Φ(s_t) and δ_t on r + F."""
     assert env.state is not None
     turns = []
@@ -200,31 +271,65 @@ def _record(tr: Transcript, steps: list[dict[str, Any]], env: KeyDoorEnv, tok: T
     for i, s in enumerate(steps):
         shaping = gamma * s["phi_after"] - s["phi_before"]
         v_next = steps[i + 1]["value"] if i + 1 < len(steps) else final_value
-        discounted += gamma ** i * (s["reward"] + shaping)
-        turns.append({
-            "turn_id": s["t"], "policy_version": version, "logprob": s["logprob"], "num_policy_tokens": 1,
-            "temperature": temperature, "top_p": top_p, "action_text": s["action"],
-            "parsed_action": canonical_action(s["action"]), "observation_text": s["observation"],
-            "reward": s["reward"], "reward_components": [("outcome", s["reward"])],
-            "potential_before": s["phi_before"], "potential_after": s["phi_after"], "shaping": shaping,
-            "value": s["value"], "td_residual": s["reward"] + shaping + gamma * v_next - s["value"],
-            "latency_s": s["latency"], "tool_latency_s": s["tool_latency"], "tool_status": s["tool_status"],
-            "finish_reason": s["finish_reason"], "sampled_token_ids": [s["action_id"]],
-            "context_length": s["context_length"], "context_sha256": context_sha256(tr.ids, s["context_length"]),
-        })
+        discounted += gamma**i * (s["reward"] + shaping)
+        turns.append(
+            {
+                "turn_id": s["t"],
+                "policy_version": version,
+                "logprob": s["logprob"],
+                "num_policy_tokens": 1,
+                "temperature": temperature,
+                "top_p": top_p,
+                "action_text": s["action"],
+                "parsed_action": canonical_action(s["action"]),
+                "observation_text": s["observation"],
+                "reward": s["reward"],
+                "reward_components": [("outcome", s["reward"])],
+                "potential_before": s["phi_before"],
+                "potential_after": s["phi_after"],
+                "shaping": shaping,
+                "value": s["value"],
+                "td_residual": s["reward"] + shaping + gamma * v_next - s["value"],
+                "latency_s": s["latency"],
+                "tool_latency_s": s["tool_latency"],
+                "tool_status": s["tool_status"],
+                "finish_reason": s["finish_reason"],
+                "sampled_token_ids": [s["action_id"]],
+                "context_length": s["context_length"],
+                "context_sha256": context_sha256(tr.ids, s["context_length"]),
+            }
+        )
     target, budget = env.state.target, env.state.budget
     loss_mask = [src == SRC_POLICY for src in tr.source]
     return {
-        "trajectory_id": "", "task_id": f"keydoor-{target}-s{reset_seed}", "group_id": None,
-        "environment_id": ENVIRONMENT_ID, "environment_version": ENVIRONMENT_VERSION, "reset_seed": reset_seed,
-        "initial_state_id": None, "initial_state_checksum": initial_checksum,
-        "final_state_checksum": state_checksum(env.state), "verifier_version": VERIFIER_VERSION,
-        "tokenizer_id": tok.tokenizer_id, "gamma": gamma, "token_ids": tr.ids, "token_source": tr.source,
-        "loss_mask": loss_mask, "behavior_logprobs": tr.logprob, "token_turn": tr.turn, "turns": turns,
-        "terminated": terminated, "truncated": truncated, "infra_error": infra_error, "stop_reason": stop_reason,
+        "trajectory_id": "",
+        "task_id": f"keydoor-{target}-s{reset_seed}",
+        "group_id": None,
+        "environment_id": ENVIRONMENT_ID,
+        "environment_version": ENVIRONMENT_VERSION,
+        "reset_seed": reset_seed,
+        "initial_state_id": None,
+        "initial_state_checksum": initial_checksum,
+        "final_state_checksum": state_checksum(env.state),
+        "verifier_version": VERIFIER_VERSION,
+        "tokenizer_id": tok.tokenizer_id,
+        "gamma": gamma,
+        "token_ids": tr.ids,
+        "token_source": tr.source,
+        "loss_mask": loss_mask,
+        "behavior_logprobs": tr.logprob,
+        "token_turn": tr.turn,
+        "turns": turns,
+        "terminated": terminated,
+        "truncated": truncated,
+        "infra_error": infra_error,
+        "stop_reason": stop_reason,
         "reward": float(sum(s["reward"] for s in steps)) if terminated else None,
-        "verifier_success": verify(env.state), "discounted_return": discounted, "final_value": final_value,
-        "num_trainable_tokens": int(sum(loss_mask)), "wall_clock_s": wall_clock,
+        "verifier_success": verify(env.state),
+        "discounted_return": discounted,
+        "final_value": final_value,
+        "num_trainable_tokens": int(sum(loss_mask)),
+        "wall_clock_s": wall_clock,
     }
 
 
@@ -234,8 +339,16 @@ def grpo_advantages(rewards: list[float]) -> list[float]:
     return list((r - r.mean()) / (r.std(ddof=1) + GRPO_EPS))
 
 
-def update(policy: RecurrentActorCritic, opt: torch.optim.Optimizer, records: list[dict[str, Any]],
-           cfg: TrainConfig, step: int, version: int, epoch: int, progress: float = 0.0) -> dict[str, Any]:
+def update(
+    policy: RecurrentActorCritic,
+    opt: torch.optim.Optimizer,
+    records: list[dict[str, Any]],
+    cfg: TrainConfig,
+    step: int,
+    version: int,
+    epoch: int,
+    progress: float = 0.0,
+) -> dict[str, Any]:
     """One optimizer step (PPO-clipped, GRPO advantages) on the included episodes; returns its update record.
 
     epoch e of a collection round starts from version v+e while the data came from v: policy lag e,
@@ -251,9 +364,16 @@ def update(policy: RecurrentActorCritic, opt: torch.optim.Optimizer, records: li
             continue
         batch += members
         advantages += grpo_advantages([m["reward"] for m in members])
-    record = {"update_step": step, "trainer_version": version, "trajectory_ids": [r["trajectory_id"] for r in batch],
-              "reduction": "token", "loss_denominator": 0.0, "advantages": [float(a) for a in advantages],
-              "advantage_estimator": "grpo", "max_policy_lag": cfg.epochs - 1}
+    record = {
+        "update_step": step,
+        "trainer_version": version,
+        "trajectory_ids": [r["trajectory_id"] for r in batch],
+        "reduction": "token",
+        "loss_denominator": 0.0,
+        "advantages": [float(a) for a in advantages],
+        "advantage_estimator": "grpo",
+        "max_policy_lag": cfg.epochs - 1,
+    }
     if not batch:
         return record
     length = max(len(r["token_ids"]) for r in batch)
@@ -277,8 +397,9 @@ def update(policy: RecurrentActorCritic, opt: torch.optim.Optimizer, records: li
             rets.append(rtg[t])
             observations.append(turn["observation_text"])
     rows_t, cols_t = torch.tensor(rows), torch.tensor(cols)
-    logp = decoding_distribution(logits[rows_t, cols_t], torch.from_numpy(np.stack(masks)),
-                                 torch.tensor(temps), torch.tensor(top_ps))
+    logp = decoding_distribution(
+        logits[rows_t, cols_t], torch.from_numpy(np.stack(masks)), torch.tensor(temps), torch.tensor(top_ps)
+    )
     logp_a = logp.gather(1, torch.tensor(acts)[:, None]).squeeze(1)
     beh_t = torch.tensor(beh, dtype=torch.float32)
     if epoch == 0:  # on-policy: recomputation must reproduce the behaviour log-probs (a live replay check)
@@ -324,18 +445,28 @@ def shaped_returns_to_go(turns: list[dict[str, Any]], gamma: float) -> list[floa
     return out[::-1]
 
 
-def evaluate(policy: RecurrentActorCritic, tok: Tokenizer, cfg: TrainConfig, memory: bool = True
-             ) -> dict[str, float]:
+def evaluate(policy: RecurrentActorCritic, tok: Tokenizer, cfg: TrainConfig, memory: bool = True) -> dict[str, float]:
     """Greedy success on red and on blue tasks separately (held-out seeds, standard door, no faults)."""
     env = KeyDoorEnv(infra_failure_rate=0.0)
     result = {}
     for colour in COLOURS:
         wins = 0
         for i in range(cfg.eval_episodes):
-            rec = run_episode(env, policy, tok, reset_seed=10**9 + i, rng=None, version=-1, temperature=1.0,
-                              top_p=1.0, max_turns=cfg.max_turns, gamma=cfg.gamma,
-                              options={"target": colour, "budget": cfg.eval_budget, "stuck": False},
-                              memory=memory, greedy=True)
+            rec = run_episode(
+                env,
+                policy,
+                tok,
+                reset_seed=10**9 + i,
+                rng=None,
+                version=-1,
+                temperature=1.0,
+                top_p=1.0,
+                max_turns=cfg.max_turns,
+                gamma=cfg.gamma,
+                options={"target": colour, "budget": cfg.eval_budget, "stuck": False},
+                memory=memory,
+                greedy=True,
+            )
             wins += bool(rec["verifier_success"] and rec["stop_reason"] == "success")
         result[colour] = wins / cfg.eval_episodes
     return result
@@ -354,8 +485,10 @@ def train(cfg: TrainConfig, out_dir: str | Path, verbose: bool = False) -> dict[
     env = KeyDoorEnv(infra_failure_rate=cfg.infra_failure_rate)
     save_checkpoint(policy, out / "checkpoints" / "v0.safetensors", 0, tok.tokenizer_id)
     stops: dict[str, int] = {}
-    with open_writer(out / "trajectories" / "part-0000.parquet", "trajectories") as traj_w, \
-            open_writer(out / "updates" / "part-0000.parquet", "updates") as upd_w:
+    with (
+        open_writer(out / "trajectories" / "part-0000.parquet", "trajectories") as traj_w,
+        open_writer(out / "updates" / "part-0000.parquet", "updates") as upd_w,
+    ):
         for it in range(cfg.iterations):
             version = it * cfg.epochs  # the weights that sample this round
             rng = np.random.default_rng([cfg.seed, it])
@@ -364,17 +497,38 @@ def train(cfg: TrainConfig, out_dir: str | Path, verbose: bool = False) -> dict[
                 reset_seed = cfg.seed * 1_000_000 + it * 100 + g  # even g → red task, odd g → blue: balanced
                 group_id = f"s{cfg.seed}-i{it:04d}-g{g:02d}"
                 for k in range(cfg.group_size):
-                    rec = run_episode(env, policy, tok, reset_seed=reset_seed, rng=rng, version=version,
-                                      temperature=cfg.temperature, top_p=cfg.top_p, max_turns=cfg.max_turns,
-                                      gamma=cfg.gamma, options={"fault_seed": k})
+                    rec = run_episode(
+                        env,
+                        policy,
+                        tok,
+                        reset_seed=reset_seed,
+                        rng=rng,
+                        version=version,
+                        temperature=cfg.temperature,
+                        top_p=cfg.top_p,
+                        max_turns=cfg.max_turns,
+                        gamma=cfg.gamma,
+                        options={"fault_seed": k},
+                    )
                     rec["trajectory_id"], rec["group_id"] = f"{group_id}-e{k}", group_id
                     batch.append(rec)
             upds = []
             for e in range(cfg.epochs):  # one optimizer step per epoch, a checkpoint per resulting version
-                upds.append(update(policy, opt, batch, cfg, step=version + e, version=version + e, epoch=e,
-                                   progress=it / cfg.iterations))
-                save_checkpoint(policy, out / "checkpoints" / f"v{version + e + 1}.safetensors", version + e + 1,
-                                tok.tokenizer_id)
+                upds.append(
+                    update(
+                        policy,
+                        opt,
+                        batch,
+                        cfg,
+                        step=version + e,
+                        version=version + e,
+                        epoch=e,
+                        progress=it / cfg.iterations,
+                    )
+                )
+                save_checkpoint(
+                    policy, out / "checkpoints" / f"v{version + e + 1}.safetensors", version + e + 1, tok.tokenizer_id
+                )
             traj_w.write(to_table(batch, "trajectories"))  # one row group per collection round
             upd_w.write(to_table(upds, "updates"))
             for r in batch:
@@ -382,8 +536,11 @@ def train(cfg: TrainConfig, out_dir: str | Path, verbose: bool = False) -> dict[
             if verbose and (it % 10 == 0 or it == cfg.iterations - 1):
                 inspected = np.mean([r["turns"][0]["action_text"] == "inspect" for r in batch])
                 success = np.mean([r["verifier_success"] for r in batch])
-                print(f"iter {it:4d}  success {success:.2f}  first-turn inspect {inspected:.2f}  "
-                      f"{time.perf_counter() - t0:.1f}s", flush=True)
+                print(
+                    f"iter {it:4d}  success {success:.2f}  first-turn inspect {inspected:.2f}  "
+                    f"{time.perf_counter() - t0:.1f}s",
+                    flush=True,
+                )
     train_seconds = time.perf_counter() - t0
     untrained = load_checkpoint(out / "checkpoints" / "v0.safetensors")
     policy.eval()
@@ -392,9 +549,17 @@ def train(cfg: TrainConfig, out_dir: str | Path, verbose: bool = False) -> dict[
         "untrained": evaluate(untrained, tok, cfg),
         "no_memory": evaluate(policy, tok, cfg, memory=False),
     }
-    return {"seed": cfg.seed, "config": asdict(cfg), "train_seconds": train_seconds,
-            "total_seconds": time.perf_counter() - t0, "evaluation": evaluation, "episodes": sum(stops.values()),
-            "stop_reasons": stops, "final_version": cfg.iterations * cfg.epochs, "out_dir": str(out)}
+    return {
+        "seed": cfg.seed,
+        "config": asdict(cfg),
+        "train_seconds": train_seconds,
+        "total_seconds": time.perf_counter() - t0,
+        "evaluation": evaluation,
+        "episodes": sum(stops.values()),
+        "stop_reasons": stops,
+        "final_version": cfg.iterations * cfg.epochs,
+        "out_dir": str(out),
+    }
 
 
 def run_profile(profile: str, out_dir: str | Path, seed: int = 0) -> dict[str, Any]:
@@ -409,12 +574,23 @@ def run_profile(profile: str, out_dir: str | Path, seed: int = 0) -> dict[str, A
     for policy_name in ("trained", "untrained", "no_memory"):
         for colour in COLOURS:
             vals = np.array([r["evaluation"][policy_name][colour] for r in runs])
-            summary[f"{policy_name}/{colour}"] = {"mean": float(vals.mean()), "std": float(vals.std(ddof=1)),
-                                                  "min": float(vals.min()), "max": float(vals.max())}
+            summary[f"{policy_name}/{colour}"] = {
+                "mean": float(vals.mean()),
+                "std": float(vals.std(ddof=1)),
+                "min": float(vals.min()),
+                "max": float(vals.max()),
+            }
     evaluation = {p: {c: summary[f"{p}/{c}"]["mean"] for c in COLOURS} for p in ("trained", "untrained", "no_memory")}
-    return {"profile": "full", "seeds": list(FULL_SEEDS), "runs": runs, "summary": summary,
-            "evaluation": evaluation, "train_seconds": sum(r["train_seconds"] for r in runs),
-            "total_seconds": sum(r["total_seconds"] for r in runs), "out_dir": str(out_dir)}
+    return {
+        "profile": "full",
+        "seeds": list(FULL_SEEDS),
+        "runs": runs,
+        "summary": summary,
+        "evaluation": evaluation,
+        "train_seconds": sum(r["train_seconds"] for r in runs),
+        "total_seconds": sum(r["total_seconds"] for r in runs),
+        "out_dir": str(out_dir),
+    }
 
 
 def main() -> None:

@@ -7,15 +7,25 @@
 
 Names are imported lazily so that `rollout-audit --help` starts fast.
 """
+
 from __future__ import annotations
 
 import importlib
 
 __version__ = "0.1.0"
 _EXPORTS = {
-    "Config": "config", "load_config": "config", "audit": "engine", "audit_tables": "engine",
-    "RolloutWriter": "io", "UsageError": "io", "Log": "log", "scan": "log", "RULES": "registry",
-    "all_rules": "registry", "Report": "report", "models": "models",
+    "Config": "config",
+    "load_config": "config",
+    "audit": "engine",
+    "audit_tables": "engine",
+    "RolloutWriter": "io",
+    "UsageError": "io",
+    "Log": "log",
+    "scan": "log",
+    "RULES": "registry",
+    "all_rules": "registry",
+    "Report": "report",
+    "models": "models",
 }
 __all__ = sorted(_EXPORTS)
 

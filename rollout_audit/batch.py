@@ -1,5 +1,6 @@
 """One slice of trajectory rows, with the flattened token arrays and the per-trajectory and
 per-turn aggregates every check shares (computed once, vectorised, on first use)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from . import schema as S
 
 TOKEN_LISTS = ("token_ids", "token_source", "loss_mask", "behavior_logprobs", "token_turn")
 _NSRC = 6  # token_source 0..4, and 5 for any out-of-range value
-_NLP = 3   # 0 null, 1 valid (finite, <= 0), 2 invalid (NaN, inf, > 0)
+_NLP = 3  # 0 null, 1 valid (finite, <= 0), 2 invalid (NaN, inf, > 0)
 
 
 def _np(a: pa.Array, fill=None) -> np.ndarray:
@@ -27,14 +28,14 @@ def _np(a: pa.Array, fill=None) -> np.ndarray:
 class Tokens:
     """Flattened token arrays of the well-formed rows of a batch (numpy, one entry per token)."""
 
-    row: np.ndarray       # int32 batch row of each token
-    pos: np.ndarray       # int32 position inside its trajectory
-    source: np.ndarray    # uint8; 5 stands for an out-of-range value
-    mask: np.ndarray      # bool
-    lp: np.ndarray        # float32 as recorded (the contract type), NaN where null
+    row: np.ndarray  # int32 batch row of each token
+    pos: np.ndarray  # int32 position inside its trajectory
+    source: np.ndarray  # uint8; 5 stands for an out-of-range value
+    mask: np.ndarray  # bool
+    lp: np.ndarray  # float32 as recorded (the contract type), NaN where null
     lp_present: np.ndarray  # bool: a value (possibly NaN) was recorded
-    turn: np.ndarray      # int32, the token_turn value (-2 where null)
-    starts: np.ndarray    # per batch row: offset of its first token in these arrays
+    turn: np.ndarray  # int32, the token_turn value (-2 where null)
+    starts: np.ndarray  # per batch row: offset of its first token in these arrays
     ids: np.ndarray | None  # int32 token ids (the contract type), when token_ids was read
 
     @cached_property
@@ -45,9 +46,15 @@ class Tokens:
 class Batch:
     """A slice of trajectory rows from one file, as read (contract types already applied)."""
 
-    def __init__(self, table: pa.Table, file: str, first_row: int, turn_fields: tuple[str, ...],
-                 schema_problems: list[tuple[str, str]] | None = None,
-                 turn_frame_fields: frozenset[str] | None = None) -> None:
+    def __init__(
+        self,
+        table: pa.Table,
+        file: str,
+        first_row: int,
+        turn_fields: tuple[str, ...],
+        schema_problems: list[tuple[str, str]] | None = None,
+        turn_frame_fields: frozenset[str] | None = None,
+    ) -> None:
         self.table = table
         self.file = file
         self.first_row = first_row
@@ -89,8 +96,11 @@ class Batch:
     @cached_property
     def traj(self) -> pl.DataFrame:
         """Scalar columns of each trajectory plus `_row` and the token aggregates `n_*`."""
-        scalars = [c for c in self.table.column_names
-                   if not pa.types.is_list(self.table.schema.field(c).type) and c != "trajectory_id"]
+        scalars = [
+            c
+            for c in self.table.column_names
+            if not pa.types.is_list(self.table.schema.field(c).type) and c != "trajectory_id"
+        ]
         df = pl.from_arrow(self.table.select(scalars)) if scalars else pl.DataFrame()
         if isinstance(df, pl.Series):
             df = df.to_frame()
@@ -152,9 +162,17 @@ class Batch:
             lp = lp.astype(np.float64)
         present = _np(lp_arr.is_valid()) if lp_arr.null_count else np.ones(len(lp_arr), bool)
         ids = _np(flat("token_ids"), -1).astype(np.int32, copy=False) if "token_ids" in self.columns else None
-        return Tokens(row=row, pos=pos, source=src, mask=_np(flat("loss_mask"), False).astype(bool, copy=False),
-                      lp=lp, lp_present=present, turn=_np(flat("token_turn"), -2).astype(np.int32, copy=False),
-                      starts=starts[:-1], ids=ids)
+        return Tokens(
+            row=row,
+            pos=pos,
+            source=src,
+            mask=_np(flat("loss_mask"), False).astype(bool, copy=False),
+            lp=lp,
+            lp_present=present,
+            turn=_np(flat("token_turn"), -2).astype(np.int32, copy=False),
+            starts=starts[:-1],
+            ids=ids,
+        )
 
     @cached_property
     def ids_le_bytes(self) -> memoryview:
@@ -179,11 +197,15 @@ class Batch:
         rows, pos = self.first_position(where)
         n = np.bincount(t.row[where], minlength=self.n)[rows]
         turn = t.turn[t.starts[rows] + pos].astype(np.int64) if rows.size else np.zeros(0, np.int64)
-        return pl.DataFrame({
-            "_row": rows.astype(np.int64), "trajectory_id": self.ids.gather(rows), "n": n.astype(np.int64),
-            "position": pos.astype(np.int64),
-            "turn": pl.Series(turn.astype(np.int64)).set(pl.Series(turn < 0), None),
-        })
+        return pl.DataFrame(
+            {
+                "_row": rows.astype(np.int64),
+                "trajectory_id": self.ids.gather(rows),
+                "n": n.astype(np.int64),
+                "position": pos.astype(np.int64),
+                "turn": pl.Series(turn.astype(np.int64)).set(pl.Series(turn < 0), None),
+            }
+        )
 
     @cached_property
     def lp_state(self) -> np.ndarray:
@@ -218,8 +240,9 @@ class Batch:
             cols[f"n_trainable_src{s}"] = counts[:, s, 1, :].sum(axis=1)
         cols["n_policy_unmasked"] = counts[:, S.POLICY, 0, :].sum(axis=1)
         cols["n_trainable_bad_lp"] = counts[:, :, 1, 0].sum(axis=1) + counts[:, :, 1, 2].sum(axis=1)
-        cols["n_lp_nonpolicy"] = (counts[:, :, :, 1:].sum(axis=(2, 3)).sum(axis=1)
-                                  - counts[:, S.POLICY, :, 1:].sum(axis=(1, 2)))
+        cols["n_lp_nonpolicy"] = counts[:, :, :, 1:].sum(axis=(2, 3)).sum(axis=1) - counts[:, S.POLICY, :, 1:].sum(
+            axis=(1, 2)
+        )
         for s in (0, 1, 3, 4, 5):
             cols[f"n_lp_src{s}"] = counts[:, s, :, 1:].sum(axis=(1, 2))
         cols["n_src_invalid"] = counts[:, 5].sum(axis=(1, 2))
@@ -288,8 +311,9 @@ class Batch:
             return pl.DataFrame()
         lst = self.col("turns")
         structs = lst.flatten()
-        want = [f.name for f in lst.type.value_type
-                if self.turn_frame_fields is None or f.name in self.turn_frame_fields]
+        want = [
+            f.name for f in lst.type.value_type if self.turn_frame_fields is None or f.name in self.turn_frame_fields
+        ]
         if len(structs):
             tbl = pa.Table.from_struct_array(structs).select(want)
         else:
@@ -315,9 +339,12 @@ class Batch:
             first[has] = t.pos[index[start[has]]]
             km = key[t.mask]
             km = km[km >= 0]
-            cols = {"rc_n_policy": count, "rc_n_trainable": np.bincount(km, minlength=n_turns),
-                    "rc_n_lp_valid": np.bincount(kg, minlength=n_turns),
-                    "rc_lp_sum": np.bincount(kg, weights=t.lp[good], minlength=n_turns)}
+            cols = {
+                "rc_n_policy": count,
+                "rc_n_trainable": np.bincount(km, minlength=n_turns),
+                "rc_n_lp_valid": np.bincount(kg, minlength=n_turns),
+                "rc_lp_sum": np.bincount(kg, weights=t.lp[good], minlength=n_turns),
+            }
             okrow = self.ok[parent]
             nulls = ~okrow
             first_null = nulls | ~has
@@ -325,8 +352,11 @@ class Batch:
             if nulls.any():
                 ns = pl.Series(nulls)
                 rc = [c.set(ns, None) for c in rc]
-            rc.append(pl.Series("rc_first_policy_pos", first).set(pl.Series(first_null), None)
-                      if first_null.any() else pl.Series("rc_first_policy_pos", first))
+            rc.append(
+                pl.Series("rc_first_policy_pos", first).set(pl.Series(first_null), None)
+                if first_null.any()
+                else pl.Series("rc_first_policy_pos", first)
+            )
             df = df.with_columns(rc)
         return df
 
@@ -337,14 +367,20 @@ class Batch:
         to `columns` when given (the engine passes what the selected log checks read)."""
         base = self.traj
         df = base.select([c for c in base.columns if columns is None or c in columns or c == "_row"]).with_columns(
-            pl.lit(self.file, dtype=pl.Categorical).alias("file"), (pl.col("_row") + self.first_row).alias("_row"),
-            pl.Series("ok", self.ok), pl.Series("n_turns", self.turn_counts))
+            pl.lit(self.file, dtype=pl.Categorical).alias("file"),
+            (pl.col("_row") + self.first_row).alias("_row"),
+            pl.Series("ok", self.ok),
+            pl.Series("n_turns", self.turn_counts),
+        )
         per_turn = ("pv_min", "pv_max", "n_versions", "n_turns_trainable")
         if columns is None or any(c in columns for c in per_turn):
             tr = self.turns
             if len(tr) and "policy_version" in tr.columns:
-                agg = [pl.col("policy_version").min().alias("pv_min"), pl.col("policy_version").max().alias("pv_max"),
-                       pl.col("policy_version").drop_nulls().n_unique().cast(pl.Int64).alias("n_versions")]
+                agg = [
+                    pl.col("policy_version").min().alias("pv_min"),
+                    pl.col("policy_version").max().alias("pv_max"),
+                    pl.col("policy_version").drop_nulls().n_unique().cast(pl.Int64).alias("n_versions"),
+                ]
                 if "rc_n_trainable" in tr.columns:
                     agg.append((pl.col("rc_n_trainable") > 0).sum().cast(pl.Int64).alias("n_turns_trainable"))
                 per = tr.group_by("_row").agg(agg).with_columns((pl.col("_row") + self.first_row).alias("_row"))

@@ -1,4 +1,5 @@
 """The `rollout-audit` command line. Exit codes: 0 clean, 1 error findings, 2 unusable input."""
+
 from __future__ import annotations
 
 import json
@@ -32,6 +33,7 @@ class _Group(click.Group):
             sys.exit(0)
         except Exception as e:  # noqa: BLE001 - the user gets a message, never a traceback
             from .io import UsageError
+
             if isinstance(e, (UsageError, ValueError, OSError)):
                 _fail(str(e))
             _fail(f"internal error: {type(e).__name__}: {e} (please report this)")
@@ -48,16 +50,34 @@ def main() -> None:
 @click.option("--select", multiple=True, help="Codes or prefixes to run (e.g. M,L201). Default: all.")
 @click.option("--ignore", multiple=True, help="Codes or prefixes to skip.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
-@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False),
-              help="TOML file with a [tool.rollout-audit] table (default: nearest pyproject.toml).")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False),
+    help="TOML file with a [tool.rollout-audit] table (default: nearest pyproject.toml).",
+)
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
 @click.option("--show-all", is_flag=True, help="Text format: show every finding, not a sample per code.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
-              help="Write the report to this file instead of stdout.")
-@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Batches checked at once (2: ~15% faster, one more batch in memory).")
-@click.option("--replay", "replay", type=click.IntRange(0), default=None,
-              help="Replay N trajectories stratified by policy version (L205-L207; needs a configured replayer).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Write the report to this file instead of stdout.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Batches checked at once (2: ~15% faster, one more batch in memory).",
+)
+@click.option(
+    "--replay",
+    "replay",
+    type=click.IntRange(0),
+    default=None,
+    help="Replay N trajectories stratified by policy version (L205-L207; needs a configured replayer).",
+)
 def check(paths, select, ignore, fmt, config_path, strict, show_all, output, workers, replay) -> None:
     """Audit the log at PATHS (Parquet files or directories). Exit 1 blocks training."""
     from .config import load_config
@@ -116,9 +136,11 @@ def schema(fmt) -> None:
         return
     doc = S.contract()
     click.echo(f"rollout log contract v{doc['version']}  (R required, C recommended, O optional)")
-    for table, title in (("trajectories", "trajectory records: one row per episode"),
-                         ("turn", "turn struct: one element of `turns` per agent turn"),
-                         ("updates", "update records: one row per optimizer update")):
+    for table, title in (
+        ("trajectories", "trajectory records: one row per episode"),
+        ("turn", "turn struct: one element of `turns` per agent turn"),
+        ("updates", "update records: one row per optimizer update"),
+    ):
         click.echo(f"\n{title}")
         for c in S.columns(table):
             click.echo(f"  {c.name:<24} {c.type:<20} {c.requirement}  {c.meaning}")
@@ -163,8 +185,8 @@ def report(paths, output, config_path) -> None:
     from .config import load_config
     from .engine import run_audit
     from .html import render_html
-    from .log import Log
     from .io import discover
+    from .log import Log
     from .stats import log_stats
 
     disc = discover(paths)
@@ -244,8 +266,10 @@ def faults_apply(name, src, dst, seed) -> None:
     _refuse_inside(dst, src)
     (t, u), touched = apply(name, *read_records(src), seed=seed)
     write_records(dst, t, u, corrupt=FAULTS[name].file_level)
-    click.echo(f"{dst}: {name} (must raise {', '.join(sorted(FAULTS[name].codes))}); touched: "
-               f"{', '.join(touched) or 'the whole log'}")
+    click.echo(
+        f"{dst}: {name} (must raise {', '.join(sorted(FAULTS[name].codes))}); touched: "
+        f"{', '.join(touched) or 'the whole log'}"
+    )
 
 
 @faults.command("matrix")

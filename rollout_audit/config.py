@@ -1,4 +1,5 @@
 """Audit configuration: `[tool.rollout-audit]` in pyproject.toml, or a `--config` TOML file."""
+
 from __future__ import annotations
 
 import sys
@@ -16,36 +17,36 @@ else:  # pragma: no cover
 class Config:
     """Every tunable of the audit, with its default. Tolerances compare in float64."""
 
-    select: list[str] = field(default_factory=list)   # codes or prefixes; empty = all
+    select: list[str] = field(default_factory=list)  # codes or prefixes; empty = all
     ignore: list[str] = field(default_factory=list)
     # |found - expected| <= atol + rtol * |expected|
     atol: float = 1e-4
     rtol: float = 1e-5
-    logprob_atol: float = 1e-3      # L202: float32 token log-probs summed in float64
-    truncation: str = "exclude"     # exclude | bootstrap | penalize
+    logprob_atol: float = 1e-3  # L202: float32 token log-probs summed in float64
+    truncation: str = "exclude"  # exclude | bootstrap | penalize
     extra_stop_reasons: dict[str, str] = field(default_factory=dict)  # reason -> flag
     first_visit_components: list[str] = field(default_factory=list)
     loop_length: int = 4
     max_policy_lag: int | None = None  # used when an update does not state its bound
-    reward_rule: str = "monotone"   # monotone | binary
+    reward_rule: str = "monotone"  # monotone | binary
     grpo_epsilon: float = 1e-6
     difficulty_band: tuple[float, float] = (0.05, 0.95)
-    max_examples: int = 20          # findings shown per code in text output
+    max_examples: int = 20  # findings shown per code in text output
     masked_ok_reasons: list[str] = field(default_factory=list)  # M102: finish reasons that may mask policy tokens
     # Replay (L205-L207): trajectories replayed, stratified by policy version; 0 = off (`check --replay N`)
     replay: int = 0
-    replayer: str | None = None     # "module:factory" returning a replayer, e.g. "reference_agent.replay:replayer"
+    replayer: str | None = None  # "module:factory" returning a replayer, e.g. "reference_agent.replay:replayer"
     # version -> local checkpoint (a {"3": "ckpt/step-3"} table, or a template "ckpt/step-{version}")
     replay_checkpoints: dict[str, str] | str | None = None
     replay_endpoints: dict[str, str] = field(default_factory=dict)  # version -> OpenAI-compatible base URL (…/v1)
-    replay_batch_size: int = 8      # trajectories per forward pass / request
-    replay_atol: float = 1e-3       # L205/L206: per-token |replayed - recorded| tolerance (float32 engines)
-    replay_max_share: float = 0.0   # L205: share of replayed tokens allowed over the tolerance
+    replay_batch_size: int = 8  # trajectories per forward pass / request
+    replay_atol: float = 1e-3  # L205/L206: per-token |replayed - recorded| tolerance (float32 engines)
+    replay_max_share: float = 0.0  # L205: share of replayed tokens allowed over the tolerance
     compare_logprobs: str | None = None  # L207: a second per-token log-prob column (e.g. the trainer's recomputation)
     max_turn_log_ratio: float = 0.6931  # L207: |log π_other/π_beh| of a turn above this (ln 2) is extreme
 
     @classmethod
-    def from_mapping(cls, data: dict[str, Any]) -> "Config":
+    def from_mapping(cls, data: dict[str, Any]) -> Config:
         known = {f.name for f in fields(cls)}
         norm = {k.replace("-", "_"): v for k, v in data.items()}
         unknown = sorted(set(norm) - known)

@@ -1,13 +1,14 @@
 """The audit engine: stream row-group batches through the batch checks, keep one small
 per-trajectory summary for the log checks, and gather findings into a Report."""
+
 from __future__ import annotations
 
 import os
 import queue
 import sys
 import threading
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Sequence
 
 import polars as pl
 import pyarrow as pa
@@ -49,12 +50,34 @@ _TURN_AGGREGATES = {"turns.policy_version": "pv_min"}
 # Columns of the per-trajectory summary that log checks read beyond their `requires` (optional
 # inputs, ids, flags and the counts of the update checks). The summary keeps only these and
 # the selected log rules' requirements, so that it stays small (it grows with the log).
-_LOG_READS = frozenset({
-    "trajectory_id", "file", "ok", "n_turns", "task_id", "group_id", "reward", "truncated", "infra_error",
-    "stop_reason", "verifier_success", "n_trainable", "n_tokens", "n_policy", "n_turns_trainable",
-    "pv_min", "pv_max", "n_versions", "environment_id", "environment_version", "verifier_version",
-    "reset_seed", "initial_state_id", "initial_state_checksum",
-})
+_LOG_READS = frozenset(
+    {
+        "trajectory_id",
+        "file",
+        "ok",
+        "n_turns",
+        "task_id",
+        "group_id",
+        "reward",
+        "truncated",
+        "infra_error",
+        "stop_reason",
+        "verifier_success",
+        "n_trainable",
+        "n_tokens",
+        "n_policy",
+        "n_turns_trainable",
+        "pv_min",
+        "pv_max",
+        "n_versions",
+        "environment_id",
+        "environment_version",
+        "verifier_version",
+        "reset_seed",
+        "initial_state_id",
+        "initial_state_checksum",
+    }
+)
 # Turn fields read by batch checks beyond their `requires` (optional inputs)
 _TURN_READS = frozenset({"turn_id", "finish_reason", "shaping", "policy_version"})
 
@@ -168,8 +191,9 @@ class _Run:
                 if not q.startswith("updates"):
                     cols.add(q.split(".")[0])
         # scalar columns are cheap and checks read some as optional inputs (gamma, final_value)
-        cols.update(c.name for c in S.columns("trajectories")
-                    if not c.type.startswith("list") and not c.type.startswith("map"))
+        cols.update(
+            c.name for c in S.columns("trajectories") if not c.type.startswith("list") and not c.type.startswith("map")
+        )
         return [c.name for c in S.columns("trajectories") if c.name in cols]
 
     def turn_frame_fields(self) -> frozenset[str]:
@@ -213,8 +237,9 @@ class _Run:
         except Exception as e:  # a check must never turn bad data into a traceback
             if _DEBUG:
                 raise
-            self._skip(rule.code, f"check failed on this input: {type(e).__name__}: "
-                                  f"{str(e).splitlines()[0] if str(e) else ''}")
+            self._skip(
+                rule.code, f"check failed on this input: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            )
             return
         norm = _normalise(out, rule, file)
         with self._lock:
@@ -232,14 +257,29 @@ class _Run:
                 continue
             why = "; ".join(reasons)
             if code in self.ran:
-                out[code] = f"partly not run ({sum(reasons.values())} of {sum(reasons.values()) + self.ran[code]} batches): {why}"
+                out[code] = (
+                    f"partly not run ({sum(reasons.values())} of {sum(reasons.values()) + self.ran[code]} batches): {why}"
+                )
             else:
                 out[code] = why
         return out
 
 
-_TURN_DOMAIN_FIELDS = ("turn_id", "policy_version", "temperature", "top_p", "num_policy_tokens", "context_length",
-                       "logprob", "reward", "shaping", "value", "td_residual", "potential_before", "potential_after")
+_TURN_DOMAIN_FIELDS = (
+    "turn_id",
+    "policy_version",
+    "temperature",
+    "top_p",
+    "num_policy_tokens",
+    "context_length",
+    "logprob",
+    "reward",
+    "shaping",
+    "value",
+    "td_residual",
+    "potential_before",
+    "potential_after",
+)
 
 
 def _batches(files: list[LogFile], run: _Run, batch_rows: int) -> Iterable[Batch]:
@@ -254,7 +294,11 @@ def _batches(files: list[LogFile], run: _Run, batch_rows: int) -> Iterable[Batch
             parts = iter_batches(f, cols, batch_rows)
             for part in parts:
                 part, cast_problems = _cast(part.select([c for c in cols if c in part.column_names]), targets)
-                fields = tuple(x.name for x in part.schema.field("turns").type.value_type) if "turns" in part.column_names else ()
+                fields = (
+                    tuple(x.name for x in part.schema.field("turns").type.value_type)
+                    if "turns" in part.column_names
+                    else ()
+                )
                 yield Batch(part, f.path, offset, fields, (problems if first else []) + cast_problems, tff)
                 first = False
                 offset += part.num_rows
@@ -274,8 +318,10 @@ def _read_updates(files: list[LogFile], broken: list) -> tuple[pl.DataFrame | No
             broken.append((f.path, "update records: " + "; ".join(f"{c}: {p}" for c, p in problems)))
             continue
         try:
-            t = pa.concat_tables(list(iter_batches(f, list(targets), 1 << 30)) or
-                                 [pa.table({c: pa.array([], targets[c]) for c in targets})])
+            t = pa.concat_tables(
+                list(iter_batches(f, list(targets), 1 << 30))
+                or [pa.table({c: pa.array([], targets[c]) for c in targets})]
+            )
             t, cp = _cast(t, targets)
         except (OSError, pa.ArrowException) as e:
             broken.append((f.path, f"{type(e).__name__}: {str(e).splitlines()[0]}"))
@@ -286,10 +332,16 @@ def _read_updates(files: list[LogFile], broken: list) -> tuple[pl.DataFrame | No
     return pl.concat(frames, how="diagonal_relaxed"), [f.path for f in files]
 
 
-def run_audit(disc: Discovery, cfg: Config | None = None, select: Sequence[str] | None = None,
-              ignore: Sequence[str] | None = None, batch_rows: int = 2048,
-              tables: tuple[pa.Table | None, pa.Table | None] | None = None,
-              tune_allocator: bool = False, workers: int = 1) -> Report:
+def run_audit(
+    disc: Discovery,
+    cfg: Config | None = None,
+    select: Sequence[str] | None = None,
+    ignore: Sequence[str] | None = None,
+    batch_rows: int = 2048,
+    tables: tuple[pa.Table | None, pa.Table | None] | None = None,
+    tune_allocator: bool = False,
+    workers: int = 1,
+) -> Report:
     """Audit discovered files (or in-memory `tables` = (trajectories, updates)).
 
     `tune_allocator` (the CLI sets it) changes glibc's process-wide allocator settings for
@@ -349,8 +401,9 @@ def run_audit(disc: Discovery, cfg: Config | None = None, select: Sequence[str] 
         if r.code == "S005" or traj.height or r.requires and all(q.startswith("updates") for q in r.requires):
             run.apply(r, view, None)
     findings = pl.concat(run.findings) if run.findings else pl.DataFrame(schema=FINDING_SCHEMA)
-    return build_report(findings, run.not_run(), rows=run.rows, tokens=run.tokens, stats=run.stats, cfg=cfg,
-                        rules=run.rules)
+    return build_report(
+        findings, run.not_run(), rows=run.rows, tokens=run.tokens, stats=run.stats, cfg=cfg, rules=run.rules
+    )
 
 
 _TUNED = False
@@ -372,6 +425,7 @@ def _tune_allocator() -> None:
         return
     try:
         import ctypes
+
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(-3, 512 * 2**20)  # M_MMAP_THRESHOLD
         libc.mallopt(-1, 1024 * 2**20)  # M_TRIM_THRESHOLD
@@ -385,6 +439,7 @@ def _release_memory() -> None:
     if sys.platform.startswith("linux") and not os.environ.get("ROLLOUT_AUDIT_NO_MALLOPT"):
         try:
             import ctypes
+
             ctypes.CDLL("libc.so.6").malloc_trim(0)
         except (OSError, AttributeError):  # not glibc: nothing to trim
             return
@@ -467,8 +522,15 @@ def _progress(files: list[LogFile]):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    p = Progress(TextColumn("auditing"), BarColumn(), MofNCompleteColumn(), TextColumn("trajectories"),
-                 TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+    p = Progress(
+        TextColumn("auditing"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("trajectories"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
     task = p.add_task("audit", total=rows)
     p.start()
 
@@ -478,6 +540,7 @@ def _progress(files: list[LogFile]):
 
         def stop(self) -> None:
             p.stop()
+
     return _P()
 
 
@@ -490,7 +553,9 @@ def _memory_batches(table: pa.Table | None, run: _Run, batch_rows: int) -> Itera
     first = True
     for off in range(0, max(table.num_rows, 1), batch_rows):
         part, cp = _cast(table.select(cols).slice(off, batch_rows), targets)
-        fields = tuple(x.name for x in part.schema.field("turns").type.value_type) if "turns" in part.column_names else ()
+        fields = (
+            tuple(x.name for x in part.schema.field("turns").type.value_type) if "turns" in part.column_names else ()
+        )
         yield Batch(part, "<memory>", off, fields, (problems if first else []) + cp, run.turn_frame_fields())
         first = False
 
@@ -516,19 +581,33 @@ def _to_arrow(x, kind: str = "trajectories") -> pa.Table | None:
         return x.collect().to_arrow()
     if isinstance(x, list):
         from .io import records_to_table
+
         return records_to_table(x, kind)
     raise TypeError(f"cannot audit an object of type {type(x).__name__}")
 
 
-def audit_tables(trajectories=None, updates=None, *, config: Config | None = None,
-                 select: Sequence[str] | None = None, ignore: Sequence[str] | None = None) -> Report:
+def audit_tables(
+    trajectories=None,
+    updates=None,
+    *,
+    config: Config | None = None,
+    select: Sequence[str] | None = None,
+    ignore: Sequence[str] | None = None,
+) -> Report:
     """Audit in-memory tables (pyarrow Tables, polars DataFrames, or lists of dicts)."""
-    return run_audit(Discovery(), config, select, ignore, tables=(_to_arrow(trajectories),
-                                                                  _to_arrow(updates, "updates")))
+    return run_audit(
+        Discovery(), config, select, ignore, tables=(_to_arrow(trajectories), _to_arrow(updates, "updates"))
+    )
 
 
-def audit(source, updates=None, *, config: Config | None = None, select: Sequence[str] | None = None,
-          ignore: Sequence[str] | None = None) -> Report:
+def audit(
+    source,
+    updates=None,
+    *,
+    config: Config | None = None,
+    select: Sequence[str] | None = None,
+    ignore: Sequence[str] | None = None,
+) -> Report:
     """Audit a path (file or directory), a list of paths, a scanned `Log`, or in-memory tables.
 
     A training loop can call `audit(batch_table, update_table)` before the optimizer step.
@@ -537,8 +616,9 @@ def audit(source, updates=None, *, config: Config | None = None, select: Sequenc
 
     if isinstance(source, Log):
         return run_audit(source.discovery, config, select, ignore)
-    if isinstance(source, (str, os.PathLike)) or (isinstance(source, (list, tuple)) and source
-                                                  and all(isinstance(s, (str, os.PathLike)) for s in source)):
+    if isinstance(source, (str, os.PathLike)) or (
+        isinstance(source, (list, tuple)) and source and all(isinstance(s, (str, os.PathLike)) for s in source)
+    ):
         paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
         return run_audit(discover(paths), config, select, ignore)
     return audit_tables(source, updates, config=config, select=select, ignore=ignore)

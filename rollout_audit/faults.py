@@ -8,13 +8,14 @@ its loss denominator, so the provenance check, not a bookkeeping check, has to c
 
     broken, touched = apply("tool_tokens_trained", trajs, updates)
 """
+
 from __future__ import annotations
 
 import copy
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -28,7 +29,7 @@ class Fault:
     name: str
     codes: frozenset[str]
     description: str
-    func: Callable[["_Ctx"], list[str]]
+    func: Callable[[_Ctx], list[str]]
     config: dict = field(default_factory=dict)  # audit configuration the fault needs
     file_level: bool = False  # breaks the file itself (written by the caller), not records
 
@@ -36,13 +37,17 @@ class Fault:
 FAULTS: dict[str, Fault] = {}
 
 
-def fault(name: str, codes: set[str] | frozenset[str], *, config: dict | None = None,
-          file_level: bool = False) -> Callable:
+def fault(
+    name: str, codes: set[str] | frozenset[str], *, config: dict | None = None, file_level: bool = False
+) -> Callable:
     """Register a fault; its docstring's first line is its description."""
+
     def deco(func: Callable) -> Callable:
-        FAULTS[name] = Fault(name, frozenset(codes), (func.__doc__ or name).strip().splitlines()[0], func,
-                             config or {}, file_level)
+        FAULTS[name] = Fault(
+            name, frozenset(codes), (func.__doc__ or name).strip().splitlines()[0], func, config or {}, file_level
+        )
         return func
+
     return deco
 
 
@@ -72,8 +77,9 @@ class _Ctx:
 
 
 def _policy_positions(t: dict, turn: int | None = None) -> list[int]:
-    return [i for i, (s, k) in enumerate(zip(t["token_source"], t["token_turn"]))
-            if s == 2 and (turn is None or k == turn)]
+    return [
+        i for i, (s, k) in enumerate(zip(t["token_source"], t["token_turn"])) if s == 2 and (turn is None or k == turn)
+    ]
 
 
 def _rederive_returns(t: dict) -> None:
@@ -83,7 +89,7 @@ def _rederive_returns(t: dict) -> None:
     for i, tr in enumerate(turns):
         v_next = turns[i + 1]["value"] if i + 1 < len(turns) else t["final_value"]
         tr["td_residual"] = tr["reward"] + tr["shaping"] + g * v_next - tr["value"]
-    t["discounted_return"] = sum(g ** i * (tr["reward"] + tr["shaping"]) for i, tr in enumerate(turns))
+    t["discounted_return"] = sum(g**i * (tr["reward"] + tr["shaping"]) for i, tr in enumerate(turns))
 
 
 def _drop_token(t: dict, pos: int) -> None:
@@ -281,8 +287,10 @@ def stop_reason_contradicts_flag(ctx: _Ctx) -> list[str]:
 @fault("engine_crash_scored_zero", {"T303", "U606"})
 def engine_crash_scored_zero(ctx: _Ctx) -> list[str]:
     """An engine crash was scored 0 and trained on, masquerading as a task failure."""
-    t = ctx.pick(lambda t: t["trajectory_id"] in ctx.used() and t["reward"] == 0.0 and not t["verifier_success"],
-                 "failed trajectory used in an update")
+    t = ctx.pick(
+        lambda t: t["trajectory_id"] in ctx.used() and t["reward"] == 0.0 and not t["verifier_success"],
+        "failed trajectory used in an update",
+    )
     t.update(terminated=False, infra_error=True, stop_reason="engine_error")
     return [t["trajectory_id"]]
 
@@ -367,12 +375,14 @@ def td_terminal_value_zeroed(ctx: _Ctx) -> list[str]:
 @fault("return_without_shaping", {"R407"})
 def return_without_shaping(ctx: _Ctx) -> list[str]:
     """discounted_return logged from environment rewards only, without the shaping terms."""
+
     def shaped(t: dict) -> float:  # Σγ^t F_t: zero when Φ(s_0) = Φ(s_T) = 0, and then the bug is invisible
         g = t.get("gamma") or 1.0
-        return sum(g ** i * tr["shaping"] for i, tr in enumerate(t["turns"]))
+        return sum(g**i * tr["shaping"] for i, tr in enumerate(t["turns"]))
+
     t = ctx.pick(lambda t: abs(shaped(t)) > 1e-3, "trajectory whose shaping does not cancel")
     g = t.get("gamma") or 1.0
-    t["discounted_return"] = sum(g ** i * tr["reward"] for i, tr in enumerate(t["turns"]))
+    t["discounted_return"] = sum(g**i * tr["reward"] for i, tr in enumerate(t["turns"]))
     return [t["trajectory_id"]]
 
 
@@ -402,9 +412,11 @@ def action_loop(ctx: _Ctx) -> list[str]:
 def verifier_inverted(ctx: _Ctx) -> list[str]:
     """The reward was computed from the agent's claim, not the world state: within a task a
     verified success scores below a verified failure."""
+
     def ok(task):
         ts = [t for t in ctx.trajs if t["task_id"] == task and t["reward"] is not None]
         return any(t["verifier_success"] for t in ts) and any(not t["verifier_success"] for t in ts)
+
     s = ctx.pick(lambda t: t["verifier_success"] and t["reward"] is not None and ok(t["task_id"]), "mixed task")
     f = ctx.pick(lambda t: t["task_id"] == s["task_id"] and t["reward"] is not None and not t["verifier_success"])
     s["verifier_success"], f["verifier_success"] = False, True
@@ -426,8 +438,9 @@ def policy_version_missing(ctx: _Ctx) -> list[str]:
 def policy_version_decreasing(ctx: _Ctx) -> list[str]:
     """Versions go backwards inside an episode (a turn routed to a replica one version ahead,
     the next one back to a stale one)."""
-    t = ctx.pick(lambda t: len(t["turns"]) >= 2 and t["trajectory_id"] not in ctx.used(),
-                 "excluded trajectory with two turns")
+    t = ctx.pick(
+        lambda t: len(t["turns"]) >= 2 and t["trajectory_id"] not in ctx.used(), "excluded trajectory with two turns"
+    )
     t["turns"][0]["policy_version"] = t["turns"][0]["policy_version"] + 1
     return [t["trajectory_id"]]
 
@@ -542,8 +555,7 @@ def environment_version_missing(ctx: _Ctx) -> list[str]:
 def reset_not_reproducible(ctx: _Ctx) -> list[str]:
     """Two resets with the same seed produced different initial states (shared mutable state
     between rollouts)."""
-    t = ctx.pick(lambda t: sum(o["reset_seed"] == t["reset_seed"] for o in ctx.trajs) > 1,
-                 "reset seed used twice")
+    t = ctx.pick(lambda t: sum(o["reset_seed"] == t["reset_seed"] for o in ctx.trajs) > 1, "reset seed used twice")
     t["initial_state_checksum"] = "f" * 16
     return [t["trajectory_id"]]
 
@@ -588,7 +600,7 @@ def write_records(dst, trajs: list[dict], updates: list[dict], *, parts: int = 1
     dst = Path(dst)
     size = -(-len(trajs) // parts)
     for i in range(parts):
-        chunk = trajs[i * size:(i + 1) * size]
+        chunk = trajs[i * size : (i + 1) * size]
         if chunk:
             sub = dst / "trajectories" / (f"step={i}" if parts > 1 else "")
             with RolloutWriter(sub / f"part-{i:04d}.parquet", validate=False) as w:
@@ -608,9 +620,9 @@ class MatrixRow:
 
     fault: str
     expected: frozenset[str]
-    found: frozenset[str]        # error and warning codes found
+    found: frozenset[str]  # error and warning codes found
     touched: list[str]
-    named: bool                  # every touched trajectory is named by an expected finding
+    named: bool  # every touched trajectory is named by an expected finding
 
     @property
     def missed(self) -> frozenset[str]:
@@ -625,8 +637,7 @@ class MatrixRow:
         return not self.missed and not self.unexpected and self.named
 
 
-def detect(name: str, trajs: list[dict], updates: list[dict], workdir, *, seed: int = 0,
-           parts: int = 1) -> MatrixRow:
+def detect(name: str, trajs: list[dict], updates: list[dict], workdir, *, seed: int = 0, parts: int = 1) -> MatrixRow:
     """Apply one fault, write the broken log under `workdir`, audit it, compare codes."""
     import polars as pl
 
@@ -646,12 +657,16 @@ def detect(name: str, trajs: list[dict], updates: list[dict], workdir, *, seed: 
 
 def render_matrix(rows: list[MatrixRow]) -> str:
     """A Markdown table: fault, expected codes, found codes, caught, false positives."""
-    lines = ["| fault | expected | found (error/warning) | caught | trajectories named | false positives |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| fault | expected | found (error/warning) | caught | trajectories named | false positives |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r.fault} | {', '.join(sorted(r.expected))} | {', '.join(sorted(r.found)) or '-'} | "
-                     f"{'yes' if not r.missed else 'MISSED ' + ', '.join(sorted(r.missed))} | "
-                     f"{'yes' if r.named else 'no'} | {', '.join(sorted(r.unexpected)) or '-'} |")
+        lines.append(
+            f"| {r.fault} | {', '.join(sorted(r.expected))} | {', '.join(sorted(r.found)) or '-'} | "
+            f"{'yes' if not r.missed else 'MISSED ' + ', '.join(sorted(r.missed))} | "
+            f"{'yes' if r.named else 'no'} | {', '.join(sorted(r.unexpected)) or '-'} |"
+        )
     caught = sum(not r.missed for r in rows)
     fp = sum(bool(r.unexpected) for r in rows)
     lines.append(f"\n{caught}/{len(rows)} faults caught, {fp} with false positives")

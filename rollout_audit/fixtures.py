@@ -7,6 +7,7 @@ per named fault, with a manifest of the codes each must raise.
 Measured columns (wall-clock and latencies) are excluded from the drift comparison; floats
 compare to 1e-6, everything else exactly.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,12 @@ def generate(root: Path) -> dict:
     for name, f in FAULTS.items():
         (bt, bu), touched = apply(name, trajs, ups, seed=FIXTURE_SEED)
         write_records(root / "broken" / name, bt, bu, corrupt=f.file_level)
-        manifest["faults"][name] = {"codes": sorted(f.codes), "touched": touched, "config": f.config,
-                                    "description": f.description}
+        manifest["faults"][name] = {
+            "codes": sorted(f.codes),
+            "touched": touched,
+            "config": f.config,
+            "description": f.description,
+        }
     (root / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest
 
@@ -83,9 +88,14 @@ def _same(a, b, key: str = "") -> bool:
 def drift(committed: Path, fresh: Path) -> list[str]:
     """Differences between two fixture trees (file sets, manifest, record contents)."""
     problems = []
+
     def files(r: Path) -> list[str]:  # what the generator writes (not the README)
-        return sorted(p.relative_to(r).as_posix() for p in r.rglob("*")
-                      if p.is_file() and (p.suffix == ".parquet" or p.name == "manifest.json"))
+        return sorted(
+            p.relative_to(r).as_posix()
+            for p in r.rglob("*")
+            if p.is_file() and (p.suffix == ".parquet" or p.name == "manifest.json")
+        )
+
     if files(committed) != files(fresh):
         problems.append(f"file sets differ: {sorted(set(files(committed)) ^ set(files(fresh)))[:10]}")
     if (committed / "manifest.json").read_text() != (fresh / "manifest.json").read_text():
@@ -111,8 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         problems = drift(args.out, Path(tmp))
     for p in problems:
         print(p)
-    print("fixtures up to date" if not problems else f"{len(problems)} difference(s): regenerate with "
-          "`python -m rollout_audit.fixtures`")
+    print(
+        "fixtures up to date"
+        if not problems
+        else f"{len(problems)} difference(s): regenerate with `python -m rollout_audit.fixtures`"
+    )
     return 1 if problems else 0
 
 

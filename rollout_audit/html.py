@@ -1,4 +1,5 @@
 """`rollout-audit report`: one self-contained HTML page (inline SVG plots, no JavaScript)."""
+
 from __future__ import annotations
 
 from html import escape
@@ -22,27 +23,36 @@ def bar_chart(title: str, items: list[tuple[str, float]], width: int = 420) -> s
     for i, (label, v) in enumerate(items):
         y = 25 + 22 * i
         w = (width - 170) * v / top
-        rows.append(f'<text x="0" y="{y + 13}" font-size="12">{escape(str(label))[:22]}</text>'
-                    f'<rect x="150" y="{y}" width="{w:.1f}" height="16" fill="#4a7bd0"/>'
-                    f'<text x="{155 + w:.1f}" y="{y + 13}" font-size="11">{v:g}</text>')
-    return (f'<svg width="{width}" height="{h}" role="img"><text x="0" y="14" font-weight="bold" '
-            f'font-size="13">{escape(title)}</text>{"".join(rows)}</svg>')
+        rows.append(
+            f'<text x="0" y="{y + 13}" font-size="12">{escape(str(label))[:22]}</text>'
+            f'<rect x="150" y="{y}" width="{w:.1f}" height="16" fill="#4a7bd0"/>'
+            f'<text x="{155 + w:.1f}" y="{y + 13}" font-size="11">{v:g}</text>'
+        )
+    return (
+        f'<svg width="{width}" height="{h}" role="img"><text x="0" y="14" font-weight="bold" '
+        f'font-size="13">{escape(title)}</text>{"".join(rows)}</svg>'
+    )
 
 
 def render_html(rep: Report, stats: dict | None, title: str) -> str:
     """The report page: verdict, findings per code, plots of the log's statistics, not-run checks."""
     by = rep.summary["by_severity"]
-    verdict = ('<span class="error">FAIL</span>' if by["error"] else '<span class="ok">ok</span>')
-    parts = [f"<!doctype html><meta charset=utf-8><title>{escape(title)}</title><style>{_CSS}</style>",
-             f"<h1>rollout-audit: {escape(title)} — {verdict}</h1>",
-             f"<p>{by['error']} errors, {by['warning']} warnings, {by['info']} info; "
-             f"{rep.summary['rows_read']} trajectories, {rep.summary['tokens_read']} tokens read.</p>"]
+    verdict = '<span class="error">FAIL</span>' if by["error"] else '<span class="ok">ok</span>'
+    parts = [
+        f"<!doctype html><meta charset=utf-8><title>{escape(title)}</title><style>{_CSS}</style>",
+        f"<h1>rollout-audit: {escape(title)} — {verdict}</h1>",
+        f"<p>{by['error']} errors, {by['warning']} warnings, {by['info']} info; "
+        f"{rep.summary['rows_read']} trajectories, {rep.summary['tokens_read']} tokens read.</p>",
+    ]
     plots = [bar_chart("findings per code", sorted(rep.summary["counts"].items()))]
     if stats:
         plots.append(bar_chart("tokens by source", list(stats.get("tokens_by_source", {}).items())))
         plots.append(bar_chart("stop reasons", list(stats.get("stop_reasons", {}).items())))
-        plots.append(bar_chart("turns by policy version",
-                               [(f"v{k}", v) for k, v in stats.get("turns_by_policy_version", {}).items()]))
+        plots.append(
+            bar_chart(
+                "turns by policy version", [(f"v{k}", v) for k, v in stats.get("turns_by_policy_version", {}).items()]
+            )
+        )
     parts.append(f'<div class="plots">{"".join(p for p in plots if p)}</div>')
     parts.append("<h2>Findings</h2>")
     if rep.findings.is_empty():
@@ -57,6 +67,9 @@ def render_html(rep: Report, stats: dict | None, title: str) -> str:
         if rep.findings.height > 2000:
             parts.append(f"<p>… {rep.findings.height - 2000} more: use --format json.</p>")
     if rep.not_run:
-        parts.append("<h2>Not run</h2><table>" + "".join(
-            f"<tr><td>{c}</td><td>{escape(w)}</td></tr>" for c, w in sorted(rep.not_run.items())) + "</table>")
+        parts.append(
+            "<h2>Not run</h2><table>"
+            + "".join(f"<tr><td>{c}</td><td>{escape(w)}</td></tr>" for c, w in sorted(rep.not_run.items()))
+            + "</table>"
+        )
     return "\n".join(parts)

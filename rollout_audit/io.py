@@ -1,11 +1,12 @@
 """Finding, reading and writing rollout logs (Parquet files or directories of them)."""
+
 from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -80,8 +81,13 @@ def discover(paths: Sequence[str | os.PathLike]) -> Discovery:
                 sch = pf.schema_arrow
                 kind = _kind_of(f, sch)
                 if kind == "unknown":
-                    out.broken.append((str(f), "not a rollout log file: no rollout_log.kind metadata and too few "
-                                               "of the contract's required columns (see `rollout-audit schema`)"))
+                    out.broken.append(
+                        (
+                            str(f),
+                            "not a rollout log file: no rollout_log.kind metadata and too few "
+                            "of the contract's required columns (see `rollout-audit schema`)",
+                        )
+                    )
                     continue
                 out.files.append(LogFile(str(f), kind, sch, pf.metadata.num_rows, pf.metadata.num_row_groups))
             except Exception as e:  # any footer error means the file is unusable
@@ -125,8 +131,9 @@ class RolloutWriter:
             w.write(records)            # list of dicts, or a pyarrow Table/RecordBatch
     """
 
-    def __init__(self, path: str | os.PathLike, kind: str = "trajectories", *, validate: bool = True,
-                 compression: str = "zstd") -> None:
+    def __init__(
+        self, path: str | os.PathLike, kind: str = "trajectories", *, validate: bool = True, compression: str = "zstd"
+    ) -> None:
         if kind not in ("trajectories", "updates"):
             raise ValueError(f"kind must be 'trajectories' or 'updates', not {kind!r}")
         self.path = Path(path)
@@ -138,7 +145,7 @@ class RolloutWriter:
         self._schema: pa.Schema | None = None
         self.rows_written = 0
 
-    def __enter__(self) -> "RolloutWriter":
+    def __enter__(self) -> RolloutWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -153,8 +160,10 @@ class RolloutWriter:
         if self.validate:
             problems = contract_problems(table, self.kind)
             if problems:
-                raise ValueError(f"{self.path}: record refused: {problems[0]}"
-                                 + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+                raise ValueError(
+                    f"{self.path}: record refused: {problems[0]}"
+                    + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                )
         if self._writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._writer = pq.ParquetWriter(self._tmp, self._schema, compression=self.compression)
@@ -252,7 +261,12 @@ def contract_problems(table: pa.Table, kind: str) -> list[str]:
     """Structural problems of an in-memory batch, as messages (used by the writer)."""
     from .engine import audit_tables  # late import: the engine imports this module
 
-    rep = audit_tables(table if kind == "trajectories" else None, table if kind == "updates" else None,
-                       select=["S", "T301", "T302"] if kind == "trajectories" else ["S"])
-    return [f"{r['code']} {r['message']}" + (f" (trajectory {r['trajectory_id']})" if r["trajectory_id"] else "")
-            for r in rep.findings.filter(rep.findings["severity"] == "error").iter_rows(named=True)]
+    rep = audit_tables(
+        table if kind == "trajectories" else None,
+        table if kind == "updates" else None,
+        select=["S", "T301", "T302"] if kind == "trajectories" else ["S"],
+    )
+    return [
+        f"{r['code']} {r['message']}" + (f" (trajectory {r['trajectory_id']})" if r["trajectory_id"] else "")
+        for r in rep.findings.filter(rep.findings["severity"] == "error").iter_rows(named=True)
+    ]

@@ -1,10 +1,11 @@
 """`scan(path)`: a rollout log as polars LazyFrames, for notebooks and pipelines."""
+
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Sequence
 
 import polars as pl
 
@@ -35,8 +36,9 @@ class Log:
         paths = [f.path for f in self.discovery.of_kind(kind)]
         if not paths:
             return None
-        return pl.scan_parquet(paths, hive_partitioning=False, missing_columns="insert",
-                               extra_columns="ignore", include_file_paths="file")
+        return pl.scan_parquet(
+            paths, hive_partitioning=False, missing_columns="insert", extra_columns="ignore", include_file_paths="file"
+        )
 
     @cached_property
     def trajectories(self) -> pl.LazyFrame:
@@ -49,9 +51,13 @@ class Log:
     @property
     def turns(self) -> pl.LazyFrame:
         """One row per turn: trajectory_id, turn (index in the list) and the turn fields."""
-        return (self.trajectories.select("trajectory_id", "turns")
-                .with_columns(pl.int_ranges(pl.col("turns").list.len()).alias("turn"))
-                .explode(["turns", "turn"]).drop_nulls("turn").unnest("turns"))
+        return (
+            self.trajectories.select("trajectory_id", "turns")
+            .with_columns(pl.int_ranges(pl.col("turns").list.len()).alias("turn"))
+            .explode(["turns", "turn"])
+            .drop_nulls("turn")
+            .unnest("turns")
+        )
 
     @property
     def tokens(self) -> pl.LazyFrame:
@@ -62,10 +68,14 @@ class Log:
         lf = self.trajectories
         names = [c for c in _TOKEN_LISTS if c in lf.collect_schema().names()]
         same = pl.all_horizontal([pl.col(c).list.len() == pl.col(names[0]).list.len() for c in names])
-        return (lf.select("trajectory_id", *names).filter(same)
-                .with_columns(pl.int_ranges(pl.col(names[0]).list.len()).alias("position"))
-                .explode([*names, "position"]).drop_nulls("position")
-                .select("trajectory_id", "position", *names))
+        return (
+            lf.select("trajectory_id", *names)
+            .filter(same)
+            .with_columns(pl.int_ranges(pl.col(names[0]).list.len()).alias("position"))
+            .explode([*names, "position"])
+            .drop_nulls("position")
+            .select("trajectory_id", "position", *names)
+        )
 
     @property
     def updates(self) -> pl.LazyFrame | None:

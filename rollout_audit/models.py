@@ -5,9 +5,8 @@ lazy=True)`); the audit validates each batch's per-trajectory frame with them (S
 outside the contract's domain). Always validate a collected DataFrame: pandera on a polars
 LazyFrame checks the schema only and silently skips data checks.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import pandera.polars as pa
 import polars as pl
@@ -21,15 +20,15 @@ def _finite_or_null(data: pa.PolarsData) -> pl.LazyFrame:
 class TrajectoryFrame(pa.DataFrameModel):
     """One row per trajectory: the scalar columns of the contract plus recomputed counts."""
 
-    trajectory_id: Optional[str] = pa.Field(nullable=False)
-    reward: Optional[float] = pa.Field(nullable=True)
-    gamma: Optional[float] = pa.Field(nullable=True, gt=0.0, le=1.0)
-    discounted_return: Optional[float] = pa.Field(nullable=True)
-    final_value: Optional[float] = pa.Field(nullable=True)
-    wall_clock_s: Optional[float] = pa.Field(nullable=True, ge=0.0)
-    num_trainable_tokens: Optional[int] = pa.Field(nullable=True, ge=0)
-    n_tokens: Optional[int] = pa.Field(nullable=True, ge=0)
-    n_src_invalid: Optional[int] = pa.Field(nullable=True, eq=0)
+    trajectory_id: str | None = pa.Field(nullable=False)
+    reward: float | None = pa.Field(nullable=True)
+    gamma: float | None = pa.Field(nullable=True, gt=0.0, le=1.0)
+    discounted_return: float | None = pa.Field(nullable=True)
+    final_value: float | None = pa.Field(nullable=True)
+    wall_clock_s: float | None = pa.Field(nullable=True, ge=0.0)
+    num_trainable_tokens: int | None = pa.Field(nullable=True, ge=0)
+    n_tokens: int | None = pa.Field(nullable=True, ge=0)
+    n_src_invalid: int | None = pa.Field(nullable=True, eq=0)
 
     @pa.check("reward", "discounted_return", "final_value", "gamma", name="finite")
     def finite(cls, data: pa.PolarsData) -> pl.LazyFrame:
@@ -43,23 +42,24 @@ class TrajectoryFrame(pa.DataFrameModel):
 class TurnFrame(pa.DataFrameModel):
     """One row per turn: the turn struct's fields plus recomputed per-turn values."""
 
-    trajectory_id: Optional[str] = pa.Field(nullable=True)
-    turn_id: Optional[int] = pa.Field(nullable=True, ge=0)
-    policy_version: Optional[int] = pa.Field(nullable=True, ge=0)
-    temperature: Optional[float] = pa.Field(nullable=True, ge=0.0)
-    top_p: Optional[float] = pa.Field(nullable=True, gt=0.0, le=1.0)
-    num_policy_tokens: Optional[int] = pa.Field(nullable=True, ge=0)
-    context_length: Optional[int] = pa.Field(nullable=True, ge=0)
-    logprob: Optional[float] = pa.Field(nullable=True)
-    reward: Optional[float] = pa.Field(nullable=True)
-    shaping: Optional[float] = pa.Field(nullable=True)
-    value: Optional[float] = pa.Field(nullable=True)
-    td_residual: Optional[float] = pa.Field(nullable=True)
-    potential_before: Optional[float] = pa.Field(nullable=True)
-    potential_after: Optional[float] = pa.Field(nullable=True)
+    trajectory_id: str | None = pa.Field(nullable=True)
+    turn_id: int | None = pa.Field(nullable=True, ge=0)
+    policy_version: int | None = pa.Field(nullable=True, ge=0)
+    temperature: float | None = pa.Field(nullable=True, ge=0.0)
+    top_p: float | None = pa.Field(nullable=True, gt=0.0, le=1.0)
+    num_policy_tokens: int | None = pa.Field(nullable=True, ge=0)
+    context_length: int | None = pa.Field(nullable=True, ge=0)
+    logprob: float | None = pa.Field(nullable=True)
+    reward: float | None = pa.Field(nullable=True)
+    shaping: float | None = pa.Field(nullable=True)
+    value: float | None = pa.Field(nullable=True)
+    td_residual: float | None = pa.Field(nullable=True)
+    potential_before: float | None = pa.Field(nullable=True)
+    potential_after: float | None = pa.Field(nullable=True)
 
-    @pa.check("reward", "shaping", "value", "td_residual", "logprob", "potential_before", "potential_after",
-              name="finite")
+    @pa.check(
+        "reward", "shaping", "value", "td_residual", "logprob", "potential_before", "potential_after", name="finite"
+    )
     def finite(cls, data: pa.PolarsData) -> pl.LazyFrame:
         return _finite_or_null(data)
 
@@ -80,6 +80,10 @@ def domain_problems(model: type[pa.DataFrameModel], df: pl.DataFrame, limit: int
     except pe.SchemaErrors as e:
         fc = e.failure_cases
         fc = pl.DataFrame(fc) if not isinstance(fc, pl.DataFrame) else fc
-        return fc.select(pl.col("index").cast(pl.Int64), pl.col("column").cast(pl.String),
-                         pl.col("check").cast(pl.String), pl.col("failure_case").cast(pl.String).alias("value")).head(limit)
+        return fc.select(
+            pl.col("index").cast(pl.Int64),
+            pl.col("column").cast(pl.String),
+            pl.col("check").cast(pl.String),
+            pl.col("failure_case").cast(pl.String).alias("value"),
+        ).head(limit)
     return pl.DataFrame(schema={"index": pl.Int64, "column": pl.String, "check": pl.String, "value": pl.String})

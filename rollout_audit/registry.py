@@ -6,11 +6,13 @@ the engine lists the rule under *not run* with the reason instead of counting it
 Requirement strings: `col` (trajectory column), `turns.field` (turn struct field),
 `updates` / `updates.col` (update records).
 """
+
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 Severity = Literal["error", "warning", "info"]
 Scope = Literal["batch", "log"]
@@ -45,8 +47,9 @@ class NotRun(Exception):
     under `not_run` (e.g. "needs first_visit_components in the configuration")."""
 
 
-def rule(code: str, name: str, severity: Severity = "error", *, requires: tuple[str, ...] = (),
-         scope: Scope = "batch") -> Callable[[Callable], Callable]:
+def rule(
+    code: str, name: str, severity: Severity = "error", *, requires: tuple[str, ...] = (), scope: Scope = "batch"
+) -> Callable[[Callable], Callable]:
     """Register a check function under `code`.
 
     A `batch` check gets a `Batch` (one row-group slice of trajectories) and the config; a
@@ -54,11 +57,13 @@ def rule(code: str, name: str, severity: Severity = "error", *, requires: tuple[
     Both return a polars DataFrame with any of the columns trajectory_id, turn, position,
     message (and file, for log checks), or None when nothing is wrong.
     """
+
     def deco(func: Callable) -> Callable:
         if code in RULES:
             raise ValueError(f"check code {code} registered twice")
         RULES[code] = Rule(code, name, severity, scope, tuple(requires), func)
         return func
+
     return deco
 
 
@@ -72,4 +77,5 @@ def selected(code: str, select: list[str] | tuple[str, ...] = (), ignore: list[s
 def all_rules() -> dict[str, Rule]:
     """Every registered rule, importing the check modules on first use."""
     from . import checks  # noqa: F401  (registration happens at import)
+
     return dict(sorted(RULES.items()))

@@ -1,5 +1,6 @@
 """The audit report: findings as a polars DataFrame, checks not run, a summary, and the
 output formats (text, json, github, junit). The JSON shape is a stable interface."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,13 @@ import polars as pl
 from .registry import SEVERITY_ORDER, Rule
 
 FINDING_SCHEMA = {
-    "code": pl.String, "severity": pl.String, "message": pl.String, "file": pl.String,
-    "trajectory_id": pl.String, "turn": pl.Int64, "position": pl.Int64,
+    "code": pl.String,
+    "severity": pl.String,
+    "message": pl.String,
+    "file": pl.String,
+    "trajectory_id": pl.String,
+    "turn": pl.Int64,
+    "position": pl.Int64,
 }
 FORMATS = ("text", "json", "github", "junit")
 
@@ -45,8 +51,11 @@ class Report:
 
     def to_dict(self, limit: int | None = None) -> dict:
         f = self.findings if limit is None else self.findings.group_by("code", maintain_order=True).head(limit)
-        return {"findings": f.to_dicts(), "not_run": [{"code": c, "reason": r} for c, r in sorted(self.not_run.items())],
-                "summary": self.summary}
+        return {
+            "findings": f.to_dicts(),
+            "not_run": [{"code": c, "reason": r} for c, r in sorted(self.not_run.items())],
+            "summary": self.summary,
+        }
 
     def render(self, fmt: str = "text", *, limit: int | None = 20, color: bool = False) -> str:
         if fmt == "json":
@@ -59,18 +68,23 @@ class Report:
 
 
 def _sort(findings: pl.DataFrame) -> pl.DataFrame:
-    return findings.with_columns(pl.col("severity").replace_strict(SEVERITY_ORDER, return_dtype=pl.Int8).alias("_s")) \
-        .sort(["_s", "code", "file", "trajectory_id", "turn", "position", "message"], nulls_last=True,
-              maintain_order=True) \
+    return (
+        findings.with_columns(pl.col("severity").replace_strict(SEVERITY_ORDER, return_dtype=pl.Int8).alias("_s"))
+        .sort(
+            ["_s", "code", "file", "trajectory_id", "turn", "position", "message"], nulls_last=True, maintain_order=True
+        )
         .drop("_s")
+    )
 
 
-def build_report(findings: pl.DataFrame, not_run: dict[str, str], *, rows: int, tokens: int, stats: dict, cfg,
-                 rules: dict[str, Rule]) -> Report:
+def build_report(
+    findings: pl.DataFrame, not_run: dict[str, str], *, rows: int, tokens: int, stats: dict, cfg, rules: dict[str, Rule]
+) -> Report:
     findings = _sort(findings)
     per_code = findings.group_by("code", "severity").len().sort("code").to_dicts()
     summary = {
-        "rows_read": rows, "tokens_read": tokens,
+        "rows_read": rows,
+        "tokens_read": tokens,
         "counts": {d["code"]: d["len"] for d in per_code},
         "by_severity": {s: int((findings["severity"] == s).sum()) for s in SEVERITY_ORDER},
         "checks_run": sorted(c for c in rules if c not in not_run or not_run[c].startswith("partly")),
@@ -113,9 +127,11 @@ def render_text(rep: Report, limit: int | None = 20) -> str:
     s = rep.summary
     by = s["by_severity"]
     verdict = "FAIL" if by["error"] else "ok"
-    out.append(f"{verdict}: {by['error']} errors, {by['warning']} warnings, {by['info']} info; "
-               f"{len(s['checks_run'])} checks run, {len(rep.not_run)} not run; "
-               f"{s['rows_read']} trajectories, {s['tokens_read']} tokens read")
+    out.append(
+        f"{verdict}: {by['error']} errors, {by['warning']} warnings, {by['info']} info; "
+        f"{len(s['checks_run'])} checks run, {len(rep.not_run)} not run; "
+        f"{s['rows_read']} trajectories, {s['tokens_read']} tokens read"
+    )
     return "\n".join(out)
 
 
@@ -154,6 +170,8 @@ def render_junit(rep: Report) -> str:
             text = "\n".join(f"{_where(r)}: {r['message']}" for r in grp.head(200).iter_rows(named=True))
             body = f"<system-out>{escape(text)}</system-out>"
         cases.append(f'  <testcase classname="rollout-audit" name={quoteattr(f"{code} {rule.name}")}>{body}</testcase>')
-    head = (f'<?xml version="1.0" encoding="utf-8"?>\n<testsuite name="rollout-audit" tests="{len(cases)}" '
-            f'failures="{failures}" skipped="{skipped}">')
+    head = (
+        f'<?xml version="1.0" encoding="utf-8"?>\n<testsuite name="rollout-audit" tests="{len(cases)}" '
+        f'failures="{failures}" skipped="{skipped}">'
+    )
     return "\n".join([head, *cases, "</testsuite>"])

@@ -3,11 +3,12 @@
 Arrow schemas, type compatibility rules and the `schema` command's table are all
 built from that file, so a collector in another language validates against the same data.
 """
+
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pyarrow as pa
@@ -43,7 +44,7 @@ def _contract_path() -> Path:
     raise FileNotFoundError("rollout_log_v1.json not found next to the package")
 
 
-@lru_cache(maxsize=None)
+@cache
 def contract() -> dict:
     """The raw contract document."""
     return json.loads(_contract_path().read_text())
@@ -63,8 +64,14 @@ def required(table: str) -> tuple[str, ...]:
 
 
 _SCALARS = {
-    "string": pa.string(), "bool": pa.bool_(), "uint8": pa.uint8(), "int16": pa.int16(),
-    "int32": pa.int32(), "int64": pa.int64(), "float32": pa.float32(), "float64": pa.float64(),
+    "string": pa.string(),
+    "bool": pa.bool_(),
+    "uint8": pa.uint8(),
+    "int16": pa.int16(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "float32": pa.float32(),
+    "float64": pa.float64(),
 }
 
 
@@ -81,12 +88,12 @@ def parse_type(t: str) -> pa.DataType:
     return _SCALARS[t]
 
 
-@lru_cache(maxsize=None)
+@cache
 def turn_struct() -> pa.StructType:
     return pa.struct([pa.field(c.name, c.arrow_type) for c in columns("turn")])
 
 
-@lru_cache(maxsize=None)
+@cache
 def arrow_schema(table: str) -> pa.Schema:
     """The full Arrow schema of `trajectories` or `updates`, with contract metadata."""
     meta = {META_VERSION: SCHEMA_VERSION.encode(), META_KIND: table.encode()}
@@ -121,8 +128,11 @@ def compatible(found: pa.DataType, expected: pa.DataType) -> bool:
     if pa.types.is_null(found):
         return True
     if pa.types.is_map(expected):
-        return pa.types.is_map(found) and compatible(found.key_type, expected.key_type) and compatible(
-            found.item_type, expected.item_type)
+        return (
+            pa.types.is_map(found)
+            and compatible(found.key_type, expected.key_type)
+            and compatible(found.item_type, expected.item_type)
+        )
     if pa.types.is_list(expected):
         if not (pa.types.is_list(found) or pa.types.is_large_list(found) or pa.types.is_list_view(found)):
             return False

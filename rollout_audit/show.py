@@ -1,4 +1,5 @@
 """One trajectory's transcript, token by token, coloured by provenance (`rollout-audit show`)."""
+
 from __future__ import annotations
 
 import polars as pl
@@ -28,17 +29,24 @@ def render(scalars: dict, toks: pl.DataFrame, turns: pl.DataFrame, color: bool) 
 
     buf = StringIO()
     con = Console(file=buf, force_terminal=color, no_color=not color, width=110, highlight=False)
-    con.print(f"[bold]{scalars.get('trajectory_id')}[/] task {scalars.get('task_id')} "
-              f"stop {scalars.get('stop_reason')} reward {scalars.get('reward')}")
-    con.print("legend: " + "  ".join(f"[{_STYLE[k]}]{v}[/]" for k, v in SOURCE_NAMES.items())
-              + "   * = in the loss, lp = behaviour log-prob")
+    con.print(
+        f"[bold]{scalars.get('trajectory_id')}[/] task {scalars.get('task_id')} "
+        f"stop {scalars.get('stop_reason')} reward {scalars.get('reward')}"
+    )
+    con.print(
+        "legend: "
+        + "  ".join(f"[{_STYLE[k]}]{v}[/]" for k, v in SOURCE_NAMES.items())
+        + "   * = in the loss, lp = behaviour log-prob"
+    )
     info = {r["turn"]: r for r in turns.iter_rows(named=True)}
     for (turn,), grp in toks.group_by("token_turn", maintain_order=True):
         t = info.get(turn, {})
         head = f"turn {turn}" if turn >= 0 else "prompt"
         if t:
-            head += f"  v{t.get('policy_version')} action {t.get('parsed_action') or t.get('action_text')} " \
-                    f"logprob {t.get('logprob')} reward {t.get('reward')}"
+            head += (
+                f"  v{t.get('policy_version')} action {t.get('parsed_action') or t.get('action_text')} "
+                f"logprob {t.get('logprob')} reward {t.get('reward')}"
+            )
         con.print(f"[bold]{head}[/]")
         parts = []
         for r in grp.iter_rows(named=True):

@@ -5,6 +5,7 @@ vectorised generator for large logs.)
 `make_log()` returns (trajectory records, update records) as lists of dicts; mutate a copy
 to break exactly one rule.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -31,9 +32,18 @@ def grpo(rewards: list[float], eps: float = 1e-6) -> list[float]:
     return list((r - r.mean()) / (r.std(ddof=1) + eps))
 
 
-def make_trajectory(tid: str, task: int, rng: random.Random, *, version: int = 0, gamma: float = 0.99,
-                    n_turns: int | None = None, success: bool | None = None, truncated: bool = False,
-                    group: int = 0) -> dict[str, Any]:
+def make_trajectory(
+    tid: str,
+    task: int,
+    rng: random.Random,
+    *,
+    version: int = 0,
+    gamma: float = 0.99,
+    n_turns: int | None = None,
+    success: bool | None = None,
+    truncated: bool = False,
+    group: int = 0,
+) -> dict[str, Any]:
     """One compliant trajectory record with every optional column filled."""
     T = n_turns if n_turns is not None else rng.randint(1, 6)
     success = (rng.random() < 0.5) if success is None else success
@@ -77,34 +87,74 @@ def make_trajectory(tid: str, task: int, rng: random.Random, *, version: int = 0
         r = outcome if t == T - 1 else 0.0
         shaping = gamma * phi[t + 1] - phi[t]
         v_next = values[t + 1] if t + 1 < T else final_value
-        turns.append({
-            "turn_id": t, "policy_version": version, "logprob": float(sum(lp)), "num_policy_tokens": m,
-            "temperature": 1.0, "top_p": 1.0, "action_text": f"<call>{action}</call>",
-            "parsed_action": json.dumps({"action": action}), "observation_text": f"obs {t}",
-            "reward": r, "reward_components": [("outcome", r)], "potential_before": phi[t],
-            "potential_after": phi[t + 1], "shaping": shaping, "value": values[t],
-            "td_residual": r + shaping + gamma * v_next - values[t], "latency_s": 0.01, "tool_latency_s": 0.002,
-            "tool_status": "ok", "finish_reason": "stop" if (t == T - 1 and terminal) else "tool_calls",
-            "sampled_token_ids": pol, "context_length": ctx_len, "context_sha256": context_sha256(ids, ctx_len),
-        })
-    ret = sum(gamma ** t * (tr["reward"] + tr["shaping"]) for t, tr in enumerate(turns))
+        turns.append(
+            {
+                "turn_id": t,
+                "policy_version": version,
+                "logprob": float(sum(lp)),
+                "num_policy_tokens": m,
+                "temperature": 1.0,
+                "top_p": 1.0,
+                "action_text": f"<call>{action}</call>",
+                "parsed_action": json.dumps({"action": action}),
+                "observation_text": f"obs {t}",
+                "reward": r,
+                "reward_components": [("outcome", r)],
+                "potential_before": phi[t],
+                "potential_after": phi[t + 1],
+                "shaping": shaping,
+                "value": values[t],
+                "td_residual": r + shaping + gamma * v_next - values[t],
+                "latency_s": 0.01,
+                "tool_latency_s": 0.002,
+                "tool_status": "ok",
+                "finish_reason": "stop" if (t == T - 1 and terminal) else "tool_calls",
+                "sampled_token_ids": pol,
+                "context_length": ctx_len,
+                "context_sha256": context_sha256(ids, ctx_len),
+            }
+        )
+    ret = sum(gamma**t * (tr["reward"] + tr["shaping"]) for t, tr in enumerate(turns))
     return {
-        "trajectory_id": tid, "task_id": f"task{task}", "group_id": f"task{task}/g{group}",
-        "environment_id": "keydoor", "environment_version": "1.0", "reset_seed": task,
-        "initial_state_id": None, "initial_state_checksum": hashlib.sha256(f"seed{task}".encode()).hexdigest()[:16],
-        "final_state_checksum": hashlib.sha256(f"{tid}".encode()).hexdigest()[:16], "verifier_version": "v1",
-        "tokenizer_id": "keydoor-tok-1", "gamma": gamma, "token_ids": ids, "token_source": src, "loss_mask": mask,
-        "behavior_logprobs": lps, "token_turn": tturn, "turns": turns, "terminated": terminal,
-        "truncated": not terminal, "infra_error": False,
+        "trajectory_id": tid,
+        "task_id": f"task{task}",
+        "group_id": f"task{task}/g{group}",
+        "environment_id": "keydoor",
+        "environment_version": "1.0",
+        "reset_seed": task,
+        "initial_state_id": None,
+        "initial_state_checksum": hashlib.sha256(f"seed{task}".encode()).hexdigest()[:16],
+        "final_state_checksum": hashlib.sha256(f"{tid}".encode()).hexdigest()[:16],
+        "verifier_version": "v1",
+        "tokenizer_id": "keydoor-tok-1",
+        "gamma": gamma,
+        "token_ids": ids,
+        "token_source": src,
+        "loss_mask": mask,
+        "behavior_logprobs": lps,
+        "token_turn": tturn,
+        "turns": turns,
+        "terminated": terminal,
+        "truncated": not terminal,
+        "infra_error": False,
         "stop_reason": ("success" if success else "failure") if terminal else "max_turns",
-        "reward": outcome if terminal else None, "verifier_success": bool(success and terminal),
-        "discounted_return": ret, "final_value": final_value, "num_trainable_tokens": sum(mask),
+        "reward": outcome if terminal else None,
+        "verifier_success": bool(success and terminal),
+        "discounted_return": ret,
+        "final_value": final_value,
+        "num_trainable_tokens": sum(mask),
         "wall_clock_s": 0.5 + 0.1 * T,
     }
 
 
-def make_log(n_tasks: int = 4, group_size: int = 4, n_versions: int = 2, seed: int = 0,
-             truncated_share: float = 0.1, gamma: float = 0.99) -> tuple[list[dict], list[dict]]:
+def make_log(
+    n_tasks: int = 4,
+    group_size: int = 4,
+    n_versions: int = 2,
+    seed: int = 0,
+    truncated_share: float = 0.1,
+    gamma: float = 0.99,
+) -> tuple[list[dict], list[dict]]:
     """A compliant log: groups of `group_size` per task per version, one update per version."""
     rng = random.Random(seed)
     trajs, updates = [], []
@@ -114,8 +164,16 @@ def make_log(n_tasks: int = 4, group_size: int = 4, n_versions: int = 2, seed: i
         for task in range(n_tasks):
             p = (task + 1) / (n_tasks + 1)
             for _ in range(group_size):
-                tr = make_trajectory(f"t{n:06d}", task, rng, version=v, gamma=gamma, success=rng.random() < p,
-                                     truncated=rng.random() < truncated_share, group=v)
+                tr = make_trajectory(
+                    f"t{n:06d}",
+                    task,
+                    rng,
+                    version=v,
+                    gamma=gamma,
+                    success=rng.random() < p,
+                    truncated=rng.random() < truncated_share,
+                    group=v,
+                )
                 n += 1
                 trajs.append(tr)
                 if tr["reward"] is not None:
@@ -124,12 +182,18 @@ def make_log(n_tasks: int = 4, group_size: int = 4, n_versions: int = 2, seed: i
         for g in sorted({b["group_id"] for b in batch}):
             mem = [b for b in batch if b["group_id"] == g]
             adv.update(zip([m["trajectory_id"] for m in mem], grpo([m["reward"] for m in mem])))
-        updates.append({
-            "update_step": v, "trainer_version": v, "trajectory_ids": [b["trajectory_id"] for b in batch],
-            "reduction": "token", "loss_denominator": float(sum(b["num_trainable_tokens"] for b in batch)),
-            "advantages": [adv[b["trajectory_id"]] for b in batch], "advantage_estimator": "grpo",
-            "max_policy_lag": 0,
-        })
+        updates.append(
+            {
+                "update_step": v,
+                "trainer_version": v,
+                "trajectory_ids": [b["trajectory_id"] for b in batch],
+                "reduction": "token",
+                "loss_denominator": float(sum(b["num_trainable_tokens"] for b in batch)),
+                "advantages": [adv[b["trajectory_id"]] for b in batch],
+                "advantage_estimator": "grpo",
+                "max_policy_lag": 0,
+            }
+        )
     return trajs, updates
 
 

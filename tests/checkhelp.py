@@ -1,5 +1,6 @@
 """Helpers shared by the check-family tests (M, L, P): which codes fired, token positions
 by provenance, and the compliant trajectory the mask edits use."""
+
 from __future__ import annotations
 
 import polars as pl
@@ -25,8 +26,11 @@ def only(rep, code: str) -> pl.DataFrame:
 
 def positions(tr: dict, source: int, turn: int | None = None) -> list[int]:
     """Token positions of a trajectory record with token_source `source` (and token_turn `turn`)."""
-    return [i for i, (s, t) in enumerate(zip(tr["token_source"], tr["token_turn"]))
-            if s == source and (turn is None or t == turn)]
+    return [
+        i
+        for i, (s, t) in enumerate(zip(tr["token_source"], tr["token_turn"]))
+        if s == source and (turn is None or t == turn)
+    ]
 
 
 def drop_turn_field(trajs: list[dict], name: str) -> None:

@@ -1,4 +1,5 @@
 """Shared fixtures: compliant synthetic logs written with the library's own writer."""
+
 from __future__ import annotations
 
 import copy
@@ -8,8 +9,8 @@ import pytest
 
 os.environ.setdefault("ROLLOUT_AUDIT_DEBUG", "1")  # a crashing check fails the test instead of hiding
 
-from rollout_audit import RolloutWriter  # noqa: E402
-from rollout_audit.synth import make_log  # noqa: E402
+from rollout_audit import RolloutWriter
+from rollout_audit.synth import make_log
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +29,7 @@ def write_log(root, trajs, updates=None, parts: int = 1, validate: bool = False)
     root.mkdir(parents=True, exist_ok=True)
     size = -(-len(trajs) // parts)
     for i in range(parts):
-        chunk = trajs[i * size:(i + 1) * size]
+        chunk = trajs[i * size : (i + 1) * size]
         if not chunk:
             continue
         sub = root / f"step={i}" if parts > 1 else root

@@ -1,5 +1,6 @@
 """Smoke test of the benchmark generator: a tiny generated log is clean for the audit, and
 its injected faults are found (no timing assertions)."""
+
 from __future__ import annotations
 
 import json
@@ -11,11 +12,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` lives at the repo root
 
-import rollout_audit  # noqa: E402
-from benchmarks.generate import FAULTS, generate  # noqa: E402
-from benchmarks.run import naive_audit  # noqa: E402
-from rollout_audit import schema as S  # noqa: E402
-from rollout_audit.registry import all_rules  # noqa: E402
+import rollout_audit
+from benchmarks.generate import FAULTS, generate
+from benchmarks.run import naive_audit
+from rollout_audit import schema as S
+from rollout_audit.registry import all_rules
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,12 @@
 """Environment contract: E801 (versions and reset seed recorded), E802 (reset reproducible)."""
+
 from __future__ import annotations
 
 import polars as pl
 import pytest
+from conftest import write_log
 
 import rollout_audit as ra
-from conftest import write_log
 
 
 def blocking(rep) -> set[str]:
@@ -84,8 +85,10 @@ def test_e802_checksum_differs_for_same_seed(records):
     assert sorted(f["trajectory_id"]) == sorted(same)  # every trajectory of the key is named
     good = trajs[1]["initial_state_checksum"]
     msg = dict(zip(f["trajectory_id"], f["message"]))
-    expect = (f"environment keydoor version 1.0, reset_seed {seed}: 2 distinct initial_state_checksum over "
-              f"{len(same)} trajectories ({good}: {len(same) - 1}, deadbeefdeadbeef: 1)")
+    expect = (
+        f"environment keydoor version 1.0, reset_seed {seed}: 2 distinct initial_state_checksum over "
+        f"{len(same)} trajectories ({good}: {len(same) - 1}, deadbeefdeadbeef: 1)"
+    )
     assert msg[trajs[0]["trajectory_id"]] == expect + "; this one has deadbeefdeadbeef"
     assert msg[same[-1]] == expect + f"; this one has {good}"
 

@@ -1,4 +1,5 @@
 """Groups and difficulty: G701 (degenerate groups per task, P_info) and G702 (difficulty band)."""
+
 from __future__ import annotations
 
 import random
@@ -25,8 +26,7 @@ def task_log(outcomes: dict[int, list[bool]], group_size: int) -> list[dict]:
     trajs = []
     for task, results in outcomes.items():
         for i, ok in enumerate(results):
-            trajs.append(make_trajectory(f"t{task}-{i:04d}", task, rng, n_turns=1, success=ok,
-                                         group=i // group_size))
+            trajs.append(make_trajectory(f"t{task}-{i:04d}", task, rng, n_turns=1, success=ok, group=i // group_size))
     return trajs
 
 
@@ -97,8 +97,7 @@ def test_g701_g702_not_run_without_task_id(records):
 
 
 def test_g702_mixture_of_easy_and_impossible_tasks():
-    trajs = task_log({0: [True] * 8, 1: [True] * 8, 2: [False] * 8, 3: [False] * 8, 4: [True, False] * 4},
-                     group_size=4)
+    trajs = task_log({0: [True] * 8, 1: [True] * 8, 2: [False] * 8, 3: [False] * 8, 4: [True, False] * 4}, group_size=4)
     rep = ra.audit(trajs)
     assert not blocking(rep)
     st = rep.summary["statistics"]["G702"]

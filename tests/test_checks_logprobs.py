@@ -1,14 +1,15 @@
 """Log-probability checks L201-L204: each fires on its own fault, naming the trajectory,
 turn and position, stays silent on a compliant log, and is not run without its inputs."""
+
 from __future__ import annotations
 
 import math
 
 import polars as pl
+from checkhelp import EXCLUDED, drop_turn_field, loud, only, positions
 
 import rollout_audit as ra
 from rollout_audit.config import Config
-from checkhelp import EXCLUDED, drop_turn_field, loud, only, positions
 
 
 def test_compliant_log_is_silent(records):
@@ -34,8 +35,9 @@ def test_l201_reports_each_kind_of_invalid_logprob(records):
     r = f.row(0, named=True)
     assert f.height == 1 and r["trajectory_id"] == tr["trajectory_id"]
     assert r["position"] == p[1] and r["turn"] == tr["token_turn"][p[1]]
-    assert r["message"].startswith("4 loss-mask token(s) without a valid behaviour log-prob "
-                                   "(missing 1, NaN 1, infinite 1, positive 1)")
+    assert r["message"].startswith(
+        "4 loss-mask token(s) without a valid behaviour log-prob (missing 1, NaN 1, infinite 1, positive 1)"
+    )
 
 
 def test_l201_ignores_tokens_outside_the_loss(records):
@@ -66,7 +68,7 @@ def test_l202_tolerance_and_nan(records):
     trajs, ups = records
     tr = trajs[5]
     tr["turns"][0]["logprob"] += 0.5e-3  # within logprob_atol = 1e-3
-    tr["turns"][1]["logprob"] = None     # nothing recorded: not compared
+    tr["turns"][1]["logprob"] = None  # nothing recorded: not compared
     assert not loud(ra.audit(trajs, ups))
     tr["turns"][2]["logprob"] = math.nan  # a NaN sum is flagged, not waved through (S001 also says NaN)
     rep = ra.audit(trajs, ups)
@@ -93,7 +95,7 @@ def test_l203_logprob_on_non_policy_tokens(records):
     obs = positions(tr, 3, turn=1)
     for q in obs:
         tr["behavior_logprobs"][q] = -0.7  # teacher-forced log-probs over the tool output
-    tr["behavior_logprobs"][0] = -2.0    # and over the system prompt
+    tr["behavior_logprobs"][0] = -2.0  # and over the system prompt
     r = only(ra.audit(trajs, ups), "L203").row(0, named=True)
     assert r["trajectory_id"] == tr["trajectory_id"] and r["position"] == 0 and r["turn"] is None
     assert f"recorded on {len(obs) + 1} non-policy token(s) (system 1, observation {len(obs)})" in r["message"]
@@ -122,8 +124,9 @@ def test_l204_missing_decoding_parameters(records):
     r = f.row(0, named=True)
     assert f.height == 1 and r["severity"] == "warning" and rep.ok
     assert r["trajectory_id"] == tr["trajectory_id"] and r["turn"] == 1
-    assert r["message"] == ("temperature missing on 2 of 6 turn(s) (turns 1, 4); "
-                            "top_p missing on 1 of 6 turn(s) (turns 4)")
+    assert r["message"] == (
+        "temperature missing on 2 of 6 turn(s) (turns 1, 4); top_p missing on 1 of 6 turn(s) (turns 4)"
+    )
 
 
 def test_l204_not_run_when_a_column_is_absent(records):

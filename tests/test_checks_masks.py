@@ -1,14 +1,15 @@
 """Mask and provenance checks M101-M106: each fires on its own fault, naming the trajectory,
 turn and position, stays silent on a compliant log, and is not run without its inputs."""
+
 from __future__ import annotations
 
 import polars as pl
+from checkhelp import EXCLUDED, drop_turn_field, loud, only, positions
+from conftest import write_log
 
 import rollout_audit as ra
 from rollout_audit.config import Config
 from rollout_audit.synth import context_sha256
-from conftest import write_log
-from checkhelp import EXCLUDED, drop_turn_field, loud, only, positions
 
 
 def test_compliant_log_is_silent(records):
@@ -154,8 +155,10 @@ def test_m105_dropped_separator_shifts_the_context(records):
     r = only(ra.audit(trajs, ups), "M105").row(0, named=True)
     first = positions(tr, 2, 2)[0]
     assert (r["trajectory_id"], r["turn"], r["position"]) == (tr["trajectory_id"], 2, first)
-    assert r["message"].startswith(f"context_length is {first + 1}, but the turn's first policy token is at "
-                                   f"position {first}; sha256 of token_ids[:{first + 1}]")
+    assert r["message"].startswith(
+        f"context_length is {first + 1}, but the turn's first policy token is at "
+        f"position {first}; sha256 of token_ids[:{first + 1}]"
+    )
 
 
 def test_m105_context_length_out_of_range_and_case_of_hex(records):
@@ -210,8 +213,9 @@ def test_m106_length_differs(records):
     f = only(ra.audit(trajs, ups), "M106").sort("turn")
     assert f["turn"].to_list() == [0, 5] and set(f["trajectory_id"]) == {tr["trajectory_id"]}
     n0 = tr["turns"][0]["num_policy_tokens"]
-    assert f["message"][0] == (f"the engine sampled {n0 + 1} token(s) (sampled_token_ids), the trainer has {n0} "
-                               "policy token(s) in this turn")
+    assert f["message"][0] == (
+        f"the engine sampled {n0 + 1} token(s) (sampled_token_ids), the trainer has {n0} policy token(s) in this turn"
+    )
     assert f["position"].to_list() == [positions(tr, 2, 0)[0], positions(tr, 2, 5)[0]]
 
 

@@ -4,6 +4,7 @@ Each mutation breaks one identity and keeps the others: after changing shaping o
 the tests re-derive td_residual and discounted_return from the recorded values (`rederive`),
 so that only the intended relation is false.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,7 @@ def rederive(t):
     for i, tr in enumerate(turns):
         v_next = turns[i + 1]["value"] if i + 1 < len(turns) else t["final_value"]
         tr["td_residual"] = tr["reward"] + tr.get("shaping", 0.0) + g * v_next - tr["value"]
-    t["discounted_return"] = sum(g ** i * (tr["reward"] + tr.get("shaping", 0.0)) for i, tr in enumerate(turns))
+    t["discounted_return"] = sum(g**i * (tr["reward"] + tr.get("shaping", 0.0)) for i, tr in enumerate(turns))
 
 
 def drop_turn_fields(trajs, *names):
@@ -51,7 +52,7 @@ def test_compliant_log_is_silent_and_every_check_runs(records):
 
 def test_r401_components_do_not_sum(records):
     trajs, ups = records
-    a, = pick(trajs, min_turns=3)
+    (a,) = pick(trajs, min_turns=3)
     a["turns"][1]["reward_components"] = [("outcome", 0.0), ("progress", 0.25)]
     rep = audit(trajs, ups)
     assert blocking(rep) == {"R401"}
@@ -83,7 +84,7 @@ def test_r401_not_run_without_components(records):
 
 def test_r402_shaping_not_a_potential_difference(records):
     trajs, ups = records
-    a, = pick(trajs, min_turns=3)
+    (a,) = pick(trajs, min_turns=3)
     g = a["gamma"]
     # +x on turn 0 and -x/γ on turn 1: every turn but those two is a potential difference
     # and the discounted sum still telescopes (R404 silent).
@@ -102,20 +103,20 @@ def test_r402_gamma_defaults_to_one_when_absent(records):
     for t in trajs:
         del t["gamma"]
     rep = audit(trajs, ups, select=["R402"])
-    assert rep.codes() == {"R402"}       # synth shapes with γ = 0.99, the audit now assumes 1.0
+    assert rep.codes() == {"R402"}  # synth shapes with γ = 0.99, the audit now assumes 1.0
     assert "R402" not in rep.not_run
 
 
 def test_r403_potential_chain_broken(records):
     trajs, ups = records
-    a, = pick(trajs, min_turns=3)
+    (a,) = pick(trajs, min_turns=3)
     g = a["gamma"]
     tr = a["turns"][2]
-    tr["potential_before"] += 0.2                           # Φ(s_2) recorded twice, differently
-    tr["shaping"] = g * tr["potential_after"] - tr["potential_before"]   # R402 still holds
+    tr["potential_before"] += 0.2  # Φ(s_2) recorded twice, differently
+    tr["shaping"] = g * tr["potential_after"] - tr["potential_before"]  # R402 still holds
     rederive(a)
     rep = audit(trajs, ups)
-    assert blocking(rep) == {"R403", "R404"}   # a broken chain cannot telescope
+    assert blocking(rep) == {"R403", "R404"}  # a broken chain cannot telescope
     f = rows(rep, "R403")
     assert f["trajectory_id"].to_list() == [a["trajectory_id"]] and f["turn"].to_list() == [2]
     assert "differs from potential_after" in f["message"][0] and "of turn 1" in f["message"][0]
@@ -124,9 +125,9 @@ def test_r403_potential_chain_broken(records):
 
 def test_r404_drift_below_per_turn_tolerance_accumulates(records):
     trajs, ups = records
-    a, = pick(trajs, min_turns=5)
+    (a,) = pick(trajs, min_turns=5)
     for tr in a["turns"]:
-        tr["shaping"] += 9e-5              # each turn within atol = 1e-4, the sum is not
+        tr["shaping"] += 9e-5  # each turn within atol = 1e-4, the sum is not
     rederive(a)
     rep = audit(trajs, ups)
     assert blocking(rep) == {"R404"}
@@ -137,11 +138,11 @@ def test_r404_drift_below_per_turn_tolerance_accumulates(records):
 
 def test_r405_terminal_potential_non_zero(records):
     trajs, ups = records
-    a, = pick(trajs, stop={"success", "failure"}, min_turns=2)
-    b, = pick(trajs, stop={"max_turns"})
+    (a,) = pick(trajs, stop={"success", "failure"}, min_turns=2)
+    (b,) = pick(trajs, stop={"max_turns"})
     g = a["gamma"]
     last = a["turns"][-1]
-    last["potential_after"] = 0.5         # a proper potential difference, but a paid terminal bonus
+    last["potential_after"] = 0.5  # a proper potential difference, but a paid terminal bonus
     last["shaping"] = g * 0.5 - last["potential_before"]
     rederive(a)
     rep = audit(trajs, ups)
@@ -149,7 +150,7 @@ def test_r405_terminal_potential_non_zero(records):
     f = rows(rep, "R405")
     assert f["trajectory_id"].to_list() == [a["trajectory_id"]]
     assert f["turn"].to_list() == [len(a["turns"]) - 1]
-    assert b["turns"][-1]["potential_after"] != 0     # truncated episodes keep their potential
+    assert b["turns"][-1]["potential_after"] != 0  # truncated episodes keep their potential
 
 
 def test_shaping_checks_not_run_without_potentials(records):
@@ -166,20 +167,20 @@ def test_shaping_checks_not_run_without_potentials(records):
 
 def test_r406_recorded_td_residual_differs(records):
     trajs, ups = records
-    a, = pick(trajs, min_turns=3)
+    (a,) = pick(trajs, min_turns=3)
     a["turns"][1]["td_residual"] += 0.3
     rep = audit(trajs, ups)
     assert blocking(rep) == {"R406"}
-    f = rows(rep, "R406")                 # the turn, not also the sum
+    f = rows(rep, "R406")  # the turn, not also the sum
     assert f["trajectory_id"].to_list() == [a["trajectory_id"]] and f["turn"].to_list() == [1]
     assert f["message"][0].startswith("td_residual ")
 
 
 def test_r406_terminal_value_zeroed_on_a_truncated_episode(records):
     trajs, ups = records
-    a, = pick(trajs, stop={"max_turns"})
+    (a,) = pick(trajs, stop={"max_turns"})
     assert a["final_value"] != 0
-    a["final_value"] = 0.0                # the producer's δ bootstrapped from V(h_T), the log says 0
+    a["final_value"] = 0.0  # the producer's δ bootstrapped from V(h_T), the log says 0
     rep = audit(trajs, ups)
     assert blocking(rep) == {"R406"}
     f = rows(rep, "R406")
@@ -189,7 +190,7 @@ def test_r406_terminal_value_zeroed_on_a_truncated_episode(records):
 
 def test_r406_sum_reported_when_no_single_turn_explains_it(records):
     trajs, ups = records
-    a, = pick(trajs, min_turns=5)
+    (a,) = pick(trajs, min_turns=5)
     for tr in a["turns"]:
         tr["td_residual"] += 9e-5
     rep = audit(trajs, ups)
@@ -212,8 +213,8 @@ def test_r406_not_run_without_values(records):
 
 def test_r407_discounted_return_differs(records):
     trajs, ups = records
-    a, = pick(trajs, min_turns=2)
-    a["discounted_return"] = sum(tr["reward"] + tr["shaping"] for tr in a["turns"])   # γ forgotten
+    (a,) = pick(trajs, min_turns=2)
+    a["discounted_return"] = sum(tr["reward"] + tr["shaping"] for tr in a["turns"])  # γ forgotten
     rep = audit(trajs, ups)
     assert blocking(rep) == {"R407"}
     f = rows(rep, "R407")
@@ -226,7 +227,7 @@ def test_r407_shaping_counts_as_zero_when_absent(records):
     for t in trajs:
         for tr in t["turns"]:
             del tr["shaping"]
-        rederive(t)                        # R406 also takes shaping as 0 when absent
+        rederive(t)  # R406 also takes shaping as 0 when absent
     rep = audit(trajs, ups)
     assert "R407" not in rep.not_run and not blocking(rep)
 
@@ -250,10 +251,13 @@ def test_r407_not_run_without_the_column(records):
 
 def test_r408_first_visit_component_paid_twice(records):
     trajs, ups = records
-    a, = pick(trajs, min_turns=4)
-    for i in (1, 3):                       # paid twice; a step cost keeps the turn reward unchanged
-        a["turns"][i]["reward_components"] = [("outcome", a["turns"][i]["reward"]), ("key_picked", 0.1),
-                                              ("step_cost", -0.1)]
+    (a,) = pick(trajs, min_turns=4)
+    for i in (1, 3):  # paid twice; a step cost keeps the turn reward unchanged
+        a["turns"][i]["reward_components"] = [
+            ("outcome", a["turns"][i]["reward"]),
+            ("key_picked", 0.1),
+            ("step_cost", -0.1),
+        ]
     rep = audit(trajs, ups, first_visit_components=["key_picked"])
     assert blocking(rep) == {"R408"}
     f = rows(rep, "R408")
@@ -269,7 +273,7 @@ def test_r408_first_visit_component_paid_twice(records):
 
 def test_r409_loop_of_the_same_action(records):
     trajs, ups = records
-    a, = pick(trajs, min_turns=5)
+    (a,) = pick(trajs, min_turns=5)
     same = json.dumps({"action": "inspect"})
     for tr in a["turns"][1:5]:
         tr["parsed_action"] = same
@@ -283,7 +287,7 @@ def test_r409_loop_of_the_same_action(records):
 
 def test_r409_null_action_breaks_the_run(records):
     trajs, ups = records
-    a, = pick(trajs, min_turns=5)
+    (a,) = pick(trajs, min_turns=5)
     same = json.dumps({"action": "inspect"})
     for tr in a["turns"][:5]:
         tr["parsed_action"] = same
@@ -306,20 +310,24 @@ def test_r410_monotone_success_below_failure(records):
     task = "task1"
     s = next(t for t in trajs if t["task_id"] == task and t["stop_reason"] == "success")
     f = next(t for t in trajs if t["task_id"] == task and t["stop_reason"] == "failure")
-    s["verifier_success"], f["verifier_success"] = False, True   # verdicts swapped, rewards kept
+    s["verifier_success"], f["verifier_success"] = False, True  # verdicts swapped, rewards kept
     rep = audit(trajs, ups)
     assert blocking(rep) == {"R410"}
     got = dict(zip(*rows(rep, "R410").select("trajectory_id", "message").to_dict(as_series=False).values()))
     assert set(got) == {s["trajectory_id"], f["trajectory_id"]}
-    assert got[f["trajectory_id"]].startswith(f"verified success scores 0.0, below verified failure {s['trajectory_id']}")
-    assert got[s["trajectory_id"]].startswith(f"verified failure scores 1.0, above verified success {f['trajectory_id']}")
+    assert got[f["trajectory_id"]].startswith(
+        f"verified success scores 0.0, below verified failure {s['trajectory_id']}"
+    )
+    assert got[s["trajectory_id"]].startswith(
+        f"verified failure scores 1.0, above verified success {f['trajectory_id']}"
+    )
 
 
 def test_r410_binary_rule(records):
     trajs, ups = records
     assert not blocking(audit(trajs, ups, reward_rule="binary"))
     s = next(t for t in trajs if t["stop_reason"] == "success")
-    s["verifier_success"] = False          # monotone: a failure scoring like the successes is allowed
+    s["verifier_success"] = False  # monotone: a failure scoring like the successes is allowed
     assert "R410" not in blocking(audit(trajs, ups))
     rep = audit(trajs, ups, reward_rule="binary")
     assert blocking(rep) == {"R410"}
@@ -330,7 +338,7 @@ def test_r410_binary_rule(records):
 def test_r410_ignores_excluded_episodes_and_needs_the_verdict(records):
     trajs, ups = records
     tr = next(t for t in trajs if t["truncated"])
-    tr["verifier_success"] = True           # reward null: not compared
+    tr["verifier_success"] = True  # reward null: not compared
     assert "R410" not in blocking(audit(trajs, ups))
     for t in trajs:
         del t["verifier_success"]
@@ -341,6 +349,7 @@ def test_r410_ignores_excluded_episodes_and_needs_the_verdict(records):
 @pytest.mark.parametrize("parts", [1, 3])
 def test_r410_same_result_from_files(tmp_path, records, parts):
     from conftest import write_log
+
     trajs, ups = records
     s = next(t for t in trajs if t["task_id"] == "task2" and t["stop_reason"] == "success")
     f = next(t for t in trajs if t["task_id"] == "task2" and t["stop_reason"] == "failure")

@@ -1,10 +1,11 @@
 """Termination checks T301-T305 (DESIGN 3.3, lesson 11.1.4) against mutated synthetic logs."""
+
 from __future__ import annotations
 
 import pytest
+from conftest import write_log
 
 import rollout_audit as ra
-from conftest import write_log
 
 T_CODES = {"T301", "T302", "T303", "T304", "T305"}
 
@@ -15,8 +16,13 @@ from checkhelp import loud as blocking
 def pick(trajs, updates=None, *, stop=None, in_update=None, n=1, min_turns=1):
     """The first `n` trajectories matching the stop-reason set and update membership."""
     used = {i for u in updates or [] for i in u["trajectory_ids"]}
-    out = [t for t in trajs if (stop is None or t["stop_reason"] in stop) and len(t["turns"]) >= min_turns
-           and (in_update is None or (t["trajectory_id"] in used) == in_update)]
+    out = [
+        t
+        for t in trajs
+        if (stop is None or t["stop_reason"] in stop)
+        and len(t["turns"]) >= min_turns
+        and (in_update is None or (t["trajectory_id"] in used) == in_update)
+    ]
     assert len(out) >= n
     return out[:n]
 
@@ -36,10 +42,10 @@ def test_compliant_log_is_silent_and_every_check_runs(records):
 
 def test_t301_no_flag_and_two_flags(records):
     trajs, ups = records
-    a, = pick(trajs, stop={"success", "failure"})
-    b, = pick(trajs, stop={"max_turns"})
-    a["terminated"] = False                 # no flag at all
-    b["infra_error"] = True                 # truncated and infra_error
+    (a,) = pick(trajs, stop={"success", "failure"})
+    (b,) = pick(trajs, stop={"max_turns"})
+    a["terminated"] = False  # no flag at all
+    b["infra_error"] = True  # truncated and infra_error
     rep = audit(trajs, ups)
     assert blocking(rep) == {"T301"}
     f = rows(rep, "T301")
@@ -51,7 +57,7 @@ def test_t301_no_flag_and_two_flags(records):
 
 def test_t301_null_flag_counts_as_unset(records):
     trajs, ups = records
-    a, = pick(trajs, stop={"max_turns"})
+    (a,) = pick(trajs, stop={"max_turns"})
     a["truncated"] = None
     rep = audit(trajs, ups)
     assert rows(rep, "T301")["trajectory_id"].to_list() == [a["trajectory_id"]]
@@ -63,8 +69,8 @@ def test_t301_null_flag_counts_as_unset(records):
 
 def test_t302_reason_of_another_flag(records):
     trajs, ups = records
-    a, = pick(trajs, stop={"failure"})
-    a["stop_reason"] = "max_turns"          # a collector limit recorded as a task failure
+    (a,) = pick(trajs, stop={"failure"})
+    a["stop_reason"] = "max_turns"  # a collector limit recorded as a task failure
     rep = audit(trajs, ups)
     assert blocking(rep) == {"T302"}
     f = rows(rep, "T302")
@@ -74,7 +80,7 @@ def test_t302_reason_of_another_flag(records):
 
 def test_t302_unknown_reason_and_extra_stop_reasons(records):
     trajs, ups = records
-    a, = pick(trajs, stop={"failure"})
+    (a,) = pick(trajs, stop={"failure"})
     a["stop_reason"] = "gave_up"
     rep = audit(trajs, ups)
     assert blocking(rep) == {"T302"}
@@ -88,7 +94,7 @@ def test_t302_unknown_reason_and_extra_stop_reasons(records):
 
 def test_t302_leaves_multi_flag_rows_to_t301(records):
     trajs, ups = records
-    a, = pick(trajs, stop={"max_turns"})
+    (a,) = pick(trajs, stop={"max_turns"})
     a["terminated"] = True
     rep = audit(trajs, ups, select=["T"])
     assert rep.codes() == {"T301"}
@@ -99,7 +105,7 @@ def test_t302_leaves_multi_flag_rows_to_t301(records):
 
 def test_t303_silent_on_a_clean_infra_error_episode(records):
     trajs, ups = records
-    a, = pick(trajs, stop={"max_turns"}, in_update=False)   # reward null, in no update
+    (a,) = pick(trajs, stop={"max_turns"}, in_update=False)  # reward null, in no update
     to_infra(a)
     rep = audit(trajs, ups)
     assert not blocking(rep)
@@ -107,9 +113,9 @@ def test_t303_silent_on_a_clean_infra_error_episode(records):
 
 def test_t303_infra_error_with_a_reward(records):
     trajs, ups = records
-    a, = pick(trajs, stop={"max_turns"}, in_update=False)
+    (a,) = pick(trajs, stop={"max_turns"}, in_update=False)
     to_infra(a, "tool_error")
-    a["reward"] = 0.0                       # infrastructure failure scored as a task failure
+    a["reward"] = 0.0  # infrastructure failure scored as a task failure
     rep = audit(trajs, ups)
     assert blocking(rep) == {"T303"}
     f = rows(rep, "T303")
@@ -119,7 +125,7 @@ def test_t303_infra_error_with_a_reward(records):
 
 def test_t303_infra_error_used_in_an_update(tmp_path, records):
     trajs, ups = records
-    a, = pick(trajs, ups, stop={"failure"}, in_update=True)
+    (a,) = pick(trajs, ups, stop={"failure"}, in_update=True)
     to_infra(a)
     a["reward"] = None
     steps = [u["update_step"] for u in ups if a["trajectory_id"] in u["trajectory_ids"]]
@@ -149,8 +155,8 @@ def test_t303_reward_part_runs_without_updates(records):
 
 def test_t304_exclude_policy_wants_a_null_reward(records):
     trajs, ups = records
-    a, = pick(trajs, stop={"max_turns"}, in_update=False)
-    a["reward"] = 0.0                       # truncated episode scored as a failure
+    (a,) = pick(trajs, stop={"max_turns"}, in_update=False)
+    a["reward"] = 0.0  # truncated episode scored as a failure
     rep = audit(trajs, ups)
     assert blocking(rep) == {"T304"}
     f = rows(rep, "T304")
@@ -184,7 +190,7 @@ def test_t304_silent_when_truncated_rewards_are_null(records):
 @pytest.mark.parametrize("reason", ["length", "abort"])
 def test_t305_length_cut_recorded_as_terminated(records, reason):
     trajs, ups = records
-    a, = pick(trajs, stop={"failure"}, min_turns=2)
+    (a,) = pick(trajs, stop={"failure"}, min_turns=2)
     a["turns"][-1]["finish_reason"] = reason
     rep = audit(trajs, ups)
     assert blocking(rep) == {"T305"}
@@ -196,10 +202,10 @@ def test_t305_length_cut_recorded_as_terminated(records, reason):
 
 def test_t305_silent_on_earlier_turns_and_truncated_episodes(records):
     trajs, ups = records
-    a, = pick(trajs, stop={"failure"}, min_turns=2)
-    b, = pick(trajs, stop={"max_turns"})
-    a["turns"][0]["finish_reason"] = "length"     # not the last turn
-    b["turns"][-1]["finish_reason"] = "length"    # honestly recorded as truncated
+    (a,) = pick(trajs, stop={"failure"}, min_turns=2)
+    (b,) = pick(trajs, stop={"max_turns"})
+    a["turns"][0]["finish_reason"] = "length"  # not the last turn
+    b["turns"][-1]["finish_reason"] = "length"  # honestly recorded as truncated
     assert not blocking(audit(trajs, ups))
 
 

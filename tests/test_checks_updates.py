@@ -1,13 +1,14 @@
 """Updates and reduction: U601-U606 recompute each update's denominator, advantages and batch
 membership from the trajectories it names."""
+
 from __future__ import annotations
 
 import numpy as np
 import polars as pl
 import pytest
+from conftest import write_log
 
 import rollout_audit as ra
-from conftest import write_log
 
 U = {"U601", "U602", "U603", "U604", "U605", "U606"}
 
@@ -155,8 +156,18 @@ def test_u601_constant_needs_positive_finite(records, value):
 
 def test_u601_empty_batch_recomputes_to_zero(records):
     trajs, ups = records
-    ups.append({"update_step": 2, "trainer_version": 2, "trajectory_ids": [], "reduction": "token",
-                "loss_denominator": 0.0, "advantages": [], "advantage_estimator": "grpo", "max_policy_lag": 0})
+    ups.append(
+        {
+            "update_step": 2,
+            "trainer_version": 2,
+            "trajectory_ids": [],
+            "reduction": "token",
+            "loss_denominator": 0.0,
+            "advantages": [],
+            "advantage_estimator": "grpo",
+            "max_policy_lag": 0,
+        }
+    )
     assert not (ra.audit(trajs, ups).codes() & U)
     ups[-1]["loss_denominator"] = 8.0
     rep = ra.audit(trajs, ups)
@@ -323,8 +334,13 @@ def test_u605_runs_without_trajectories(records):
 
 def test_u606_truncated_episode_in_update(records):
     trajs, ups = records
-    trunc = next(t for t in trajs if t["truncated"] and t["trajectory_id"] not in ups[0]["trajectory_ids"]
-                 and t["trajectory_id"] < ups[1]["trajectory_ids"][0])
+    trunc = next(
+        t
+        for t in trajs
+        if t["truncated"]
+        and t["trajectory_id"] not in ups[0]["trajectory_ids"]
+        and t["trajectory_id"] < ups[1]["trajectory_ids"][0]
+    )
     ups[0]["trajectory_ids"].append(trunc["trajectory_id"])
     ups[0]["advantages"].append(0.0)
     ups[0]["loss_denominator"] += sum(trunc["loss_mask"])

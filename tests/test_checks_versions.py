@@ -1,13 +1,14 @@
 """Policy-version checks P501-P504: each fires on its own fault, naming the trajectory and
 turn, stays silent on a compliant log, and is not run without its inputs."""
+
 from __future__ import annotations
 
 import polars as pl
+from checkhelp import EXCLUDED, drop_turn_field, loud, only
+from conftest import write_log
 
 import rollout_audit as ra
 from rollout_audit.config import Config
-from conftest import write_log
-from checkhelp import EXCLUDED, drop_turn_field, loud, only
 
 
 def set_version(tr: dict, v: int) -> None:
@@ -145,8 +146,10 @@ def test_p504_histogram_of_versions_per_episode(records):
     r = f.row(0, named=True)
     assert f.height == 1 and r["severity"] == "info" and r["trajectory_id"] == trajs[EXCLUDED]["trajectory_id"]
     n = len(trajs)
-    assert r["message"].startswith(f"2 of {n} episodes were sampled by several policy versions; "
-                                   f"versions per episode {{1: {n - 2}, 2: 1, 3: 1}}; version span "
-                                   f"{{0: {n - 2}, 1: 1, 2: 1}}")
+    assert r["message"].startswith(
+        f"2 of {n} episodes were sampled by several policy versions; "
+        f"versions per episode {{1: {n - 2}, 2: 1, 3: 1}}; version span "
+        f"{{0: {n - 2}, 1: 1, 2: 1}}"
+    )
     st = rep.summary["statistics"]["P504"]
     assert st["versions_per_episode"] == {"1": n - 2, "2": 1, "3": 1} and st["multi_version_episodes"] == 2

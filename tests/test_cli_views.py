@@ -1,11 +1,12 @@
 """stats, show and report commands on a small log."""
+
 from __future__ import annotations
 
 import json
 
 from click.testing import CliRunner
-
 from conftest import write_log
+
 from rollout_audit.cli import main
 
 

@@ -1,5 +1,6 @@
 """Detection matrix: every named fault raises its codes, names its trajectories, and raises
 no other error or warning; the compliant log raises none; the same when split in partitions."""
+
 from __future__ import annotations
 
 import polars as pl

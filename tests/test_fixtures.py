@@ -1,5 +1,6 @@
 """The committed fixtures: the compliant agent log is clean, every broken log raises exactly
 its manifest's codes naming the touched trajectories, and the fixtures match the generator."""
+
 from __future__ import annotations
 
 import json

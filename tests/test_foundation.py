@@ -1,4 +1,5 @@
 """Foundation: writer, reader, structural checks S001-S005, CLI exit codes and formats."""
+
 from __future__ import annotations
 
 import hashlib
@@ -9,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from conftest import write_log
 
 import rollout_audit as ra
 from rollout_audit.cli import main
-from conftest import write_log
 
 
 def run_cli(*args):
@@ -103,8 +104,9 @@ def test_missing_required_column_s001_and_checks_not_run(tmp_path, records):
 
 def test_token_ids_as_floats_is_s001(tmp_path, records):
     t = ra.io.records_to_table(records[0])
-    t = t.set_column(t.schema.get_field_index("token_ids"), "token_ids",
-                     t.column("token_ids").cast(pa.list_(pa.float64())))
+    t = t.set_column(
+        t.schema.get_field_index("token_ids"), "token_ids", t.column("token_ids").cast(pa.list_(pa.float64()))
+    )
     pq.write_table(t, tmp_path / "x.parquet")
     rep = ra.audit(tmp_path)
     msgs = rep.findings.filter(pl.col("code") == "S001")["message"].to_list()

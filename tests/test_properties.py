@@ -3,6 +3,7 @@
 CI runs 25 derandomized examples per property (a red CI must be reproducible); for a longer
 random search: RA_EXAMPLES=300 python -m pytest tests/test_properties.py (passed 2026-11-29).
 """
+
 from __future__ import annotations
 
 import os
@@ -22,12 +23,19 @@ OPTIONAL_TURN_FIELDS = [c.name for c in S.columns("turn") if c.requirement != "R
 
 logs = st.builds(
     make_log,
-    n_tasks=st.integers(1, 5), group_size=st.integers(1, 6), n_versions=st.integers(1, 3),
-    seed=st.integers(0, 10_000), truncated_share=st.sampled_from([0.0, 0.2, 0.5]),
+    n_tasks=st.integers(1, 5),
+    group_size=st.integers(1, 6),
+    n_versions=st.integers(1, 3),
+    seed=st.integers(0, 10_000),
+    truncated_share=st.sampled_from([0.0, 0.2, 0.5]),
     gamma=st.sampled_from([1.0, 0.99, 0.9]),
 )
-SETTINGS = settings(max_examples=int(os.environ.get("RA_EXAMPLES", "25")), deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow], derandomize=not os.environ.get("RA_EXAMPLES"))
+SETTINGS = settings(
+    max_examples=int(os.environ.get("RA_EXAMPLES", "25")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=not os.environ.get("RA_EXAMPLES"),
+)
 
 
 def serious(rep) -> pl.DataFrame:
@@ -35,8 +43,12 @@ def serious(rep) -> pl.DataFrame:
 
 
 @SETTINGS
-@given(log=logs, drop=st.sets(st.sampled_from(OPTIONAL_COLUMNS)),
-       drop_turn=st.sets(st.sampled_from(OPTIONAL_TURN_FIELDS)), with_updates=st.booleans())
+@given(
+    log=logs,
+    drop=st.sets(st.sampled_from(OPTIONAL_COLUMNS)),
+    drop_turn=st.sets(st.sampled_from(OPTIONAL_TURN_FIELDS)),
+    with_updates=st.booleans(),
+)
 def test_random_compliant_logs_audit_clean(log, drop, drop_turn, with_updates):
     trajs, ups = log
     if trajs[0]["gamma"] != 1.0:
@@ -54,15 +66,17 @@ def test_random_compliant_logs_audit_clean(log, drop, drop_turn, with_updates):
     assert serious(rep).is_empty(), serious(rep)
     # an absent input is reported as not run, never silently passed
     for code, rule in rep.rules.items():
-        missing = [q for q in rule.requires if q.split(".")[0] in drop or
-                   (q.startswith("turns.") and q[6:] in drop_turn)]
+        missing = [
+            q for q in rule.requires if q.split(".")[0] in drop or (q.startswith("turns.") and q[6:] in drop_turn)
+        ]
         if missing and rule.scope == "batch":
             assert code in rep.not_run, (code, missing)
 
 
 @SETTINGS
-@given(log=logs, name=st.sampled_from(sorted(n for n, f in FAULTS.items() if not f.file_level)),
-       seed=st.integers(0, 1000))
+@given(
+    log=logs, name=st.sampled_from(sorted(n for n, f in FAULTS.items() if not f.file_level)), seed=st.integers(0, 1000)
+)
 def test_random_fault_is_caught(log, name, seed):
     trajs, ups = log
     try:

@@ -14,16 +14,34 @@ import pyarrow.parquet as pq
 import pytest
 
 torch = pytest.importorskip("torch")
-from safetensors.torch import load_file  # noqa: E402
+from safetensors.torch import load_file
 
-from reference_agent.env import (ACTIONS, ALL_OBSERVATIONS, OBS_CLUE, OBS_JAMMED, OBS_NO_KEY,  # noqa: E402
-                                 OBS_NOTE_GONE, OBS_OPENS, OBS_RESET, OBS_STUCK, OBS_TAKE, OBS_TIME_UP, KeyDoorEnv,
-                                 controller_mask, potential, task_from_seed)
-from reference_agent.policy import (PolicyConfig, RecurrentActorCritic, decoding_distribution,  # noqa: E402
-                                    load_checkpoint)
-from reference_agent.replay import replay_logprobs  # noqa: E402
-from reference_agent.tokenizer import SYSTEM_PROMPT, TASK_STATEMENT, Tokenizer  # noqa: E402
-from reference_agent.train import PROFILES, grpo_advantages, run_episode, train  # noqa: E402
+from reference_agent.env import (
+    ACTIONS,
+    ALL_OBSERVATIONS,
+    OBS_CLUE,
+    OBS_JAMMED,
+    OBS_NO_KEY,
+    OBS_NOTE_GONE,
+    OBS_OPENS,
+    OBS_RESET,
+    OBS_STUCK,
+    OBS_TAKE,
+    OBS_TIME_UP,
+    KeyDoorEnv,
+    controller_mask,
+    potential,
+    task_from_seed,
+)
+from reference_agent.policy import (
+    PolicyConfig,
+    RecurrentActorCritic,
+    decoding_distribution,
+    load_checkpoint,
+)
+from reference_agent.replay import replay_logprobs
+from reference_agent.tokenizer import SYSTEM_PROMPT, TASK_STATEMENT, Tokenizer
+from reference_agent.train import PROFILES, grpo_advantages, run_episode, train
 
 TIMING_TURN_FIELDS = {"latency_s", "tool_latency_s"}
 TEST_CFG = replace(PROFILES["tiny"], iterations=3, groups_per_iter=4, group_size=4, infra_failure_rate=0.05)
@@ -197,8 +215,14 @@ def test_token_provenance_mask_and_context(run_dir: Path) -> None:
             assert turn["logprob"] == pytest.approx(row["behavior_logprobs"][pos], abs=1e-12)
             assert json.loads(turn["parsed_action"]) == {"action": turn["action_text"]}
             assert turn["finish_reason"] == ("stop" if turn["action_text"] == "finish" else "tool_calls")
-            assert sum(turn["reward_components"].values() if isinstance(turn["reward_components"], dict)
-                       else [v for _, v in turn["reward_components"]]) == turn["reward"]
+            assert (
+                sum(
+                    turn["reward_components"].values()
+                    if isinstance(turn["reward_components"], dict)
+                    else [v for _, v in turn["reward_components"]]
+                )
+                == turn["reward"]
+            )
 
 
 def test_behaviour_logprobs_match_replay_from_checkpoint(run_dir: Path) -> None:
@@ -219,8 +243,11 @@ def test_replay_detects_wrong_decoding_params(run_dir: Path) -> None:
 
 
 def test_stop_causes_flags_and_rewards(run_dir: Path) -> None:
-    reasons = {"terminated": {"success", "failure", "task_budget"}, "truncated": {"max_turns"},
-               "infra_error": {"tool_error"}}
+    reasons = {
+        "terminated": {"success", "failure", "task_budget"},
+        "truncated": {"max_turns"},
+        "infra_error": {"tool_error"},
+    }
     rows = _rows(run_dir)
     for row in rows:
         flags = [f for f in reasons if row[f]]
@@ -239,8 +266,18 @@ def test_stop_causes_flags_and_rewards(run_dir: Path) -> None:
 def _first_non_finish(policy: RecurrentActorCritic, tok: Tokenizer, env: KeyDoorEnv, **kw: object) -> dict:
     """Collect with successive rng seeds until the first action is not finish (finish ends any episode)."""
     for seed in range(50):
-        rec = run_episode(env, policy, tok, reset_seed=1, rng=np.random.default_rng(seed), version=0,
-                          temperature=1.0, top_p=1.0, gamma=0.9, **kw)  # type: ignore[arg-type]
+        rec = run_episode(
+            env,
+            policy,
+            tok,
+            reset_seed=1,
+            rng=np.random.default_rng(seed),
+            version=0,
+            temperature=1.0,
+            top_p=1.0,
+            gamma=0.9,
+            **kw,
+        )  # type: ignore[arg-type]
         if rec["turns"][0]["action_text"] != "finish":
             return rec
     raise AssertionError("the policy always finished first")
@@ -269,15 +306,15 @@ def test_shaping_telescopes_and_td_identity(run_dir: Path) -> None:
             assert a["potential_after"] == b["potential_before"]
         for t in turns:
             assert t["shaping"] == pytest.approx(g * t["potential_after"] - t["potential_before"], abs=1e-12)
-        lhs = sum(g ** t * turns[t]["shaping"] for t in range(T))
-        rhs = -turns[0]["potential_before"] + g ** T * turns[-1]["potential_after"]
+        lhs = sum(g**t * turns[t]["shaping"] for t in range(T))
+        rhs = -turns[0]["potential_before"] + g**T * turns[-1]["potential_after"]
         assert lhs == pytest.approx(rhs, abs=1e-9)
         if row["terminated"]:
             assert turns[-1]["potential_after"] == 0.0
-        G0 = sum(g ** t * (turns[t]["reward"] + turns[t]["shaping"]) for t in range(T))
+        G0 = sum(g**t * (turns[t]["reward"] + turns[t]["shaping"]) for t in range(T))
         assert row["discounted_return"] == pytest.approx(G0, abs=1e-9)
-        td = sum(g ** t * turns[t]["td_residual"] for t in range(T))
-        assert td == pytest.approx(G0 - turns[0]["value"] + g ** T * row["final_value"], abs=1e-5)
+        td = sum(g**t * turns[t]["td_residual"] for t in range(T))
+        assert td == pytest.approx(G0 - turns[0]["value"] + g**T * row["final_value"], abs=1e-5)
 
 
 def test_update_records_denominator_and_grpo(run_dir: Path) -> None:
@@ -300,8 +337,18 @@ def test_same_seed_same_log(run_dir: Path, tmp_path: Path) -> None:
     train(TEST_CFG, tmp_path)
 
     def strip(rows: list[dict]) -> list[dict]:
-        return [{k: ([{f: v for f, v in t.items() if f not in TIMING_TURN_FIELDS} for t in r["turns"]]
-                     if k == "turns" else v) for k, v in r.items() if k != "wall_clock_s"} for r in rows]
+        return [
+            {
+                k: (
+                    [{f: v for f, v in t.items() if f not in TIMING_TURN_FIELDS} for t in r["turns"]]
+                    if k == "turns"
+                    else v
+                )
+                for k, v in r.items()
+                if k != "wall_clock_s"
+            }
+            for r in rows
+        ]
 
     assert strip(_rows(run_dir)) == strip(_rows(tmp_path))
     assert _updates(run_dir) == _updates(tmp_path)

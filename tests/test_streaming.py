@@ -1,6 +1,7 @@
 """The streaming engine (small batches, several files, read-ahead thread) finds exactly what the
 in-memory path (the whole log in one batch) finds, on every named fault of the synthetic log;
 S001's fast domain pass never hides a finding pandera would make."""
+
 from __future__ import annotations
 
 import math
@@ -35,9 +36,11 @@ def _three_ways(root, cfg: Config | None = None) -> list[pl.DataFrame]:
     files = disc.of_kind("trajectories")
     traj = pa.concat_tables([pq.read_table(f.path) for f in files], promote_options="default")
     ups = [pq.read_table(f.path) for f in disc.of_kind("updates")]
-    reps = [run_audit(disc, cfg),                   # row-group batches, read ahead on a thread
-            run_audit(disc, cfg, batch_rows=3, workers=2),  # small batches, two checked at once
-            run_audit(Discovery(), cfg, batch_rows=10**9, tables=(traj, ups[0] if ups else None))]
+    reps = [
+        run_audit(disc, cfg),  # row-group batches, read ahead on a thread
+        run_audit(disc, cfg, batch_rows=3, workers=2),  # small batches, two checked at once
+        run_audit(Discovery(), cfg, batch_rows=10**9, tables=(traj, ups[0] if ups else None)),
+    ]
     return [_norm(r) for r in reps]
 
 
@@ -51,8 +54,12 @@ def test_streaming_equals_in_memory(name, base, tmp_path):
     assert ref.equals(small), (ref, small)
     # file-level findings (schema problems, no trajectory) come once per file: three files
     # on disk, one table in memory
-    per_file = lambda f: pl.concat([f.filter(pl.col("trajectory_id").is_not_null()),  # noqa: E731
-                                    f.filter(pl.col("trajectory_id").is_null()).unique(maintain_order=True)])
+    per_file = lambda f: pl.concat(
+        [
+            f.filter(pl.col("trajectory_id").is_not_null()),
+            f.filter(pl.col("trajectory_id").is_null()).unique(maintain_order=True),
+        ]
+    )
     assert per_file(ref).equals(per_file(mem)), (ref, mem)
 
 

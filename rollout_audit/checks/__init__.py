@@ -1,4 +1,5 @@
 """The check catalogue. Each module holds one family; importing registers its rules."""
+
 from . import (  # noqa: F401
     environment,
     groups,

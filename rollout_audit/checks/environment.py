@@ -1,5 +1,6 @@
 """Environment contract (E): every episode says which environment, verifier and initial state
 it ran against, and resetting to that state is reproducible (lesson 11.5.1)."""
+
 from __future__ import annotations
 
 import polars as pl
@@ -20,8 +21,7 @@ def _with(t: pl.DataFrame, names, dtype=pl.String) -> pl.DataFrame:
     return t.with_columns(pl.lit(None, dtype=dtype).alias(c) for c in names if c not in t.columns)
 
 
-@rule("E801", "environment version, verifier version or reset seed missing", scope="log",
-      requires=("trajectory_id",))
+@rule("E801", "environment version, verifier version or reset seed missing", scope="log", requires=("trajectory_id",))
 def identity_missing(log, cfg) -> pl.DataFrame | None:
     """An episode does not record its environment_version, its verifier_version, or how its
     initial state was chosen (reset_seed null while initial_state_id is null too).
@@ -40,14 +40,24 @@ def identity_missing(log, cfg) -> pl.DataFrame | None:
     absent = [c for c in (*VERSIONS, "reset_seed") if c not in t.columns]
     out = []
     if absent and "file" in t.columns:
-        out.append(t.select("file").unique(maintain_order=True).with_columns(
-            pl.lit(f"column{'s' * (len(absent) > 1)} {', '.join(absent)} absent: no episode of this file records "
-                   f"{'them' if len(absent) > 1 else 'it'}").alias("message")))
+        out.append(
+            t.select("file")
+            .unique(maintain_order=True)
+            .with_columns(
+                pl.lit(
+                    f"column{'s' * (len(absent) > 1)} {', '.join(absent)} absent: no episode of this file records "
+                    f"{'them' if len(absent) > 1 else 'it'}"
+                ).alias("message")
+            )
+        )
     t = _with(t, ["initial_state_id"])
     parts = [pl.when(_blank(c)).then(pl.lit(f"{c} missing")) for c in VERSIONS if c in t.columns]
     if "reset_seed" in t.columns:
-        parts.append(pl.when(pl.col("reset_seed").is_null() & _blank("initial_state_id"))
-                     .then(pl.lit("reset_seed and initial_state_id both null: the initial state cannot be reproduced")))
+        parts.append(
+            pl.when(pl.col("reset_seed").is_null() & _blank("initial_state_id")).then(
+                pl.lit("reset_seed and initial_state_id both null: the initial state cannot be reproduced")
+            )
+        )
     if parts:
         msg = pl.concat_str(parts, separator="; ", ignore_nulls=True)
         bad = t.select("trajectory_id", "file", msg.alias("message")).filter(pl.col("message") != "")
@@ -56,8 +66,12 @@ def identity_missing(log, cfg) -> pl.DataFrame | None:
     return pl.concat(out, how="diagonal_relaxed") if out else None
 
 
-@rule("E802", "same reset key, different initial state", scope="log",
-      requires=("trajectory_id", "initial_state_checksum", "environment_id", "environment_version", "reset_seed"))
+@rule(
+    "E802",
+    "same reset key, different initial state",
+    scope="log",
+    requires=("trajectory_id", "initial_state_checksum", "environment_id", "environment_version", "reset_seed"),
+)
 def reset_not_reproducible(log, cfg) -> pl.DataFrame | None:
     """Episodes with the same (environment_id, environment_version, reset_seed) record
     different initial_state_checksum values: reset is not reproducible or rollouts are not
@@ -74,24 +88,47 @@ def reset_not_reproducible(log, cfg) -> pl.DataFrame | None:
     state per rollout, and bump environment_version when the initial state legitimately changes.
     """
     t = _with(log.traj, ["initial_state_id"])
-    t = t.filter(pl.col("initial_state_checksum").is_not_null()
-                 & (pl.col("reset_seed").is_not_null() | pl.col("initial_state_id").is_not_null()))
+    t = t.filter(
+        pl.col("initial_state_checksum").is_not_null()
+        & (pl.col("reset_seed").is_not_null() | pl.col("initial_state_id").is_not_null())
+    )
     key = pl.concat_str([pl.col(c).cast(pl.String).fill_null("\x00") for c in RESET_KEY], separator="\x1f")
     t = t.with_columns(key.alias("_key"))
     t = t.filter(pl.col("initial_state_checksum").n_unique().over("_key") > 1)
     if t.is_empty():
         return None
-    counts = (t.group_by("_key", "initial_state_checksum").len()
-              .sort(["_key", "len", "initial_state_checksum"], descending=[False, True, False])
-              .group_by("_key", maintain_order=True)
-              .agg(pl.len().alias("_n_distinct"), pl.col("len").sum().alias("_n"),
-                   pl.format("{}: {}", "initial_state_checksum", "len").str.join(", ").alias("_counts")))
+    counts = (
+        t.group_by("_key", "initial_state_checksum")
+        .len()
+        .sort(["_key", "len", "initial_state_checksum"], descending=[False, True, False])
+        .group_by("_key", maintain_order=True)
+        .agg(
+            pl.len().alias("_n_distinct"),
+            pl.col("len").sum().alias("_n"),
+            pl.format("{}: {}", "initial_state_checksum", "len").str.join(", ").alias("_counts"),
+        )
+    )
     t = t.join(counts, on="_key", how="left")
-    where = pl.format("environment {} version {}, reset_seed {}", pl.col("environment_id").fill_null("null"),
-                      pl.col("environment_version").fill_null("null"),
-                      pl.col("reset_seed").cast(pl.String).fill_null("null"))
-    where = pl.when(pl.col("initial_state_id").is_not_null()) \
-        .then(pl.format("{}, initial_state_id {}", where, pl.col("initial_state_id"))).otherwise(where)
-    return t.select("trajectory_id", "file", pl.format(
-        "{}: {} distinct initial_state_checksum over {} trajectories ({}); this one has {}", where,
-        "_n_distinct", "_n", "_counts", "initial_state_checksum").alias("message"))
+    where = pl.format(
+        "environment {} version {}, reset_seed {}",
+        pl.col("environment_id").fill_null("null"),
+        pl.col("environment_version").fill_null("null"),
+        pl.col("reset_seed").cast(pl.String).fill_null("null"),
+    )
+    where = (
+        pl.when(pl.col("initial_state_id").is_not_null())
+        .then(pl.format("{}, initial_state_id {}", where, pl.col("initial_state_id")))
+        .otherwise(where)
+    )
+    return t.select(
+        "trajectory_id",
+        "file",
+        pl.format(
+            "{}: {} distinct initial_state_checksum over {} trajectories ({}); this one has {}",
+            where,
+            "_n_distinct",
+            "_n",
+            "_counts",
+            "initial_state_checksum",
+        ).alias("message"),
+    )

@@ -1,5 +1,6 @@
 """Groups and difficulty (G): how much relative signal the log's groups can carry, per task
 (lessons 11.4.1-11.4.2). Statistics: info findings, and tables in the JSON summary."""
+
 from __future__ import annotations
 
 import polars as pl
@@ -8,8 +9,8 @@ from ..registry import rule
 from .updates import num
 
 DEGENERATE_SHARE = 0.5  # G701 reports a task when at least this share of its groups is degenerate
-MIN_DEGENERATE = 2      # ... and at least this many: one degenerate group is not evidence about a task
-OUTSIDE_SHARE = 0.5     # G702 fires when more than this share of tasks lies outside the band
+MIN_DEGENERATE = 2  # ... and at least this many: one degenerate group is not evidence about a task
+OUTSIDE_SHARE = 0.5  # G702 fires when more than this share of tasks lies outside the band
 
 
 def p_info(p: pl.Expr, g: pl.Expr) -> pl.Expr:
@@ -26,8 +27,9 @@ def _scored(log, cfg) -> pl.DataFrame:
     win = pl.col("reward") > 0
     success = pl.coalesce(pl.col("verifier_success"), win) if "verifier_success" in t.columns else win
     group = pl.coalesce(pl.col("group_id"), pl.col("task_id")) if "group_id" in t.columns else pl.col("task_id")
-    return t.select("task_id", pl.col("reward").cast(pl.Float64), success.cast(pl.Float64).alias("_success"),
-                    group.alias("_g"))
+    return t.select(
+        "task_id", pl.col("reward").cast(pl.Float64), success.cast(pl.Float64).alias("_success"), group.alias("_g")
+    )
 
 
 def _per_task(log, cfg) -> pl.DataFrame:
@@ -35,18 +37,39 @@ def _per_task(log, cfg) -> pl.DataFrame:
     expected groups to one informative comparison, observed and expected degenerate shares."""
     t = _scored(log, cfg)
     groups = t.group_by("task_id", "_g").agg(
-        pl.len().alias("size"),
-        ((pl.col("reward").max() - pl.col("reward").min()) <= cfg.atol).alias("degenerate"))
-    per = (t.group_by("task_id").agg(pl.len().alias("trajectories"), pl.col("_success").mean().alias("p"))
-           .join(groups.group_by("task_id").agg(pl.len().alias("groups"), pl.col("size").median().alias("group_size"),
-                                                pl.col("degenerate").mean().alias("degenerate_share")),
-                 on="task_id")
-           .with_columns(p_info(pl.col("p"), pl.col("group_size")).alias("p_info")))
-    return (per.with_columns(pl.when(pl.col("p_info") > 0).then(1.0 / pl.col("p_info")).alias("expected_groups"),
-                             (1.0 - pl.col("p_info")).alias("expected_degenerate_share"))
-            .select("task_id", "trajectories", "groups", "group_size", "p", "p_info", "expected_groups",
-                    "degenerate_share", "expected_degenerate_share")
-            .sort("task_id"))
+        pl.len().alias("size"), ((pl.col("reward").max() - pl.col("reward").min()) <= cfg.atol).alias("degenerate")
+    )
+    per = (
+        t.group_by("task_id")
+        .agg(pl.len().alias("trajectories"), pl.col("_success").mean().alias("p"))
+        .join(
+            groups.group_by("task_id").agg(
+                pl.len().alias("groups"),
+                pl.col("size").median().alias("group_size"),
+                pl.col("degenerate").mean().alias("degenerate_share"),
+            ),
+            on="task_id",
+        )
+        .with_columns(p_info(pl.col("p"), pl.col("group_size")).alias("p_info"))
+    )
+    return (
+        per.with_columns(
+            pl.when(pl.col("p_info") > 0).then(1.0 / pl.col("p_info")).alias("expected_groups"),
+            (1.0 - pl.col("p_info")).alias("expected_degenerate_share"),
+        )
+        .select(
+            "task_id",
+            "trajectories",
+            "groups",
+            "group_size",
+            "p",
+            "p_info",
+            "expected_groups",
+            "degenerate_share",
+            "expected_degenerate_share",
+        )
+        .sort("task_id")
+    )
 
 
 @rule("G701", "degenerate groups per task", "info", scope="log", requires=("task_id", "reward"))
@@ -73,18 +96,35 @@ def degenerate_groups(log, cfg) -> pl.DataFrame | None:
     bad = per.filter((pl.col("degenerate_share") >= DEGENERATE_SHARE) & (n_deg >= MIN_DEGENERATE))
     if bad.is_empty():
         return None
-    exp = pl.when(pl.col("expected_groups").is_not_null()).then(num(pl.col("expected_groups").round(2))) \
+    exp = (
+        pl.when(pl.col("expected_groups").is_not_null())
+        .then(num(pl.col("expected_groups").round(2)))
         .otherwise(pl.lit("never (P_info = 0)"))
-    return bad.select(pl.format(
-        "task {}: {} of {} groups degenerate ({}%); estimated p = {} over {} trajectories, G = {}: "
-        "P_info = 1 − p^G − (1−p)^G = {}, expected groups to one informative comparison: {}",
-        "task_id", n_deg, "groups",
-        num((pl.col("degenerate_share") * 100).round(1)), num(pl.col("p").round(4)), "trajectories",
-        num(pl.col("group_size")), num(pl.col("p_info").round(4)), exp).alias("message"))
+    )
+    return bad.select(
+        pl.format(
+            "task {}: {} of {} groups degenerate ({}%); estimated p = {} over {} trajectories, G = {}: "
+            "P_info = 1 − p^G − (1−p)^G = {}, expected groups to one informative comparison: {}",
+            "task_id",
+            n_deg,
+            "groups",
+            num((pl.col("degenerate_share") * 100).round(1)),
+            num(pl.col("p").round(4)),
+            "trajectories",
+            num(pl.col("group_size")),
+            num(pl.col("p_info").round(4)),
+            exp,
+        ).alias("message")
+    )
 
 
-@rule("G702", "global success rate hides tasks outside the difficulty band", "info", scope="log",
-      requires=("task_id", "reward"))
+@rule(
+    "G702",
+    "global success rate hides tasks outside the difficulty band",
+    "info",
+    scope="log",
+    requires=("task_id", "reward"),
+)
 def difficulty_band(log, cfg) -> pl.DataFrame | None:
     """A global success rate inside the difficulty band hides a majority of tasks that are
     nearly always solved or nearly never solved.
@@ -109,12 +149,23 @@ def difficulty_band(log, cfg) -> pl.DataFrame | None:
     near1 = int((per["p"] > high).sum())
     share = (near0 + near1) / n_tasks
     fires = share > OUTSIDE_SHARE and low <= rate <= high
-    log.stats["G702"] = {"global_success_rate": rate, "band": [low, high], "tasks": n_tasks,
-                         "tasks_below_band": near0, "tasks_above_band": near1, "share_outside_band": share,
-                         "hidden_by_global_rate": fires}
+    log.stats["G702"] = {
+        "global_success_rate": rate,
+        "band": [low, high],
+        "tasks": n_tasks,
+        "tasks_below_band": near0,
+        "tasks_above_band": near1,
+        "share_outside_band": share,
+        "hidden_by_global_rate": fires,
+    }
     if not fires:
         return None
-    return pl.DataFrame({"message": [
-        f"global success rate {rate:.3f} is inside the band [{low}, {high}], but {near0 + near1} of {n_tasks} tasks "
-        f"({share:.0%}) are outside it: {near0} with p < {low} (nearly never solved), {near1} with p > {high} "
-        f"(nearly always solved); their groups are almost all degenerate"]})
+    return pl.DataFrame(
+        {
+            "message": [
+                f"global success rate {rate:.3f} is inside the band [{low}, {high}], but {near0 + near1} of {n_tasks} tasks "
+                f"({share:.0%}) are outside it: {near0} with p < {low} (nearly never solved), {near1} with p > {high} "
+                f"(nearly always solved); their groups are almost all degenerate"
+            ]
+        }
+    )

@@ -1,5 +1,6 @@
 """Log-probabilities (L): the behaviour log-probs every importance ratio is built on
 (DESIGN 4, lesson 11.2.3, 11.4.3). Replay checks (L205-L207) need a replayer and live with it."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,8 +11,12 @@ from ..registry import rule
 from .masks import source_breakdown, where_first
 
 
-@rule("L201", "loss-mask token with a missing or invalid behaviour log-prob", "error",
-      requires=("loss_mask", "behavior_logprobs"))
+@rule(
+    "L201",
+    "loss-mask token with a missing or invalid behaviour log-prob",
+    "error",
+    requires=("loss_mask", "behavior_logprobs"),
+)
 def invalid_logprob(b: Batch, cfg) -> pl.DataFrame | None:
     """A policy-sampled token with loss_mask true has a missing (null), NaN, infinite or
     positive behaviour log-prob.
@@ -34,19 +39,36 @@ def invalid_logprob(b: Batch, cfg) -> pl.DataFrame | None:
         return None
     idx = np.flatnonzero(bad)
     lp, row = t.lp[idx], t.row[idx]
-    kinds = {"missing": ~t.lp_present[idx], "NaN": t.lp_present[idx] & np.isnan(lp), "infinite": np.isinf(lp),
-             "positive": np.isfinite(lp) & (lp > 0)}
+    kinds = {
+        "missing": ~t.lp_present[idx],
+        "NaN": t.lp_present[idx] & np.isnan(lp),
+        "infinite": np.isinf(lp),
+        "positive": np.isfinite(lp) & (lp > 0),
+    }
     loc = b.locate(bad)
     rows = loc["_row"].to_numpy()
     loc = loc.with_columns(pl.Series(k, np.bincount(row[v], minlength=b.n)[rows]) for k, v in kinds.items())
     parts = pl.concat_list([pl.when(pl.col(k) > 0).then(pl.format(f"{k} {{}}", k)) for k in kinds])
-    return loc.select("trajectory_id", "turn", "position", pl.format(
-        "{} loss-mask token(s) without a valid behaviour log-prob ({}); expected a finite value <= 0; first at ",
-        "n", parts.list.drop_nulls().list.join(", ")).add(where_first()).alias("message"))
+    return loc.select(
+        "trajectory_id",
+        "turn",
+        "position",
+        pl.format(
+            "{} loss-mask token(s) without a valid behaviour log-prob ({}); expected a finite value <= 0; first at ",
+            "n",
+            parts.list.drop_nulls().list.join(", "),
+        )
+        .add(where_first())
+        .alias("message"),
+    )
 
 
-@rule("L202", "turn logprob differs from the sum of its token log-probs", "error",
-      requires=("turns.logprob", "behavior_logprobs", "token_source", "token_turn"))
+@rule(
+    "L202",
+    "turn logprob differs from the sum of its token log-probs",
+    "error",
+    requires=("turns.logprob", "behavior_logprobs", "token_source", "token_turn"),
+)
 def turn_logprob_sum(b: Batch, cfg) -> pl.DataFrame | None:
     """A turn's recorded logprob differs from the sum of the behaviour log-probs of its policy
     tokens: |logprob − Σ_k log π_beh(y_k)| > logprob_atol + rtol·|Σ|.
@@ -63,18 +85,34 @@ def turn_logprob_sum(b: Batch, cfg) -> pl.DataFrame | None:
         return None
     d = (pl.col("logprob") - pl.col("rc_lp_sum")).abs()
     tol = cfg.logprob_atol + cfg.rtol * pl.col("rc_lp_sum").abs()
-    bad = tr.filter(pl.col("rc_n_policy").is_not_null() & (pl.col("rc_n_lp_valid") == pl.col("rc_n_policy"))
-                    & pl.col("logprob").is_not_null() & ~(d <= tol).fill_null(False))
+    bad = tr.filter(
+        pl.col("rc_n_policy").is_not_null()
+        & (pl.col("rc_n_lp_valid") == pl.col("rc_n_policy"))
+        & pl.col("logprob").is_not_null()
+        & ~(d <= tol).fill_null(False)
+    )
     if bad.is_empty():
         return None
-    return bad.select("trajectory_id", pl.col("_t").alias("turn"), pl.col("rc_first_policy_pos").alias("position"),
-                      pl.format("turn logprob is {}, but its {} policy token log-probs sum to {} (|diff| {})",
-                                pl.col("logprob").round_sig_figs(8), "rc_n_policy",
-                                pl.col("rc_lp_sum").round_sig_figs(8), d.round_sig_figs(3)).alias("message"))
+    return bad.select(
+        "trajectory_id",
+        pl.col("_t").alias("turn"),
+        pl.col("rc_first_policy_pos").alias("position"),
+        pl.format(
+            "turn logprob is {}, but its {} policy token log-probs sum to {} (|diff| {})",
+            pl.col("logprob").round_sig_figs(8),
+            "rc_n_policy",
+            pl.col("rc_lp_sum").round_sig_figs(8),
+            d.round_sig_figs(3),
+        ).alias("message"),
+    )
 
 
-@rule("L203", "behaviour log-prob on a token the policy did not sample", "error",
-      requires=("behavior_logprobs", "token_source"))
+@rule(
+    "L203",
+    "behaviour log-prob on a token the policy did not sample",
+    "error",
+    requires=("behavior_logprobs", "token_source"),
+)
 def logprob_on_non_policy(b: Batch, cfg) -> pl.DataFrame | None:
     """A token the policy did not sample (system, user, observation, template) carries a
     behaviour log-prob.
@@ -92,9 +130,18 @@ def logprob_on_non_policy(b: Batch, cfg) -> pl.DataFrame | None:
     if not bad.any():
         return None
     loc = b.locate(bad).join(b.traj.select("_row", pl.col("^n_lp_src.*$")), on="_row")
-    return loc.select("trajectory_id", "turn", "position", pl.format(
-        "behaviour log-prob recorded on {} non-policy token(s) ({}); expected null; first at ", "n",
-        source_breakdown("n_lp_src")).add(where_first()).alias("message"))
+    return loc.select(
+        "trajectory_id",
+        "turn",
+        "position",
+        pl.format(
+            "behaviour log-prob recorded on {} non-policy token(s) ({}); expected null; first at ",
+            "n",
+            source_breakdown("n_lp_src"),
+        )
+        .add(where_first())
+        .alias("message"),
+    )
 
 
 @rule("L204", "decoding parameters missing for a turn", "warning", requires=("turns.temperature", "turns.top_p"))
@@ -116,14 +163,27 @@ def decoding_params(b: Batch, cfg) -> pl.DataFrame | None:
     if bad.is_empty():
         return None
     per = bad.group_by("_row", maintain_order=True).agg(
-        pl.col("trajectory_id").first(), pl.col("_t").first().alias("turn"),
-        pl.col("_t").filter(miss_t).alias("tt"), pl.col("_t").filter(miss_p).alias("tp"))
+        pl.col("trajectory_id").first(),
+        pl.col("_t").first().alias("turn"),
+        pl.col("_t").filter(miss_t).alias("tt"),
+        pl.col("_t").filter(miss_p).alias("tp"),
+    )
     per = per.join(tr.group_by("_row").agg(pl.len().alias("T")), on="_row")
 
     def part(name: str, col: str) -> pl.Expr:
-        return pl.when(pl.col(col).list.len() > 0).then(pl.format(
-            f"{name} missing on {{}} of {{}} turn(s) (turns {{}})", pl.col(col).list.len(), "T",
-            pl.col(col).list.head(10).cast(pl.List(pl.String)).list.join(", ")))
+        return pl.when(pl.col(col).list.len() > 0).then(
+            pl.format(
+                f"{name} missing on {{}} of {{}} turn(s) (turns {{}})",
+                pl.col(col).list.len(),
+                "T",
+                pl.col(col).list.head(10).cast(pl.List(pl.String)).list.join(", "),
+            )
+        )
 
-    return per.select("trajectory_id", "turn", pl.concat_str([part("temperature", "tt"), part("top_p", "tp")],
-                                                            separator="; ", ignore_nulls=True).alias("message"))
+    return per.select(
+        "trajectory_id",
+        "turn",
+        pl.concat_str([part("temperature", "tt"), part("top_p", "tp")], separator="; ", ignore_nulls=True).alias(
+            "message"
+        ),
+    )

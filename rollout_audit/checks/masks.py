@@ -1,5 +1,6 @@
 """Mask and provenance (M): who generated each token, and what the trainer will learn from
 (DESIGN 4, lesson 11.2.1-11.2.2)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -18,15 +19,18 @@ _NON_POLICY = ((0, "system"), (1, "user"), (3, "observation"), (4, "template"), 
 
 def source_breakdown(prefix: str) -> pl.Expr:
     """'observation 9, template 3' from the per-source count columns `{prefix}{s}`."""
-    parts = [pl.when(pl.col(f"{prefix}{s}") > 0).then(pl.format(f"{name} {{}}", pl.col(f"{prefix}{s}")))
-             for s, name in _NON_POLICY]
+    parts = [
+        pl.when(pl.col(f"{prefix}{s}") > 0).then(pl.format(f"{name} {{}}", pl.col(f"{prefix}{s}")))
+        for s, name in _NON_POLICY
+    ]
     return pl.concat_list(parts).list.drop_nulls().list.join(", ")
 
 
 def where_first(turn: str = "turn") -> pl.Expr:
     """'position 40 (turn 2)' or 'position 3' for the first offending token."""
     return pl.format("position {}", "position") + pl.when(pl.col(turn).is_not_null()).then(
-        pl.format(" (turn {})", turn)).otherwise(pl.lit(""))
+        pl.format(" (turn {})", turn)
+    ).otherwise(pl.lit(""))
 
 
 def ragged_index(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -36,8 +40,7 @@ def ragged_index(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, n
     return starts[owner] + np.arange(owner.size, dtype=np.int64) - offs[owner], owner
 
 
-@rule("M101", "loss_mask true on a token the policy did not sample", "error",
-      requires=("loss_mask", "token_source"))
+@rule("M101", "loss_mask true on a token the policy did not sample", "error", requires=("loss_mask", "token_source"))
 def mask_on_non_policy(b: Batch, cfg) -> pl.DataFrame | None:
     """loss_mask is true on a token the policy did not sample (system, user, tool/observation
     or template), counted per source.
@@ -56,9 +59,18 @@ def mask_on_non_policy(b: Batch, cfg) -> pl.DataFrame | None:
     if not bad.any():
         return None
     loc = b.locate(bad).join(b.traj.select("_row", *(f"n_trainable_src{s}" for s, _ in _NON_POLICY)), on="_row")
-    return loc.select("trajectory_id", "turn", "position", pl.format(
-        "loss_mask true on {} non-policy token(s) ({}); expected 0; first at ", "n",
-        source_breakdown("n_trainable_src")).add(where_first()).alias("message"))
+    return loc.select(
+        "trajectory_id",
+        "turn",
+        "position",
+        pl.format(
+            "loss_mask true on {} non-policy token(s) ({}); expected 0; first at ",
+            "n",
+            source_breakdown("n_trainable_src"),
+        )
+        .add(where_first())
+        .alias("message"),
+    )
 
 
 @rule("M102", "policy-sampled token outside the loss mask", "warning", requires=("loss_mask", "token_source"))
@@ -87,13 +99,26 @@ def policy_not_masked(b: Batch, cfg) -> pl.DataFrame | None:
         if not bad.any():
             return None
     loc = b.locate(bad).join(b.traj.select("_row", "n_policy"), on="_row")
-    return loc.select("trajectory_id", "turn", "position", pl.format(
-        "{} of {} policy-sampled token(s) have loss_mask false; expected all in the loss; first at ",
-        "n", "n_policy").add(where_first()).alias("message"))
+    return loc.select(
+        "trajectory_id",
+        "turn",
+        "position",
+        pl.format(
+            "{} of {} policy-sampled token(s) have loss_mask false; expected all in the loss; first at ",
+            "n",
+            "n_policy",
+        )
+        .add(where_first())
+        .alias("message"),
+    )
 
 
-@rule("M103", "num_trainable_tokens differs from the recomputed count", "error",
-      requires=("num_trainable_tokens", "loss_mask"))
+@rule(
+    "M103",
+    "num_trainable_tokens differs from the recomputed count",
+    "error",
+    requires=("num_trainable_tokens", "loss_mask"),
+)
 def trainable_count(b: Batch, cfg) -> pl.DataFrame | None:
     """The recorded num_trainable_tokens differs from the number of tokens with loss_mask true.
 
@@ -103,16 +128,27 @@ def trainable_count(b: Batch, cfg) -> pl.DataFrame | None:
     Recompute num_trainable_tokens from the final loss_mask (after templating and truncation).
     A null count is not compared (nothing was claimed).
     """
-    bad = b.traj.filter(pl.col("n_trainable").is_not_null() & pl.col("num_trainable_tokens").is_not_null()
-                        & (pl.col("num_trainable_tokens").cast(pl.Int64) != pl.col("n_trainable")))
+    bad = b.traj.filter(
+        pl.col("n_trainable").is_not_null()
+        & pl.col("num_trainable_tokens").is_not_null()
+        & (pl.col("num_trainable_tokens").cast(pl.Int64) != pl.col("n_trainable"))
+    )
     if bad.is_empty():
         return None
-    return bad.select("trajectory_id", pl.format("num_trainable_tokens is {}, but loss_mask is true on {} token(s)",
-                                                 "num_trainable_tokens", "n_trainable").alias("message"))
+    return bad.select(
+        "trajectory_id",
+        pl.format(
+            "num_trainable_tokens is {}, but loss_mask is true on {} token(s)", "num_trainable_tokens", "n_trainable"
+        ).alias("message"),
+    )
 
 
-@rule("M104", "turn num_policy_tokens differs from the recomputed count", "error",
-      requires=("turns.num_policy_tokens", "token_source", "token_turn"))
+@rule(
+    "M104",
+    "turn num_policy_tokens differs from the recomputed count",
+    "error",
+    requires=("turns.num_policy_tokens", "token_source", "token_turn"),
+)
 def policy_token_count(b: Batch, cfg) -> pl.DataFrame | None:
     """A turn's recorded num_policy_tokens differs from the number of tokens with
     token_source = 2 (policy) and token_turn = t.
@@ -126,17 +162,32 @@ def policy_token_count(b: Batch, cfg) -> pl.DataFrame | None:
     tr = b.turns
     if not len(tr) or "rc_n_policy" not in tr.columns:
         return None
-    bad = tr.filter(pl.col("rc_n_policy").is_not_null() & pl.col("num_policy_tokens").is_not_null()
-                    & (pl.col("num_policy_tokens").cast(pl.Int64) != pl.col("rc_n_policy")))
+    bad = tr.filter(
+        pl.col("rc_n_policy").is_not_null()
+        & pl.col("num_policy_tokens").is_not_null()
+        & (pl.col("num_policy_tokens").cast(pl.Int64) != pl.col("rc_n_policy"))
+    )
     if bad.is_empty():
         return None
-    return bad.select("trajectory_id", pl.col("_t").alias("turn"), pl.col("rc_first_policy_pos").alias("position"),
-                      pl.format("num_policy_tokens is {}, but {} token(s) have token_source policy and token_turn {}",
-                                "num_policy_tokens", "rc_n_policy", "_t").alias("message"))
+    return bad.select(
+        "trajectory_id",
+        pl.col("_t").alias("turn"),
+        pl.col("rc_first_policy_pos").alias("position"),
+        pl.format(
+            "num_policy_tokens is {}, but {} token(s) have token_source policy and token_turn {}",
+            "num_policy_tokens",
+            "rc_n_policy",
+            "_t",
+        ).alias("message"),
+    )
 
 
-@rule("M105", "token-in-token-out broken: engine context is not a prefix of the trainer's sequence", "error",
-      requires=("token_ids", "token_source", "token_turn", "turns.context_length", "turns.context_sha256"))
+@rule(
+    "M105",
+    "token-in-token-out broken: engine context is not a prefix of the trainer's sequence",
+    "error",
+    requires=("token_ids", "token_source", "token_turn", "turns.context_length", "turns.context_sha256"),
+)
 def context_prefix(b: Batch, cfg) -> pl.DataFrame | None:
     """The context the inference engine was given for turn t is not the prefix of the
     trainer's token_ids that ends just before the turn's first policy token.
@@ -155,9 +206,14 @@ def context_prefix(b: Batch, cfg) -> pl.DataFrame | None:
         return None
     parent = tr["_row"].to_numpy()
     tr = tr.select(
-        "trajectory_id", "_row", "_t", pl.col("context_length").cast(pl.Int64).alias("cl"),
-        pl.col("context_sha256").str.to_lowercase().alias("sha"), "rc_first_policy_pos",
-        pl.Series("n_tok", b.lengths["token_source"][parent]), pl.Series("ok", b.ok[parent]),
+        "trajectory_id",
+        "_row",
+        "_t",
+        pl.col("context_length").cast(pl.Int64).alias("cl"),
+        pl.col("context_sha256").str.to_lowercase().alias("sha"),
+        "rc_first_policy_pos",
+        pl.Series("n_tok", b.lengths["token_source"][parent]),
+        pl.Series("ok", b.ok[parent]),
     ).filter(pl.col("ok") & pl.col("cl").is_not_null())
     if tr.is_empty():
         return None
@@ -198,24 +254,53 @@ def context_prefix(b: Batch, cfg) -> pl.DataFrame | None:
     pos_in_todo[todo] = np.arange(todo.size)
     for i in bad_rows[pos_in_todo[bad_rows] >= 0]:
         got[i] = digests[pos_in_todo[i]].hex()
-    bad = tr[bad_rows].with_columns(
-        pl.Series("in_range", in_range[bad_rows]), pl.Series("len_bad", len_bad[bad_rows]),
-        pl.Series("sha_bad", sha_bad[bad_rows]), pl.Series("found", got[bad_rows], dtype=pl.String),
-    ).with_columns((pl.col("sha_bad") & ~pl.col("sha").str.contains("^[0-9a-f]{64}$")).alias("malformed"))
-    msg_len = pl.when(~pl.col("in_range")).then(pl.format(
-        "context_length {} lies outside the trajectory's {} tokens", "cl", "n_tok")).when("len_bad").then(pl.format(
-            "context_length is {}, but the turn's first policy token is at position {}", "cl", "rc_first_policy_pos"))
-    msg_sha = pl.when(pl.col("malformed")).then(pl.format(
-        "context_sha256 '{}' is not a 64-digit hex SHA-256", pl.col("sha").str.slice(0, 70))).when("sha_bad").then(
-        pl.format("sha256 of token_ids[:{}] is {}..., context_sha256 is {}...", "cl",
-                  pl.col("found").str.slice(0, 16), pl.col("sha").str.slice(0, 16)))
-    return bad.select("trajectory_id", pl.col("_t").alias("turn"),
-                      pl.coalesce("rc_first_policy_pos", pl.when(pl.col("in_range")).then("cl")).alias("position"),
-                      pl.concat_str([msg_len, msg_sha], separator="; ", ignore_nulls=True).alias("message"))
+    bad = (
+        tr[bad_rows]
+        .with_columns(
+            pl.Series("in_range", in_range[bad_rows]),
+            pl.Series("len_bad", len_bad[bad_rows]),
+            pl.Series("sha_bad", sha_bad[bad_rows]),
+            pl.Series("found", got[bad_rows], dtype=pl.String),
+        )
+        .with_columns((pl.col("sha_bad") & ~pl.col("sha").str.contains("^[0-9a-f]{64}$")).alias("malformed"))
+    )
+    msg_len = (
+        pl.when(~pl.col("in_range"))
+        .then(pl.format("context_length {} lies outside the trajectory's {} tokens", "cl", "n_tok"))
+        .when("len_bad")
+        .then(
+            pl.format(
+                "context_length is {}, but the turn's first policy token is at position {}", "cl", "rc_first_policy_pos"
+            )
+        )
+    )
+    msg_sha = (
+        pl.when(pl.col("malformed"))
+        .then(pl.format("context_sha256 '{}' is not a 64-digit hex SHA-256", pl.col("sha").str.slice(0, 70)))
+        .when("sha_bad")
+        .then(
+            pl.format(
+                "sha256 of token_ids[:{}] is {}..., context_sha256 is {}...",
+                "cl",
+                pl.col("found").str.slice(0, 16),
+                pl.col("sha").str.slice(0, 16),
+            )
+        )
+    )
+    return bad.select(
+        "trajectory_id",
+        pl.col("_t").alias("turn"),
+        pl.coalesce("rc_first_policy_pos", pl.when(pl.col("in_range")).then("cl")).alias("position"),
+        pl.concat_str([msg_len, msg_sha], separator="; ", ignore_nulls=True).alias("message"),
+    )
 
 
-@rule("M106", "the trainer's policy tokens differ from the engine's sampled_token_ids", "error",
-      requires=("token_ids", "token_source", "token_turn", "turns.sampled_token_ids"))
+@rule(
+    "M106",
+    "the trainer's policy tokens differ from the engine's sampled_token_ids",
+    "error",
+    requires=("token_ids", "token_source", "token_turn", "turns.sampled_token_ids"),
+)
 def sampled_ids(b: Batch, cfg) -> pl.DataFrame | None:
     """The policy tokens the trainer has for turn t (token_source = 2, token_turn = t, in
     position order) are not exactly the sampled_token_ids the inference engine returned.
@@ -252,23 +337,53 @@ def sampled_ids(b: Batch, cfg) -> pl.DataFrame | None:
         d = np.flatnonzero(diff)
         hit, first, n_diff = np.unique(owner[d], return_index=True, return_counts=True)
         k, first_k = same_len[hit], d[first]
-        out.append(pl.DataFrame({
-            "_k": k, "position": p_pos[ip[first_k]], "n_diff": n_diff, "n": n_p[k], "off": ip[first_k] - p_start[k],
-            "trainer": p_ids[ip[first_k]], "engine": s_flat[is_[first_k]],
-        }).select("_k", "position", pl.format(
-            "the trainer's {} policy token(s) differ from sampled_token_ids at {} position(s); first at turn "
-            "offset {}: trainer has id {}, the engine sampled {}", "n", "n_diff", "off", "trainer", "engine"
-        ).alias("message")))
+        out.append(
+            pl.DataFrame(
+                {
+                    "_k": k,
+                    "position": p_pos[ip[first_k]],
+                    "n_diff": n_diff,
+                    "n": n_p[k],
+                    "off": ip[first_k] - p_start[k],
+                    "trainer": p_ids[ip[first_k]],
+                    "engine": s_flat[is_[first_k]],
+                }
+            ).select(
+                "_k",
+                "position",
+                pl.format(
+                    "the trainer's {} policy token(s) differ from sampled_token_ids at {} position(s); first at turn "
+                    "offset {}: trainer has id {}, the engine sampled {}",
+                    "n",
+                    "n_diff",
+                    "off",
+                    "trainer",
+                    "engine",
+                ).alias("message"),
+            )
+        )
     wrong_len = np.flatnonzero(cmp & (s_len != n_p))
     if wrong_len.size:
-        out.append(pl.DataFrame({"_k": wrong_len, "s": s_len[wrong_len], "n": n_p[wrong_len]}).select(
-            "_k", pl.lit(None, pl.Int64).alias("position"), pl.format(
-                "the engine sampled {} token(s) (sampled_token_ids), the trainer has {} policy token(s) in this turn",
-                "s", "n").alias("message")))
+        out.append(
+            pl.DataFrame({"_k": wrong_len, "s": s_len[wrong_len], "n": n_p[wrong_len]}).select(
+                "_k",
+                pl.lit(None, pl.Int64).alias("position"),
+                pl.format(
+                    "the engine sampled {} token(s) (sampled_token_ids), the trainer has {} policy token(s) in this turn",
+                    "s",
+                    "n",
+                ).alias("message"),
+            )
+        )
     if not out:
         return None
     found = pl.concat(out)
-    return found.join(tr.with_row_index("_k").select(pl.col("_k").cast(pl.Int64), "trajectory_id", "_t",
-                                                     "rc_first_policy_pos"), on="_k").select(
-        "trajectory_id", pl.col("_t").alias("turn"), pl.coalesce("position", "rc_first_policy_pos").alias("position"),
-        "message")
+    return found.join(
+        tr.with_row_index("_k").select(pl.col("_k").cast(pl.Int64), "trajectory_id", "_t", "rc_first_policy_pos"),
+        on="_k",
+    ).select(
+        "trajectory_id",
+        pl.col("_t").alias("turn"),
+        pl.coalesce("position", "rc_first_policy_pos").alias("position"),
+        "message",
+    )

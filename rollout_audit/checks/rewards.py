@@ -6,6 +6,7 @@ column or the value is absent). Sums over turns are computed per trajectory with
 `group_by("_row")` over the batch's turn frame. Values that are null are not compared
 (nothing was claimed); NaN is compared and reported.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,13 +34,15 @@ def _turns(b: Batch, *fields: str, traj: tuple[str, ...] = ()) -> pl.DataFrame:
     (1.0 when absent or null), `_g_t` = γ^t and `_T` (turns in the trajectory), plus
     trajectory columns `traj` (gathered by `_row`, the turn's position in the batch)."""
     rows = b.turns["_row"]
-    gamma = (b.traj["gamma"].cast(pl.Float64).fill_null(1.0) if "gamma" in b.traj.columns
-             else pl.Series(np.ones(b.n)))
+    gamma = b.traj["gamma"].cast(pl.Float64).fill_null(1.0) if "gamma" in b.traj.columns else pl.Series(np.ones(b.n))
     per_traj = [gamma.gather(rows).alias("_gamma"), pl.Series("_T", b.turn_counts).gather(rows)]
     per_traj += [b.traj[c].gather(rows) for c in traj]
     fields = tuple(dict.fromkeys(f for f in fields if f in b.turns.columns or f != "shaping"))
-    return (b.turns.select("_row", "_t", "trajectory_id", *fields).with_columns(per_traj)
-            .with_columns(_G.pow(pl.col("_t")).alias("_g_t")))
+    return (
+        b.turns.select("_row", "_t", "trajectory_id", *fields)
+        .with_columns(per_traj)
+        .with_columns(_G.pow(pl.col("_t")).alias("_g_t"))
+    )
 
 
 def _entries(dtype: pl.DataType) -> pl.Expr:
@@ -70,22 +73,34 @@ def components_sum(b: Batch, cfg) -> pl.DataFrame | None:
     if tr.is_empty():
         return None
     ent = _entries(tr.schema["reward_components"])
-    df = (tr.select("trajectory_id", "_t", "reward", ent.alias("_e"))
-          .filter(pl.col("_e").is_not_null() & pl.col("reward").is_not_null())
-          .with_columns(pl.col("_e").list.eval(pl.element().struct.field("value").fill_null(float("nan")))
-                        .list.sum().alias("_sum"),
-                        pl.col("_e").list.eval(pl.element().struct.field("key").fill_null("null"))
-                        .list.join(", ").alias("_keys")))
+    df = (
+        tr.select("trajectory_id", "_t", "reward", ent.alias("_e"))
+        .filter(pl.col("_e").is_not_null() & pl.col("reward").is_not_null())
+        .with_columns(
+            pl.col("_e").list.eval(pl.element().struct.field("value").fill_null(float("nan"))).list.sum().alias("_sum"),
+            pl.col("_e").list.eval(pl.element().struct.field("key").fill_null("null")).list.join(", ").alias("_keys"),
+        )
+    )
     bad = df.filter(_off(pl.col("_sum"), pl.col("reward"), cfg))
     if bad.is_empty():
         return None
-    return bad.rechunk().select("trajectory_id", pl.col("_t").alias("turn"),
-                      pl.format("reward_components ({}) sum to {}, expected the turn reward {}", "_keys",
-                                _num(pl.col("_sum")), _num(pl.col("reward"))).alias("message"))
+    return bad.rechunk().select(
+        "trajectory_id",
+        pl.col("_t").alias("turn"),
+        pl.format(
+            "reward_components ({}) sum to {}, expected the turn reward {}",
+            "_keys",
+            _num(pl.col("_sum")),
+            _num(pl.col("reward")),
+        ).alias("message"),
+    )
 
 
-@rule("R402", "shaping term is not γΦ(s_{t+1}) − Φ(s_t)",
-      requires=("turns.shaping", "turns.potential_before", "turns.potential_after"))
+@rule(
+    "R402",
+    "shaping term is not γΦ(s_{t+1}) − Φ(s_t)",
+    requires=("turns.shaping", "turns.potential_before", "turns.potential_after"),
+)
 def shaping_form(b: Batch, cfg) -> pl.DataFrame | None:
     """A turn's shaping differs from γ·potential_after − potential_before.
 
@@ -102,10 +117,18 @@ def shaping_form(b: Batch, cfg) -> pl.DataFrame | None:
     bad = df.filter(_off(pl.col("shaping"), exp, cfg))
     if bad.is_empty():
         return None
-    return bad.rechunk().select("trajectory_id", pl.col("_t").alias("turn"),
-                      pl.format("shaping {}, expected γΦ(s_t+1) − Φ(s_t) = {}·{} − {} = {}", _num(pl.col("shaping")),
-                                _num(_G), _num(pl.col("potential_after")), _num(pl.col("potential_before")),
-                                _num(exp)).alias("message"))
+    return bad.rechunk().select(
+        "trajectory_id",
+        pl.col("_t").alias("turn"),
+        pl.format(
+            "shaping {}, expected γΦ(s_t+1) − Φ(s_t) = {}·{} − {} = {}",
+            _num(pl.col("shaping")),
+            _num(_G),
+            _num(pl.col("potential_after")),
+            _num(pl.col("potential_before")),
+            _num(exp),
+        ).alias("message"),
+    )
 
 
 @rule("R403", "potential chain broken", requires=("turns.potential_before", "turns.potential_after"))
@@ -123,18 +146,26 @@ def potential_chain(b: Batch, cfg) -> pl.DataFrame | None:
         return None
     # turns are contiguous per trajectory and in order: a plain shift, masked at `_t == 0`
     df = b.turns.select("trajectory_id", "_row", "_t", "potential_before", "potential_after").with_columns(
-        pl.col("potential_after").shift(1).alias("_prev_after"))
+        pl.col("potential_after").shift(1).alias("_prev_after")
+    )
     bad = df.filter((pl.col("_t") > 0) & _off(pl.col("potential_before"), pl.col("_prev_after"), cfg))
     if bad.is_empty():
         return None
-    return bad.rechunk().select("trajectory_id", pl.col("_t").alias("turn"),
-                      pl.format("potential_before {} differs from potential_after {} of turn {}",
-                                _num(pl.col("potential_before")), _num(pl.col("_prev_after")),
-                                pl.col("_t") - 1).alias("message"))
+    return bad.rechunk().select(
+        "trajectory_id",
+        pl.col("_t").alias("turn"),
+        pl.format(
+            "potential_before {} differs from potential_after {} of turn {}",
+            _num(pl.col("potential_before")),
+            _num(pl.col("_prev_after")),
+            pl.col("_t") - 1,
+        ).alias("message"),
+    )
 
 
-@rule("R404", "shaping does not telescope",
-      requires=("turns.shaping", "turns.potential_before", "turns.potential_after"))
+@rule(
+    "R404", "shaping does not telescope", requires=("turns.shaping", "turns.potential_before", "turns.potential_after")
+)
 def shaping_telescope(b: Batch, cfg) -> pl.DataFrame | None:
     """Σ_t γ^t F_t differs from −Φ(s_0) + γ^T Φ(s_T).
 
@@ -148,19 +179,27 @@ def shaping_telescope(b: Batch, cfg) -> pl.DataFrame | None:
     if b.turns.is_empty():
         return None
     df = _turns(b, "shaping", "potential_before", "potential_after")
-    agg = (df.group_by("_row", maintain_order=True).agg(
+    agg = df.group_by("_row", maintain_order=True).agg(
         pl.col("trajectory_id").first(),
         (_GT * pl.col("shaping")).sum().alias("_found"),
-        (-pl.col("potential_before").first() + _G.first().pow(pl.len()) * pl.col("potential_after").last())
-        .alias("_exp"),
+        (-pl.col("potential_before").first() + _G.first().pow(pl.len()) * pl.col("potential_after").last()).alias(
+            "_exp"
+        ),
         pl.len().alias("_T"),
-        pl.sum_horizontal(pl.col("shaping", "potential_before", "potential_after").null_count()).alias("_nulls")))
+        pl.sum_horizontal(pl.col("shaping", "potential_before", "potential_after").null_count()).alias("_nulls"),
+    )
     bad = agg.filter((pl.col("_nulls") == 0) & _off(pl.col("_found"), pl.col("_exp"), cfg))
     if bad.is_empty():
         return None
-    return bad.rechunk().select("trajectory_id",
-                      pl.format("Σ γ^t shaping_t over {} turns = {}, expected −Φ(s_0) + γ^T Φ(s_T) = {}", "_T",
-                                _num(pl.col("_found")), _num(pl.col("_exp"))).alias("message"))
+    return bad.rechunk().select(
+        "trajectory_id",
+        pl.format(
+            "Σ γ^t shaping_t over {} turns = {}, expected −Φ(s_0) + γ^T Φ(s_T) = {}",
+            "_T",
+            _num(pl.col("_found")),
+            _num(pl.col("_exp")),
+        ).alias("message"),
+    )
 
 
 @rule("R405", "terminal state with non-zero potential", requires=("terminated", "turns.potential_after"))
@@ -181,13 +220,21 @@ def terminal_potential(b: Batch, cfg) -> pl.DataFrame | None:
     bad = last.join(term, on="_row", how="semi").filter(_off(pl.col("potential_after"), pl.lit(0.0), cfg))
     if bad.is_empty():
         return None
-    return bad.rechunk().select("trajectory_id", pl.col("_t").alias("turn"),
-                      pl.format("terminated episode ends with potential_after {}, expected 0 at a terminal state",
-                                _num(pl.col("potential_after"))).alias("message"))
+    return bad.rechunk().select(
+        "trajectory_id",
+        pl.col("_t").alias("turn"),
+        pl.format(
+            "terminated episode ends with potential_after {}, expected 0 at a terminal state",
+            _num(pl.col("potential_after")),
+        ).alias("message"),
+    )
 
 
-@rule("R406", "TD residuals do not telescope",
-      requires=("turns.td_residual", "turns.value", "turns.reward", "final_value"))
+@rule(
+    "R406",
+    "TD residuals do not telescope",
+    requires=("turns.td_residual", "turns.value", "turns.reward", "final_value"),
+)
 def td_residuals(b: Batch, cfg) -> pl.DataFrame | None:
     """A recorded TD residual δ_t differs from r'_{t+1} + γV(h_{t+1}) − V(h_t), or
     Σ γ^t δ_t differs from G_0 − V(h_0) + γ^T V(h_T).
@@ -204,30 +251,54 @@ def td_residuals(b: Batch, cfg) -> pl.DataFrame | None:
     if b.turns.is_empty():
         return None
     df = _turns(b, "td_residual", "value", "reward", "shaping", traj=("final_value",)).with_columns(
-        (pl.col("reward") + _shaping(b)).alias("_r"))
-    v_next = pl.when(pl.col("_t") == pl.col("_T") - 1).then(pl.col("final_value")).otherwise(
-        pl.col("value").shift(-1))  # turns are contiguous per trajectory and in order
+        (pl.col("reward") + _shaping(b)).alias("_r")
+    )
+    v_next = (
+        pl.when(pl.col("_t") == pl.col("_T") - 1).then(pl.col("final_value")).otherwise(pl.col("value").shift(-1))
+    )  # turns are contiguous per trajectory and in order
     df = df.with_columns((pl.col("_r") + _G * v_next - pl.col("value")).alias("_delta"))
     per_turn = df.filter(_off(pl.col("td_residual"), pl.col("_delta"), cfg))
     out = []
     if not per_turn.is_empty():
-        out.append(per_turn.rechunk().select(
-            "trajectory_id", pl.col("_t").alias("turn"),
-            pl.format("td_residual {}, expected r' + γV(h_t+1) − V(h_t) = {} + {}·{} − {} = {}",
-                      _num(pl.col("td_residual")), _num(pl.col("_r")), _num(_G), _num(v_next),
-                      _num(pl.col("value")), _num(pl.col("_delta"))).alias("message")))
-    agg = (df.group_by("_row", maintain_order=True).agg(
+        out.append(
+            per_turn.rechunk().select(
+                "trajectory_id",
+                pl.col("_t").alias("turn"),
+                pl.format(
+                    "td_residual {}, expected r' + γV(h_t+1) − V(h_t) = {} + {}·{} − {} = {}",
+                    _num(pl.col("td_residual")),
+                    _num(pl.col("_r")),
+                    _num(_G),
+                    _num(v_next),
+                    _num(pl.col("value")),
+                    _num(pl.col("_delta")),
+                ).alias("message"),
+            )
+        )
+    agg = df.group_by("_row", maintain_order=True).agg(
         pl.col("trajectory_id").first(),
         (_GT * pl.col("td_residual")).sum().alias("_found"),
-        ((_GT * pl.col("_r")).sum() - pl.col("value").first()
-         + _G.first().pow(pl.len()) * pl.col("final_value").first()).alias("_exp"),
-        pl.sum_horizontal(pl.col("td_residual", "value", "_r", "final_value").null_count()).alias("_nulls")))
-    tel = (agg.filter((pl.col("_nulls") == 0) & _off(pl.col("_found"), pl.col("_exp"), cfg))
-           .join(per_turn.select("_row").unique(), on="_row", how="anti"))
+        (
+            (_GT * pl.col("_r")).sum()
+            - pl.col("value").first()
+            + _G.first().pow(pl.len()) * pl.col("final_value").first()
+        ).alias("_exp"),
+        pl.sum_horizontal(pl.col("td_residual", "value", "_r", "final_value").null_count()).alias("_nulls"),
+    )
+    tel = agg.filter((pl.col("_nulls") == 0) & _off(pl.col("_found"), pl.col("_exp"), cfg)).join(
+        per_turn.select("_row").unique(), on="_row", how="anti"
+    )
     if not tel.is_empty():
-        out.append(tel.rechunk().select("trajectory_id", pl.format(
-            "Σ γ^t td_residual_t = {}, expected G_0 − V(h_0) + γ^T V(h_T) = {}", _num(pl.col("_found")),
-            _num(pl.col("_exp"))).alias("message")))
+        out.append(
+            tel.rechunk().select(
+                "trajectory_id",
+                pl.format(
+                    "Σ γ^t td_residual_t = {}, expected G_0 − V(h_0) + γ^T V(h_T) = {}",
+                    _num(pl.col("_found")),
+                    _num(pl.col("_exp")),
+                ).alias("message"),
+            )
+        )
     return pl.concat(out, how="diagonal_relaxed") if out else None
 
 
@@ -244,16 +315,23 @@ def discounted_return(b: Batch, cfg) -> pl.DataFrame | None:
     if b.turns.is_empty():
         return None
     df = _turns(b, "reward", "shaping").with_columns((pl.col("reward") + _shaping(b)).alias("_r"))
-    agg = df.group_by("_row").agg((_GT * pl.col("_r")).sum().alias("_ret"),
-                                  pl.col("_r").null_count().alias("_nulls"))
-    t = (b.traj.select("_row", "trajectory_id", "discounted_return").join(agg, on="_row", how="left")
-         .with_columns(pl.col("_ret").fill_null(0.0), pl.col("_nulls").fill_null(0)))
+    agg = df.group_by("_row").agg((_GT * pl.col("_r")).sum().alias("_ret"), pl.col("_r").null_count().alias("_nulls"))
+    t = (
+        b.traj.select("_row", "trajectory_id", "discounted_return")
+        .join(agg, on="_row", how="left")
+        .with_columns(pl.col("_ret").fill_null(0.0), pl.col("_nulls").fill_null(0))
+    )
     bad = t.filter((pl.col("_nulls") == 0) & _off(pl.col("discounted_return"), pl.col("_ret"), cfg))
     if bad.is_empty():
         return None
-    return bad.rechunk().select("trajectory_id", pl.format("discounted_return {}, expected Σ γ^t (reward_t + shaping_t) = {}",
-                                                 _num(pl.col("discounted_return")), _num(pl.col("_ret")))
-                      .alias("message"))
+    return bad.rechunk().select(
+        "trajectory_id",
+        pl.format(
+            "discounted_return {}, expected Σ γ^t (reward_t + shaping_t) = {}",
+            _num(pl.col("discounted_return")),
+            _num(pl.col("_ret")),
+        ).alias("message"),
+    )
 
 
 @rule("R408", "first-visit reward component paid more than once", requires=("turns.reward_components",))
@@ -275,18 +353,33 @@ def first_visit(b: Batch, cfg) -> pl.DataFrame | None:
     if tr.is_empty():
         return None
     ent = _entries(tr.schema["reward_components"])
-    paid = (tr.select("_row", "_t", "trajectory_id", ent.alias("_e")).explode("_e").drop_nulls("_e").unnest("_e")
-            .filter(pl.col("key").is_in(keys) & (pl.col("value").fill_null(0.0) != 0.0)))
-    rep = (paid.group_by("_row", "key", maintain_order=True)
-           .agg(pl.col("trajectory_id").first(), pl.col("_t").first().alias("_first"),
-                pl.col("_t").slice(1, 1).first().alias("turn"), pl.len().alias("_n"),
-                pl.col("_t").cast(pl.String).str.join(", ").alias("_turns"))
-           .filter(pl.col("_n") > 1))
+    paid = (
+        tr.select("_row", "_t", "trajectory_id", ent.alias("_e"))
+        .explode("_e")
+        .drop_nulls("_e")
+        .unnest("_e")
+        .filter(pl.col("key").is_in(keys) & (pl.col("value").fill_null(0.0) != 0.0))
+    )
+    rep = (
+        paid.group_by("_row", "key", maintain_order=True)
+        .agg(
+            pl.col("trajectory_id").first(),
+            pl.col("_t").first().alias("_first"),
+            pl.col("_t").slice(1, 1).first().alias("turn"),
+            pl.len().alias("_n"),
+            pl.col("_t").cast(pl.String).str.join(", ").alias("_turns"),
+        )
+        .filter(pl.col("_n") > 1)
+    )
     if rep.is_empty():
         return None
-    return rep.rechunk().select("trajectory_id", "turn",
-                      pl.format("first-visit component '{}' paid on {} turns ({}), expected at most once", "key",
-                                "_n", "_turns").alias("message"))
+    return rep.rechunk().select(
+        "trajectory_id",
+        "turn",
+        pl.format(
+            "first-visit component '{}' paid on {} turns ({}), expected at most once", "key", "_n", "_turns"
+        ).alias("message"),
+    )
 
 
 @rule("R409", "same action repeated in a loop", "warning", requires=("turns.parsed_action",))
@@ -306,21 +399,39 @@ def action_loop(b: Batch, cfg) -> pl.DataFrame | None:
         return None
     df = tr.select("_row", "_t", "trajectory_id", "parsed_action").with_columns(
         ((pl.col("parsed_action") != pl.col("parsed_action").shift(1)).fill_null(True) | (pl.col("_t") == 0))
-        .cum_sum().alias("_run"))  # turns are contiguous per trajectory: a run starts at turn 0 or a change
-    runs = (df.filter(pl.col("parsed_action").is_not_null())
-            .group_by("_run", maintain_order=True)
-            .agg(pl.col("trajectory_id").first(), pl.col("parsed_action").first(), pl.col("_t").first().alias("turn"),
-                 pl.col("_t").last().alias("_last"), pl.len().alias("_n"))
-            .filter(pl.col("_n") >= k))
+        .cum_sum()
+        .alias("_run")
+    )  # turns are contiguous per trajectory: a run starts at turn 0 or a change
+    runs = (
+        df.filter(pl.col("parsed_action").is_not_null())
+        .group_by("_run", maintain_order=True)
+        .agg(
+            pl.col("trajectory_id").first(),
+            pl.col("parsed_action").first(),
+            pl.col("_t").first().alias("turn"),
+            pl.col("_t").last().alias("_last"),
+            pl.len().alias("_n"),
+        )
+        .filter(pl.col("_n") >= k)
+    )
     if runs.is_empty():
         return None
-    return runs.rechunk().select("trajectory_id", "turn",
-                       pl.format(f"action {{}} repeated {{}} times in a row (turns {{}}–{{}}); loop_length is {k}",
-                                 "parsed_action", "_n", "turn", "_last").alias("message"))
+    return runs.rechunk().select(
+        "trajectory_id",
+        "turn",
+        pl.format(
+            f"action {{}} repeated {{}} times in a row (turns {{}}–{{}}); loop_length is {k}",
+            "parsed_action",
+            "_n",
+            "turn",
+            "_last",
+        ).alias("message"),
+    )
 
 
-@rule("R410", "reward inconsistent with verifier_success", scope="log",
-      requires=("task_id", "reward", "verifier_success"))
+@rule(
+    "R410", "reward inconsistent with verifier_success", scope="log", requires=("task_id", "reward", "verifier_success")
+)
 def reward_vs_verifier(log, cfg) -> pl.DataFrame | None:
     """The episode reward contradicts the verifier's verdict under the configured reward rule.
 
@@ -341,27 +452,58 @@ def reward_vs_verifier(log, cfg) -> pl.DataFrame | None:
         bad = t.filter(_off(pl.col("reward"), exp, cfg))
         if bad.is_empty():
             return None
-        return bad.rechunk().select("trajectory_id", "file", pl.format(
-            "reward {} with verifier_success {}, expected {} (reward_rule 'binary')", _num(pl.col("reward")),
-            ok.cast(pl.String).str.to_lowercase(), _num(exp)).alias("message"))
+        return bad.rechunk().select(
+            "trajectory_id",
+            "file",
+            pl.format(
+                "reward {} with verifier_success {}, expected {} (reward_rule 'binary')",
+                _num(pl.col("reward")),
+                ok.cast(pl.String).str.to_lowercase(),
+                _num(exp),
+            ).alias("message"),
+        )
     t = t.filter(~pl.col("reward").is_nan())
     r = pl.col("reward")
-    s = t.filter(ok).sort("reward").group_by("task_id").agg(
-        r.first().alias("_s_min"), pl.col("trajectory_id").first().alias("_s_id"))
-    f = t.filter(~ok).sort("reward", descending=True).group_by("task_id").agg(
-        r.first().alias("_f_max"), pl.col("trajectory_id").first().alias("_f_id"))
+    s = (
+        t.filter(ok)
+        .sort("reward")
+        .group_by("task_id")
+        .agg(r.first().alias("_s_min"), pl.col("trajectory_id").first().alias("_s_id"))
+    )
+    f = (
+        t.filter(~ok)
+        .sort("reward", descending=True)
+        .group_by("task_id")
+        .agg(r.first().alias("_f_max"), pl.col("trajectory_id").first().alias("_f_id"))
+    )
     t = t.join(s, on="task_id", how="inner").join(f, on="task_id", how="inner")
-    tol = lambda x: cfg.atol + cfg.rtol * x.abs()  # noqa: E731
+    tol = lambda x: cfg.atol + cfg.rtol * x.abs()
     low = ok & (pl.col("_f_max") - r > tol(pl.col("_f_max")))
     high = ~ok & (r - pl.col("_s_min") > tol(pl.col("_s_min")))
     bad = t.filter(low | high)
     if bad.is_empty():
         return None
-    msg = (pl.when(ok)
-           .then(pl.format("verified success scores {}, below verified failure {} of task {} (reward {}); "
-                           "expected no success below a failure (reward_rule 'monotone')", _num(r), "_f_id",
-                           "task_id", _num(pl.col("_f_max"))))
-           .otherwise(pl.format("verified failure scores {}, above verified success {} of task {} (reward {}); "
-                                "expected no failure above a success (reward_rule 'monotone')", _num(r), "_s_id",
-                                "task_id", _num(pl.col("_s_min")))))
+    msg = (
+        pl.when(ok)
+        .then(
+            pl.format(
+                "verified success scores {}, below verified failure {} of task {} (reward {}); "
+                "expected no success below a failure (reward_rule 'monotone')",
+                _num(r),
+                "_f_id",
+                "task_id",
+                _num(pl.col("_f_max")),
+            )
+        )
+        .otherwise(
+            pl.format(
+                "verified failure scores {}, above verified success {} of task {} (reward {}); "
+                "expected no failure above a success (reward_rule 'monotone')",
+                _num(r),
+                "_s_id",
+                "task_id",
+                _num(pl.col("_s_min")),
+            )
+        )
+    )
     return bad.rechunk().select("trajectory_id", "file", msg.alias("message"))

@@ -1,4 +1,5 @@
 """Structure (S): the log can be read as the contract describes (DESIGN 3)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,10 +9,13 @@ from .. import schema as S
 from ..batch import TOKEN_LISTS, Batch
 from ..registry import rule
 
-
 # nulls in these required columns mean something specific and have their own check
-_NULL_HAS_OWN_CHECK = {"reward": "excluded episode", "reset_seed": "E801", "environment_version": "E801",
-                       "verifier_version": "E801"}
+_NULL_HAS_OWN_CHECK = {
+    "reward": "excluded episode",
+    "reset_seed": "E801",
+    "environment_version": "E801",
+    "verifier_version": "E801",
+}
 
 
 @rule("S001", "column missing, of the wrong type, or out of its domain")
@@ -44,17 +48,31 @@ def required_columns(b: Batch, cfg) -> pl.DataFrame | None:
 # value outside them makes the batch "suspect" and only then is pandera run, for the exact
 # failure cases; on a clean batch S001 costs one polars select instead of a pandera pass.
 # The predicates may flag more than pandera does (never less): pandera has the last word.
-_TRAJ_DOMAIN = {"reward": (None, True, None, True), "gamma": (0.0, False, 1.0, True),
-                "discounted_return": (None, True, None, True), "final_value": (None, True, None, True),
-                "wall_clock_s": (0.0, True, None, True), "num_trainable_tokens": (0, True, None, False),
-                "n_tokens": (0, True, None, False), "n_src_invalid": (0, True, 0, False)}
-_TURN_DOMAIN = {"turn_id": (0, True, None, False), "policy_version": (0, True, None, False),
-                "temperature": (0.0, True, None, True), "top_p": (0.0, False, 1.0, True),
-                "num_policy_tokens": (0, True, None, False), "context_length": (0, True, None, False),
-                "logprob": (None, True, None, True), "reward": (None, True, None, True),
-                "shaping": (None, True, None, True), "value": (None, True, None, True),
-                "td_residual": (None, True, None, True), "potential_before": (None, True, None, True),
-                "potential_after": (None, True, None, True)}
+_TRAJ_DOMAIN = {
+    "reward": (None, True, None, True),
+    "gamma": (0.0, False, 1.0, True),
+    "discounted_return": (None, True, None, True),
+    "final_value": (None, True, None, True),
+    "wall_clock_s": (0.0, True, None, True),
+    "num_trainable_tokens": (0, True, None, False),
+    "n_tokens": (0, True, None, False),
+    "n_src_invalid": (0, True, 0, False),
+}
+_TURN_DOMAIN = {
+    "turn_id": (0, True, None, False),
+    "policy_version": (0, True, None, False),
+    "temperature": (0.0, True, None, True),
+    "top_p": (0.0, False, 1.0, True),
+    "num_policy_tokens": (0, True, None, False),
+    "context_length": (0, True, None, False),
+    "logprob": (None, True, None, True),
+    "reward": (None, True, None, True),
+    "shaping": (None, True, None, True),
+    "value": (None, True, None, True),
+    "td_residual": (None, True, None, True),
+    "potential_before": (None, True, None, True),
+    "potential_after": (None, True, None, True),
+}
 
 
 def _suspect(df: pl.DataFrame, domain: dict) -> bool:
@@ -91,14 +109,22 @@ def _domain(b: Batch) -> list[pl.DataFrame]:
         from ..models import TrajectoryFrame, domain_problems
 
         bad = domain_problems(TrajectoryFrame, traj.drop("trajectory_id"))
-        bad = bad.with_columns(pl.when(pl.col("column") == "n_src_invalid").then(pl.lit("token_source"))
-                               .otherwise("column").alias("column"),
-                               pl.when(pl.col("column") == "n_src_invalid")
-                               .then(pl.format("{} values outside 0..4", "value"))
-                               .otherwise("value").alias("value"))
+        bad = bad.with_columns(
+            pl.when(pl.col("column") == "n_src_invalid")
+            .then(pl.lit("token_source"))
+            .otherwise("column")
+            .alias("column"),
+            pl.when(pl.col("column") == "n_src_invalid")
+            .then(pl.format("{} values outside 0..4", "value"))
+            .otherwise("value")
+            .alias("value"),
+        )
         if bad.height:
-            out.append(bad.with_columns(b.ids.gather(bad["index"])).select(
-                "trajectory_id", pl.format("{}: value {} fails {}", "column", "value", "check").alias("message")))
+            out.append(
+                bad.with_columns(b.ids.gather(bad["index"])).select(
+                    "trajectory_id", pl.format("{}: value {} fails {}", "column", "value", "check").alias("message")
+                )
+            )
     tr = b.turns
     if tr.height and _suspect(tr, _TURN_DOMAIN):
         from ..models import TurnFrame, domain_problems
@@ -106,9 +132,16 @@ def _domain(b: Batch) -> list[pl.DataFrame]:
         cols = [c for c in tr.columns if not c.startswith(("rc_", "_"))]
         bad = domain_problems(TurnFrame, tr.select(cols))
         if bad.height:
-            out.append(bad.join(tr.select(pl.int_range(pl.len()).alias("index"), "trajectory_id", pl.col("_t").alias("turn")),
-                                on="index").select(
-                "trajectory_id", "turn", pl.format("turns.{}: value {} fails {}", "column", "value", "check").alias("message")))
+            out.append(
+                bad.join(
+                    tr.select(pl.int_range(pl.len()).alias("index"), "trajectory_id", pl.col("_t").alias("turn")),
+                    on="index",
+                ).select(
+                    "trajectory_id",
+                    "turn",
+                    pl.format("turns.{}: value {} fails {}", "column", "value", "check").alias("message"),
+                )
+            )
     return out
 
 
@@ -121,13 +154,18 @@ def duplicate_ids(log, cfg) -> pl.DataFrame | None:
     across the whole log (e.g. prefix with the collector run and worker).
     """
     t = log.traj.filter(pl.col("trajectory_id").is_not_null())
-    dup = (t.group_by("trajectory_id").agg(pl.len().alias("n"), pl.col("file").cast(pl.String).unique().sort().alias("files"),
-                                           pl.col("file").first())
-           .filter(pl.col("n") > 1))
+    dup = (
+        t.group_by("trajectory_id")
+        .agg(pl.len().alias("n"), pl.col("file").cast(pl.String).unique().sort().alias("files"), pl.col("file").first())
+        .filter(pl.col("n") > 1)
+    )
     if dup.is_empty():
         return None
-    return dup.select("trajectory_id", "file", pl.format("trajectory_id appears {} times (in {})", "n",
-                                                          pl.col("files").list.join(", ")).alias("message"))
+    return dup.select(
+        "trajectory_id",
+        "file",
+        pl.format("trajectory_id appears {} times (in {})", "n", pl.col("files").list.join(", ")).alias("message"),
+    )
 
 
 @rule("S003", "token lists of different lengths", requires=("token_source",))
@@ -170,9 +208,15 @@ def turn_numbering(b: Batch, cfg) -> pl.DataFrame | None:
     if len(tr) and "turn_id" in tr.columns:
         bad = tr.filter(pl.col("turn_id").is_null() | (pl.col("turn_id").cast(pl.Int64) != pl.col("_t")))
         if bad.height:
-            out.append(bad.select("trajectory_id", pl.col("_t").alias("turn"),
-                                  pl.format("turn at index {} has turn_id {}", "_t",
-                                            pl.col("turn_id").cast(pl.String).fill_null("null")).alias("message")))
+            out.append(
+                bad.select(
+                    "trajectory_id",
+                    pl.col("_t").alias("turn"),
+                    pl.format(
+                        "turn at index {} has turn_id {}", "_t", pl.col("turn_id").cast(pl.String).fill_null("null")
+                    ).alias("message"),
+                )
+            )
     if b.ok.any():
         t = b.tokens
         T = b.turn_counts
@@ -182,10 +226,19 @@ def turn_numbering(b: Batch, cfg) -> pl.DataFrame | None:
             rows, pos = b.first_position(wrong)
             n = np.bincount(t.row[wrong], minlength=b.n)[rows]
             first_val = t.turn[t.starts[rows] + pos]
-            out.append(pl.DataFrame({
-                "trajectory_id": b.ids.gather(rows), "position": pos,
-                "message": [f"{k} token(s) name a turn that does not exist (first: token_turn {v}, "
-                            f"the trajectory has {T[r]} turns)" for k, v, r in zip(n, first_val, rows)]}))
+            out.append(
+                pl.DataFrame(
+                    {
+                        "trajectory_id": b.ids.gather(rows),
+                        "position": pos,
+                        "message": [
+                            f"{k} token(s) name a turn that does not exist (first: token_turn {v}, "
+                            f"the trajectory has {T[r]} turns)"
+                            for k, v, r in zip(n, first_val, rows)
+                        ],
+                    }
+                )
+            )
     return pl.concat(out, how="diagonal_relaxed") if out else None
 
 

@@ -1,4 +1,5 @@
 """Termination (T): why the episode stopped, and what that allows (DESIGN 3.3; lesson 11.1.4)."""
+
 from __future__ import annotations
 
 import polars as pl
@@ -18,8 +19,10 @@ def _num(expr: pl.Expr) -> pl.Expr:
 
 def _flag_text() -> pl.Expr:
     """`terminated=true, truncated=false, infra_error=null` for a message."""
-    return pl.concat_str([pl.format(f"{f}={{}}", pl.col(f).cast(pl.String).str.to_lowercase().fill_null("null"))
-                          for f in FLAGS], separator=", ")
+    return pl.concat_str(
+        [pl.format(f"{f}={{}}", pl.col(f).cast(pl.String).str.to_lowercase().fill_null("null")) for f in FLAGS],
+        separator=", ",
+    )
 
 
 def _n_true() -> pl.Expr:
@@ -40,8 +43,12 @@ def one_flag(b: Batch, cfg) -> pl.DataFrame | None:
     bad = b.traj.filter(_n_true() != 1)
     if bad.is_empty():
         return None
-    return bad.rechunk().select("trajectory_id", pl.format("{} of terminated/truncated/infra_error are true, expected exactly 1 "
-                                                 "({})", _n_true(), _flag_text()).alias("message"))
+    return bad.rechunk().select(
+        "trajectory_id",
+        pl.format(
+            "{} of terminated/truncated/infra_error are true, expected exactly 1 ({})", _n_true(), _flag_text()
+        ).alias("message"),
+    )
 
 
 @rule("T302", "stop_reason inconsistent with the flag", requires=(*FLAGS, "stop_reason"))
@@ -68,16 +75,24 @@ def stop_reason_flag(b: Batch, cfg) -> pl.DataFrame | None:
     if bad.is_empty():
         return None
     names = ", ".join(sorted(table))
-    msg = (pl.when(unknown)
-           .then(pl.format(f"unknown stop_reason '{{}}' (known: {names}; add it to extra_stop_reasons)",
-                           "stop_reason"))
-           .otherwise(pl.format("stop_reason '{}' belongs to {}, but {} is the flag set", "stop_reason",
-                                "_expected_flag", true_flag)))
+    msg = (
+        pl.when(unknown)
+        .then(pl.format(f"unknown stop_reason '{{}}' (known: {names}; add it to extra_stop_reasons)", "stop_reason"))
+        .otherwise(
+            pl.format(
+                "stop_reason '{}' belongs to {}, but {} is the flag set", "stop_reason", "_expected_flag", true_flag
+            )
+        )
+    )
     return bad.rechunk().select("trajectory_id", msg.alias("message"))
 
 
-@rule("T303", "infra_error episode carries a reward or is used in an update", scope="log",
-      requires=("trajectory_id", "infra_error", "reward"))
+@rule(
+    "T303",
+    "infra_error episode carries a reward or is used in an update",
+    scope="log",
+    requires=("trajectory_id", "infra_error", "reward"),
+)
 def infra_error_scored(log, cfg) -> pl.DataFrame | None:
     """An episode with infra_error = true has a non-null reward, or an update trains on it.
 
@@ -96,10 +111,13 @@ def infra_error_scored(log, cfg) -> pl.DataFrame | None:
     if log.updates is not None and "trajectory_ids" in log.updates.columns:
         u = log.updates
         step = pl.col("update_step") if "update_step" in u.columns else pl.int_range(pl.len())
-        used = (u.select(step.cast(pl.String).alias("_step"), pl.col("trajectory_ids").alias("trajectory_id"))
-                .explode("trajectory_id")
-                .join(t.select("trajectory_id").unique(), on="trajectory_id", how="semi")
-                .group_by("trajectory_id").agg(pl.col("_step").unique().sort().alias("_steps")))
+        used = (
+            u.select(step.cast(pl.String).alias("_step"), pl.col("trajectory_ids").alias("trajectory_id"))
+            .explode("trajectory_id")
+            .join(t.select("trajectory_id").unique(), on="trajectory_id", how="semi")
+            .group_by("trajectory_id")
+            .agg(pl.col("_step").unique().sort().alias("_steps"))
+        )
     if used is not None:
         t = t.join(used, on="trajectory_id", how="left")
     else:
@@ -115,8 +133,7 @@ def infra_error_scored(log, cfg) -> pl.DataFrame | None:
     return bad.rechunk().select("trajectory_id", "file", pl.format("infra_error episode {}", msg).alias("message"))
 
 
-@rule("T304", "truncated episode rewarded against the truncation policy",
-      requires=("truncated", "reward"))
+@rule("T304", "truncated episode rewarded against the truncation policy", requires=("truncated", "reward"))
 def truncated_reward(b: Batch, cfg) -> pl.DataFrame | None:
     """A collector-truncated episode (truncated = true) has a reward that the configured
     truncation policy does not allow.
@@ -137,12 +154,18 @@ def truncated_reward(b: Batch, cfg) -> pl.DataFrame | None:
     if cfg.truncation == "bootstrap":
         if "final_value" in t.columns:
             t = t.filter(pl.col("final_value").is_null())
-        msg = pl.format("truncated episode (stop_reason {}) has reward {} but no final_value to bootstrap from "
-                        "(truncation policy 'bootstrap')", pl.col("stop_reason").fill_null("null"),
-                        _num(pl.col("reward")))
+        msg = pl.format(
+            "truncated episode (stop_reason {}) has reward {} but no final_value to bootstrap from "
+            "(truncation policy 'bootstrap')",
+            pl.col("stop_reason").fill_null("null"),
+            _num(pl.col("reward")),
+        )
     else:
-        msg = pl.format("truncated episode (stop_reason {}) has reward {}, expected null (truncation policy "
-                        "'exclude')", pl.col("stop_reason").fill_null("null"), _num(pl.col("reward")))
+        msg = pl.format(
+            "truncated episode (stop_reason {}) has reward {}, expected null (truncation policy 'exclude')",
+            pl.col("stop_reason").fill_null("null"),
+            _num(pl.col("reward")),
+        )
     if t.is_empty():
         return None
     return t.rechunk().select("trajectory_id", msg.alias("message"))
@@ -171,7 +194,13 @@ def laundered_truncation(b: Batch, cfg) -> pl.DataFrame | None:
     bad = last.join(term, on="_row", how="inner")
     if bad.is_empty():
         return None
-    return bad.rechunk().select("trajectory_id", pl.col("_t").alias("turn"),
-                      pl.format("last turn ended with finish_reason '{}' but the episode is recorded as terminated "
-                                "(stop_reason {}); expected truncated or infra_error", "finish_reason",
-                                pl.col("stop_reason").fill_null("null")).alias("message"))
+    return bad.rechunk().select(
+        "trajectory_id",
+        pl.col("_t").alias("turn"),
+        pl.format(
+            "last turn ended with finish_reason '{}' but the episode is recorded as terminated "
+            "(stop_reason {}); expected truncated or infra_error",
+            "finish_reason",
+            pl.col("stop_reason").fill_null("null"),
+        ).alias("message"),
+    )

@@ -1,5 +1,6 @@
 """Policy versions (P): which weights sampled each turn, and how stale the data is when the
 trainer uses it (DESIGN 4, lesson 11.2.3, 11.4.3)."""
+
 from __future__ import annotations
 
 import polars as pl
@@ -32,14 +33,23 @@ def version_missing(b: Batch, cfg) -> pl.DataFrame | None:
     if not len(tr):
         return None
     miss = pl.col("policy_version").is_null()
-    per = tr.group_by("_row", maintain_order=True).agg(
-        pl.col("trajectory_id").first(), pl.len().alias("T"), pl.col("_t").filter(miss).alias("tm")
-    ).filter(pl.col("tm").list.len() > 0)
+    per = (
+        tr.group_by("_row", maintain_order=True)
+        .agg(pl.col("trajectory_id").first(), pl.len().alias("T"), pl.col("_t").filter(miss).alias("tm"))
+        .filter(pl.col("tm").list.len() > 0)
+    )
     if per.is_empty():
         return None
-    return per.select("trajectory_id", pl.col("tm").list.first().alias("turn"), pl.format(
-        "policy_version is null on {} of {} turn(s) (turns {})", pl.col("tm").list.len(), "T",
-        pl.col("tm").list.head(10).cast(pl.List(pl.String)).list.join(", ")).alias("message"))
+    return per.select(
+        "trajectory_id",
+        pl.col("tm").list.first().alias("turn"),
+        pl.format(
+            "policy_version is null on {} of {} turn(s) (turns {})",
+            pl.col("tm").list.len(),
+            "T",
+            pl.col("tm").list.head(10).cast(pl.List(pl.String)).list.join(", "),
+        ).alias("message"),
+    )
 
 
 @rule("P502", "policy versions decrease within an episode", "error", requires=("turns.policy_version",))
@@ -60,12 +70,24 @@ def version_decreasing(b: Batch, cfg) -> pl.DataFrame | None:
     bad = tr.with_columns(prev.alias("prev")).filter(pl.col("policy_version") < pl.col("prev"))
     if bad.is_empty():
         return None
-    return bad.select("trajectory_id", pl.col("_t").alias("turn"), pl.format(
-        "policy_version {} follows version {} of an earlier turn; expected non-decreasing versions",
-        "policy_version", "prev").alias("message"))
+    return bad.select(
+        "trajectory_id",
+        pl.col("_t").alias("turn"),
+        pl.format(
+            "policy_version {} follows version {} of an earlier turn; expected non-decreasing versions",
+            "policy_version",
+            "prev",
+        ).alias("message"),
+    )
 
 
-@rule("P503", "policy lag above the bound in an update", "error", scope="log", requires=("updates", "turns.policy_version"))
+@rule(
+    "P503",
+    "policy lag above the bound in an update",
+    "error",
+    scope="log",
+    requires=("updates", "turns.policy_version"),
+)
 def policy_lag(log, cfg) -> pl.DataFrame | None:
     """An update trains on a trajectory whose oldest turn was sampled more than the allowed
     number of versions ago (trainer_version − min policy_version > bound), or by weights newer
@@ -91,12 +113,20 @@ def policy_lag(log, cfg) -> pl.DataFrame | None:
         stats["note"] = "no lag bound declared (neither max_policy_lag in updates nor in the configuration)"
     elif n_bounded < u.height:
         stats["note"] = f"{u.height - n_bounded} of {u.height} updates declare no lag bound"
-    traj = log.traj.select("trajectory_id", "file", "pv_min", "pv_max").filter(
-        pl.col("trajectory_id").is_not_null() & pl.col("pv_min").is_not_null()).unique("trajectory_id", keep="first")
-    used = (u.explode("trajectory_ids").rename({"trajectory_ids": "trajectory_id"})
-            .join(traj, on="trajectory_id", how="inner")
-            .with_columns((pl.col("trainer_version") - pl.col("pv_min")).alias("lag"),
-                          (pl.col("trainer_version") - pl.col("pv_max")).alias("lag_min")))
+    traj = (
+        log.traj.select("trajectory_id", "file", "pv_min", "pv_max")
+        .filter(pl.col("trajectory_id").is_not_null() & pl.col("pv_min").is_not_null())
+        .unique("trajectory_id", keep="first")
+    )
+    used = (
+        u.explode("trajectory_ids")
+        .rename({"trajectory_ids": "trajectory_id"})
+        .join(traj, on="trajectory_id", how="inner")
+        .with_columns(
+            (pl.col("trainer_version") - pl.col("pv_min")).alias("lag"),
+            (pl.col("trainer_version") - pl.col("pv_max")).alias("lag_min"),
+        )
+    )
     stats["lag_histogram"] = {str(k): v for k, v in _histogram(used["lag"]).items()}
     if used.height:
         stats["max_lag"] = int(used["lag"].max())
@@ -105,11 +135,32 @@ def policy_lag(log, cfg) -> pl.DataFrame | None:
     bad = used.filter(too_old | too_new)
     if bad.is_empty():
         return None
-    return bad.select("trajectory_id", "file", pl.when(too_new).then(pl.format(
-        "update {} starts from trainer_version {} but the trajectory was sampled by version {} (negative lag {}): "
-        "the policy is newer than the trainer", "update_step", "trainer_version", "pv_max", "lag_min")).otherwise(
-        pl.format("update {} (trainer_version {}) uses a trajectory sampled by version {}: lag {} > bound {}",
-                  "update_step", "trainer_version", "pv_min", "lag", "bound")).alias("message"))
+    return bad.select(
+        "trajectory_id",
+        "file",
+        pl.when(too_new)
+        .then(
+            pl.format(
+                "update {} starts from trainer_version {} but the trajectory was sampled by version {} (negative lag {}): "
+                "the policy is newer than the trainer",
+                "update_step",
+                "trainer_version",
+                "pv_max",
+                "lag_min",
+            )
+        )
+        .otherwise(
+            pl.format(
+                "update {} (trainer_version {}) uses a trajectory sampled by version {}: lag {} > bound {}",
+                "update_step",
+                "trainer_version",
+                "pv_min",
+                "lag",
+                "bound",
+            )
+        )
+        .alias("message"),
+    )
 
 
 @rule("P504", "several policy versions inside one episode", "info", scope="log", requires=("turns.policy_version",))
@@ -130,13 +181,23 @@ def versions_per_episode(log, cfg) -> pl.DataFrame | None:
     counts = _histogram(t["n_versions"]) if "n_versions" in t.columns else {}
     spans = _histogram(t["span"])
     multi = t.filter(pl.col("span") > 0)
-    log.stats["P504"] = {"episodes": t.height, "multi_version_episodes": multi.height,
-                         "versions_per_episode": {str(k): v for k, v in counts.items()},
-                         "version_span": {str(k): v for k, v in spans.items()}}
+    log.stats["P504"] = {
+        "episodes": t.height,
+        "multi_version_episodes": multi.height,
+        "versions_per_episode": {str(k): v for k, v in counts.items()},
+        "version_span": {str(k): v for k, v in spans.items()},
+    }
     if multi.is_empty():
         return None
     widest = multi.sort("span", descending=True, maintain_order=True).row(0, named=True)
-    return pl.DataFrame({"trajectory_id": [widest["trajectory_id"]], "file": [widest["file"]], "message": [
-        f"{multi.height} of {t.height} episodes were sampled by several policy versions; versions per episode "
-        f"{{{_fmt_hist(counts)}}}; version span {{{_fmt_hist(spans)}}}; widest here (versions "
-        f"{widest['pv_min']}..{widest['pv_max']})"]})
+    return pl.DataFrame(
+        {
+            "trajectory_id": [widest["trajectory_id"]],
+            "file": [widest["file"]],
+            "message": [
+                f"{multi.height} of {t.height} episodes were sampled by several policy versions; versions per episode "
+                f"{{{_fmt_hist(counts)}}}; version span {{{_fmt_hist(spans)}}}; widest here (versions "
+                f"{widest['pv_min']}..{widest['pv_max']})"
+            ],
+        }
+    )
