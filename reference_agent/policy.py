@@ -47,18 +47,27 @@ class RecurrentActorCritic(nn.Module):
         return logits[0, -1], float(values[0, -1]), h
 
 
-def decoding_distribution(logits: torch.Tensor, mask: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+def decoding_distribution(
+    logits: torch.Tensor, mask: torch.Tensor, temperature: float | torch.Tensor, top_p: float | torch.Tensor
+) -> torch.Tensor:
     """Log-probs of the distribution actually sampled from: action mask → temperature → top-p → renormalise.
 
-    Works on [..., A]; excluded actions get -inf. This single function serves sampling, training and replay,
-    so the behaviour log-prob is never the base softmax (L206).
+    Works on [..., A]; excluded actions get -inf. temperature and top_p are scalars or tensors of the
+    leading shape (one value per row: each turn's logged parameters). This single function serves
+    sampling, training and replay, so the behaviour log-prob is never the base softmax (L206).
     """
-    z = logits.masked_fill(~mask, float("-inf")) / temperature
+    temp = torch.as_tensor(temperature, dtype=logits.dtype)
+    p = torch.as_tensor(top_p, dtype=logits.dtype)
+    if temp.dim():
+        temp = temp.unsqueeze(-1)
+    if p.dim():
+        p = p.unsqueeze(-1)
+    z = logits.masked_fill(~mask, float("-inf")) / temp
     logp = torch.log_softmax(z, dim=-1)
-    if top_p < 1.0:
+    if bool((p < 1.0).any()):
         sorted_lp, order = torch.sort(logp, dim=-1, descending=True)
         before = torch.cumsum(sorted_lp.exp(), dim=-1) - sorted_lp.exp()  # mass strictly before each token
-        keep_sorted = before < top_p  # smallest prefix reaching top_p (the crossing token is kept)
+        keep_sorted = (before < p) | (p >= 1.0)  # smallest prefix reaching top_p (the crossing token is kept)
         keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
         logp = torch.log_softmax(z.masked_fill(~keep, float("-inf")), dim=-1)
     return logp

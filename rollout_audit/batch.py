@@ -63,8 +63,8 @@ def _np(a: pa.Array, fill: Any = None) -> np.ndarray:
 
 
 def list_inputs(names: set[str] | frozenset[str]) -> frozenset[str]:
-    """Token lists needed to compute the derived values and columns in `names`."""
-    out = {n for n in names if n in TOKEN_LISTS}
+    """Token lists needed to compute the derived values (`SUMMARY_INPUTS`) in `names`."""
+    out: set[str] = set()
     for n in names:
         out.update(q for q in SUMMARY_INPUTS.get(n, ()) if q in TOKEN_LISTS)
     return frozenset(out)

@@ -80,7 +80,14 @@ def main() -> None:
     help="Batches checked at once (2: ~15% faster, one more batch in memory).",
 )
 @click.option("--show-settings", is_flag=True, help="Print the configuration in use and where it came from, then exit.")
-def check(paths, select, ignore, fmt, config_path, strict, show_all, output, workers, show_settings) -> None:
+@click.option(
+    "--replay",
+    "replay",
+    type=click.IntRange(0),
+    default=None,
+    help="Replay N trajectories stratified by policy version (L205-L207; needs a configured replayer).",
+)
+def check(paths, select, ignore, fmt, config_path, strict, show_all, output, workers, show_settings, replay) -> None:
     """Audit the log at PATHS (Parquet files or directories).
 
     Exit 0: every selected check that had its inputs ran and held. 1: findings that block
@@ -94,6 +101,8 @@ def check(paths, select, ignore, fmt, config_path, strict, show_all, output, wor
     from .registry import all_rules
 
     cfg, source = find_config(config_path, start=paths[0])
+    if replay is not None:
+        cfg = cfg.model_copy(update={"replay": replay})
     if show_settings:
         click.echo(f"# configuration: {source}")
         click.echo(json.dumps(cfg.settings(), indent=1))

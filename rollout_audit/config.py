@@ -46,8 +46,28 @@ class Config(BaseModel):
     # is not read (S005); a trajectory with more tokens is not audited (S001)
     max_row_group_bytes: int = Field(2 * 2**30, ge=1)
     max_tokens_per_trajectory: int = Field(1_000_000, ge=1)
+    # Replay (L205-L207): trajectories replayed, stratified by policy version; 0 = off (`check --replay N`)
+    replay: int = Field(0, ge=0)
+    replayer: str | None = None  # "module:factory" returning a replayer, e.g. "reference_agent.replay:replayer"
+    # version -> local checkpoint (a {"3": "ckpt/step-3"} table, or a template "ckpt/step-{version}")
+    replay_checkpoints: dict[str, str] | str | None = None
+    replay_endpoints: dict[str, str] = Field(default_factory=dict)  # version -> OpenAI-compatible base URL (…/v1)
+    replay_batch_size: int = Field(8, ge=1)  # trajectories per forward pass / request
+    replay_atol: float = Field(1e-3, ge=0)  # L205/L206: per-token |replayed - recorded| tolerance
+    replay_max_share: float = Field(0.0, ge=0, le=1)  # L205: share of replayed tokens allowed over the tolerance
+    compare_logprobs: str | None = None  # L207: a second per-token log-prob column (the trainer's recomputation)
+    max_turn_log_ratio: float = Field(0.6931, gt=0)  # L207: |log π_other/π_beh| of a turn above this is extreme
 
-    @field_validator("atol", "rtol", "logprob_atol", "grpo_epsilon", mode="before")
+    @field_validator(
+        "atol",
+        "rtol",
+        "logprob_atol",
+        "grpo_epsilon",
+        "replay_atol",
+        "replay_max_share",
+        "max_turn_log_ratio",
+        mode="before",
+    )
     @classmethod
     def _int_is_a_float(cls, v: Any) -> Any:
         """TOML writes `atol = 0` as an integer: accept integers for floats, nothing else."""

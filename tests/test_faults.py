@@ -31,13 +31,15 @@ def test_compliant_log_is_clean_in_one_file_and_in_partitions(base, tmp_path):
         rep = ra.audit(tmp_path / f"p{parts}")
         bad = rep.findings.filter(pl.col("severity") != "info")
         assert bad.is_empty(), bad
-        assert set(rep.not_run) == {"R408"}  # needs first_visit_components configured
+        assert set(rep.not_run) == {"R408", "L205", "L206", "L207"}  # configuration needed; replay is off by default
 
 
 def test_every_error_and_warning_code_has_a_fault():
     codes = {c for c, r in ra.all_rules().items() if r.severity in ("error", "warning")}
     covered = set().union(*(f.codes for f in FAULTS.values()))
-    assert codes - covered == set()
+    # replay faults need checkpoints, not a record rewrite: reference_agent.replay.REPLAY_FAULTS and
+    # benchmarks.tinylm.FAULT_NAMES, caught in tests/test_replay_agent.py and tests/test_replay_hf.py
+    assert codes - covered == {"L205", "L206", "L207"}
 
 
 def test_records_round_trip(base, tmp_path):

@@ -59,6 +59,9 @@ NEEDS: dict[str, set[str]] = {
     "L201": {"loss_mask", "behavior_logprobs", "token_source"},
     "L202": {"turns.logprob", "behavior_logprobs", "token_source", "token_turn"},
     "L203": {"behavior_logprobs", "token_source"},
+    "L205": {"replay (configuration)"},
+    "L206": {"replay (configuration)"},
+    "L207": {"replay (configuration)"},
     "L208": {"loss_mask", "behavior_logprobs", "token_source", "token_turn", "turns.temperature", "turns.top_p"},
     "L204": {"turns.temperature", "turns.top_p"},
     "M101": {"loss_mask", "token_source"},
@@ -112,7 +115,7 @@ def expected_not_run(drop: set[str], drop_turn: set[str], with_updates: bool) ->
         absent |= {f"turns.{f}" for f in ALL_TURN_FIELDS}
     if not with_updates:
         absent.add("updates")
-    absent.add("first_visit_components (configuration)")
+    absent |= {"first_visit_components (configuration)", "replay (configuration)"}
     return {code for code, needs in NEEDS.items() if needs & absent}
 
 

@@ -377,6 +377,17 @@ def test_greedy_evaluation_values_are_rates(run_dir: Path) -> None:
     assert "no memory" in format_table(result)
 
 
+def test_ci_profile_learns_and_needs_memory(tmp_path: Path) -> None:
+    """The CI learning test (well under a minute alone on 2 cores): greedy success clearly beats the untrained
+    policy on both colours, and the policy without memory cannot solve blue tasks."""
+    from reference_agent.train import run_profile
+
+    ev = run_profile("ci", str(tmp_path), 0)["evaluation"]
+    for colour in ("red", "blue"):
+        assert ev["trained"][colour] >= 0.9 and ev["trained"][colour] - ev["untrained"][colour] >= 0.5, ev
+    assert ev["no_memory"]["blue"] <= 0.5, ev
+
+
 @pytest.mark.skipif(os.environ.get("RA_SMOKE") != "1", reason="set RA_SMOKE=1 to run the ~1 min smoke profile")
 def test_smoke_profile_learns(tmp_path: Path) -> None:
     from reference_agent.demo import run_demo

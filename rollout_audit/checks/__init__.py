@@ -5,6 +5,7 @@ from . import (  # noqa: F401
     groups,
     logprobs,
     masks,
+    replay,
     rewards,
     structure,
     termination,

@@ -1,0 +1,245 @@
+"""Replay (L205-L207): the recorded behaviour log-probs against a recomputation under the checkpoint of
+the logged policy version and the logged decoding parameters (lessons “Log-probabilities must be captured at every turn” and “Token-level and sequence-level probability ratios”). Off unless
+`replay` (`check --replay N`) and a replayer are configured; L207 also runs on a second log-prob column."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+from ..registry import NotRun, rule
+from ..replay import NotConfigured, load_replayer, replay_frame
+from ..replay.run import second_frame
+
+if TYPE_CHECKING:
+    from ..views import LogCheckView as LogView
+
+_TOKEN_REQS = ("pv_min",)  # the sample is stratified by each trajectory's first policy version
+# the replayed rows are read back from the log's files: the token lists and turn fields replay scores
+_READS = (
+    "trajectory_id",
+    "token_ids",
+    "token_source",
+    "behavior_logprobs",
+    "token_turn",
+    "turns.policy_version",
+    "turns.temperature",
+    "turns.top_p",
+)
+_REPLAY_CONFIG = ("replay", "replayer", "replay_checkpoints", "replay_endpoints", "replay_batch_size")
+
+
+def _replayed(log: LogView, cfg) -> pl.DataFrame:
+    """The replayed token frame, computed once per audit and shared by L205-L207 (NotRun when off)."""
+    if "replay" not in log.cache:
+        try:
+            if cfg.replay <= 0:
+                raise NotConfigured("replay is off: run with --replay N (or `replay = N` in the configuration)")
+            log.cache["replay"] = replay_frame(log.traj, int(cfg.replay), load_replayer(cfg))
+        except (NotConfigured, ValueError) as e:
+            log.cache["replay"] = str(e)
+        except Exception as e:  # noqa: BLE001 - a replayer failing on this log (e.g. ids beyond its vocabulary)
+            log.cache["replay"] = f"replay failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    out = log.cache["replay"]
+    if isinstance(out, str):
+        raise NotRun(out)
+    return out
+
+
+def _located(bad: pl.DataFrame, message: pl.Expr) -> pl.DataFrame | None:
+    """One finding per offending policy version, located at its first offending token."""
+    if bad.is_empty():
+        return None
+    return bad.sort("policy_version").select("file", "trajectory_id", "turn", "position", message.alias("message"))
+
+
+def _over(d: pl.Expr, cfg) -> pl.Expr:
+    return d > cfg.replay_atol + cfg.rtol * pl.col("recorded").abs()
+
+
+@rule(
+    "L205",
+    "recorded behaviour log-probs differ from replay under the logged version",
+    "error",
+    requires=_TOKEN_REQS,
+    scope="log",
+    optional=_READS,
+    config=_REPLAY_CONFIG + ("replay_atol", "rtol", "replay_max_share"),
+)
+def replay_mismatch(log: LogView, cfg) -> pl.DataFrame | None:
+    """Replaying the logged tokens under the checkpoint of their policy version, with each turn's logged
+    temperature / top-p / top-k (and the producer's action mask), gives log-probs that differ from the
+    recorded ones: per version, more than `replay_max_share` of the tokens differ by more than
+    `replay_atol` + rtol·|recorded|.
+
+    Lesson “Log-probabilities must be captured at every turn”: the importance ratio π_θ/π_beh is only right if π_beh is the distribution the token
+    was actually drawn from. Replay is the strongest evidence: a version mismatch (the log says v but v−1
+    sampled), ignored top-p, the base softmax instead of the tempered one, or a stale checkpoint mapping
+    all show up here. The message gives mean and max |Δ|, the k3 estimate of KL(π_beh ‖ π_replay) and the
+    share of tokens over tolerance. Fix the producer (or the checkpoint mapping), not the tolerance.
+    """
+    df = _replayed(log, cfg).with_columns((pl.col("sampled") - pl.col("recorded")).alias("d"))
+    finite = pl.col("d").is_finite()
+    df = df.with_columns(
+        pl.col("d").abs().alias("ad"),
+        (_over(pl.col("d").abs(), cfg) | ~finite).alias("over"),
+        pl.when(finite).then((pl.col("d").exp() - 1) - pl.col("d")).alias("k3"),
+    )
+    per = df.group_by("policy_version").agg(
+        pl.len().alias("n"),
+        pl.col("ad").filter(finite).mean().alias("mean"),
+        pl.col("ad").filter(finite).max().alias("max"),
+        (~finite).sum().alias("impossible"),
+        pl.col("k3").mean().alias("kl"),
+        pl.col("over").mean().alias("share"),
+        pl.col("trajectory_id").filter(pl.col("over")).first(),
+        pl.col("turn").filter(pl.col("over")).first(),
+        pl.col("position").filter(pl.col("over")).first(),
+        pl.col("file").filter(pl.col("over")).first(),
+    )
+    log.stats["L205"] = per.drop("trajectory_id", "turn", "position", "file").sort("policy_version").to_dicts()
+    return _located(
+        per.filter(pl.col("share") > cfg.replay_max_share),
+        pl.format(
+            "policy version {}: {} replayed token(s), {}% over tolerance; mean |Δ| {}, max |Δ| {}, k3 KL {} "
+            "(finite ones); {} token(s) impossible under one side",
+            "policy_version",
+            "n",
+            (pl.col("share") * 100).round(2),
+            pl.col("mean").round_sig_figs(3),
+            pl.col("max").round_sig_figs(3),
+            pl.col("kl").round_sig_figs(3),
+            "impossible",
+        ),
+    )
+
+
+@rule(
+    "L206",
+    "recorded log-probs are the base softmax, not the sampled distribution",
+    "error",
+    requires=_TOKEN_REQS,
+    scope="log",
+    optional=_READS,
+    config=_REPLAY_CONFIG + ("replay_atol", "rtol"),
+)
+def base_softmax(log: LogView, cfg) -> pl.DataFrame | None:
+    """The recorded log-probs match the model's base softmax (temperature 1, no top-p/top-k, no mask)
+    rather than the distribution the tokens were sampled from.
+
+    Lesson “Token-level and sequence-level probability ratios”: engines return raw log-probs unless told otherwise (vLLM V1 needs
+    `--logprobs-mode processed_logprobs`); a trainer that divides log-probs by T is wrong too. Decision
+    rule, per policy version, on the tokens where the two distributions differ by more than
+    2·replay_atol (elsewhere they cannot be told apart): the check fires when most of those tokens
+    match the base softmax within tolerance and are closer to it than to the sampled distribution.
+    Near temperature 1 and top-p 1 every token may be indistinguishable: the check then says it cannot
+    decide (not run) instead of passing. Record the processed log-probs of the sampler.
+    """
+    df = _replayed(log, cfg).with_columns(
+        (pl.col("recorded") - pl.col("base")).abs().alias("db"),
+        (pl.col("recorded") - pl.col("sampled")).abs().alias("ds"),
+        ((pl.col("sampled") - pl.col("base")).abs() > 2 * cfg.replay_atol).alias("distinct"),
+    )
+    per = (
+        df.filter(pl.col("distinct"))
+        .group_by("policy_version")
+        .agg(
+            pl.len().alias("n"),
+            _over(pl.col("db"), cfg).not_().mean().alias("match_base"),
+            (pl.col("db") < pl.col("ds")).mean().alias("closer"),
+            pl.col("trajectory_id").first(),
+            pl.col("turn").first(),
+            pl.col("position").first(),
+            pl.col("file").first(),
+        )
+    )
+    undecided = sorted(set(df["policy_version"].unique().to_list()) - set(per["policy_version"].to_list()))
+    log.stats["L206"] = {"undecided_versions": undecided}
+    if per.is_empty():
+        raise NotRun(
+            f"cannot decide: sampled and base distributions agree within 2·replay_atol on all "
+            f"{df.height} replayed tokens (temperature ≈ 1, top-p ≈ 1)"
+        )
+    return _located(
+        per.filter((pl.col("match_base") > 0.5) & (pl.col("closer") > 0.5)),
+        pl.format(
+            "policy version {}: {}% of the {} tokens where the sampled and base distributions differ match the "
+            "base softmax (closer to it on {}%)",
+            "policy_version",
+            (pl.col("match_base") * 100).round(1),
+            "n",
+            (pl.col("closer") * 100).round(1),
+        ),
+    )
+
+
+def _other(log: LogView, cfg) -> tuple[pl.DataFrame, str]:
+    """The second log-prob per token: a configured column, else replay."""
+    if cfg.compare_logprobs:
+        key = "second:" + cfg.compare_logprobs
+        if key not in log.cache:
+            try:
+                n = int(cfg.replay) if cfg.replay > 0 else None
+                log.cache[key] = second_frame(log.traj, cfg.compare_logprobs, n).rename({"second": "other"})
+            except (NotConfigured, ValueError) as e:
+                log.cache[key] = str(e)
+        if isinstance(log.cache[key], str):
+            raise NotRun(log.cache[key])
+        return log.cache[key], cfg.compare_logprobs
+    try:
+        return _replayed(log, cfg).rename({"sampled": "other"}), "replay"
+    except NotRun as e:
+        raise NotRun(f"{e}; or name a second per-token log-prob column in compare_logprobs") from None
+
+
+@rule(
+    "L207",
+    "extreme per-turn sequence ratio against a second log-prob",
+    "warning",
+    requires=_TOKEN_REQS,
+    scope="log",
+    optional=_READS,
+    config=_REPLAY_CONFIG + ("compare_logprobs", "max_turn_log_ratio"),
+)
+def extreme_ratio(log: LogView, cfg) -> pl.DataFrame | None:
+    """A turn's sequence ratio exp(Σ_k log π_other(y_k) − log π_beh(y_k)) lies outside
+    [1/R, R] with ln R = `max_turn_log_ratio`, where π_other is a second log-prob column of the log
+    (`compare_logprobs`, e.g. a trainer's recomputation such as TRL's old_per_token_logps) or replay.
+
+    Lessons “Log-probabilities must be captured at every turn” and “Token-level and sequence-level probability ratios”: on data sampled by the current weights every ratio is 1; a turn whose
+    ratio is far from 1 is dominated by clipping (PPO) or explodes (unclipped IS), whichever side is
+    wrong. One finding per trajectory, at its most extreme turn.
+    """
+    df, name = _other(log, cfg)
+    per_turn = df.group_by("file", "trajectory_id", "turn").agg(
+        (pl.col("other") - pl.col("recorded")).sum().alias("lr"), pl.col("position").min(), pl.len().alias("k")
+    )
+    bad = per_turn.filter(pl.col("lr").abs() > cfg.max_turn_log_ratio)
+    if bad.is_empty():
+        return None
+    bad = (
+        bad.sort(pl.col("lr").abs(), descending=True)
+        .group_by("file", "trajectory_id", maintain_order=True)
+        .agg(pl.all().first(), pl.len().alias("n_turns"))
+    )
+    bound = math.exp(cfg.max_turn_log_ratio)
+    return bad.sort("file", "trajectory_id").select(
+        "file",
+        "trajectory_id",
+        "turn",
+        "position",
+        pl.format(
+            "{} turn(s) with a sequence ratio π_{}/π_beh outside [{}, {}]; the most extreme: turn {} "
+            "({} token(s)), ratio {} (log {})",
+            "n_turns",
+            pl.lit(name),
+            pl.lit(round(1 / bound, 3)),
+            pl.lit(round(bound, 3)),
+            "turn",
+            "k",
+            pl.col("lr").exp().round_sig_figs(4),
+            pl.col("lr").round_sig_figs(4),
+        ).alias("message"),
+    )

@@ -1,0 +1,86 @@
+"""Replay through an OpenAI-compatible completions endpoint (vLLM / SGLang style `prompt_logprobs`):
+token ids in, the log-prob of every prompt token out. Standard library only (urllib)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import numpy as np
+
+from .base import NotConfigured, ReplayRequest, ReplayResult
+from .dist import token_logprobs
+
+MASS_TOL = 1e-3  # the returned distribution must be the whole vocabulary: its mass must reach 1 - MASS_TOL
+
+
+class HTTPReplayer:
+    """One server per policy version: `endpoints` maps a version to the server's base URL (…/v1)."""
+
+    def __init__(self, endpoints: dict[str, str], batch_size: int = 8, timeout: float = 120.0) -> None:
+        self.endpoints = endpoints
+        self.batch_size = batch_size
+        self.timeout = timeout
+
+    def _post(self, url: str, body: dict) -> dict:
+        """POST JSON, return JSON; a connection or HTTP error becomes NotConfigured with the URL."""
+        req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return json.loads(resp.read())
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise NotConfigured(f"replay endpoint {url} failed: {e}") from e
+
+    def _model_name(self, base: str) -> str:
+        """The first model the server lists (GET /models)."""
+        try:
+            with urllib.request.urlopen(base.rstrip("/") + "/models", timeout=self.timeout) as resp:
+                return str(json.loads(resp.read())["data"][0]["id"])
+        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as e:
+            raise NotConfigured(f"replay endpoint {base} lists no model: {e}") from e
+
+    def _distributions(self, base: str, model: str, prompts: list[list[int]], want: list[np.ndarray]) -> list[dict]:
+        """For each prompt, {position: {token id: base log-prob}} at the wanted positions."""
+        body = {"model": model, "prompt": prompts, "max_tokens": 1, "temperature": 1.0, "prompt_logprobs": -1}
+        out = self._post(base.rstrip("/") + "/completions", body)
+        choices = sorted(out.get("choices", []), key=lambda c: c.get("index", 0))
+        if len(choices) != len(prompts):
+            raise NotConfigured(f"replay endpoint {base} answered {len(choices)} choices for {len(prompts)} prompts")
+        return [{int(p): choice["prompt_logprobs"][int(p)] for p in w} for choice, w in zip(choices, want)]
+
+    def replay(self, request: ReplayRequest) -> ReplayResult:
+        """Full-vocabulary base log-probs from the server; temperature / top-k / top-p are applied here."""
+        base_url = self.endpoints.get(str(request.version))
+        if base_url is None:
+            raise NotConfigured(f"no replay endpoint configured for policy version {request.version}")
+        model = self._model_name(base_url)
+        tokens = request.tokens
+        sampled, base = np.full(len(tokens), np.nan), np.full(len(tokens), np.nan)
+        for lo in range(0, len(request.token_ids), self.batch_size):
+            chunk = list(range(lo, min(lo + self.batch_size, len(request.token_ids))))
+            sel = np.flatnonzero((request.traj >= lo) & (request.traj < lo + len(chunk)))
+            want = [request.position[sel][request.traj[sel] == i] for i in chunk]
+            dists = self._distributions(base_url, model, [request.token_ids[i].tolist() for i in chunk], want)
+            z = self._dense(dists, request.traj[sel] - lo, request.position[sel])
+            sampled[sel], base[sel] = token_logprobs(
+                z, tokens[sel], request.temperature[sel], request.top_p[sel], request.top_k[sel]
+            )
+        return ReplayResult(sampled=sampled, base=base)
+
+    @staticmethod
+    def _dense(dists: list[dict], traj: np.ndarray, position: np.ndarray) -> np.ndarray:
+        """[N, V] base log-probs (-inf for ids the server did not return); checks the mass is complete."""
+        entries = [dists[t][p] or {} for t, p in zip(traj.tolist(), position.tolist())]
+        vocab = 1 + max((int(k) for e in entries for k in e), default=0)
+        z = np.full((len(entries), vocab), -np.inf)
+        for i, e in enumerate(entries):
+            ks = np.fromiter((int(k) for k in e), dtype=np.int64, count=len(e))
+            z[i, ks] = [v["logprob"] if isinstance(v, dict) else v for v in e.values()]
+        mass = np.exp(z).sum(axis=1)
+        if len(mass) and mass.min() < 1 - MASS_TOL:
+            raise NotConfigured(
+                f"replay endpoint returned partial distributions (mass {mass.min():.4f}): start it "
+                "so that prompt_logprobs=-1 returns the whole vocabulary (vLLM: --max-logprobs)"
+            )
+        return z

@@ -1,0 +1,91 @@
+"""Run a replayer over a stratified sample of a log: read the sampled trajectories back, score their policy
+tokens version by version, return one row per token with the recorded and the replayed log-probs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .base import NotConfigured, Replayer, ReplayRequest
+from .frame import TOKEN_COLUMNS, read_rows, stratified_sample, token_frame
+
+
+def sampled_rows(traj: pl.DataFrame, n: int | None, extra: tuple[str, ...] = ()) -> pa.Table:
+    """The token columns (and `extra`) of n trajectories stratified by policy version (all when n is None)."""
+    if "file" not in traj.columns or traj.is_empty():
+        raise NotConfigured("no trajectories to replay")
+    files = traj.select(pl.col("file").cast(pl.String)).unique(maintain_order=True)["file"].to_list()
+    if any(f == "<memory>" for f in files):
+        raise NotConfigured("replay reads the log's files again: audit a path, not in-memory tables")
+    picked = stratified_sample(traj, n) if n is not None else None
+    parts = []
+    for f in files:
+        ids = None if picked is None else picked.filter(pl.col("file") == f)["trajectory_id"].to_list()
+        if ids == []:
+            continue
+        t = read_rows(f, ids, TOKEN_COLUMNS + extra)
+        parts.append(t.append_column("file", pa.array([f] * t.num_rows, pa.string())))
+    if not parts:
+        raise NotConfigured("no trajectories to replay")
+    table = pa.concat_tables(parts, promote_options="permissive")
+    missing = [c for c in TOKEN_COLUMNS + extra if c not in table.column_names]
+    if missing:
+        raise NotConfigured(f"replay needs column(s) {', '.join(missing)}")
+    return table
+
+
+def _request(rows: pa.Table, tokens: pl.DataFrame, version: int) -> tuple[ReplayRequest, np.ndarray]:
+    """The request of one version: its trajectories (re-indexed) and tokens; returns the token indices."""
+    sel = tokens.with_row_index("_i").filter(pl.col("policy_version") == version)
+    used = np.unique(sel["_row"].to_numpy())
+    sub = rows.take(pa.array(used))
+    ids = sub.column("token_ids").combine_chunks()
+    lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
+    flat = pc.list_flatten(ids).to_numpy(zero_copy_only=False).astype(np.int64)
+    token_ids = np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
+    req = ReplayRequest(
+        version=version,
+        token_ids=token_ids,
+        traj=np.searchsorted(used, sel["_row"].to_numpy()),
+        position=sel["position"].to_numpy(),
+        turn=sel["turn"].to_numpy(),
+        temperature=sel["temperature"].to_numpy(),
+        top_p=sel["top_p"].to_numpy(),
+        top_k=sel["top_k"].to_numpy(),
+        rows=sub,
+    )
+    return req, sel["_i"].to_numpy()
+
+
+def replay_frame(traj: pl.DataFrame, n: int, replayer: Replayer) -> pl.DataFrame:
+    """Tokens of n sampled trajectories with `recorded`, `sampled` and `base` log-probs, and their ids."""
+    rows = sampled_rows(traj, n)
+    tokens = token_frame(rows)
+    sampled = np.full(tokens.height, np.nan)
+    base = np.full(tokens.height, np.nan)
+    for version in sorted(tokens["policy_version"].unique().to_list()):
+        req, idx = _request(rows, tokens, int(version))
+        res = replayer.replay(req)
+        sampled[idx], base[idx] = res.sampled, res.base
+    return with_ids(tokens, rows).with_columns(pl.Series("sampled", sampled), pl.Series("base", base))
+
+
+def with_ids(tokens: pl.DataFrame, rows: pa.Table) -> pl.DataFrame:
+    """Attach trajectory_id and file to a token frame (by its `_row`)."""
+    ids = pl.DataFrame(
+        {"trajectory_id": rows.column("trajectory_id").to_pylist(), "file": rows.column("file").to_pylist()}
+    ).with_row_index("_row")
+    return tokens.join(ids.with_columns(pl.col("_row").cast(pl.Int64)), on="_row", how="left")
+
+
+def second_frame(traj: pl.DataFrame, column: str, n: int | None) -> pl.DataFrame:
+    """Tokens with `recorded` and the `second` log-prob column (of n sampled trajectories, or all)."""
+    rows = sampled_rows(traj, n, (column,))
+    return with_ids(token_frame(rows, column), rows)
+
+
+__all__: list[Any] = ["replay_frame", "sampled_rows", "second_frame"]
