@@ -121,7 +121,20 @@ def check(paths, select, ignore, fmt, config_path, strict, show_all, output, wor
             fh.write(text + "\n")
     else:
         click.echo(text)
+    if fmt != "text" or output:  # the report went to a machine format or a file: say why on stderr too
+        _say_incomplete(rep)
     sys.exit(rep.exit_code(strict))
+
+
+def _say_incomplete(rep) -> None:
+    """One line on stderr when the audit could not be completed (exit 2)."""
+    from .report import printable
+
+    if rep.unusable is not None:
+        click.echo(f"rollout-audit: error: nothing to audit: {printable(rep.unusable)}", err=True)
+    elif rep.crashes:
+        codes = ", ".join(sorted({c["code"] for c in rep.crashes}))
+        click.echo(f"rollout-audit: error: check(s) {codes} crashed; the audit is incomplete", err=True)
 
 
 @main.command()
