@@ -303,3 +303,11 @@ def _findings(log: Path, cfg, rules) -> pl.DataFrame:
     rep = ra.engine.run_audit(ra.io.discover([log]), cfg, rules=rules)
     assert not rep.crashes, rep.crashes
     return rep.findings
+
+
+def test_an_incomplete_audit_in_a_machine_format_says_why_on_stderr():
+    res = CliRunner().invoke(main, ["check", str(FIXTURES / "compliant" / "updates"), "--format", "github"])
+    assert res.exit_code == 2
+    assert res.stderr.strip().splitlines() == [
+        "rollout-audit: error: nothing to audit: the log holds no trajectory records"
+    ], res.stderr
