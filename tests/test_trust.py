@@ -80,7 +80,7 @@ def test_a_crashing_check_is_exit_2_and_named_in_text_and_json(tmp_path, complia
     assert "Traceback" not in res.output
     # the other checks still ran: the fault is still found
     assert "M101 [error]" in res.output
-    doc = json.loads(cli("check", log, "--format", "json").output)
+    doc = json.loads(cli("check", log, "--format", "json").stdout)
     crash = doc["check_errors"][0]
     assert crash["code"] == "Z901" and crash["file"].endswith(".parquet") and crash["rows"].startswith("0-")
     assert "Z901" in doc["summary"]["checks_crashed"] and "Z901" not in doc["summary"]["checks_run"]
