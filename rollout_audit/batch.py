@@ -294,6 +294,7 @@ class Batch:
         self.turn_frame_fields = turn_frame_fields
         self._cols: dict[str, pa.Array] = {}
         self._tokens: dict[frozenset[str], Tokens] = {}
+        self._ok: dict[frozenset[str], np.ndarray] = {}
 
     def has(self, req: str) -> bool:
         if req.startswith("turns."):
@@ -317,6 +318,7 @@ class Batch:
         """Drop the data and every cached value (the engine calls this once the batch is done)."""
         self._cols.clear()
         self._tokens.clear()
+        self._ok.clear()
         self.__dict__.clear()
 
     @cached_property
@@ -344,12 +346,15 @@ class Batch:
         }
 
     def rows_ok(self, lists: frozenset[str]) -> np.ndarray:
-        """Rows whose lists `lists` are all non-null and of one length."""
+        """Rows whose lists `lists` are all non-null and of one length (computed once per set)."""
+        if lists in self._ok:
+            return self._ok[lists]
         ok = np.ones(self.n, dtype=bool)
         lens = [self.lengths[c] for c in TOKEN_LISTS if c in lists]
         for ln in lens:
             ok &= ln >= 0
             ok &= ln == lens[0]
+        self._ok[lists] = ok
         return ok
 
     def tokens(self, lists: frozenset[str]) -> Tokens:

@@ -41,7 +41,7 @@ def invalid_columns(table: pa.Table) -> list[tuple[str, int | None, str]]:
         table.validate(full=True)
         return []  # the common case: one call for the whole table
     except pa.ArrowException:
-        pass
+        pass  # some column is invalid: find which, and where, below
     out = []
     for name, col in zip(table.column_names, table.columns):
         row = 0

@@ -127,7 +127,7 @@ def reset_not_reproducible(log, cfg) -> pl.DataFrame | None:
     where = pl.concat_str(
         [where, pl.when(sid.is_not_null()).then(pl.format(", initial_state_id {}", sid))], ignore_nulls=True
     )
-    return t.rechunk().select(
+    return t.select(
         "trajectory_id",
         "file",
         pl.format(  # one chunk: polars panics on chunked strings here
