@@ -81,13 +81,37 @@ def main() -> None:
 )
 @click.option("--show-settings", is_flag=True, help="Print the configuration in use and where it came from, then exit.")
 @click.option(
+    "--from",
+    "framework",
+    default=None,
+    help="PATHS are a trainer's dump (JSON Lines or Parquet records) to convert in memory first: "
+    "verl, skyrl, slime, rllm, verifiers or openai.",
+)
+@click.option(
+    "--context", "context", multiple=True, metavar="KEY=VALUE", help="With --from: what the trainer does not record."
+)
+@click.option(
     "--replay",
     "replay",
     type=click.IntRange(0),
     default=None,
     help="Replay N trajectories stratified by policy version (L205-L207; needs a configured replayer).",
 )
-def check(paths, select, ignore, fmt, config_path, strict, show_all, output, workers, show_settings, replay) -> None:
+def check(
+    paths,
+    select,
+    ignore,
+    fmt,
+    config_path,
+    strict,
+    show_all,
+    output,
+    workers,
+    show_settings,
+    replay,
+    framework,
+    context,
+) -> None:
     """Audit the log at PATHS (Parquet files or directories).
 
     Exit 0: every selected check that had its inputs ran and held. 1: findings that block
@@ -114,7 +138,8 @@ def check(paths, select, ignore, fmt, config_path, strict, show_all, output, wor
             _fail(f"unknown check code or prefix {c!r}; see `rollout-audit explain --list`")
     if output:
         check_output(output, paths)
-    rep = run_audit(discover(paths), cfg, sel or None, ign or None, tune=True, workers=workers)
+    disc = _converted(framework, paths, context) if framework else discover(paths)
+    rep = run_audit(disc, cfg, sel or None, ign or None, tune=True, workers=workers)
     text = rep.render(fmt, limit=None if show_all else cfg.max_examples)
     if output:
         with open(output, "w") as fh:
@@ -124,6 +149,36 @@ def check(paths, select, ignore, fmt, config_path, strict, show_all, output, wor
     if fmt != "text" or output:  # the report went to a machine format or a file: say why on stderr too
         _say_incomplete(rep)
     sys.exit(rep.exit_code(strict))
+
+
+def _context(pairs: tuple[str, ...]) -> dict[str, str]:
+    """`KEY=VALUE` options as keyword arguments for an adapter."""
+    out = {}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep or not key.isidentifier():
+            _fail(f"--context wants KEY=VALUE, not {p!r}")
+        out[key] = value
+    return out
+
+
+def _convert(framework: str, paths, context: tuple[str, ...]):
+    """A trainer's dump files as contract tables (trajectories, updates or None)."""
+    from .adapters import load
+    from .adapters.base import read_dump
+
+    adapter = load(framework)
+    records = [r for p in paths for r in read_dump(p)]
+    kwargs = _context(context)
+    upd = getattr(adapter, "updates", None)
+    return adapter.to_contract(records, **kwargs), (upd(records, **kwargs) if upd else None)
+
+
+def _converted(framework: str, paths, context: tuple[str, ...]):
+    """`check --from`: the converted dump as an in-memory log."""
+    from .engine import memory_discovery
+
+    return memory_discovery(*_convert(framework, paths, context))
 
 
 def _say_incomplete(rep) -> None:
@@ -209,6 +264,28 @@ def show(path, trajectory_id, color) -> None:
     except KeyError as e:
         _fail(str(e.args[0]))
     click.echo(render(scalars, toks, turns, sys.stdout.isatty() if color is None else color))
+
+
+@main.command()
+@click.option("--from", "framework", required=True, help="verl, skyrl, slime, rllm, verifiers or openai.")
+@click.argument("src", type=click.Path(exists=True))
+@click.argument("dst", type=click.Path(file_okay=False))
+@click.option("--context", "context", multiple=True, metavar="KEY=VALUE", help="What the trainer does not record.")
+def convert(framework, src, dst, context) -> None:
+    """Convert a trainer's dump (SRC: JSON Lines or Parquet records) into a contract log in DST."""
+    from pathlib import Path
+
+    from .outputs import check_output
+    from .writer import RolloutWriter
+
+    check_output(dst, [src], writes_log=True)
+    trajectories, updates = _convert(framework, [src], context)
+    for name, table in (("trajectories", trajectories), ("updates", updates)):
+        if table is not None and table.num_rows:
+            (Path(dst) / name).mkdir(parents=True, exist_ok=True)
+            with RolloutWriter(Path(dst) / name / "part-0000.parquet", kind=name) as w:
+                w.write(table)
+    click.echo(f"wrote {dst} ({trajectories.num_rows} trajectories)")
 
 
 @main.command()
