@@ -281,10 +281,13 @@ class Batch:
         first_row: int,
         schema_problems: list[tuple[str, str]] | None = None,
         turn_frame_fields: frozenset[str] | None = None,
+        sources: list[tuple[str, int, int]] | None = None,
     ) -> None:
         self.table = table
         self.file = file
         self.first_row = first_row
+        # several small files in one batch: (file, first row in it, rows) of each, in order
+        self.sources = sources if sources and len(sources) > 1 else None
         self.n = table.num_rows
         self.columns = frozenset(table.column_names)
         tt = table.schema.field("turns").type if "turns" in self.columns else None
@@ -313,6 +316,42 @@ class Batch:
             a = c.chunk(0) if c.num_chunks == 1 else c.combine_chunks()
             self._cols[name] = a
         return a
+
+    @cached_property
+    def row_file(self) -> pl.Series:
+        """The file of each row (a batch of several files), as a categorical."""
+        files = pl.Series("file", [f for f, _, _ in self.sources or [(self.file, 0, self.n)]], dtype=pl.Categorical)
+        counts = np.array([k for _, _, k in self.sources or [(self.file, 0, self.n)]])
+        return files.gather(np.repeat(np.arange(len(counts)), counts))
+
+    @cached_property
+    def row_in_file(self) -> np.ndarray:
+        """The row of each row in its own file."""
+        if self.sources is None:
+            return np.arange(self.first_row, self.first_row + self.n, dtype=np.int64)
+        starts = np.array([r for _, r, _ in self.sources], dtype=np.int64)
+        counts = np.array([k for _, _, k in self.sources], dtype=np.int64)
+        within = np.arange(self.n, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+        return np.repeat(starts, counts) + within
+
+    def attribute(self, findings: pl.DataFrame) -> pl.DataFrame:
+        """Fill the `file` of a several-file batch's findings from their trajectory id (ids are
+        unique within such a batch: the engine only merges files whose ids do not collide)."""
+        if self.sources is None:
+            return findings
+        where = pl.DataFrame([self.ids, self.row_file.cast(pl.String).alias("_file")])
+        return (
+            findings.join(where, on="trajectory_id", how="left", maintain_order="left")
+            .with_columns(pl.coalesce("_file", "file").alias("file"))
+            .drop("_file")
+        )
+
+    @property
+    def where(self) -> str:
+        """The file(s) this batch's rows come from, for messages."""
+        if self.sources is None:
+            return self.file
+        return f"{self.sources[0][0]} and {len(self.sources) - 1} other files"
 
     def release(self) -> None:
         """Drop the data and every cached value (the engine calls this once the batch is done)."""
@@ -421,8 +460,7 @@ class Batch:
         )
         base = pl.concat([self.scalars, stats], how="horizontal")
         df = base.select([c for c in base.columns if c in columns or c == "_row"]).with_columns(
-            pl.lit(self.file, dtype=pl.Categorical).alias("file"),
-            (pl.col("_row") + self.first_row).alias("_row"),
+            self.row_file if self.sources else pl.lit(self.file, dtype=pl.Categorical).alias("file"),
             pl.Series("ok", known),
             pl.Series("n_turns", self.turn_counts),
         )
@@ -440,8 +478,8 @@ class Batch:
             tr = tr.with_columns(rc["rc_n_trainable"])
             agg.append((pl.col("rc_n_trainable") > 0).sum().cast(pl.Int64).alias("n_turns_trainable"))
         if agg and len(tr):
-            per = tr.group_by("_row").agg(agg).with_columns((pl.col("_row") + self.first_row).alias("_row"))
-            df = df.join(per, on="_row", how="left", maintain_order="left")
+            df = df.join(tr.group_by("_row").agg(agg), on="_row", how="left", maintain_order="left")
+        df = df.with_columns(pl.Series("_row", self.row_in_file))
         absent = [c for c in columns if c in SUMMARY_INPUTS and c not in df.columns]  # e.g. a batch without turns
         df = df.with_columns(pl.lit(None, pl.Int64).alias(c) for c in absent)
         return df.select([c for c in df.columns if c in columns or c in ("_row", "file", "trajectory_id")])

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .batch import Batch
 from .concurrency import map_ordered, prefetch
@@ -18,7 +19,7 @@ from .config import Config
 from .io import Discovery, discover
 from .memory import release_memory, tune_allocator
 from .progress import progress_for
-from .read import memory_file, parts, read_updates
+from .read import Part, memory_file, parts, read_updates
 from .registry import Rule
 from .report import Report, build_report
 from .runner import Plan, Runner, plan
@@ -30,8 +31,45 @@ _PREFETCH = not os.environ.get("ROLLOUT_AUDIT_NO_THREADS")  # read ahead on a ba
 def _batches(
     files: Sequence[Any], p: Plan, batch_rows: int, broken: list[tuple[str, str]], cfg: Config
 ) -> Iterator[Batch]:
+    """Batches of the files' rows. Consecutive small parts of different files share a batch:
+    each batch costs some hundred polars calls whatever its size, so a log of many small files
+    would otherwise pay that per file."""
+    pending: list[Part] = []
+    rows = 0
     for part in parts(files, p.columns, batch_rows, broken, cfg.max_row_group_bytes, cfg.max_tokens_per_trajectory):
+        small = not part.problems and 0 < part.table.num_rows <= batch_rows // 2
+        if pending and (not small or rows + part.table.num_rows > batch_rows or not _same(pending[0], part)):
+            yield from _merged(pending, p)
+            pending, rows = [], 0
+        if small:
+            pending.append(part)
+            rows += part.table.num_rows
+        else:
+            yield Batch(part.table, part.file, part.first_row, part.problems, p.turn_fields)
+    yield from _merged(pending, p)
+
+
+def _same(a: Part, b: Part) -> bool:
+    return a.table.schema.equals(b.table.schema)
+
+
+def _merged(pending: list[Part], p: Plan) -> Iterator[Batch]:
+    """One batch of several files' parts, or each part alone when trajectory ids collide
+    between them (findings are attributed to files by id)."""
+    if not pending:
+        return
+    if len(pending) == 1:
+        part = pending[0]
         yield Batch(part.table, part.file, part.first_row, part.problems, p.turn_fields)
+        return
+    table = pa.concat_tables([q.table for q in pending]).combine_chunks()
+    ids = table.column("trajectory_id") if "trajectory_id" in table.column_names else None
+    if ids is None or ids.null_count or pc.count_distinct(ids).as_py() < table.num_rows:
+        for q in pending:
+            yield Batch(q.table, q.file, q.first_row, q.problems, p.turn_fields)
+        return
+    sources = [(q.file, q.first_row, q.table.num_rows) for q in pending]
+    yield Batch(table, pending[0].file, 0, [], p.turn_fields, sources)
 
 
 def run_audit(

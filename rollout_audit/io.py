@@ -133,13 +133,16 @@ def discover(paths: Sequence[str | os.PathLike], follow_symlinks: bool = False) 
         if not files and not skipped:
             raise UsageError(f"{raw}: no *.parquet files found")
         out.broken += skipped
+        last: tuple[pa.Schema | None, list[str]] = (None, [])  # files of a log mostly share one schema
         for f in files:
             try:
                 if not f.is_file():
                     raise UsageError("not a regular file")
                 pf = pq.ParquetFile(f)
                 sch = pf.schema_arrow
-                dups = duplicate_columns(sch)
+                if last[0] is None or not sch.equals(last[0]):
+                    last = (sch, duplicate_columns(sch))
+                dups = last[1]
                 if dups:
                     out.broken.append(
                         (

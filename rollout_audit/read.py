@@ -122,7 +122,8 @@ def parts(
         try:
             for raw in iter_batches(f, cols, batch_rows):
                 n_read = raw.num_rows
-                part, bad = drop_invalid(raw.select([c for c in cols if c in raw.column_names]), offset)
+                have = set(raw.column_names)
+                part, bad = drop_invalid(raw.select([c for c in cols if c in have]), offset)
                 part, long = cap_tokens(part, max_tokens, offset)
                 part, cast_problems = cast(part, targets)
                 yield Part(part, f.path, offset, (problems if first else []) + bad + long + cast_problems)

@@ -134,9 +134,11 @@ class Runner:
         return [r for r in self.rules.values() if r.scope == "log"]
 
     # ------------------------------------------------------------ running
-    def _call(self, rule: Rule, view: Any, file: str | None, rows: str | None) -> tuple[bool, str | None]:
+    def _call(
+        self, rule: Rule, view: Any, file: str | None, rows: str | None, attribute: Any = None
+    ) -> tuple[bool, str | None]:
         """Call the check; (returned normally, NotRun reason). Crashes are recorded, never raised,
-        except KeyboardInterrupt and SystemExit."""
+        except KeyboardInterrupt and SystemExit. `attribute` fills in each finding's own file."""
         try:
             out = rule.func(view, ConfigView(self.cfg, rule))
         except NotRun as e:
@@ -153,6 +155,8 @@ class Runner:
                     self.crashes.append(Crash(rule.code, one_line(e), file, rows))
             return False, None
         norm = normalise(out, rule, file)
+        if norm is not None and attribute is not None:
+            norm = attribute(norm)
         if norm is not None:
             with self._lock:
                 self.findings.append(norm)
@@ -167,8 +171,9 @@ class Runner:
         """Remember which inputs this batch's file has (for the coverage of log checks)."""
         have = frozenset(b.columns) | {f"turns.{f}" for f in b.turn_fields}
         with self._lock:
-            old = self.file_inputs.get(b.file)
-            self.file_inputs[b.file] = (have, (old[1] if old else 0) + b.n)
+            for file, _, n in b.sources or [(b.file, b.first_row, b.n)]:
+                old = self.file_inputs.get(file)
+                self.file_inputs[file] = (have, (old[1] if old else 0) + n)
 
     def apply_batch(self, rule: Rule, b: Batch) -> None:
         """Run one batch rule on one batch and account for every row."""
@@ -179,8 +184,8 @@ class Runner:
                 cov.lack(_absent(missing, self.declared), b.n)
             return
         view = BatchView(b, rule)
-        rows = f"{b.first_row}-{b.first_row + b.n - 1}" if b.n else None
-        done, why = self._call(rule, view, b.file, rows)
+        rows = f"{b.first_row}-{b.first_row + b.n - 1}" if b.n and b.sources is None else None
+        done, why = self._call(rule, view, b.where, rows, b.attribute)
         lacking: dict[str, int] = {}
         ran = b.n
         if done and view.used_tokens:

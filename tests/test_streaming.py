@@ -80,3 +80,27 @@ def test_fast_domain_pass_hides_nothing(base, tmp_path, monkeypatch):
     assert s001.height >= 6, s001
     for a, b in zip(fast, slow):
         assert a.equals(b)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, f in FAULTS.items() if not f.file_level))
+def test_one_file_per_trajectory_finds_what_one_file_finds(name, base, tmp_path):
+    """Small files share batches (the engine merges them): the findings are those of the same
+    rows in one file, and each finding names the file that holds its trajectory."""
+    (trajs, ups), _ = apply(name, *base, seed=0)
+    write_records(tmp_path / "one", trajs, ups)
+    write_records(tmp_path / "many", trajs, ups, parts=len(trajs))
+    cfg = Config.from_mapping(FAULTS[name].config)
+    one = run_audit(discover([tmp_path / "one"]), cfg)
+    many = run_audit(discover([tmp_path / "many"]), cfg)
+    per_file = lambda r: _norm(r).unique(maintain_order=True)  # file-level findings: once per file
+    assert per_file(one).equals(per_file(many)), (per_file(one), per_file(many))
+    holder = {
+        i: str(p)
+        for p in (tmp_path / "many" / "trajectories").rglob("*.parquet")
+        for i in pq.read_table(p)["trajectory_id"].to_pylist()
+    }
+    in_traj_file = (pl.col("trajectory_id").is_not_null()) & pl.col("file").str.contains("trajectories")
+    located = many.findings.filter(in_traj_file)
+    assert located.height == one.findings.filter(in_traj_file).height
+    for tid, file in located.select("trajectory_id", "file").iter_rows():
+        assert file == holder[tid], (tid, file)
