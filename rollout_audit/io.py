@@ -140,9 +140,9 @@ def discover(paths: Sequence[str | os.PathLike], follow_symlinks: bool = False) 
                     raise UsageError("not a regular file")
                 pf = pq.ParquetFile(f)
                 sch = pf.schema_arrow
-                if last[0] is None or not sch.equals(last[0]):
+                if last[0] is None or not sch.equals(last[0], check_metadata=True):
                     last = (sch, duplicate_columns(sch))
-                dups = last[1]
+                sch, dups = last  # one schema object shared by the files that have it
                 if dups:
                     out.broken.append(
                         (

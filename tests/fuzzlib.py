@@ -194,14 +194,19 @@ def damage(path: Path, how: tuple[str, int]) -> None:
 
 
 def build_log(root: Path, records, traj_mut: list, upd_mut: list, how: tuple[str, int]) -> Path:
-    """A log under `root`: one mutated trajectory file (damaged as `how`), one clean one, updates."""
+    """A log under `root`: one mutated trajectory file (damaged as `how`), the clean rows again
+    under other ids as one-trajectory files (which the engine checks together with the mutated
+    file's rows when their schemas agree), updates."""
     trajs, ups = records
     t = records_to_table(trajs)
     (root / "trajectories").mkdir(parents=True)
     (root / "updates").mkdir()
     pq.write_table(mutate(t, traj_mut), root / "trajectories" / "a.parquet")
     damage(root / "trajectories" / "a.parquet", how)
-    pq.write_table(t, root / "trajectories" / "b.parquet")
+    ids = pc.binary_join_element_wise(t["trajectory_id"], pa.scalar("-b"), "")
+    b = t.set_column(t.schema.get_field_index("trajectory_id"), "trajectory_id", ids)
+    for i in range(b.num_rows):
+        pq.write_table(b.slice(i, 1), root / "trajectories" / f"b{i:03d}.parquet")
     pq.write_table(mutate(records_to_table(ups, "updates"), upd_mut), root / "updates" / "u.parquet")
     return root
 
