@@ -56,6 +56,7 @@ NEEDS: dict[str, set[str]] = {
     "T303": {"trajectory_id", "infra_error", "reward"},
     "T304": {"truncated", "reward"},
     "T305": {"terminated", "turns.finish_reason"},
+    "T306": {"terminated", "token_turn"},
     "L201": {"loss_mask", "behavior_logprobs", "token_source"},
     "L202": {"turns.logprob", "behavior_logprobs", "token_source", "token_turn"},
     "L203": {"behavior_logprobs", "token_source"},
