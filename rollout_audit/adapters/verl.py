@@ -80,7 +80,9 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
     prompt = [int(x) for x in need(rec, "prompt_ids", where)]
     resp = [int(x) for x in need(rec, "response_ids", where)]
     mask = [bool(m) for m in aligned(rec, "response_mask", resp, where)]
-    uid = str(need(rec, "uid", where))
+    uid = need(rec, "uid", where)
+    if uid is None:
+        raise AdapterError(f"{where}: uid is null (pass the batch's uid to the hook)")
     calls = rec.get("engine_calls")
     if calls:
         policy, turns = _engine_turns(calls, len(prompt), len(resp), where)
@@ -94,8 +96,8 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
         sampled[i] = True
     out: dict[str, Any] = {
         "trajectory_id": traj,
-        "task_id": uid,
-        "group_id": uid,
+        "task_id": str(uid),
+        "group_id": str(uid),
         **token_columns(prompt, resp, sampled, mask, starts),
         "turns": turns,
     }
