@@ -5,12 +5,15 @@ transcript is M101 against the engine's record of what it sampled; the CLI paths
 from __future__ import annotations
 
 from adapterhelp import (
+    CONTEXT,
     audit,
     convert_then_check_equals_check_from,
     documented_not_run,
+    fixture,
     missing_field_exits_2,
 )
 
+import rollout_audit as ra
 from rollout_audit.integrations.verl import dump
 
 
@@ -48,3 +51,15 @@ def test_hook_writes_records_the_adapter_reads(tmp_path):
     t = to_contract(read_dump(path.parent)).to_pylist()[0]
     assert t["token_source"] == [1, 1, 2, 3, 2] and t["behavior_logprobs"] == [None, None, -0.5, None, -0.25]
     assert [x["context_length"] for x in t["turns"]] == [2, 4]
+
+
+def test_turn_cut_by_response_length_is_m106():
+    """verl cuts the response at response_length and says nothing; the engine's ids show the cut."""
+    from rollout_audit.adapters.base import read_dump
+    from rollout_audit.adapters.verl import to_contract
+
+    rec = read_dump(fixture("verl", "compliant"))[0]
+    for k in ("response_ids", "response_mask", "response_logprobs"):
+        rec[k] = rec[k][:-3]
+    rep = ra.audit_tables(to_contract([rec], **CONTEXT))
+    assert rep.findings.select("code", "trajectory_id").rows() == [("M106", rec["request_id"])]
