@@ -275,10 +275,11 @@ def convert(framework, src, dst, context) -> None:
     """Convert a trainer's dump (SRC: JSON Lines or Parquet records) into a contract log in DST."""
     from pathlib import Path
 
-    from .outputs import check_output
+    from .outputs import check_new_directory, check_output
     from .writer import RolloutWriter
 
-    check_output(dst, [src], writes_log=True)
+    check_output(dst, [src])  # a dump is not a contract log: DST may sit next to it, never inside it
+    check_new_directory(dst)
     trajectories, updates = _convert(framework, [src], context)
     for name, table in (("trajectories", trajectories), ("updates", updates)):
         if table is not None and table.num_rows:

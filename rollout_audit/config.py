@@ -36,6 +36,9 @@ class Config(BaseModel):
     extra_stop_reasons: dict[str, Literal["terminated", "truncated", "infra_error"]] = Field(default_factory=dict)
     first_visit_components: list[str] = Field(default_factory=list)
     loop_length: int = Field(4, ge=2)
+    max_response_tokens: int | None = Field(
+        None, ge=1, description="T306: the trainer's response budget (tokens from the first agent turn on)"
+    )
     max_policy_lag: int | None = Field(None, ge=0, description="used when an update does not state its bound")
     reward_rule: Literal["monotone", "binary"] = "monotone"
     grpo_epsilon: float = Field(1e-6, ge=0)

@@ -326,6 +326,17 @@ def length_cap_logged_as_success(ctx: _Ctx) -> list[str]:
     return [t["trajectory_id"]]
 
 
+@fault("budget_cut_logged_as_terminated", {"T306"}, config={"max_response_tokens": 40})
+def budget_cut_logged_as_terminated(ctx: _Ctx) -> list[str]:
+    """The collector's response budget was 40 tokens; the episodes that filled it were cut but are recorded as terminated."""
+    # the records are what such a collector writes (OpenRLHF's multi-turn agent never sets
+    # truncated): the fault is the budget they were collected under, stated in the configuration
+    cut = [t["trajectory_id"] for t in ctx.trajs if t["terminated"] and sum(x >= 0 for x in t["token_turn"]) >= 40]
+    if not cut:
+        raise ValueError("the log has no terminated trajectory of 40 response tokens this fault can break")
+    return cut
+
+
 # ---------------------------------------------------------------- reward and credit
 
 

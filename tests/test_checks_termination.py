@@ -216,3 +216,36 @@ def test_t305_not_run_without_finish_reason(records):
     rep = audit(trajs, ups)
     assert "T305" in rep.not_run and "turns.finish_reason" in rep.not_run["T305"]
     assert not blocking(rep)
+
+
+# ---------------------------------------------------------------- T306
+
+
+def response_tokens(t) -> int:
+    """Tokens from the first agent turn on."""
+    return sum(1 for x in t["token_turn"] if x >= 0)
+
+
+def test_t306_budget_filled_but_terminated(records):
+    trajs, ups = records
+    (a,) = pick(trajs, stop={"success", "failure"})
+    limit = response_tokens(a)
+    rep = audit(trajs, ups, max_response_tokens=limit)
+    f = rows(rep, "T306")
+    longer = {t["trajectory_id"] for t in trajs if t["terminated"] and response_tokens(t) >= limit}
+    assert set(f["trajectory_id"]) == longer and a["trajectory_id"] in longer
+    assert f"max_response_tokens = {limit}" in f.filter(f["trajectory_id"] == a["trajectory_id"])["message"][0]
+
+
+def test_t306_silent_below_the_budget_and_on_truncated_episodes(records):
+    trajs, ups = records
+    assert "T306" not in audit(trajs, ups, max_response_tokens=max(map(response_tokens, trajs)) + 1).codes()
+    shortest = min(response_tokens(t) for t in trajs)
+    for t in trajs:
+        t.update(terminated=False, truncated=True, infra_error=False, stop_reason="max_tokens", reward=None)
+    assert "T306" not in audit(trajs, ups, max_response_tokens=shortest).codes()
+
+
+def test_t306_not_run_without_a_budget(records):
+    rep = audit(*records)
+    assert "max_response_tokens" in rep.not_run["T306"]

@@ -56,6 +56,7 @@ NEEDS: dict[str, set[str]] = {
     "T303": {"trajectory_id", "infra_error", "reward"},
     "T304": {"truncated", "reward"},
     "T305": {"terminated", "turns.finish_reason"},
+    "T306": {"terminated", "token_turn", "max_response_tokens (configuration)"},
     "L201": {"loss_mask", "behavior_logprobs", "token_source"},
     "L202": {"turns.logprob", "behavior_logprobs", "token_source", "token_turn"},
     "L203": {"behavior_logprobs", "token_source"},
@@ -115,7 +116,11 @@ def expected_not_run(drop: set[str], drop_turn: set[str], with_updates: bool) ->
         absent |= {f"turns.{f}" for f in ALL_TURN_FIELDS}
     if not with_updates:
         absent.add("updates")
-    absent |= {"first_visit_components (configuration)", "replay (configuration)"}
+    absent |= {
+        "first_visit_components (configuration)",
+        "replay (configuration)",
+        "max_response_tokens (configuration)",
+    }
     return {code for code, needs in NEEDS.items() if needs & absent}
 
 

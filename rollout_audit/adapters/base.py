@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 _MISSING = object()
@@ -63,3 +64,170 @@ def read_dump(path: str | os.PathLike) -> list[dict[str, Any]]:
     if not files:
         raise AdapterError(f"{p}: no *.jsonl or *.parquet dump files")
     return [r for f in files for r in read_records(f)]
+
+
+# ---------------------------------------------------------------- shared by the verl, SkyRL and slime adapters
+
+# Context a trainer does not record, from keyword arguments (CLI `--context KEY=VALUE`): name -> type.
+CONTEXT: dict[str, type] = {
+    "environment_id": str,
+    "environment_version": str,
+    "verifier_version": str,
+    "reset_seed": int,
+    "tokenizer_id": str,
+    "temperature": float,
+    "top_p": float,
+}
+TURN_CONTEXT = ("temperature", "top_p")  # context that belongs on every turn
+
+
+def context_values(context: Mapping[str, Any], allowed: Sequence[str] = ()) -> dict[str, Any]:
+    """The keyword context in the contract's types; AdapterError for an unknown key or a bad value.
+    `allowed` names an adapter's own extra keys (kept as strings)."""
+    out: dict[str, Any] = {}
+    for key, value in context.items():
+        kind = CONTEXT.get(key, str if key in allowed else None)
+        if kind is None:
+            raise AdapterError(f"unknown context {key!r}; known: {', '.join([*CONTEXT, *allowed])}")
+        try:
+            out[key] = kind(value)
+        except (TypeError, ValueError):
+            raise AdapterError(f"context {key}={value!r} is not {kind.__name__}") from None
+    return out
+
+
+def runs(mask: Sequence[Any]) -> list[tuple[int, int]]:
+    """[start, end) of every maximal run of truthy values: the turns of a framework whose only
+    turn marker is its loss mask."""
+    out: list[tuple[int, int]] = []
+    start = None
+    for i, m in enumerate(mask):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            out.append((start, i))
+            start = None
+    if start is not None:
+        out.append((start, len(mask)))
+    return out
+
+
+def turn_of(n: int, starts: Sequence[int]) -> list[int]:
+    """token_turn for `n` tokens whose turns begin at `starts` (increasing): -1 before the first
+    turn, then the last turn that began at or before the position."""
+    out, t = [], -1
+    nxt = iter([*starts, n + 1])
+    edge = next(nxt)
+    for i in range(n):
+        while i >= edge:
+            t += 1
+            edge = next(nxt)
+        out.append(t)
+    return out
+
+
+def sha256_ids(ids: Sequence[int]) -> str:
+    """Hex SHA-256 of token ids as little-endian int32 bytes (the contract's context_sha256)."""
+    import hashlib
+
+    import numpy as np
+
+    return hashlib.sha256(np.asarray(ids, dtype="<i4").tobytes()).hexdigest()
+
+
+def contract_table(rows: list[dict[str, Any]], lacks: Mapping[str, str]) -> pa.Table:
+    """Contract 1.1 trajectories from rows, naming in the file metadata (`rollout_log.not_recorded`)
+    every column or turn field of `lacks` the rows do not have, with the framework's reason."""
+    from .. import schema as S
+    from ..records import records_to_table
+
+    if not rows:
+        raise AdapterError("no records")
+    mapped: list[Mapping] = list(rows)
+    table = records_to_table(mapped)
+    have = set(table.column_names)
+    turn_fields = {f.name for f in table.schema.field("turns").type.value_type} if "turns" in have else set()
+    absent = {k: v for k, v in lacks.items() if (k[6:] not in turn_fields if k.startswith("turns.") else k not in have)}
+    meta = dict(table.schema.metadata or {})
+    meta[S.META_VERSION] = S.CONTRACT_VERSION.encode()
+    meta[S.META_NOT_RECORDED] = json.dumps(absent, sort_keys=True).encode()
+    return table.replace_schema_metadata(meta)
+
+
+def with_context(row: dict[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
+    """`row` with the keyword context: decoding parameters on every turn, the rest as columns."""
+    for key, value in context.items():
+        if key in TURN_CONTEXT:
+            for turn in row["turns"]:
+                turn[key] = value
+        elif key in CONTEXT:
+            row[key] = value
+    return row
+
+
+def context_lacks(framework: str) -> dict[str, str]:
+    """Why each context column may be absent: the framework does not record it, and how to pass it."""
+    what = {
+        "environment_id": "the environment identity",
+        "environment_version": "the environment version",
+        "verifier_version": "the verifier (reward function) version",
+        "reset_seed": "a reset seed",
+        "tokenizer_id": "the tokenizer and chat template identity",
+        "temperature": "the sampling temperature in its records",
+        "top_p": "top_p in its records",
+    }
+    return {
+        (f"turns.{k}" if k in TURN_CONTEXT else k): f"{framework} does not record {v}; pass --context {k}=..."
+        for k, v in what.items()
+    }
+
+
+def aligned(record: Mapping[str, Any], field: str, like: Sequence[Any], where: str) -> list[Any]:
+    """`record[field]` as a list of the same length as `like` (one value per response token)."""
+    values = list(need(record, field, where))
+    if len(values) != len(like):
+        raise AdapterError(f"{where}: {len(values)} {field} for {len(like)} response tokens")
+    return values
+
+
+def reward_lacks(framework: str) -> dict[str, str]:
+    """Why the per-turn reward fields are absent: the framework records one reward per sample."""
+    why = f"{framework} records one reward per sample: no per-turn rewards, components, shaping, potentials or values"
+    fields = ("reward", "reward_components", "shaping", "potential_before", "potential_after", "value", "td_residual")
+    return {**{f"turns.{f}": why for f in fields}, "final_value": why, "discounted_return": why}
+
+
+def logprobs_column(n_prompt: int, values: Sequence[float], sampled: Sequence[bool]) -> list[float | None]:
+    """behavior_logprobs: null over the prompt and wherever the policy did not sample the token
+    (the frameworks' 0.0 placeholder on observation tokens is not a log-prob)."""
+    return [None] * n_prompt + [float(v) if k else None for v, k in zip(values, sampled)]
+
+
+def lacks(framework: str) -> dict[str, str]:
+    """What none of these trainers records, with the reason: the context (`context_lacks`), per-turn
+    rewards (`reward_lacks`), per-turn and per-sample counts, verifier verdicts, state, parsed actions."""
+    return {
+        **context_lacks(framework),
+        **reward_lacks(framework),
+        "turns.logprob": f"{framework} records no per-turn log-prob",
+        "turns.num_policy_tokens": f"{framework} does not count policy tokens per turn",
+        "num_trainable_tokens": f"{framework} does not record a trainable-token count per sample",
+        "verifier_success": f"{framework} records a reward, not a verifier verdict",
+        "initial_state_checksum": f"{framework} does not record environment state",
+        "turns.parsed_action": f"{framework} does not record parsed actions",
+    }
+
+
+def token_columns(
+    prompt: Sequence[int], response: Sequence[int], sampled: Sequence[bool], mask: Sequence[bool], starts: Sequence[int]
+) -> dict[str, list[Any]]:
+    """The token lists of a prompt-then-response sample: the prompt is user input (1; these
+    trainers do not tell system from user), response tokens are policy (2) where `sampled`, else
+    observation (3; tool and template are not told apart); turns begin at `starts` in the response."""
+    n = len(prompt)
+    return {
+        "token_ids": [*prompt, *response],
+        "token_source": [1] * n + [2 if s else 3 for s in sampled],
+        "loss_mask": [False] * n + [bool(m) for m in mask],
+        "token_turn": [-1] * n + turn_of(len(response), starts),
+    }

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from .. import schema as S
-from ..registry import rule
+from ..registry import NotRun, rule
 from ..views import BatchView
 from .common import rounded
 
@@ -211,6 +212,53 @@ def laundered_truncation(b: BatchView, cfg) -> pl.DataFrame | None:
             "last turn ended with finish_reason '{}' but the episode is recorded as terminated "
             "(stop_reason {}); expected truncated or infra_error",
             "finish_reason",
+            pl.col("stop_reason").fill_null("null"),
+        ).alias("message"),
+    )
+
+
+@rule(
+    "T306",
+    "episode filled the response budget but is recorded as terminated",
+    "warning",
+    requires=("terminated", "token_turn"),
+    optional=("stop_reason",),
+    config=("max_response_tokens",),
+)
+def budget_filled_not_truncated(b: BatchView, cfg) -> pl.DataFrame | None:
+    """The episode's tokens from the first agent turn on (token_turn >= 0) number at least
+    `max_response_tokens`, the trainer's response budget, yet the episode is recorded as terminated.
+
+    Lesson “Success, termination, truncation, and infrastructure failure”: a multi-turn collector
+    that stops when the response budget is used up has cut the episode; when it records no
+    truncation (OpenRLHF's multi-turn agent never sets it; a custom generate function that breaks
+    out of its loop keeps the last call's status), the cut is scored as a task outcome, usually a
+    failure. Record it as truncated (stop_reason max_tokens) and apply the truncation policy. An
+    episode that ended exactly at the budget on its own also fires: hence a warning. Runs only
+    when `max_response_tokens` is configured.
+    """
+    limit = cfg.max_response_tokens
+    if limit is None:
+        raise NotRun(
+            "max_response_tokens is not configured (the trainer's response budget, e.g. slime's "
+            "--rollout-max-response-len)"
+        )
+    t = b.tokens
+    n = np.bincount(t.row[t.turn >= 0], minlength=b.n)
+    reason = pl.col("stop_reason") if "stop_reason" in b.traj.columns else pl.lit(None, pl.String).alias("stop_reason")
+    full = b.traj.select("trajectory_id", "_row", "terminated", reason).with_columns(
+        pl.Series("n_resp", n[b.traj["_row"].to_numpy()])
+    )
+    bad = full.filter(pl.col("terminated").fill_null(False) & (pl.col("n_resp") >= limit))
+    if bad.is_empty():
+        return None
+    return bad.select(
+        "trajectory_id",
+        pl.format(
+            "{} tokens from the first agent turn on reach the response budget max_response_tokens = {}, "
+            "but the episode is recorded as terminated (stop_reason {}); expected truncated (max_tokens)",
+            "n_resp",
+            pl.lit(limit),
             pl.col("stop_reason").fill_null("null"),
         ).alias("message"),
     )
