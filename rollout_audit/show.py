@@ -3,6 +3,7 @@ tokens underlined, trained non-policy tokens flagged, and the codes of the findi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -110,9 +111,12 @@ def render(t: Transcript, *, color: bool, width: int, decoder: Decoder | None = 
         line = _tokens(grp, pieces, marks, ids, color)
         con.print(Padding(line, (0, 0, 0, INDENT), expand=False))
         obs = info.get(turn, {}).get("observation_text")
-        if obs is not None:
+        if obs:
             con.print(Padding(Text.assemble(("observation: ", "italic"), _v(obs)), (0, 0, 0, INDENT), expand=False))
-    return buf.getvalue().rstrip()
+    return "\n".join(_TRAILING.sub(r"\1", line) for line in buf.getvalue().rstrip().splitlines())
+
+
+_TRAILING = re.compile(r" +((?:\x1b\[[0-9;]*m)*)$")  # the padding rich adds to wrapped lines, before any reset code
 
 
 def _tokens(grp: pl.DataFrame, pieces: list[str] | None, marks: dict[int, list[str]], ids: bool, color: bool) -> Text:

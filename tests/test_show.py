@@ -55,7 +55,7 @@ def test_show_decodes_with_a_local_hf_tokenizer_and_fits_the_width(tmp_path, rec
     words = [tok.decode([i]) for i in t["token_ids"][:5]]
     assert all(w in out for w in words)
     lines = out.splitlines()
-    assert max(map(len, lines)) <= 60
+    assert max(map(len, lines)) <= 60 and not any(line.endswith(" ") for line in lines)
     turn_lines = [i for i, line in enumerate(lines) if line.startswith(("turn ", "prompt"))]
     body = [line for line in lines[turn_lines[0] :] if line and not line.startswith(("turn ", "prompt"))]
     assert len(body) > 2 * len(turn_lines) and all(line.startswith("  ") for line in body)  # wrapped, still indented
