@@ -268,6 +268,7 @@ def show(path, trajectory_id, color, tokenizer_dir, ids, width) -> None:
     trained non-policy tokens flagged with !, findings' codes next to their tokens, observations and rewards."""
     import shutil
 
+    from .config import load_config
     from .decode import DecodeError, from_directory
     from .log import scan
     from .show import render, transcript
@@ -277,7 +278,7 @@ def show(path, trajectory_id, color, tokenizer_dir, ids, width) -> None:
     except DecodeError as e:
         _fail(str(e))
     try:
-        t = transcript(scan(path), trajectory_id)
+        t = transcript(scan(path), trajectory_id, load_config(start=path))
     except KeyError as e:
         _fail(str(e.args[0]))
     cols = width or shutil.get_terminal_size((100, 24)).columns

@@ -111,21 +111,27 @@ def distributions(log: Log, max_rows: int = 12) -> dict:
 def by_source(log: Log) -> list[dict]:
     """Per token source: tokens, trainable tokens, and the behaviour log-prob quantiles (those
     recorded, positive ones counted: a log-prob above 0 is no probability)."""
-    toks = log.tokens
-    names = toks.collect_schema().names()
+    names = log.trajectories.collect_schema().names()
     if "token_source" not in names:
         return []
+    lists = [c for c in ("token_source", "loss_mask", "behavior_logprobs") if c in names]
+    same = pl.all_horizontal([pl.col(c).list.len() == pl.col("token_source").list.len() for c in lists])
+    toks = log.trajectories.select(lists).filter(same).explode(lists)  # only the lists it needs (not log.tokens)
     lp = pl.col("behavior_logprobs").cast(pl.Float64) if "behavior_logprobs" in names else pl.lit(None, pl.Float64)
     mask = pl.col("loss_mask").cast(pl.Int64) if "loss_mask" in names else pl.lit(0)
-    ok = lp.filter(lp.is_finite())
-    agg = toks.group_by("token_source").agg(
-        pl.len().alias("tokens"),
-        mask.sum().alias("trainable"),
-        ok.count().alias("n"),
-        ok.min().alias("min"),
-        ok.max().alias("max"),
-        (lp > 0).sum().alias("positive"),
-        *[ok.quantile(q, "nearest").alias(k) for k, q in _QUANTILES.items()],
+    x = pl.col("_lp")  # finite recorded log-probs; nulls are skipped by every aggregate below
+    agg = (
+        toks.with_columns(pl.when(lp.is_finite()).then(lp).alias("_lp"), (lp > 0).alias("_pos"), mask.alias("_m"))
+        .group_by("token_source")
+        .agg(
+            pl.len().alias("tokens"),
+            pl.col("_m").sum().alias("trainable"),
+            x.count().alias("n"),
+            x.min().alias("min"),
+            x.max().alias("max"),
+            pl.col("_pos").sum().alias("positive"),
+            *[x.quantile(q, "nearest").alias(k) for k, q in _QUANTILES.items()],
+        )
     )
     rows = agg.sort("token_source").collect().to_dicts()
     for r in rows:
