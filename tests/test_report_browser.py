@@ -76,10 +76,16 @@ def _open(browser, url: str, shot: str):
     return page, errors
 
 
+DANGLING = (
+    "[...document.querySelectorAll('a[href^=\"#\"]')].filter(a => !document.getElementById(a.hash.slice(1))).length"
+)
+
+
 def test_compliant_page_renders_verdict_checks_findings_and_plots(browser, site):
     page, errors = _open(browser, f"{site}/compliant.html", "report-compliant.png")
     assert errors == []
     assert page.locator("#verdict").inner_text().startswith("OK")
+    assert page.evaluate(DANGLING) == 0
     rows = page.locator("#checks tr[data-status]")
     assert rows.count() > 40
     assert page.locator('#check-M101[data-status="pass"]').count() == 1
@@ -100,6 +106,8 @@ def test_broken_page_shows_its_fault(browser, site):
     assert page.locator("#verdict").inner_text().startswith("FAIL")
     assert "M101" in page.locator("#verdict").inner_text()
     assert page.locator('#check-M101[data-status="fail"]').count() == 1
+    page.locator("#check-M101 a").click()  # the code links to its findings
+    assert page.evaluate("location.hash") == "#f-M101" and page.evaluate(DANGLING) == 0
     section = page.locator("#f-M101")
     assert section.locator("tr").count() > 1 and "observation" in section.inner_text().lower()
     share = page.locator('svg[aria-label="trainable share by token source"]')

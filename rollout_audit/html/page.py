@@ -136,7 +136,7 @@ def _check_table(rep: Report) -> str:
         label, cls, _ = _STATUS[r["status"]]
         rule = rep.rules[r["code"]]
         body.append(
-            f'<tr id="check-{r["code"]}" data-status="{r["status"]}"><td><a href="#f-{r["code"]}">{r["code"]}</a></td>'
+            f'<tr id="check-{r["code"]}" data-status="{r["status"]}"><td>{_code_link(r["code"], r["findings"])}</td>'
             f'<td class="status {cls}">{label}</td><td class="num">{r["findings"]}</td>'
             f'<td class="sev-{rule.severity}">{rule.severity}</td>'
             f"<td><details><summary>{escape(rule.name)}</summary><pre>{escape(rule.explanation)}</pre></details></td>"
@@ -146,6 +146,11 @@ def _check_table(rep: Report) -> str:
         '<table id="checks"><tr><th>code</th><th>status</th><th>findings</th><th>severity</th>'
         f"<th>rule (click for the explanation)</th><th>reason / coverage</th></tr>{''.join(body)}</table>"
     )
+
+
+def _code_link(code: str, findings: int) -> str:
+    """A code, linked to its findings when it has some."""
+    return f'<a href="#f-{code}">{code}</a>' if findings else code
 
 
 def _findings(rep: Report) -> str:
