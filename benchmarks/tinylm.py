@@ -30,13 +30,9 @@ def build(out: Path, versions: int = 2, seed: int = 0) -> dict[str, str]:
     """Train a word-level tokenizer on CORPUS, build a 2-layer GPT-2 with peaked logits, save one checkpoint
     directory per policy version (v ≥ 1 perturbs the previous weights). Returns {version: directory}."""
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+    from transformers import GPT2Config, GPT2LMHeadModel
 
-    raw = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    raw.train_from_iterator(CORPUS, trainers.WordLevelTrainer(special_tokens=["<pad>", "<unk>", "<obs>", "</obs>"]))
-    tok = PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", unk_token="<unk>")
+    tok = tokenizer()
     torch.manual_seed(seed)
     cfg = GPT2Config(
         vocab_size=len(tok),
@@ -61,6 +57,17 @@ def build(out: Path, versions: int = 2, seed: int = 0) -> dict[str, str]:
         tok.save_pretrained(d)
         dirs[str(v)] = str(d)
     return dirs
+
+
+def tokenizer() -> Any:
+    """A word-level Hugging Face tokenizer trained on CORPUS in-process (a PreTrainedTokenizerFast)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.WordLevel(unk_token="<unk>"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    raw.train_from_iterator(CORPUS, trainers.WordLevelTrainer(special_tokens=["<pad>", "<unk>", "<obs>", "</obs>"]))
+    return PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", unk_token="<unk>")
 
 
 def _processed(scores: Any, temperature: float, top_p: float, top_k: int) -> Any:

@@ -41,16 +41,19 @@ def generate(root: Path) -> dict:
     """Write compliant/, broken/<fault>/ and manifest.json under `root`; returns the manifest."""
     from rollout_audit.faults import FAULTS, apply, read_records, write_records
 
+    from .tokenizer import Tokenizer
+
     if root.exists():
         shutil.rmtree(root / "compliant", ignore_errors=True)
         shutil.rmtree(root / "broken", ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
     agent_log(root / "compliant")
     trajs, ups = read_records(root / "compliant")
+    tokenizer = Tokenizer().declaration()  # the broken logs decode like the agent's own
     manifest = {"source": "reference agent, profile 'fixture', seed 0", "compliant": "compliant", "faults": {}}
     for name, f in FAULTS.items():
         (bt, bu), touched = apply(name, trajs, ups, seed=FIXTURE_SEED)
-        write_records(root / "broken" / name, bt, bu, corrupt=f.file_level)
+        write_records(root / "broken" / name, bt, bu, corrupt=f.file_level, tokenizer=tokenizer)
         manifest["faults"][name] = {
             "codes": sorted(f.codes),
             "touched": touched,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -95,14 +96,17 @@ def to_table(records: list[dict[str, Any]], kind: str) -> pa.Table:
 class _ArrowWriter:
     """Fallback writer: one row group per write(), atomic rename on close, contract metadata set."""
 
-    def __init__(self, path: str | Path, kind: str) -> None:
+    def __init__(self, path: str | Path, kind: str, tokenizer: dict[str, Any] | None = None) -> None:
         self.path, self.kind = Path(path), kind
+        self.meta = {"rollout_log.schema_version": "1", "rollout_log.kind": kind}
+        if tokenizer is not None:
+            self.meta["rollout_log.tokenizer"] = json.dumps(tokenizer)
         self.tmp = self.path.with_name(self.path.name + ".tmp")
         self._writer: pq.ParquetWriter | None = None
 
     def __enter__(self) -> _ArrowWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        schema = SCHEMAS[self.kind].with_metadata({"rollout_log.schema_version": "1", "rollout_log.kind": self.kind})
+        schema = SCHEMAS[self.kind].with_metadata(self.meta)
         self._writer = pq.ParquetWriter(self.tmp, schema)
         return self
 
@@ -121,13 +125,14 @@ class _ArrowWriter:
             self.tmp.unlink(missing_ok=True)
 
 
-def open_writer(path: str | Path, kind: str) -> Any:
-    """Return a context-managed writer: the library's RolloutWriter if it exists, else the local fallback."""
+def open_writer(path: str | Path, kind: str, tokenizer: dict[str, Any] | None = None) -> Any:
+    """Return a context-managed writer: the library's RolloutWriter if it exists, else the local fallback.
+    `tokenizer` ({"name", "vocabulary"}) is declared in the file metadata so the log can be decoded."""
     try:
         from rollout_audit import RolloutWriter  # type: ignore[attr-defined]
     except ImportError:
-        return _ArrowWriter(path, kind)
-    return RolloutWriter(str(path), kind=kind)
+        return _ArrowWriter(path, kind, tokenizer)
+    return RolloutWriter(str(path), kind=kind, tokenizer=tokenizer)
 
 
 def write_log(path: str | Path, kind: str, records: list[dict[str, Any]]) -> None:

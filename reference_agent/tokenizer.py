@@ -58,6 +58,11 @@ class Tokenizer:
         """Ids → text (single spaces)."""
         return " ".join(self.vocab[i] for i in ids)
 
+    def declaration(self) -> dict[str, object]:
+        """How a reader decodes this tokenizer's ids without importing it: the log's file metadata
+        `rollout_log.tokenizer` (each id's text; decoded text joins them with single spaces)."""
+        return {"name": self.tokenizer_id, "vocabulary": list(self.vocab)}
+
     def id(self, token: str) -> int:
         """Id of one token."""
         return self.token_to_id[token]

@@ -488,7 +488,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, verbose: bool = False) -> dict[
     save_checkpoint(policy, out / "checkpoints" / "v0.safetensors", 0, tok.tokenizer_id)
     stops: dict[str, int] = {}
     with (
-        open_writer(out / "trajectories" / "part-0000.parquet", "trajectories") as traj_w,
+        open_writer(out / "trajectories" / "part-0000.parquet", "trajectories", tok.declaration()) as traj_w,
         open_writer(out / "updates" / "part-0000.parquet", "updates") as upd_w,
     ):
         for it in range(cfg.iterations):

@@ -254,16 +254,36 @@ def stats(paths, fmt) -> None:
 @click.argument("path", type=click.Path())
 @click.argument("trajectory_id")
 @click.option("--color/--no-color", default=None, help="Colour by provenance (default: when stdout is a terminal).")
-def show(path, trajectory_id, color) -> None:
-    """Print one trajectory token by token, coloured by provenance, with mask and log-probs."""
+@click.option(
+    "--tokenizer",
+    "tokenizer_dir",
+    type=click.Path(),
+    help="A local Hugging Face tokenizer directory to decode with (needs transformers). "
+    "Default: the vocabulary the log declares, else token ids.",
+)
+@click.option("--ids", is_flag=True, help="Also print each token's id and behaviour log-prob.")
+@click.option("--width", type=click.IntRange(40, 1000), default=None, help="Columns (default: the terminal's).")
+def show(path, trajectory_id, color, tokenizer_dir, ids, width) -> None:
+    """Print one trajectory turn by turn: decoded text coloured by provenance, trained tokens underlined,
+    trained non-policy tokens flagged with !, findings' codes next to their tokens, observations and rewards."""
+    import shutil
+
+    from .config import load_config
+    from .decode import DecodeError, from_directory
     from .log import scan
     from .show import render, transcript
 
     try:
-        scalars, toks, turns = transcript(scan(path), trajectory_id)
+        dec = from_directory(tokenizer_dir) if tokenizer_dir else None
+    except DecodeError as e:
+        _fail(str(e))
+    try:
+        t = transcript(scan(path), trajectory_id, load_config(start=path))
     except KeyError as e:
         _fail(str(e.args[0]))
-    click.echo(render(scalars, toks, turns, sys.stdout.isatty() if color is None else color))
+    cols = width or shutil.get_terminal_size((100, 24)).columns
+    use = sys.stdout.isatty() if color is None else color
+    click.echo(render(t, color=use, width=cols, decoder=dec, ids=ids), color=use)  # --color survives a pipe
 
 
 @main.command()
@@ -294,20 +314,22 @@ def convert(framework, src, dst, context) -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default="rollout-audit-report.html", show_default=True)
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False))
 def report(paths, output, config_path) -> None:
-    """Write an HTML page with the findings and plots of the log's statistics."""
+    """Write an HTML page: the verdict, every check (pass / fail / not run, with its explanation), findings
+    per code with examples, and plots of the distributions where the catalogued faults show."""
     from .config import load_config
     from .engine import run_audit
     from .html import render_html
     from .io import discover
     from .log import Log
     from .outputs import check_output
-    from .stats import log_stats
+    from .stats import distributions, log_stats
 
     check_output(output, paths)
     disc = discover(paths)
     rep = run_audit(disc, load_config(config_path, start=paths[0]), tune=True)
     try:
-        st = log_stats(Log(disc)) if disc.of_kind("trajectories") else None
+        log = Log(disc)
+        st = {**log_stats(log), "distributions": distributions(log)} if disc.of_kind("trajectories") else None
     except Exception:  # noqa: BLE001 - statistics are a courtesy; a broken log still gets its findings page
         st = None
     with open(output, "w") as fh:

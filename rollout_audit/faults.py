@@ -616,9 +616,12 @@ def read_records(path) -> Records:
     return out[0], out[1]
 
 
-def write_records(dst, trajs: list[dict], updates: list[dict], *, parts: int = 1, corrupt: bool = False) -> None:
+def write_records(
+    dst, trajs: list[dict], updates: list[dict], *, parts: int = 1, corrupt: bool = False, tokenizer=None
+) -> None:
     """Write records as a log under `dst` (trajectories/…, updates/…), without validation so
-    that broken records reach the file; `corrupt` truncates the first shard's footer."""
+    that broken records reach the file; `corrupt` truncates the first shard's footer; `tokenizer`
+    is declared in the trajectory files' metadata (RolloutWriter)."""
     from pathlib import Path
 
     from .writer import RolloutWriter
@@ -629,7 +632,7 @@ def write_records(dst, trajs: list[dict], updates: list[dict], *, parts: int = 1
         chunk = trajs[i * size : (i + 1) * size]
         if chunk:
             sub = dst / "trajectories" / (f"step={i}" if parts > 1 else "")
-            with RolloutWriter(sub / f"part-{i:04d}.parquet", validate=False) as w:
+            with RolloutWriter(sub / f"part-{i:04d}.parquet", validate=False, tokenizer=tokenizer) as w:
                 w.write(chunk)
     if updates:
         with RolloutWriter(dst / "updates" / "updates.parquet", kind="updates", validate=False) as w:

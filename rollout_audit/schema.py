@@ -19,6 +19,7 @@ CONTRACT_VERSION = "1.1"  # the newest version of the contract: v1 files are val
 META_VERSION = b"rollout_log.schema_version"
 META_KIND = b"rollout_log.kind"
 META_NOT_RECORDED = b"rollout_log.not_recorded"  # JSON {column: why the producer's framework lacks it}
+META_TOKENIZER = b"rollout_log.tokenizer"  # JSON {"name": ..., "vocabulary": [...]}: how to decode token_ids
 
 POLICY = 2  # token_source value of a token sampled by the behaviour policy
 SOURCE_NAMES = {0: "system", 1: "user", 2: "policy", 3: "observation", 4: "template"}
@@ -116,18 +117,22 @@ def version_for(table: str, names: Iterable[str]) -> str:
     return max((c.since for c in columns(table) if c.name in have), key=_vkey, default=SCHEMA_VERSION)
 
 
-def not_recorded(meta: Mapping[bytes, bytes] | None) -> dict[str, str]:
-    """Columns a file declares its framework does not record, with the reason (empty when the
-    metadata is absent or not a JSON object of strings: a hostile value is ignored, not trusted)."""
-    raw = (meta or {}).get(META_NOT_RECORDED)
+def meta_object(meta: Mapping[bytes, bytes] | None, key: bytes) -> dict:
+    """The JSON object stored under a file-metadata key; {} when absent, not JSON, or not an object."""
+    raw = (meta or {}).get(key)
     if not raw:
         return {}
     try:
         d = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         return {}
-    if not isinstance(d, dict):
-        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def not_recorded(meta: Mapping[bytes, bytes] | None) -> dict[str, str]:
+    """Columns a file declares its framework does not record, with the reason (empty when the
+    metadata is absent or not a JSON object of strings: a hostile value is ignored, not trusted)."""
+    d = meta_object(meta, META_NOT_RECORDED)
     return {str(k)[:200]: str(v)[:500] for k, v in d.items() if isinstance(k, str) and isinstance(v, str)}
 
 

@@ -91,3 +91,95 @@ def render_stats(d: dict) -> str:
             f"updates: {u['updates']}, trajectories used {u['trajectories_used']}, reductions {u['reductions']}"
         )
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ distributions for the HTML report
+
+_QUANTILES = {"q05": 0.05, "q25": 0.25, "q50": 0.5, "q75": 0.75, "q95": 0.95}
+
+
+def distributions(log: Log, max_rows: int = 12) -> dict:
+    """The bounded summaries the report plots: per token source, per task, stop causes per policy
+    version (at most `max_rows` rows each: tasks beyond it are pooled, versions are binned)."""
+    return {
+        "by_source": by_source(log),
+        "tasks": task_outcomes(log, max_rows),
+        "stops_by_version": stops_by_version(log, max_rows),
+    }
+
+
+def by_source(log: Log) -> list[dict]:
+    """Per token source: tokens, trainable tokens, and the behaviour log-prob quantiles (those
+    recorded, positive ones counted: a log-prob above 0 is no probability)."""
+    names = log.trajectories.collect_schema().names()
+    if "token_source" not in names:
+        return []
+    lists = [c for c in ("token_source", "loss_mask", "behavior_logprobs") if c in names]
+    same = pl.all_horizontal([pl.col(c).list.len() == pl.col("token_source").list.len() for c in lists])
+    toks = log.trajectories.select(lists).filter(same).explode(lists)  # only the lists it needs (not log.tokens)
+    lp = pl.col("behavior_logprobs").cast(pl.Float64) if "behavior_logprobs" in names else pl.lit(None, pl.Float64)
+    mask = pl.col("loss_mask").cast(pl.Int64) if "loss_mask" in names else pl.lit(0)
+    x = pl.col("_lp")  # finite recorded log-probs; nulls are skipped by every aggregate below
+    agg = (
+        toks.with_columns(pl.when(lp.is_finite()).then(lp).alias("_lp"), (lp > 0).alias("_pos"), mask.alias("_m"))
+        .group_by("token_source")
+        .agg(
+            pl.len().alias("tokens"),
+            pl.col("_m").sum().alias("trainable"),
+            x.count().alias("n"),
+            x.min().alias("min"),
+            x.max().alias("max"),
+            pl.col("_pos").sum().alias("positive"),
+            *[x.quantile(q, "nearest").alias(k) for k, q in _QUANTILES.items()],
+        )
+    )
+    rows = agg.sort("token_source").collect().to_dicts()
+    for r in rows:
+        r["source"] = SOURCE_NAMES.get(r["token_source"], f"source {r['token_source']}")
+    return rows
+
+
+def task_outcomes(log: Log, max_rows: int) -> list[dict]:
+    """Per task: episodes, verifier success rate, and the mean reward of successes and of failures
+    (an inverted verifier pays failures more). The busiest tasks first; the rest pooled in one row."""
+    lf = log.trajectories
+    if "verifier_success" not in lf.collect_schema().names():
+        return []
+    ok = pl.col("verifier_success")
+    t = lf.select(pl.col("task_id").cast(pl.String).fill_null("(null)"), ok, pl.col("reward").cast(pl.Float64))
+    busiest = (
+        t.group_by("task_id").len().sort(["len", "task_id"], descending=[True, False]).head(max_rows - 1)
+    ).select("task_id", pl.lit(True).alias("_top"))
+    per = (
+        t.join(busiest, on="task_id", how="left")
+        .with_columns(pl.when(pl.col("_top")).then(pl.col("task_id")).otherwise(pl.lit("(other tasks)")).alias("task"))
+        .group_by("task")
+        .agg(
+            pl.len().alias("episodes"),
+            ok.mean().alias("success_rate"),
+            pl.col("reward").filter(ok).mean().alias("reward_success"),
+            pl.col("reward").filter(~ok).mean().alias("reward_failure"),
+            pl.col("task_id").n_unique().alias("tasks"),
+        )
+        .sort(pl.col("task") == "(other tasks)", pl.col("episodes"), pl.col("task"), descending=[False, True, False])
+    )
+    return per.collect().to_dicts()
+
+
+def stops_by_version(log: Log, max_rows: int) -> list[dict]:
+    """Stop causes per policy version of each episode's last turn; versions binned into at most
+    `max_rows` equal ranges when there are more."""
+    pv = pl.col("turns").list.eval(pl.element().struct.field("policy_version")).list.max()
+    t = log.trajectories.select(pv.alias("v"), pl.col("stop_reason").cast(pl.String).fill_null("(null)")).collect()
+    t = t.filter(pl.col("v").is_not_null())
+    if t.is_empty():
+        return []
+    lo, hi = int(t["v"].min()), int(t["v"].max())  # type: ignore[arg-type]
+    width = max(1, -(-(hi - lo + 1) // max_rows))
+    start = (pl.col("v") - lo) // width * width + lo
+    t = t.with_columns(start.alias("b0"), (start + width - 1).clip(upper_bound=hi).alias("b1"))
+    counts = t.group_by("b0", "b1", "stop_reason").len().sort("b0")
+    out: dict[tuple[int, int], dict[str, int]] = {}
+    for b0, b1, why, n in counts.iter_rows():
+        out.setdefault((b0, b1), {})[why] = n
+    return [{"versions": f"v{a}" if a == b else f"v{a}–v{b}", "stops": d} for (a, b), d in out.items()]

@@ -3,6 +3,7 @@ structural checks, run through the same `Runner` as the audit) and publishes ato
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Iterable, Mapping
@@ -11,6 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import schema as S
 from .batch import Batch
 from .config import Config
 from .io import one_line
@@ -33,10 +35,19 @@ class RolloutWriter:
     """
 
     def __init__(
-        self, path: str | os.PathLike, kind: str = "trajectories", *, validate: bool = True, compression: str = "zstd"
+        self,
+        path: str | os.PathLike,
+        kind: str = "trajectories",
+        *,
+        validate: bool = True,
+        compression: str = "zstd",
+        tokenizer: Mapping | None = None,
     ) -> None:
+        """`tokenizer`, when given, is declared in the file metadata `rollout_log.tokenizer` so that
+        `rollout-audit show` can decode the ids: {"name": str, "vocabulary": [text of each id]}, either key optional."""
         if kind not in ("trajectories", "updates"):
             raise ValueError(f"kind must be 'trajectories' or 'updates', not {kind!r}")
+        self._meta = {S.META_TOKENIZER: _tokenizer_meta(tokenizer)} if tokenizer is not None else {}
         self.path = Path(path)
         self.kind = kind
         self.validate = validate
@@ -67,7 +78,9 @@ class RolloutWriter:
                 )
         if self._writer is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(self._tmp, self._schema, compression=self.compression)
+            assert self._schema is not None  # set by _to_table
+            schema = self._schema.with_metadata({**(self._schema.metadata or {}), **self._meta})
+            self._writer = pq.ParquetWriter(self._tmp, schema, compression=self.compression)
         self._writer.write_table(table, row_group_size=max(table.num_rows, 1))
         self.rows_written += table.num_rows
 
@@ -108,6 +121,20 @@ class RolloutWriter:
             return records.select(self._schema.names).cast(self._schema)
         except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
             raise ValueError(f"{self.path}: batch does not match the file's schema: {one_line(e)}") from None
+
+
+def _tokenizer_meta(tokenizer: Mapping) -> bytes:
+    """The `rollout_log.tokenizer` metadata value, checked: a name string and/or a list of token texts."""
+    unknown = set(tokenizer) - {"name", "vocabulary"}
+    name, vocab = tokenizer.get("name"), tokenizer.get("vocabulary")
+    if unknown or (name is not None and not isinstance(name, str)):
+        raise ValueError(
+            f"tokenizer must be {{'name': str, 'vocabulary': [str]}}; got keys {sorted(map(str, tokenizer))}"
+        )
+    if vocab is not None and not (isinstance(vocab, (list, tuple)) and all(isinstance(w, str) for w in vocab)):
+        raise ValueError("tokenizer['vocabulary'] must be a list of strings, the text of each token id")
+    d = {k: (list(v) if k == "vocabulary" else v) for k, v in tokenizer.items() if v is not None}
+    return json.dumps(d, ensure_ascii=False).encode()
 
 
 def _fsync_path(path: Path, directory: bool = False) -> None:

@@ -33,7 +33,12 @@ def test_show_prints_turns_and_marks_trained_tokens(tmp_path, records):
     out = run("show", root, t["trajectory_id"], "--no-color").output
     assert f"turn {len(t['turns']) - 1}" in out
     first_policy = next(i for i, s in enumerate(t["token_source"]) if s == 2)
-    assert f"{t['token_ids'][first_policy]}*(" in out  # in the loss, with its log-prob
+    assert f"‹policy› {t['token_ids'][first_policy]}* " in out  # in the loss
+    lp = t["behavior_logprobs"][first_policy]
+    assert (
+        f"{t['token_ids'][first_policy]}*({lp:.3g})"
+        in run("show", root, t["trajectory_id"], "--no-color", "--ids").output
+    )
     assert run("show", root, "no-such-id").exit_code == 2
 
 

@@ -182,6 +182,11 @@ def _windows(log) -> pl.DataFrame:
     )
 
 
+def _sample(df: pl.DataFrame, limit: int = 200) -> list[dict]:
+    """At most about `limit` evenly spaced rows, as dicts: the recorded-vs-recomputed points the report plots."""
+    return df.gather_every(max(1, -(-df.height // limit))).to_dicts()
+
+
 def _differs(found: pl.Expr, expected: pl.Expr, cfg) -> pl.Expr:
     """True where found is not within tolerance of expected (NaN and null found count as different)."""
     return ~((found - expected).abs() <= cfg.atol + cfg.rtol * expected.abs()).fill_null(False)
@@ -263,6 +268,11 @@ def denominator(log, cfg) -> pl.DataFrame | None:
     )
     what = pl.when(sc != 1.0).then(pl.format("{} × denominator_scale {}", what, num(sc))).otherwise(what)
     u = u.with_columns((base * sc).alias("_exp"), recomputable.alias("_rc"))
+    log.stats["U601"] = _sample(
+        u.filter(pl.col("_rc") & pl.col("_exp").is_not_null()).select(
+            "update_step", "reduction", pl.col("loss_denominator").alias("recorded"), pl.col("_exp").alias("expected")
+        )
+    )
     counted = red.is_in(REDUCTIONS).fill_null(False) & pl.col("_exp").is_not_null()
     not_finite = d.is_null() | ~d.is_finite().fill_null(False)
     bad_constant = (red == "constant").fill_null(False) & (not_finite | ~(d > 0).fill_null(False))
@@ -474,6 +484,11 @@ def advantages(log, cfg) -> pl.DataFrame | None:
         .then(r - (pl.col("_sum") - r) / (n - 1))
     )
     m = m.with_columns(expected.alias("_exp"))
+    log.stats["U603"] = _sample(
+        m.filter(pl.col("_exp").is_not_null()).select(
+            "update_step", "trajectory_id", pl.col("adv").alias("recorded"), pl.col("_exp").alias("expected")
+        )
+    )
     bad = m.filter(pl.col("_exp").is_not_null() & _differs(pl.col("adv"), pl.col("_exp"), cfg))
     how = (
         pl.when(est == "reinforce")

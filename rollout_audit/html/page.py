@@ -1,0 +1,190 @@
+"""The report page: the verdict, a table of every selected check, findings grouped per code with
+examples, and plots of the distributions where the catalogued faults show. No JavaScript."""
+
+from __future__ import annotations
+
+from html import escape
+
+import polars as pl
+
+from ..report import Report, printable
+from .figures import figures
+
+_CSS = """body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#222}
+h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.8em;border-bottom:1px solid #ddd}h3{font-size:1em}
+table{border-collapse:collapse;font-size:.85em;width:100%}
+td,th{border:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top}th{background:#f4f4f4}
+td.num{text-align:right;white-space:nowrap}td.where{white-space:nowrap;width:1%}td.msg{word-break:break-word}
+.verdict{font-size:1.2em;padding:.7em 1em;border-radius:6px;margin:1em 0}
+.verdict.fail{background:#fdecea;border:1px solid #c0392b}.verdict.ok{background:#eafaf1;border:1px solid #2e8b57}
+.verdict.incomplete{background:#fff4e5;border:1px solid #e67e22}
+.status{font-weight:bold;white-space:nowrap}.fail{color:#b00020}.warn{color:#a15c00}.pass{color:#1b7a1b}
+.partial{color:#8e44ad}.notrun{color:#666}.crashed{color:#b00020;text-decoration:underline}
+details pre{white-space:pre-wrap;font-size:.95em;background:#fafafa;padding:.5em;margin:.3em 0}
+summary{cursor:pointer}.plots{display:flex;flex-wrap:wrap;gap:1.5em 2.5em}
+figure.plot{margin:0}figcaption.note{font-size:.8em;color:#555;max-width:420px}
+.sev-error{color:#b00020}.sev-warning{color:#a15c00}.sev-info{color:#555}"""
+
+EXAMPLES = 20  # findings shown per code; the JSON format has them all
+_STATUS = {  # status -> (label, css class, sort order)
+    "crashed": ("crashed", "crashed", 0),
+    "fail": ("fail", "fail", 1),
+    "warn": ("findings", "warn", 2),
+    "partial": ("partially run", "partial", 3),
+    "notrun": ("not run", "notrun", 4),
+    "pass": ("pass", "pass", 5),
+}
+
+
+def render_html(rep: Report, stats: dict | None, title: str) -> str:
+    """The whole page as one string; every log string is escaped."""
+    t = escape(printable(title))
+    return "\n".join(
+        [
+            f'<!doctype html><html lang="en"><meta charset="utf-8"><link rel="icon" href="data:,"><title>rollout-audit: {t}</title>',
+            f"<style>{_CSS}</style><body><h1>rollout-audit report: {t}</h1>",
+            _verdict(rep),
+            "<h2>Checks</h2>",
+            _check_table(rep),
+            "<h2>Findings</h2>",
+            _findings(rep),
+            "<h2>Distributions</h2>",
+            '<p class="note">Where the catalogued faults show: a blue dot lies on the recomputed value, a red one '
+            "does not.</p>",
+            f'<div class="plots">{"".join(figures(rep, stats or {}))}</div>',
+            "</body></html>",
+        ]
+    )
+
+
+def verdict(rep: Report) -> tuple[str, str, str]:
+    """(css class, headline, detail): can this log be trained on, and if not, why."""
+    by = rep.summary["by_severity"]
+    if rep.unusable is not None:
+        return "incomplete", "INCOMPLETE: nothing could be audited", printable(rep.unusable)
+    if rep.crashes:
+        codes = ", ".join(sorted({c["code"] for c in rep.crashes}))
+        return "incomplete", "INCOMPLETE: do not trust this audit", f"check(s) {codes} crashed"
+    failing = sorted(rep.codes("error"))
+    if failing:
+        return "fail", "FAIL: do not train on this log", f"{by['error']} error finding(s) in {', '.join(failing)}"
+    notes = f"{by['warning']} warning(s), {by['info']} info"
+    if rep.not_run:
+        notes += f"; {len(rep.not_run)} check(s) not run (their faults were not looked for)"
+    return "ok", "OK: no finding blocks training", notes
+
+
+def _verdict(rep: Report) -> str:
+    cls, head, detail = verdict(rep)
+    s = rep.summary
+    counts = (
+        f"{len(s['checks_run'])} checks run, {len(rep.partial)} partially run, {len(rep.not_run)} not run, "
+        f"{len(s['checks_crashed'])} crashed; {s['rows_read']} trajectories, {s['tokens_read']} tokens read"
+    )
+    return (
+        f'<div class="verdict {cls}" id="verdict"><strong>{escape(head)}</strong><br>{escape(detail)}'
+        f"<br><small>{escape(counts)}</small></div>"
+    )
+
+
+def check_status(rep: Report) -> pl.DataFrame:
+    """One row per selected check: code, name, severity, status, findings, reason (why not run / coverage)."""
+    counts = rep.summary["counts"]
+    crashed = {c["code"]: printable(c["error"]) for c in rep.crashes}
+    rows = []
+    for code, rule in rep.rules.items():
+        n = counts.get(code, 0)
+        if code in crashed:
+            status, why = "crashed", crashed[code]
+        elif code in rep.not_run:
+            status, why = "notrun", rep.not_run[code]
+        elif n and rule.severity == "error":
+            status, why = "fail", rep.partial.get(code, "")
+        elif n:
+            status, why = "warn", rep.partial.get(code, "")
+        elif code in rep.partial:
+            status, why = "partial", rep.partial[code]
+        else:
+            status, why = "pass", ""
+        rows.append(
+            {
+                "code": code,
+                "name": rule.name,
+                "severity": rule.severity,
+                "status": status,
+                "findings": n,
+                "reason": why,
+                "order": _STATUS[status][2],
+            }
+        )
+    schema = {
+        "code": pl.String,
+        "name": pl.String,
+        "severity": pl.String,
+        "status": pl.String,
+        "findings": pl.Int64,
+        "reason": pl.String,
+        "order": pl.Int64,
+    }
+    return pl.DataFrame(rows, schema=schema).sort("order", "code")
+
+
+def _check_table(rep: Report) -> str:
+    st = check_status(rep)
+    body = []
+    for r in st.iter_rows(named=True):
+        label, cls, _ = _STATUS[r["status"]]
+        rule = rep.rules[r["code"]]
+        body.append(
+            f'<tr id="check-{r["code"]}" data-status="{r["status"]}"><td>{_code_link(r["code"], r["findings"])}</td>'
+            f'<td class="status {cls}">{label}</td><td class="num">{r["findings"]}</td>'
+            f'<td class="sev-{rule.severity}">{rule.severity}</td>'
+            f"<td><details><summary>{escape(rule.name)}</summary><pre>{escape(rule.explanation)}</pre></details></td>"
+            f"<td>{escape(printable(r['reason']))}</td></tr>"
+        )
+    return (
+        '<table id="checks"><tr><th>code</th><th>status</th><th>findings</th><th>severity</th>'
+        f"<th>rule (click for the explanation)</th><th>reason / coverage</th></tr>{''.join(body)}</table>"
+    )
+
+
+def _code_link(code: str, findings: int) -> str:
+    """A code, linked to its findings when it has some."""
+    return f'<a href="#f-{code}">{code}</a>' if findings else code
+
+
+def _findings(rep: Report) -> str:
+    if rep.findings.is_empty():
+        return '<p id="no-findings">No findings.</p>'
+    out = []
+    for (code,), grp in rep.findings.group_by("code", maintain_order=True):
+        sev = grp["severity"][0]
+        name = rep.rules[code].name if code in rep.rules else ""
+        cols = [c for c in ("file", "trajectory_id", "turn", "position") if grp[c].null_count() < grp.height]
+        head = "".join(f"<th>{c.replace('_id', '')}</th>" for c in cols) + "<th>message</th>"
+        rows = []
+        for r in grp.head(EXAMPLES).iter_rows(named=True):
+            cells = "".join(f'<td class="where">{_cell(r[c], c)}</td>' for c in cols)
+            rows.append(f'<tr>{cells}<td class="msg">{escape(printable(r["message"]))}</td></tr>')
+        more = (
+            f"<p>… {grp.height - EXAMPLES} more (all of them: <code>--format json</code>).</p>"
+            if grp.height > EXAMPLES
+            else ""
+        )
+        out.append(
+            f'<section class="code" id="f-{code}"><h3 class="sev-{sev}">{code} [{sev}] {escape(name)}: '
+            f"{grp.height} finding{'s' * (grp.height != 1)}</h3><table><tr>{head}</tr>{''.join(rows)}</table>{more}"
+            "</section>"
+        )
+    return "".join(out)
+
+
+def _cell(v: object, col: str) -> str:
+    """A location cell: files shown by their last two path parts (the full path on hover)."""
+    if v is None:
+        return ""
+    s = printable(v)
+    if col == "file":
+        short = "/".join(s.split("/")[-2:])
+        return f'<span title="{escape(s)}">{escape(short)}</span>'
+    return escape(s)

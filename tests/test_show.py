@@ -1,0 +1,113 @@
+"""`rollout-audit show`: decoding with a local Hugging Face tokenizer or the vocabulary a log declares,
+fitting the width with indented wrapped lines, and marking tokens that break a rule."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import write_log
+
+from rollout_audit import RolloutWriter
+from rollout_audit.cli import main
+from rollout_audit.schema import POLICY
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` lives at the repo root
+
+OBSERVATION = 3
+WORDS = ["open", "the", "red", "door", "take", "blue", "key", "is", "stuck", "call", "one", "tool"]
+
+
+def run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def _with_words(trajs: list[dict], vocab_size: int) -> list[dict]:
+    """Token ids folded into a small vocabulary (ids >= 1, so none is a special token of the tiny tokenizer)."""
+    for t in trajs:
+        t["token_ids"] = [4 + i % (vocab_size - 4) for i in t["token_ids"]]
+    return trajs
+
+
+def _declared_log(tmp_path, trajs) -> Path:
+    root = tmp_path / "log" / "trajectories"
+    with RolloutWriter(
+        root / "part-0.parquet", validate=False, tokenizer={"name": "words-1", "vocabulary": WORDS}
+    ) as w:
+        w.write(trajs)
+    return tmp_path / "log"
+
+
+def test_show_decodes_with_a_local_hf_tokenizer_and_fits_the_width(tmp_path, records):
+    pytest.importorskip("transformers")
+    from benchmarks.tinylm import tokenizer
+
+    tok = tokenizer()
+    tok.save_pretrained(tmp_path / "tok")
+    trajs = _with_words(records[0], len(tok))
+    t = trajs[0]
+    root = write_log(tmp_path / "log", trajs)
+    out = run("show", root, t["trajectory_id"], "--tokenizer", tmp_path / "tok", "--no-color", "--width", 60).output
+    assert "decoded with" in out
+    words = [tok.decode([i]) for i in t["token_ids"][:5]]
+    assert all(w in out for w in words)
+    lines = out.splitlines()
+    assert max(map(len, lines)) <= 60 and not any(line.endswith(" ") for line in lines)
+    turn_lines = [i for i, line in enumerate(lines) if line.startswith(("turn ", "prompt"))]
+    body = [line for line in lines[turn_lines[0] :] if line and not line.startswith(("turn ", "prompt"))]
+    assert len(body) > 2 * len(turn_lines) and all(line.startswith("  ") for line in body)  # wrapped, still indented
+    ids = run("show", root, t["trajectory_id"], "--tokenizer", tmp_path / "tok", "--ids", "--no-color").output
+    assert f"{words[0].strip()}#{t['token_ids'][0]}" in ids
+    bad = run("show", root, t["trajectory_id"], "--tokenizer", tmp_path / "nope")
+    assert bad.exit_code == 2 and "not a directory" in bad.output and len(bad.output.strip().splitlines()) == 1
+
+
+def test_show_without_transformers_says_so_in_one_line(tmp_path, records, monkeypatch):
+    root = write_log(tmp_path / "log", records[0])
+    (tmp_path / "tok").mkdir()
+    monkeypatch.setitem(sys.modules, "transformers", None)  # what an install without the extra sees
+    r = run("show", root, records[0][0]["trajectory_id"], "--tokenizer", tmp_path / "tok")
+    assert r.exit_code == 2 and "pip install transformers" in r.output and "Traceback" not in r.output
+
+
+def test_show_uses_the_declared_vocabulary_and_rounds_headers(tmp_path, records):
+    trajs = _with_words(records[0], len(WORDS) + 4)
+    for t in trajs:
+        t["token_ids"] = [i - 4 for i in t["token_ids"]]
+    t = trajs[0]
+    out = run("show", _declared_log(tmp_path, trajs), t["trajectory_id"], "--no-color", "--width", 200).output
+    assert "declares (words-1)" in out
+    assert " ".join(WORDS[i] for i in t["token_ids"][:3]) in out
+    assert not re.search(r"\d\.\d{6,}", out)  # log-probs and rewards to 4 significant digits
+    assert "lp =" not in out and "!token" not in out  # the legend lists only what appears
+    assert "observation: " in out or not any(x.get("observation_text") for x in t["turns"])
+
+
+def test_show_flags_trained_non_policy_tokens_with_the_finding_code(tmp_path, records):
+    trajs = records[0]
+    t = trajs[0]
+    pos = t["token_source"].index(OBSERVATION)
+    t["loss_mask"][pos] = True
+    t["num_trainable_tokens"] += 1
+    root = write_log(tmp_path / "log", trajs)
+    plain = run("show", root, t["trajectory_id"], "--no-color", "--width", 300).output
+    assert f"!{t['token_ids'][pos]}⟨M101⟩" in plain
+    assert "= in the loss but not sampled by the policy" in plain and "⟨CODE⟩" in plain
+    policy_pos = t["token_source"].index(POLICY)
+    assert f"!{t['token_ids'][policy_pos]}" not in plain
+    colour = run("show", root, t["trajectory_id"], "--color", "--width", 300).output
+    assert "\x1b[1;37;41m" in colour  # bold white on red: stands out in a terminal too
+
+
+def test_show_decodes_the_reference_agent_fixture_without_a_tokenizer_option():
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "compliant"
+    import polars as pl
+
+    import rollout_audit as ra
+
+    tid = ra.scan(fixture).trajectories.select(pl.col("trajectory_id").first()).collect().item()
+    out = run("show", fixture, tid, "--no-color", "--width", 120).output
+    assert "declares (keydoor-words-v1-" in out and "<sys>" in out and "observation: " in out
