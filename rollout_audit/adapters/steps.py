@@ -36,7 +36,7 @@ class Call:
 
     prompt_ids: Sequence[int]
     completion_ids: Sequence[int]
-    logprobs: Sequence[float] | None
+    logprobs: Sequence[float | None] | None
     turn: dict[str, Any] = field(default_factory=dict)
     mask: Sequence[Any] | None = None  # the framework's loss mask on the sampled ids (None: all trained)
 

@@ -1,0 +1,33 @@
+"""rLLM adapter: `Episode.to_dict()` dumps audit clean with the not-run list docs/frameworks/rllm.md
+predicts; missing log-probs (rLLM's transform pads them with 0.0) are L201 on the trajectory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.adapterhelp import IDENTITY, documented_not_run, fails_naming, findings, records, report, same_after_convert
+from tests.adapterhelp import fixture as fx
+from tests.adapterhelp import without
+
+CONTEXT = [*IDENTITY, "temperature=0.7", "top_p=1.0"]
+
+
+def test_compliant_audits_clean_with_the_documented_not_run_list() -> None:
+    rep = report([fx("rllm", "compliant")], "rllm", CONTEXT)
+    assert rep["findings"] == []
+    assert {n["code"] for n in rep["not_run"]} == documented_not_run("rllm")
+
+
+def test_missing_logprobs_are_l201_on_the_trajectory() -> None:
+    rep = report([fx("rllm", "logprobs_missing")], "rllm", CONTEXT)
+    assert findings(rep) == [("L201", "task-7:1/solver", 1)]
+
+
+def test_convert_then_check_equals_check_from(tmp_path: Path) -> None:
+    same_after_convert("rllm", "logprobs_missing", CONTEXT, tmp_path)
+
+
+def test_missing_field_exits_2_naming_it(tmp_path: Path) -> None:
+    recs = records("rllm", "compliant")
+    bad = without(recs[0], ["trajectories", 0, "steps", 1, "model_output", "completion_ids"])
+    fails_naming("rllm", [bad, *recs[1:]], "completion_ids", tmp_path)
