@@ -5,9 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.adapterhelp import IDENTITY, documented_not_run, fails_naming, findings, records, report, same_after_convert
+from tests.adapterhelp import (
+    IDENTITY,
+    documented_not_run,
+    fails_naming,
+    findings,
+    records,
+    report,
+    same_after_convert,
+    without,
+)
 from tests.adapterhelp import fixture as fx
-from tests.adapterhelp import without
 
 CONTEXT = [*IDENTITY, "temperature=0.7", "top_p=1.0"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` lives at the repo root
 
-from benchmarks.tinylm import _Handler, _processed  # noqa: E402
+from benchmarks.tinylm import _Handler, _processed
 
 
 class _Sampler(_Handler):
