@@ -6,6 +6,7 @@ it samples (temperature / top-p through transformers' warpers, seeded), returns 
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 import threading
@@ -29,7 +30,7 @@ class _Sampler(_Handler):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         req = json.loads(body)
         if self.path.rstrip("/") != "/v1/completions" or req.get("prompt_logprobs") is not None:
-            self.rfile = _Replay(body)  # type: ignore[assignment]
+            self.rfile = io.BytesIO(body)  # the parent reads the body again
             self.headers.replace_header("Content-Length", str(len(body)))
             return super().do_POST()
         ids = list(req["prompt"])
@@ -58,16 +59,6 @@ class _Sampler(_Handler):
             "finish_reason": finish,
         }
         self._send(200, {"object": "text_completion", "model": self.name, "choices": [choice]})
-
-
-class _Replay:
-    """The already-read request body, readable again by the parent handler."""
-
-    def __init__(self, body: bytes) -> None:
-        self.body = body
-
-    def read(self, n: int) -> bytes:
-        return self.body[:n]
 
 
 def serve(model_dir: str, mode: str) -> tuple[ThreadingHTTPServer, str]:
