@@ -39,3 +39,7 @@ def test_missing_field_exits_2_naming_it(tmp_path: Path) -> None:
     recs = records("rllm", "compliant")
     bad = without(recs[0], ["trajectories", 0, "steps", 1, "model_output", "completion_ids"])
     fails_naming("rllm", [bad, *recs[1:]], "completion_ids", tmp_path)
+
+
+def test_records_of_the_wrong_shape_exit_2_in_one_line(tmp_path: Path) -> None:
+    fails_naming("rllm", [{"id": "t:0", "trajectories": 5}], "malformed record", tmp_path)

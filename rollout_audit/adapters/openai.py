@@ -19,7 +19,18 @@ import pyarrow as pa
 
 from .. import schema as S
 from .base import AdapterError, need
-from .steps import Call, engine_context, finish_reason, identity, identity_lacks, merge, option, stop_columns, table
+from .steps import (
+    Call,
+    engine_context,
+    finish_reason,
+    guarded,
+    identity,
+    identity_lacks,
+    merge,
+    option,
+    stop_columns,
+    table,
+)
 
 LACKS = {
     **identity_lacks(
@@ -125,6 +136,7 @@ def _episode(sid: str, pairs: list[dict], end: Mapping[str, Any], context: Mappi
     ]
 
 
+@guarded("openai")
 def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     """Contract trajectories from recorded OpenAI-compatible sessions."""
     rows: list[Mapping[str, Any]] = [

@@ -16,7 +16,18 @@ from typing import Any
 import pyarrow as pa
 
 from .base import AdapterError, need
-from .steps import Call, engine_context, finish_reason, identity, identity_lacks, merge, option, stop_columns, table
+from .steps import (
+    Call,
+    engine_context,
+    finish_reason,
+    guarded,
+    identity,
+    identity_lacks,
+    merge,
+    option,
+    stop_columns,
+    table,
+)
 
 # Episode.termination_reason (rllm/workflows/workflow.py TerminationReason) -> (flag, stop_reason);
 # env_done becomes success or failure by the episode's is_correct.
@@ -116,6 +127,7 @@ def _trajectories(episode: Mapping[str, Any], n: int, context: Mapping[str, Any]
     return out
 
 
+@guarded("rLLM")
 def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     """Contract trajectories from rLLM `Episode.to_dict()` records."""
     rows: list[Mapping[str, Any]] = [r for n, ep in enumerate(records) for r in _trajectories(ep, n, context)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,6 +112,25 @@ def merge(calls: Sequence[Call], where: str) -> list[Segment]:
             )
         seg.add(call.completion_ids, S.POLICY, recorded_logprobs(call, f"{where} call {n}"), call.mask)
     return segments
+
+
+def guarded(framework: str) -> Callable[[Callable[..., pa.Table]], Callable[..., pa.Table]]:
+    """A converter whose records of the wrong shape (a string where ids are, an object where a list is)
+    fail with one AdapterError line naming the framework, not an internal error."""
+
+    def wrap(fn: Callable[..., pa.Table]) -> Callable[..., pa.Table]:
+        def run(records: Any, **context: Any) -> pa.Table:
+            try:
+                return fn(records, **context)
+            except AdapterError:
+                raise
+            except (TypeError, ValueError, AttributeError, KeyError, IndexError, pa.ArrowException) as e:
+                raise AdapterError(f"{framework}: malformed record ({type(e).__name__}: {e})") from None
+
+        run.__doc__, run.__name__ = fn.__doc__, fn.__name__
+        return run
+
+    return wrap
 
 
 def context_sha256(ids: Sequence[int]) -> str:

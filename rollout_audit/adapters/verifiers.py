@@ -16,7 +16,18 @@ from typing import Any
 import pyarrow as pa
 
 from .base import AdapterError, need
-from .steps import Call, engine_context, finish_reason, identity, identity_lacks, merge, option, stop_columns, table
+from .steps import (
+    Call,
+    engine_context,
+    finish_reason,
+    guarded,
+    identity,
+    identity_lacks,
+    merge,
+    option,
+    stop_columns,
+    table,
+)
 
 # stop_condition (the name of the @vf.stop method that ended the rollout) -> (flag, stop_reason)
 STOP = {
@@ -132,6 +143,7 @@ def _trajectories(rollout: Mapping[str, Any], n: int, context: Mapping[str, Any]
     ]
 
 
+@guarded("verifiers")
 def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     """Contract trajectories from verifiers `RolloutOutput` records with a `trajectory`."""
     rows: list[Mapping[str, Any]] = [r for n, ro in enumerate(records) for r in _trajectories(ro, n, context)]
