@@ -77,7 +77,9 @@ def fails_naming(name: str, records: list[dict], field: str, tmp: Path) -> None:
     src.write_text("".join(json.dumps(r) + "\n" for r in records))
     res = cli("check", src, "--from", name)
     lines = res.stderr.strip().splitlines()
-    assert res.exit_code == 2 and len(lines) == 1 and (f"'{field}'" if field.isidentifier() else field) in lines[0], res.output + res.stderr
+    assert res.exit_code == 2 and len(lines) == 1 and (f"'{field}'" if field.isidentifier() else field) in lines[0], (
+        res.output + res.stderr
+    )
     assert "Traceback" not in res.output + res.stderr
 
 
