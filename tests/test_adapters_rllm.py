@@ -10,24 +10,24 @@ from tests.adapterhelp import (
     documented_not_run,
     fails_naming,
     findings,
+    fixture,
     records,
     report,
     same_after_convert,
     without,
 )
-from tests.adapterhelp import fixture as fx
 
 CONTEXT = [*IDENTITY, "temperature=0.7", "top_p=1.0"]
 
 
 def test_compliant_audits_clean_with_the_documented_not_run_list() -> None:
-    rep = report([fx("rllm", "compliant")], "rllm", CONTEXT)
+    rep = report([fixture("rllm", "compliant")], "rllm", CONTEXT)
     assert rep["findings"] == []
     assert {n["code"] for n in rep["not_run"]} == documented_not_run("rllm")
 
 
 def test_missing_logprobs_are_l201_on_the_trajectory() -> None:
-    rep = report([fx("rllm", "logprobs_missing")], "rllm", CONTEXT)
+    rep = report([fixture("rllm", "logprobs_missing")], "rllm", CONTEXT)
     assert findings(rep) == [("L201", "task-7:1/solver", 1)]
 
 

@@ -11,24 +11,30 @@ from tests.adapterhelp import (
     documented_not_run,
     fails_naming,
     findings,
+    fixture,
     records,
     report,
     same_after_convert,
     without,
 )
-from tests.adapterhelp import fixture as fx
 
 CONTEXT = [*IDENTITY, "policy_version=3"]
 
 
 def test_compliant_audits_clean_with_the_documented_not_run_list() -> None:
-    rep = report([fx("verifiers", "compliant")], "verifiers", CONTEXT)
+    rep = report([fixture("verifiers", "compliant")], "verifiers", CONTEXT)
     assert rep["findings"] == []
     assert {n["code"] for n in rep["not_run"]} == documented_not_run("verifiers")
 
 
+def test_v1_trace_audits_clean_without_an_engine_context() -> None:
+    rep = report([fixture("verifiers", "v1_compliant")], "verifiers", CONTEXT)
+    assert rep["findings"] == []
+    assert {n["code"] for n in rep["not_run"]} == documented_not_run("verifiers") | {"M105"}
+
+
 def test_missing_assistant_header_is_m105_on_the_turn() -> None:
-    rep = report([fx("verifiers", "assistant_header_missing")], "verifiers", CONTEXT)
+    rep = report([fixture("verifiers", "assistant_header_missing")], "verifiers", CONTEXT)
     assert findings(rep) == [("M105", "rollout-1", 1)]
 
 

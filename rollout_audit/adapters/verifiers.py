@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from . import verifiers_v1 as v1
 from .base import AdapterError, need
 from .steps import (
     Call,
@@ -38,6 +39,10 @@ STOP = {
     "no_tools_called": ("terminated", "end_of_sequence"),
 }
 
+CONTEXT_LACKS = (
+    "the engine's own prompt ids are not recorded (a legacy step's response without vLLM prompt_token_ids; "
+    "a v1 Trace keeps the tokens on its nodes, not the engine's context per call)"
+)
 LACKS = {
     **identity_lacks(
         "verifiers",
@@ -51,10 +56,8 @@ LACKS = {
     ),
     "turns.policy_version": "verifiers does not record the policy version that sampled a turn; "
     "pass --context policy_version=...",
-    "turns.context_length": "the step's response has no prompt_token_ids (the server did not return the "
-    "engine's prompt ids: vLLM return_token_ids)",
-    "turns.context_sha256": "the step's response has no prompt_token_ids (the server did not return the "
-    "engine's prompt ids: vLLM return_token_ids)",
+    "turns.context_length": CONTEXT_LACKS,
+    "turns.context_sha256": CONTEXT_LACKS,
     "turns.temperature": "the rollout has no sampling_args; pass --context temperature=...",
     "turns.top_p": "the rollout has no sampling_args; pass --context top_p=...",
     "turns.logprob": "verifiers records token log-probs, not a per-turn log-prob",
@@ -145,6 +148,10 @@ def _trajectories(rollout: Mapping[str, Any], n: int, context: Mapping[str, Any]
 
 @guarded("verifiers")
 def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
-    """Contract trajectories from verifiers `RolloutOutput` records with a `trajectory`."""
-    rows: list[Mapping[str, Any]] = [r for n, ro in enumerate(records) for r in _trajectories(ro, n, context)]
+    """Contract trajectories from verifiers `RolloutOutput` records with a `trajectory`, or v1 `Trace` records."""
+    rows: list[Mapping[str, Any]] = [
+        r
+        for n, ro in enumerate(records)
+        for r in (v1.trajectories(ro, n, context) if "nodes" in ro else _trajectories(ro, n, context))
+    ]
     return table(rows, LACKS, "verifiers")

@@ -80,8 +80,50 @@ def _rollout(n: int, reward: float, drop_header: bool = False) -> dict:
     }
 
 
+def _node(parent: int | None, role: str, ids: list[int], n_scaffold: int = 0, lps: list[float] | None = None) -> dict:
+    """A v1 MessageNode record: a sampled assistant node holds its generation prompt, then its completion."""
+    sampled = lps is not None
+    mask = [False] * n_scaffold + [True] * (len(ids) - n_scaffold) if sampled else [False] * len(ids)
+    return {"parent": parent, "message": {"role": role, "content": "text"}, "sampled": sampled, "token_ids": ids,
+            "mask": mask, "logprobs": lps or [], "finish_reason": None, "multi_modal_data": None}  # fmt: skip
+
+
+def _trace(n: int, reward: float) -> dict:
+    """A v1 Trace.to_record(): system, user, assistant (tool call), tool, assistant (answer)."""
+    a0, a1 = [50 + n, 51, 2], [60 + n, 61, 2]
+    nodes = [
+        _node(None, "system", [1, 32, 3, 20, 21, 2, 3]),
+        _node(0, "user", [1, 31, 3, 22, 23, 2, 3]),
+        _node(1, "assistant", HEADER + a0, 3, [-0.5, -0.25 - 0.01 * n, -0.125]),
+        _node(2, "tool", [3, 1, 33, 3, 40, 41, 2, 3]),
+        _node(3, "assistant", HEADER + a1, 3, [-0.75 - 0.01 * n, -0.375, -0.0625]),
+    ]
+    sampling = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 64}
+    calls = [{"node": k, "model": "policy", "sampling": sampling, "endpoint": "/chat/completions",
+              "finish_reason": f, "usage": None, "error": None} for k, f in ((2, "tool_calls"), (4, "stop"))]  # fmt: skip
+    return {
+        "version": 1,
+        "id": f"trace-{n}",
+        "verifiers": {"version": "0.2.0", "commit": None},
+        "task": {"type": "DoorTask", "data": {"question": "which door?"}, "key": "door-3", "hash": "5f1c"},
+        "agent": {"config": {}, "runtime": None, "name": "solver", "trainable": True},
+        "tools": [],
+        "nodes": nodes,
+        "calls": calls,
+        "mm_token_type_id_map": {},
+        "rewards": {"correct": {"score": reward, "weight": 1.0}},
+        "metrics": {"correct": reward},
+        "info": {},
+        "is_completed": True,
+        "ok": True,
+        "stop_condition": "agent_completed",
+        "errors": [],
+    }
+
+
 def cases() -> dict[str, list[dict]]:
     return {
+        "v1_compliant": [_trace(0, 1.0), _trace(1, 0.0)],
         "compliant": [_rollout(0, 1.0), _rollout(1, 0.0)],
         "assistant_header_missing": [_rollout(0, 1.0), _rollout(1, 0.0, drop_header=True)],
     }
