@@ -95,3 +95,16 @@ def test_convert_then_check_equals_check_from(tmp_path: Path) -> None:
 def test_missing_prompt_token_ids_exits_2_naming_it(tmp_path: Path) -> None:
     recs = records("openai", "compliant")
     fails_naming("openai", [without(recs[0], ["response", "prompt_token_ids"])], "prompt_token_ids", tmp_path)
+
+
+def test_what_the_server_cannot_know_comes_from_the_context() -> None:
+    pairs = [r for r in records("openai", "compliant") if "end" not in r]
+    declared = json.loads(adapter.to_contract(pairs).schema.metadata[b"rollout_log.not_recorded"])
+    assert {"stop_reason", "reward", "turns.policy_version"} <= set(declared)
+    row = adapter.to_contract(pairs, stop_reason="failure", reward="0.5", policy_version="2").to_pylist()[0]
+    assert (row["stop_reason"], row["terminated"], row["reward"], row["turns"][0]["policy_version"]) == (
+        "failure",
+        True,
+        0.5,
+        2,
+    )

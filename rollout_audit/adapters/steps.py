@@ -26,6 +26,10 @@ _TYPES: dict[str, type] = {
     "temperature": float,
     "top_p": float,
     "gamma": float,
+    "reward": float,
+    "stop_reason": str,
+    "task_id": str,
+    "group_id": str,
 }
 
 
