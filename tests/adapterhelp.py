@@ -1,11 +1,14 @@
 """Helpers shared by the adapter tests: the committed framework fixtures, auditing them after
-conversion, the not-run list a framework's doc page predicts, and the CLI."""
+conversion, the not-run list a framework's doc page predicts, the CLI as a user runs it
+(`check --from`, `convert`), and records with a required field removed."""
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner, Result
 
@@ -39,9 +42,9 @@ def audit(name: str, case: str, **cfg) -> ra.Report:
 
 
 def documented_not_run(name: str) -> set[str]:
-    """The codes docs/frameworks/<name>.md lists under its "Not run" heading."""
+    """The codes docs/frameworks/<name>.md lists under its "Not run …" or "Checks not run" heading."""
     text = (ROOT / "docs" / "frameworks" / f"{name}.md").read_text()
-    section = text.split("## Not run", 1)[1].split("\n## ", 1)[0]
+    section = re.split(r"^## (?:Checks not run|Not run)", text, maxsplit=1, flags=re.M)[1].split("\n## ", 1)[0]
     return set(re.findall(r"`([A-Z]\d{3})`", section))
 
 
@@ -71,16 +74,81 @@ def convert_then_check_equals_check_from(name: str, case: str, tmp_path: Path, *
     return findings(direct)
 
 
-def missing_field_exits_2(name: str, case: str, field: str, tmp_path: Path) -> str:
-    """`check --from` on the fixture with `field` removed from its second record: exit 2 and one
-    line on stderr, no traceback; returns that line."""
+_MISSING = object()
+
+
+def missing_field_exits_2(name: str, case: str, field: str, tmp_path: Path, value: object = _MISSING) -> str:
+    """`check --from` on the fixture with `field` of its second record removed (or set to `value`):
+    exit 2 and one line on stderr naming the field, no traceback; returns that line."""
     recs = read_dump(fixture(name, case))
-    del recs[1][field]
+    if value is _MISSING:
+        del recs[1][field]
+    else:
+        recs[1][field] = value
     bad = tmp_path / "dump.jsonl"
     bad.write_text("".join(json.dumps(r) + "\n" for r in recs))
     result = cli("check", "--from", name, bad, *context_args())
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and field in lines[0], result.stderr
+    assert len(lines) == 1 and field in lines[0] and "internal error" not in lines[0], result.stderr
     return lines[0]
+
+
+# ---------------------------------------------------------------- JSON reports of the CLI
+
+IDENTITY = ["environment_id=doors", "environment_version=v1", "verifier_version=v1", "reset_seed=0"]
+
+
+def opts(context: list[str]) -> list[str]:
+    return [x for kv in context for x in ("--context", kv)]
+
+
+def report(paths: list[Any], name: str | None, context: list[str]) -> dict:
+    """The JSON report of `check` (converting with --from NAME when given)."""
+    frm = ["--from", name, *opts(context)] if name else []
+    res = cli("check", *paths, *frm, "--format", "json")
+    assert res.exit_code in (0, 1), res.output + res.stderr
+    return json.loads(res.output)
+
+
+def finding_keys(rep: dict) -> list[tuple[str, str | None, int | None]]:
+    """(code, trajectory, turn) of each finding, sorted."""
+    return sorted((f["code"], f["trajectory_id"], f["turn"]) for f in rep["findings"])
+
+
+def same_after_convert(name: str, case: str, context: list[str], tmp: Path) -> None:
+    """`convert` then `check` gives the findings and not-run list of `check --from`."""
+    out = tmp / "log"
+    res = cli("convert", "--from", name, fixture(name, case), out, *opts(context))
+    assert res.exit_code == 0, res.output + res.stderr
+    direct, converted = report([fixture(name, case)], name, context), report([out], None, [])
+    assert finding_keys(direct) == finding_keys(converted)
+    assert direct["not_run"] == converted["not_run"]
+
+
+def without(record: dict, path: list[Any]) -> dict:
+    """A deep copy of `record` with the field at `path` (keys and indices) removed."""
+    rec = copy.deepcopy(record)
+    node = rec
+    for key in path[:-1]:
+        node = node[key]
+    del node[path[-1]]
+    return rec
+
+
+def fails_naming(name: str, records: list[dict], field: str, tmp: Path) -> None:
+    """`check --from` on the records exits 2 with one line naming the field (or saying `field`
+    when it is not an identifier), no traceback."""
+    src = tmp / "dump.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+    res = cli("check", src, "--from", name)
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and (f"'{field}'" if field.isidentifier() else field) in lines[0], (
+        res.output + res.stderr
+    )
+    assert "Traceback" not in res.output + res.stderr
+
+
+def records(name: str, case: str) -> list[dict]:
+    return [json.loads(x) for x in fixture(name, case).read_text().splitlines()]

@@ -1,0 +1,145 @@
+"""OpenAI-compatible servers (vLLM, SGLang): a session's request/response pairs to contract trajectories.
+
+Records are lines `{"session", "turn", "endpoint", "request", "response", "logprobs_mode"}` as
+`rollout_audit.integrations.openai.SessionRecorder` writes them, plus an optional `{"session", "end": {…}}`.
+One session is one episode, one request one turn: the response's `prompt_token_ids` (vLLM
+`return_token_ids`; top level for chat, per choice for completions) is the engine's context,
+`choices[0].token_ids` the sampled ids, `choices[0].logprobs` their log-probs (chat `content[].logprob`,
+completions `token_logprobs`), `finish_reason` the engine's stop, the request's `temperature` / `top_p`
+the decoding parameters. The numbers are carried as the server returned them: vLLM V1 returns raw
+log-probs unless started with `--logprobs-mode processed_logprobs` (L206 with replay tells them apart).
+The stop cause, reward and policy version come from the `end` record or the context options."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from .. import schema as S
+from .base import AdapterError, need
+from .steps import (
+    Call,
+    engine_context,
+    finish_reason,
+    guarded,
+    identity,
+    identity_lacks,
+    merge,
+    option,
+    stop_columns,
+    table,
+)
+
+LACKS = {
+    **identity_lacks(
+        "an OpenAI-compatible server",
+        {
+            "environment_id": "the environment",
+            "environment_version": "the environment version",
+            "verifier_version": "the verifier version",
+            "reset_seed": "a reset seed",
+            "tokenizer_id": "the tokenizer identity",
+        },
+    ),
+    "stop_reason": "an OpenAI-compatible server does not know why the episode ended; record it with "
+    "SessionRecorder.end(stop_reason=...) or pass --context stop_reason=...",
+    "terminated": "the episode's stop cause was not recorded (SessionRecorder.end(stop_reason=...))",
+    "truncated": "the episode's stop cause was not recorded (SessionRecorder.end(stop_reason=...))",
+    "infra_error": "the episode's stop cause was not recorded (SessionRecorder.end(stop_reason=...))",
+    "reward": "an OpenAI-compatible server records no reward; SessionRecorder.end(reward=...) or --context reward=...",
+    "turns.policy_version": "an OpenAI-compatible server does not say which weights answered; "
+    "SessionRecorder.end(policy_version=...) or --context policy_version=...",
+    "turns.temperature": "the requests did not set temperature (the server's default is not in the response)",
+    "turns.top_p": "the requests did not set top_p (the server's default is not in the response)",
+    "turns.logprob": "the server returns token log-probs, not a per-turn log-prob",
+    "turns.num_policy_tokens": "the server does not count policy tokens per turn",
+    "num_trainable_tokens": "the server does not count trainable tokens",
+    "verifier_success": "an OpenAI-compatible server records no verdict",
+    "initial_state_checksum": "an OpenAI-compatible server does not see environment state",
+}
+END_FIELDS = ("reward", "policy_version", "stop_reason", "task_id", "group_id")
+
+
+def _logprobs(choice: Mapping[str, Any]) -> list[float | None] | None:
+    """The sampled tokens' log-probs of a choice (chat or completions format); None when absent."""
+    lp = choice.get("logprobs")
+    if not isinstance(lp, Mapping):
+        return None
+    if isinstance(lp.get("content"), list):
+        return [e.get("logprob") if isinstance(e, Mapping) else None for e in lp["content"]]
+    if isinstance(lp.get("token_logprobs"), list):
+        return list(lp["token_logprobs"])
+    return None
+
+
+def _call(line: Mapping[str, Any], where: str, version: int | None) -> Call:
+    """One request/response pair as an engine call."""
+    request, response = need(line, "request", where), need(line, "response", where)
+    if not isinstance(request, Mapping) or not isinstance(response, Mapping):
+        raise AdapterError(f"{where}: request and response must be objects")
+    choices = need(response, "choices", f"{where}.response")
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], Mapping):
+        raise AdapterError(f"{where}: expected exactly one choice (n=1), found {len(choices or [])}")
+    choice = choices[0]
+    prompt = response.get("prompt_token_ids", choice.get("prompt_token_ids"))
+    if prompt is None:
+        raise AdapterError(f"{where}.response: missing field 'prompt_token_ids' (request return_token_ids)")
+    sampled = need(choice, "token_ids", f"{where}.response.choices[0]")
+    turn = {
+        "finish_reason": finish_reason(choice.get("finish_reason")),
+        "sampled_token_ids": list(sampled),
+        "action_text": choice.get("text") or (choice.get("message") or {}).get("content"),
+        **engine_context(prompt),
+        **{k: option(request, k) for k in ("temperature", "top_p") if request.get(k) is not None},
+        **({"policy_version": version} if version is not None else {}),
+    }
+    return Call(prompt, sampled, _logprobs(choice), turn)
+
+
+def _sessions(records: Iterable[dict]) -> dict[str, tuple[list[dict], dict[str, Any]]]:
+    """Pairs and end record of each session, in the order first seen."""
+    out: dict[str, tuple[list[dict], dict[str, Any]]] = {}
+    for n, rec in enumerate(records):
+        sid = str(need(rec, "session", f"record {n}"))
+        pairs, end = out.setdefault(sid, ([], {}))
+        if "end" in rec:
+            if not isinstance(rec["end"], Mapping):
+                raise AdapterError(f"record {n}: end is not an object")
+            end.update({k: option(rec["end"], k) for k in END_FIELDS if rec["end"].get(k) is not None})
+        else:
+            pairs.append(rec)
+    return out
+
+
+def _episode(sid: str, pairs: list[dict], end: Mapping[str, Any], context: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Contract records of one session."""
+    version = end.get("policy_version", option(context, "policy_version"))
+    calls = [_call(p, f"session {sid} record {k}", version) for k, p in enumerate(pairs)]
+    segments = merge(calls, f"session {sid}")
+    stop = end.get("stop_reason", option(context, "stop_reason"))
+    reward = end.get("reward", option(context, "reward"))
+    extra: dict[str, Any] = {} if stop is None else stop_columns(S.stop_reasons().get(stop), stop)
+    extra |= {} if reward is None else {"reward": reward}
+    group = end.get("group_id", option(context, "group_id"))
+    return [
+        {
+            "trajectory_id": sid + (f"#{j}" if len(segments) > 1 else ""),
+            "task_id": end.get("task_id", option(context, "task_id") or sid),
+            **({"group_id": group} if group is not None else {}),
+            **identity(context),
+            **seg.columns(),
+            **extra,
+        }
+        for j, seg in enumerate(segments)
+    ]
+
+
+@guarded("openai")
+def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
+    """Contract trajectories from recorded OpenAI-compatible sessions."""
+    rows: list[Mapping[str, Any]] = [
+        r for sid, (pairs, end) in _sessions(records).items() for r in _episode(sid, pairs, end, context)
+    ]
+    return table(rows, LACKS, "openai")

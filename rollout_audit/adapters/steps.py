@@ -1,0 +1,201 @@
+"""What the step-based adapters (rLLM, verifiers, OpenAI-compatible logs) share: merging a
+trajectory's engine calls into the trainer's cumulative sequence, the engine-context hash,
+typed context options, and a contract table that names what the framework does not record."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .. import schema as S
+from ..records import records_to_table
+from .base import AdapterError
+
+FINISH_REASONS = frozenset(S.contract()["finish_reasons"])
+FLAGS = ("terminated", "truncated", "infra_error")
+IDENTITY = ("environment_id", "environment_version", "verifier_version", "reset_seed", "tokenizer_id")
+_TYPES: dict[str, type] = {
+    "reset_seed": int,
+    "policy_version": int,
+    "temperature": float,
+    "top_p": float,
+    "gamma": float,
+    "reward": float,
+    "stop_reason": str,
+    "task_id": str,
+    "group_id": str,
+}
+
+
+@dataclass
+class Call:
+    """One engine call of a trajectory: the ids it was given, the ids it returned, their log-probs
+    (None when not recorded; a shorter list leaves the tail unrecorded) and the turn's fields."""
+
+    prompt_ids: Sequence[int]
+    completion_ids: Sequence[int]
+    logprobs: Sequence[float | None] | None
+    turn: dict[str, Any] = field(default_factory=dict)
+    mask: Sequence[Any] | None = None  # the framework's loss mask on the sampled ids (None: all trained)
+
+
+@dataclass
+class Segment:
+    """The trainer's sequence for a run of prefix-extending calls, in contract columns."""
+
+    token_ids: list[int] = field(default_factory=list)
+    token_source: list[int] = field(default_factory=list)
+    behavior_logprobs: list[float | None] = field(default_factory=list)
+    token_turn: list[int] = field(default_factory=list)
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    loss_mask: list[bool] = field(default_factory=list)
+
+    def add(
+        self,
+        ids: Sequence[int],
+        source: int,
+        lps: Sequence[float | None] | None = None,
+        mask: Sequence[Any] | None = None,
+    ) -> None:
+        """Append tokens of one source to the sequence (log-probs null unless given; trained when
+        sampled by the policy, unless the framework's mask says otherwise)."""
+        turn = len(self.turns) - 1
+        self.token_ids += [int(i) for i in ids]
+        self.token_source += [source] * len(ids)
+        self.loss_mask += [bool(m) for m in mask] if mask is not None else [source == S.POLICY] * len(ids)
+        self.behavior_logprobs += list(lps) if lps is not None else [None] * len(ids)
+        self.token_turn += [turn] * len(ids)
+
+    def columns(self) -> dict[str, Any]:
+        """The token-level and turn columns."""
+        return {
+            "token_ids": self.token_ids,
+            "token_source": self.token_source,
+            "loss_mask": self.loss_mask,
+            "behavior_logprobs": self.behavior_logprobs,
+            "token_turn": self.token_turn,
+            "turns": self.turns,
+        }
+
+
+def recorded_logprobs(call: Call, where: str) -> list[float | None]:
+    """The call's log-probs aligned with its sampled ids: null where none was recorded (rLLM's trainer
+    pads a short list with 0.0, which is not a log-prob); a longer list cannot be aligned."""
+    n = len(call.completion_ids)
+    lps = [None if v is None else float(v) for v in (call.logprobs or [])]
+    if len(lps) > n:
+        raise AdapterError(f"{where}: {len(lps)} log-probs for {n} sampled tokens")
+    return lps + [None] * (n - len(lps))
+
+
+def merge(calls: Sequence[Call], where: str) -> list[Segment]:
+    """Cumulative merge as rLLM's and prime-rl's trainers do it: a call whose prompt extends the running
+    sequence adds its new prompt tokens (observation, source 3) and its sampled ids (policy, source 2);
+    any other call starts a new segment whose prompt is user context (source 1)."""
+    segments: list[Segment] = []
+    seg: Segment | None = None
+    for n, call in enumerate(calls):
+        prompt = [int(i) for i in call.prompt_ids]
+        if seg is not None and prompt[: len(seg.token_ids)] == seg.token_ids:
+            delta, source = prompt[len(seg.token_ids) :], 3
+        else:
+            seg = Segment()
+            segments.append(seg)
+            delta, source = prompt, 1
+        seg.add(delta, source)  # tagged with the previous turn (-1 before the first)
+        seg.turns.append({"turn_id": len(seg.turns), **call.turn})
+        if call.mask is not None and len(call.mask) != len(call.completion_ids):
+            raise AdapterError(
+                f"{where} call {n}: a mask of {len(call.mask)} for {len(call.completion_ids)} sampled ids"
+            )
+        seg.add(call.completion_ids, S.POLICY, recorded_logprobs(call, f"{where} call {n}"), call.mask)
+    return segments
+
+
+def guarded(framework: str) -> Callable[[Callable[..., pa.Table]], Callable[..., pa.Table]]:
+    """A converter whose records of the wrong shape (a string where ids are, an object where a list is)
+    fail with one AdapterError line naming the framework, not an internal error."""
+
+    def wrap(fn: Callable[..., pa.Table]) -> Callable[..., pa.Table]:
+        def run(records: Any, **context: Any) -> pa.Table:
+            try:
+                return fn(records, **context)
+            except AdapterError:
+                raise
+            except (TypeError, ValueError, AttributeError, KeyError, IndexError, pa.ArrowException) as e:
+                raise AdapterError(f"{framework}: malformed record ({type(e).__name__}: {e})") from None
+
+        run.__doc__, run.__name__ = fn.__doc__, fn.__name__
+        return run
+
+    return wrap
+
+
+def context_sha256(ids: Sequence[int]) -> str:
+    """Hex SHA-256 of token ids as little-endian int32 bytes (the contract's context hash)."""
+    return hashlib.sha256(np.asarray(list(ids), dtype="<i4").tobytes()).hexdigest()
+
+
+def engine_context(ids: Sequence[int] | None) -> dict[str, Any]:
+    """Turn fields describing the context the engine was given (empty when not recorded)."""
+    if ids is None:
+        return {}
+    return {"context_length": len(ids), "context_sha256": context_sha256(ids)}
+
+
+def finish_reason(value: Any) -> str | None:
+    """The engine's finish reason when it is one the contract knows; null otherwise (not guessed)."""
+    return value if isinstance(value, str) and value in FINISH_REASONS else None
+
+
+def option(context: Mapping[str, Any], key: str) -> Any:
+    """A context option in its contract type (CLI values arrive as strings); None when not given."""
+    value = context.get(key)
+    if value is None or key not in _TYPES:
+        return value
+    try:
+        return _TYPES[key](value)
+    except (TypeError, ValueError):
+        raise AdapterError(f"context {key}={value!r} is not a {_TYPES[key].__name__}") from None
+
+
+def identity(context: Mapping[str, Any]) -> dict[str, Any]:
+    """Environment, verifier and tokenizer identity from the context: only the keys given."""
+    return {k: option(context, k) for k in IDENTITY if context.get(k) is not None}
+
+
+def stop_columns(flag: str | None, stop_reason: str) -> dict[str, Any]:
+    """The three stop flags (only `flag` true; none when the framework did not say) and stop_reason."""
+    return {f: f == flag for f in FLAGS} | {"stop_reason": stop_reason}
+
+
+def identity_lacks(framework: str, what: Mapping[str, str]) -> dict[str, str]:
+    """Why identity columns may be absent: the framework does not record them (`what` names each as the
+    framework would), and the context option that supplies it."""
+    return {k: f"{framework} does not record {w}; pass --context {k}=..." for k, w in what.items()}
+
+
+def table(records: list[Mapping[str, Any]], lacks: Mapping[str, str], framework: str) -> pa.Table:
+    """Contract 1.1 trajectories whose metadata names each column (or turns.field) the records lack,
+    with why, so the checks needing it are reported as not run with that reason."""
+    if not records:
+        raise AdapterError(f"{framework}: no trajectories in the records")
+    t = records_to_table(records)
+    turn_fields = {f.name for f in t.schema.field("turns").type.value_type}
+    absent = {
+        k: v
+        for k, v in lacks.items()
+        if (k[6:] not in turn_fields if k.startswith("turns.") else k not in t.schema.names)
+    }
+    meta = {
+        S.META_VERSION: S.CONTRACT_VERSION.encode(),
+        S.META_KIND: b"trajectories",
+        S.META_NOT_RECORDED: json.dumps(absent, sort_keys=True).encode(),
+    }
+    return t.replace_schema_metadata(meta)

@@ -1,0 +1,117 @@
+"""verifiers v1: a `Trace.to_record()` (verifiers/v1/trace.py, nodes in v1/graph.py) to contract records.
+
+Each root-to-leaf path of the message graph (a `Branch`, one training sample) is one trajectory: the
+nodes' `token_ids` concatenated, `mask` the loss mask (the sampled completion span of an assistant
+node), `logprobs` on the masked positions (a short list leaves the rest null: `Branch.spread` pads it
+with 0.0). Provenance by node: masked tokens policy, the rest of a sampled node template (the generation
+prompt), system 0, user 1, tool 3, prompt-supplied assistant messages 1. Each sampled node is a turn,
+with its `ModelCall` (`calls[].node`) giving `sampling` and `finish_reason`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .. import schema as S
+from .base import AdapterError, need
+from .steps import Call, Segment, finish_reason, identity, option, recorded_logprobs, stop_columns
+
+ROLE_SOURCE = {"system": 0, "user": 1, "tool": 3, "assistant": 1}
+STOP = {
+    "max_turns": ("truncated", "max_turns"),
+    "max_input_tokens": ("truncated", "max_tokens"),
+    "max_output_tokens": ("truncated", "max_tokens"),
+    "max_total_tokens": ("truncated", "max_tokens"),
+    "compaction_failed": ("truncated", "max_tokens"),
+    "error": ("infra_error", "env_error"),
+    "agent_completed": ("terminated", "end_of_sequence"),  # the harness program exited on its own
+}
+
+
+def _paths(nodes: Sequence[Mapping[str, Any]]) -> list[list[int]]:
+    """Root-to-leaf node indices of every leaf (a node no other node names as parent)."""
+    parents = {n.get("parent") for n in nodes}
+    out: list[list[int]] = []
+    for leaf in (i for i in range(len(nodes)) if i not in parents):
+        path: list[int] = []
+        seen: set[int] = set()
+        nid: Any = leaf
+        while nid is not None:
+            if not isinstance(nid, int) or not 0 <= nid < len(nodes) or nid in seen:
+                raise AdapterError(f"node {leaf}: parent chain broken at {nid!r}")
+            seen.add(nid)
+            path.append(nid)
+            nid = nodes[nid].get("parent")
+        out.append(path[::-1])
+    return out
+
+
+def _stop(trace: Mapping[str, Any]) -> dict[str, Any]:
+    """Flags and stop_reason from stop_condition (and `Trace.is_truncated`'s rule: the last error-free
+    call finished by length); another condition is kept by name (T302 asks to declare it)."""
+    cond = trace.get("stop_condition")
+    calls = [c for c in trace.get("calls") or [] if isinstance(c, Mapping) and c.get("error") is None]
+    flag: str | None
+    if cond in STOP:
+        flag, stop = STOP[cond]
+    elif calls and calls[-1].get("finish_reason") == "length":
+        flag, stop = "truncated", "max_tokens"
+    else:
+        flag, stop = "terminated", str(cond or "unknown")
+    return stop_columns(flag, stop)
+
+
+def _reward(trace: Mapping[str, Any]) -> float | None:
+    """`Trace.reward`: Σ score × weight of the rewards scored; null when none was (scoring did not run)."""
+    scored = [r for r in (trace.get("rewards") or {}).values() if isinstance(r, Mapping)]
+    return sum(float(r["score"]) * float(r.get("weight", 1.0)) for r in scored) if scored else None
+
+
+def _segment(trace: Mapping[str, Any], path: list[int], where: str, context: Mapping[str, Any]) -> Segment:
+    """The branch's sequence, provenance, mask, log-probs and turns."""
+    nodes, seg = trace["nodes"], Segment()
+    calls = {c.get("node"): c for c in trace.get("calls") or [] if isinstance(c, Mapping)}
+    for nid in path:
+        node, at = nodes[nid], f"{where} node {nid}"
+        ids, mask = need(node, "token_ids", at), [bool(m) for m in need(node, "mask", at)]
+        if len(mask) != len(ids):
+            raise AdapterError(f"{at}: a mask of {len(mask)} for {len(ids)} token ids")
+        role = str((node.get("message") or {}).get("role"))
+        if not node.get("sampled"):
+            seg.add(ids, ROLE_SOURCE.get(role, 1), mask=mask)
+            continue
+        sampled = [i for i, m in zip(ids, mask) if m]
+        call = calls.get(nid) or {}
+        sampling = call.get("sampling") or {}
+        turn = {"turn_id": len(seg.turns), "sampled_token_ids": sampled}
+        turn["finish_reason"] = finish_reason(node.get("finish_reason") or call.get("finish_reason"))
+        turn |= {k: option(sampling, k) for k in ("temperature", "top_p") if sampling.get(k) is not None}
+        turn |= {k: option(context, k) for k in ("temperature", "top_p", "policy_version") if k not in turn}
+        start = mask.index(True) if True in mask else len(ids)
+        seg.add(ids[:start], 4)  # the generation prompt: template, before the turn's sampled span
+        seg.turns.append({k: v for k, v in turn.items() if v is not None})
+        lps = iter(recorded_logprobs(Call([], sampled, node.get("logprobs")), at))
+        for i, m in zip(ids[start:], mask[start:]):
+            seg.add([i], S.POLICY if m else 4, [next(lps)] if m else None, [m])
+    return seg
+
+
+def trajectories(trace: Mapping[str, Any], n: int, context: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Contract records of one v1 trace: one per branch."""
+    tid = str(trace.get("id") or f"trace-{n}")
+    task = trace.get("task") or {}
+    key = str(task.get("key") or task.get("hash") or tid)
+    paths = _paths(need(trace, "nodes", f"trace {tid}"))
+    stop, reward = _stop(trace), _reward(trace)
+    return [
+        {
+            "trajectory_id": tid + (f"#{j}" if len(paths) > 1 else ""),
+            "task_id": key,
+            "group_id": key,
+            **identity(context),
+            **_segment(trace, path, f"trace {tid}", context).columns(),
+            **stop,
+            "reward": reward,
+        }
+        for j, path in enumerate(paths)
+    ]

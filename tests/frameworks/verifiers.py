@@ -1,0 +1,129 @@
+"""verifiers fixtures: `RolloutOutput` rows with their `trajectory` of `TrajectoryStep`s (verifiers/types.py:
+tokens = TrajectoryStepTokens, response = the server's chat completion with vLLM `prompt_token_ids` /
+`token_ids`), ChatML-style ids: 1 <|im_start|>, 2 <|im_end|>, 3 newline, 30 assistant, 31 user, 32 system."""
+
+from __future__ import annotations
+
+HEADER = [1, 30, 3]  # <|im_start|>assistant\n: the generation prompt
+P0 = [1, 32, 3, 20, 21, 2, 3, 1, 31, 3, 22, 23, 24, 2, 3, *HEADER]
+USER2 = [3, 1, 31, 3, 25, 26, 2, 3]  # the environment's next user message
+
+
+def _response(prompt: list[int], ids: list[int], lps: list[float], finish: str) -> dict:
+    """The server's chat completion as verifiers stores it in TrajectoryStep.response."""
+    return {
+        "id": "chatcmpl-0",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "policy",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "answer"},
+                "finish_reason": finish,
+                "logprobs": {"content": [{"token": f"token_id:{i}", "logprob": lp} for i, lp in zip(ids, lps)]},
+                "token_ids": ids,
+            }
+        ],
+        "prompt_token_ids": prompt,
+        "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids)},
+    }
+
+
+def _step(stored_prompt: list[int], engine_prompt: list[int], ids: list[int], lps: list[float], finish: str) -> dict:
+    """A TrajectoryStep: the tokens verifiers stored for training and the raw response."""
+    return {
+        "prompt": [{"role": "user", "content": "q"}],
+        "completion": [{"role": "assistant", "content": "answer"}],
+        "response": _response(engine_prompt, ids, lps, finish),
+        "tokens": {
+            "prompt_ids": stored_prompt,
+            "prompt_mask": [0] * len(stored_prompt),
+            "completion_ids": ids,
+            "completion_mask": [1] * len(ids),
+            "completion_logprobs": lps,
+            "overlong_prompt": False,
+            "is_truncated": False,
+        },
+        "reward": None,
+        "advantage": None,
+        "is_truncated": False,
+        "trajectory_id": "",
+        "extras": {},
+    }
+
+
+def _rollout(n: int, reward: float, drop_header: bool = False) -> dict:
+    """A two-turn rollout; with drop_header the second step's stored prompt lacks the assistant header
+    the server rendered (PrimeIntellect-ai/verifiers#476: token_prefix_with_turn without add_generation_prompt)."""
+    a0, a1 = [50 + n, 51, 52, 2], [60 + n, 61, 2]
+    lp0, lp1 = [-0.5, -0.25 - 0.01 * n, -0.125, -0.0625], [-0.75 - 0.01 * n, -0.375, -0.03125]
+    engine1 = P0 + a0 + USER2 + HEADER
+    stored1 = P0 + a0 + USER2 + ([] if drop_header else HEADER)
+    return {
+        "example_id": 4,
+        "task": "doors",
+        "trajectory_id": f"rollout-{n}",
+        "prompt": [{"role": "user", "content": "q"}],
+        "completion": [{"role": "assistant", "content": "answer"}],
+        "answer": "red",
+        "info": {},
+        "reward": reward,
+        "timing": {"generation_ms": 10.0, "scoring_ms": 1.0, "total_ms": 11.0},
+        "is_completed": True,
+        "is_truncated": False,
+        "metrics": {"correct": reward},
+        "error": None,
+        "stop_condition": "no_tools_called",
+        "sampling_args": {"temperature": 0.7, "top_p": 1.0, "max_tokens": 64},
+        "trajectory": [_step(P0, P0, a0, lp0, "tool_calls"), _step(stored1, engine1, a1, lp1, "stop")],
+    }
+
+
+def _node(parent: int | None, role: str, ids: list[int], n_scaffold: int = 0, lps: list[float] | None = None) -> dict:
+    """A v1 MessageNode record: a sampled assistant node holds its generation prompt, then its completion."""
+    sampled = lps is not None
+    mask = [False] * n_scaffold + [True] * (len(ids) - n_scaffold) if sampled else [False] * len(ids)
+    return {"parent": parent, "message": {"role": role, "content": "text"}, "sampled": sampled, "token_ids": ids,
+            "mask": mask, "logprobs": lps or [], "finish_reason": None, "multi_modal_data": None}  # fmt: skip
+
+
+def _trace(n: int, reward: float) -> dict:
+    """A v1 Trace.to_record(): system, user, assistant (tool call), tool, assistant (answer)."""
+    a0, a1 = [50 + n, 51, 2], [60 + n, 61, 2]
+    nodes = [
+        _node(None, "system", [1, 32, 3, 20, 21, 2, 3]),
+        _node(0, "user", [1, 31, 3, 22, 23, 2, 3]),
+        _node(1, "assistant", HEADER + a0, 3, [-0.5, -0.25 - 0.01 * n, -0.125]),
+        _node(2, "tool", [3, 1, 33, 3, 40, 41, 2, 3]),
+        _node(3, "assistant", HEADER + a1, 3, [-0.75 - 0.01 * n, -0.375, -0.0625]),
+    ]
+    sampling = {"temperature": 0.7, "top_p": 1.0, "max_tokens": 64}
+    calls = [{"node": k, "model": "policy", "sampling": sampling, "endpoint": "/chat/completions",
+              "finish_reason": f, "usage": None, "error": None} for k, f in ((2, "tool_calls"), (4, "stop"))]  # fmt: skip
+    return {
+        "version": 1,
+        "id": f"trace-{n}",
+        "verifiers": {"version": "0.2.0", "commit": None},
+        "task": {"type": "DoorTask", "data": {"question": "which door?"}, "key": "door-3", "hash": "5f1c"},
+        "agent": {"config": {}, "runtime": None, "name": "solver", "trainable": True},
+        "tools": [],
+        "nodes": nodes,
+        "calls": calls,
+        "mm_token_type_id_map": {},
+        "rewards": {"correct": {"score": reward, "weight": 1.0}},
+        "metrics": {"correct": reward},
+        "info": {},
+        "is_completed": True,
+        "ok": True,
+        "stop_condition": "agent_completed",
+        "errors": [],
+    }
+
+
+def cases() -> dict[str, list[dict]]:
+    return {
+        "v1_compliant": [_trace(0, 1.0), _trace(1, 0.0)],
+        "compliant": [_rollout(0, 1.0), _rollout(1, 0.0)],
+        "assistant_header_missing": [_rollout(0, 1.0), _rollout(1, 0.0, drop_header=True)],
+    }

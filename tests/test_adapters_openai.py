@@ -1,0 +1,110 @@
+"""OpenAI-compatible adapter and SessionRecorder: sessions recorded from a real server on loopback (a tiny
+GPT-2 sampling at temperature 0.7) convert and audit; raw log-probs (vLLM V1's default mode) are L206
+under replay against the same server, processed ones are not. The chat-format fixture audits clean with
+the not-run list docs/frameworks/openai.md predicts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import rollout_audit as ra
+from rollout_audit.adapters import openai as adapter
+from rollout_audit.adapters.base import read_dump
+from rollout_audit.config import Config
+from rollout_audit.integrations.openai import SessionRecorder
+from tests.adapterhelp import (
+    IDENTITY,
+    cli,
+    documented_not_run,
+    fails_naming,
+    finding_keys,
+    fixture,
+    opts,
+    records,
+    report,
+    same_after_convert,
+    without,
+)
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+REPLAY = ["L205", "L206"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from benchmarks.tinylm import build
+
+    torch.set_num_threads(1)
+    return build(tmp_path_factory.mktemp("tinylm"), versions=1)["0"]
+
+
+def _record(model_dir: str, mode: str, path: Path, sessions: int = 6) -> str:
+    """An agent loop (token in, token out) against a server in `mode`; returns the server's URL."""
+    from transformers import AutoTokenizer
+
+    from tests.tinyserver import serve
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    prompt, obs = tok("you are an agent in a room")["input_ids"], tok("<obs> the door is stuck </obs>")["input_ids"]
+    server, url = serve(model_dir, mode)
+    for n in range(sessions):
+        rec = SessionRecorder(url, path, f"s{n}", logprobs_mode=mode)
+        first = rec.complete(prompt, temperature=0.7, top_p=1.0, max_tokens=4, seed=n)["choices"][0]
+        last = rec.complete(prompt + first["token_ids"] + obs, temperature=0.7, top_p=1.0, max_tokens=4, seed=100 + n)
+        cut = last["choices"][0]["finish_reason"] == "length"  # the engine's limit, not the task's end
+        rec.end(stop_reason="max_tokens" if cut else "success", reward=None if cut else 1.0, policy_version=0)
+    return url  # the server keeps serving (daemon thread) for replay
+
+
+@pytest.mark.parametrize("mode", ["processed_logprobs", "raw_logprobs"])
+def test_recorded_session_converts_and_raw_logprobs_are_l206(model_dir: str, mode: str, tmp_path: Path) -> None:
+    path = tmp_path / "dump" / "sessions.jsonl"  # convert refuses an output next to a file it reads
+    url = _record(model_dir, mode, path)
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert lines[0]["request"]["return_token_ids"] and lines[0]["logprobs_mode"] == mode
+    table = adapter.to_contract(read_dump(path), **dict(kv.split("=") for kv in IDENTITY))
+    turns = table.column("turns").to_pylist()[0]
+    assert [t["temperature"] for t in turns] == pytest.approx([0.7, 0.7])
+    out = tmp_path / "log"
+    assert cli("convert", "--from", "openai", path, out, *opts(IDENTITY)).exit_code == 0
+    rep = ra.audit(str(out), config=Config(replay=64, replay_endpoints={"0": url}))
+    codes = set(rep.findings["code"].to_list())
+    if mode == "raw_logprobs":  # L206: the base softmax; L205 and L207 see the same gap from the other side
+        assert {"L205", "L206"} <= codes <= {"L205", "L206", "L207"}, rep.render()
+        l206 = rep.findings.filter(rep.findings["code"] == "L206").to_dicts()
+        assert l206[0]["trajectory_id"] == "s0" and "match the base softmax" in l206[0]["message"]
+    else:
+        assert codes == set() and not set(rep.not_run) & set(REPLAY), rep.render()
+
+
+def test_compliant_fixture_audits_clean_with_the_documented_not_run_list() -> None:
+    rep = report([fixture("openai", "compliant")], "openai", IDENTITY)
+    assert rep["findings"] == []
+    assert {n["code"] for n in rep["not_run"]} == documented_not_run("openai")
+
+
+def test_convert_then_check_equals_check_from(tmp_path: Path) -> None:
+    same_after_convert("openai", "compliant", IDENTITY, tmp_path)
+    assert finding_keys(report([fixture("openai", "compliant")], "openai", [])) == [("E801", None, None)]
+
+
+def test_missing_prompt_token_ids_exits_2_naming_it(tmp_path: Path) -> None:
+    recs = records("openai", "compliant")
+    fails_naming("openai", [without(recs[0], ["response", "prompt_token_ids"])], "prompt_token_ids", tmp_path)
+
+
+def test_what_the_server_cannot_know_comes_from_the_context() -> None:
+    pairs = [r for r in records("openai", "compliant") if "end" not in r]
+    declared = json.loads(adapter.to_contract(pairs).schema.metadata[b"rollout_log.not_recorded"])
+    assert {"stop_reason", "reward", "turns.policy_version"} <= set(declared)
+    row = adapter.to_contract(pairs, stop_reason="failure", reward="0.5", policy_version="2").to_pylist()[0]
+    assert (row["stop_reason"], row["terminated"], row["reward"], row["turns"][0]["policy_version"]) == (
+        "failure",
+        True,
+        0.5,
+        2,
+    )
