@@ -97,6 +97,16 @@ def main() -> None:
     default=None,
     help="Replay N trajectories stratified by policy version (L205-L207; needs a configured replayer).",
 )
+@click.option(
+    "--ray",
+    "ray_address",
+    is_flag=False,
+    flag_value="local",
+    default=None,
+    metavar="[ADDRESS]",
+    help="Run on a Ray cluster: ADDRESS, or alone (put it after PATHS) for a local cluster of --workers CPUs "
+    "(needs the distributed extra).",
+)
 def check(
     paths,
     select,
@@ -111,8 +121,9 @@ def check(
     replay,
     framework,
     context,
+    ray_address,
 ) -> None:
-    """Audit the log at PATHS (Parquet files or directories).
+    """Audit the log at PATHS (Parquet files or directories, local or s3://, gs://, file:// URIs).
 
     Exit 0: every selected check that had its inputs ran and held. 1: findings that block
     training. 2: the audit could not be completed (a check crashed, no usable input, bad
@@ -139,7 +150,8 @@ def check(
     if output:
         check_output(output, paths)
     disc = _converted(framework, paths, context) if framework else discover(paths)
-    rep = run_audit(disc, cfg, sel or None, ign or None, tune=True, workers=workers)
+    ray = None if ray_address is None else (True if ray_address == "local" else ray_address)
+    rep = run_audit(disc, cfg, sel or None, ign or None, tune=True, workers=workers, ray=ray)
     text = rep.render(fmt, limit=None if show_all else cfg.max_examples)
     if output:
         with open(output, "w") as fh:

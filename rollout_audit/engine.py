@@ -82,14 +82,21 @@ def run_audit(
     tune: bool = False,
     workers: int = 1,
     rules: dict[str, Rule] | None = None,
+    ray: str | bool | None = None,
 ) -> Report:
     """Audit the files of `disc` (Parquet files, or in-memory tables held by `LogFile`s).
 
     `tune` (the CLI sets it) changes glibc's process-wide allocator settings for speed.
     `workers` batches are checked at once on threads (polars, Arrow and most numpy kernels
     release the GIL). Reading runs one batch ahead. `rules` replaces the registered catalogue.
+    `ray`: run on a Ray cluster (True, or its address; `workers` CPUs when one is started here).
     """
     cfg = cfg or Config()
+    if ray:
+        from .distributed import run_audit_ray
+
+        address, cpus = None if ray is True else str(ray), workers if workers > 1 else None
+        return run_audit_ray(disc, cfg, select, ignore, batch_rows, address=address, num_cpus=cpus, rules=rules)
     if tune:
         tune_allocator()
     runner = Runner(cfg, select, ignore, rules=rules)
@@ -194,18 +201,22 @@ def audit(
     config: Config | None = None,
     select: Sequence[str] | None = None,
     ignore: Sequence[str] | None = None,
+    ray: str | bool | None = None,
 ) -> Report:
-    """Audit a path (file or directory), a list of paths, a scanned `Log`, or in-memory tables.
+    """Audit a path (file or directory, local or `s3://`, `gs://`), a list of paths, a scanned
+    `Log`, or in-memory tables. `ray=True` (or a cluster address) runs it on Ray.
 
     A training loop can call `audit(batch_table, update_table)` before the optimizer step.
     """
     from .log import Log
 
     if isinstance(source, Log):
-        return run_audit(source.discovery, config, select, ignore)
+        return run_audit(source.discovery, config, select, ignore, ray=ray)
     if isinstance(source, (str, os.PathLike)) or (
         isinstance(source, (list, tuple)) and source and all(isinstance(s, (str, os.PathLike)) for s in source)
     ):
         paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
-        return run_audit(discover(paths), config, select, ignore)
+        return run_audit(discover(paths), config, select, ignore, ray=ray)
+    if ray:
+        return run_audit(memory_discovery(source, updates), config, select, ignore, ray=ray)
     return audit_tables(source, updates, config=config, select=select, ignore=ignore)

@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePath, PurePosixPath
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import schema as S
+from . import storage
 from .sanitize import duplicate_columns
+from .storage import is_writer_temp as _is_writer_temp
 
 
 class UsageError(Exception):
@@ -29,6 +32,8 @@ class LogFile:
     num_row_groups: int
     table: pa.Table | None = None  # an in-memory table audited like a file (path is its name)
     largest_row_group: int = 0  # uncompressed bytes of the largest row group, as the footer states
+    row_groups: tuple[int, int] | None = None  # read only row groups [start, stop) (a distributed task's share)
+    first_row: int = 0  # the file row at which those row groups start
 
 
 @dataclass
@@ -40,11 +45,6 @@ class Discovery:
 
     def of_kind(self, kind: str) -> list[LogFile]:
         return [f for f in self.files if f.kind == kind]
-
-
-def _is_writer_temp(name: str) -> bool:
-    """A file a Parquet writer was still writing (ours: `.NAME.parquet.XXXXXXXX.tmp`)."""
-    return ".parquet" in name and name.endswith((".tmp", ".temp", ".partial"))
 
 
 def _within(path: str, root: str) -> bool:
@@ -102,7 +102,7 @@ def _parquet_paths(path: Path, follow_symlinks: bool = False) -> tuple[list[Path
     return sorted(found), skipped
 
 
-def _kind_of(path: Path, pschema: pa.Schema) -> str:
+def _kind_of(path: PurePath, pschema: pa.Schema) -> str:
     """`trajectories` or `updates` from the file's metadata, else from its folder and columns;
     `unknown` for a file without metadata that has fewer than half the required columns of
     either kind (some other Parquet file that happens to lie in the log's directory)."""
@@ -125,20 +125,17 @@ def discover(paths: Sequence[str | os.PathLike], follow_symlinks: bool = False) 
     Raises UsageError for a path that does not exist or holds nothing that looks like Parquet.
     """
     out = Discovery()
-    for raw in paths:
-        p = Path(raw)
-        if not p.exists():
-            raise UsageError(f"{raw}: no such file or directory")
-        files, skipped = _parquet_paths(p, follow_symlinks)
+    for raw in map(storage.local_path, paths):
+        files, skipped = _listing(raw, follow_symlinks)
         if not files and not skipped:
             raise UsageError(f"{raw}: no *.parquet files found")
         out.broken += skipped
         last: tuple[pa.Schema | None, list[str]] = (None, [])  # files of a log mostly share one schema
         for f in files:
             try:
-                if not f.is_file():
+                if isinstance(f, Path) and not f.is_file():
                     raise UsageError("not a regular file")
-                pf = pq.ParquetFile(f)
+                pf = pq.ParquetFile(source(f))
                 sch = pf.schema_arrow
                 if last[0] is None or not sch.equals(last[0], check_metadata=True):
                     last = (sch, duplicate_columns(sch))
@@ -152,7 +149,7 @@ def discover(paths: Sequence[str | os.PathLike], follow_symlinks: bool = False) 
                         )
                     )
                     continue
-                kind = _kind_of(f, sch)
+                kind = _kind_of(PurePosixPath(str(f)), sch)
                 if kind == "unknown":
                     out.broken.append(
                         (
@@ -168,6 +165,24 @@ def discover(paths: Sequence[str | os.PathLike], follow_symlinks: bool = False) 
             except Exception as e:  # noqa: BLE001 - any footer error means the file is unusable
                 out.broken.append((str(f), one_line(e)))
     return out
+
+
+def _listing(raw: str | os.PathLike, follow_symlinks: bool) -> tuple[Sequence[Path | str], list[tuple[str, str]]]:
+    """The Parquet files under a local path or an object-store URI, and what was skipped."""
+    if storage.is_remote(raw):
+        try:
+            return storage.list_parquet(str(raw))
+        except FileNotFoundError as e:
+            raise UsageError(str(e)) from None
+    p = Path(raw)
+    if not p.exists():
+        raise UsageError(f"{raw}: no such file or directory")
+    return _parquet_paths(p, follow_symlinks)
+
+
+def source(path: str | os.PathLike) -> Any:
+    """What pyarrow's Parquet reader opens for a log file: a local path, or an open object."""
+    return storage.open_input(str(path)) if storage.is_remote(path) else path
 
 
 def one_line(e: BaseException) -> str:
@@ -186,8 +201,9 @@ def iter_batches(f: LogFile, columns: Sequence[str], batch_rows: int = 4096) -> 
         groups: Iterable[pa.Table] = [f.table.select(cols)]
     else:
         small = f.largest_row_group < _SMALL_ROW_GROUP  # Arrow's read-ahead and threads cost more than they save
-        pf = pq.ParquetFile(f.path, pre_buffer=not small)
-        groups = (pf.read_row_group(rg, columns=cols, use_threads=not small) for rg in range(f.num_row_groups))
+        pf = pq.ParquetFile(source(f.path), pre_buffer=not small or storage.is_remote(f.path))
+        share = range(*f.row_groups) if f.row_groups else range(f.num_row_groups)
+        groups = (pf.read_row_group(rg, columns=cols, use_threads=not small) for rg in share)
     for t in groups:
         for off in range(0, max(t.num_rows, 1), batch_rows):
             part = t.slice(off, batch_rows)
@@ -197,4 +213,4 @@ def iter_batches(f: LogFile, columns: Sequence[str], batch_rows: int = 4096) -> 
 
 def read_table(f: LogFile, columns: Sequence[str] | None = None) -> pa.Table:
     cols = None if columns is None else [c for c in columns if c in f.schema.names]
-    return pq.read_table(f.path, columns=cols)
+    return pq.read_table(source(f.path), columns=cols)

@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from . import storage
 from .io import UsageError
 
 _Ident = tuple[int, int]  # (st_dev, st_ino)
@@ -39,10 +40,13 @@ def check_output(output: str | os.PathLike, inputs: Iterable[str | os.PathLike],
     also stay out of the directory that holds an audited file, or the next audit of that
     directory would read the written files as part of the log, and must not contain an input.
     """
+    if storage.is_remote(output) or any(storage.is_remote(i) for i in inputs):
+        inputs = _check_remote(output, inputs)
+    output = storage.local_path(output)
     out = _real(output)
     out_chain = {i for i in map(_ident, _existing_ancestors(out)) if i is not None}
     out_id = _ident(out)
-    for raw in inputs:
+    for raw in map(storage.local_path, inputs):
         src = _real(raw)
         src_id = _ident(src)
         roots = [src] if src.is_dir() else ([src.parent] if writes_log else [])
@@ -53,6 +57,18 @@ def check_output(output: str | os.PathLike, inputs: Iterable[str | os.PathLike],
                 raise UsageError(f"{output}: lies inside the audited log {raw} (the tool never writes to its input)")
         if writes_log and out in src.parents:
             raise UsageError(f"{output}: contains the audited log {raw} (the tool never writes to its input)")
+
+
+def _check_remote(output: str | os.PathLike, inputs: Iterable[str | os.PathLike]) -> list[str | os.PathLike]:
+    """Refuse an object-store output inside an audited prefix (and any object-store output:
+    reports are written locally); return the local inputs left to compare by path."""
+    inputs = list(inputs)
+    if storage.is_remote(output):
+        for raw in inputs:
+            if storage.is_remote(raw) and storage.contains(str(raw), str(output)):
+                raise UsageError(f"{output}: lies inside the audited log {raw} (the tool never writes to its input)")
+        raise UsageError(f"{output}: reports are written to a local path, not to object storage")
+    return [i for i in inputs if not storage.is_remote(i)]
 
 
 def check_new_directory(out: str | os.PathLike) -> None:

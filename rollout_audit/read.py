@@ -118,7 +118,7 @@ def parts(
             last = (f.schema, schema_plan(f))
         targets, problems = last[1]
         cols = [c for c in columns if c in targets]
-        first, offset = True, 0
+        first, offset = not f.row_groups or f.row_groups[0] == 0, f.first_row  # a share of a file: its rows
         try:
             for raw in iter_batches(f, cols, batch_rows):
                 n_read = raw.num_rows

@@ -1,0 +1,334 @@
+"""The audit on a Ray cluster (the `distributed` extra).
+
+Batch checks run as Ray tasks, one per share of a file (a run of consecutive row groups): each
+task opens its file itself (on a shared filesystem or object storage) and reads only its own row
+groups, so row data never passes through the driver; findings and bookkeeping travel back. The
+per-trajectory summary the log checks need is partitioned by key inside each task: a log check
+whose findings depend only on rows that share a key (`PARTITIONED`: duplicate ids by
+trajectory_id, reset keys by environment, version and seed) runs as one task per partition, so
+no process holds the whole-log summary for it. The other log checks (groups, updates, versions,
+rewards: they need the update records or write whole-log statistics) get the columns they declare
+gathered on the driver. Findings, coverage and the report are those of the local audit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from .config import Config
+from .io import Discovery, LogFile, UsageError
+from .read import read_updates
+from .registry import NotRun, Rule
+from .report import Report, build_report
+from .runner import MAX_CRASHES_KEPT, Plan, Runner, plan
+from .sanitize import row_group_too_large
+from .views import LogCheckView, LogView
+
+# log checks whose findings on a log are the union of their findings on the key partitions of its
+# summary: every finding is computed from the rows of one key, and they record no log statistics
+PARTITIONED: dict[str, tuple[str, ...]] = {
+    "S002": ("trajectory_id",),
+    "E802": ("environment_id", "environment_version", "reset_seed", "initial_state_id"),
+}
+_KEEP = ("trajectory_id", "file", "_row")  # columns every summary piece carries
+
+
+@dataclass(frozen=True)
+class Share:
+    """Row groups [start, stop) of one trajectory file, starting at `first_row` of the file."""
+
+    file: LogFile
+    start: int
+    stop: int
+    first_row: int
+
+
+def shares(files: Sequence[LogFile], rows_per_share: int, max_row_group_bytes: int) -> list[Share]:
+    """Cut every file into runs of row groups of about `rows_per_share` rows (a file too large
+    to read, or held in memory, is one share: its task reports it as the local audit does)."""
+    import pyarrow.parquet as pq
+
+    from .io import source
+
+    out: list[Share] = []
+    for f in files:
+        if f.table is not None or row_group_too_large(f.largest_row_group, max_row_group_bytes) or f.num_row_groups < 2:
+            out.append(Share(f, 0, f.num_row_groups, 0))
+            continue
+        md = pq.ParquetFile(source(f.path)).metadata
+        sizes = np.array([md.row_group(i).num_rows for i in range(md.num_row_groups)], dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        start = 0
+        for i in range(1, len(sizes) + 1):
+            if i == len(sizes) or starts[i] - starts[start] >= rows_per_share:
+                out.append(Share(f, start, i, int(starts[start])))
+                start = i
+    return out
+
+
+# ---------------------------------------------------------------- what a task returns
+
+
+def _state(runner: Runner) -> dict[str, Any]:
+    """A runner's results as plain data (a Runner holds a lock and cannot travel)."""
+    return {
+        "findings": runner.findings,
+        "coverage": runner.coverage,
+        "reasons": runner.reasons,
+        "crashes": runner.crashes,
+        "crash_counts": runner.crash_counts,
+        "file_inputs": runner.file_inputs,
+    }
+
+
+def _merge(runner: Runner, state: dict[str, Any]) -> None:
+    """Add a task's results to the driver's runner, as if its batches had run here."""
+    runner.findings += state["findings"]
+    for code, cov in state["coverage"].items():
+        mine = runner.coverage[code]
+        mine.ran += cov.ran
+        mine.calls += cov.calls
+        for why, n in cov.lacking.items():
+            mine.lack(why, n)
+    for code, why in state["reasons"].items():
+        runner.reasons[code] |= why
+    for crash in state["crashes"]:
+        if sum(c.code == crash.code for c in runner.crashes) < MAX_CRASHES_KEPT:
+            runner.crashes.append(crash)
+    for code, n in state["crash_counts"].items():
+        runner.crash_counts[code] = runner.crash_counts.get(code, 0) + n
+    for path, (have, n) in state["file_inputs"].items():  # the last batch's inputs, all rows (as note_batch)
+        old = runner.file_inputs.get(path)
+        runner.file_inputs[path] = (have, (old[1] if old else 0) + n)
+
+
+def _partition(frame: pl.DataFrame, key: tuple[str, ...], n: int) -> list[pl.DataFrame]:
+    """`frame` cut into `n` pieces by a hash of the key columns (absent ones count as null);
+    polars' hash is stable within one polars version, so every node must run the same one."""
+    cols = [pl.col(c).cast(pl.String) if c in frame.columns else pl.lit(None, pl.String) for c in key]
+    part = pl.concat_str([c.fill_null("\x00") for c in cols], separator="\x1f").hash(seed=0) % n
+    tagged = frame.with_columns(part.alias("_part"))
+    return [tagged.filter(pl.col("_part") == i).drop("_part") for i in range(n)]
+
+
+def _columns(frame: pl.DataFrame, reads: frozenset[str]) -> pl.DataFrame:
+    """The summary columns a set of log checks declared, with the row's identity."""
+    return frame.select([c for c in frame.columns if c in reads or c in _KEEP])
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every task of one audit shares (sent to the cluster once)."""
+
+    cfg: Config
+    select: tuple[str, ...] | None
+    ignore: tuple[str, ...] | None
+    rules: dict[str, Rule] | None
+    declared: dict[str, str]
+    plan: Plan
+    batch_rows: int
+    gather: frozenset[str] | None  # summary columns the driver's log checks read (None: no such check)
+    partitioned: tuple[str, ...]  # codes of the log checks run per key partition
+    n_parts: int
+
+    def runner(self) -> Runner:
+        r = Runner(self.cfg, self.select, self.ignore, rules=self.rules)
+        r.declared = dict(self.declared)
+        return r
+
+
+def check_share(job: Job, share: Share) -> tuple[Any, ...]:
+    """Ray task: read one share's row groups, run the batch checks, and hand on (bookkeeping,
+    the gathered summary columns, then `n_parts` summary pieces per partitioned log check)."""
+    from .engine import _batches
+
+    runner = job.runner()
+    broken: list[tuple[str, str]] = []
+    f = share.file
+    if f.table is None:
+        f = replace(f, row_groups=(share.start, share.stop), first_row=share.first_row)
+    rows = tokens = 0
+    summaries: list[pl.DataFrame] = []
+    for b in _batches([f], job.plan, job.batch_rows, broken, job.cfg):
+        runner.note_batch(b)
+        for r in runner.batch_rules:
+            runner.apply_batch(r, b)
+        rows += b.n
+        tokens += int(np.clip(b.lengths["token_source"], 0, None).sum()) if "token_source" in b.columns else 0
+        if runner.log_rules:
+            summaries.append(b.summary(job.plan.summary))
+        b.release()
+    summary = pl.concat(summaries, how="diagonal_relaxed") if summaries else pl.DataFrame()
+    head = {"state": _state(runner), "rows": rows, "tokens": tokens, "broken": broken, "schema": dict(summary.schema)}
+    out: list[Any] = [head, _columns(summary, job.gather) if job.gather is not None else None]
+    for code in job.partitioned:
+        if not summary.height:
+            out += [pl.DataFrame()] * job.n_parts
+            continue
+        out += _partition(_columns(summary, frozenset(runner.rules[code].reads)), PARTITIONED[code], job.n_parts)
+    return tuple(out)
+
+
+def check_partition(job: Job, code: str, schema: dict[str, pl.DataType], *pieces: pl.DataFrame) -> dict[str, Any]:
+    """Ray task: one log check on the rows of one key partition (every task's piece of it)."""
+    frames = [x for x in pieces if x.height]
+    traj = _align(pl.concat(frames, how="diagonal_relaxed", rechunk=True) if frames else pl.DataFrame(), schema)
+    if not traj.height:
+        return {"height": 0}
+    runner = job.runner()
+    rule = runner.rules[code]
+    done, why = runner._call(rule, LogCheckView(LogView(traj, None, []), rule), None, None)
+    crash = runner.crashes[0].error if runner.crashes else None
+    return {"height": traj.height, "findings": runner.findings, "why": why, "crash": crash}
+
+
+def _align(frame: pl.DataFrame, schema: dict[str, pl.DataType]) -> pl.DataFrame:
+    """`frame` with the columns (and types) of the whole-log summary it is a part of, as the
+    local audit's one concatenated summary has them: absent columns are null."""
+    have = set(frame.columns)
+    return frame.select([pl.col(c).cast(t) if c in have else pl.lit(None, t).alias(c) for c, t in schema.items()])
+
+
+# ---------------------------------------------------------------- the driver
+
+
+def _connect(address: str | None, num_cpus: int | None) -> tuple[Any, bool]:
+    """The `ray` module, connected (to `address`, or to a local cluster of `num_cpus` started
+    here); True when this call started it (and must shut it down)."""
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--ray needs Ray: pip install 'rollout-audit[distributed]'") from None
+    if ray.is_initialized():
+        return ray, False
+    if address in (None, "", "local"):
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    else:
+        ray.init(address=address, log_to_driver=False)
+    return ray, True
+
+
+def run_audit_ray(
+    disc: Discovery,
+    cfg: Config,
+    select: Sequence[str] | None = None,
+    ignore: Sequence[str] | None = None,
+    batch_rows: int = 2048,
+    *,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    rules: dict[str, Rule] | None = None,
+    rows_per_share: int = 65536,
+    partitions: int | None = None,
+) -> Report:
+    """`run_audit` on a Ray cluster: the same findings and report, computed by tasks."""
+    ray, started = _connect(address, num_cpus)
+    try:
+        return _run(ray, disc, cfg, select, ignore, batch_rows, rules, rows_per_share, partitions)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _run(
+    ray: Any,
+    disc: Discovery,
+    cfg: Config,
+    select: Sequence[str] | None,
+    ignore: Sequence[str] | None,
+    batch_rows: int,
+    rules: dict[str, Rule] | None,
+    rows_per_share: int,
+    partitions: int | None,
+) -> Report:
+    from .engine import _why_unusable
+
+    runner = Runner(cfg, select, ignore, rules=rules)
+    for f in disc.files:
+        runner.declare(f.schema.metadata)
+    broken = list(disc.broken)
+    updates = read_updates(disc.of_kind("updates"), broken, cfg.max_row_group_bytes)
+    part = tuple(r.code for r in runner.log_rules if r.code in PARTITIONED)
+    kept = [r for r in runner.log_rules if r.code not in PARTITIONED]
+    n_parts = partitions or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    job = Job(
+        cfg,
+        tuple(select) if select else None,
+        tuple(ignore) if ignore else None,
+        rules,
+        dict(runner.declared),
+        plan(runner),
+        batch_rows,
+        frozenset(q for r in kept for q in r.reads) if kept else None,
+        part,
+        n_parts,
+    )
+    job_ref = ray.put(job)
+    task = ray.remote(check_share).options(num_returns=2 + len(part) * n_parts)
+    refs = [
+        task.remote(job_ref, s) for s in shares(disc.of_kind("trajectories"), rows_per_share, cfg.max_row_group_bytes)
+    ]
+    rows = tokens = 0
+    schema: dict[str, pl.DataType] = {}
+    for head in ray.get([r[0] for r in refs]):
+        _merge(runner, head["state"])
+        rows += head["rows"]
+        tokens += head["tokens"]
+        broken += head["broken"]
+        for name, dtype in head["schema"].items():
+            schema.setdefault(name, dtype)
+    gathered = [g for g in ray.get([r[1] for r in refs]) if g is not None and g.height] if kept else []
+    traj = pl.concat(gathered, how="diagonal_relaxed", rechunk=True) if gathered else pl.DataFrame()
+    del gathered
+    cols = {c: t for c, t in schema.items() if job.gather is not None and (c in job.gather or c in _KEEP)}
+    view = LogView(_align(traj, cols), updates, broken, [f.path for f in disc.of_kind("updates")], {})
+    outcomes = _partitioned(ray, job_ref, runner, part, n_parts, refs, schema)
+    for r in runner.log_rules:
+        if r.code in outcomes:
+            runner.apply_log(_replayed(r, outcomes[r.code]), _sized(view, rows))
+        else:
+            runner.apply_log(r, view)
+    usable = None if rows else _why_unusable(disc, broken)
+    return build_report(runner, rows=rows, tokens=tokens, stats=view.stats, cfg=cfg, unusable=usable)
+
+
+def _partitioned(
+    ray: Any, job_ref: Any, runner: Runner, codes: tuple[str, ...], n_parts: int, refs: list[Any], schema: dict
+) -> dict[str, list[dict[str, Any]]]:
+    """Run each partitioned log check as one task per key partition; their outcomes by code."""
+    task = ray.remote(check_partition)
+    pending = {}
+    for k, code in enumerate(codes):
+        reads = frozenset(runner.rules[code].reads)
+        sub = {c: t for c, t in schema.items() if c in reads or c in _KEEP}
+        base = 2 + k * n_parts
+        pending[code] = [task.remote(job_ref, code, sub, *[r[base + i] for r in refs]) for i in range(n_parts)]
+    return {code: ray.get(p) for code, p in pending.items()}
+
+
+def _replayed(rule: Rule, outcomes: list[dict[str, Any]]) -> Rule:
+    """`rule` with a function that gives back what its partitions found (or why it did not run,
+    or how it crashed), so that the driver's runner accounts for it as for a local run."""
+
+    def func(view: Any, cfg: Any) -> pl.DataFrame | None:
+        for o in outcomes:
+            if o.get("why"):
+                raise NotRun(o["why"])
+        for o in outcomes:
+            if o.get("crash"):
+                name, _, msg = o["crash"].partition(": ")
+                raise type(name, (Exception,), {})(msg)  # reported as the task's exception was
+        frames = [x for o in outcomes for x in o.get("findings", [])]
+        return pl.concat(frames, how="diagonal_relaxed") if frames else None
+
+    return replace(rule, func=func)
+
+
+def _sized(view: LogView, rows: int) -> LogView:
+    """`view` with a column-less stand-in of the log's `rows` rows (a Null column holds no data)."""
+    return replace(view, traj=pl.repeat(None, rows, dtype=pl.Null, eager=True).to_frame("_rows"))
