@@ -84,6 +84,9 @@ UPDATE_SCHEMA = pa.schema(
 )
 
 SCHEMAS = {"trajectories": TRAJECTORY_SCHEMA, "updates": UPDATE_SCHEMA}
+# How the environment pays each reward component (file metadata `rollout_log.reward_components`):
+# the sparse outcome is paid once, when the episode ends, so R408 checks it without configuration.
+REWARD_COMPONENTS = {"outcome": "terminal"}
 
 
 def to_table(records: list[dict[str, Any]], kind: str) -> pa.Table:
@@ -127,7 +130,7 @@ def open_writer(path: str | Path, kind: str) -> Any:
         from rollout_audit import RolloutWriter  # type: ignore[attr-defined]
     except ImportError:
         return _ArrowWriter(path, kind)
-    return RolloutWriter(str(path), kind=kind)
+    return RolloutWriter(str(path), kind=kind, reward_components=REWARD_COMPONENTS if kind == "trajectories" else None)
 
 
 def write_log(path: str | Path, kind: str, records: list[dict[str, Any]]) -> None:

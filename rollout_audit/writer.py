@@ -3,6 +3,7 @@ structural checks, run through the same `Runner` as the audit) and publishes ato
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Iterable, Mapping
@@ -11,6 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import schema as S
 from .batch import Batch
 from .config import Config
 from .io import one_line
@@ -27,16 +29,28 @@ class RolloutWriter:
     Each `write` checks the batch against the contract (required columns, types, list
     lengths, turn numbering, stop reasons) and raises ValueError naming the column and
     row of the first problem. The file only appears under its final name on `close`.
+    `reward_components` declares how each reward component is paid ({"key_found": "first_visit"},
+    file metadata `rollout_log.reward_components`), so that R408 runs without configuration.
 
         with RolloutWriter("logs/step=3/part-0.parquet") as w:
             w.write(records)            # list of dicts, or a pyarrow Table/RecordBatch
     """
 
     def __init__(
-        self, path: str | os.PathLike, kind: str = "trajectories", *, validate: bool = True, compression: str = "zstd"
+        self,
+        path: str | os.PathLike,
+        kind: str = "trajectories",
+        *,
+        validate: bool = True,
+        compression: str = "zstd",
+        reward_components: Mapping[str, str] | None = None,
     ) -> None:
         if kind not in ("trajectories", "updates"):
             raise ValueError(f"kind must be 'trajectories' or 'updates', not {kind!r}")
+        bad = {k: v for k, v in (reward_components or {}).items() if v not in S.PAYMENTS}
+        if bad:
+            raise ValueError(f"reward_components: {bad} not one of {', '.join(S.PAYMENTS)}")
+        self.reward_components = dict(reward_components or {})
         self.path = Path(path)
         self.kind = kind
         self.validate = validate
@@ -104,6 +118,9 @@ class RolloutWriter:
                 raise ValueError(f"{self.path}: record refused: {one_line(e)}") from None
         if self._schema is None:
             self._schema = canonical_schema(records.schema, self.kind)
+        if self.reward_components:  # the writer's declaration wins over one carried by the table
+            paid = json.dumps(self.reward_components, sort_keys=True).encode()
+            self._schema = self._schema.with_metadata({**self._schema.metadata, S.META_REWARD_COMPONENTS: paid})
         try:
             return records.select(self._schema.names).cast(self._schema)
         except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:

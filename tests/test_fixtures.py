@@ -22,7 +22,7 @@ def serious(rep) -> pl.DataFrame:
 def test_compliant_agent_log_is_clean():
     rep = ra.audit(FIXTURES / "compliant")
     assert serious(rep).is_empty(), rep.render()
-    assert set(rep.not_run) == {"R408", "L205", "L206", "L207"}  # configuration needed; replay is off by default
+    assert set(rep.not_run) == {"L205", "L206", "L207"}  # replay is off by default; R408 runs on the declaration
     assert rep.summary["rows_read"] > 100
 
 
