@@ -475,22 +475,16 @@ def evaluate(policy: RecurrentActorCritic, tok: Tokenizer, cfg: TrainConfig, mem
     return result
 
 
-def _progress_bar(enabled: bool, total: int, label: str) -> Any:
-    """A rich progress bar over the training rounds on stderr, or a stand-in that does nothing."""
+def _progress_bar(enabled: bool, total: int, label: str, console: Any = None) -> Any:
+    """A rich progress bar over the training rounds (on stderr unless `console` is given), as a
+    context manager yielding `advance()`; a stand-in that does nothing when not `enabled`."""
     if not enabled:
         return contextlib.nullcontext(lambda: None)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    bar = Progress(
-        TextColumn(label),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("rounds"),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
+    columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("rounds"), TimeElapsedColumn())
+    bar = Progress(*columns, console=console or Console(stderr=True), transient=console is None)
     task = bar.add_task(label, total=total)
 
     @contextlib.contextmanager

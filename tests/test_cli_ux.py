@@ -261,3 +261,20 @@ def test_the_pre_commit_hook_runs_the_installed_command():
     assert hook["pass_filenames"] is False and hook["files"] == r"\.parquet$"
     res = cli(*hook["entry"].split()[1:], COMPLIANT)
     assert res.exit_code == 0 and res.stdout == ""
+
+
+def test_the_demo_training_progress_bar_counts_rounds():
+    import io
+
+    from rich.console import Console
+
+    from reference_agent.train import _progress_bar
+
+    buf = io.StringIO()
+    with _progress_bar(True, 3, "training seed 0", Console(file=buf, force_terminal=True, width=100)) as advance:
+        for _ in range(3):
+            advance()
+    assert "training seed 0" in buf.getvalue() and "3/3" in buf.getvalue()
+    with _progress_bar(False, 3, "x") as advance:
+        advance()  # the stand-in: nothing printed, nothing to stop
+    assert "--progress / --no-progress" in cli("demo", "--help").stdout
