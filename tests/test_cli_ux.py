@@ -278,3 +278,22 @@ def test_the_demo_training_progress_bar_counts_rounds():
     with _progress_bar(False, 3, "x") as advance:
         advance()  # the stand-in: nothing printed, nothing to stop
     assert "--progress / --no-progress" in cli("demo", "--help").stdout
+
+
+def test_default_colour_needs_a_terminal_and_no_no_color(monkeypatch):
+    import io
+
+    from rollout_audit.cli import _tty_colour
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdout", Terminal())
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert _tty_colour()
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not _tty_colour()
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    monkeypatch.delenv("NO_COLOR")
+    assert not _tty_colour()
