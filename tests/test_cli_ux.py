@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import yaml
 from click.testing import CliRunner
 
 import rollout_audit as ra
@@ -256,6 +255,7 @@ def test_fixtures_entry_point_without_torch_is_one_line():
 
 
 def test_the_pre_commit_hook_runs_the_installed_command():
+    yaml = pytest.importorskip("yaml")  # PyYAML comes with the trl/replay extras, not with the core
     (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
     assert hook["id"] == "rollout-audit" and hook["entry"].split()[:2] == ["rollout-audit", "check"]
     assert hook["pass_filenames"] is False and hook["files"] == r"\.parquet$"
