@@ -13,9 +13,10 @@ POLICY_LABELS = {
 }
 
 
-def run_demo(out_dir: str, profile: str = "smoke", seed: int = 0) -> dict[str, Any]:
-    """Train the profile, write logs and checkpoints under out_dir, return the greedy evaluation table."""
-    return run_profile(profile, out_dir, seed)
+def run_demo(out_dir: str, profile: str = "smoke", seed: int = 0, progress: bool = False) -> dict[str, Any]:
+    """Train the profile, write logs and checkpoints under out_dir, return the greedy evaluation table
+    (`progress`: a bar of the training rounds on stderr)."""
+    return run_profile(profile, out_dir, seed, progress=progress)
 
 
 def format_table(result: dict[str, Any]) -> str:

@@ -39,7 +39,7 @@ def agent_log(out: Path) -> None:
 
 def generate(root: Path) -> dict:
     """Write compliant/, broken/<fault>/ and manifest.json under `root`; returns the manifest."""
-    from rollout_audit.faults import FAULTS, apply, read_records, write_records
+    from rollout_audit.faults import FAULTS, apply, declared_components, read_records, write_records
 
     from .tokenizer import Tokenizer
 
@@ -50,10 +50,18 @@ def generate(root: Path) -> dict:
     agent_log(root / "compliant")
     trajs, ups = read_records(root / "compliant")
     tokenizer = Tokenizer().declaration()  # the broken logs decode like the agent's own
+    declared = declared_components(root / "compliant")  # the agent's declaration, carried to each broken log
     manifest = {"source": "reference agent, profile 'fixture', seed 0", "compliant": "compliant", "faults": {}}
     for name, f in FAULTS.items():
         (bt, bu), touched = apply(name, trajs, ups, seed=FIXTURE_SEED)
-        write_records(root / "broken" / name, bt, bu, corrupt=f.file_level, tokenizer=tokenizer)
+        write_records(
+            root / "broken" / name,
+            bt,
+            bu,
+            corrupt=f.file_level,
+            tokenizer=tokenizer,
+            reward_components=declared | f.declares,
+        )
         manifest["faults"][name] = {
             "codes": sorted(f.codes),
             "touched": touched,
@@ -107,7 +115,24 @@ def drift(committed: Path, fresh: Path) -> list[str]:
         rel = d.relative_to(fresh)
         if not _same(_rows(committed / rel), _rows(d)):
             problems.append(f"{rel}: records differ")
+        elif _declared(committed / rel) != _declared(d):
+            problems.append(f"{rel}: declared reward components differ")
     return problems
+
+
+def _declared(path: Path) -> list[dict]:
+    """Each readable file's `rollout_log.reward_components` declaration."""
+    import pyarrow.parquet as pq
+
+    from rollout_audit.schema import reward_components
+
+    out = []
+    for f in sorted(path.rglob("*.parquet")):
+        try:
+            out.append(reward_components(pq.read_schema(f).metadata))
+        except Exception:  # noqa: BLE001 - the deliberately corrupt fixture has no footer
+            out.append({})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,6 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="compare a fresh generation with the committed fixtures")
     ap.add_argument("--out", type=Path, default=FIXTURES)
     args = ap.parse_args(argv)
+    try:
+        import torch  # noqa: F401 - the fixtures are written by training the reference agent
+    except ImportError:
+        print("reference_agent.fixtures: error: needs torch: pip install -e '.[agent]'", file=sys.stderr)
+        return 2
     if not args.check:
         m = generate(args.out)
         print(f"wrote {args.out}: compliant log and {len(m['faults'])} broken logs")

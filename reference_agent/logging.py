@@ -85,6 +85,9 @@ UPDATE_SCHEMA = pa.schema(
 )
 
 SCHEMAS = {"trajectories": TRAJECTORY_SCHEMA, "updates": UPDATE_SCHEMA}
+# How the environment pays each reward component (file metadata `rollout_log.reward_components`):
+# the sparse outcome is paid once, when the episode ends, so R408 checks it without configuration.
+REWARD_COMPONENTS = {"outcome": "terminal"}
 
 
 def to_table(records: list[dict[str, Any]], kind: str) -> pa.Table:
@@ -132,7 +135,12 @@ def open_writer(path: str | Path, kind: str, tokenizer: dict[str, Any] | None = 
         from rollout_audit import RolloutWriter  # type: ignore[attr-defined]
     except ImportError:
         return _ArrowWriter(path, kind, tokenizer)
-    return RolloutWriter(str(path), kind=kind, tokenizer=tokenizer)
+    return RolloutWriter(
+        str(path),
+        kind=kind,
+        tokenizer=tokenizer,
+        reward_components=REWARD_COMPONENTS if kind == "trajectories" else None,
+    )
 
 
 def write_log(path: str | Path, kind: str, records: list[dict[str, Any]]) -> None:

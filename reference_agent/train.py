@@ -16,6 +16,7 @@ Run: python -m reference_agent.train --profile smoke --out DIR
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import time
@@ -474,8 +475,29 @@ def evaluate(policy: RecurrentActorCritic, tok: Tokenizer, cfg: TrainConfig, mem
     return result
 
 
-def train(cfg: TrainConfig, out_dir: str | Path, verbose: bool = False) -> dict[str, Any]:
-    """Train one run: logs in out/trajectories and out/updates, a checkpoint per version, eval table."""
+def _progress_bar(enabled: bool, total: int, label: str, console: Any = None) -> Any:
+    """A rich progress bar over the training rounds (on stderr unless `console` is given), as a
+    context manager yielding `advance()`; a stand-in that does nothing when not `enabled`."""
+    if not enabled:
+        return contextlib.nullcontext(lambda: None)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("rounds"), TimeElapsedColumn())
+    bar = Progress(*columns, console=console or Console(stderr=True), transient=console is None)
+    task = bar.add_task(label, total=total)
+
+    @contextlib.contextmanager
+    def running():
+        with bar:
+            yield lambda: bar.advance(task)
+
+    return running()
+
+
+def train(cfg: TrainConfig, out_dir: str | Path, verbose: bool = False, progress: bool = False) -> dict[str, Any]:
+    """Train one run: logs in out/trajectories and out/updates, a checkpoint per version, eval table.
+    `progress`: a bar of the collection rounds on stderr."""
     t0 = time.perf_counter()
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -490,6 +512,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, verbose: bool = False) -> dict[
     with (
         open_writer(out / "trajectories" / "part-0000.parquet", "trajectories", tok.declaration()) as traj_w,
         open_writer(out / "updates" / "part-0000.parquet", "updates") as upd_w,
+        _progress_bar(progress, cfg.iterations, f"training seed {cfg.seed}") as advance,
     ):
         for it in range(cfg.iterations):
             version = it * cfg.epochs  # the weights that sample this round
@@ -535,6 +558,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, verbose: bool = False) -> dict[
             upd_w.write(to_table(upds, "updates"))
             for r in batch:
                 stops[r["stop_reason"]] = stops.get(r["stop_reason"], 0) + 1
+            advance()
             if verbose and (it % 10 == 0 or it == cfg.iterations - 1):
                 inspected = np.mean([r["turns"][0]["action_text"] == "inspect" for r in batch])
                 success = np.mean([r["verifier_success"] for r in batch])
@@ -564,14 +588,14 @@ def train(cfg: TrainConfig, out_dir: str | Path, verbose: bool = False) -> dict[
     }
 
 
-def run_profile(profile: str, out_dir: str | Path, seed: int = 0) -> dict[str, Any]:
+def run_profile(profile: str, out_dir: str | Path, seed: int = 0, progress: bool = False) -> dict[str, Any]:
     """smoke/tiny: one run; full: one run per seed in FULL_SEEDS under out/seed{s}, with mean and spread."""
     cfg = PROFILES[profile]
     if profile != "full":
-        result = train(replace(cfg, seed=seed), out_dir)
+        result = train(replace(cfg, seed=seed), out_dir, progress=progress)
         result["profile"] = profile
         return result
-    runs = [train(replace(cfg, seed=s), Path(out_dir) / f"seed{s}") for s in FULL_SEEDS]
+    runs = [train(replace(cfg, seed=s), Path(out_dir) / f"seed{s}", progress=progress) for s in FULL_SEEDS]
     summary = {}
     for policy_name in ("trained", "untrained", "no_memory"):
         for colour in COLOURS:

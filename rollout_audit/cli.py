@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import NoReturn
 
 import click
 
-FORMATS = ("text", "json", "github", "junit")
+FORMATS = ("text", "concise", "json", "github", "junit")
 
 
 def _codes(values: tuple[str, ...]) -> list[str]:
@@ -22,7 +23,29 @@ def _fail(msg: str) -> NoReturn:
 
 class _Group(click.Group):
     """Turn click's usage errors into exit code 2 (its default) and anything unexpected into a
-    one-line message instead of a traceback."""
+    one-line message instead of a traceback; every error in one style, `rollout-audit: error: …`."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.exceptions.Abort:
+            click.echo("rollout-audit: error: aborted", err=True)
+            sys.exit(1)
+        except click.ClickException as e:
+            if isinstance(e, click.UsageError) and e.ctx is not None:
+                click.echo(f"{e.ctx.get_usage()}\nTry '{e.ctx.command_path} -h' for help.", err=True)
+            click.echo(f"rollout-audit: error: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        sys.exit(code if isinstance(code, int) else 0)
+
+    def format_commands(self, ctx, formatter) -> None:
+        """Each command with the whole first sentence of its help, never cut at 45 characters."""
+        rows = [(n, c.get_short_help_str(limit=200)) for n, c in self.commands.items() if not c.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def invoke(self, ctx):
         try:
@@ -50,7 +73,27 @@ def _first_line(e: BaseException) -> str:
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="rollout-audit")
 def main() -> None:
-    """Audit rollout logs of RL-trained LLM agents before training."""
+    """Audit rollout logs of RL-trained LLM agents before training: recompute what a log claims
+    (masks, log-probs, rewards, loss denominators, policy versions) and report each disagreement
+    with a stable check code, its file, trajectory, turn and token position.
+
+    \b
+    Examples:
+      rollout-audit check logs/                  audit one log (a directory of Parquet files)
+      rollout-audit check run1/ run2/            two logs, each audited on its own (--merge: as one)
+      rollout-audit check logs/ --format concise one finding per line, for grep and editors
+      rollout-audit check logs/ --select M,L201 --ignore R409 --strict
+      rollout-audit explain U602                 the rule, the lesson, what to fix
+      rollout-audit explain M                    the checks of one family
+      rollout-audit demo                         train the reference agent, audit its log
+
+    \b
+    Exit codes (check, report):
+      0  every selected check that had its inputs ran and held
+      1  findings that block training (errors; warnings too with --strict)
+      2  the audit could not be completed: a check crashed, no usable input,
+         bad configuration or usage
+    """
 
 
 @main.command()
@@ -66,6 +109,17 @@ def main() -> None:
 )
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
 @click.option("--show-all", is_flag=True, help="Text format: show every finding, not a sample per code.")
+@click.option("-q", "--quiet", is_flag=True, help="Text and concise formats: the findings only; nothing when clean.")
+@click.option(
+    "--color/--no-color",
+    default=None,
+    help="Colour the text format (default: when stdout is a terminal and NO_COLOR is unset).",
+)
+@click.option(
+    "--merge",
+    is_flag=True,
+    help="Audit all PATHS as one log (partitions of one log); by default each PATH is a log of its own.",
+)
 @click.option(
     "-o",
     "--output",
@@ -115,6 +169,9 @@ def check(
     config_path,
     strict,
     show_all,
+    quiet,
+    color,
+    merge,
     output,
     workers,
     show_settings,
@@ -123,24 +180,27 @@ def check(
     context,
     ray_address,
 ) -> None:
-    """Audit the log at PATHS (Parquet files or directories, local or s3://, gs://, file:// URIs).
+    """Audit the log at each PATH (a directory of Parquet files, or one file; local, or an s3://,
+    gs:// or file:// URI).
+
+    Each PATH is audited as a log of its own, with the configuration found next to it (the
+    nearest pyproject.toml with [tool.rollout-audit] at or above it); --merge audits all PATHS
+    as one log, e.g. partitions kept in separate directories. With several logs the text
+    formats print a `== PATH ==` header before each report, JSON is {"logs": [{"path", ...}]},
+    and the exit code is the worst of them.
 
     Exit 0: every selected check that had its inputs ran and held. 1: findings that block
     training. 2: the audit could not be completed (a check crashed, no usable input, bad
     configuration).
     """
     from .config import find_config
-    from .engine import run_audit
-    from .io import discover
     from .outputs import check_output
     from .registry import all_rules
 
-    cfg, source = find_config(config_path, start=paths[0])
-    if replay is not None:
-        cfg = cfg.model_copy(update={"replay": replay})
     if show_settings:
+        cfg, source = find_config(config_path, start=paths[0])
         click.echo(f"# configuration: {source}")
-        click.echo(json.dumps(cfg.settings(), indent=1))
+        click.echo(json.dumps(_with_replay(cfg, replay).settings(), indent=1))
         return
     sel, ign = _codes(select), _codes(ignore)
     known = all_rules()
@@ -149,18 +209,82 @@ def check(
             _fail(f"unknown check code or prefix {c!r}; see `rollout-audit explain --list`")
     if output:
         check_output(output, paths)
-    disc = _converted(framework, paths, context) if framework else discover(paths)
     ray = None if ray_address is None else (True if ray_address == "local" else ray_address)
-    rep = run_audit(disc, cfg, sel or None, ign or None, tune=True, workers=workers, ray=ray)
-    text = rep.render(fmt, limit=None if show_all else cfg.max_examples)
+    logs = [list(paths)] if merge or framework or len(paths) == 1 else [[p] for p in paths]
+    done = [(log, *_audit_one(log, config_path, replay, sel, ign, workers, framework, context, ray)) for log in logs]
+    reports = [(log, rep) for log, rep, _ in done]
+    painted = fmt == "text" and not output and (_tty_colour() if color is None else color)
+    limit = None if show_all else done[0][2]
+    text = _render_all(reports, fmt, limit=limit, color=painted, strict=strict, quiet=quiet)
     if output:
         with open(output, "w") as fh:
             fh.write(text + "\n")
-    else:
-        click.echo(text)
-    if fmt != "text" or output:  # the report went to a machine format or a file: say why on stderr too
-        _say_incomplete(rep)
-    sys.exit(rep.exit_code(strict))
+    elif text:
+        click.echo(text, color=painted)  # click strips styles off a non-terminal unless told
+    for _, rep in reports:
+        if fmt != "text" or output or quiet:  # the report is elsewhere or cut short: say why on stderr too
+            _say_incomplete(rep)
+    sys.exit(max(rep.exit_code(strict) for _, rep in reports))
+
+
+def _with_replay(cfg, replay):
+    """The configuration with `--replay N` applied."""
+    return cfg if replay is None else cfg.model_copy(update={"replay": replay})
+
+
+def _audit_one(paths, config_path, replay, sel, ign, workers, framework, context, ray=None):
+    """The report of one log (a list of paths audited together), configured from next to it, and
+    the number of findings per code its configuration shows in text."""
+    from .config import find_config
+    from .engine import run_audit
+    from .io import discover
+
+    cfg = _with_replay(find_config(config_path, start=paths[0])[0], replay)
+    disc = _converted(framework, paths, context) if framework else discover(paths)
+    return run_audit(disc, cfg, sel or None, ign or None, tune=True, workers=workers, ray=ray), cfg.max_examples
+
+
+def _tty_colour() -> bool:
+    """Colour by default only on a terminal, and never when NO_COLOR is set (no-color.org)."""
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+def _render_all(reports, fmt: str, **kw) -> str:
+    """One report as `Report.render` gives it; several, each under its path (JSON: a list)."""
+    from .report import printable, render_concise
+
+    if len(reports) == 1:
+        return reports[0][1].render(fmt, **kw)
+    if fmt == "json":
+        return json.dumps({"logs": [{"path": str(p[0]), **r.to_dict()} for p, r in reports]}, indent=1, default=str)
+    if fmt == "junit":
+        suites = [r.render("junit").split("\n", 1)[1] for _, r in reports]
+        named = [
+            x.replace('name="rollout-audit"', f'name="rollout-audit {_xml(str(p[0]))}"', 1)
+            for (p, _), x in zip(reports, suites)
+        ]
+        return '<?xml version="1.0" encoding="utf-8"?>\n<testsuites>\n' + "\n".join(named) + "\n</testsuites>"
+    if fmt == "github":
+        return "\n".join(x for x in (r.render(fmt) for _, r in reports) if x)
+    if fmt == "concise":  # no headers: every line stays one finding, or one log's verdict after its path
+        bodies = (
+            render_concise(r, strict=kw["strict"], quiet=kw["quiet"], label=f"{printable(p[0])}: ") for p, r in reports
+        )
+        return "\n".join(b for b in bodies if b)
+    parts = []
+    for p, r in reports:
+        body = r.render(fmt, **kw)
+        if body:
+            parts.append(f"== {printable(p[0])} ==\n{body}")
+    return "\n\n".join(parts)
+
+
+def _xml(s: str) -> str:
+    from xml.sax.saxutils import escape
+
+    from .report import printable
+
+    return escape(printable(s), {'"': "&quot;"})
 
 
 def _context(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -206,17 +330,23 @@ def _say_incomplete(rep) -> None:
 
 @main.command()
 @click.argument("code", required=False)
-@click.option("--list", "list_all", is_flag=True, help="List every check code.")
+@click.option("--list", "list_all", is_flag=True, help="List every check code, by family.")
 def explain(code, list_all) -> None:
-    """Explain a check: the rule, the lesson it comes from, what to fix."""
-    from .registry import all_rules
+    """Explain a check: the rule, the lesson it comes from, what to fix (a family letter: its checks)."""
+    from .registry import FAMILIES, all_rules
 
     rules = all_rules()
-    if list_all or not code:
-        for c, r in rules.items():
-            click.echo(f"{c}  {r.severity:<7}  {r.name}")
+    want = (code or "").upper()
+    if list_all or not code or want in FAMILIES:
+        for fam, title in FAMILIES.items():
+            members = sorted(c for c in rules if c.startswith(fam))
+            if not members or (want in FAMILIES and fam != want):
+                continue
+            click.echo(f"{fam}  {title}")
+            for c in members:
+                click.echo(f"  {c}  {rules[c].severity:<7}  {rules[c].name}")
         return
-    found = rules.get(code.upper())
+    found = rules.get(want)
     if found is None:
         _fail(f"unknown check code {code!r}; see `rollout-audit explain --list`")
     r = found
@@ -258,8 +388,18 @@ def stats(paths, fmt) -> None:
     from .log import scan
     from .stats import log_stats, render_stats
 
-    d = log_stats(scan(paths))
+    log = scan(paths)
+    _warn_unreadable(log.broken)
+    d = log_stats(log)
     click.echo(json.dumps(d, indent=1, default=str) if fmt == "json" else render_stats(d))
+
+
+def _warn_unreadable(broken: list[tuple[str, str]]) -> None:
+    """One line on stderr per file left out (S005 in an audit), so partial statistics say so."""
+    from .report import printable
+
+    for path, why in broken:
+        click.echo(f"rollout-audit: warning: {printable(path)} left out: {printable(why)}", err=True)
 
 
 @main.command()
@@ -285,12 +425,14 @@ def show(path, trajectory_id, color, tokenizer_dir, ids, width) -> None:
     from .log import scan
     from .show import render, transcript
 
+    log = scan(path)
+    _warn_unreadable(log.broken)
     try:
         dec = from_directory(tokenizer_dir) if tokenizer_dir else None
     except DecodeError as e:
         _fail(str(e))
     try:
-        t = transcript(scan(path), trajectory_id, load_config(start=path))
+        t = transcript(log, trajectory_id, load_config(start=path))
     except KeyError as e:
         _fail(str(e.args[0]))
     cols = width or shutil.get_terminal_size((100, 24)).columns
@@ -354,7 +496,10 @@ def report(paths, output, config_path) -> None:
 @click.argument("out", type=click.Path(file_okay=False), default="demo-out")
 @click.option("--profile", type=click.Choice(["tiny", "smoke", "full"]), default="smoke", show_default=True)
 @click.option("--seed", default=0, show_default=True)
-def demo(out, profile, seed) -> None:
+@click.option(
+    "--progress/--no-progress", default=None, help="A training progress bar on stderr (default: when it is a terminal)."
+)
+def demo(out, profile, seed, progress) -> None:
     """Train the key-and-door reference agent on CPU, write its log to OUT, audit it.
 
     Needs the agent extra: pip install 'rollout-audit[agent]'.
@@ -367,7 +512,9 @@ def demo(out, profile, seed) -> None:
         _fail(f"the reference agent needs torch: pip install -e '.[agent]' ({e})")
     check_new_directory(out)
     click.echo(f"training the {profile} profile (seed {seed}) into {out} ...", err=True)
-    result = run_demo(str(out), profile=profile, seed=seed)
+    result = run_demo(
+        str(out), profile=profile, seed=seed, progress=sys.stderr.isatty() if progress is None else progress
+    )
     click.echo(format_table(result))
     from .engine import audit
 
@@ -383,10 +530,17 @@ def demo(out, profile, seed) -> None:
 def faults(ctx, list_all) -> None:
     """Break a compliant log on purpose: named faults, each with the codes it must raise."""
     if ctx.invoked_subcommand is None:
+        import shutil
+        import textwrap
+
         from .faults import FAULTS
 
+        room = max(shutil.get_terminal_size((120, 24)).columns - 58, 40)  # descriptions wrap, never cut
         for f in FAULTS.values():
-            click.echo(f"{f.name:<44} {','.join(sorted(f.codes)):<12} {f.description}")
+            lines = textwrap.wrap(f.description, room, break_on_hyphens=False) or [""]
+            click.echo(f"{f.name:<44} {','.join(sorted(f.codes)):<12} {lines[0]}")
+            for line in lines[1:]:
+                click.echo(" " * 58 + line)
 
 
 @faults.command("apply")
@@ -396,7 +550,7 @@ def faults(ctx, list_all) -> None:
 @click.option("--seed", default=0, show_default=True, help="Chooses which trajectory is broken.")
 def faults_apply(name, src, dst, seed) -> None:
     """Write DST: the log at SRC broken by fault NAME."""
-    from .faults import FAULTS, apply, read_records, write_records
+    from .faults import FAULTS, apply, declared_components, read_records, write_records
     from .outputs import check_new_directory, check_output
 
     if name not in FAULTS:
@@ -404,7 +558,8 @@ def faults_apply(name, src, dst, seed) -> None:
     check_output(dst, [src], writes_log=True)
     check_new_directory(dst)
     (t, u), touched = apply(name, *read_records(src), seed=seed)
-    write_records(dst, t, u, corrupt=FAULTS[name].file_level)
+    declared = declared_components(src) | FAULTS[name].declares  # the producer's declaration, carried over
+    write_records(dst, t, u, corrupt=FAULTS[name].file_level, reward_components=declared)
     click.echo(
         f"{dst}: {name} (must raise {', '.join(sorted(FAULTS[name].codes))}); touched: "
         f"{', '.join(touched) or 'the whole log'}"

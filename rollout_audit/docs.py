@@ -13,19 +13,7 @@ import sys
 from pathlib import Path
 
 from . import schema as S
-from .registry import Rule, all_rules
-
-FAMILIES = {
-    "S": "Structure: the log can be read as the contract describes",
-    "T": "Termination: why the episode stopped, and what that allows",
-    "M": "Masks and provenance: who generated each token, what the trainer learns from",
-    "L": "Log-probabilities: the behaviour log-probs every importance ratio is built on",
-    "R": "Rewards and credit: turn rewards, shaping, TD residuals and returns",
-    "E": "Environment: which environment, verifier and initial state each episode ran against",
-    "G": "Groups and difficulty: how much relative signal the groups carry",
-    "P": "Policy versions: which weights sampled each turn, and how stale the data is",
-    "U": "Updates and reduction: what each optimizer update claims about its batch",
-}
+from .registry import FAMILIES, Rule, all_rules
 
 
 def _cell(text: str) -> str:

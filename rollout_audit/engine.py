@@ -140,9 +140,12 @@ def run_audit(
     traj = pl.concat(summaries, how="diagonal_relaxed", rechunk=True) if summaries else pl.DataFrame()
     del summaries
     view = LogView(traj, updates, broken, [f.path for f in disc.of_kind("updates")], {})
-    for r in runner.log_rules:
-        runner.apply_log(r, view)
     usable = None if rows else _why_unusable(disc, broken)
+    for r in runner.log_rules:
+        # nothing read and nothing unreadable (an updates folder alone): only file-level checks,
+        # not one U605 per batch member; with unreadable files U605 folds into one line naming them
+        if usable is None or broken or not r.requires:
+            runner.apply_log(r, view)
     return build_report(runner, rows=rows, tokens=tokens, stats=view.stats, cfg=cfg, unusable=usable)
 
 

@@ -32,19 +32,31 @@ class Fault:
     func: Callable[[_Ctx], list[str]]
     config: dict = field(default_factory=dict)  # audit configuration the fault needs
     file_level: bool = False  # breaks the file itself (written by the caller), not records
+    declares: dict = field(default_factory=dict)  # reward components the broken producer declares paid once
 
 
 FAULTS: dict[str, Fault] = {}
 
 
 def fault(
-    name: str, codes: set[str] | frozenset[str], *, config: dict | None = None, file_level: bool = False
+    name: str,
+    codes: set[str] | frozenset[str],
+    *,
+    config: dict | None = None,
+    file_level: bool = False,
+    declares: dict | None = None,
 ) -> Callable:
-    """Register a fault; its docstring's first line is its description."""
+    """Register a fault; its docstring's first paragraph is its description."""
 
     def deco(func: Callable) -> Callable:
         FAULTS[name] = Fault(
-            name, frozenset(codes), (func.__doc__ or name).strip().splitlines()[0], func, config or {}, file_level
+            name,
+            frozenset(codes),
+            " ".join((func.__doc__ or name).strip().split("\n\n")[0].split()),  # the first paragraph, whole
+            func,
+            config or {},
+            file_level,
+            declares or {},
         )
         return func
 
@@ -412,9 +424,17 @@ def return_without_shaping(ctx: _Ctx) -> list[str]:
     return [t["trajectory_id"]]
 
 
-@fault("first_visit_paid_twice", {"R408"}, config={"first_visit_components": ["key_found"]})
+@fault(
+    "first_visit_paid_twice",
+    {"R408"},
+    config={"first_visit_components": ["key_found"]},
+    declares={"key_found": "first_visit"},
+)
 def first_visit_paid_twice(ctx: _Ctx) -> list[str]:
-    """A first-visit milestone (key found) was paid on two turns: farmable by repetition."""
+    """A first-visit milestone (key found) was paid on two turns: farmable by repetition.
+
+    The producer declares key_found first-visit in its file metadata (`declares`); an audit of
+    the records alone gets the same from configuration (`config`)."""
     t = ctx.pick(lambda t: len(t["turns"]) >= 2 and t["reward"] is None, "excluded trajectory with two turns")
     for tr in t["turns"][:2]:
         comps = dict(tr["reward_components"] or [])
@@ -616,12 +636,30 @@ def read_records(path) -> Records:
     return out[0], out[1]
 
 
+def declared_components(path) -> dict[str, str]:
+    """The reward components the trajectory files under `path` declare (file metadata)."""
+    from . import schema as S
+    from .io import discover
+
+    out: dict[str, str] = {}
+    for f in discover([path]).of_kind("trajectories"):
+        out.update(S.reward_components(f.schema.metadata))
+    return out
+
+
 def write_records(
-    dst, trajs: list[dict], updates: list[dict], *, parts: int = 1, corrupt: bool = False, tokenizer=None
+    dst,
+    trajs: list[dict],
+    updates: list[dict],
+    *,
+    parts: int = 1,
+    corrupt: bool = False,
+    tokenizer=None,
+    reward_components: dict[str, str] | None = None,
 ) -> None:
     """Write records as a log under `dst` (trajectories/…, updates/…), without validation so
     that broken records reach the file; `corrupt` truncates the first shard's footer; `tokenizer`
-    is declared in the trajectory files' metadata (RolloutWriter)."""
+    and `reward_components` are the producer's declarations written into each trajectory file."""
     from pathlib import Path
 
     from .writer import RolloutWriter
@@ -632,7 +670,9 @@ def write_records(
         chunk = trajs[i * size : (i + 1) * size]
         if chunk:
             sub = dst / "trajectories" / (f"step={i}" if parts > 1 else "")
-            with RolloutWriter(sub / f"part-{i:04d}.parquet", validate=False, tokenizer=tokenizer) as w:
+            with RolloutWriter(
+                sub / f"part-{i:04d}.parquet", validate=False, tokenizer=tokenizer, reward_components=reward_components
+            ) as w:
                 w.write(chunk)
     if updates:
         with RolloutWriter(dst / "updates" / "updates.parquet", kind="updates", validate=False) as w:
@@ -676,7 +716,7 @@ def detect(name: str, trajs: list[dict], updates: list[dict], workdir, *, seed: 
     f = FAULTS[name]
     (bt, bu), touched = apply(name, trajs, updates, seed)
     out = f"{workdir}/{name}"
-    write_records(out, bt, bu, parts=parts, corrupt=f.file_level)
+    write_records(out, bt, bu, parts=parts, corrupt=f.file_level, reward_components=f.declares)
     rep = audit(out, config=Config.from_mapping(f.config))
     serious = rep.findings.filter(pl.col("severity").is_in(["error", "warning"]))
     found = frozenset(serious["code"].to_list())

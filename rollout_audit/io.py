@@ -163,6 +163,8 @@ def discover(paths: Sequence[str | os.PathLike], follow_symlinks: bool = False) 
                 largest = max((md.row_group(i).total_byte_size for i in range(md.num_row_groups)), default=0)
                 out.files.append(LogFile(str(f), kind, sch, md.num_rows, md.num_row_groups, largest_row_group=largest))
             except Exception as e:  # noqa: BLE001 - any footer error means the file is unusable
+                if str(f) == str(raw) and not str(raw).endswith(".parquet"):  # named on the command line: no log
+                    raise UsageError(f"{raw}: not a Parquet file ({one_line(e)})") from None
                 out.broken.append((str(f), one_line(e)))
     return out
 

@@ -45,7 +45,12 @@ class Log:
         """One row per trajectory, every column as stored, plus `file`."""
         lf = self._scan("trajectories")
         if lf is None:
-            raise ValueError("the log holds no trajectory files")
+            n = len(self.broken)
+            raise ValueError(
+                f"no readable trajectory file ({n} file{'s' * (n != 1)} unreadable: {self.broken[0][0]})"
+                if n
+                else "the log holds no trajectory files"
+            )
         return lf
 
     @property

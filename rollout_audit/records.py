@@ -12,7 +12,7 @@ from . import schema as S
 
 def _meta(kind: str, fields: Sequence[pa.Field] = (), found: Mapping[bytes, bytes] | None = None) -> dict[bytes, bytes]:
     """File metadata: kind, the contract version its columns need, and a producer's
-    `not_recorded` and `tokenizer` declarations carried over from the table being written."""
+    `not_recorded`, `tokenizer` and `reward_components` declarations carried over from the table being written."""
     version = S.version_for(kind, (f.name for f in fields))
     if (found or {}).get(S.META_VERSION) == S.CONTRACT_VERSION.encode():  # the producer says it uses 1.1
         version = S.CONTRACT_VERSION
@@ -22,6 +22,9 @@ def _meta(kind: str, fields: Sequence[pa.Field] = (), found: Mapping[bytes, byte
         meta[S.META_NOT_RECORDED] = json.dumps(declared, sort_keys=True).encode()
     if (found or {}).get(S.META_TOKENIZER):  # how to decode the ids: the producer's declaration, kept as given
         meta[S.META_TOKENIZER] = found[S.META_TOKENIZER]  # type: ignore[index]
+    paid = S.reward_components(found)
+    if paid:
+        meta[S.META_REWARD_COMPONENTS] = json.dumps(paid, sort_keys=True).encode()
     return meta
 
 

@@ -59,6 +59,18 @@ class Rule:
 
 
 RULES: dict[str, Rule] = {}
+# Check families: the first letter of a code, in the order the docs and `explain --list` show them.
+FAMILIES = {
+    "S": "Structure: the log can be read as the contract describes",
+    "T": "Termination: why the episode stopped, and what that allows",
+    "M": "Masks and provenance: who generated each token, what the trainer learns from",
+    "L": "Log-probabilities: the behaviour log-probs every importance ratio is built on",
+    "R": "Rewards and credit: turn rewards, shaping, TD residuals and returns",
+    "E": "Environment: which environment, verifier and initial state each episode ran against",
+    "G": "Groups and difficulty: how much relative signal the groups carry",
+    "P": "Policy versions: which weights sampled each turn, and how stale the data is",
+    "U": "Updates and reduction: what each optimizer update claims about its batch",
+}
 
 
 class NotRun(Exception):

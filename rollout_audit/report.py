@@ -13,7 +13,7 @@ import polars as pl
 from .registry import SEVERITY_ORDER, Rule
 from .runner import FINDING_SCHEMA, Runner
 
-__all__ = ["FINDING_SCHEMA", "FORMATS", "Report", "build_report"]
+__all__ = ["FINDING_ORDER", "FINDING_SCHEMA", "FORMATS", "Report", "build_report", "sort_findings"]
 # Characters a log string must not bring to a terminal, a CI log or an XML file: C0/C1 controls
 # (escape sequences, newlines that start a forged `::error` line), DEL, bidirectional overrides,
 # line/paragraph separators, surrogates and the non-characters U+FFFE/U+FFFF (illegal in XML).
@@ -42,10 +42,13 @@ def _truncate(name: str, limit: int = MAX_CHARS) -> pl.Expr:
     return pl.when(n > limit).then(cut).otherwise(c).alias(name)
 
 
-FORMATS = ("text", "json", "github", "junit")
+FORMATS = ("text", "concise", "json", "github", "junit")
+# The one order of findings in every output (text, concise, JSON, GitHub, JUnit, HTML): severity,
+# then these columns, nulls last; rows equal on all of them keep the order the checks found them in.
+FINDING_ORDER = ("code", "file", "trajectory_id", "turn", "position", "message")
 
 
-@dataclass
+@dataclass(repr=False)
 class Report:
     """Result of an audit. `findings` has one row per finding (columns of FINDING_SCHEMA)."""
 
@@ -75,6 +78,9 @@ class Report:
         f = self.findings if severity is None else self.findings.filter(pl.col("severity") == severity)
         return set(f["code"].to_list())
 
+    def __repr__(self) -> str:
+        return f"<Report {verdict_line(self)}>"
+
     def exit_code(self, strict: bool = False) -> int:
         """0 clean, 1 findings that block training, 2 the audit could not be completed."""
         if not self.complete:
@@ -94,29 +100,40 @@ class Report:
             "summary": self.summary,
         }
 
-    def render(self, fmt: str = "text", *, limit: int | None = 20, color: bool = False) -> str:
+    def render(
+        self,
+        fmt: str = "text",
+        *,
+        limit: int | None = 20,
+        color: bool = False,
+        strict: bool = False,
+        quiet: bool = False,
+    ) -> str:
+        """The report in `fmt`. `quiet` (text, concise): findings only, nothing when there are none;
+        `strict` makes warnings fail the verdict line as they fail the exit code."""
         if fmt == "json":
             return json.dumps(self.to_dict(), indent=1, default=str)
         if fmt == "github":
             return render_github(self)
         if fmt == "junit":
             return render_junit(self)
-        return render_text(self, limit=limit)
+        if fmt == "concise":
+            return render_concise(self, strict=strict, quiet=quiet)
+        return render_text(self, limit=limit, color=color, strict=strict, quiet=quiet)
 
 
-def _sort(findings: pl.DataFrame) -> pl.DataFrame:
+def sort_findings(findings: pl.DataFrame) -> pl.DataFrame:
+    """Findings in the report's one order: severity (error first), then FINDING_ORDER, nulls last."""
     return (
         findings.with_columns(pl.col("severity").replace_strict(SEVERITY_ORDER, return_dtype=pl.Int8).alias("_s"))
-        .sort(
-            ["_s", "code", "file", "trajectory_id", "turn", "position", "message"], nulls_last=True, maintain_order=True
-        )
+        .sort(["_s", *FINDING_ORDER], nulls_last=True, maintain_order=True)
         .drop("_s")
     )
 
 
 def build_report(runner: Runner, *, rows: int, tokens: int, stats: dict, cfg, unusable: str | None = None) -> Report:
     """The report of a finished run: sorted findings, not-run and partial coverage, crashes."""
-    findings = _sort(runner.findings_frame()).with_columns(
+    findings = sort_findings(runner.findings_frame()).with_columns(
         _truncate("message"), _truncate("file"), _truncate("trajectory_id")
     )
     not_run, partial = runner.not_run(), runner.partial(rows)
@@ -149,53 +166,111 @@ def _where(r: dict) -> str:
     return ", ".join(parts)
 
 
-def render_text(rep: Report, limit: int | None = 20) -> str:
-    """Findings grouped by code, a bounded sample each, then not-run checks and a summary line."""
-    out = []
+_STYLE = {"error": "bold red", "warning": "yellow", "info": "blue", "where": "cyan", "ok": "bold green"}
+
+
+def render_text(
+    rep: Report, limit: int | None = 20, *, color: bool = False, strict: bool = False, quiet: bool = False
+) -> str:
+    """Findings grouped by code, a bounded sample each, then not-run checks and a summary line.
+    `quiet`: the findings alone (nothing when there are none). `color`: ANSI styles (rich)."""
+    out: list[list[tuple[str, str | None]]] = []  # lines of (text, style) segments
     for (code,), grp in rep.findings.group_by("code", maintain_order=True):
         sev = grp["severity"][0]
         name = rep.rules[code].name if code in rep.rules else ""
-        out.append(f"{code} [{sev}] {name}: {grp.height} finding{'s' * (grp.height != 1)}")
+        out.append([(f"{code} [{sev}]", _STYLE[sev]), (f" {name}: {_n(grp.height, 'finding')}", None)])
         shown = grp if limit is None else grp.head(limit)
         for r in shown.iter_rows(named=True):
             where = _where(r)
             msg = printable(r["message"])
-            out.append(f"  {where}: {msg}" if where else f"  {msg}")
+            out.append(
+                [("  ", None), (f"{where}:", _STYLE["where"]), (f" {msg}", None)] if where else [(f"  {msg}", None)]
+            )
         if limit is not None and grp.height > limit:
-            out.append(f"  ... {grp.height - limit} more (use --show-all or --format json)")
+            out.append([(f"  ... {grp.height - limit} more (use --show-all or --format json)", None)])
+    if not quiet:
+        out += [[(line, None)] for line in _coda(rep)]
+        if rep.unusable is None:
+            v = verdict(rep, strict)
+            line = verdict_line(rep, strict)
+            out.append([(v, _STYLE["ok"] if v == "ok" else _STYLE["error"]), (line[len(v) :], None)])
+    return _join(out, color)
+
+
+def _coda(rep: Report) -> list[str]:
+    """What follows the findings: why nothing was audited, or not-run, partial and crashed checks."""
     if rep.unusable is not None:
-        out.append(f"error: nothing to audit: {rep.unusable}")
-        return "\n".join(out)
+        return [f"error: nothing to audit: {printable(rep.unusable)}"]
+    out = []
     if rep.not_run:
         out.append("not run:")
-        for code, why in sorted(rep.not_run.items()):
-            out.append(f"  {code}: {printable(why)}")
+        out += [f"  {code}: {printable(why)}" for code, why in sorted(rep.not_run.items())]
     if rep.partial:
         out.append("partially run:")
-        for code, why in sorted(rep.partial.items()):
-            out.append(f"  {code}: {printable(why)}")
+        out += [f"  {code}: {printable(why)}" for code, why in sorted(rep.partial.items())]
     for c in rep.crashes:
         where = ", ".join(x for x in (c["file"], c["rows"] and f"rows {c['rows']}") if x)
         out.append(
             f"error: check {c['code']} crashed{' on ' + printable(where) if where else ''}: {printable(c['error'])}"
             + (f" ({c['times']} times)" if c["times"] > 1 else "")
         )
+    return out
+
+
+def _join(lines: list[list[tuple[str, str | None]]], color: bool) -> str:
+    """Lines of styled segments as plain text, or with ANSI styles through rich."""
+    if not color:
+        return "\n".join("".join(t for t, _ in line) for line in lines)
+    import io
+
+    from rich.console import Console
+    from rich.text import Text
+
+    buf = io.StringIO()
+    con = Console(
+        file=buf, force_terminal=True, color_system="standard", width=1 << 20, highlight=False, soft_wrap=True
+    )
+    for line in lines:
+        con.print(Text.assemble(*((t, st or "") for t, st in line)), end="\n")  # Text: never parsed as markup
+    return buf.getvalue().rstrip("\n")
+
+
+def verdict(rep: Report, strict: bool = False) -> str:
+    """INCOMPLETE (exit 2), FAIL (exit 1) or ok (exit 0), as the exit code under `strict` says."""
+    return {0: "ok", 1: "FAIL", 2: "INCOMPLETE"}[rep.exit_code(strict)]
+
+
+def verdict_line(rep: Report, strict: bool = False) -> str:
+    """'FAIL: 2 errors, 0 warnings, 0 info; 44 checks run, …; 128 trajectories, 9354 tokens read'."""
     s = rep.summary
     by = s["by_severity"]
-    verdict = "INCOMPLETE" if rep.crashes else "FAIL" if by["error"] else "ok"
-    out.append(
-        f"{verdict}: {_n(by['error'], 'error')}, {_n(by['warning'], 'warning')}, {by['info']} info; "
+    return (
+        f"{verdict(rep, strict)}: {_n(by['error'], 'error')}, {_n(by['warning'], 'warning')}, {by['info']} info; "
         f"{_n(len(s['checks_run']), 'check')} run, {len(rep.partial)} partially run, "
         f"{len(rep.not_run)} not run"
         + (f", {len(s['checks_crashed'])} crashed" if rep.crashes else "")
         + f"; {_n(s['rows_read'], 'trajectory', 'trajectories')}, {_n(s['tokens_read'], 'token')} read"
     )
-    return "\n".join(out)
 
 
 def _n(k: int, one: str, many: str | None = None) -> str:
     """'1 error', '2 errors'."""
     return f"{k} {one if k == 1 else (many or one + 's')}"
+
+
+def render_concise(rep: Report, *, strict: bool = False, quiet: bool = False, label: str = "") -> str:
+    """One finding per line, `file:trajectory:turn:position: CODE message` (grep and editors);
+    absent parts are empty, `:` in a trajectory id is escaped (`\\x3a`). Then the verdict line."""
+    lines = []
+    for r in rep.findings.iter_rows(named=True):
+        tid = "" if r["trajectory_id"] is None else printable(r["trajectory_id"]).replace(":", "\\x3a")
+        loc = [printable(r["file"] or ""), tid, *("" if r[k] is None else str(r[k]) for k in ("turn", "position"))]
+        lines.append(f"{':'.join(loc)}: {r['code']} {printable(r['message'])}")
+    if not quiet:  # `label` (several logs): the log's path before its verdict line
+        lines += [label + x for x in _coda(rep)] if rep.unusable is not None or rep.crashes else []
+        if rep.unusable is None:
+            lines.append(label + verdict_line(rep, strict))
+    return "\n".join(lines)
 
 
 def render_github(rep: Report) -> str:
@@ -247,7 +322,7 @@ def render_junit(rep: Report) -> str:
             body = f"<skipped message={quoteattr(printable(rep.not_run[code]))}/>"
             skipped += 1
         elif grp.height and rule.severity == "error":
-            body = f"<failure message={quoteattr(f'{grp.height} findings')}>{escape(text)}</failure>"
+            body = f"<failure message={quoteattr(_n(grp.height, 'finding'))}>{escape(text)}</failure>"
             failures += 1
         elif grp.height:
             body = f"<system-out>{escape(text)}</system-out>"

@@ -123,6 +123,8 @@ class Runner:
         self.crash_counts: dict[str, int] = {}
         self.file_inputs: dict[str, tuple[frozenset[str], int]] = {}  # file -> (inputs it has, rows)
         self.declared: dict[str, str] = {}  # input -> why the producer's framework does not record it
+        # components the log declares paid at most once feed R408 unless the configuration names them
+        self._configured_once = "first_visit_components" in cfg.model_fields_set
         self._lock = threading.Lock()
 
     @property
@@ -163,9 +165,16 @@ class Runner:
         return True, None
 
     def declare(self, meta: dict[bytes, bytes] | None) -> None:
-        """Take a file's declaration of what its producer does not record (with the reasons)."""
+        """Take a file's declarations: what its producer does not record (with the reasons), and
+        which reward components it pays at most once (R408; the configuration, when set, wins)."""
+        once = sorted(k for k, v in S.reward_components(meta).items() if v in S.PAID_ONCE)
         with self._lock:
             self.declared.update(S.not_recorded(meta))
+            if once and not self._configured_once:
+                have = self.cfg.first_visit_components
+                self.cfg = self.cfg.model_copy(
+                    update={"first_visit_components": have + [k for k in once if k not in have]}
+                )
 
     def note_batch(self, b: Batch) -> None:
         """Remember which inputs this batch's file has (for the coverage of log checks)."""

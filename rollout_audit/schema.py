@@ -20,6 +20,10 @@ META_VERSION = b"rollout_log.schema_version"
 META_KIND = b"rollout_log.kind"
 META_NOT_RECORDED = b"rollout_log.not_recorded"  # JSON {column: why the producer's framework lacks it}
 META_TOKENIZER = b"rollout_log.tokenizer"  # JSON {"name": ..., "vocabulary": [...]}: how to decode token_ids
+META_REWARD_COMPONENTS = b"rollout_log.reward_components"  # JSON {component: how it is paid (PAYMENTS)}
+# How a reward component is paid, as its producer declares it. R408 checks the ones paid at most once.
+PAYMENTS = ("first_visit", "terminal", "per_step")
+PAID_ONCE = ("first_visit", "terminal")
 
 POLICY = 2  # token_source value of a token sampled by the behaviour policy
 SOURCE_NAMES = {0: "system", 1: "user", 2: "policy", 3: "observation", 4: "template"}
@@ -134,6 +138,19 @@ def not_recorded(meta: Mapping[bytes, bytes] | None) -> dict[str, str]:
     metadata is absent or not a JSON object of strings: a hostile value is ignored, not trusted)."""
     d = meta_object(meta, META_NOT_RECORDED)
     return {str(k)[:200]: str(v)[:500] for k, v in d.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def reward_components(meta: Mapping[bytes, bytes] | None) -> dict[str, str]:
+    """A file's declaration of how each reward component is paid ({component: one of PAYMENTS});
+    entries that are not strings naming a known payment are ignored, as is a malformed value."""
+    raw = (meta or {}).get(META_REWARD_COMPONENTS)
+    try:
+        d = json.loads(raw) if raw else {}
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    if not isinstance(d, dict):
+        return {}
+    return {k[:200]: v for k, v in d.items() if isinstance(k, str) and v in PAYMENTS}
 
 
 def stop_reasons() -> dict[str, str]:

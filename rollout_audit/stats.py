@@ -53,7 +53,8 @@ def log_stats(log: Log) -> dict:
         u = (
             ups.select(
                 pl.len().alias("updates"),
-                pl.col("trajectory_ids").list.len().sum().alias("trajectories_used"),
+                pl.col("trajectory_ids").list.len().sum().alias("trajectory_uses"),
+                pl.col("trajectory_ids").explode().n_unique().alias("distinct_trajectories_used"),
                 pl.col("reduction").unique().alias("reductions"),
             )
             .collect()
@@ -84,11 +85,12 @@ def render_stats(d: dict) -> str:
             f"groups ({g['key']}): {g['count']}, mean size {g['mean_size']:.2f}, "
             f"degenerate share {g['degenerate_share']:.3f}"
         )
-    lines.append("turns by policy version: " + ", ".join(f"v{k} {v}" for k, v in d["turns_by_policy_version"].items()))
+    lines.append("turns by policy version: " + _versions(d["turns_by_policy_version"]))
     if "updates" in d:
         u = d["updates"]
         lines.append(
-            f"updates: {u['updates']}, trajectories used {u['trajectories_used']}, reductions {u['reductions']}"
+            f"updates: {u['updates']}, trajectory uses across epochs {u['trajectory_uses']} "
+            f"({u['distinct_trajectories_used']} distinct), reductions {', '.join(map(str, u['reductions']))}"
         )
     return "\n".join(lines)
 
@@ -183,3 +185,17 @@ def stops_by_version(log: Log, max_rows: int) -> list[dict]:
     for b0, b1, why, n in counts.iter_rows():
         out.setdefault((b0, b1), {})[why] = n
     return [{"versions": f"v{a}" if a == b else f"v{a}–v{b}", "stops": d} for (a, b), d in out.items()]
+MAX_VERSION_BINS = 8
+
+
+def _versions(by_version: dict[int, int]) -> str:
+    """Turns per policy version, one entry per version up to MAX_VERSION_BINS, else in that many
+    ranges of consecutive versions ('v0-9 812, v10-19 790, …')."""
+    items = sorted(by_version.items())
+    if len(items) <= MAX_VERSION_BINS:
+        return ", ".join(f"v{k} {v}" for k, v in items)
+    size = -(-len(items) // MAX_VERSION_BINS)
+    bins = [items[i : i + size] for i in range(0, len(items), size)]
+    return f"{len(items)} versions, v{items[0][0]}-{items[-1][0]}: " + ", ".join(
+        f"v{b[0][0]}-{b[-1][0]} {sum(n for _, n in b)}" for b in bins
+    )

@@ -29,6 +29,8 @@ class RolloutWriter:
     Each `write` checks the batch against the contract (required columns, types, list
     lengths, turn numbering, stop reasons) and raises ValueError naming the column and
     row of the first problem. The file only appears under its final name on `close`.
+    `reward_components` declares how each reward component is paid ({"key_found": "first_visit"},
+    file metadata `rollout_log.reward_components`), so that R408 runs without configuration.
 
         with RolloutWriter("logs/step=3/part-0.parquet") as w:
             w.write(records)            # list of dicts, or a pyarrow Table/RecordBatch
@@ -42,12 +44,19 @@ class RolloutWriter:
         validate: bool = True,
         compression: str = "zstd",
         tokenizer: Mapping | None = None,
+        reward_components: Mapping[str, str] | None = None,
     ) -> None:
         """`tokenizer`, when given, is declared in the file metadata `rollout_log.tokenizer` so that
         `rollout-audit show` can decode the ids: {"name": str, "vocabulary": [text of each id]}, either key optional."""
         if kind not in ("trajectories", "updates"):
             raise ValueError(f"kind must be 'trajectories' or 'updates', not {kind!r}")
+        # the writer's declarations, written into the file metadata (they win over ones a table carries)
         self._meta = {S.META_TOKENIZER: _tokenizer_meta(tokenizer)} if tokenizer is not None else {}
+        bad = {k: v for k, v in (reward_components or {}).items() if v not in S.PAYMENTS}
+        if bad:
+            raise ValueError(f"reward_components: {bad} not one of {', '.join(S.PAYMENTS)}")
+        if reward_components:
+            self._meta[S.META_REWARD_COMPONENTS] = json.dumps(dict(reward_components), sort_keys=True).encode()
         self.path = Path(path)
         self.kind = kind
         self.validate = validate

@@ -327,10 +327,12 @@ def test_u605_unknown_trajectory(records):
     assert "update 1 names trajectory ghost-17 (batch position 2), which is not in the log" == f["message"][0]
 
 
-def test_u605_runs_without_trajectories(records):
+def test_u605_is_no_cascade_when_no_trajectory_was_read(records):
+    """Updates alone: nothing to audit (exit 2, one reason), not one U605 per batch member."""
     _, ups = records
     rep = ra.audit(None, ups, select=["U605"])
-    assert of(rep, "U605").height == sum(len(u["trajectory_ids"]) for u in ups)
+    assert rep.exit_code() == 2 and rep.unusable == "the log holds no trajectory records"
+    assert of(rep, "U605").is_empty()
 
 
 def test_u606_truncated_episode_in_update(records):

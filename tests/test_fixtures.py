@@ -22,8 +22,8 @@ def serious(rep) -> pl.DataFrame:
 def test_compliant_agent_log_is_clean():
     rep = ra.audit(FIXTURES / "compliant")
     assert serious(rep).is_empty(), rep.render()
-    # configuration needed (R408, T306); replay is off by default
-    assert set(rep.not_run) == {"R408", "T306", "L205", "L206", "L207"}
+    # replay is off by default; R408 runs on the declaration; T306 needs max_response_tokens
+    assert set(rep.not_run) == {"T306", "L205", "L206", "L207"}
     assert rep.summary["rows_read"] > 100
 
 

@@ -272,8 +272,9 @@ def test_no_usable_input_is_exit_2_with_one_line(tmp_path, what):
     res = cli("check", target)
     assert res.exit_code == 2, res.output
     last = res.output.strip().splitlines()[-1]
-    assert last.startswith("error: nothing to audit: ")
-    assert "not run" not in res.output
+    expected = "rollout-audit: error: " if what == "csv" else "error: nothing to audit: "  # csv: not Parquet at all
+    assert last.startswith(expected), res.output
+    assert "not run" not in res.output and "U605" not in res.output
 
 
 # ---------------------------------------------------------------- declarations are complete

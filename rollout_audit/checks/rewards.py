@@ -372,13 +372,17 @@ def first_visit(b: BatchView, cfg) -> pl.DataFrame | None:
     Lesson “Verify world state, not persuasive text”: partial credit should reward a change of world state once ("the first
     successful login may be rewarded once; repeated login calls should not be paid
     repeatedly"); a milestone paid on every visit is farmed in a loop (lesson “Process feedback and hindsight critics”). Which
-    components are first-visit is project knowledge: list them in configuration
-    `first_visit_components = ["key_picked", ...]`; with an empty list the check is
+    components are first-visit is the producer's knowledge: its writer declares them in the file
+    metadata `rollout_log.reward_components` (`RolloutWriter(reward_components={"key_picked":
+    "first_visit"})`; "terminal" components are paid once too), and configuration
+    `first_visit_components = ["key_picked", ...]` overrides it; with neither the check is
     reported as not run. Pay the component only on the transition that first reaches the state.
     """
     keys = list(cfg.first_visit_components)
     if not keys:
-        raise NotRun("needs first_visit_components in the configuration")
+        raise NotRun(
+            "needs first_visit_components in the configuration, or the log's rollout_log.reward_components metadata"
+        )
     tr = b.turns
     if tr.is_empty():
         return None

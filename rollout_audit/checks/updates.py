@@ -585,7 +585,12 @@ def unknown_member(log, cfg) -> pl.DataFrame | None:
     m = members(log).filter(~pl.col("_in_log"))
     if m.is_empty():
         return None
-    return m.select(
+    each = m
+    folded = None
+    if log.broken:  # one cause, one finding: the unreadable files (S005) likely hold these trajectories
+        each, lost = m.filter(pl.col("trajectory_id").is_null()), m.filter(pl.col("trajectory_id").is_not_null())
+        folded = _lost_to_broken(lost, log.broken) if lost.height else None
+    per_member = each.select(
         "file",
         "trajectory_id",
         pl.format(
@@ -594,6 +599,23 @@ def unknown_member(log, cfg) -> pl.DataFrame | None:
             pl.col("trajectory_id").fill_null("null"),
             pl.col("_k"),
         ).alias("message"),
+    )
+    return pl.concat([folded, per_member], how="diagonal_relaxed") if folded is not None else per_member
+
+
+def _lost_to_broken(lost: pl.DataFrame, broken: list[tuple[str, str]]) -> pl.DataFrame:
+    """One U605 finding for every batch member missing from a log that has unreadable files."""
+    ids, ups = lost["trajectory_id"].n_unique(), lost["_u"].n_unique()
+    first = broken[0][0]
+    more = f" and {len(broken) - 1} more" if len(broken) > 1 else ""
+    msg = (
+        f"{ids} trajectory id{'s' * (ids != 1)} named by {ups} update{'s' * (ups != 1)} "
+        f"{'are' if ids != 1 else 'is'} not in the log; the unreadable file {first}{more} (S005) "
+        "likely holds them: repair or re-export it and audit again"
+    )
+    return pl.DataFrame(
+        {"file": [lost["file"][0]], "trajectory_id": [None], "message": [msg]},
+        schema_overrides={"file": pl.String, "trajectory_id": pl.String},
     )
 
 

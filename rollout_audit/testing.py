@@ -1,0 +1,49 @@
+"""Audit a log in your own test suite: `assert_clean(path_or_tables)` raises AssertionError with
+the findings in a readable form, like `rollout-audit check` would print them.
+
+    from rollout_audit.testing import assert_clean
+
+    def test_exported_rollouts_are_trainable(tmp_path):
+        export_rollouts(tmp_path)                      # your pipeline
+        assert_clean(tmp_path, ignore=["R409"])
+
+With pytest, the fixture `rollout_audit_clean` (this package's pytest plugin) is the same function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .config import Config
+from .engine import audit
+from .report import Report, _coda, verdict_line
+
+__all__ = ["assert_clean"]
+EXAMPLES = 5  # findings shown per code in the failure message
+
+
+def assert_clean(
+    source: Any,
+    updates: Any = None,
+    *,
+    select: Sequence[str] | None = None,
+    ignore: Sequence[str] | None = None,
+    config: Config | None = None,
+    strict: bool = False,
+) -> Report:
+    """Audit `source` (a path, a list of paths, a scanned Log, or in-memory trajectory records or
+    tables with `updates`) and return the report; raise AssertionError when the audit would exit
+    non-zero: error findings (warnings too with `strict`), a crashed check, or nothing to audit."""
+    rep = audit(source, updates, config=config, select=select, ignore=ignore)
+    if rep.exit_code(strict):
+        raise AssertionError(failure_message(rep, strict))
+    return rep
+
+
+def failure_message(rep: Report, strict: bool = False) -> str:
+    """The verdict, then a few findings per code, then why the audit is incomplete if it is."""
+    findings = rep.render("text", limit=EXAMPLES, quiet=True)
+    trouble = _coda(rep) if not rep.complete else []
+    head = "the rollout log is not clean: " + (verdict_line(rep, strict) if rep.unusable is None else "INCOMPLETE")
+    return "\n".join([head, *([findings] if findings else []), *trouble])
