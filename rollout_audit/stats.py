@@ -185,6 +185,8 @@ def stops_by_version(log: Log, max_rows: int) -> list[dict]:
     for b0, b1, why, n in counts.iter_rows():
         out.setdefault((b0, b1), {})[why] = n
     return [{"versions": f"v{a}" if a == b else f"v{a}–v{b}", "stops": d} for (a, b), d in out.items()]
+
+
 MAX_VERSION_BINS = 8
 
 
