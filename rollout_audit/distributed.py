@@ -257,7 +257,7 @@ def _run(
     kept = [r for r in runner.log_rules if r.code not in PARTITIONED]
     n_parts = partitions or max(1, int(ray.cluster_resources().get("CPU", 1)))
     job = Job(
-        cfg,
+        runner.cfg,  # with what the files declare (e.g. reward components paid once)
         tuple(select) if select else None,
         tuple(ignore) if ignore else None,
         rules,
