@@ -89,7 +89,7 @@ def test_compliant_page_renders_verdict_checks_findings_and_plots(browser, site)
     rows = page.locator("#checks tr[data-status]")
     assert rows.count() > 40
     assert page.locator('#check-M101[data-status="pass"]').count() == 1
-    assert page.locator("#check-R408[data-status=notrun]").count() == 1  # not run, with its reason shown
+    assert page.locator("#check-L205[data-status=notrun]").count() == 1  # not run, with its reason shown
     details = page.locator("#check-M101 details")
     assert not details.locator("pre").is_visible()
     details.locator("summary").click()  # the rule's explanation is one click away
