@@ -71,16 +71,22 @@ def convert_then_check_equals_check_from(name: str, case: str, tmp_path: Path, *
     return findings(direct)
 
 
-def missing_field_exits_2(name: str, case: str, field: str, tmp_path: Path) -> str:
-    """`check --from` on the fixture with `field` removed from its second record: exit 2 and one
-    line on stderr, no traceback; returns that line."""
+_MISSING = object()
+
+
+def missing_field_exits_2(name: str, case: str, field: str, tmp_path: Path, value: object = _MISSING) -> str:
+    """`check --from` on the fixture with `field` of its second record removed (or set to `value`):
+    exit 2 and one line on stderr naming the field, no traceback; returns that line."""
     recs = read_dump(fixture(name, case))
-    del recs[1][field]
+    if value is _MISSING:
+        del recs[1][field]
+    else:
+        recs[1][field] = value
     bad = tmp_path / "dump.jsonl"
     bad.write_text("".join(json.dumps(r) + "\n" for r in recs))
     result = cli("check", "--from", name, bad, *context_args())
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and field in lines[0], result.stderr
+    assert len(lines) == 1 and field in lines[0] and "internal error" not in lines[0], result.stderr
     return lines[0]
