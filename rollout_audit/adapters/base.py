@@ -217,6 +217,8 @@ def lacks(framework: str) -> dict[str, str]:
         "verifier_success": f"{framework} records a reward, not a verifier verdict",
         "initial_state_checksum": f"{framework} does not record environment state",
         "turns.parsed_action": f"{framework} does not record parsed actions",
+        "turns.template_context_length": f"{framework} does not record the chat template's render of each turn's context",
+        "turns.template_context_sha256": f"{framework} does not record the chat template's render of each turn's context",
     }
 
 

@@ -40,6 +40,7 @@ _NO_STOP = (
     "and the engine's finish reason (length vs stop) is not forwarded"
 )
 _NO_CALLS = "the records carry no engine_calls (add the hook's line in ToolAgentLoop._handle_generating_state)"
+_NO_TEMPLATE = "the engine_calls carry no template_ids (the hook's optional render of the conversation)"
 LACKS = {
     **lacks("verl"),
     "turns.policy_version": "verl's synchronous agent loop does not record the weight version that sampled a turn "
@@ -54,6 +55,8 @@ LACKS = {
     "turns.context_length": _NO_CALLS,
     "turns.context_sha256": _NO_CALLS,
     "turns.sampled_token_ids": _NO_CALLS,
+    "turns.template_context_length": _NO_TEMPLATE,
+    "turns.template_context_sha256": _NO_TEMPLATE,
 }
 
 
@@ -71,9 +74,11 @@ def _engine_turns(calls: list[Any], n_prompt: int, n_resp: int, where: str) -> t
         if start < 0:
             raise AdapterError(f"{w}: prompt_ids shorter than the sample's prompt_ids")
         policy += range(start, min(start + len(ids), n_resp))
-        turns.append(
-            {"turn_id": t, "context_length": len(ctx), "context_sha256": sha256_ids(ctx), "sampled_token_ids": ids}
-        )
+        turn = {"turn_id": t, "context_length": len(ctx), "context_sha256": sha256_ids(ctx), "sampled_token_ids": ids}
+        if call.get("template_ids") is not None:
+            tmpl = ints(call, "template_ids", w)
+            turn.update(template_context_length=len(tmpl), template_context_sha256=sha256_ids(tmpl))
+        turns.append(turn)
     return policy, turns
 
 
