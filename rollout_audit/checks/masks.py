@@ -217,9 +217,7 @@ def context_prefix(b: BatchView, cfg) -> pl.DataFrame | None:
         order = np.lexsort((c, r))
         todo, r, c = todo[order], r[order], c[order]
     digests = _prefix_digests(b, r, c)
-    sha_bad = np.zeros(tr.height, bool)
-    recorded = tr["sha"].gather(todo).str.decode("hex", strict=False)  # malformed hex -> null -> differs
-    sha_bad[todo] = (pl.Series(digests, dtype=pl.Binary) != recorded).fill_null(True).to_numpy()
+    sha_bad = _differs(tr["sha"], todo, digests)
     bad_rows = np.flatnonzero(len_bad | sha_bad | ~in_range)
     if not bad_rows.size:
         return None
@@ -288,6 +286,15 @@ def _prefix_digests(b: BatchView, r: np.ndarray, c: np.ndarray) -> list[bytes]:
         h.update(buf[a:z])
         append(h.digest())  # compared as bytes; hex only for the findings
     return digests
+
+
+def _differs(hex_sha: pl.Series, todo: np.ndarray, digests: list[bytes]) -> np.ndarray:
+    """Per row of `hex_sha`: the recorded hex digest at the rows `todo` differs from `digests`
+    (malformed hex decodes to null and differs); rows outside `todo` are False."""
+    bad = np.zeros(len(hex_sha), bool)
+    recorded = hex_sha.gather(todo).str.decode("hex", strict=False)
+    bad[todo] = (pl.Series(digests, dtype=pl.Binary) != recorded).fill_null(True).to_numpy()
+    return bad
 
 
 @rule(
@@ -430,9 +437,7 @@ def template_context(b: BatchView, cfg) -> pl.DataFrame | None:
     order = np.lexsort((pos[todo], rows[todo]))
     todo = todo[order]
     digests = _prefix_digests(b, rows[todo], pos[todo])
-    sha_bad = np.zeros(tr.height, bool)
-    recorded = tr["sha"].gather(todo).str.decode("hex", strict=False)
-    sha_bad[todo] = (pl.Series(digests, dtype=pl.Binary) != recorded).fill_null(True).to_numpy()
+    sha_bad = _differs(tr["sha"], todo, digests)
     bad = tr.filter(pl.Series(~same | sha_bad))
     if bad.is_empty():
         return None
