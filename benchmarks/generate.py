@@ -329,6 +329,8 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
         "sampled_token_ids": _list(pol_turn_start, pa.array(ids[pol])),
         "context_length": pa.array(ctx_len.astype(np.int32)),
         "context_sha256": ctx_sha,
+        "template_context_length": pa.array(ctx_len.astype(np.int32)),  # the builder renders as the template does
+        "template_context_sha256": ctx_sha,
     }
     tstruct = S.turn_struct()
     turns = pa.StructArray.from_arrays([turn_fields[f.name].cast(f.type) for f in tstruct], fields=list(tstruct))

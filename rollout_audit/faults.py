@@ -88,6 +88,9 @@ class _Ctx:
 # ---------------------------------------------------------------- helpers keeping a mutation consistent
 
 
+SEPARATOR = 198  # a chat template's turn separator (the newline token in Qwen's vocabulary)
+
+
 def _policy_positions(t: dict, turn: int | None = None) -> list[int]:
     return [
         i for i, (s, k) in enumerate(zip(t["token_source"], t["token_turn"])) if s == 2 and (turn is None or k == turn)
@@ -218,6 +221,23 @@ def template_reapplied_drops_separator(ctx: _Ctx) -> list[str]:
     first = _policy_positions(t, turn=1)[0]
     _drop_token(t, first - 1)  # the template token just before turn 1's action
     # context_length / context_sha256 keep what the engine saw: that is the point
+    return [t["trajectory_id"]]
+
+
+@fault("turn_separator_dropped", {"M107"})
+def turn_separator_dropped(ctx: _Ctx) -> list[str]:
+    """The sequence was built turn by turn with each tool turn rendered alone: the separator the chat template writes after every earlier action is missing."""
+    from .synth import context_sha256
+
+    t = ctx.pick(lambda t: len(t["turns"]) >= 2, "trajectory with two turns")
+    ends = [_policy_positions(t, turn=k)[-1] for k in range(len(t["turns"]))]
+    for k, tr in enumerate(t["turns"]):
+        pos = _policy_positions(t, turn=k)[0]
+        render = list(t["token_ids"][:pos])
+        for e in reversed(ends[:k]):  # the template's separator after each earlier action
+            render.insert(e + 1, SEPARATOR)
+        tr["template_context_length"] = len(render)
+        tr["template_context_sha256"] = context_sha256(render, len(render))
     return [t["trajectory_id"]]
 
 

@@ -3,6 +3,7 @@ predicts; an OpenRLHF-style episode cut at the response budget but COMPLETED is 
 
 from __future__ import annotations
 
+import pytest
 from adapterhelp import (
     audit,
     convert_then_check_equals_check_from,
@@ -34,3 +35,10 @@ def test_convert_then_check_equals_check_from(tmp_path):
 def test_missing_status_exits_2_naming_it(tmp_path):
     line = missing_field_exits_2("slime", "compliant", "status", tmp_path)
     assert "index 1" in line
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("tokens", [[1]]), ("response_length", "x"), ("weight_versions", 5), ("loss_mask", "11")]
+)
+def test_malformed_field_exits_2_naming_it(tmp_path, field, value):
+    missing_field_exits_2("slime", "compliant", field, tmp_path, value)

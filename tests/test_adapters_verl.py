@@ -1,6 +1,7 @@
 """verl adapter: the compliant fixture audits clean with the not-run list docs/frameworks/verl.md
-predicts, with engine-side checks (M105, M106) run; a Search-R1-style mask built on a re-encoded
-transcript is M101 against the engine's record of what it sampled; the CLI paths agree."""
+predicts, with the engine-side checks (M105, M106, M107) run; verl#6501 (a dropped turn separator)
+is M107; a Search-R1-style mask built on a re-encoded transcript is M101 against the engine's
+record of what it sampled; the CLI paths agree."""
 
 from __future__ import annotations
 
@@ -21,12 +22,21 @@ def test_compliant_is_clean_and_not_run_as_documented():
     rep = audit("verl", "compliant")
     assert rep.findings.is_empty(), rep.render()
     assert set(rep.not_run) == documented_not_run("verl")
-    assert not {"M105", "M106"} & set(rep.not_run)
+    assert not {"M105", "M106", "M107"} & set(rep.not_run)
 
 
 def test_mask_after_reencoding_is_m101(tmp_path):
     found = convert_then_check_equals_check_from("verl", "searchr1_mask_after_reencoding", tmp_path)
     assert {(f[0], f[1]) for f in found} == {("M101", "e2a901"), ("M102", "e2a901")}
+
+
+def test_dropped_turn_separator_is_m107_not_m105():
+    """verl#6501: the engine and the trainer share the separator-less sequence (M105 holds); the
+    template's render of the conversation has one more token per earlier tool boundary."""
+    rep = audit("verl", "tool_separator_dropped")
+    f = rep.findings.sort("turn")
+    assert f.select("code", "trajectory_id", "turn").rows() == [("M107", "e2a901", 1), ("M107", "e2a901", 2)]
+    assert "has 50 tokens" in f["message"][0] and "as 51" in f["message"][0]
 
 
 def test_missing_response_mask_exits_2_naming_it(tmp_path):

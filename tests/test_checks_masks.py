@@ -262,3 +262,42 @@ def test_policy_token_tagged_with_an_earlier_turn(records):
     for code in ("M104", "M106", "L202"):
         f = rep.findings.filter(pl.col("code") == code).sort("turn")
         assert f["turn"].to_list() == [0, 2] and set(f["trajectory_id"]) == {tr["trajectory_id"]}, code
+
+
+# ---------------------------------------------------------------- M107
+
+
+def with_template(tr: dict, extra_before: dict[int, int] | None = None) -> None:
+    """Record the chat template's render before each turn of `tr`: the trainer's own prefix, with
+    `extra_before[t]` separator tokens more before turn t (what the template writes and the
+    trainer's incremental builder dropped)."""
+    for t, turn in enumerate(tr["turns"]):
+        pos = positions(tr, 2, t)[0]
+        render = tr["token_ids"][:pos] + [198] * (extra_before or {}).get(t, 0)
+        turn["template_context_length"] = len(render)
+        turn["template_context_sha256"] = context_sha256(render, len(render))
+
+
+def test_m107_separator_missing_before_later_turns(records):
+    trajs, ups = records
+    tr = trajs[11]  # 5 turns
+    with_template(tr, {t: t for t in range(1, 5)})  # one separator more per earlier turn
+    f = only(ra.audit(trajs, ups), "M107").sort("turn")
+    assert f["turn"].to_list() == [1, 2, 3, 4] and set(f["trajectory_id"]) == {tr["trajectory_id"]}
+    assert f["position"].to_list() == [positions(tr, 2, t)[0] for t in range(1, 5)]
+    assert "renders the same conversation as" in f["message"][0]
+
+
+def test_m107_same_length_other_ids_and_silent_when_the_render_matches(records):
+    trajs, ups = records
+    with_template(trajs[11])
+    with_template(trajs[3])
+    assert "M107" not in ra.audit(trajs, ups).codes()
+    trajs[3]["turns"][1]["template_context_sha256"] = "0" * 64
+    r = only(ra.audit(trajs, ups), "M107").row(0, named=True)
+    assert (r["trajectory_id"], r["turn"]) == (trajs[3]["trajectory_id"], 1) and "other ids" in r["message"]
+
+
+def test_m107_not_run_without_a_template_render(records):
+    rep = ra.audit(*records)
+    assert "turns.template_context_length" in rep.not_run["M107"]

@@ -22,8 +22,9 @@ def serious(rep) -> pl.DataFrame:
 def test_compliant_agent_log_is_clean():
     rep = ra.audit(FIXTURES / "compliant")
     assert serious(rep).is_empty(), rep.render()
-    # replay is off by default; R408 runs on the declaration; T306 needs max_response_tokens
-    assert set(rep.not_run) == {"T306", "L205", "L206", "L207"}
+    # replay is off by default; R408 runs on the declaration; T306 needs max_response_tokens; no
+    # template render recorded (M107)
+    assert set(rep.not_run) == {"T306", "M107", "L205", "L206", "L207"}
     assert rep.summary["rows_read"] > 100
 
 

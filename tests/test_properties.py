@@ -70,6 +70,13 @@ NEEDS: dict[str, set[str]] = {
     "M103": {"num_trainable_tokens", "loss_mask"},
     "M104": {"turns.num_policy_tokens", "token_source", "token_turn"},
     "M105": {"token_ids", "token_source", "token_turn", "turns.context_length", "turns.context_sha256"},
+    "M107": {
+        "token_ids",
+        "token_source",
+        "token_turn",
+        "turns.template_context_length",
+        "turns.template_context_sha256",
+    },
     "M106": {"token_ids", "token_source", "token_turn", "turns.sampled_token_ids"},
     "R401": {"turns.reward", "turns.reward_components"},
     "R402": {"turns.shaping", "turns.potential_before", "turns.potential_after"},
@@ -121,6 +128,7 @@ def expected_not_run(drop: set[str], drop_turn: set[str], with_updates: bool) ->
         "replay (configuration)",
         "max_response_tokens (configuration)",
     }
+    absent |= {"turns.template_context_length", "turns.template_context_sha256"}  # no template render in synth logs
     return {code for code, needs in NEEDS.items() if needs & absent}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -184,10 +184,12 @@ def context_lacks(framework: str) -> dict[str, str]:
 
 def aligned(record: Mapping[str, Any], field: str, like: Sequence[Any], where: str) -> list[Any]:
     """`record[field]` as a list of the same length as `like` (one value per response token)."""
-    values = list(need(record, field, where))
+    values = need(record, field, where)
+    if not isinstance(values, (list, tuple)):
+        raise AdapterError(f"{where}: {field} must be a list")
     if len(values) != len(like):
         raise AdapterError(f"{where}: {len(values)} {field} for {len(like)} response tokens")
-    return values
+    return list(values)
 
 
 def reward_lacks(framework: str) -> dict[str, str]:
@@ -215,6 +217,8 @@ def lacks(framework: str) -> dict[str, str]:
         "verifier_success": f"{framework} records a reward, not a verifier verdict",
         "initial_state_checksum": f"{framework} does not record environment state",
         "turns.parsed_action": f"{framework} does not record parsed actions",
+        "turns.template_context_length": f"{framework} does not record the chat template's render of each turn's context",
+        "turns.template_context_sha256": f"{framework} does not record the chat template's render of each turn's context",
     }
 
 
@@ -231,3 +235,39 @@ def token_columns(
         "loss_mask": [False] * n + [bool(m) for m in mask],
         "token_turn": [-1] * n + turn_of(len(response), starts),
     }
+
+
+def ints(record: Mapping[str, Any], field: str, where: str) -> list[int]:
+    """`record[field]` as a list of integers, or AdapterError naming the field."""
+    values = need(record, field, where)
+    try:
+        if isinstance(values, (str, bytes, Mapping)):
+            raise TypeError
+        return [int(v) for v in values]
+    except (TypeError, ValueError):
+        raise AdapterError(f"{where}: {field} must be a list of integers") from None
+
+
+def integer(record: Mapping[str, Any], field: str, where: str) -> int:
+    """`record[field]` as an integer, or AdapterError naming the field."""
+    value = need(record, field, where)
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise AdapterError(f"{where}: {field} must be an integer")
+    try:
+        return int(value)
+    except ValueError:
+        raise AdapterError(f"{where}: {field} must be an integer") from None
+
+
+def rows_of(records: Iterable[Mapping[str, Any]], row: Callable[..., dict[str, Any]], ctx: Mapping[str, Any]) -> list:
+    """`row(record, n, ctx)` for every record; a record of the wrong shape the adapter did not
+    foresee is still an AdapterError naming the record, never a crash."""
+    out = []
+    for n, rec in enumerate(records, 1):
+        try:
+            out.append(row(rec, n, ctx))
+        except AdapterError:
+            raise
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            raise AdapterError(f"record {n}: a field has the wrong shape ({type(e).__name__}: {e})") from None
+    return out

@@ -22,9 +22,11 @@ from .base import (
     aligned,
     context_values,
     contract_table,
+    ints,
     lacks,
     logprobs_column,
     need,
+    rows_of,
     runs,
     token_columns,
     with_context,
@@ -79,11 +81,9 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
     """One SkyRL sample as a contract row."""
     traj, task = _trajectory(rec, n)
     where = f"record {n} ({traj})"
-    prompt = list(need(rec, "prompt_token_ids", where))
-    resp = list(need(rec, "response_ids", where))
-    mask = [bool(m) for m in need(rec, "loss_masks", where)]
-    if len(mask) != len(resp):
-        raise AdapterError(f"{where}: {len(mask)} loss_masks for {len(resp)} response_ids")
+    prompt = ints(rec, "prompt_token_ids", where)
+    resp = ints(rec, "response_ids", where)
+    mask = [bool(m) for m in aligned(rec, "loss_masks", resp, where)]
     turns = runs(mask)
     out: dict[str, Any] = {
         "trajectory_id": traj,
@@ -111,4 +111,4 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
 def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table:
     """SkyRL per-sample records as contract trajectories."""
     ctx = context_values(context)
-    return contract_table([row(r, n, ctx) for n, r in enumerate(records, 1)], LACKS)
+    return contract_table(rows_of(records, row, ctx), LACKS)

@@ -21,9 +21,12 @@ from .base import (
     aligned,
     context_values,
     contract_table,
+    integer,
+    ints,
     lacks,
     logprobs_column,
     need,
+    rows_of,
     runs,
     token_columns,
     with_context,
@@ -65,6 +68,8 @@ def _versions(rec: Mapping[str, Any], n_turns: int) -> list[int | None] | None:
     wv = rec.get("weight_versions")
     if not wv:
         return None
+    if not isinstance(wv, list):
+        raise AdapterError(f"record index {rec.get('index')}: weight_versions must be a list")
     if len(wv) != n_turns:
         return [None] * n_turns
     try:
@@ -77,8 +82,8 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
     """One slime sample as a contract row."""
     index = need(rec, "index", f"record {n}")
     where = f"record {n} (index {index})"
-    tokens = [int(t) for t in need(rec, "tokens", where)]
-    n_resp = int(need(rec, "response_length", where))
+    tokens = ints(rec, "tokens", where)
+    n_resp = integer(rec, "response_length", where)
     if not 0 <= n_resp <= len(tokens):
         raise AdapterError(f"{where}: response_length {n_resp} outside the {len(tokens)} tokens")
     n_prompt = len(tokens) - n_resp
@@ -112,4 +117,4 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
 def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table:
     """slime per-sample records as contract trajectories (context reward_key picks a dict reward)."""
     ctx = context_values(context, allowed=("reward_key",))
-    return contract_table([row(r, n, ctx) for n, r in enumerate(records, 1)], LACKS)
+    return contract_table(rows_of(records, row, ctx), LACKS)

@@ -24,9 +24,11 @@ from .base import (
     aligned,
     context_values,
     contract_table,
+    ints,
     lacks,
     logprobs_column,
     need,
+    rows_of,
     runs,
     sha256_ids,
     token_columns,
@@ -38,6 +40,7 @@ _NO_STOP = (
     "and the engine's finish reason (length vs stop) is not forwarded"
 )
 _NO_CALLS = "the records carry no engine_calls (add the hook's line in ToolAgentLoop._handle_generating_state)"
+_NO_TEMPLATE = "the engine_calls carry no template_ids (the hook's optional render of the conversation)"
 LACKS = {
     **lacks("verl"),
     "turns.policy_version": "verl's synchronous agent loop does not record the weight version that sampled a turn "
@@ -52,6 +55,8 @@ LACKS = {
     "turns.context_length": _NO_CALLS,
     "turns.context_sha256": _NO_CALLS,
     "turns.sampled_token_ids": _NO_CALLS,
+    "turns.template_context_length": _NO_TEMPLATE,
+    "turns.template_context_sha256": _NO_TEMPLATE,
 }
 
 
@@ -62,14 +67,18 @@ def _engine_turns(calls: list[Any], n_prompt: int, n_resp: int, where: str) -> t
     turns = []
     for t, call in enumerate(calls):
         w = f"{where} engine_calls[{t}]"
-        ctx, ids = list(need(call, "prompt_ids", w)), list(need(call, "token_ids", w))
+        if not isinstance(call, Mapping):
+            raise AdapterError(f"{w}: must be {{prompt_ids, token_ids}}")
+        ctx, ids = ints(call, "prompt_ids", w), ints(call, "token_ids", w)
         start = len(ctx) - n_prompt
         if start < 0:
             raise AdapterError(f"{w}: prompt_ids shorter than the sample's prompt_ids")
         policy += range(start, min(start + len(ids), n_resp))
-        turns.append(
-            {"turn_id": t, "context_length": len(ctx), "context_sha256": sha256_ids(ctx), "sampled_token_ids": ids}
-        )
+        turn = {"turn_id": t, "context_length": len(ctx), "context_sha256": sha256_ids(ctx), "sampled_token_ids": ids}
+        if call.get("template_ids") is not None:
+            tmpl = ints(call, "template_ids", w)
+            turn.update(template_context_length=len(tmpl), template_context_sha256=sha256_ids(tmpl))
+        turns.append(turn)
     return policy, turns
 
 
@@ -77,8 +86,8 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
     """One verl agent-loop sample as a contract row."""
     traj = str(need(rec, "request_id", f"record {n}"))
     where = f"record {n} ({traj})"
-    prompt = [int(x) for x in need(rec, "prompt_ids", where)]
-    resp = [int(x) for x in need(rec, "response_ids", where)]
+    prompt = ints(rec, "prompt_ids", where)
+    resp = ints(rec, "response_ids", where)
     mask = [bool(m) for m in aligned(rec, "response_mask", resp, where)]
     uid = need(rec, "uid", where)
     if uid is None:
@@ -112,4 +121,4 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
 def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table:
     """verl agent-loop records as contract trajectories."""
     ctx = context_values(context)
-    return contract_table([row(r, n, ctx) for n, r in enumerate(records, 1)], LACKS)
+    return contract_table(rows_of(records, row, ctx), LACKS)

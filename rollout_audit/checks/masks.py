@@ -216,24 +216,8 @@ def context_prefix(b: BatchView, cfg) -> pl.DataFrame | None:
     if todo.size > 1 and ((np.diff(r) < 0) | ((np.diff(r) == 0) & (np.diff(c) < 0))).any():
         order = np.lexsort((c, r))
         todo, r, c = todo[order], r[order], c[order]
-    hi = (b.tokens.starts[r] + c) * 4
-    first = np.ones(todo.size, bool)
-    first[1:] = r[1:] != r[:-1]
-    lo = np.empty_like(hi)
-    lo[1:] = hi[:-1]
-    lo[first] = b.tokens.starts[r[first]] * 4
-    buf = b.ids_le_bytes
-    new, digests = hashlib.sha256, list[bytes]()
-    append = digests.append
-    h = new()
-    for f, a, z in zip(first.tolist(), lo.tolist(), hi.tolist()):
-        if f:
-            h = new()
-        h.update(buf[a:z])
-        append(h.digest())  # compared as bytes; hex only for the findings
-    sha_bad = np.zeros(tr.height, bool)
-    recorded = tr["sha"].gather(todo).str.decode("hex", strict=False)  # malformed hex -> null -> differs
-    sha_bad[todo] = (pl.Series(digests, dtype=pl.Binary) != recorded).fill_null(True).to_numpy()
+    digests = _prefix_digests(b, r, c)
+    sha_bad = _differs(tr["sha"], todo, digests)
     bad_rows = np.flatnonzero(len_bad | sha_bad | ~in_range)
     if not bad_rows.size:
         return None
@@ -281,6 +265,36 @@ def context_prefix(b: BatchView, cfg) -> pl.DataFrame | None:
         pl.coalesce("rc_first_policy_pos", pl.when(pl.col("in_range")).then("cl")).alias("position"),
         pl.concat_str([msg_len, msg_sha], separator="; ", ignore_nulls=True).alias("message"),
     )
+
+
+def _prefix_digests(b: BatchView, r: np.ndarray, c: np.ndarray) -> list[bytes]:
+    """SHA-256 of token_ids[:c] of row r for each pair, sorted by (r, c): one running hash per
+    trajectory, fed segment by segment; digest() at each boundary works on a copy of the state."""
+    hi = (b.tokens.starts[r] + c) * 4
+    first = np.ones(r.size, bool)
+    first[1:] = r[1:] != r[:-1]
+    lo = np.empty_like(hi)
+    lo[1:] = hi[:-1]
+    lo[first] = b.tokens.starts[r[first]] * 4
+    buf = b.ids_le_bytes
+    new, digests = hashlib.sha256, list[bytes]()
+    append = digests.append
+    h = new()
+    for f, a, z in zip(first.tolist(), lo.tolist(), hi.tolist()):
+        if f:
+            h = new()
+        h.update(buf[a:z])
+        append(h.digest())  # compared as bytes; hex only for the findings
+    return digests
+
+
+def _differs(hex_sha: pl.Series, todo: np.ndarray, digests: list[bytes]) -> np.ndarray:
+    """Per row of `hex_sha`: the recorded hex digest at the rows `todo` differs from `digests`
+    (malformed hex decodes to null and differs); rows outside `todo` are False."""
+    bad = np.zeros(len(hex_sha), bool)
+    recorded = hex_sha.gather(todo).str.decode("hex", strict=False)
+    bad[todo] = (pl.Series(digests, dtype=pl.Binary) != recorded).fill_null(True).to_numpy()
+    return bad
 
 
 @rule(
@@ -374,4 +388,75 @@ def sampled_ids(b: BatchView, cfg) -> pl.DataFrame | None:
         pl.col("_t").alias("turn"),
         pl.coalesce("position", "rc_first_policy_pos").alias("position"),
         "message",
+    )
+
+
+@rule(
+    "M107",
+    "the trainer's context for a turn is not the chat template's render of the conversation",
+    "warning",
+    requires=(
+        "token_ids",
+        "token_source",
+        "token_turn",
+        "turns.template_context_length",
+        "turns.template_context_sha256",
+    ),
+)
+def template_context(b: BatchView, cfg) -> pl.DataFrame | None:
+    """The trainer's token_ids before turn t's first policy token are not the chat template's
+    render of the same conversation (template_context_length / template_context_sha256).
+
+    Lesson “Log-probabilities must be captured at every turn” (token in, token out): building the
+    sequence turn by turn keeps the engine and the trainer in agreement (M105), but each appended
+    piece must also be what the template writes, or the policy is trained on contexts it will
+    never see when deployed. A separator dropped at every assistant-to-tool boundary (the
+    template writes `<|im_end|>\\n`, the incremental builder only `<|im_end|>`) shifts every later
+    context by one token per turn. Render each appended message as the suffix of the full
+    conversation's render, not in isolation. Templates that drop earlier reasoning also fire
+    (a deliberate choice for some trainers): hence a warning. Turns with a null
+    template_context_length are not compared.
+    """
+    tr = b.turns
+    if not len(tr) or "rc_first_policy_pos" not in tr.columns or b.tokens.ids is None:
+        return None
+    tr = tr.select(
+        "trajectory_id",
+        "_row",
+        "_t",
+        pl.col("template_context_length").cast(pl.Int64).alias("tl"),
+        pl.col("template_context_sha256").str.to_lowercase().alias("sha"),
+        pl.col("rc_first_policy_pos").cast(pl.Int64).alias("pos"),
+        pl.Series("ok", b.ok[tr["_row"].to_numpy()]),
+    ).filter(pl.col("ok") & pl.col("tl").is_not_null() & pl.col("pos").is_not_null())
+    if tr.is_empty():
+        return None
+    rows, pos = tr["_row"].to_numpy(), tr["pos"].to_numpy()
+    same = (tr["tl"] == tr["pos"]).to_numpy()
+    todo = np.flatnonzero(same & tr["sha"].is_not_null().to_numpy())
+    order = np.lexsort((pos[todo], rows[todo]))
+    todo = todo[order]
+    digests = _prefix_digests(b, rows[todo], pos[todo])
+    sha_bad = _differs(tr["sha"], todo, digests)
+    bad = tr.filter(pl.Series(~same | sha_bad))
+    if bad.is_empty():
+        return None
+    return bad.select(
+        "trajectory_id",
+        pl.col("_t").alias("turn"),
+        pl.col("pos").alias("position"),
+        pl.when(pl.col("tl") != pl.col("pos"))
+        .then(
+            pl.format(
+                "the trainer's context before this turn has {} tokens, the chat template renders the same "
+                "conversation as {} ({} token(s) the trainer's sequence lacks or adds: a separator or header)",
+                "pos",
+                "tl",
+                (pl.col("tl") - pl.col("pos")).cast(pl.String),
+            )
+        )
+        .otherwise(
+            pl.format("the trainer's context before this turn has the template's {} tokens but other ids", "pos")
+        )
+        .alias("message"),
     )
