@@ -227,6 +227,7 @@ def test_explain_lists_by_family_and_explains_a_family():
         "M104",
         "M105",
         "M106",
+        "M107",
     ]
 
 
