@@ -9,6 +9,7 @@ computed from: checks declare these names like columns.
 
 from __future__ import annotations
 
+import hashlib
 from functools import cached_property
 from typing import Any
 
@@ -135,6 +136,51 @@ class Tokens:
         if self.ids is None:
             return memoryview(b"")
         return np.ascontiguousarray(self.ids, dtype="<i4").data.cast("B")
+
+    def prefix_digests(self, r: np.ndarray, c: np.ndarray) -> list[bytes]:
+        """SHA-256 of token_ids[:c] of row r for each pair, the pairs sorted by (r, c).
+
+        Digests are kept for the batch: M105 (engine context) and M107 (template render) ask for
+        mostly the same prefixes, and hashing costs a Python call per turn. Only the pairs not
+        hashed before are hashed, found by a sorted-key search."""
+        key = r.astype(np.int64) * (1 << 32) + c.astype(np.int64)
+        known, got = self.__dict__.get("_digest_cache", (np.empty(0, np.int64), []))
+        at = np.searchsorted(known, key)
+        hit = at < known.size
+        hit[hit] = known[at[hit]] == key[hit]
+        miss = np.flatnonzero(~hit)
+        fresh = self._digests(r[miss], c[miss]) if miss.size else []
+        out: list[bytes] = [b""] * key.size
+        for i, k in zip(np.flatnonzero(hit).tolist(), at[hit].tolist()):
+            out[i] = got[k]
+        for i, d in zip(miss.tolist(), fresh):
+            out[i] = d
+        if miss.size:
+            keys = np.concatenate([known, key[miss]])
+            order = np.argsort(keys, kind="stable")
+            pool = got + fresh
+            self.__dict__["_digest_cache"] = (keys[order], [pool[i] for i in order.tolist()])
+        return out
+
+    def _digests(self, r: np.ndarray, c: np.ndarray) -> list[bytes]:
+        """One running hash per trajectory, fed segment by segment; digest() at each boundary
+        works on a copy of the state."""
+        hi = (self.starts[r] + c) * 4
+        first = np.ones(r.size, bool)
+        first[1:] = r[1:] != r[:-1]
+        lo = np.empty_like(hi)
+        lo[1:] = hi[:-1]
+        lo[first] = self.starts[r[first]] * 4
+        buf = self.ids_le_bytes
+        new, digests = hashlib.sha256, list[bytes]()
+        append = digests.append
+        h = new()
+        for f, a, z in zip(first.tolist(), lo.tolist(), hi.tolist()):
+            if f:
+                h = new()
+            h.update(buf[a:z])
+            append(h.digest())  # compared as bytes; hex only for the findings
+        return digests
 
     def first_position(self, where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(rows, first token position) for each row where `where` holds somewhere."""

@@ -30,6 +30,7 @@ _TOKEN_FIELDS = {
     "turn": "token_turn",
     "ids": "token_ids",
     "ids_le_bytes": "token_ids",
+    "prefix_digests": "token_ids",
 }
 
 

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -216,7 +214,7 @@ def context_prefix(b: BatchView, cfg) -> pl.DataFrame | None:
     if todo.size > 1 and ((np.diff(r) < 0) | ((np.diff(r) == 0) & (np.diff(c) < 0))).any():
         order = np.lexsort((c, r))
         todo, r, c = todo[order], r[order], c[order]
-    digests = _prefix_digests(b, r, c)
+    digests = b.tokens.prefix_digests(r, c)
     sha_bad = _differs(tr["sha"], todo, digests)
     bad_rows = np.flatnonzero(len_bad | sha_bad | ~in_range)
     if not bad_rows.size:
@@ -265,27 +263,6 @@ def context_prefix(b: BatchView, cfg) -> pl.DataFrame | None:
         pl.coalesce("rc_first_policy_pos", pl.when(pl.col("in_range")).then("cl")).alias("position"),
         pl.concat_str([msg_len, msg_sha], separator="; ", ignore_nulls=True).alias("message"),
     )
-
-
-def _prefix_digests(b: BatchView, r: np.ndarray, c: np.ndarray) -> list[bytes]:
-    """SHA-256 of token_ids[:c] of row r for each pair, sorted by (r, c): one running hash per
-    trajectory, fed segment by segment; digest() at each boundary works on a copy of the state."""
-    hi = (b.tokens.starts[r] + c) * 4
-    first = np.ones(r.size, bool)
-    first[1:] = r[1:] != r[:-1]
-    lo = np.empty_like(hi)
-    lo[1:] = hi[:-1]
-    lo[first] = b.tokens.starts[r[first]] * 4
-    buf = b.ids_le_bytes
-    new, digests = hashlib.sha256, list[bytes]()
-    append = digests.append
-    h = new()
-    for f, a, z in zip(first.tolist(), lo.tolist(), hi.tolist()):
-        if f:
-            h = new()
-        h.update(buf[a:z])
-        append(h.digest())  # compared as bytes; hex only for the findings
-    return digests
 
 
 def _differs(hex_sha: pl.Series, todo: np.ndarray, digests: list[bytes]) -> np.ndarray:
@@ -436,7 +413,7 @@ def template_context(b: BatchView, cfg) -> pl.DataFrame | None:
     todo = np.flatnonzero(same & tr["sha"].is_not_null().to_numpy())
     order = np.lexsort((pos[todo], rows[todo]))
     todo = todo[order]
-    digests = _prefix_digests(b, rows[todo], pos[todo])
+    digests = b.tokens.prefix_digests(rows[todo], pos[todo])
     sha_bad = _differs(tr["sha"], todo, digests)
     bad = tr.filter(pl.Series(~same | sha_bad))
     if bad.is_empty():
