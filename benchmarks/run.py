@@ -85,9 +85,9 @@ def trajectory_files(path: Path) -> list[str]:
 
 def audited_columns() -> list[str]:
     from rollout_audit.config import Config
-    from rollout_audit.engine import _Run
+    from rollout_audit.runner import Runner, plan
 
-    return _Run(Config(), None, None).needed_columns()
+    return list(plan(Runner(Config())).columns)
 
 
 # ---------------------------------------------------------------- audit in a fresh process

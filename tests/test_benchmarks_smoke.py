@@ -79,3 +79,12 @@ def test_injected_faults_are_found(tmp_path):
     on_traj = bad.filter(bad["trajectory_id"].is_not_null())
     assert set(on_traj["trajectory_id"].to_list()) <= set(faulted), on_traj.head(5)
     assert set(bad.filter(bad["trajectory_id"].is_null())["code"].to_list()) <= {"U601"}
+
+
+def test_the_floor_reads_the_columns_the_audit_reads(clean):
+    """The benchmark's floor reads exactly the columns the default audit plans to read."""
+    from benchmarks.run import audited_columns
+
+    cols = audited_columns()
+    assert {"token_ids", "token_source", "loss_mask", "turns"} <= set(cols)
+    assert set(cols) <= {c.name for c in S.columns("trajectories")}
