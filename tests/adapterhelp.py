@@ -62,15 +62,19 @@ def findings(result: Result) -> list[tuple]:
     return sorted((f["code"], f["trajectory_id"], f["turn"], f["position"], f["message"]) for f in rep["findings"])
 
 
-def convert_then_check_equals_check_from(name: str, case: str, tmp_path: Path, *options: str) -> list[tuple]:
+def convert_then_check_equals_check_from(
+    name: str, case: str, tmp_path: Path, *options: str, context: list[str] | None = None
+) -> list[tuple]:
     """Findings of `convert` then `check`, asserted equal to those of `check --from` (both with
-    `options`); returned."""
+    `options`), with the same not-run list; returned. `context`: KEY=VALUE pairs (default CONTEXT)."""
     src, out = fixture(name, case), tmp_path / "log"
-    converted = cli("convert", "--from", name, src, out, *context_args())
-    assert converted.exit_code == 0, converted.output
-    direct = cli("check", "--from", name, src, *context_args(), "--format", "json", *options)
+    ctx = context_args() if context is None else opts(context)
+    converted = cli("convert", "--from", name, src, out, *ctx)
+    assert converted.exit_code == 0, converted.output + converted.stderr
+    direct = cli("check", "--from", name, src, *ctx, "--format", "json", *options)
     after = cli("check", out, "--format", "json", *options)
     assert (direct.exit_code, findings(direct)) == (after.exit_code, findings(after)), (direct.output, after.output)
+    assert json.loads(direct.stdout)["not_run"] == json.loads(after.stdout)["not_run"]
     return findings(direct)
 
 
@@ -119,12 +123,7 @@ def finding_keys(rep: dict) -> list[tuple[str, str | None, int | None]]:
 
 def same_after_convert(name: str, case: str, context: list[str], tmp: Path) -> None:
     """`convert` then `check` gives the findings and not-run list of `check --from`."""
-    out = tmp / "log"
-    res = cli("convert", "--from", name, fixture(name, case), out, *opts(context))
-    assert res.exit_code == 0, res.output + res.stderr
-    direct, converted = report([fixture(name, case)], name, context), report([out], None, [])
-    assert finding_keys(direct) == finding_keys(converted)
-    assert direct["not_run"] == converted["not_run"]
+    convert_then_check_equals_check_from(name, case, tmp, context=context)
 
 
 def without(record: dict, path: list[Any]) -> dict:

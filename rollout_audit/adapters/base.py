@@ -135,14 +135,14 @@ def sha256_ids(ids: Sequence[int]) -> str:
     return hashlib.sha256(np.asarray(ids, dtype="<i4").tobytes()).hexdigest()
 
 
-def contract_table(rows: list[dict[str, Any]], lacks: Mapping[str, str]) -> pa.Table:
+def contract_table(rows: Sequence[Mapping[str, Any]], lacks: Mapping[str, str], framework: str = "") -> pa.Table:
     """Contract 1.1 trajectories from rows, naming in the file metadata (`rollout_log.not_recorded`)
     every column or turn field of `lacks` the rows do not have, with the framework's reason."""
     from .. import schema as S
     from ..records import records_to_table
 
     if not rows:
-        raise AdapterError("no records")
+        raise AdapterError(f"{framework + ': ' if framework else ''}no trajectories in the records")
     mapped: list[Mapping] = list(rows)
     table = records_to_table(mapped)
     have = set(table.column_names)

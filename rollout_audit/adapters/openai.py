@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from .. import schema as S
-from .base import AdapterError, need
+from .base import AdapterError, contract_table, need
 from .steps import (
     Call,
     engine_context,
@@ -29,7 +29,6 @@ from .steps import (
     merge,
     option,
     stop_columns,
-    table,
 )
 
 LACKS = {
@@ -142,4 +141,4 @@ def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     rows: list[Mapping[str, Any]] = [
         r for sid, (pairs, end) in _sessions(records).items() for r in _episode(sid, pairs, end, context)
     ]
-    return table(rows, LACKS, "openai")
+    return contract_table(rows, LACKS, "openai")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .base import AdapterError, need
+from .base import AdapterError, contract_table, need
 from .steps import (
     Call,
     engine_context,
@@ -26,7 +26,6 @@ from .steps import (
     merge,
     option,
     stop_columns,
-    table,
 )
 
 # Episode.termination_reason (rllm/workflows/workflow.py TerminationReason) -> (flag, stop_reason);
@@ -131,4 +130,4 @@ def _trajectories(episode: Mapping[str, Any], n: int, context: Mapping[str, Any]
 def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     """Contract trajectories from rLLM `Episode.to_dict()` records."""
     rows: list[Mapping[str, Any]] = [r for n, ep in enumerate(records) for r in _trajectories(ep, n, context)]
-    return table(rows, LACKS, "rLLM")
+    return contract_table(rows, LACKS, "rLLM")

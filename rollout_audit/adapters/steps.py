@@ -4,18 +4,14 @@ typed context options, and a contract table that names what the framework does n
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from .. import schema as S
-from ..records import records_to_table
-from .base import AdapterError
+from .base import AdapterError, sha256_ids
 
 FINISH_REASONS = frozenset(S.contract()["finish_reasons"])
 FLAGS = ("terminated", "truncated", "infra_error")
@@ -137,16 +133,11 @@ def guarded(framework: str) -> Callable[[Callable[..., pa.Table]], Callable[...,
     return wrap
 
 
-def context_sha256(ids: Sequence[int]) -> str:
-    """Hex SHA-256 of token ids as little-endian int32 bytes (the contract's context hash)."""
-    return hashlib.sha256(np.asarray(list(ids), dtype="<i4").tobytes()).hexdigest()
-
-
 def engine_context(ids: Sequence[int] | None) -> dict[str, Any]:
     """Turn fields describing the context the engine was given (empty when not recorded)."""
     if ids is None:
         return {}
-    return {"context_length": len(ids), "context_sha256": context_sha256(ids)}
+    return {"context_length": len(ids), "context_sha256": sha256_ids(ids)}
 
 
 def finish_reason(value: Any) -> str | None:
@@ -179,23 +170,3 @@ def identity_lacks(framework: str, what: Mapping[str, str]) -> dict[str, str]:
     """Why identity columns may be absent: the framework does not record them (`what` names each as the
     framework would), and the context option that supplies it."""
     return {k: f"{framework} does not record {w}; pass --context {k}=..." for k, w in what.items()}
-
-
-def table(records: list[Mapping[str, Any]], lacks: Mapping[str, str], framework: str) -> pa.Table:
-    """Contract 1.1 trajectories whose metadata names each column (or turns.field) the records lack,
-    with why, so the checks needing it are reported as not run with that reason."""
-    if not records:
-        raise AdapterError(f"{framework}: no trajectories in the records")
-    t = records_to_table(records)
-    turn_fields = {f.name for f in t.schema.field("turns").type.value_type}
-    absent = {
-        k: v
-        for k, v in lacks.items()
-        if (k[6:] not in turn_fields if k.startswith("turns.") else k not in t.schema.names)
-    }
-    meta = {
-        S.META_VERSION: S.CONTRACT_VERSION.encode(),
-        S.META_KIND: b"trajectories",
-        S.META_NOT_RECORDED: json.dumps(absent, sort_keys=True).encode(),
-    }
-    return t.replace_schema_metadata(meta)

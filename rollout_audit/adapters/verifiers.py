@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from . import verifiers_v1 as v1
-from .base import AdapterError, need
+from .base import AdapterError, contract_table, need
 from .steps import (
     Call,
     engine_context,
@@ -27,7 +27,6 @@ from .steps import (
     merge,
     option,
     stop_columns,
-    table,
 )
 
 # stop_condition (the name of the @vf.stop method that ended the rollout) -> (flag, stop_reason)
@@ -154,4 +153,4 @@ def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
         for n, ro in enumerate(records)
         for r in (v1.trajectories(ro, n, context) if "nodes" in ro else _trajectories(ro, n, context))
     ]
-    return table(rows, LACKS, "verifiers")
+    return contract_table(rows, LACKS, "verifiers")
