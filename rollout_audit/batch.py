@@ -63,6 +63,56 @@ def _np(a: pa.Array, fill: Any = None) -> np.ndarray:
     return a.to_numpy(zero_copy_only=False)
 
 
+def _bits(buf: pa.Buffer | None, offset: int, n: int) -> np.ndarray:
+    """An Arrow bitmap as one bool per slot (unpacked in one call; no buffer means all set)."""
+    if buf is None:
+        return np.ones(n, bool)
+    first, end = offset // 8, (offset + n + 7) // 8
+    bits = np.unpackbits(np.frombuffer(buf, np.uint8, end - first, first), bitorder="little")
+    return bits[offset % 8 : offset % 8 + n].view(bool)
+
+
+def _valid(a: pa.Array) -> np.ndarray:
+    """Per slot: not null."""
+    return _bits(a.buffers()[0] if a.null_count else None, a.offset, len(a))
+
+
+def _bools(a: pa.Array) -> np.ndarray:
+    """A boolean array as numpy, null read as False."""
+    values = _bits(a.buffers()[1], a.offset, len(a))
+    return values & _valid(a) if a.null_count else values
+
+
+def _floats(a: pa.Array) -> np.ndarray:
+    """A float array's values as numpy without a copy; values under a null are undefined."""
+    if not len(a):
+        return np.zeros(0, np.float32)
+    dt = np.float32 if pa.types.is_float32(a.type) else np.float64
+    if not (pa.types.is_float32(a.type) or pa.types.is_float64(a.type)):
+        return a.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+    return np.frombuffer(a.buffers()[1], dt, len(a), a.offset * np.dtype(dt).itemsize)
+
+
+def _sources(a: pa.Array) -> np.ndarray:
+    """token_source as uint8 codes, with 5 for null or any value out of range."""
+    src = _np(a, 255)
+    if (src > 4).any():
+        src = np.where(src > 4, 5, src)
+    return src.astype(np.uint8, copy=False)
+
+
+_HEX_PAIRS = np.frombuffer(b"".join(f"{i:02x}".encode() for i in range(256)), np.uint16)  # byte -> 2 hex digits
+
+
+def hex_digests(d: np.ndarray) -> pl.Series:
+    """Rows of 32-byte digests as 64-digit lowercase hex strings, without a Python call per row."""
+    k = d.shape[0]
+    data = _HEX_PAIRS.take(d.reshape(-1))
+    offsets = np.arange(0, 64 * (k + 1), 64, dtype=np.int32)
+    arr = pa.Array.from_buffers(pa.string(), k, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    return pl.Series("_hex", arr)
+
+
 def list_inputs(names: set[str] | frozenset[str]) -> frozenset[str]:
     """Token lists needed to compute the derived values (`SUMMARY_INPUTS`) in `names`."""
     out: set[str] = set()
@@ -98,32 +148,30 @@ class Tokens:
                 a = a.take(pa.array(keep))
             return a.flatten()
 
+        self.n_tok = n_tok
         self.row = np.repeat(np.arange(n, dtype=idx_t), n_tok)
-        self.pos = np.arange(total, dtype=idx_t) - np.repeat(starts[:-1].astype(idx_t), n_tok)
         self.starts = starts[:-1]
-        self.source = np.zeros(total, np.uint8)
-        if "token_source" in lists:
-            src = _np(flat("token_source"), 255)
-            if (src > 4).any():
-                src = np.where(src > 4, 5, src)
-            self.source = src.astype(np.uint8, copy=False)
-        self.mask = np.zeros(total, bool)
-        if "loss_mask" in lists:
-            self.mask = _np(flat("loss_mask"), False).astype(bool, copy=False)
-        self.lp = np.full(total, np.nan, np.float32)
-        self.lp_present = np.zeros(total, bool)
+        self.source = np.zeros(total, np.uint8) if "token_source" not in lists else _sources(flat("token_source"))
+        self.mask = np.zeros(total, bool) if "loss_mask" not in lists else _bools(flat("loss_mask"))
         if "behavior_logprobs" in lists:
+            # float32 is the contract type; every use compares or sums in float64. The values under
+            # a null are undefined: every use goes through `lp_present` or `lp_state`
             lp_arr = flat("behavior_logprobs")
-            # NaN where null; float32 is the contract type, every use compares or sums in float64
-            lp = lp_arr.to_numpy(zero_copy_only=False) if len(lp_arr) else np.zeros(0, np.float32)
-            self.lp = lp if lp.dtype in (np.float32, np.float64) else lp.astype(np.float64)
-            self.lp_present = _np(lp_arr.is_valid()) if lp_arr.null_count else np.ones(len(lp_arr), bool)
+            self.lp, self.lp_present = _floats(lp_arr), _valid(lp_arr)
+        else:
+            self.lp, self.lp_present = np.full(total, np.nan, np.float32), np.zeros(total, bool)
         self.turn = np.full(total, -2, np.int32)
         if "token_turn" in lists:
             self.turn = _np(flat("token_turn"), -2).astype(np.int32, copy=False)
         self.ids: np.ndarray | None = None
         if "token_ids" in lists:
             self.ids = _np(flat("token_ids"), -1).astype(np.int32, copy=False)
+
+    @cached_property
+    def pos(self) -> np.ndarray:
+        """Per token: its position in its trajectory (built on first use: most checks never ask)."""
+        idx_t = self.row.dtype
+        return np.arange(self.row.size, dtype=idx_t) - np.repeat(self.starts.astype(idx_t), self.n_tok)
 
     @cached_property
     def policy(self) -> np.ndarray:
@@ -137,34 +185,30 @@ class Tokens:
             return memoryview(b"")
         return np.ascontiguousarray(self.ids, dtype="<i4").data.cast("B")
 
-    def prefix_digests(self, r: np.ndarray, c: np.ndarray) -> list[bytes]:
-        """SHA-256 of token_ids[:c] of row r for each pair, the pairs sorted by (r, c).
+    def prefix_digests(self, r: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """SHA-256 of token_ids[:c] of row r for each pair (sorted by (r, c)), one 32-byte row each.
 
         Digests are kept for the batch: M105 (engine context) and M107 (template render) ask for
         mostly the same prefixes, and hashing costs a Python call per turn. Only the pairs not
         hashed before are hashed, found by a sorted-key search."""
         key = r.astype(np.int64) * (1 << 32) + c.astype(np.int64)
-        known, got = self.__dict__.get("_digest_cache", (np.empty(0, np.int64), []))
+        known, got = self.__dict__.get("_digest_cache", (np.empty(0, np.int64), np.empty((0, 32), np.uint8)))
         at = np.searchsorted(known, key)
         hit = at < known.size
         hit[hit] = known[at[hit]] == key[hit]
         miss = np.flatnonzero(~hit)
-        fresh = self._digests(r[miss], c[miss]) if miss.size else []
-        out: list[bytes] = [b""] * key.size
-        for i, k in zip(np.flatnonzero(hit).tolist(), at[hit].tolist()):
-            out[i] = got[k]
-        for i, d in zip(miss.tolist(), fresh):
-            out[i] = d
+        out = np.empty((key.size, 32), np.uint8)
+        out[hit] = got[at[hit]]
         if miss.size:
+            out[miss] = fresh = self._digests(r[miss], c[miss])
             keys = np.concatenate([known, key[miss]])
             order = np.argsort(keys, kind="stable")
-            pool = got + fresh
-            self.__dict__["_digest_cache"] = (keys[order], [pool[i] for i in order.tolist()])
+            self.__dict__["_digest_cache"] = (keys[order], np.concatenate([got, fresh])[order])
         return out
 
-    def _digests(self, r: np.ndarray, c: np.ndarray) -> list[bytes]:
+    def _digests(self, r: np.ndarray, c: np.ndarray) -> np.ndarray:
         """One running hash per trajectory, fed segment by segment; digest() at each boundary
-        works on a copy of the state."""
+        works on a copy of the state. The hot loop holds nothing but the three hashlib calls."""
         hi = (self.starts[r] + c) * 4
         first = np.ones(r.size, bool)
         first[1:] = r[1:] != r[:-1]
@@ -179,8 +223,8 @@ class Tokens:
             if f:
                 h = new()
             h.update(buf[a:z])
-            append(h.digest())  # compared as bytes; hex only for the findings
-        return digests
+            append(h.digest())
+        return np.frombuffer(b"".join(digests), np.uint8).reshape(-1, 32)
 
     def first_position(self, where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(rows, first token position) for each row where `where` holds somewhere."""
@@ -226,12 +270,14 @@ class Tokens:
         if not self.ok.any():
             counts = np.zeros((n, _NSRC, 2, _NLP), np.int64)
         else:
-            code = np.multiply(self.row, per, dtype=np.intp)  # bincount wants intp: no hidden copy
-            code += self.source * np.uint8(2 * _NLP)
-            code += self.mask.view(np.uint8) * np.uint8(_NLP)
-            code += self.lp_state
+            small = self.source * np.uint8(2 * _NLP)  # the token's category, 0..35
+            small += self.mask.view(np.uint8) * np.uint8(_NLP)
+            small += self.lp_state.view(np.uint8)
+            # bincount wants intp: the row base is repeated in intp directly (no int32 -> intp cast)
+            code = np.repeat(np.arange(0, n * per, per, dtype=np.intp), self.n_tok)
+            code += small
             counts = np.bincount(code, minlength=n * per).reshape(n, _NSRC, 2, _NLP)
-            del code
+            del code, small
         cols = {
             "n_tokens": counts.sum(axis=(1, 2, 3)),
             "n_trainable": counts[:, :, 1, :].sum(axis=(1, 2)),
@@ -256,7 +302,7 @@ class Tokens:
     def turn_key(self) -> np.ndarray:
         """Per token: index of its turn in `turns` (flattened over the batch), -1 if none."""
         T = self.batch.turn_counts
-        n_tok = np.diff(np.append(self.starts, self.row.size))
+        n_tok = self.n_tok
         dt = np.int32 if int(T.sum()) < 2**31 else np.int64
         base = np.zeros(self.batch.n, dt)
         np.cumsum(T[:-1], out=base[1:])
@@ -290,18 +336,20 @@ class Tokens:
             return []
         key = self.turn_key
         index, count, start = self.policy_by_turn
-        good = index[self.lp_state[index] == 1]
-        kg = key[good]
-        first = np.full(n_turns, -1, np.int64)
         has = count > 0
-        first[has] = self.pos[index[start[has]]]
+        first = np.full(n_turns, -1, np.int64)
+        head = index[start[has]]
+        first[has] = head - self.starts[self.row[head]]
+        # the policy tokens are grouped by turn: per-turn sums are segment sums at `start`
+        valid = self.lp_state[index] == 1
+        lp = np.where(valid, self.lp[index], 0.0)  # float64: turn sums are compared in float64
         km = key[self.mask]
         km = km[km >= 0]
         cols = {
             "rc_n_policy": count,
             "rc_n_trainable": np.bincount(km, minlength=n_turns),
-            "rc_n_lp_valid": np.bincount(kg, minlength=n_turns),
-            "rc_lp_sum": np.bincount(kg, weights=self.lp[good], minlength=n_turns),
+            "rc_n_lp_valid": _segment_sum(valid.view(np.uint8), start, has, np.int64),
+            "rc_lp_sum": _segment_sum(lp, start, has, np.float64),
         }
         nulls = ~self.ok[self.batch.turn_parent]
         rc = [pl.Series(k, v) for k, v in cols.items()]
@@ -315,6 +363,14 @@ class Tokens:
             else pl.Series("rc_first_policy_pos", first)
         )
         return rc
+
+
+def _segment_sum(x: np.ndarray, start: np.ndarray, has: np.ndarray, dtype: Any) -> np.ndarray:
+    """Sums of consecutive segments of `x` beginning at `start` (0 where a segment is empty)."""
+    out = np.zeros(start.size, dtype)
+    if has.any():
+        out[has] = np.add.reduceat(x, start[has], dtype=dtype)
+    return out
 
 
 class Batch:

@@ -9,6 +9,7 @@ fails (`UndeclaredInput`) instead of silently seeing nothing.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -160,10 +161,10 @@ class BatchView:
         return any(bool(st[c].sum()) for c in names)
 
     # ------------------------------------------------------------ frames
-    @property
+    @cached_property
     def traj(self) -> pl.DataFrame:
         """`_row`, trajectory_id, the declared scalar columns, and the counts `n_*` whose
-        token lists were declared."""
+        token lists were declared (built once per view: checks read it several times)."""
         sc = self.batch.scalars
         df = sc.select([c for c in sc.columns if c in self.cols or c in ("_row", "trajectory_id")])
         derived = self._derived(STAT_INPUTS)
@@ -177,10 +178,10 @@ class BatchView:
             raise _undeclared(self.rule, "turns")
         return self.batch.turn_counts
 
-    @property
+    @cached_property
     def turns(self) -> pl.DataFrame:
         """One row per turn: `_row`, `_t`, trajectory_id, the declared turn fields, and the
-        recomputed `rc_*` values whose token lists were declared."""
+        recomputed `rc_*` values whose token lists were declared (built once per view)."""
         if "turns" not in self.cols:
             raise _undeclared(self.rule, "turns")
         ts = self.batch.turn_struct

@@ -40,12 +40,12 @@ def invalid_logprob(b: BatchView, cfg) -> pl.DataFrame | None:
     if not bad.any():
         return None
     idx = np.flatnonzero(bad)
-    lp, row = t.lp[idx], t.row[idx]
+    lp, row, present = t.lp[idx], t.row[idx], t.lp_present[idx]  # lp is undefined where not present
     kinds = {
-        "missing": ~t.lp_present[idx],
-        "NaN": t.lp_present[idx] & np.isnan(lp),
-        "infinite": np.isinf(lp),
-        "positive": np.isfinite(lp) & (lp > 0),
+        "missing": ~present,
+        "NaN": present & np.isnan(lp),
+        "infinite": present & np.isinf(lp),
+        "positive": present & np.isfinite(lp) & (lp > 0),
     }
     loc = b.locate(bad)
     rows = loc["_row"].to_numpy()

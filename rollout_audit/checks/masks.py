@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..batch import hex_digests
 from ..registry import rule
 from ..views import BatchView
 from .common import NON_POLICY, ragged_index, source_breakdown, where_first
@@ -214,23 +214,17 @@ def context_prefix(b: BatchView, cfg) -> pl.DataFrame | None:
     if todo.size > 1 and ((np.diff(r) < 0) | ((np.diff(r) == 0) & (np.diff(c) < 0))).any():
         order = np.lexsort((c, r))
         todo, r, c = todo[order], r[order], c[order]
-    digests = b.tokens.prefix_digests(r, c)
-    sha_bad = _differs(tr["sha"], todo, digests)
+    sha_bad, found = _differs(tr["sha"], todo, b.tokens.prefix_digests(r, c))
     bad_rows = np.flatnonzero(len_bad | sha_bad | ~in_range)
     if not bad_rows.size:
         return None
-    got = np.full(tr.height, None, object)
-    pos_in_todo = np.full(tr.height, -1, np.int64)
-    pos_in_todo[todo] = np.arange(todo.size)
-    for i in bad_rows[pos_in_todo[bad_rows] >= 0]:
-        got[i] = digests[pos_in_todo[i]].hex()
     bad = (
         tr[bad_rows]
         .with_columns(
             pl.Series("in_range", in_range[bad_rows]),
             pl.Series("len_bad", len_bad[bad_rows]),
             pl.Series("sha_bad", sha_bad[bad_rows]),
-            pl.Series("found", got[bad_rows].tolist(), dtype=pl.String),
+            found.gather(bad_rows),
         )
         .with_columns((pl.col("sha_bad") & ~pl.col("sha").str.contains("^[0-9a-f]{64}$")).alias("malformed"))
     )
@@ -265,13 +259,15 @@ def context_prefix(b: BatchView, cfg) -> pl.DataFrame | None:
     )
 
 
-def _differs(hex_sha: pl.Series, todo: np.ndarray, digests: list[bytes]) -> np.ndarray:
-    """Per row of `hex_sha`: the recorded hex digest at the rows `todo` differs from `digests`
-    (malformed hex decodes to null and differs); rows outside `todo` are False."""
+def _differs(hex_sha: pl.Series, todo: np.ndarray, digests: np.ndarray) -> tuple[np.ndarray, pl.Series]:
+    """Per row of `hex_sha` (lowercase): whether the recorded digest at the rows `todo` differs
+    from `digests` (null and malformed differ; rows outside `todo` are False), and the
+    recomputed hex digest of each row (null outside `todo`)."""
     bad = np.zeros(len(hex_sha), bool)
-    recorded = hex_sha.gather(todo).str.decode("hex", strict=False)
-    bad[todo] = (pl.Series(digests, dtype=pl.Binary) != recorded).fill_null(True).to_numpy()
-    return bad
+    found = hex_digests(digests)
+    bad[todo] = (found != hex_sha.gather(todo)).fill_null(True).to_numpy()
+    full = pl.Series("found", [None] * len(hex_sha), dtype=pl.String).scatter(todo, found)
+    return bad, full
 
 
 @rule(
@@ -296,23 +292,27 @@ def sampled_ids(b: BatchView, cfg) -> pl.DataFrame | None:
         return None
     samp = pc.struct_field(b.col("turns").flatten(), "sampled_token_ids")
     s_len = pc.list_value_length(samp).fill_null(-1).to_numpy().astype(np.int64)
-    s_flat = samp.flatten().cast(pa.int64()).fill_null(-1).to_numpy()
+    s_vals = samp.flatten()
+    s_flat = s_vals.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     s_start = np.concatenate([[0], np.cumsum(np.maximum(s_len, 0))])[:-1]
     t = b.tokens
     index, n_p, p_start = b.policy_by_turn
-    p_ids, p_pos = t.ids[index], t.pos[index]
+    p_ids = t.ids[index]
     row_ok = b.ok[tr["_row"].to_numpy()]
     cmp = row_ok & (s_len >= 0)
     same_len = np.flatnonzero(cmp & (s_len == n_p))
-    if same_len.size == len(tr):  # every turn comparable: both sides already line up
-        ip = is_ = np.arange(index.size)
-        owner = np.repeat(np.arange(len(tr)), n_p)
+    aligned = same_len.size == len(tr)  # every turn comparable: both sides already line up
+    if aligned:
+        diff = p_ids != s_flat
     else:
         ip, owner = ragged_index(p_start[same_len], n_p[same_len])
         is_, _ = ragged_index(s_start[same_len], n_p[same_len])
-    diff = p_ids[ip] != s_flat[is_]
+        diff = p_ids[ip] != s_flat[is_]
     out = []
     if diff.any():  # per turn with a difference: how many, and the first one
+        if aligned:
+            ip = is_ = np.arange(index.size)
+            owner = np.repeat(np.arange(len(tr)), n_p)
         d = np.flatnonzero(diff)
         hit, first, n_diff = np.unique(owner[d], return_index=True, return_counts=True)
         k, first_k = same_len[hit], d[first]
@@ -320,7 +320,7 @@ def sampled_ids(b: BatchView, cfg) -> pl.DataFrame | None:
             pl.DataFrame(
                 {
                     "_k": k,
-                    "position": p_pos[ip[first_k]],
+                    "position": t.pos[index[ip[first_k]]],
                     "n_diff": n_diff,
                     "n": n_p[k],
                     "off": ip[first_k] - p_start[k],
@@ -413,8 +413,7 @@ def template_context(b: BatchView, cfg) -> pl.DataFrame | None:
     todo = np.flatnonzero(same & tr["sha"].is_not_null().to_numpy())
     order = np.lexsort((pos[todo], rows[todo]))
     todo = todo[order]
-    digests = b.tokens.prefix_digests(rows[todo], pos[todo])
-    sha_bad = _differs(tr["sha"], todo, digests)
+    sha_bad, _ = _differs(tr["sha"], todo, b.tokens.prefix_digests(rows[todo], pos[todo]))
     bad = tr.filter(pl.Series(~same | sha_bad))
     if bad.is_empty():
         return None
