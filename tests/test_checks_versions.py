@@ -70,6 +70,18 @@ def test_p502_version_decreases_inside_an_episode(records):
     assert "P504" in rep.codes("info")
 
 
+def test_p502_compares_within_an_episode_only(records):
+    """An episode whose first turns carry no version is not compared with the episode before it."""
+    trajs, ups = records
+    first, second = trajs[22], trajs[23]
+    for t in first["turns"]:
+        t["policy_version"] = 5  # a newer version than any turn of the next episode
+    second["turns"][0]["policy_version"] = None
+    rep = ra.audit(trajs, ups)
+    assert "P502" not in rep.codes(), rep.render()
+    assert "P501" in rep.codes()  # the null is reported, as P501's
+
+
 def test_p502_increasing_versions_are_fine(records):
     trajs, ups = records
     tr = trajs[EXCLUDED]
