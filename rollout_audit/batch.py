@@ -308,9 +308,9 @@ class Tokens:
         np.cumsum(T[:-1], out=base[1:])
         key = np.repeat(base, n_tok)
         key += self.turn
-        bad = self.turn < 0
-        bad |= self.turn >= np.repeat(T.astype(dt), n_tok)
-        key[bad] = -1
+        # one unsigned comparison finds both turn < 0 and turn >= the row's turn count
+        bad = self.turn.view(np.uint32) >= np.repeat(T.astype(np.uint32), n_tok)
+        np.putmask(key, bad, -1)
         return key
 
     @cached_property
@@ -323,9 +323,9 @@ class Tokens:
         if kp.size > 1 and (np.diff(kp) < 0).any():  # token_turn not in turn order: group stably
             order = np.argsort(kp, kind="stable")
             index, kp = index[order], kp[order]
-        count = np.bincount(kp, minlength=int(self.batch.turn_counts.sum()))
-        start = np.concatenate([[0], np.cumsum(count)])[:-1]
-        return index, count, start
+        # kp is sorted: each turn's run is found by binary search (no pass over the tokens)
+        bounds = np.searchsorted(kp, np.arange(int(self.batch.turn_counts.sum()) + 1, dtype=kp.dtype))
+        return index, np.diff(bounds), bounds[:-1]
 
     @cached_property
     def turn_values(self) -> list[pl.Series]:

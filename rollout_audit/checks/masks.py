@@ -266,7 +266,7 @@ def _differs(hex_sha: pl.Series, todo: np.ndarray, digests: np.ndarray) -> tuple
     bad = np.zeros(len(hex_sha), bool)
     found = hex_digests(digests)
     bad[todo] = (found != hex_sha.gather(todo)).fill_null(True).to_numpy()
-    full = pl.Series("found", [None] * len(hex_sha), dtype=pl.String).scatter(todo, found)
+    full = pl.Series("found", dtype=pl.String).extend_constant(None, len(hex_sha)).scatter(todo, found)
     return bad, full
 
 
