@@ -141,11 +141,20 @@ def run_audit(
     del summaries
     view = LogView(traj, updates, broken, [f.path for f in disc.of_kind("updates")], {})
     usable = None if rows else _why_unusable(disc, broken)
-    for r in runner.log_rules:
+    # checks that share cached frames (the same declared inputs) run one after the other, and
+    # the frames are dropped after the last of them: the log phase holds one set at a time
+    first = {frozenset(r.reads): i for i, r in reversed(list(enumerate(runner.log_rules)))}
+    log_rules = sorted(runner.log_rules, key=lambda r: first[frozenset(r.reads)])
+    last_reader = {frozenset(r.reads): i for i, r in enumerate(log_rules)}
+    for i, r in enumerate(log_rules):
         # nothing read and nothing unreadable (an updates folder alone): only file-level checks,
         # not one U605 per batch member; with unreadable files U605 folds into one line naming them
         if usable is None or broken or not r.requires:
             runner.apply_log(r, view)
+        if last_reader[frozenset(r.reads)] == i:  # frames shared by checks with these inputs: done
+            view.cache.pop(frozenset(r.reads), None)
+            if tune:
+                release_memory()
     return build_report(runner, rows=rows, tokens=tokens, stats=view.stats, cfg=cfg, unusable=usable)
 
 
