@@ -42,10 +42,8 @@ import pyarrow.parquet as pq
 from rollout_audit import schema as S
 
 ROW_GROUP = 4096
-FILE_ROWS = 4 * ROW_GROUP
 GROUP_SIZE = 8
 GROUPS_PER_UPDATE = 64
-MAX_TURNS = 12
 GAMMA = 0.99
 TRUNCATED_SHARE = 0.05
 INFRA_SHARE = 0.005
@@ -59,6 +57,36 @@ FAULTS = {
     2: ("turn_logprob", "L202"),  # turn 0 logprob off by +0.5
     3: ("trainable_count", "M103"),  # num_trainable_tokens off by +3 (update denominator stays right)
     4: ("stop_reason", "T302"),  # a terminated episode recorded with stop_reason max_tokens
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The shape of the generated episodes: turns, tokens per turn, which columns are written."""
+
+    turns_min: int  # turns per episode: turns_min + Binomial(turns_spread, 0.5)
+    turns_spread: int
+    policy_mean: float  # policy tokens per turn: 1 + Poisson(policy_mean)
+    obs_mean: float  # observation tokens per turn: 4 + Poisson(obs_mean)
+    row_group: int  # trajectories per row group
+    optional: bool  # write the contract's optional columns and turn fields (O), or only R and C
+
+    @property
+    def max_turns(self) -> int:
+        return self.turns_min + self.turns_spread
+
+    @property
+    def tokens_per_episode(self) -> float:
+        turns = self.turns_min + self.turns_spread / 2
+        return 104 + turns * (4 + self.policy_mean + self.obs_mean + 4)
+
+
+SHAPES = {
+    # ~600 tokens and ~8 turns per episode, every column (the shape of the first benchmarks)
+    "default": Shape(4, 8, 22, 32, ROW_GROUP, True),
+    # agentic: ~40 turns with long tool outputs (~19k tokens per episode), required and
+    # conditional columns and group_id only (no potentials, values, context digests, sampled ids)
+    "long": Shape(16, 48, 60, 400, 128, False),
 }
 
 # segment kinds inside a trajectory: sys, user, then per turn: open template, policy, close template, observation
@@ -150,11 +178,12 @@ class Plan:
     infra: np.ndarray
     success: np.ndarray
     fault: np.ndarray  # 0 none, else a key of FAULTS
+    shape: Shape = SHAPES["default"]
 
 
-def make_plan(tokens: int, seed: int, fault_share: float) -> Plan:
+def make_plan(tokens: int, seed: int, fault_share: float, shape: Shape = SHAPES["default"]) -> Plan:
     rng = np.random.default_rng([seed, 0])
-    n = max(GROUP_SIZE, int(round(tokens / 600 / GROUP_SIZE)) * GROUP_SIZE)
+    n = max(GROUP_SIZE, int(round(tokens / shape.tokens_per_episode / GROUP_SIZE)) * GROUP_SIZE)
     n_groups = n // GROUP_SIZE
     n_tasks = max(1, n_groups // 8)  # each task appears in ~8 groups over the log
     p_task = rng.uniform(0.25, 0.75, n_tasks)
@@ -166,8 +195,8 @@ def make_plan(tokens: int, seed: int, fault_share: float) -> Plan:
     truncated = (u >= INFRA_SHARE) & (u < INFRA_SHARE + TRUNCATED_SHARE)
     terminated = ~(infra | truncated)
     success = terminated & (rng.random(n) < p_task[task])
-    n_turns = (4 + rng.binomial(8, 0.5, n)).astype(np.int64)  # 4..12, mean 8
-    n_turns[truncated] = MAX_TURNS
+    n_turns = (shape.turns_min + rng.binomial(shape.turns_spread, 0.5, n)).astype(np.int64)  # default 4..12
+    n_turns[truncated] = shape.max_turns
     fault = np.zeros(n, np.int8)
     if fault_share > 0:
         k = max(len(FAULTS), int(round(fault_share * n)))
@@ -176,7 +205,9 @@ def make_plan(tokens: int, seed: int, fault_share: float) -> Plan:
         # stop_reason faults need a terminated episode; give the others the rest
         ok = (kinds != 4) | terminated[cand]
         fault[cand[ok]] = kinds[ok]
-    return Plan(n, group, group // GROUPS_PER_UPDATE, task, n_turns, terminated, truncated, infra, success, fault)
+    return Plan(
+        n, group, group // GROUPS_PER_UPDATE, task, n_turns, terminated, truncated, infra, success, fault, shape
+    )
 
 
 # ---------------------------------------------------------------- one row group
@@ -201,8 +232,8 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
     nT = int(turn_start[-1])
     t_row = np.repeat(np.arange(n), T)
     t_idx = np.arange(nT) - turn_start[:-1][t_row]
-    m = 1 + rng.poisson(22, nT)  # policy tokens per turn (>= 1)
-    o = 4 + rng.poisson(32, nT)  # observation tokens per turn
+    m = 1 + rng.poisson(plan.shape.policy_mean, nT)  # policy tokens per turn (>= 1)
+    o = 4 + rng.poisson(plan.shape.obs_mean, nT)  # observation tokens per turn
     is_last = t_idx == T[t_row] - 1
 
     # ---- segments: 2 per trajectory + 4 per turn, laid out in trajectory order
@@ -367,9 +398,25 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
         "num_trainable_tokens": pa.array(num_trainable.astype(np.int32)),
         "wall_clock_s": pa.array(np.round(0.1 + np.bincount(t_row, weights=latency + tool_latency, minlength=n), 4)),
     }
-    schema = S.arrow_schema("trajectories")
+    schema = file_schema(plan.shape)
+    turn_type = schema.field("turns").type.value_type
+    kept = [turns.field(f.name) for f in turn_type]
+    cols["turns"] = _list(turn_start, pa.StructArray.from_arrays(kept, fields=list(turn_type)))
     table = pa.Table.from_arrays([cols[f.name].cast(f.type) for f in schema], schema=schema)
     return table, true_trainable
+
+
+def file_schema(shape: Shape) -> pa.Schema:
+    """The trajectories schema a shape writes: every column, or only required and conditional
+    columns and turn fields."""
+    full = S.arrow_schema("trajectories")
+    if shape.optional:
+        return full
+    # group_id stays: the updates' GRPO advantages are computed per group
+    keep = {c.name for t in ("trajectories", "turn") for c in S.columns(t) if c.requirement != "O"} | {"group_id"}
+    turn = pa.struct([f for f in S.turn_struct() if f.name in keep])
+    fields = [pa.field(f.name, pa.list_(turn)) if f.name == "turns" else f for f in full if f.name in keep]
+    return pa.schema(fields, metadata=full.metadata)
 
 
 # ---------------------------------------------------------------- updates
@@ -414,8 +461,9 @@ def generate(
     *,
     fault_share: float = 0.0,
     seed: int = 0,
-    file_rows: int = FILE_ROWS,
-    row_group: int = ROW_GROUP,
+    shape: str = "default",
+    file_rows: int | None = None,
+    row_group: int | None = None,
     verbose: bool = False,
 ) -> dict:
     """Write a log of about `tokens` tokens under `out` (replaced if it exists). Returns the
@@ -425,13 +473,16 @@ def generate(
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    plan = make_plan(tokens, seed, fault_share)
+    sh = SHAPES[shape]
+    row_group = row_group or sh.row_group
+    file_rows = file_rows or 4 * row_group
+    plan = make_plan(tokens, seed, fault_share, sh)
     trainable = np.zeros(plan.n, np.int64)
     n_tokens = 0
     files = []
     for fi, flo in enumerate(range(0, plan.n, file_rows)):
         path = tmp / f"part-{fi:05d}.parquet"
-        with pq.ParquetWriter(path, S.arrow_schema("trajectories"), compression="zstd") as w:
+        with pq.ParquetWriter(path, file_schema(sh), compression="zstd") as w:
             for lo in range(flo, min(flo + file_rows, plan.n), row_group):
                 hi = min(lo + row_group, flo + file_rows, plan.n)
                 table, tr = make_chunk(plan, lo, hi, seed)
@@ -452,6 +503,7 @@ def generate(
         "row_group": row_group,
         "updates": int(plan.update.max()) + 1,
         "seed": seed,
+        "shape": shape,
         "fault_share": fault_share,
         "faults": {f"t{i:09d}": FAULTS[int(plan.fault[i])][0] for i in faulted},
         "fault_codes": {name: code for name, code in FAULTS.values()},
@@ -470,9 +522,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--fault-share", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="default", help="episode shape (see SHAPES)")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
-    info = generate(parse_size(a.tokens), a.out, fault_share=a.fault_share, seed=a.seed, verbose=a.verbose)
+    info = generate(
+        parse_size(a.tokens), a.out, fault_share=a.fault_share, seed=a.seed, shape=a.shape, verbose=a.verbose
+    )
     print(
         f"{a.out}: {info['trajectories']} trajectories, {info['tokens']} tokens, {len(info['files'])} files, "
         f"{len(info['faults'])} faulted, {info['seconds']} s"

@@ -53,9 +53,11 @@ DATA = HERE / "data"
 
 
 def dataset(label: str, fault_share: float = 0.0, data_dir: Path = DATA) -> Path:
-    """The directory of a generated log of `label` tokens, generated (in a subprocess, so
-    this process stays small) when absent."""
-    name = label + (f"-f{fault_share:g}" if fault_share else "")
+    """The directory of a generated log of `label` tokens (`50M`, or `50M:long` for another
+    episode shape of `benchmarks.generate.SHAPES`), generated (in a subprocess, so this process
+    stays small) when absent."""
+    size, _, shape = label.partition(":")
+    name = size + (f"-{shape}" if shape else "") + (f"-f{fault_share:g}" if fault_share else "")
     out = data_dir / name
     if not (out / "_generated.json").exists():
         print(f"generating {out} ...", file=sys.stderr, flush=True)
@@ -65,7 +67,9 @@ def dataset(label: str, fault_share: float = 0.0, data_dir: Path = DATA) -> Path
                 "-m",
                 "benchmarks.generate",
                 "--tokens",
-                label,
+                size,
+                "--shape",
+                shape or "default",
                 "--out",
                 str(out),
                 "--fault-share",
@@ -77,17 +81,23 @@ def dataset(label: str, fault_share: float = 0.0, data_dir: Path = DATA) -> Path
     return out
 
 
+def _tokens(label: str) -> int:
+    return parse_size(label.partition(":")[0])
+
+
 def trajectory_files(path: Path) -> list[str]:
     from rollout_audit.io import discover
 
     return [f.path for f in discover([path]).of_kind("trajectories")]
 
 
-def audited_columns() -> list[str]:
+def audited_columns(files: list[str] | None = None) -> list[str]:
+    """The trajectory columns the default audit reads (of those the files have, when given)."""
     from rollout_audit.config import Config
     from rollout_audit.runner import Runner, plan
 
-    return list(plan(Runner(Config())).columns)
+    cols = list(plan(Runner(Config())).columns)
+    return [c for c in cols if c in pq.read_schema(files[0]).names] if files else cols
 
 
 # ---------------------------------------------------------------- audit in a fresh process
@@ -145,7 +155,7 @@ def _child_time(path: str, repeat: int) -> None:
     processes on the machine hits both alike); wall and CPU seconds of each."""
     _imports()
     files = trajectory_files(Path(path))
-    cols = audited_columns()
+    cols = audited_columns(files)
     pq.read_table(files, columns=cols)  # warm the page cache
     cli_audit(path)  # warm lazy imports and caches
     out = {"floor": [], "audit": [], "floor_cpu": [], "audit_cpu": []}
@@ -316,7 +326,7 @@ def _mb(path: Path) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="rollout-audit benchmark: audit vs Parquet read floor")
-    ap.add_argument("--sizes", default="12M,50M")
+    ap.add_argument("--sizes", default="12M,50M", help="token counts; SIZE:SHAPE for another shape, e.g. 50M:long")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--naive-subset", type=int, default=2000, help="0 to skip the naive baseline")
     ap.add_argument("--fault-share", type=float, default=0.0, help="benchmark faulted logs instead of clean ones")
@@ -357,7 +367,7 @@ def main(argv: list[str] | None = None) -> None:
         n_traj, n_tok = info["trajectories"], info["tokens"]
         naive = speed = None
         found = Counter()
-        if a.naive_subset:
+        if a.naive_subset and ":" not in label:  # the naive loop reads the default shape's columns
             per, _, found = naive_time(files, cols, a.naive_subset)
             naive = floor + per * n_traj
             speed = naive / aud
@@ -411,10 +421,10 @@ def main(argv: list[str] | None = None) -> None:
         )
     if a.check_identical:
         share = a.fault_share or 0.01
-        smallest = min(labels, key=parse_size)
+        smallest = min(labels, key=_tokens)
         print("\n" + check_identical(dataset(smallest, share, data_dir)))
     if a.profile:
-        largest = max(labels, key=parse_size)
+        largest = max(labels, key=_tokens)
         print(f"\n## cProfile of one audit of {largest}\n")
         print(profile_audit(dataset(largest, a.fault_share, data_dir)))
 

@@ -88,3 +88,16 @@ def test_the_floor_reads_the_columns_the_audit_reads(clean):
     cols = audited_columns()
     assert {"token_ids", "token_source", "loss_mask", "turns"} <= set(cols)
     assert set(cols) <= {c.name for c in S.columns("trajectories")}
+
+
+def test_long_shape_is_clean_with_required_columns_only(tmp_path):
+    """The second benchmark shape: many turns, long observations, no optional columns."""
+    info = generate(400_000, tmp_path / "long", shape="long")
+    pf = pq.ParquetFile(tmp_path / "long" / info["files"][0])
+    optional = {c.name for t in ("trajectories", "turn") for c in S.columns(t) if c.requirement == "O"}
+    turn_fields = {f.name for f in pf.schema_arrow.field("turns").type.value_type}
+    assert not (optional - {"group_id"}) & (set(pf.schema_arrow.names) | turn_fields)
+    assert info["tokens"] / info["trajectories"] > 10_000  # ~40 turns of ~470 tokens
+    rep = rollout_audit.audit(str(tmp_path / "long"))
+    assert rep.ok and not rep.findings.height, rep.render()
+    assert {"M105", "R406"} <= set(rep.not_run)  # their turn fields are not written
