@@ -101,16 +101,18 @@ def _sources(a: pa.Array) -> np.ndarray:
     return src.astype(np.uint8, copy=False)
 
 
-_HEX_PAIRS = np.frombuffer(b"".join(f"{i:02x}".encode() for i in range(256)), np.uint16)  # byte -> 2 hex digits
+def hex_matrix(d: np.ndarray) -> np.ndarray:
+    """Rows of 32-byte digests as rows of 64 lowercase hex digits (ASCII), in vectorised arithmetic."""
+    nibbles = np.stack([d >> 4, d & 15], axis=-1).reshape(-1, 64)
+    return nibbles + np.uint8(48) + (nibbles > 9).view(np.uint8) * np.uint8(39)  # 0-9, a-f
 
 
 def hex_digests(d: np.ndarray) -> pl.Series:
     """Rows of 32-byte digests as 64-digit lowercase hex strings, without a Python call per row."""
     k = d.shape[0]
-    data = _HEX_PAIRS.take(d.reshape(-1))
     offsets = np.arange(0, 64 * (k + 1), 64, dtype=np.int32)
-    arr = pa.Array.from_buffers(pa.string(), k, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-    return pl.Series("_hex", arr)
+    data = pa.py_buffer(hex_matrix(d))
+    return pl.Series("_hex", pa.Array.from_buffers(pa.string(), k, [None, pa.py_buffer(offsets), data]))
 
 
 def list_inputs(names: set[str] | frozenset[str]) -> frozenset[str]:
@@ -197,13 +199,14 @@ class Tokens:
         hit = at < known.size
         hit[hit] = known[at[hit]] == key[hit]
         miss = np.flatnonzero(~hit)
+        if not miss.size:
+            return got[at]
         out = np.empty((key.size, 32), np.uint8)
         out[hit] = got[at[hit]]
-        if miss.size:
-            out[miss] = fresh = self._digests(r[miss], c[miss])
-            keys = np.concatenate([known, key[miss]])
-            order = np.argsort(keys, kind="stable")
-            self.__dict__["_digest_cache"] = (keys[order], np.concatenate([got, fresh])[order])
+        out[miss] = fresh = self._digests(r[miss], c[miss])
+        keys = np.concatenate([known, key[miss]])
+        order = np.argsort(keys, kind="stable")
+        self.__dict__["_digest_cache"] = (keys[order], np.concatenate([got, fresh])[order])
         return out
 
     def _digests(self, r: np.ndarray, c: np.ndarray) -> np.ndarray:

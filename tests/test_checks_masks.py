@@ -170,6 +170,21 @@ def test_m105_context_length_out_of_range_and_case_of_hex(records):
     assert r["turn"] == 4 and "outside the trajectory's" in r["message"]
 
 
+def test_m105_near_miss_digests_are_malformed(records):
+    """64 characters that are not all hex digits never pass as the digest, whatever their case:
+    a control character one bit away from a digit, a non-ASCII letter, upper case beyond F."""
+    trajs, ups = records
+    tr = trajs[11]
+    right = [t["context_sha256"] for t in tr["turns"][:3]]
+    digit = next(i for i, ch in enumerate(right[0]) if ch.isdigit())
+    tr["turns"][0]["context_sha256"] = right[0][:digit] + chr(ord(right[0][digit]) - 0x20) + right[0][digit + 1 :]
+    tr["turns"][1]["context_sha256"] = "é" + right[1][2:]  # two UTF-8 bytes: still 64 bytes
+    tr["turns"][2]["context_sha256"] = "G" * 64
+    f = only(ra.audit(trajs, ups), "M105")
+    assert f["turn"].to_list() == [0, 1, 2], f
+    assert all("is not a 64-digit hex SHA-256" in m for m in f["message"])
+
+
 def test_m105_same_result_from_files_in_several_parts(tmp_path, records):
     trajs, ups = records
     trajs[3]["turns"][1]["context_sha256"] = "0" * 64

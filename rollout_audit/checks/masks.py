@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..batch import hex_digests
+from ..batch import hex_digests, hex_matrix
 from ..registry import rule
 from ..views import BatchView
 from .common import NON_POLICY, ragged_index, source_breakdown, where_first
@@ -196,7 +197,7 @@ def context_prefix(b: BatchView, cfg) -> pl.DataFrame | None:
         "_row",
         "_t",
         pl.col("context_length").cast(pl.Int64).alias("cl"),
-        pl.col("context_sha256").str.to_lowercase().alias("sha"),
+        pl.col("context_sha256").alias("sha"),
         "rc_first_policy_pos",
         pl.Series("n_tok", b.lengths["token_source"][parent]),
         pl.Series("ok", b.ok[parent]),
@@ -214,17 +215,24 @@ def context_prefix(b: BatchView, cfg) -> pl.DataFrame | None:
     if todo.size > 1 and ((np.diff(r) < 0) | ((np.diff(r) == 0) & (np.diff(c) < 0))).any():
         order = np.lexsort((c, r))
         todo, r, c = todo[order], r[order], c[order]
-    sha_bad, found = _differs(tr["sha"], todo, b.tokens.prefix_digests(r, c))
+    digests = b.tokens.prefix_digests(r, c)
+    sha_bad = _differs(tr["sha"], todo, digests)
     bad_rows = np.flatnonzero(len_bad | sha_bad | ~in_range)
     if not bad_rows.size:
         return None
+    at = np.full(tr.height, -1, np.int64)
+    at[todo] = np.arange(todo.size)
+    hashed = at[bad_rows] >= 0
+    found = pl.Series("found", dtype=pl.String).extend_constant(None, bad_rows.size)
+    found = found.scatter(np.flatnonzero(hashed), hex_digests(digests[at[bad_rows][hashed]]))
     bad = (
         tr[bad_rows]
         .with_columns(
             pl.Series("in_range", in_range[bad_rows]),
             pl.Series("len_bad", len_bad[bad_rows]),
             pl.Series("sha_bad", sha_bad[bad_rows]),
-            found.gather(bad_rows),
+            found.alias("found"),
+            pl.col("sha").str.to_lowercase(),
         )
         .with_columns((pl.col("sha_bad") & ~pl.col("sha").str.contains("^[0-9a-f]{64}$")).alias("malformed"))
     )
@@ -259,15 +267,26 @@ def context_prefix(b: BatchView, cfg) -> pl.DataFrame | None:
     )
 
 
-def _differs(hex_sha: pl.Series, todo: np.ndarray, digests: np.ndarray) -> tuple[np.ndarray, pl.Series]:
-    """Per row of `hex_sha` (lowercase): whether the recorded digest at the rows `todo` differs
-    from `digests` (null and malformed differ; rows outside `todo` are False), and the
-    recomputed hex digest of each row (null outside `todo`)."""
-    bad = np.zeros(len(hex_sha), bool)
-    found = hex_digests(digests)
-    bad[todo] = (found != hex_sha.gather(todo)).fill_null(True).to_numpy()
-    full = pl.Series("found", dtype=pl.String).extend_constant(None, len(hex_sha)).scatter(todo, found)
-    return bad, full
+def _differs(recorded: pl.Series, todo: np.ndarray, digests: np.ndarray) -> np.ndarray:
+    """Per row of `recorded` (hex digests as logged, any case): whether the value at the rows
+    `todo` differs from `digests` (null and malformed differ; rows outside `todo` are False).
+    Compared as ASCII bytes in numpy: no string is built per turn."""
+    bad = np.zeros(len(recorded), bool)
+    arr = recorded.gather(todo).to_arrow().cast(pa.large_string())
+    length = pc.binary_length(arr).fill_null(-1).to_numpy(zero_copy_only=False)
+    full = np.flatnonzero(length == 64)
+    differ = np.ones(todo.size, bool)
+    if full.size:
+        hexes = arr.take(pa.array(full)) if full.size < todo.size else arr
+        hexes = hexes.combine_chunks() if isinstance(hexes, pa.ChunkedArray) else hexes
+        off = np.frombuffer(hexes.buffers()[1], np.int64, 1, hexes.offset * 8)[0]
+        theirs = np.frombuffer(hexes.buffers()[2], np.uint8, 64 * full.size, off).reshape(-1, 64)
+        upper = (theirs >= ord("A")) & (theirs <= ord("Z"))
+        lower = theirs + upper.view(np.uint8) * np.uint8(32)  # ASCII lowercase, as str.to_lowercase
+        ours = hex_matrix(digests[full] if full.size < todo.size else digests)
+        differ[full] = (lower.view(np.uint64) != ours.view(np.uint64)).any(axis=1)  # 8 bytes at a time
+    bad[todo] = differ
+    return bad
 
 
 @rule(
@@ -402,7 +421,7 @@ def template_context(b: BatchView, cfg) -> pl.DataFrame | None:
         "_row",
         "_t",
         pl.col("template_context_length").cast(pl.Int64).alias("tl"),
-        pl.col("template_context_sha256").str.to_lowercase().alias("sha"),
+        pl.col("template_context_sha256").alias("sha"),
         pl.col("rc_first_policy_pos").cast(pl.Int64).alias("pos"),
         pl.Series("ok", b.ok[tr["_row"].to_numpy()]),
     ).filter(pl.col("ok") & pl.col("tl").is_not_null() & pl.col("pos").is_not_null())
@@ -411,9 +430,10 @@ def template_context(b: BatchView, cfg) -> pl.DataFrame | None:
     rows, pos = tr["_row"].to_numpy(), tr["pos"].to_numpy()
     same = (tr["tl"] == tr["pos"]).to_numpy()
     todo = np.flatnonzero(same & tr["sha"].is_not_null().to_numpy())
-    order = np.lexsort((pos[todo], rows[todo]))
-    todo = todo[order]
-    sha_bad, _ = _differs(tr["sha"], todo, b.tokens.prefix_digests(rows[todo], pos[todo]))
+    r, p = rows[todo], pos[todo]
+    if todo.size > 1 and ((np.diff(r) < 0) | ((np.diff(r) == 0) & (np.diff(p) < 0))).any():
+        todo = todo[np.lexsort((p, r))]  # prefix hashing wants (row, length) order
+    sha_bad = _differs(tr["sha"], todo, b.tokens.prefix_digests(rows[todo], pos[todo]))
     bad = tr.filter(pl.Series(~same | sha_bad))
     if bad.is_empty():
         return None
