@@ -547,7 +547,8 @@ class Batch:
         base = np.zeros(self.n, np.int64)
         np.cumsum(T[:-1], out=base[1:])
         local = np.arange(int(T.sum()), dtype=np.int64) - np.repeat(base, T)
-        df = pl.DataFrame([pl.Series("_row", parent), pl.Series("_t", local), self.ids.gather(parent)])
+        # `_row` is sorted by construction: flagged, group_by("_row") takes polars' sorted path
+        df = pl.DataFrame([pl.Series("_row", parent).set_sorted(), pl.Series("_t", local), self.ids.gather(parent)])
         if want:
             fields = pl.from_arrow(tbl)
             df = pl.concat([fields.to_frame() if isinstance(fields, pl.Series) else fields, df], how="horizontal")
