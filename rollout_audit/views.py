@@ -8,6 +8,7 @@ fails (`UndeclaredInput`) instead of silently seeing nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -159,6 +160,17 @@ class BatchView:
             raise _undeclared(self.rule, f"the inputs of {', '.join(bad)}")
         st = self._tok().stats
         return any(bool(st[c].sum()) for c in names)
+
+    def shared(self, name: str, inputs: tuple[str, ...], make: Callable[[], Any]) -> Any:
+        """A value several checks of this batch compute alike, made once per batch: `name`, from
+        the declared `inputs` (with the name, its key)."""
+        missing = [q for q in inputs if q not in self.rule.reads]
+        if missing:
+            raise _undeclared(self.rule, ", ".join(missing))
+        cache = self.batch.__dict__.setdefault("_shared", {})
+        if (name, inputs) not in cache:
+            cache[(name, inputs)] = make()
+        return cache[(name, inputs)]
 
     # ------------------------------------------------------------ frames
     @cached_property

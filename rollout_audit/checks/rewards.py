@@ -30,14 +30,18 @@ def _turns(b: BatchView, *fields: str, traj: tuple[str, ...] = ()) -> pl.DataFra
     (1.0 when absent or null), `_g_t` = γ^t and `_T` (turns in the trajectory), plus
     trajectory columns `traj` (gathered by `_row`, the turn's position in the batch)."""
     rows = b.turns["_row"]
-    gamma = b.traj["gamma"].cast(pl.Float64).fill_null(1.0) if "gamma" in b.traj.columns else pl.Series(np.ones(b.n))
-    per_traj = [gamma.gather(rows).alias("_gamma"), pl.Series("_T", b.turn_counts).gather(rows)]
-    per_traj += [b.traj[c].gather(rows) for c in traj]
+    has_gamma = "gamma" in b.traj.columns
+
+    def discount() -> list[pl.Series]:
+        """γ, T and γ^t per turn: the same for every check of the batch that reads gamma."""
+        gamma = b.traj["gamma"].cast(pl.Float64).fill_null(1.0) if has_gamma else pl.Series(np.ones(b.n))
+        g = gamma.gather(rows).alias("_gamma")
+        return [g, pl.Series("_T", b.turn_counts).gather(rows), g.pow(b.turns["_t"]).alias("_g_t")]
+
+    per_traj = b.shared("discount", ("gamma",) if has_gamma else (), discount)
     fields = tuple(dict.fromkeys(f for f in fields if f in b.turns.columns or f != "shaping"))
-    return (
-        b.turns.select("_row", "_t", "trajectory_id", *fields)
-        .with_columns(per_traj)
-        .with_columns(_G.pow(pl.col("_t")).alias("_g_t"))
+    return b.turns.select("_row", "_t", "trajectory_id", *fields).with_columns(
+        *per_traj, *(b.traj[c].gather(rows) for c in traj)
     )
 
 
