@@ -83,21 +83,25 @@ def components_sum(b: BatchView, cfg) -> pl.DataFrame | None:
         .filter(pl.col("_e").is_not_null() & pl.col("reward").is_not_null())
         .with_columns(
             pl.col("_e").list.eval(pl.element().struct.field("value").fill_null(float("nan"))).list.sum().alias("_sum"),
-            pl.col("_e").list.eval(pl.element().struct.field("key").fill_null("null")).list.join(", ").alias("_keys"),
         )
     )
     bad = df.filter(_off(pl.col("_sum"), pl.col("reward"), cfg))
     if bad.is_empty():
         return None
-    return bad.rechunk().select(
-        "trajectory_id",
-        pl.col("_t").alias("turn"),
-        pl.format(
-            "reward_components ({}) sum to {}, expected the turn reward {}",
-            "_keys",
-            rounded(pl.col("_sum")),
-            rounded(pl.col("reward")),
-        ).alias("message"),
+    keys = pl.col("_e").list.eval(pl.element().struct.field("key").fill_null("null")).list.join(", ")
+    return (
+        bad.rechunk()
+        .with_columns(keys.alias("_keys"))
+        .select(
+            "trajectory_id",
+            pl.col("_t").alias("turn"),
+            pl.format(
+                "reward_components ({}) sum to {}, expected the turn reward {}",
+                "_keys",
+                rounded(pl.col("_sum")),
+                rounded(pl.col("reward")),
+            ).alias("message"),
+        )
     )
 
 
