@@ -11,6 +11,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import faultgroups
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -220,13 +221,17 @@ def test_e802_fires_on_a_log_without_initial_state_id(tmp_path, compliant):
 
 
 @pytest.mark.parametrize("parts", [2, 3])
-def test_every_fault_is_caught_split_across_partitions(tmp_path, compliant, parts):
-    """The detection matrix over partitions, as `faults matrix --parts N` runs it."""
-    from rollout_audit.faults import detect
-
-    rows = [detect(n, *compliant, tmp_path / f"p{parts}", parts=parts) for n in FAULTS]
-    missed = {r.fault: (sorted(r.missed), sorted(r.unexpected), r.named) for r in rows if not r.ok}
-    assert not missed
+def test_every_fault_is_caught_split_across_partitions(tmp_path, _compliant, parts):
+    """The detection matrix over partitions, as `faults matrix --parts N` runs it, with the faults
+    in shared logs (tests/faultgroups.py): every fault's codes on its trajectories, nothing else."""
+    assert sorted(n for g in faultgroups.GROUPS for n in g) == sorted(FAULTS)
+    failed = {}
+    for group in faultgroups.GROUPS:
+        out = tmp_path / faultgroups.group_id(group)
+        trajs, touched = faultgroups.write_group(out, group, *_compliant, parts=parts)
+        rep = ra.audit(out, config=faultgroups.config(group))
+        failed[group] = faultgroups.problems(group, rep.findings, trajs, touched)
+    assert not any(failed.values()), {faultgroups.group_id(g): p for g, p in failed.items() if p}
 
 
 def test_mask_check_runs_when_logprobs_are_absent(tmp_path, compliant):
@@ -280,10 +285,11 @@ def test_no_usable_input_is_exit_2_with_one_line(tmp_path, what):
 # ---------------------------------------------------------------- declarations are complete
 
 
-def test_every_check_sees_the_same_with_all_inputs_as_with_its_declarations(tmp_path, compliant):
+def test_every_check_sees_the_same_with_all_inputs_as_with_its_declarations(fixture_report):
     """A check that reads an input it did not declare as optional would see it vanish from its
     view: run each check with its declarations and with every input declared, on the compliant
-    log and every fault, and compare."""
+    log and every fault's committed broken log, and compare. The audit by declarations is the
+    session's shared one (test_fixtures checks its codes)."""
     every = tuple(
         [c.name for c in ra.schema.columns("trajectories")]
         + [f"turns.{c.name}" for c in ra.schema.columns("turn")]
@@ -292,12 +298,12 @@ def test_every_check_sees_the_same_with_all_inputs_as_with_its_declarations(tmp_
     )
     keys = tuple(ra.Config.model_fields)
     wide = {c: dataclasses.replace(r, optional=every, config=keys) for c, r in ra.all_rules().items()}
-    logs = [FIXTURES / "compliant"] + [broken_log(tmp_path, compliant, n) for n in FAULTS]
-    for log in logs:
-        cfg = ra.Config.from_mapping(FAULTS[log.name].config) if log.name in FAULTS else ra.Config()
-        a = _findings(log, cfg, None)
-        b = _findings(log, cfg, wide)
-        assert a.equals(b), log.name
+    for name in ["compliant", *FAULTS]:
+        log = FIXTURES / name if name == "compliant" else FIXTURES / "broken" / name
+        cfg = ra.Config.from_mapping(FAULTS[name].config) if name in FAULTS else ra.Config()
+        a = fixture_report(name)
+        assert not a.crashes, a.crashes
+        assert a.findings.equals(_findings(log, cfg, wide)), name
 
 
 def _findings(log: Path, cfg, rules) -> pl.DataFrame:
