@@ -224,7 +224,6 @@ def test_e802_fires_on_a_log_without_initial_state_id(tmp_path, compliant):
 def test_every_fault_is_caught_split_across_partitions(tmp_path, _compliant, parts):
     """The detection matrix over partitions, as `faults matrix --parts N` runs it, with the faults
     in shared logs (tests/faultgroups.py): every fault's codes on its trajectories, nothing else."""
-    assert sorted(n for g in faultgroups.GROUPS for n in g) == sorted(FAULTS)
     failed = {}
     for group in faultgroups.GROUPS:
         out = tmp_path / faultgroups.group_id(group)
