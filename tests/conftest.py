@@ -3,41 +3,16 @@
 from __future__ import annotations
 
 import copy
-import json
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
-from rollout_audit import Report, RolloutWriter, audit
-from rollout_audit.config import Config
+from rollout_audit import RolloutWriter
 from rollout_audit.synth import make_log
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 @pytest.fixture(scope="session")
 def clean_records():
     return make_log(n_tasks=4, group_size=4, n_versions=2, seed=0)
-
-
-@pytest.fixture(scope="session")
-def fixture_report() -> Callable[[str], Report]:
-    """The audit of a committed fixture log, 'compliant' or a fault's name under fixtures/broken/
-    (with the configuration its manifest names), run once per session: test_fixtures checks
-    each report's codes and test_trust compares it with the audit by wide-open declarations."""
-    manifest = json.loads((FIXTURES / "manifest.json").read_text())["faults"]
-    reports: dict[str, Report] = {}
-
-    def get(name: str) -> Report:
-        if name not in reports:
-            if name == "compliant":
-                reports[name] = audit(FIXTURES / "compliant")
-            else:
-                reports[name] = audit(FIXTURES / "broken" / name, config=Config.from_mapping(manifest[name]["config"]))
-        return reports[name]
-
-    return get
 
 
 @pytest.fixture

@@ -8,7 +8,9 @@ import json
 import polars as pl
 import pytest
 
+import rollout_audit as ra
 from reference_agent.fixtures import FIXTURES, drift, generate
+from rollout_audit.config import Config
 
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 
@@ -17,8 +19,8 @@ def serious(rep) -> pl.DataFrame:
     return rep.findings.filter(pl.col("severity").is_in(["error", "warning"]))
 
 
-def test_compliant_agent_log_is_clean(fixture_report):
-    rep = fixture_report("compliant")
+def test_compliant_agent_log_is_clean():
+    rep = ra.audit(FIXTURES / "compliant")
     assert serious(rep).is_empty(), rep.render()
     # replay is off by default; R408 runs on the declaration; T306 needs max_response_tokens; no
     # template render recorded (M107)
@@ -27,9 +29,9 @@ def test_compliant_agent_log_is_clean(fixture_report):
 
 
 @pytest.mark.parametrize("name", sorted(MANIFEST["faults"]))
-def test_broken_fixture_raises_its_codes(name, fixture_report):
+def test_broken_fixture_raises_its_codes(name):
     entry = MANIFEST["faults"][name]
-    rep = fixture_report(name)  # audited with entry["config"]
+    rep = ra.audit(FIXTURES / "broken" / name, config=Config.from_mapping(entry["config"]))
     found = serious(rep)
     assert set(found["code"].to_list()) == set(entry["codes"]), rep.render()
     named = set(found.filter(pl.col("code").is_in(entry["codes"]))["trajectory_id"].drop_nulls().to_list())
