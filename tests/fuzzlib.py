@@ -1,7 +1,7 @@
 """Arrow-level mutations of a compliant log, and a runner that audits each mutated log with
 the real CLI in its own process (forked from a server that has the heavy libraries loaded,
-so one case costs the audit, not the imports). Used by tests/test_fuzz.py and by
-benchmarks/fuzz_campaign.py (the long campaign outside CI)."""
+so one case costs the audit, not the imports). Used by tests/test_fuzz.py, tests/test_hostile.py
+(its child-process cases) and benchmarks/fuzz_campaign.py (the long campaign outside CI)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
+import tempfile
 import xml.dom.minidom
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,33 +15,26 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from fuzzlib import run_cli
 
 from rollout_audit import RolloutWriter, audit
 from rollout_audit.io import discover
 from rollout_audit.synth import make_log
 
-ENV = {k: v for k, v in os.environ.items() if k != "ROLLOUT_AUDIT_DEBUG"} | {"ROLLOUT_AUDIT_NO_PROGRESS": "1"}
-
 
 @dataclass
 class Run:
-    returncode: int
+    returncode: int | None  # None: hung, killed after the timeout
     stdout: str
     stderr: str
 
 
-def child(*args: str, cwd: Path | None = None, timeout: float = 120) -> Run:
-    """`rollout-audit ARGS` in a child process: a native crash is an exit code, not a dead test run."""
-    r = subprocess.run(
-        [sys.executable, "-m", "rollout_audit.cli", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=ENV,
-        cwd=cwd,
-        timeout=timeout,
-    )
-    return Run(r.returncode, r.stdout, r.stderr)
+def child(*args: str, timeout: float = 120) -> Run:
+    """`rollout-audit ARGS` in a child process (forked from the fuzz tests' preloaded server, so
+    that it costs the audit, not the imports): a native crash is an exit code, not a dead test run."""
+    with tempfile.TemporaryDirectory() as work:
+        out = run_cli(list(args), Path(work), timeout=timeout)
+    return Run(out.exit, out.stdout, out.stderr)
 
 
 def cli(*args: str, cwd: Path | None = None) -> Run:

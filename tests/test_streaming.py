@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import faultgroups
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -14,7 +15,7 @@ import pytest
 from rollout_audit.checks import structure
 from rollout_audit.config import Config
 from rollout_audit.engine import memory_discovery, run_audit
-from rollout_audit.faults import FAULTS, apply, write_records
+from rollout_audit.faults import FAULTS, write_records
 from rollout_audit.io import discover
 from rollout_audit.synth import make_log
 
@@ -44,13 +45,18 @@ def _three_ways(root, cfg: Config | None = None) -> list[pl.DataFrame]:
     return [_norm(r) for r in reps]
 
 
-@pytest.mark.parametrize("name", sorted(n for n, f in FAULTS.items() if not f.file_level))
-def test_streaming_equals_in_memory(name, base, tmp_path):
-    (trajs, ups), _ = apply(name, *base, seed=0)
-    write_records(tmp_path / "log", trajs, ups, parts=3)
-    cfg = Config.from_mapping(FAULTS[name].config)
-    ref, small, mem = _three_ways(tmp_path / "log", cfg)  # `small` also runs two batches at once
-    assert ref.height > 0
+def _shows_every_fault(group: tuple[str, ...], findings: pl.DataFrame) -> None:
+    """The group's log raises each of its faults' codes (no fault of the group hides another)."""
+    missed = {n: sorted(FAULTS[n].codes - set(findings["code"])) for n in group}
+    assert not any(missed.values()), missed
+
+
+@pytest.mark.parametrize("group", faultgroups.RECORD_GROUPS, ids=faultgroups.group_id)
+def test_streaming_equals_in_memory(group, base, tmp_path):
+    """Every named fault but the truncated file, several to a log (tests/faultgroups.py)."""
+    faultgroups.write_group(tmp_path / "log", group, *base, parts=3)
+    ref, small, mem = _three_ways(tmp_path / "log", faultgroups.config(group))  # `small` also runs two batches at once
+    _shows_every_fault(group, ref)
     assert ref.equals(small), (ref, small)
     # file-level findings (schema problems, no trajectory) come once per file: three files
     # on disk, one table in memory
@@ -82,34 +88,18 @@ def test_fast_domain_pass_hides_nothing(base, tmp_path, monkeypatch):
         assert a.equals(b)
 
 
-# one fault per family, plus duplicate ids across files (batches then not merged) and the
-# prefix hashes of M105/M107 over merged batches
-_SMALL_FILE_FAULTS = (
-    "tool_tokens_trained",
-    "positive_logprob",
-    "stop_reason_contradicts_flag",
-    "potential_chain_broken",
-    "duplicate_shard_row",
-    "missing_loss_mask",
-    "loss_over_whole_transcript",
-    "policy_version_decreasing",
-    "reset_not_reproducible",
-    "advantages_on_degenerate_group",
-    "template_reapplied_drops_separator",
-    "turn_separator_dropped",
-)
-
-
-@pytest.mark.parametrize("name", _SMALL_FILE_FAULTS)
-def test_one_file_per_trajectory_finds_what_one_file_finds(name, base, tmp_path):
+@pytest.mark.parametrize("group", faultgroups.RECORD_GROUPS, ids=faultgroups.group_id)
+def test_one_file_per_trajectory_finds_what_one_file_finds(group, base, tmp_path):
     """Small files share batches (the engine merges them): the findings are those of the same
-    rows in one file, and each finding names the file that holds its trajectory."""
-    (trajs, ups), _ = apply(name, *base, seed=0)
-    write_records(tmp_path / "one", trajs, ups)
-    write_records(tmp_path / "many", trajs, ups, parts=len(trajs))
-    cfg = Config.from_mapping(FAULTS[name].config)
+    rows in one file, and each finding names the file that holds its trajectory. Every named
+    fault but the truncated file, with duplicate ids across files (S002) and the prefix hashes of
+    M105/M107 over merged batches among them."""
+    trajs, _ = faultgroups.write_group(tmp_path / "one", group, *base)
+    faultgroups.write_group(tmp_path / "many", group, *base, parts=len(trajs))
+    cfg = faultgroups.config(group)
     one = run_audit(discover([tmp_path / "one"]), cfg)
     many = run_audit(discover([tmp_path / "many"]), cfg)
+    _shows_every_fault(group, one.findings)
     per_file = lambda r: _norm(r).unique(maintain_order=True)  # file-level findings: once per file
     assert per_file(one).equals(per_file(many)), (per_file(one), per_file(many))
     holder = {

@@ -11,6 +11,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import faultgroups
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -219,14 +220,28 @@ def test_e802_fires_on_a_log_without_initial_state_id(tmp_path, compliant):
     assert rep.codes("error") == {"E802"} and rep.complete
 
 
-@pytest.mark.parametrize("parts", [2, 3])
-def test_every_fault_is_caught_split_across_partitions(tmp_path, compliant, parts):
-    """The detection matrix over partitions, as `faults matrix --parts N` runs it."""
-    from rollout_audit.faults import detect
+@pytest.fixture(scope="module")
+def grouped_logs(tmp_path_factory, _compliant):
+    """Every fault, in the shared logs of tests/faultgroups.py, split in 2 and in 3 partitions
+    and audited: {(group, parts): (log, broken trajectories, touched ids, report)}."""
+    out = {}
+    for parts in (2, 3):
+        for group in faultgroups.GROUPS:
+            log = tmp_path_factory.mktemp(f"p{parts}") / faultgroups.group_id(group)
+            trajs, touched = faultgroups.write_group(log, group, *_compliant, parts=parts)
+            out[group, parts] = (log, trajs, touched, ra.audit(log, config=faultgroups.config(group)))
+    return out
 
-    rows = [detect(n, *compliant, tmp_path / f"p{parts}", parts=parts) for n in FAULTS]
-    missed = {r.fault: (sorted(r.missed), sorted(r.unexpected), r.named) for r in rows if not r.ok}
-    assert not missed
+
+@pytest.mark.parametrize("parts", [2, 3])
+def test_every_fault_is_caught_split_across_partitions(grouped_logs, parts):
+    """The detection matrix over partitions, as `faults matrix --parts N` runs it, with several
+    faults to a log: every fault's codes on its trajectories, nothing else."""
+    failed = {}
+    for group in faultgroups.GROUPS:
+        _, trajs, touched, rep = grouped_logs[group, parts]
+        failed[faultgroups.group_id(group)] = faultgroups.problems(group, rep.findings, trajs, touched)
+    assert not any(failed.values()), {g: p for g, p in failed.items() if p}
 
 
 def test_mask_check_runs_when_logprobs_are_absent(tmp_path, compliant):
@@ -280,10 +295,11 @@ def test_no_usable_input_is_exit_2_with_one_line(tmp_path, what):
 # ---------------------------------------------------------------- declarations are complete
 
 
-def test_every_check_sees_the_same_with_all_inputs_as_with_its_declarations(tmp_path, compliant):
+def test_every_check_sees_the_same_with_all_inputs_as_with_its_declarations(grouped_logs):
     """A check that reads an input it did not declare as optional would see it vanish from its
     view: run each check with its declarations and with every input declared, on the compliant
-    log and every fault, and compare."""
+    fixture and on every fault (the grouped logs in three partitions, whose audits by declarations
+    the detection test reads), and compare."""
     every = tuple(
         [c.name for c in ra.schema.columns("trajectories")]
         + [f"turns.{c.name}" for c in ra.schema.columns("turn")]
@@ -292,12 +308,13 @@ def test_every_check_sees_the_same_with_all_inputs_as_with_its_declarations(tmp_
     )
     keys = tuple(ra.Config.model_fields)
     wide = {c: dataclasses.replace(r, optional=every, config=keys) for c, r in ra.all_rules().items()}
-    logs = [FIXTURES / "compliant"] + [broken_log(tmp_path, compliant, n) for n in FAULTS]
-    for log in logs:
-        cfg = ra.Config.from_mapping(FAULTS[log.name].config) if log.name in FAULTS else ra.Config()
-        a = _findings(log, cfg, None)
-        b = _findings(log, cfg, wide)
-        assert a.equals(b), log.name
+    logs = {"compliant": (FIXTURES / "compliant", ra.Config(), ra.audit(FIXTURES / "compliant"))}
+    for group in faultgroups.GROUPS:
+        log, _, _, rep = grouped_logs[group, 3]
+        logs[faultgroups.group_id(group)] = (log, faultgroups.config(group), rep)
+    for name, (log, cfg, rep) in logs.items():
+        assert not rep.crashes, rep.crashes
+        assert rep.findings.equals(_findings(log, cfg, wide)), name
 
 
 def _findings(log: Path, cfg, rules) -> pl.DataFrame:
