@@ -107,6 +107,36 @@ def test_a_check_reading_an_undeclared_input_crashes_loudly(tmp_path, compliant,
     assert "configuration key 'atol'" in errors["Z903"] and rep.exit_code() == 2
 
 
+def test_a_shared_value_is_keyed_by_declared_inputs(temporary_rules):
+    """Checks share a per-batch value only under inputs they declared: a check that names an
+    input it did not declare crashes loudly, and two checks see the one value made once."""
+    made = []
+
+    def make():
+        made.append(1)
+        return object()
+
+    seen = []
+
+    @rule("Z904", "shares a value under gamma", requires=("reward",), optional=("gamma",))
+    def first(b, cfg):
+        seen.append(b.shared("z", ("gamma",), make))
+
+    @rule("Z905", "shares the same value", requires=("reward",), optional=("gamma",))
+    def second(b, cfg):
+        seen.append(b.shared("z", ("gamma",), make))
+
+    @rule("Z906", "names gamma without declaring it", requires=("reward",))
+    def sneaky(b, cfg):
+        b.shared("z", ("gamma",), make)
+
+    rep = ra.audit(FIXTURES / "compliant", select=["Z9"])
+    assert {c["code"] for c in rep.crashes} == {"Z906"}
+    assert "Z906 reads gamma without declaring it" in rep.crashes[0]["error"]
+    batches = len(seen) // 2
+    assert batches >= 1 and len(made) == batches and seen[0] is seen[1]
+
+
 def test_a_new_check_in_its_own_module_runs_with_nothing_else_changed(tmp_path, temporary_rules):
     """One function and its declarations: the engine reads the turn field it asks for, the
     configuration key it reads, and reports it not run where its input is absent."""
