@@ -13,7 +13,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .batch import Batch
+from .batch import TOKEN_LISTS, Batch
 from .concurrency import map_ordered, prefetch
 from .config import Config
 from .io import Discovery, discover
@@ -28,25 +28,61 @@ from .views import LogView
 _PREFETCH = not os.environ.get("ROLLOUT_AUDIT_NO_THREADS")  # read ahead on a background thread
 
 
+BATCH_TOKENS = 1 << 21  # tokens per batch at most (one trajectory may exceed it alone)
+
+
 def _batches(
     files: Sequence[Any], p: Plan, batch_rows: int, broken: list[tuple[str, str]], cfg: Config
 ) -> Iterator[Batch]:
-    """Batches of the files' rows. Consecutive small parts of different files share a batch:
-    each batch costs some hundred polars calls whatever its size, so a log of many small files
-    would otherwise pay that per file."""
+    """Batches of the files' rows, at most `batch_rows` rows and `BATCH_TOKENS` tokens each:
+    memory follows tokens, and episodes of 20k tokens in row groups sized for 600 would make
+    batches thirty times larger. Consecutive small parts of different files share a batch: each
+    batch costs some hundred polars calls whatever its size, so a log of many small files would
+    otherwise pay that per file."""
     pending: list[Part] = []
-    rows = 0
-    for part in parts(files, p.columns, batch_rows, broken, cfg.max_row_group_bytes, cfg.max_tokens_per_trajectory):
-        small = not part.problems and 0 < part.table.num_rows <= batch_rows // 2
-        if pending and (not small or rows + part.table.num_rows > batch_rows or not _same(pending[0], part)):
+    rows = tokens = 0
+    read = parts(files, p.columns, batch_rows, broken, cfg.max_row_group_bytes, cfg.max_tokens_per_trajectory)
+    for part in (piece for whole in read for piece in _by_tokens(whole)):
+        n, k = part.table.num_rows, _tokens(part.table)
+        small = not part.problems and 0 < n <= batch_rows // 2 and k <= BATCH_TOKENS // 2
+        if pending and (not small or rows + n > batch_rows or tokens + k > BATCH_TOKENS or not _same(pending[0], part)):
             yield from _merged(pending, p)
-            pending, rows = [], 0
+            pending, rows, tokens = [], 0, 0
         if small:
             pending.append(part)
-            rows += part.table.num_rows
+            rows, tokens = rows + n, tokens + k
         else:
             yield Batch(part.table, part.file, part.first_row, part.problems, p.turn_fields)
     yield from _merged(pending, p)
+
+
+def _token_lengths(table: pa.Table) -> np.ndarray | None:
+    """Tokens of each row, from the first token list the table has (None when it has none)."""
+    name = next((c for c in TOKEN_LISTS if c in table.column_names), None)
+    if name is None:
+        return None
+    return pc.list_value_length(table.column(name)).fill_null(0).to_numpy().astype(np.int64)
+
+
+def _tokens(table: pa.Table) -> int:
+    lengths = _token_lengths(table)
+    return 0 if lengths is None else int(lengths.sum())
+
+
+def _by_tokens(part: Part) -> Iterator[Part]:
+    """`part` in consecutive slices of at most `BATCH_TOKENS` tokens (a longer row stays whole);
+    the file's problems go with the first slice."""
+    lengths = _token_lengths(part.table)
+    if lengths is None or lengths.sum() <= BATCH_TOKENS:
+        yield part
+        return
+    ends = np.cumsum(lengths)
+    start, problems = 0, part.problems
+    while start < len(lengths):
+        base = ends[start - 1] if start else 0
+        stop = max(int(np.searchsorted(ends, base + BATCH_TOKENS, side="right")), start + 1)
+        yield Part(part.table.slice(start, stop - start), part.file, part.first_row + start, problems)
+        start, problems = stop, []
 
 
 def _same(a: Part, b: Part) -> bool:

@@ -112,3 +112,23 @@ def test_one_file_per_trajectory_finds_what_one_file_finds(group, base, tmp_path
     assert located.height == one.findings.filter(in_traj_file).height
     for tid, file in located.select("trajectory_id", "file").iter_rows():
         assert file == holder[tid], (tid, file)
+
+
+def test_batches_are_bounded_by_tokens_and_find_the_same(base, tmp_path, monkeypatch):
+    """Long episodes in row groups sized for short ones: batches are cut by tokens too (memory
+    follows tokens), and the findings do not depend on where the cuts fall."""
+    from rollout_audit import engine
+    from rollout_audit.runner import Runner, plan
+
+    for group in faultgroups.RECORD_GROUPS[:3]:
+        root = tmp_path / faultgroups.group_id(group)
+        faultgroups.write_group(root, group, *base, parts=2)
+        cfg = faultgroups.config(group)
+        ref = _norm(run_audit(discover([root]), cfg))
+        monkeypatch.setattr(engine, "BATCH_TOKENS", 150)
+        files = discover([root]).of_kind("trajectories")
+        batches = list(engine._batches(files, plan(Runner(cfg)), 2048, [], cfg))
+        sizes = [(b.n, int(b.lengths["token_source"].clip(0).sum())) for b in batches]
+        assert len(batches) > len(files) and all(k <= 150 or n == 1 for n, k in sizes), sizes
+        assert ref.equals(_norm(run_audit(discover([root]), cfg))), group
+        monkeypatch.setattr(engine, "BATCH_TOKENS", 1 << 21)
