@@ -162,9 +162,10 @@ class Tokens:
             self.lp, self.lp_present = _floats(lp_arr), _valid(lp_arr)
         else:
             self.lp, self.lp_present = np.full(total, np.nan, np.float32), np.zeros(total, bool)
-        self.turn = np.full(total, -2, np.int32)
         if "token_turn" in lists:
             self.turn = _np(flat("token_turn"), -2).astype(np.int32, copy=False)
+        else:
+            self.turn = np.full(total, -2, np.int32)
         self.ids: np.ndarray | None = None
         if "token_ids" in lists:
             self.ids = _np(flat("token_ids"), -1).astype(np.int32, copy=False)
@@ -313,7 +314,8 @@ class Tokens:
         key += self.turn
         # one unsigned comparison finds both turn < 0 and turn >= the row's turn count
         bad = self.turn.view(np.uint32) >= np.repeat(T.astype(np.uint32), n_tok)
-        np.putmask(key, bad, -1)
+        if bad.any():
+            key[bad] = -1
         return key
 
     @cached_property
