@@ -113,11 +113,15 @@ def _vmhwm_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _imports() -> float:
+def _imports(pandera: bool = True) -> float:
+    """Import the library (and pandera, which S001 loads only for a suspect frame, when `pandera`:
+    before any clock starts); the peak RSS so far."""
     import rollout_audit  # noqa: F401
-    from rollout_audit import models  # noqa: F401  (pandera: imported before any clock starts)
+    from rollout_audit import cli  # noqa: F401  (what `rollout-audit check` imports)
     from rollout_audit.registry import all_rules
 
+    if pandera:
+        from rollout_audit import models  # noqa: F401
     all_rules()
     return _vmhwm_mb()
 
@@ -131,8 +135,9 @@ def cli_audit(path: str):
 
 
 def _child_rss(path: str) -> None:
-    """Subprocess: one audit and nothing else, for its peak RSS."""
-    rss_import = _imports()
+    """Subprocess: one audit and nothing else, for its peak RSS: imports as the CLI's (pandera
+    comes in, 43 MB, only when a frame's values need it)."""
+    rss_import = _imports(pandera=False)
     rep = cli_audit(path)
     print(
         json.dumps(
