@@ -282,7 +282,8 @@ def report(a, path: str, rows: list[dict], c: dict) -> str:
     head = (
         f"{Path(path).name}: {r0['rows']} trajectories, {r0['tokens'] / 1e6:.1f}M tokens, "
         f"{len(r0['findings'])} findings, identical in all four configurations; "
-        f"{c['shares']} shares of {a.rows_per_share} rows; {os.cpu_count()} cores shared with other jobs."
+        f"{c['shares']} shares of {a.rows_per_share} rows; {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.1f} at the end."
     )
     lines = [
         head,
