@@ -444,6 +444,9 @@ def action_loop(b: BatchView, cfg) -> pl.DataFrame | None:
         .cum_sum()
         .alias("_run")
     )  # turns are contiguous per trajectory: a run starts at turn 0 or a change
+    run = df["_run"].to_numpy()[df["parsed_action"].is_not_null().to_numpy()]
+    if not run.size or np.bincount(run).max() < k:  # no run long enough: the usual case, no group_by
+        return None
     runs = (
         df.filter(pl.col("parsed_action").is_not_null())
         .group_by("_run", maintain_order=True)
