@@ -42,8 +42,8 @@ def _batches(
     pending: list[Part] = []
     rows = tokens = 0
     read = parts(files, p.columns, batch_rows, broken, cfg.max_row_group_bytes, cfg.max_tokens_per_trajectory)
-    for part in (piece for whole in read for piece in _by_tokens(whole)):
-        n, k = part.table.num_rows, _tokens(part.table)
+    for part, k in (piece for whole in read for piece in _by_tokens(whole)):
+        n = part.table.num_rows
         small = not part.problems and 0 < n <= batch_rows // 2 and k <= BATCH_TOKENS // 2
         if pending and (not small or rows + n > batch_rows or tokens + k > BATCH_TOKENS or not _same(pending[0], part)):
             yield from _merged(pending, p)
@@ -64,24 +64,21 @@ def _token_lengths(table: pa.Table) -> np.ndarray | None:
     return pc.list_value_length(table.column(name)).fill_null(0).to_numpy().astype(np.int64)
 
 
-def _tokens(table: pa.Table) -> int:
-    lengths = _token_lengths(table)
-    return 0 if lengths is None else int(lengths.sum())
-
-
-def _by_tokens(part: Part) -> Iterator[Part]:
-    """`part` in consecutive slices of at most `BATCH_TOKENS` tokens (a longer row stays whole);
-    the file's problems go with the first slice."""
+def _by_tokens(part: Part) -> Iterator[tuple[Part, int]]:
+    """`part` in consecutive slices of at most `BATCH_TOKENS` tokens (a longer row stays whole),
+    each with its token count; the file's problems go with the first slice."""
     lengths = _token_lengths(part.table)
-    if lengths is None or lengths.sum() <= BATCH_TOKENS:
-        yield part
+    total = 0 if lengths is None else int(lengths.sum())
+    if lengths is None or total <= BATCH_TOKENS:
+        yield part, total
         return
     ends = np.cumsum(lengths)
     start, problems = 0, part.problems
     while start < len(lengths):
-        base = ends[start - 1] if start else 0
+        base = int(ends[start - 1]) if start else 0
         stop = max(int(np.searchsorted(ends, base + BATCH_TOKENS, side="right")), start + 1)
-        yield Part(part.table.slice(start, stop - start), part.file, part.first_row + start, problems)
+        piece = Part(part.table.slice(start, stop - start), part.file, part.first_row + start, problems)
+        yield piece, int(ends[stop - 1]) - base
         start, problems = stop, []
 
 

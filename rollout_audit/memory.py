@@ -3,6 +3,7 @@ process is left alone)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -28,11 +29,9 @@ def tune_allocator() -> None:
     _TUNED = True
     if os.environ.get("ROLLOUT_AUDIT_NO_MALLOPT") or not sys.platform.startswith("linux"):
         return
-    try:
+    with contextlib.suppress(NotImplementedError, pa.ArrowException):  # a pyarrow built without jemalloc
         pa.set_memory_pool(pa.jemalloc_memory_pool())
         pa.jemalloc_set_decay_ms(300)
-    except (NotImplementedError, pa.ArrowException):  # a pyarrow built without jemalloc
-        pass
     try:
         import ctypes
 

@@ -210,11 +210,8 @@ def context_prefix(b: BatchView, cfg) -> pl.DataFrame | None:
     len_bad = (first_pol.is_not_null() & (first_pol != tr["cl"])).fill_null(False).to_numpy()
     # incremental prefix hashes: one sha256 per trajectory, fed segment by segment in
     # increasing context_length; hexdigest() at each turn boundary works on a copy of the state
-    todo = np.flatnonzero(in_range & tr["sha"].is_not_null().to_numpy())
+    todo = _prefix_order(np.flatnonzero(in_range & tr["sha"].is_not_null().to_numpy()), rows, cl)
     r, c = rows[todo], cl[todo]
-    if todo.size > 1 and ((np.diff(r) < 0) | ((np.diff(r) == 0) & (np.diff(c) < 0))).any():
-        order = np.lexsort((c, r))
-        todo, r, c = todo[order], r[order], c[order]
     digests = b.tokens.prefix_digests(r, c)
     sha_bad = _differs(tr["sha"], todo, digests)
     bad_rows = np.flatnonzero(len_bad | sha_bad | ~in_range)
@@ -265,6 +262,15 @@ def context_prefix(b: BatchView, cfg) -> pl.DataFrame | None:
         pl.coalesce("rc_first_policy_pos", pl.when(pl.col("in_range")).then("cl")).alias("position"),
         pl.concat_str([msg_len, msg_sha], separator="; ", ignore_nulls=True).alias("message"),
     )
+
+
+def _prefix_order(todo: np.ndarray, rows: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """`todo` in (row, prefix length) order, the order incremental prefix hashing needs; turns
+    logged in order are already in it, so the sort only runs when they are not."""
+    r, c = rows[todo], length[todo]
+    if todo.size > 1 and ((np.diff(r) < 0) | ((np.diff(r) == 0) & (np.diff(c) < 0))).any():
+        return todo[np.lexsort((c, r))]
+    return todo
 
 
 def _differs(recorded: pl.Series, todo: np.ndarray, digests: np.ndarray) -> np.ndarray:
@@ -429,10 +435,7 @@ def template_context(b: BatchView, cfg) -> pl.DataFrame | None:
         return None
     rows, pos = tr["_row"].to_numpy(), tr["pos"].to_numpy()
     same = (tr["tl"] == tr["pos"]).to_numpy()
-    todo = np.flatnonzero(same & tr["sha"].is_not_null().to_numpy())
-    r, p = rows[todo], pos[todo]
-    if todo.size > 1 and ((np.diff(r) < 0) | ((np.diff(r) == 0) & (np.diff(p) < 0))).any():
-        todo = todo[np.lexsort((p, r))]  # prefix hashing wants (row, length) order
+    todo = _prefix_order(np.flatnonzero(same & tr["sha"].is_not_null().to_numpy()), rows, pos)
     sha_bad = _differs(tr["sha"], todo, b.tokens.prefix_digests(rows[todo], pos[todo]))
     bad = tr.filter(pl.Series(~same | sha_bad))
     if bad.is_empty():
