@@ -14,7 +14,7 @@ import torch
 from reference_agent.env import ACTIONS, OBS_OPENS, OBS_RESET, OBS_TAKE, controller_mask
 from reference_agent.policy import RecurrentActorCritic, decoding_distribution, load_checkpoint
 from reference_agent.tokenizer import Tokenizer
-from rollout_audit.replay import ReplayRequest, ReplayResult, checkpoint_path, pad_batch
+from rollout_audit.replay import NotConfigured, ReplayRequest, ReplayResult, checkpoint_path, pad_batch
 
 
 @lru_cache(maxsize=64)
@@ -65,7 +65,13 @@ class AgentReplayer:
 
     def replay(self, request: ReplayRequest) -> ReplayResult:
         """Sampled-distribution and base-softmax log-probs of each scored action token."""
-        policy = _policy(str(checkpoint_path(self.checkpoints, request.version)))
+        path = checkpoint_path(self.checkpoints, request.version)
+        try:
+            policy = _policy(str(path))
+        except Exception as e:
+            raise NotConfigured(
+                f"checkpoint of policy version {request.version} cannot be loaded from {path}: {e}"
+            ) from e
         z = torch.empty(len(request.traj), policy.cfg.num_actions)
         with torch.no_grad():
             for lo in range(0, len(request.token_ids), self.batch_size):

@@ -234,14 +234,23 @@ def _with_replay(cfg, replay):
 
 def _audit_one(paths, config_path, replay, sel, ign, workers, framework, context, ray=None):
     """The report of one log (a list of paths audited together), configured from next to it, and
-    the number of findings per code its configuration shows in text."""
+    the number of findings per code its configuration shows in text. A framework's dump
+    (`--from`) is converted and audited as a log of files that is removed afterwards."""
     from .config import find_config
     from .engine import run_audit
     from .io import discover
 
     cfg = _with_replay(find_config(config_path, start=paths[0])[0], replay)
-    disc = _converted(framework, paths, context) if framework else discover(paths)
-    return run_audit(disc, cfg, sel or None, ign or None, tune=True, workers=workers, ray=ray), cfg.max_examples
+    if not framework:
+        return run_audit(
+            discover(paths), cfg, sel or None, ign or None, tune=True, workers=workers, ray=ray
+        ), cfg.max_examples
+    from .adapters.convert import as_log, convert, relabel
+
+    conv = convert(framework, paths, _context(context))
+    with as_log(conv) as root:
+        rep = run_audit(discover([root]), cfg, sel or None, ign or None, tune=True, workers=workers, ray=ray)
+        return relabel(rep, conv, root), cfg.max_examples
 
 
 def _tty_colour() -> bool:
@@ -298,34 +307,12 @@ def _context(pairs: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def _convert(framework: str, paths, context: tuple[str, ...]):
-    """A trainer's dump files as contract tables (trajectories, updates or None)."""
-    from .adapters import load
-    from .adapters.base import read_dump
-
-    adapter = load(framework)
-    records = [r for p in paths for r in read_dump(p)]
-    kwargs = _context(context)
-    upd = getattr(adapter, "updates", None)
-    return adapter.to_contract(records, **kwargs), (upd(records, **kwargs) if upd else None)
-
-
-def _converted(framework: str, paths, context: tuple[str, ...]):
-    """`check --from`: the converted dump as an in-memory log."""
-    from .engine import memory_discovery
-
-    return memory_discovery(*_convert(framework, paths, context))
-
-
 def _say_incomplete(rep) -> None:
-    """One line on stderr when the audit could not be completed (exit 2)."""
-    from .report import printable
+    """One line on stderr per reason the audit could not be completed (exit 2)."""
+    from .report import incomplete
 
-    if rep.unusable is not None:
-        click.echo(f"rollout-audit: error: nothing to audit: {printable(rep.unusable)}", err=True)
-    elif rep.crashes:
-        codes = ", ".join(sorted({c["code"] for c in rep.crashes}))
-        click.echo(f"rollout-audit: error: check(s) {codes} crashed; the audit is incomplete", err=True)
+    for line in incomplete(rep):
+        click.echo(f"rollout-audit: error: {line}", err=True)
 
 
 @main.command()
@@ -454,7 +441,9 @@ def convert(framework, src, dst, context) -> None:
 
     check_output(dst, [src])  # a dump is not a contract log: DST may sit next to it, never inside it
     check_new_directory(dst)
-    trajectories, updates = _convert(framework, [src], context)
+    from .adapters.convert import convert as converted
+
+    trajectories, updates = converted(framework, [src], _context(context)).tables()
     for name, table in (("trajectories", trajectories), ("updates", updates)):
         if table is not None and table.num_rows:
             (Path(dst) / name).mkdir(parents=True, exist_ok=True)

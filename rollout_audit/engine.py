@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from .batch import TOKEN_LISTS, Batch
 from .concurrency import map_ordered, prefetch
-from .config import Config
+from .config import Config, find_config
 from .io import Discovery, discover
 from .memory import release_memory, tune_allocator
 from .progress import progress_for
@@ -251,6 +251,10 @@ def audit(
     """Audit a path (file or directory, local or `s3://`, `gs://`), a list of paths, a scanned
     `Log`, or in-memory tables. `ray=True` (or a cluster address) runs it on Ray.
 
+    The configuration of a path is found as `rollout-audit check` finds it: the nearest
+    `pyproject.toml` with a `[tool.rollout-audit]` table at or above the (first) path. `config=`
+    replaces it. In-memory tables use `config=` or the defaults.
+
     A training loop can call `audit(batch_table, update_table)` before the optimizer step.
     """
     from .log import Log
@@ -261,6 +265,8 @@ def audit(
         isinstance(source, (list, tuple)) and source and all(isinstance(s, (str, os.PathLike)) for s in source)
     ):
         paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+        if config is None:
+            config = find_config(None, start=os.fspath(paths[0]))[0]
         return run_audit(discover(paths), config, select, ignore, ray=ray)
     if ray:
         return run_audit(memory_discovery(source, updates), config, select, ignore, ray=ray)

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .config import Config
+
 Records = tuple[list[dict], list[dict]]  # (trajectory records, update records)
 
 
@@ -268,9 +270,18 @@ def positive_logprob(ctx: _Ctx) -> list[str]:
 @fault("turn_logprob_from_base_softmax", {"L202"})
 def turn_logprob_from_base_softmax(ctx: _Ctx) -> list[str]:
     """The per-turn log-prob was taken from the base softmax (temperature 1) while tokens
-    were sampled at another temperature: it no longer equals the sum of the token log-probs."""
-    t = ctx.pick()
-    tr = t["turns"][0]
+    were sampled at another temperature: it no longer equals the sum of the token log-probs.
+
+    Scaling by 0.7 moves a log-prob by 0.3·|logprob|; the fault picks a turn where that is at
+    least 10× L202's default tolerance (logprob_atol 1e-3), so a near-certain turn (log-prob
+    −0.002) never hides it."""
+    big = 10 * Config().logprob_atol / 0.3
+
+    def turns(t: dict) -> list[dict]:
+        return [tr for tr in t["turns"] if tr.get("logprob") is not None and abs(tr["logprob"]) >= big]
+
+    t = ctx.pick(lambda t: bool(turns(t)), f"turn with a recorded log-prob of magnitude >= {big:.3g}")
+    tr = turns(t)[0]
     tr["logprob"] = tr["logprob"] * 0.7
     return [t["trajectory_id"]]
 
@@ -730,7 +741,6 @@ def detect(name: str, trajs: list[dict], updates: list[dict], workdir, *, seed: 
     """Apply one fault, write the broken log under `workdir`, audit it, compare codes."""
     import polars as pl
 
-    from .config import Config
     from .engine import audit
 
     f = FAULTS[name]

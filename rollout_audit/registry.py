@@ -78,6 +78,11 @@ class NotRun(Exception):
     under `not_run` (e.g. "needs first_visit_components in the configuration")."""
 
 
+class Unmet(NotRun):
+    """Raised by a check that cannot run although the user explicitly asked for what it needs
+    (`--replay N`): the check is not run, and the audit is incomplete (exit 2)."""
+
+
 class UndeclaredInput(Exception):
     """A check read an input it did not declare: a defect of the check, reported as a crash."""
 

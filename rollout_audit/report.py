@@ -59,17 +59,20 @@ class Report:
     partial: dict[str, str] = field(default_factory=dict)  # code -> "ran on 812 of 1000 trajectories; ..."
     crashes: list[dict] = field(default_factory=list)  # checks that raised: code, error, file, rows
     unusable: str | None = None  # why no trajectory row could be audited (exit 2)
+    # what the user asked for that did not happen (a check named by its code, a replay): exit 2
+    unfulfilled: dict[str, str] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
-        """True when every selected check that had its inputs ran to the end (no crash) and
-        some input was usable: only then can "ok" be trusted."""
-        return not self.crashes and self.unusable is None
+        """True when every selected check that had its inputs ran to the end (no crash), some
+        input was usable, some check ran, and everything the user asked for happened: only then
+        can "ok" be trusted."""
+        return not self.crashes and self.unusable is None and not self.unfulfilled and bool(self.summary["checks_run"])
 
     @property
     def ok(self) -> bool:
-        """True when no error finding blocks training."""
-        return self.count("error") == 0
+        """True exactly when the exit code is 0: the audit completed and no error finding blocks training."""
+        return self.exit_code() == 0
 
     def count(self, severity: str) -> int:
         return int((self.findings["severity"] == severity).sum())
@@ -97,6 +100,7 @@ class Report:
             "partially_run": [{"code": c, "coverage": r} for c, r in sorted(self.partial.items())],
             "check_errors": self.crashes,
             "unusable": self.unusable,
+            "unfulfilled": [{"code": c, "reason": r} for c, r in sorted(self.unfulfilled.items())],
             "summary": self.summary,
         }
 
@@ -150,7 +154,8 @@ def build_report(runner: Runner, *, rows: int, tokens: int, stats: dict, cfg, un
         "checks_crashed": sorted(runner.crash_counts),
         "statistics": stats,
     }
-    return Report(findings, not_run, summary, runner.rules, partial, crashes, unusable)
+    unfulfilled = runner.unfulfilled() if unusable is None else {}
+    return Report(findings, not_run, summary, runner.rules, partial, crashes, unusable, unfulfilled)
 
 
 def _where(r: dict) -> str:
@@ -214,6 +219,30 @@ def _coda(rep: Report) -> list[str]:
             f"error: check {c['code']} crashed{' on ' + printable(where) if where else ''}: {printable(c['error'])}"
             + (f" ({c['times']} times)" if c["times"] > 1 else "")
         )
+    out += [f"error: {line}" for line in _unfulfilled_lines(rep)]
+    if not rep.summary["checks_run"] and not rep.crashes:
+        out.append("error: no check ran: nothing was verified")
+    return out
+
+
+def _unfulfilled_lines(rep: Report) -> list[str]:
+    """One line per reason something asked for did not happen, naming the checks it stopped."""
+    by_reason: dict[str, list[str]] = {}
+    for code, why in sorted(rep.unfulfilled.items()):
+        by_reason.setdefault(why, []).append(code)
+    return [f"{', '.join(codes)}: {printable(why)}" for why, codes in by_reason.items()]
+
+
+def incomplete(rep: Report) -> list[str]:
+    """Why the audit could not be completed (exit 2), one line each; empty when it was."""
+    if rep.unusable is not None:
+        return [f"nothing to audit: {printable(rep.unusable)}"]
+    if rep.crashes:
+        codes = ", ".join(sorted({c["code"] for c in rep.crashes}))
+        return [f"check(s) {codes} crashed; the audit is incomplete"]
+    out = _unfulfilled_lines(rep)
+    if not rep.summary["checks_run"]:
+        out.append("no check ran: nothing was verified")
     return out
 
 
@@ -267,7 +296,7 @@ def render_concise(rep: Report, *, strict: bool = False, quiet: bool = False, la
         loc = [printable(r["file"] or ""), tid, *("" if r[k] is None else str(r[k]) for k in ("turn", "position"))]
         lines.append(f"{':'.join(loc)}: {r['code']} {printable(r['message'])}")
     if not quiet:  # `label` (several logs): the log's path before its verdict line
-        lines += [label + x for x in _coda(rep)] if rep.unusable is not None or rep.crashes else []
+        lines += [label + x for x in _coda(rep) if x.startswith("error: ")]
         if rep.unusable is None:
             lines.append(label + verdict_line(rep, strict))
     return "\n".join(lines)
@@ -291,8 +320,11 @@ def render_github(rep: Report) -> str:
         lines.append(
             f"::error title={_gh_property(c['code'] + ' crashed')}::{_gh_data(f'{where}: ' + printable(c['error']))}"
         )
+    for code, why in sorted(rep.unfulfilled.items()):
+        lines.append(f"::error title={_gh_property(f'{code} not run')}::{_gh_data(printable(why))}")
     for code, why in sorted(rep.not_run.items()):
-        lines.append(f"::notice title={_gh_property(f'{code} not run')}::{_gh_data(printable(why))}")
+        if code not in rep.unfulfilled:
+            lines.append(f"::notice title={_gh_property(f'{code} not run')}::{_gh_data(printable(why))}")
     return "\n".join(lines)
 
 
@@ -317,6 +349,9 @@ def render_junit(rep: Report) -> str:
         crashed = [c for c in rep.crashes if c["code"] == code]
         if crashed:
             body = f"<error message={quoteattr(printable(crashed[0]['error']))}/>"
+            failures += 1
+        elif code in rep.unfulfilled:
+            body = f"<error message={quoteattr(printable(rep.unfulfilled[code]))}/>"
             failures += 1
         elif code in rep.not_run:
             body = f"<skipped message={quoteattr(printable(rep.not_run[code]))}/>"

@@ -19,7 +19,7 @@ from . import schema as S
 from .batch import SUMMARY_INPUTS, TOKEN_LISTS, Batch
 from .config import Config
 from .io import one_line
-from .registry import NotRun, Rule, all_rules, selected
+from .registry import NotRun, Rule, Unmet, all_rules, selected
 from .views import BatchView, ConfigView, LogCheckView, LogView
 
 FINDING_SCHEMA: dict[str, Any] = {
@@ -116,6 +116,9 @@ class Runner:
         ign = list(ignore or []) + list(cfg.ignore)
         pool = all_rules() if rules is None else rules
         self.rules = {c: r for c, r in pool.items() if selected(c, sel, ign)}
+        # checks the user named by their full code: one that cannot run makes the audit incomplete
+        self.named = sorted(c for c in self.rules if c in {s.upper() for s in sel})
+        self.unmet: dict[str, str] = {}  # code -> why something the user asked for did not happen
         self.findings: list[pl.DataFrame] = []
         self.coverage: dict[str, Coverage] = {c: Coverage() for c in self.rules}
         self.reasons: dict[str, set[str]] = {c: set() for c in self.rules}  # NotRun and absence reasons
@@ -144,6 +147,9 @@ class Runner:
         try:
             out = rule.func(view, ConfigView(self.cfg, rule))
         except NotRun as e:
+            if isinstance(e, Unmet):
+                with self._lock:
+                    self.unmet.setdefault(rule.code, str(e))
             return False, str(e)
         except (KeyboardInterrupt, SystemExit):
             raise
@@ -254,6 +260,15 @@ class Runner:
                 continue
             why = "; ".join(sorted(cov.lacking)) if cov.lacking else "no input reached this check"
             out[code] = why
+        return out
+
+    def unfulfilled(self) -> dict[str, str]:
+        """What the user asked for that did not happen: a check named by its full code that did not
+        run, or a request (replay) that failed, with the reason."""
+        out = dict(self.unmet)
+        for code, why in self.not_run().items():
+            if code in self.named:
+                out.setdefault(code, f"selected by its code and not run: {why}")
         return out
 
     def partial(self, rows: int) -> dict[str, str]:

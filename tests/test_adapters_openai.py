@@ -108,3 +108,35 @@ def test_what_the_server_cannot_know_comes_from_the_context() -> None:
         0.5,
         2,
     )
+
+
+def test_check_from_replays_and_names_the_dump_records(model_dir: str, tmp_path: Path) -> None:
+    """`check --from openai DUMP --replay N` replays the converted log (through a temporary log that is
+    gone afterwards), and each finding names the dump file and the line of its session's first record."""
+    import tempfile
+
+    path = tmp_path / "dump" / "sessions.jsonl"
+    url = _record(model_dir, "raw_logprobs", path)
+    cfg = tmp_path / "audit.toml"
+    cfg.write_text(f'replay_endpoints = {{"0" = "{url}"}}\n')
+    before = set(Path(tempfile.gettempdir()).glob("rollout-audit-from-*"))
+    res = cli("check", path, "--from", "openai", *opts(IDENTITY), "--replay", "64", "--config", cfg, "--format", "json")
+    assert res.exit_code == 1, res.output + res.stderr
+    assert set(Path(tempfile.gettempdir()).glob("rollout-audit-from-*")) == before
+    found = json.loads(res.output)["findings"]
+    assert "L206" in {f["code"] for f in found}
+    first_line = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        first_line.setdefault(json.loads(line)["session"], n)
+    for f in found:
+        assert f["file"] == f"{path}:{first_line[f['trajectory_id']]}", f
+    gh = cli(
+        "check", path, "--from", "openai", *opts(IDENTITY), "--replay", "64", "--config", cfg, "--format", "github"
+    )
+    assert f"file={path}:1," in gh.output.replace("%3A", ":"), gh.output
+
+
+def test_check_from_with_replay_and_no_replayer_exits_2(tmp_path: Path) -> None:
+    res = cli("check", fixture("openai", "compliant"), "--from", "openai", *opts(IDENTITY), "--replay", "8")
+    assert res.exit_code == 2, res.output + res.stderr
+    assert "error: L205, L206, L207: replay of 8 trajectories was asked for and did not run: no replayer" in res.output

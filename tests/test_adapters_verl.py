@@ -73,3 +73,19 @@ def test_turn_cut_by_response_length_is_m106():
         rec[k] = rec[k][:-3]
     rep = ra.audit_tables(to_contract([rec], **CONTEXT))
     assert rep.findings.select("code", "trajectory_id").rows() == [("M106", rec["request_id"])]
+
+
+def test_cut_last_turn_and_differing_earlier_ids_are_both_m106():
+    """A sample whose last turn is cut by response_length and whose first turn's engine ids differ
+    from the trainer's: both turns are M106 findings, in one frame (no dtype clash between them)."""
+    from rollout_audit.adapters.base import read_dump
+    from rollout_audit.adapters.verl import to_contract
+
+    rec = next(r for r in read_dump(fixture("verl", "compliant")) if len(r["engine_calls"]) >= 2)
+    for k in ("response_ids", "response_mask", "response_logprobs"):
+        rec[k] = rec[k][:-2]
+    rec["engine_calls"][0]["token_ids"][0] += 1
+    rep = ra.audit_tables(to_contract([rec], **CONTEXT), select=["M"])
+    assert rep.crashes == []
+    m106 = rep.findings.filter(rep.findings["code"] == "M106")
+    assert sorted(m106["turn"].to_list()) == [0, len(rec["engine_calls"]) - 1]

@@ -63,3 +63,24 @@ def test_records_round_trip(base, tmp_path):
     assert [t["trajectory_id"] for t in trajs] == [t["trajectory_id"] for t in base[0]]
     assert trajs[0]["token_ids"] == base[0][0]["token_ids"]
     assert ups[0]["advantages"] == pytest.approx(base[1][0]["advantages"])
+
+
+def test_a_fault_chooses_a_place_where_its_change_exceeds_the_tolerance(base):
+    """A trained policy is near-certain on most turns (log-prob −0.002): scaling such a turn's
+    log-prob by 0.7 moves it less than L202's tolerance. The fault picks a turn where it does not,
+    and refuses, saying why, when the log has none."""
+    from rollout_audit.faults import apply
+
+    trajs, ups = base
+    near_certain = [dict(t, turns=[dict(tr, logprob=-0.0018) for tr in t["turns"]]) for t in trajs]
+    one = trajs[5]["trajectory_id"]
+    for t in near_certain:
+        if t["trajectory_id"] == one:
+            t["turns"][-1]["logprob"] = -0.5
+    (bt, bu), touched = apply("turn_logprob_from_base_softmax", near_certain, ups)
+    assert touched == [one]
+    changed = [(t["trajectory_id"], tr["logprob"]) for t in bt for tr in t["turns"] if tr["logprob"] != -0.0018]
+    assert changed == [(one, pytest.approx(-0.35))]
+    everywhere = [dict(t, turns=[dict(tr, logprob=-0.0018) for tr in t["turns"]]) for t in trajs]
+    with pytest.raises(ValueError, match="no turn with a recorded log-prob of magnitude"):
+        apply("turn_logprob_from_base_softmax", everywhere, ups)

@@ -40,7 +40,7 @@ def test_json_shape_is_stable(tmp_path, records):
     res = run_cli("check", root, "--format", "json")
     assert res.exit_code == 1
     doc = json.loads(res.output)
-    assert set(doc) == {"findings", "not_run", "partially_run", "check_errors", "unusable", "summary"}
+    assert set(doc) == {"findings", "not_run", "partially_run", "check_errors", "unusable", "unfulfilled", "summary"}
     f = doc["findings"][0]
     assert {"code", "severity", "message", "file", "trajectory_id", "turn", "position"} <= set(f)
     assert f["code"] == "S003" and f["trajectory_id"] == trajs[1]["trajectory_id"]
@@ -226,3 +226,40 @@ def test_foreign_parquet_file_is_reported_once_not_as_33_missing_columns(tmp_pat
     assert "not a rollout log file" in s005["message"][0]
     assert "S001" not in rep.codes()
     assert rep.summary["rows_read"] == len(records[0])  # the log itself is audited
+
+
+def test_nothing_selected_ran_is_never_ok(tmp_path, records):
+    """On a log without behaviour log-probs: `--select L201,L203` (full codes) exits 2 with the reason;
+    `--select L201` through the library is incomplete too; a family that ran nothing is never ok."""
+    trajs, ups = records
+    for t in trajs:
+        del t["behavior_logprobs"]
+    root = write_log(tmp_path / "log", trajs, ups)
+    res = run_cli("check", root, "--select", "L201,L203")
+    assert res.exit_code == 2, res.output
+    assert "error: L201, L203: selected by its code and not run: column behavior_logprobs absent" in res.output
+    assert res.output.rstrip().splitlines()[-1].startswith("INCOMPLETE: 0 errors, 0 warnings, 0 info; 0 checks run")
+    rep = ra.audit(root, select=["L201"])
+    assert rep.exit_code() == 2 and not rep.ok and set(rep.unfulfilled) == {"L201"}
+    only_l2 = ra.audit(root, select=["L201", "L"], ignore=["L202", "L204", "L205", "L206", "L207", "L208"])
+    assert only_l2.summary["checks_run"] == [] and only_l2.exit_code() == 2
+    js = json.loads(run_cli("check", root, "--select", "L203", "--format", "json").stdout)
+    assert js["unfulfilled"] == [
+        {"code": "L203", "reason": "selected by its code and not run: column behavior_logprobs absent"}
+    ]
+
+
+def test_report_ok_means_exit_0(records):
+    rep = ra.audit(*records)
+    assert rep.ok and rep.exit_code() == 0
+    assert not ra.audit(None).ok
+
+
+def test_library_finds_the_configuration_next_to_the_log_as_the_cli_does(tmp_path, records):
+    root = write_log(tmp_path / "proj" / "log", *records)
+    (tmp_path / "proj" / "pyproject.toml").write_text('[tool.rollout-audit]\nselect = ["M"]\n')
+    rep = ra.audit(root)
+    assert rep.rules and all(c.startswith("M") for c in rep.rules)
+    cli_json = json.loads(run_cli("check", root, "--format", "json").stdout)
+    assert sorted(cli_json["summary"]["checks_run"]) == sorted(rep.summary["checks_run"])
+    assert any(c.startswith("S") for c in ra.audit(root, config=ra.Config()).rules)  # config= replaces it

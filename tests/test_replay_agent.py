@@ -132,9 +132,61 @@ def test_cli_replay_option(run: Path, tmp_path: Path) -> None:
 
 
 def test_replayer_failure_is_a_reason_not_a_traceback(run: Path, tmp_path: Path) -> None:
+    """A replay that was asked for and raised: not run with the replayer's one-line reason, and the
+    audit is incomplete (exit 2), never ok."""
     rows = pq.read_table(run / "trajectories" / "part-0000.parquet").to_pylist()
     rows[0]["token_ids"] = [10_000] * len(rows[0]["token_ids"])  # ids the policy's embedding does not have
     (tmp_path / "trajectories").mkdir()
     pq.write_table(to_table(rows, "trajectories"), tmp_path / "trajectories" / "part-0000.parquet")
     _, rep = _codes(tmp_path, _cfg(run))
-    assert rep.not_run["L205"].startswith("replay failed: IndexError")
+    assert (
+        rep.not_run["L205"]
+        == "replay of 64 trajectories was asked for and failed: IndexError: index out of range in self"
+    )
+    assert rep.unfulfilled["L205"] == rep.not_run["L205"] and rep.exit_code() == 2 and not rep.ok
+
+
+@pytest.mark.parametrize(
+    ("settings", "reason"),
+    [
+        ("", "no replayer configured"),
+        (
+            'replayer = "reference_agent.replay:replayer"\nreplay_checkpoints = "{missing}/v{{version}}.safetensors"\n',
+            "checkpoint of policy version 0 not found: {missing}/v0.safetensors",
+        ),
+        (
+            'replayer = "reference_agent.replay:replayer"\nreplay_checkpoints = "{run}"\n',
+            "checkpoint of policy version 0 cannot be loaded from {run}: ",
+        ),
+        ('replayer = "no_such_module:factory"\n', "replayer 'no_such_module:factory' cannot be imported"),
+    ],
+    ids=["no-replayer", "missing-checkpoint", "checkpoint-is-a-directory", "replayer-not-importable"],
+)
+def test_a_replay_asked_for_that_cannot_run_exits_2_saying_why(
+    run: Path, tmp_path: Path, settings: str, reason: str
+) -> None:
+    """`check --replay N` that cannot replay, for any reason: exit 2, one line naming the reason (and the
+    path tried), never "ok"."""
+    from click.testing import CliRunner
+
+    conf = tmp_path / "replay.toml"
+    conf.write_text(settings.format(missing=tmp_path / "nowhere", run=run))
+    res = CliRunner().invoke(main, ["check", str(run), "--replay", "16", "--config", str(conf), "--format", "json"])
+    assert res.exit_code == 2, res.output
+    errors = [x for x in res.stderr.splitlines() if x.startswith("rollout-audit: error: ")]
+    assert len(errors) == 1 and reason.format(missing=tmp_path / "nowhere", run=run) in errors[0], res.stderr
+    assert "L205, L206, L207: replay of 16 trajectories was asked for" in errors[0]
+
+
+def test_a_check_selected_by_code_that_cannot_run_exits_2(run: Path) -> None:
+    """`--select L205` (a full code) without replay: exit 2 with the reason; `--select L2` (a family)
+    keeps the not-run list and its verdict."""
+    from click.testing import CliRunner
+
+    res = CliRunner().invoke(main, ["check", str(run), "--select", "L205,L201"])
+    assert res.exit_code == 2 and "error: L205: selected by its code and not run: replay is off" in res.output, (
+        res.output
+    )
+    assert res.output.rstrip().splitlines()[-1].startswith("INCOMPLETE: 0 errors")
+    family = CliRunner().invoke(main, ["check", str(run), "--select", "L2"])
+    assert family.exit_code == 0 and "L205: replay is off" in family.output, family.output

@@ -37,12 +37,39 @@ def nulls_where(values: Sequence[float] | None, keep: Sequence[Any]) -> list[flo
     return [float(v) if k else None for v, k in zip(values, keep)]
 
 
-def read_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+class Record(dict):
+    """One record of a dump, and where it came from: `origin` is "FILE:LINE" (JSON Lines) or
+    "FILE:ROW" (Parquet, 1-based), so a finding on its trajectory can name it."""
+
+    origin: str | None = None
+
+
+def located(record: dict[str, Any], origin: str | None) -> Record:
+    """`record` as a Record from `origin`."""
+    out = Record(record)
+    out.origin = origin
+    return out
+
+
+def origin(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The `_origin` entry a contract row carries from the dump record it was built from (none for a plain dict)."""
+    where = getattr(record, "origin", None)
+    return {ORIGIN: where} if where else {}
+
+
+ORIGIN = "_origin"  # a row's dump record; `contract_table` moves it to the table's metadata
+META_ORIGINS = b"rollout_audit.origins"  # JSON list: the dump record of each trajectory row
+
+
+def read_records(path: str | os.PathLike) -> Iterator[Record]:
     """Records from a dump file: JSON Lines (`.jsonl`, `.json` with one object per line) or Parquet."""
     p = Path(path)
     if p.suffix == ".parquet":
+        n = 0
         for batch in pq.ParquetFile(p).iter_batches():
-            yield from batch.to_pylist()
+            for rec in batch.to_pylist():
+                n += 1
+                yield located(rec, f"{p}:{n}")
         return
     with p.open(encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
@@ -54,10 +81,10 @@ def read_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
                 raise AdapterError(f"{p.name}:{n}: not a JSON object ({e.msg})") from None
             if not isinstance(rec, dict):
                 raise AdapterError(f"{p.name}:{n}: a record must be a JSON object, not {type(rec).__name__}")
-            yield rec
+            yield located(rec, f"{p}:{n}")
 
 
-def read_dump(path: str | os.PathLike) -> list[dict[str, Any]]:
+def read_dump(path: str | os.PathLike) -> list[Record]:
     """Every record of a dump file or of the dump files (`*.jsonl`, `*.parquet`) in a directory, in name order."""
     p = Path(path)
     files = sorted(x for x in p.iterdir() if x.suffix in (".jsonl", ".json", ".parquet")) if p.is_dir() else [p]
@@ -143,7 +170,8 @@ def contract_table(rows: Sequence[Mapping[str, Any]], lacks: Mapping[str, str], 
 
     if not rows:
         raise AdapterError(f"{framework + ': ' if framework else ''}no trajectories in the records")
-    mapped: list[Mapping] = list(rows)
+    origins = [r.get(ORIGIN) for r in rows]
+    mapped: list[Mapping] = [{k: v for k, v in r.items() if k != ORIGIN} if ORIGIN in r else r for r in rows]
     table = records_to_table(mapped)
     have = set(table.column_names)
     turn_fields = {f.name for f in table.schema.field("turns").type.value_type} if "turns" in have else set()
@@ -151,6 +179,8 @@ def contract_table(rows: Sequence[Mapping[str, Any]], lacks: Mapping[str, str], 
     meta = dict(table.schema.metadata or {})
     meta[S.META_VERSION] = S.CONTRACT_VERSION.encode()
     meta[S.META_NOT_RECORDED] = json.dumps(absent, sort_keys=True).encode()
+    if any(origins):
+        meta[META_ORIGINS] = json.dumps(origins).encode()
     return table.replace_schema_metadata(meta)
 
 
@@ -265,7 +295,7 @@ def rows_of(records: Iterable[Mapping[str, Any]], row: Callable[..., dict[str, A
     out = []
     for n, rec in enumerate(records, 1):
         try:
-            out.append(row(rec, n, ctx))
+            out.append({**row(rec, n, ctx), **origin(rec)})
         except AdapterError:
             raise
         except (TypeError, ValueError, KeyError, AttributeError) as e:

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from .. import schema as S
-from .base import AdapterError, contract_table, need
+from .base import AdapterError, contract_table, need, origin
 from .steps import (
     Call,
     engine_context,
@@ -139,6 +139,8 @@ def _episode(sid: str, pairs: list[dict], end: Mapping[str, Any], context: Mappi
 def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     """Contract trajectories from recorded OpenAI-compatible sessions."""
     rows: list[Mapping[str, Any]] = [
-        r for sid, (pairs, end) in _sessions(records).items() for r in _episode(sid, pairs, end, context)
+        {**r, **origin(pairs[0] if pairs else {})}
+        for sid, (pairs, end) in _sessions(records).items()
+        for r in _episode(sid, pairs, end, context)
     ]
     return contract_table(rows, LACKS, "openai")

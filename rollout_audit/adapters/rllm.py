@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .base import AdapterError, contract_table, need
+from .base import AdapterError, contract_table, need, origin
 from .steps import (
     Call,
     engine_context,
@@ -129,5 +129,7 @@ def _trajectories(episode: Mapping[str, Any], n: int, context: Mapping[str, Any]
 @guarded("rLLM")
 def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     """Contract trajectories from rLLM `Episode.to_dict()` records."""
-    rows: list[Mapping[str, Any]] = [r for n, ep in enumerate(records) for r in _trajectories(ep, n, context)]
+    rows: list[Mapping[str, Any]] = [
+        {**r, **origin(ep)} for n, ep in enumerate(records) for r in _trajectories(ep, n, context)
+    ]
     return contract_table(rows, LACKS, "rLLM")

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from . import verifiers_v1 as v1
-from .base import AdapterError, contract_table, need
+from .base import AdapterError, contract_table, need, origin
 from .steps import (
     Call,
     engine_context,
@@ -149,7 +149,7 @@ def _trajectories(rollout: Mapping[str, Any], n: int, context: Mapping[str, Any]
 def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     """Contract trajectories from verifiers `RolloutOutput` records with a `trajectory`, or v1 `Trace` records."""
     rows: list[Mapping[str, Any]] = [
-        r
+        {**r, **origin(ro)}
         for n, ro in enumerate(records)
         for r in (v1.trajectories(ro, n, context) if "nodes" in ro else _trajectories(ro, n, context))
     ]

@@ -381,7 +381,7 @@ def sampled_ids(b: BatchView, cfg) -> pl.DataFrame | None:
         )
     if not out:
         return None
-    found = pl.concat(out)
+    found = pl.concat(out, how="vertical_relaxed")
     return found.join(
         tr.with_row_index("_k").select(pl.col("_k").cast(pl.Int64), "trajectory_id", "_t", "rc_first_policy_pos"),
         on="_k",

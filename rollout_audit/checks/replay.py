@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from ..registry import NotRun, rule
+from ..registry import NotRun, Unmet, rule
 from ..replay import NotConfigured, load_replayer, replay_frame
 from ..replay.run import second_frame
 
@@ -32,19 +32,24 @@ _REPLAY_CONFIG = ("replay", "replayer", "replay_checkpoints", "replay_endpoints"
 
 
 def _replayed(log: LogView, cfg) -> pl.DataFrame:
-    """The replayed token frame, computed once per audit and shared by L205-L207 (NotRun when off)."""
+    """The replayed token frame, computed once per audit and shared by L205-L207. NotRun when replay
+    is off; Unmet (the audit is incomplete) when replay was asked for and could not run."""
     if "replay" not in log.cache:
-        try:
-            if cfg.replay <= 0:
-                raise NotConfigured("replay is off: run with --replay N (or `replay = N` in the configuration)")
-            log.cache["replay"] = replay_frame(log.traj, int(cfg.replay), load_replayer(cfg))
-        except (NotConfigured, ValueError) as e:
-            log.cache["replay"] = str(e)
-        except Exception as e:  # noqa: BLE001 - a replayer failing on this log (e.g. ids beyond its vocabulary)
-            log.cache["replay"] = f"replay failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if cfg.replay <= 0:
+            log.cache["replay"] = NotRun("replay is off: run with --replay N (or `replay = N` in the configuration)")
+        else:
+            try:
+                log.cache["replay"] = replay_frame(log.traj, int(cfg.replay), load_replayer(cfg))
+            except (NotConfigured, ValueError) as e:
+                log.cache["replay"] = Unmet(f"replay of {cfg.replay} trajectories was asked for and did not run: {e}")
+            except Exception as e:  # noqa: BLE001 - a replayer failing on this log (e.g. ids beyond its vocabulary)
+                first = str(e).splitlines()[0] if str(e) else ""
+                log.cache["replay"] = Unmet(
+                    f"replay of {cfg.replay} trajectories was asked for and failed: {type(e).__name__}: {first}"
+                )
     out = log.cache["replay"]
-    if isinstance(out, str):
-        raise NotRun(out)
+    if isinstance(out, NotRun):
+        raise type(out)(str(out))
     return out
 
 
@@ -190,6 +195,8 @@ def _other(log: LogView, cfg) -> tuple[pl.DataFrame, str]:
         return log.cache[key], cfg.compare_logprobs
     try:
         return _replayed(log, cfg).rename({"sampled": "other"}), "replay"
+    except Unmet:
+        raise
     except NotRun as e:
         raise NotRun(f"{e}; or name a second per-token log-prob column in compare_logprobs") from None
 
