@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rollout_audit import schema as S
+from rollout_audit.contract import schema as S
 
 ROW_GROUP = 4096
 GROUP_SIZE = 8

@@ -86,15 +86,15 @@ def _tokens(label: str) -> int:
 
 
 def trajectory_files(path: Path) -> list[str]:
-    from rollout_audit.io import discover
+    from rollout_audit.reading.io import discover
 
     return [f.path for f in discover([path]).of_kind("trajectories")]
 
 
 def audited_columns(files: list[str] | None = None) -> list[str]:
     """The trajectory columns the default audit reads (of those the files have, when given)."""
-    from rollout_audit.config import Config
-    from rollout_audit.runner import Runner, plan
+    from rollout_audit.contract.config import Config
+    from rollout_audit.running.runner import Runner, plan
 
     cols = list(plan(Runner(Config())).columns)
     return [c for c in cols if c in pq.read_schema(files[0]).names] if files else cols
@@ -118,18 +118,18 @@ def _imports(pandera: bool = True) -> float:
     before any clock starts); the peak RSS so far."""
     import rollout_audit  # noqa: F401
     from rollout_audit import cli  # noqa: F401  (what `rollout-audit check` imports)
-    from rollout_audit.registry import all_rules
+    from rollout_audit.contract.registry import all_rules
 
     if pandera:
-        from rollout_audit import models  # noqa: F401
+        from rollout_audit.contract import models  # noqa: F401
     all_rules()
     return _vmhwm_mb()
 
 
 def cli_audit(path: str):
     """The audit exactly as `rollout-audit check PATH` runs it."""
-    from rollout_audit.engine import run_audit
-    from rollout_audit.io import discover
+    from rollout_audit.reading.io import discover
+    from rollout_audit.running.engine import run_audit
 
     return run_audit(discover([path]), tune=True)
 
@@ -186,7 +186,7 @@ def _run_child(args: list[str]) -> dict:
 
 def naive_audit(rows: list[dict], atol: float = 1e-4, lp_atol: float = 1e-3) -> Counter:
     """The straightforward per-trajectory Python loop (a subset of the audit's checks)."""
-    from rollout_audit.schema import stop_reasons
+    from rollout_audit.contract.schema import stop_reasons
 
     reasons = stop_reasons()
     found: Counter = Counter()
@@ -264,8 +264,8 @@ def naive_time(files: list[str], cols: list[str], subset: int) -> tuple[float, i
 
 
 def check_identical(path: Path) -> str:
-    from rollout_audit.engine import memory_discovery, run_audit
-    from rollout_audit.io import discover
+    from rollout_audit.reading.io import discover
+    from rollout_audit.running.engine import memory_discovery, run_audit
 
     disc = discover([path])
     reports = {
@@ -308,7 +308,7 @@ def profile_audit(path: Path, top: int = 25) -> str:
     import pstats
 
     import rollout_audit
-    from rollout_audit import models  # noqa: F401
+    from rollout_audit.contract import models  # noqa: F401
 
     rollout_audit.audit(path)
     pr = cProfile.Profile()

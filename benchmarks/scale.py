@@ -67,15 +67,15 @@ def _findings(rep) -> list[dict]:
 
 def child(path: str, mode: str, workers: int, repeat: int, rows_per_share: int) -> dict:
     """One configuration, in this (fresh) process: warm-up, timed runs, peak RSS, findings."""
-    from rollout_audit.config import Config
-    from rollout_audit.engine import run_audit
-    from rollout_audit.io import discover
+    from rollout_audit.contract.config import Config
+    from rollout_audit.reading.io import discover
+    from rollout_audit.running.engine import run_audit
 
     init = 0.0
     if mode == "ray":
         import ray
 
-        from rollout_audit.distributed import run_audit_ray
+        from rollout_audit.running.distributed import run_audit_ray
 
         t0 = time.perf_counter()
         ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
@@ -133,11 +133,11 @@ def costs(path: str, rows_per_share: int) -> dict:
     measured in this process without Ray (the work a task and the driver do, minus transport)."""
     import polars as pl
 
-    from rollout_audit.config import Config
-    from rollout_audit.distributed import PARTITIONED, Job, _columns, check_partition, check_share, shares
-    from rollout_audit.io import discover
-    from rollout_audit.runner import Runner, plan
-    from rollout_audit.views import LogView
+    from rollout_audit.contract.config import Config
+    from rollout_audit.frames.views import LogView
+    from rollout_audit.reading.io import discover
+    from rollout_audit.running.distributed import PARTITIONED, Job, _columns, check_partition, check_share, shares
+    from rollout_audit.running.runner import Runner, plan
 
     disc = discover([path])
     cfg = Config()
@@ -172,7 +172,7 @@ def costs(path: str, rows_per_share: int) -> dict:
         check_partition(job, code, sub, *pieces)
         out[f"{code}_s_per_mrow"] = (time.perf_counter() - t0) / rows * 1e6
         out[f"{code}_bytes_per_row"] = sum(p.estimated_size() for p in pieces) / rows
-    from rollout_audit.read import read_updates
+    from rollout_audit.reading.read import read_updates
 
     updates = read_updates(disc.of_kind("updates"), [], cfg.max_row_group_bytes)
     view = LogView(_columns(gathered, job.gather or frozenset()), updates, [])

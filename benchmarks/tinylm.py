@@ -96,7 +96,7 @@ def sample_log(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rollout_audit.records import records_to_table
+    from rollout_audit.reading.records import records_to_table
 
     tok = AutoTokenizer.from_pretrained(dirs["0"])
     prompt = tok("you are an agent in a room")["input_ids"]

@@ -127,7 +127,7 @@ def _declared(path: Path) -> list[dict]:
     """Each readable file's `rollout_log.reward_components` declaration."""
     import pyarrow.parquet as pq
 
-    from rollout_audit.schema import reward_components
+    from rollout_audit.contract.schema import reward_components
 
     out = []
     for f in sorted(path.rglob("*.parquet")):

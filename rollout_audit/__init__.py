@@ -14,20 +14,20 @@ import importlib
 
 __version__ = "0.1.0"
 _EXPORTS = {
-    "Config": "config",
-    "load_config": "config",
-    "audit": "engine",
-    "audit_tables": "engine",
+    "Config": "contract.config",
+    "load_config": "contract.config",
+    "audit": "running.engine",
+    "audit_tables": "running.engine",
     "RolloutWriter": "writer",
-    "UsageError": "io",
-    "Log": "log",
-    "scan": "log",
-    "RULES": "registry",
-    "all_rules": "registry",
-    "ConfigError": "config",
-    "records_to_table": "records",
-    "Report": "report",
-    "models": "models",
+    "UsageError": "reading.io",
+    "Log": "reading.log",
+    "scan": "reading.log",
+    "RULES": "contract.registry",
+    "all_rules": "contract.registry",
+    "ConfigError": "contract.config",
+    "records_to_table": "reading.records",
+    "Report": "reporting.report",
+    "models": "contract.models",
 }
 __all__ = sorted(_EXPORTS)
 
@@ -35,5 +35,5 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str):
     if name in _EXPORTS:
         mod = importlib.import_module(f".{_EXPORTS[name]}", __name__)
-        return mod if name == _EXPORTS[name] else getattr(mod, name)
+        return mod if name == _EXPORTS[name].rpartition(".")[2] else getattr(mod, name)
     raise AttributeError(f"module 'rollout_audit' has no attribute {name!r}")

@@ -58,7 +58,7 @@ class _Group(click.Group):
         except BaseException as e:  # noqa: BLE001 - native panics too: a message, never a traceback
             from polars.exceptions import ComputeError
 
-            from .io import UsageError
+            from .reading.io import UsageError
 
             if isinstance(e, (UsageError, ValueError, OSError, ComputeError)):  # bad input: one line
                 _fail(_first_line(e))
@@ -193,9 +193,9 @@ def check(
     training. 2: the audit could not be completed (a check crashed, no usable input, bad
     configuration).
     """
-    from .config import find_config
-    from .outputs import check_output
-    from .registry import all_rules
+    from .contract.config import find_config
+    from .contract.registry import all_rules
+    from .reporting.outputs import check_output
 
     if show_settings:
         cfg, source = find_config(config_path, start=paths[0])
@@ -236,9 +236,9 @@ def _audit_one(paths, config_path, replay, sel, ign, workers, framework, context
     """The report of one log (a list of paths audited together), configured from next to it, and
     the number of findings per code its configuration shows in text. A framework's dump
     (`--from`) is converted and audited as a log of files that is removed afterwards."""
-    from .config import find_config
-    from .engine import run_audit
-    from .io import discover
+    from .contract.config import find_config
+    from .reading.io import discover
+    from .running.engine import run_audit
 
     cfg = _with_replay(find_config(config_path, start=paths[0])[0], replay)
     if not framework:
@@ -260,7 +260,7 @@ def _tty_colour() -> bool:
 
 def _render_all(reports, fmt: str, **kw) -> str:
     """One report as `Report.render` gives it; several, each under its path (JSON: a list)."""
-    from .report import printable, render_concise
+    from .reporting.report import printable, render_concise
 
     if len(reports) == 1:
         return reports[0][1].render(fmt, **kw)
@@ -291,7 +291,7 @@ def _render_all(reports, fmt: str, **kw) -> str:
 def _xml(s: str) -> str:
     from xml.sax.saxutils import escape
 
-    from .report import printable
+    from .reporting.report import printable
 
     return escape(printable(s), {'"': "&quot;"})
 
@@ -309,7 +309,7 @@ def _context(pairs: tuple[str, ...]) -> dict[str, str]:
 
 def _say_incomplete(rep) -> None:
     """One line on stderr per reason the audit could not be completed (exit 2)."""
-    from .report import incomplete
+    from .reporting.report import incomplete
 
     for line in incomplete(rep):
         click.echo(f"rollout-audit: error: {line}", err=True)
@@ -320,7 +320,7 @@ def _say_incomplete(rep) -> None:
 @click.option("--list", "list_all", is_flag=True, help="List every check code, by family.")
 def explain(code, list_all) -> None:
     """Explain a check: the rule, the lesson it comes from, what to fix (a family letter: its checks)."""
-    from .registry import FAMILIES, all_rules
+    from .contract.registry import FAMILIES, all_rules
 
     rules = all_rules()
     want = (code or "").upper()
@@ -348,7 +348,7 @@ def explain(code, list_all) -> None:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def schema(fmt) -> None:
     """Print the log contract (columns, types, requirement levels)."""
-    from . import schema as S
+    from .contract import schema as S
 
     if fmt == "json":
         click.echo(json.dumps(S.contract(), indent=1))
@@ -372,8 +372,8 @@ def schema(fmt) -> None:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def stats(paths, fmt) -> None:
     """Counts, trainable share, stop causes, rewards, groups and policy versions of a log."""
-    from .log import scan
-    from .stats import log_stats, render_stats
+    from .reading.log import scan
+    from .reporting.stats import log_stats, render_stats
 
     log = scan(paths)
     _warn_unreadable(log.broken)
@@ -383,7 +383,7 @@ def stats(paths, fmt) -> None:
 
 def _warn_unreadable(broken: list[tuple[str, str]]) -> None:
     """One line on stderr per file left out (S005 in an audit), so partial statistics say so."""
-    from .report import printable
+    from .reporting.report import printable
 
     for path, why in broken:
         click.echo(f"rollout-audit: warning: {printable(path)} left out: {printable(why)}", err=True)
@@ -407,10 +407,10 @@ def show(path, trajectory_id, color, tokenizer_dir, ids, width) -> None:
     trained non-policy tokens flagged with !, findings' codes next to their tokens, observations and rewards."""
     import shutil
 
-    from .config import load_config
-    from .decode import DecodeError, from_directory
-    from .log import scan
-    from .show import render, transcript
+    from .contract.config import load_config
+    from .reading.log import scan
+    from .reporting.decode import DecodeError, from_directory
+    from .reporting.show import render, transcript
 
     log = scan(path)
     _warn_unreadable(log.broken)
@@ -436,7 +436,7 @@ def convert(framework, src, dst, context) -> None:
     """Convert a trainer's dump (SRC: JSON Lines or Parquet records) into a contract log in DST."""
     from pathlib import Path
 
-    from .outputs import check_new_directory, check_output
+    from .reporting.outputs import check_new_directory, check_output
     from .writer import RolloutWriter
 
     check_output(dst, [src])  # a dump is not a contract log: DST may sit next to it, never inside it
@@ -459,13 +459,13 @@ def convert(framework, src, dst, context) -> None:
 def report(paths, output, config_path) -> None:
     """Write an HTML page: the verdict, every check (pass / fail / not run, with its explanation), findings
     per code with examples, and plots of the distributions where the catalogued faults show."""
-    from .config import load_config
-    from .engine import run_audit
-    from .html import render_html
-    from .io import discover
-    from .log import Log
-    from .outputs import check_output
-    from .stats import distributions, log_stats
+    from .contract.config import load_config
+    from .reading.io import discover
+    from .reading.log import Log
+    from .reporting.html import render_html
+    from .reporting.outputs import check_output
+    from .reporting.stats import distributions, log_stats
+    from .running.engine import run_audit
 
     check_output(output, paths)
     disc = discover(paths)
@@ -493,7 +493,7 @@ def demo(out, profile, seed, progress) -> None:
 
     Needs the agent extra: pip install 'rollout-audit[agent]'.
     """
-    from .outputs import check_new_directory
+    from .reporting.outputs import check_new_directory
 
     try:
         from reference_agent.demo import format_table, run_demo
@@ -505,7 +505,7 @@ def demo(out, profile, seed, progress) -> None:
         str(out), profile=profile, seed=seed, progress=sys.stderr.isatty() if progress is None else progress
     )
     click.echo(format_table(result))
-    from .engine import audit
+    from .running.engine import audit
 
     rep = audit(str(out))
     click.echo("\naudit of the log it wrote:")
@@ -540,7 +540,7 @@ def faults(ctx, list_all) -> None:
 def faults_apply(name, src, dst, seed) -> None:
     """Write DST: the log at SRC broken by fault NAME."""
     from .faults import FAULTS, apply, declared_components, read_records, write_records
-    from .outputs import check_new_directory, check_output
+    from .reporting.outputs import check_new_directory, check_output
 
     if name not in FAULTS:
         _fail(f"unknown fault {name!r}; see `rollout-audit faults --list`")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import Config
+from .contract.config import Config
 
 Records = tuple[list[dict], list[dict]]  # (trajectory records, update records)
 
@@ -653,7 +653,7 @@ def read_records(path) -> Records:
     """Every trajectory and update record of a log, as dicts (for small logs: fixtures, tests)."""
     import pyarrow.parquet as pq
 
-    from .io import discover
+    from .reading.io import discover
 
     disc = discover([path])
     if disc.broken:
@@ -669,8 +669,8 @@ def read_records(path) -> Records:
 
 def declared_components(path) -> dict[str, str]:
     """The reward components the trajectory files under `path` declare (file metadata)."""
-    from . import schema as S
-    from .io import discover
+    from .contract import schema as S
+    from .reading.io import discover
 
     out: dict[str, str] = {}
     for f in discover([path]).of_kind("trajectories"):
@@ -741,7 +741,7 @@ def detect(name: str, trajs: list[dict], updates: list[dict], workdir, *, seed: 
     """Apply one fault, write the broken log under `workdir`, audit it, compare codes."""
     import polars as pl
 
-    from .engine import audit
+    from .running.engine import audit
 
     f = FAULTS[name]
     (bt, bu), touched = apply(name, trajs, updates, seed)

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .config import Config
-from .engine import audit
-from .report import Report, _coda, verdict_line
+from .contract.config import Config
+from .reporting.report import Report, _coda, verdict_line
+from .running.engine import audit
 
 __all__ = ["assert_clean"]
 EXAMPLES = 5  # findings shown per code in the failure message

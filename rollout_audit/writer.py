@@ -12,13 +12,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import schema as S
-from .batch import Batch
-from .config import Config
-from .io import one_line
-from .read import cast, memory_file, schema_plan
-from .records import canonical_schema, schema_for_records
-from .runner import Runner, check_table
+from .contract import schema as S
+from .contract.config import Config
+from .frames.batch import Batch
+from .reading.io import one_line
+from .reading.read import cast, memory_file, schema_plan
+from .reading.records import canonical_schema, schema_for_records
+from .running.runner import Runner, check_table
 
 _VALIDATE = ("S", "T301", "T302")  # what a batch must pass before it is written
 

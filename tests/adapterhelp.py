@@ -16,7 +16,7 @@ import rollout_audit as ra
 from rollout_audit.adapters import load
 from rollout_audit.adapters.base import read_dump
 from rollout_audit.cli import main
-from rollout_audit.config import Config
+from rollout_audit.contract.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures" / "frameworks"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import polars as pl
 
 import rollout_audit as ra
-from rollout_audit.config import Config
+from rollout_audit.contract.config import Config
 
 # t000013 of the `records` fixture: 6 turns, version 0, collector-truncated, in no update, so
 # editing its mask or counts leaves the update checks (U601/U602) alone

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import polars as pl
 
-from rollout_audit.config import Config
+from rollout_audit.contract.config import Config
 from rollout_audit.faults import FAULTS, apply, write_records
 
 GROUPS: tuple[tuple[str, ...], ...] = (

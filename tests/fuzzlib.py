@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from hypothesis import strategies as st
 
-from rollout_audit.records import records_to_table
+from rollout_audit.reading.records import records_to_table
 from rollout_audit.synth import make_log
 
 TRAJ_COLUMNS = [f.name for f in records_to_table(make_log(n_tasks=1, group_size=1, n_versions=1)[0]).schema]
@@ -234,12 +234,12 @@ def _context() -> mp.context.ForkServerContext:
                 "pandera.polars",
                 "rich.console",
                 "rollout_audit.cli",
-                "rollout_audit.engine",
-                "rollout_audit.registry",
+                "rollout_audit.running.engine",
+                "rollout_audit.contract.registry",
                 "rollout_audit.checks",
-                "rollout_audit.log",
-                "rollout_audit.stats",
-                "rollout_audit.html",
+                "rollout_audit.reading.log",
+                "rollout_audit.reporting.stats",
+                "rollout_audit.reporting.html",
             ]
         )
         saved = os.environ.pop("ROLLOUT_AUDIT_DEBUG", None)

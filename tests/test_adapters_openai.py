@@ -13,7 +13,7 @@ import pytest
 import rollout_audit as ra
 from rollout_audit.adapters import openai as adapter
 from rollout_audit.adapters.base import read_dump
-from rollout_audit.config import Config
+from rollout_audit.contract.config import Config
 from rollout_audit.integrations.openai import SessionRecorder
 from tests.adapterhelp import (
     IDENTITY,

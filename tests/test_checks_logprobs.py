@@ -9,7 +9,7 @@ import polars as pl
 from checkhelp import EXCLUDED, drop_turn_field, loud, only, positions
 
 import rollout_audit as ra
-from rollout_audit.config import Config
+from rollout_audit.contract.config import Config
 
 
 def test_compliant_log_is_silent(records):

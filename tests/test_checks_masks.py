@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import rollout_audit as ra
-from rollout_audit.config import Config
+from rollout_audit.contract.config import Config
 from rollout_audit.synth import context_sha256
 
 

@@ -8,7 +8,7 @@ from checkhelp import EXCLUDED, drop_turn_field, loud, only
 from conftest import write_log
 
 import rollout_audit as ra
-from rollout_audit.config import Config
+from rollout_audit.contract.config import Config
 
 
 def set_version(tr: dict, v: int) -> None:

@@ -16,9 +16,9 @@ from click.testing import CliRunner
 
 import rollout_audit as ra
 from rollout_audit.cli import main
+from rollout_audit.contract.schema import META_REWARD_COMPONENTS
 from rollout_audit.faults import FAULTS, read_records, write_records
-from rollout_audit.schema import META_REWARD_COMPONENTS
-from rollout_audit.stats import MAX_VERSION_BINS, _versions
+from rollout_audit.reporting.stats import MAX_VERSION_BINS, _versions
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -218,7 +218,7 @@ def test_top_level_help_has_examples_exit_codes_and_whole_descriptions():
 def test_explain_lists_by_family_and_explains_a_family():
     out = cli("explain", "--list").stdout.splitlines()
     families = [ln.split()[0] for ln in out if not ln.startswith(" ")]
-    assert families == list(ra.registry.FAMILIES)
+    assert families == list(ra.contract.registry.FAMILIES)
     m = cli("explain", "m")
     assert m.exit_code == 0 and [ln.split()[0] for ln in m.stdout.splitlines()[1:]] == [
         "M101",

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import rollout_audit as ra
-from rollout_audit import schema as S
-from rollout_audit.records import records_to_table
+from rollout_audit.contract import schema as S
+from rollout_audit.reading.records import records_to_table
 
 WHY = "FakeTrainer does not record behaviour log-probs"
 

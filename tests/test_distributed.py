@@ -18,10 +18,10 @@ ray = pytest.importorskip("ray")
 from click.testing import CliRunner  # noqa: E402
 
 from rollout_audit.cli import main  # noqa: E402
-from rollout_audit.config import Config  # noqa: E402
-from rollout_audit.distributed import run_audit_ray  # noqa: E402
-from rollout_audit.engine import run_audit  # noqa: E402
-from rollout_audit.io import discover  # noqa: E402
+from rollout_audit.contract.config import Config  # noqa: E402
+from rollout_audit.reading.io import discover  # noqa: E402
+from rollout_audit.running.distributed import run_audit_ray  # noqa: E402
+from rollout_audit.running.engine import run_audit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `benchmarks` lives at the repo root

@@ -6,13 +6,13 @@ import os
 import re
 from pathlib import Path
 
-from rollout_audit.docs import main
+from rollout_audit.dev.docs import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_reference_pages_are_current():
-    assert main(["--check"]) == 0, "run `python -m rollout_audit.docs`"
+    assert main(["--check"]) == 0, "run `python -m rollout_audit.dev.docs`"
 
 
 def _sources() -> list[Path]:

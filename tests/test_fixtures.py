@@ -10,7 +10,7 @@ import pytest
 
 import rollout_audit as ra
 from reference_agent.fixtures import FIXTURES, generate
-from rollout_audit.config import Config
+from rollout_audit.contract.config import Config
 
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 

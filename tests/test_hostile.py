@@ -18,7 +18,7 @@ import pytest
 from fuzzlib import run_cli
 
 from rollout_audit import RolloutWriter, audit
-from rollout_audit.io import discover
+from rollout_audit.reading.io import discover
 from rollout_audit.synth import make_log
 
 
@@ -82,7 +82,7 @@ def write_table(path: Path, table: pa.Table) -> Path:
 
 
 def clean_table(records) -> pa.Table:
-    from rollout_audit.records import records_to_table
+    from rollout_audit.reading.records import records_to_table
 
     return records_to_table(records[0])
 

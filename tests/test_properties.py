@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import rollout_audit as ra
-from rollout_audit import schema as S
-from rollout_audit.config import Config
+from rollout_audit.contract import schema as S
+from rollout_audit.contract.config import Config
 from rollout_audit.faults import FAULTS, apply
 from rollout_audit.synth import make_log
 

@@ -19,7 +19,7 @@ from reference_agent.logging import to_table
 from reference_agent.replay import REPLAY_FAULTS, controller_masks, faulty_row
 from reference_agent.train import PROFILES, train
 from rollout_audit.cli import main
-from rollout_audit.config import Config
+from rollout_audit.contract.config import Config
 
 REPLAY = ("L205", "L206", "L207")
 CFG = replace(PROFILES["tiny"], temperature=0.7, top_p=0.7, infra_failure_rate=0.0)

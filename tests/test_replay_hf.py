@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` liv
 
 import rollout_audit as ra
 from benchmarks.tinylm import FAULT_NAMES, _processed, build, sample_log, serve
-from rollout_audit.config import Config
+from rollout_audit.contract.config import Config
 from rollout_audit.replay import HFReplayer, HTTPReplayer, processed_logprobs
 from rollout_audit.replay.frame import token_frame
 from rollout_audit.replay.run import _request, sampled_rows

@@ -13,7 +13,7 @@ from conftest import write_log
 
 from rollout_audit import RolloutWriter
 from rollout_audit.cli import main
-from rollout_audit.schema import POLICY
+from rollout_audit.contract.schema import POLICY
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` lives at the repo root
 

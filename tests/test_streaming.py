@@ -13,10 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from rollout_audit.checks import structure
-from rollout_audit.config import Config
-from rollout_audit.engine import memory_discovery, run_audit
+from rollout_audit.contract.config import Config
 from rollout_audit.faults import FAULTS, write_records
-from rollout_audit.io import discover
+from rollout_audit.reading.io import discover
+from rollout_audit.running.engine import memory_discovery, run_audit
 from rollout_audit.synth import make_log
 
 
@@ -117,8 +117,8 @@ def test_one_file_per_trajectory_finds_what_one_file_finds(group, base, tmp_path
 def test_batches_are_bounded_by_tokens_and_find_the_same(base, tmp_path, monkeypatch):
     """Long episodes in row groups sized for short ones: batches are cut by tokens too (memory
     follows tokens), and the findings do not depend on where the cuts fall."""
-    from rollout_audit import engine
-    from rollout_audit.runner import Runner, plan
+    from rollout_audit.running import engine
+    from rollout_audit.running.runner import Runner, plan
 
     for group in faultgroups.RECORD_GROUPS[:3]:
         root = tmp_path / faultgroups.group_id(group)

@@ -20,11 +20,11 @@ import pytest
 from click.testing import CliRunner
 
 import rollout_audit as ra
-import rollout_audit.engine
-import rollout_audit.io
+import rollout_audit.reading.io
+import rollout_audit.running.engine
 from rollout_audit.cli import main
+from rollout_audit.contract.registry import RULES, rule
 from rollout_audit.faults import FAULTS, apply, read_records, write_records
-from rollout_audit.registry import RULES, rule
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -143,7 +143,7 @@ def test_a_new_check_in_its_own_module_runs_with_nothing_else_changed(tmp_path, 
     mod = tmp_path / "my_checks.py"
     mod.write_text(
         "import polars as pl\n"
-        "from rollout_audit.registry import rule\n\n"
+        "from rollout_audit.contract.registry import rule\n\n"
         "@rule('Z950', 'temperature above the ceiling', 'warning', requires=('turns.temperature',), config=('atol',))\n"
         "def hot(b, cfg):\n"
         "    '''A turn was sampled above temperature 1.5.'''\n"
@@ -331,10 +331,10 @@ def test_every_check_sees_the_same_with_all_inputs_as_with_its_declarations(grou
     fixture and on every fault (the grouped logs in three partitions, whose audits by declarations
     the detection test reads), and compare."""
     every = tuple(
-        [c.name for c in ra.schema.columns("trajectories")]
-        + [f"turns.{c.name}" for c in ra.schema.columns("turn")]
-        + [f"updates.{c.name}" for c in ra.schema.columns("updates")]
-        + list(__import__("rollout_audit.batch", fromlist=["x"]).SUMMARY_INPUTS)
+        [c.name for c in ra.contract.schema.columns("trajectories")]
+        + [f"turns.{c.name}" for c in ra.contract.schema.columns("turn")]
+        + [f"updates.{c.name}" for c in ra.contract.schema.columns("updates")]
+        + list(__import__("rollout_audit.frames.batch", fromlist=["x"]).SUMMARY_INPUTS)
     )
     keys = tuple(ra.Config.model_fields)
     wide = {c: dataclasses.replace(r, optional=every, config=keys) for c, r in ra.all_rules().items()}
@@ -348,7 +348,7 @@ def test_every_check_sees_the_same_with_all_inputs_as_with_its_declarations(grou
 
 
 def _findings(log: Path, cfg, rules) -> pl.DataFrame:
-    rep = ra.engine.run_audit(ra.io.discover([log]), cfg, rules=rules)
+    rep = ra.running.engine.run_audit(ra.reading.io.discover([log]), cfg, rules=rules)
     assert not rep.crashes, rep.crashes
     return rep.findings
 

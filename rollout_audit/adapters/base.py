@@ -165,8 +165,8 @@ def sha256_ids(ids: Sequence[int]) -> str:
 def contract_table(rows: Sequence[Mapping[str, Any]], lacks: Mapping[str, str], framework: str = "") -> pa.Table:
     """Contract 1.1 trajectories from rows, naming in the file metadata (`rollout_log.not_recorded`)
     every column or turn field of `lacks` the rows do not have, with the framework's reason."""
-    from .. import schema as S
-    from ..records import records_to_table
+    from ..contract import schema as S
+    from ..reading.records import records_to_table
 
     if not rows:
         raise AdapterError(f"{framework + ': ' if framework else ''}no trajectories in the records")

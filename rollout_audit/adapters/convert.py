@@ -22,7 +22,7 @@ from . import load
 from .base import META_ORIGINS, read_dump
 
 if TYPE_CHECKING:
-    from ..report import Report
+    from ..reporting.report import Report
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .. import schema as S
+from ..contract import schema as S
 from .base import AdapterError, contract_table, need, origin
 from .steps import (
     Call,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .. import schema as S
+from ..contract import schema as S
 from .base import AdapterError, sha256_ids
 
 FINISH_REASONS = frozenset(S.contract()["finish_reasons"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import schema as S
+from ..contract import schema as S
 from .base import AdapterError, need
 from .steps import Call, Segment, finish_reason, identity, option, recorded_logprobs, stop_columns
 

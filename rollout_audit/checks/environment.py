@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from ..registry import rule
+from ..contract.registry import rule
 
 VERSIONS = ("environment_version", "verifier_version")
 RESET_KEY = ("environment_id", "environment_version", "reset_seed", "initial_state_id")

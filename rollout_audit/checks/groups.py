@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from ..registry import rule
+from ..contract.registry import rule
 from .common import num
 
 DEGENERATE_SHARE = 0.5  # G701 reports a task when at least this share of its groups is degenerate

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from ..registry import rule
-from ..views import BatchView
+from ..contract.registry import rule
+from ..frames.views import BatchView
 from .common import source_breakdown, where_first
 
 

@@ -8,9 +8,9 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..batch import hex_digests, hex_matrix
-from ..registry import rule
-from ..views import BatchView
+from ..contract.registry import rule
+from ..frames.batch import hex_digests, hex_matrix
+from ..frames.views import BatchView
 from .common import NON_POLICY, ragged_index, source_breakdown, where_first
 
 

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from ..registry import NotRun, Unmet, rule
+from ..contract.registry import NotRun, Unmet, rule
 from ..replay import NotConfigured, load_replayer, replay_frame
 from ..replay.run import second_frame
 
 if TYPE_CHECKING:
-    from ..views import LogCheckView as LogView
+    from ..frames.views import LogCheckView as LogView
 
 _TOKEN_REQS = ("pv_min",)  # the sample is stratified by each trajectory's first policy version
 # the replayed rows are read back from the log's files: the token lists and turn fields replay scores

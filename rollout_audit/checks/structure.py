@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from .. import schema as S
-from ..batch import TOKEN_LISTS
-from ..registry import rule
-from ..views import BatchView
+from ..contract import schema as S
+from ..contract.registry import rule
+from ..frames.batch import TOKEN_LISTS
+from ..frames.views import BatchView
 
 # nulls in these required columns mean something specific and have their own check
 _NULL_HAS_OWN_CHECK = {
@@ -64,7 +64,7 @@ def required_columns(b: BatchView, cfg) -> pl.DataFrame | None:
     return pl.concat(out, how="diagonal_relaxed") if out else None
 
 
-# Value domains of the pandera models in `rollout_audit.models` (TrajectoryFrame, TurnFrame),
+# Value domains of the pandera models in `rollout_audit.contract.models` (TrajectoryFrame, TurnFrame),
 # as one polars predicate per column: (lower bound, lower inclusive, upper bound, finite). A
 # value outside them makes the batch "suspect" and only then is pandera run, for the exact
 # failure cases; on a clean batch S001 costs one polars select instead of a pandera pass.
@@ -127,7 +127,7 @@ def _domain(b: BatchView) -> list[pl.DataFrame]:
     out = []
     traj = b.traj
     if _suspect(traj, _TRAJ_DOMAIN):
-        from ..models import TrajectoryFrame, domain_problems
+        from ..contract.models import TrajectoryFrame, domain_problems
 
         bad = domain_problems(TrajectoryFrame, traj.drop("trajectory_id"))
         bad = bad.with_columns(
@@ -148,7 +148,7 @@ def _domain(b: BatchView) -> list[pl.DataFrame]:
             )
     tr = b.turns
     if tr.height and _suspect(tr, _TURN_DOMAIN):
-        from ..models import TurnFrame, domain_problems
+        from ..contract.models import TurnFrame, domain_problems
 
         cols = [c for c in tr.columns if not c.startswith(("rc_", "_"))]
         bad = domain_problems(TurnFrame, tr.select(cols))

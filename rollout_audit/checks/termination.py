@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from .. import schema as S
-from ..registry import NotRun, rule
-from ..views import BatchView
+from ..contract import schema as S
+from ..contract.registry import NotRun, rule
+from ..frames.views import BatchView
 from .common import rounded
 
 FLAGS = ("terminated", "truncated", "infra_error")

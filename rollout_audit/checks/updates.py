@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from ..registry import rule
+from ..contract.registry import rule
 from .common import num
 
 REDUCTIONS = ("token", "token_window", "turn", "trajectory", "seq_mean_token_sum", "seq_mean_token_mean", "constant")

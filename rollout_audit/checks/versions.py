@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from ..registry import NotRun, rule
-from ..views import BatchView
+from ..contract.registry import NotRun, rule
+from ..frames.views import BatchView
 
 
 def _histogram(s: pl.Series) -> dict[int, int]:

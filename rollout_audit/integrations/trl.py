@@ -24,11 +24,11 @@ import pyarrow as pa
 import torch
 from trl import GRPOTrainer
 
-from .. import schema as S
-from ..config import Config
-from ..engine import audit_tables
-from ..records import records_to_table
-from ..report import Report
+from ..contract import schema as S
+from ..contract.config import Config
+from ..reading.records import records_to_table
+from ..reporting.report import Report
+from ..running.engine import audit_tables
 from ..writer import RolloutWriter
 
 Policy = Literal["warn", "raise", "skip"]

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..schema import POLICY
+from ..contract.schema import POLICY
 
 TOKEN_COLUMNS = ("trajectory_id", "token_ids", "token_source", "behavior_logprobs", "token_turn", "turns")
 TURN_PARAMS = ("policy_version", "temperature", "top_p", "top_k")

@@ -18,7 +18,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import schema as S
+from ..contract import schema as S
 
 TOKEN_LISTS = ("token_ids", "token_source", "loss_mask", "behavior_logprobs", "token_turn")
 _NSRC = 6  # token_source 0..4, and 5 for any out-of-range value

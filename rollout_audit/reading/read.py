@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import polars as pl
 import pyarrow as pa
 
-from . import schema as S
+from ..contract import schema as S
 from .io import LogFile, iter_batches, one_line
 from .sanitize import cap_tokens, drop_invalid, duplicate_columns, row_group_too_large
 

@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import schema as S
+from ..contract import schema as S
 from . import storage
 from .sanitize import duplicate_columns
 from .storage import is_writer_temp as _is_writer_temp

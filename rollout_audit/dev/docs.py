@@ -2,8 +2,8 @@
 `schemas/rollout_log_v1.json`, the check catalogue from the registered rules (docstrings and
 declarations). A test keeps the committed pages current.
 
-    python -m rollout_audit.docs            # rewrite docs/contract.md and docs/checks.md
-    python -m rollout_audit.docs --check    # exit 1 if they differ from what the code says
+    python -m rollout_audit.dev.docs            # rewrite docs/contract.md and docs/checks.md
+    python -m rollout_audit.dev.docs --check    # exit 1 if they differ from what the code says
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import schema as S
-from .registry import FAMILIES, Rule, all_rules
+from ..contract import schema as S
+from ..contract.registry import FAMILIES, Rule, all_rules
 
 
 def _cell(text: str) -> str:
@@ -26,7 +26,7 @@ def contract_markdown() -> str:
     out = [
         f"# The rollout log contract, v{doc['version']}",
         "",
-        "Rendered from `schemas/rollout_log_v1.json` by `python -m rollout_audit.docs`; do not edit by hand.",
+        "Rendered from `schemas/rollout_log_v1.json` by `python -m rollout_audit.dev.docs`; do not edit by hand.",
         "`rollout-audit schema` prints the same tables. Requirement levels:",
         "",
     ]
@@ -74,7 +74,7 @@ def checks_markdown() -> str:
     out = [
         "# The checks",
         "",
-        "Rendered from the registered rules by `python -m rollout_audit.docs`; do not edit by hand.",
+        "Rendered from the registered rules by `python -m rollout_audit.dev.docs`; do not edit by hand.",
         "`rollout-audit explain CODE` prints one entry. Each check runs only on the inputs it declares;",
         "where one is absent it is listed as not run with the reason, never counted as passed.",
     ]
@@ -94,7 +94,7 @@ PAGES = {"contract.md": contract_markdown, "checks.md": checks_markdown}
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--check", action="store_true", help="exit 1 if a page differs from the code")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "docs"))
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent.parent / "docs"))
     args = ap.parse_args(argv)
     stale = []
     for name, render in PAGES.items():
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             path.write_text(text)
     if stale:
-        print(f"stale: {', '.join(stale)}; run `python -m rollout_audit.docs`", file=sys.stderr)
+        print(f"stale: {', '.join(stale)}; run `python -m rollout_audit.dev.docs`", file=sys.stderr)
         return 1
     return 0
 

@@ -15,12 +15,12 @@ from typing import Any
 
 import polars as pl
 
-from . import schema as S
-from .batch import SUMMARY_INPUTS, TOKEN_LISTS, Batch
-from .config import Config
-from .io import one_line
-from .registry import NotRun, Rule, Unmet, all_rules, selected
-from .views import BatchView, ConfigView, LogCheckView, LogView
+from ..contract import schema as S
+from ..contract.config import Config
+from ..contract.registry import NotRun, Rule, Unmet, all_rules, selected
+from ..frames.batch import SUMMARY_INPUTS, TOKEN_LISTS, Batch
+from ..frames.views import BatchView, ConfigView, LogCheckView, LogView
+from ..reading.io import one_line
 
 FINDING_SCHEMA: dict[str, Any] = {
     "code": pl.String,

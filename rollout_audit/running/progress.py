@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .io import LogFile
+from ..reading.io import LogFile
 
 
 class Progress:

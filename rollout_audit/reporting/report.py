@@ -10,8 +10,8 @@ from xml.sax.saxutils import escape, quoteattr
 
 import polars as pl
 
-from .registry import SEVERITY_ORDER, Rule
-from .runner import FINDING_SCHEMA, Runner
+from ..contract.registry import SEVERITY_ORDER, Rule
+from ..running.runner import FINDING_SCHEMA, Runner
 
 __all__ = ["FINDING_ORDER", "FINDING_SCHEMA", "FORMATS", "Report", "build_report", "sort_findings"]
 # Characters a log string must not bring to a terminal, a CI log or an XML file: C0/C1 controls

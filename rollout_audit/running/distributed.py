@@ -20,14 +20,14 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from .config import Config
-from .io import Discovery, LogFile, UsageError
-from .read import read_updates
-from .registry import NotRun, Rule
-from .report import Report, build_report
+from ..contract.config import Config
+from ..contract.registry import NotRun, Rule
+from ..frames.views import LogCheckView, LogView
+from ..reading.io import Discovery, LogFile, UsageError
+from ..reading.read import read_updates
+from ..reading.sanitize import row_group_too_large
+from ..reporting.report import Report, build_report
 from .runner import MAX_CRASHES_KEPT, Plan, Runner, plan
-from .sanitize import row_group_too_large
-from .views import LogCheckView, LogView
 
 # log checks whose findings on a log are the union of their findings on the key partitions of its
 # summary: every finding is computed from the rows of one key, and they record no log statistics
@@ -53,7 +53,7 @@ def shares(files: Sequence[LogFile], rows_per_share: int, max_row_group_bytes: i
     to read, or held in memory, is one share: its task reports it as the local audit does)."""
     import pyarrow.parquet as pq
 
-    from .io import source
+    from ..reading.io import source
 
     out: list[Share] = []
     for f in files:

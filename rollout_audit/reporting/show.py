@@ -14,11 +14,11 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from .config import Config
+from ..contract.config import Config
+from ..contract.schema import POLICY, SOURCE_NAMES
+from ..reading.log import Log
 from .decode import Decoder, declared, from_declaration
-from .log import Log
 from .report import MAX_CHARS, printable
-from .schema import POLICY, SOURCE_NAMES
 
 _STYLE = {0: "magenta", 1: "cyan", 2: "green", 3: "yellow", 4: "bright_black"}
 TRAINED = "underline"
@@ -54,7 +54,7 @@ def transcript(log: Log, trajectory_id: str, config: Config | None = None) -> Tr
 
 def _findings(row: pl.DataFrame, config: Config | None) -> pl.DataFrame | None:
     """Findings of an audit of this one trajectory (checks over groups or updates cannot run on one)."""
-    from .engine import audit_tables
+    from ..running.engine import audit_tables
 
     try:
         rep = audit_tables(row.to_arrow(), config=config)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import schema as S
+from ..contract import schema as S
 
 MAX_VOCABULARY = 1_000_000  # entries of a declared vocabulary; a larger one is ignored, not loaded
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from .log import Log
-from .schema import SOURCE_NAMES
+from ..contract.schema import SOURCE_NAMES
+from ..reading.log import Log
 
 
 def log_stats(log: Log) -> dict:

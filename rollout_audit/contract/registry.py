@@ -123,6 +123,6 @@ def selected(code: str, select: list[str] | tuple[str, ...] = (), ignore: list[s
 
 def all_rules() -> dict[str, Rule]:
     """Every registered rule, importing the check modules on first use."""
-    from . import checks  # noqa: F401  (registration happens at import)
+    from .. import checks  # noqa: F401  (registration happens at import)
 
     return dict(sorted(RULES.items()))

@@ -45,7 +45,7 @@ class Column:
 
 
 def _contract_path() -> Path:
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent
     for cand in (here / "schemas", here.parent / "schemas"):
         p = cand / "rollout_log_v1.json"
         if p.exists():

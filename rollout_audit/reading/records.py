@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 
-from . import schema as S
+from ..contract import schema as S
 
 
 def _meta(kind: str, fields: Sequence[pa.Field] = (), found: Mapping[bytes, bytes] | None = None) -> dict[bytes, bytes]:

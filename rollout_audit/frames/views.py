@@ -17,9 +17,9 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from ..contract.config import Config
+from ..contract.registry import Rule, UndeclaredInput
 from .batch import STAT_INPUTS, TOKEN_LISTS, TURN_INPUTS, Batch, Tokens
-from .config import Config
-from .registry import Rule, UndeclaredInput
 
 # Token array attributes and the list each one exposes
 _TOKEN_FIELDS = {

@@ -13,17 +13,17 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .batch import TOKEN_LISTS, Batch
+from ..contract.config import Config, find_config
+from ..contract.registry import Rule
+from ..frames.batch import TOKEN_LISTS, Batch
+from ..frames.views import LogView
+from ..reading.io import Discovery, discover
+from ..reading.read import Part, memory_file, parts, read_updates
+from ..reporting.report import Report, build_report
 from .concurrency import map_ordered, prefetch
-from .config import Config, find_config
-from .io import Discovery, discover
 from .memory import release_memory, tune_allocator
 from .progress import progress_for
-from .read import Part, memory_file, parts, read_updates
-from .registry import Rule
-from .report import Report, build_report
 from .runner import Plan, Runner, plan
-from .views import LogView
 
 _PREFETCH = not os.environ.get("ROLLOUT_AUDIT_NO_THREADS")  # read ahead on a background thread
 
@@ -211,7 +211,7 @@ def _to_arrow(x: Any, kind: str = "trajectories") -> pa.Table | None:
     if isinstance(x, pl.LazyFrame):
         return x.collect().to_arrow()
     if isinstance(x, list):
-        from .records import records_to_table
+        from ..reading.records import records_to_table
 
         return records_to_table(x, kind)
     raise TypeError(f"cannot audit an object of type {type(x).__name__}")
@@ -257,7 +257,7 @@ def audit(
 
     A training loop can call `audit(batch_table, update_table)` before the optimizer step.
     """
-    from .log import Log
+    from ..reading.log import Log
 
     if isinstance(source, Log):
         return run_audit(source.discovery, config, select, ignore, ray=ray)

@@ -1,0 +1,1 @@
+"""Developer tools that render derived files (docs/ pages); may import any layer."""

@@ -1,0 +1,1 @@
+"""Reading a log: discovery, object storage, casting, sanitizing, records and batches; imports only contract."""

@@ -1,0 +1,1 @@
+"""Reporting: findings, text/HTML renderings, stats, transcripts and output paths; imports any layer below it."""

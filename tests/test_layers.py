@@ -1,0 +1,180 @@
+"""The package's folders are its layers: imports go only downward, and no modules import each other in a cycle.
+
+Every module of rollout_audit is read with `ast` (nothing is imported), and every import in it,
+at module level, inside a function or under `if TYPE_CHECKING`, is resolved to a module of the
+package. Layers, bottom-up:
+
+    contract < reading < frames < checks < running < reporting < top
+
+`top` is everything else: cli, testing, pytest_plugin, synth, writer, faults, dev, adapters,
+integrations, replay and the package's own __init__. A module may import its own layer and any
+layer below. Within a layer, modules must not import each other in a cycle (a cycle that spans
+layers always holds an upward import, which is reported as such). A package's __init__ counts as
+a module of its own; importing a submodule is not counted as importing its package.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = "rollout_audit"
+ROOT = Path(__file__).resolve().parent.parent / PKG
+LAYERS = ["contract", "reading", "frames", "checks", "running", "reporting"]
+TOP = len(LAYERS)
+
+# Imports that break the layering today, as (importer, imported), names relative to rollout_audit.
+# This list only shrinks: a pair that no longer occurs fails test_known_violations_are_current
+# until it is deleted here, and a pair not listed fails test_imports_go_down_without_cycles.
+KNOWN_VIOLATIONS: set[tuple[str, str]] = {
+    # the registry imports the check catalogue so that all_rules() is full: registration at import
+    ("contract.registry", "checks"),
+    # the replay check (L205-L207) calls the replayers and their sampling, which sit in the top layer
+    ("checks.replay", "replay"),
+    ("checks.replay", "replay.run"),
+    # the engine and the Ray executor build the Report themselves
+    ("running.engine", "reporting.report"),
+    ("running.distributed", "reporting.report"),
+    # the engine chooses the Ray executor, which borrows the engine's _batches and _why_unusable
+    ("running.engine", "running.distributed"),
+    ("running.distributed", "running.engine"),
+}
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    out = {}
+    for f in sorted(ROOT.rglob("*.py")):
+        rel = f.relative_to(ROOT.parent).with_suffix("").parts
+        is_pkg = rel[-1] == "__init__"
+        out[".".join(rel[:-1] if is_pkg else rel)] = (f, is_pkg)
+    return out
+
+
+def _known(name: str, modules: dict) -> str | None:
+    """The longest prefix of `name` that is a module of the package."""
+    parts = name.split(".")
+    while parts:
+        if ".".join(parts) in modules:
+            return ".".join(parts)
+        parts.pop()
+    return None
+
+
+def _imports(mod: str, path: Path, is_pkg: bool, modules: dict) -> set[str]:
+    package = mod if is_pkg else mod.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {k for a in node.names if (k := _known(a.name, modules))}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                k = sub if sub in modules else _known(base, modules)
+                if k:
+                    found.add(k)
+    found.discard(mod)
+    return found
+
+
+def _layer(mod: str) -> int:
+    parts = mod.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else TOP
+
+
+def _short(mod: str) -> str:
+    return mod[len(PKG) + 1 :] if mod.startswith(PKG + ".") else mod
+
+
+def graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {m: _imports(m, p, is_pkg, modules) for m, (p, is_pkg) in modules.items()}
+
+
+def _same_layer_cycles(g: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Edges that lie on a cycle of imports within one layer (Tarjan's strongly connected components)."""
+    edges = {m: {d for d in ds if _layer(d) == _layer(m)} for m, ds in g.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    comp: dict[str, int] = {}
+    counter = [0]
+
+    def visit(v: str) -> None:  # iterative, so a long chain cannot reach the recursion limit
+        work = [(v, iter(sorted(edges.get(v, ()))))]
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        while work:
+            node, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(edges.get(w, ())))))
+                    break
+                if w in on:
+                    low[node] = min(low[node], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp[w] = index[node]
+                        if w == node:
+                            break
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return {(a, b) for a, ds in edges.items() for b in ds if comp[a] == comp[b]}
+
+
+def violations() -> dict[tuple[str, str], str]:
+    """(importer, imported) -> why, for every upward import and every import on a same-layer cycle."""
+    g = graph()
+    out = {}
+    for a, ds in g.items():
+        for b in ds:
+            if _layer(b) > _layer(a):
+                out[(_short(a), _short(b))] = f"upward ({_name(_layer(a))} imports {_name(_layer(b))})"
+    for a, b in _same_layer_cycles(g):
+        out[(_short(a), _short(b))] = f"cycle within {_name(_layer(a))}"
+    return out
+
+
+def _name(layer: int) -> str:
+    return LAYERS[layer] if layer < TOP else "top"
+
+
+def _lines(pairs, why) -> str:
+    return "\n".join(f"  {a} -> {b}: {why.get((a, b), 'no longer occurs')}" for a, b in sorted(pairs))
+
+
+def test_every_layer_is_a_subpackage():
+    missing = [layer for layer in LAYERS if not (ROOT / layer / "__init__.py").is_file()]
+    assert not missing, f"layer subpackages missing: {missing}"
+
+
+def test_imports_go_down_without_cycles():
+    found = violations()
+    print("layer violations:\n" + _lines(found, found))
+    new = set(found) - KNOWN_VIOLATIONS
+    assert not new, "imports against the layers (importer -> imported):\n" + _lines(new, found)
+
+
+def test_known_violations_are_current():
+    found = violations()
+    gone = KNOWN_VIOLATIONS - set(found)
+    assert not gone, "fixed; delete from KNOWN_VIOLATIONS in tests/test_layers.py:\n" + _lines(gone, found)
