@@ -89,10 +89,12 @@ PROFILES: dict[str, TrainConfig] = {
     # 5/5 seeds reach 1.0 on both colours with the floor (seed 2 collapsed to "blue" annealing to 0); the smoke
     # profile keeps the plain anneal to 0: with the floor its seed 0 lost `inspect` in the last 20 rounds
     "full": TrainConfig(iterations=120, entropy_floor=0.25),
-    # the learning test that runs in CI: a quarter of the smoke profile's collection, fewer evaluation episodes.
-    # Seed 0 learns both colours from 20 rounds on (20, 22, 25, 30 all give 1.0 on both, the memoryless
-    # policy 0.0 on blue); at 17-18 the memoryless policy happens to pick blue, at 15 blue is not learnt
-    "ci": TrainConfig(iterations=22, eval_episodes=20, entropy_hold=0.5, entropy_floor=0.25),
+    # the learning test that runs in CI: a quarter of the smoke profile's collection, fewer evaluation episodes,
+    # hotter sampling and twice the entropy bonus while exploring. Measured on seeds 0-12: 12 of 13 learn both
+    # colours (most by round 15), seed 12 loses red in the last round; the test tries a second seed
+    "ci": TrainConfig(
+        iterations=22, eval_episodes=20, entropy_hold=0.5, entropy_floor=0.25, temperature=2.0, entropy_coef=0.2
+    ),
     "tiny": TrainConfig(
         iterations=3, groups_per_iter=2, group_size=4, eval_episodes=4, infra_failure_rate=0.05, top_p=0.7
     ),
