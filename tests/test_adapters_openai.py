@@ -9,13 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-import rollout_audit as ra
-from rollout_audit.adapters import openai as adapter
-from rollout_audit.adapters.base import read_dump
-from rollout_audit.contract.config import Config
-from rollout_audit.integrations.openai import SessionRecorder
-from tests.adapterhelp import (
+from adapterhelp import (
     IDENTITY,
     cli,
     documented_not_run,
@@ -28,6 +22,12 @@ from tests.adapterhelp import (
     same_after_convert,
     without,
 )
+
+import rollout_audit as ra
+from rollout_audit.adapters import openai as adapter
+from rollout_audit.adapters.base import read_dump
+from rollout_audit.contract.config import Config
+from rollout_audit.integrations.openai import SessionRecorder
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -44,9 +44,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def _record(model_dir: str, mode: str, path: Path, sessions: int = 6) -> str:
     """An agent loop (token in, token out) against a server in `mode`; returns the server's URL."""
+    from tinyserver import serve
     from transformers import AutoTokenizer
-
-    from tests.tinyserver import serve
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompt, obs = tok("you are an agent in a room")["input_ids"], tok("<obs> the door is stuck </obs>")["input_ids"]

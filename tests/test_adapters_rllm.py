@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.adapterhelp import (
+from adapterhelp import (
     IDENTITY,
     documented_not_run,
     fails_naming,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.frameworks import build
+from frameworks import build
 
 
 def test_committed_fixtures_match_their_generators(capsys):

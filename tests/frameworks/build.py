@@ -1,7 +1,10 @@
 """Write (or verify) the framework fixtures from their generators.
 
-    python -m tests.frameworks.build            # (re)write fixtures/frameworks/<name>/<case>.jsonl
-    python -m tests.frameworks.build --check    # exit 1 if a committed fixture differs or is missing
+    python tests/frameworks/build.py            # (re)write fixtures/frameworks/<name>/<case>.jsonl
+    python tests/frameworks/build.py --check    # exit 1 if a committed fixture differs or is missing
+
+(Not `python -m tests.frameworks.build`: verl installs a top-level `tests` package into site-packages,
+which wins over this directory; the tests import these modules as the package `frameworks`.)
 
 For every name in `rollout_audit.adapters.NAMES` that has a module `tests/frameworks/<name>.py`, the
 module's `cases() -> dict[str, list[dict]]` maps a case name (`compliant`, or the bug it carries) to
@@ -22,13 +25,16 @@ from types import ModuleType
 
 from rollout_audit.adapters import NAMES
 
+if not __package__:  # run as a script: the generators are the package `frameworks` in tests/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+PACKAGE = __package__ or "frameworks"
 ROOT = Path(__file__).resolve().parents[2] / "fixtures" / "frameworks"
 
 
 def generators() -> dict[str, ModuleType]:
     """The generator module of every adapter name that has one."""
     here = Path(__file__).resolve().parent
-    return {n: importlib.import_module(f"{__package__}.{n}") for n in NAMES if (here / f"{n}.py").exists()}
+    return {n: importlib.import_module(f"{PACKAGE}.{n}") for n in NAMES if (here / f"{n}.py").exists()}
 
 
 def render(records: list[dict]) -> str:
