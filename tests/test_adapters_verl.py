@@ -176,7 +176,12 @@ def test_top_k_off_is_accepted_and_a_cutoff_or_bad_value_exits_2(tmp_path):
     for value in ("-1", "0"):
         ok = cli("check", "--from", "verl", src, *context_args(), "--context", f"top_k={value}")
         assert ok.exit_code == 0, ok.output + ok.stderr
-    for kv, says in (("top_k=50", "top_k=50"), ("top_k=hot", "top_k"), ("topk=1", "'topk'"), ("temperature=hot", "temperature")):
+    for kv, says in (
+        ("top_k=50", "top_k=50"),
+        ("top_k=hot", "top_k"),
+        ("topk=1", "'topk'"),
+        ("temperature=hot", "temperature"),
+    ):
         res = cli("check", "--from", "verl", src, *context_args(), "--context", kv)
         lines = res.stderr.strip().splitlines()
         assert res.exit_code == 2 and len(lines) == 1 and says in lines[0], (kv, res.stderr)
@@ -210,7 +215,7 @@ def test_verl_classes_through_the_hook_audit_clean(tmp_path):
     tok = _glm_tokenizer()
     builder = GLMContinuousTokenBuilder(tok)
     obs, user, asst = tok.convert_tokens_to_ids(["<|observation|>", "<|user|>", "<|assistant|>"])
-    words = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    words = lambda s: tok.encode(s, add_special_tokens=False)
     prompt = [user, *words("you are an agent in a room"), asst]
     turns = [  # (sampled ids, weight version), one TokenOutput each
         ([*words("open the red door"), obs], 5),

@@ -99,13 +99,7 @@ def _boundary_edit(ids: list[int], at: int, resp: list[int], mask: list[bool], e
     sampled one before appending the context, so the trainer's sequence has the context's token, mask 0,
     there): the last id is one of `edits`, the rest sits at `at` in the response, the next is unmasked."""
     end = at + len(ids) - 1
-    return bool(
-        ids
-        and ids[-1] in edits
-        and end < len(resp)
-        and not mask[end]
-        and resp[at:end] == ids[:-1]
-    )
+    return bool(ids and ids[-1] in edits and end < len(resp) and not mask[end] and resp[at:end] == ids[:-1])
 
 
 def _engine_turns(

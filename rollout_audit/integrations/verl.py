@@ -8,10 +8,9 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-from collections.abc import Sequence
 
 from ..adapters.verl import READS, VERSIONS
 

@@ -114,7 +114,9 @@ def _fully_async(decrease: bool = False) -> list[dict]:
         if decrease and rid == "a3":
             versions = [*versions[:-1], (7, 7)]
         rec = record(ep, rid, "f00d", float(k == 0))
-        for call, (lo, hi), stop in zip(rec["engine_calls"], versions, ["completed"] * (len(versions) - 1) + [last_stop]):
+        for call, (lo, hi), stop in zip(
+            rec["engine_calls"], versions, ["completed"] * (len(versions) - 1) + [last_stop]
+        ):
             call.update(stop_reason=stop, global_steps=hi, min_global_steps=lo, max_global_steps=hi)
         first, last = rec["engine_calls"][0], rec["engine_calls"][-1]
         rec["extra_fields"].update(
@@ -159,10 +161,16 @@ def glm_record(ep: Episode, request_id: str, uid: str, reward: float, drop: set[
     mask: list[int] = []
     lps: list[float] = []
     calls = []
-    for t, (o, lp, obs) in enumerate(zip(ep.outputs, ep.logprobs, ep.observations)):
+    for o, lp, obs in zip(ep.outputs, ep.logprobs, ep.observations):
         calls.append(
-            {"prompt_ids": ep.prompt + resp, "token_ids": o, "stop_reason": "completed",
-             "global_steps": STEP, "min_global_steps": STEP, "max_global_steps": STEP}  # fmt: skip
+            {
+                "prompt_ids": ep.prompt + resp,
+                "token_ids": o,
+                "stop_reason": "completed",
+                "global_steps": STEP,
+                "min_global_steps": STEP,
+                "max_global_steps": STEP,
+            }  # fmt: skip
         )
         resp, mask, lps = resp + o, mask + [1] * len(o), lps + lp
         if obs:
@@ -178,8 +186,13 @@ def glm_record(ep: Episode, request_id: str, uid: str, reward: float, drop: set[
         "response_logprobs": lps,
         "reward_score": reward,
         "num_turns": 2 * len(ep.outputs),
-        "extra_fields": {"turn_scores": [], "tool_rewards": [], "global_steps": STEP,
-                         "min_global_steps": STEP, "max_global_steps": STEP},  # fmt: skip
+        "extra_fields": {
+            "turn_scores": [],
+            "tool_rewards": [],
+            "global_steps": STEP,
+            "min_global_steps": STEP,
+            "max_global_steps": STEP,
+        },  # fmt: skip
         "engine_calls": calls,
         "boundary_ids": sorted({GLM_OBSERVATION, GLM_USER}),
     }
