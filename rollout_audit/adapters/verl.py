@@ -3,8 +3,10 @@
 One record per sample, written by the dump hook (docs/frameworks/verl.md,
 `rollout_audit.integrations.verl.dump`): the output's own fields (`prompt_ids`, `response_ids`,
 `response_mask`, `response_logprobs`, `reward_score`, `num_turns`, `extra_fields`), the sample's
-`request_id` and `uid`, and `engine_calls`: per `server_manager.generate` call the `prompt_ids` the
-engine was given and the `token_ids` it returned.
+`request_id` and `uid`, `engine_calls`: per `server_manager.generate` call the `prompt_ids` the
+engine was given, and from its `TokenOutput` the `token_ids` it returned, its `stop_reason` and the
+weight versions (`global_steps`, `min_global_steps`, `max_global_steps`), and `boundary_ids`: the
+stop tokens verl's continuous-token builder drops at a turn boundary (GLM).
 
 With `engine_calls`, provenance comes from the engine (call t's tokens sit right after its
 prompt), independently of `response_mask`, so M101/M102 compare the trainer's mask with what was
