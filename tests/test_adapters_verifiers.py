@@ -5,6 +5,7 @@ docs/frameworks/verifiers.md predicts; a stored prompt missing the assistant hea
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -170,3 +171,63 @@ def test_verifiers_traces_through_the_hook_audit_clean(tmp_path: Path) -> None:
     for tr, row in zip(traces, rows):
         assert row["truncated"] == (tr.is_truncated or tr.is_timeout), tr.stop_condition
         assert row["infra_error"] == (not tr.ok), tr.stop_condition
+
+
+def test_a_real_rollout_on_loopback_dumped_and_audited(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verifiers 0.4.0 agent (null chat harness, subprocess runtime, the training client that renders
+    with a qwen3 renderer and calls vLLM's /inference/v1/generate) against the tiny model server on
+    loopback; the trace is dumped with `to_record()` and audited: no error. The tiny model's answer is
+    cut at max_tokens, so verifiers calls the trace truncated although the harness completed, and so
+    does the audit (no T305)."""
+    vf = pytest.importorskip("verifiers.v1")
+    if shutil.which("uv") is None:
+        pytest.skip("verifiers' harness runs as a uv script: uv is not on PATH")
+    import asyncio
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from verifiers.v1.harnesses.null import NullHarnessConfig
+    from verifiers.v1.runtimes.subprocess import SubprocessConfig
+
+    from benchmarks.tinylm import tokenizer
+    from rollout_audit.adapters.verifiers import to_contract
+    from tests.tinyserver import serve
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TINY_API_KEY", "unused")
+    tok = tokenizer()  # the qwen3 renderer's special tokens on the tiny word-level vocabulary
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>",
+                "</tool_response>", "<think>", "</think>"]  # fmt: skip
+    tok.add_special_tokens({"additional_special_tokens": specials})
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=512, n_embd=32, n_layer=2, n_head=2))
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    server, base = serve(str(tmp_path / "model"), "processed_logprobs")
+    client = vf.TrainClientConfig(
+        base_url=base,
+        api_key_var="TINY_API_KEY",
+        renderer_model_name=str(tmp_path / "model"),
+        renderer={"name": "qwen3"},
+    )
+    cfg = vf.AgentConfig(model="tiny", harness=NullHarnessConfig(), runtime=SubprocessConfig(), client=client,
+                         sampling=vf.SamplingConfig(temperature=1.0, top_p=1.0, max_tokens=8), max_turns=3)  # fmt: skip
+
+    async def rollout():
+        async with vf.make_agent(cfg) as agent:
+            return await agent.run(vf.Task(vf.TaskData(prompt="open the red door")))
+
+    try:
+        trace = asyncio.run(rollout())
+    finally:
+        server.shutdown()
+    assert trace.errors == [] and trace.stop_condition == "agent_completed"
+    sampled = [n for n in trace.nodes if n.sampled]
+    assert sampled and all(sum(n.mask) == len(n.logprobs) > 0 for n in sampled)
+    dump = tmp_path / "traces.jsonl"
+    dump.write_text(json.dumps(trace.to_record()) + "\n")  # the documented hook
+    rep = report([dump], "verifiers", CONTEXT)
+    assert [f for f in rep["findings"] if f["severity"] != "info"] == [], rep["findings"]
+    row = to_contract([trace.to_record()]).to_pylist()[0]
+    assert row["truncated"] == trace.is_truncated
+    assert [t["temperature"] for t in row["turns"]] == [1.0] * len(sampled)

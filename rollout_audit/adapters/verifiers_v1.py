@@ -68,21 +68,22 @@ def _paths(nodes: Sequence[Mapping[str, Any]]) -> list[list[int]]:
 
 
 def stop_of(cond: Any, timeout: bool = False, last_finish: Any = None) -> tuple[str, str]:
-    """(flag, stop_reason) of a stop condition: STOP's table; `<stage>_timeout` (Trace.record_timeout:
-    a stage deadline, a stop and not a failure) truncated by timeout; `<boundary>_error`
-    (Trace.record_error) infra_error; otherwise `Trace.is_truncated`'s rule (the last error-free call
-    finished by length) truncated, else terminated with the condition's own name (a user's @stop
-    function: T302 asks to declare it in extra_stop_reasons), "unknown" when there is none."""
+    """(flag, stop_reason) of a stop condition: STOP's limits and errors; `<stage>_timeout`
+    (Trace.record_timeout: a stage deadline, a stop and not a failure) truncated by timeout;
+    `<boundary>_error` (Trace.record_error) infra_error; otherwise `Trace.is_truncated`'s rule (the last
+    error-free call finished by length, whatever ended the rollout) truncated, else STOP's endings, else
+    terminated with the condition's own name (a user's @stop function: T302 asks to declare it in
+    extra_stop_reasons), "unknown" when there is none."""
     name = cond if isinstance(cond, str) else None
-    if name in STOP:
+    if name in STOP and STOP[name][0] != "terminated":
         return STOP[name]
     if timeout or (name or "").endswith("_timeout"):
         return "truncated", "timeout"
     if (name or "").endswith("_error"):
         return "infra_error", ERROR_REASON.get(name or "", "env_error")
-    if last_finish == "length":
+    if last_finish == "length":  # also after agent_completed: the harness ran on after a cut answer
         return "truncated", "max_tokens"
-    return "terminated", name or "unknown"
+    return STOP.get(name or "", ("terminated", name or "unknown"))
 
 
 def _stop(trace: Mapping[str, Any]) -> dict[str, Any]:
