@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 import copy
-import sys
-import types
-from pathlib import Path
 
 import pytest
 
 from rollout_audit import RolloutWriter
 from rollout_audit.synth import make_log
-
-# verl's wheel installs a top-level package named `tests` (site-packages/tests), which a regular package
-# wins over this directory (a namespace package) for `from tests.… import`: bind the name to this directory.
-if getattr(sys.modules.get("tests"), "__path__", None) != [str(Path(__file__).resolve().parent)]:
-    _tests = types.ModuleType("tests")
-    _tests.__path__ = [str(Path(__file__).resolve().parent)]
-    sys.modules["tests"] = _tests
 
 
 @pytest.fixture(scope="session")

@@ -185,13 +185,13 @@ def test_a_real_rollout_on_loopback_dumped_and_audited(tmp_path: Path, monkeypat
     import asyncio
 
     import torch
+    from tinyserver import serve
     from transformers import GPT2Config, GPT2LMHeadModel
     from verifiers.v1.harnesses.null import NullHarnessConfig
     from verifiers.v1.runtimes.subprocess import SubprocessConfig
 
     from benchmarks.tinylm import tokenizer
     from rollout_audit.adapters.verifiers import to_contract
-    from tests.tinyserver import serve
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TINY_API_KEY", "unused")
