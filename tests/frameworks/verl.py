@@ -28,6 +28,17 @@ from .chat import Episode, episode
 STEP = 4  # the weight version of the synchronous fixtures (verl's global_steps when they were sampled)
 
 
+def steps(first: int = STEP, last: int = STEP) -> dict[str, int]:
+    """TokenOutput.extra_fields' weight versions of a call sampled from version `first` to `last`
+    (llm_server.py: global_steps is the last call's)."""
+    return {"global_steps": last, "min_global_steps": first, "max_global_steps": last}
+
+
+def extra_fields() -> dict:
+    """The JSON-safe extra_fields ToolAgentLoop returns for a synchronous episode."""
+    return {"turn_scores": [], "tool_rewards": [], **steps()}
+
+
 def record(
     ep: Episode,
     request_id: str,
@@ -49,21 +60,13 @@ def record(
         "response_logprobs": ep.response_logprobs(),
         "reward_score": reward,
         "num_turns": 2 * len(ep.outputs),  # user + assistant + tool turns + 1, as ToolAgentLoop counts
-        "extra_fields": {
-            "turn_scores": [],
-            "tool_rewards": [],
-            "global_steps": STEP,
-            "min_global_steps": STEP,
-            "max_global_steps": STEP,
-        },
+        "extra_fields": extra_fields(),
         "engine_calls": [
             {
                 "prompt_ids": c,
                 "token_ids": o,
                 "stop_reason": "completed",  # vLLM folds stop and length into "completed"
-                "global_steps": STEP,
-                "min_global_steps": STEP,
-                "max_global_steps": STEP,
+                **steps(),
                 "template_ids": r,
             }
             for c, o, r in zip(ep.contexts(), ep.outputs, renders)
@@ -117,7 +120,7 @@ def _fully_async(decrease: bool = False) -> list[dict]:
         for call, (lo, hi), stop in zip(
             rec["engine_calls"], versions, ["completed"] * (len(versions) - 1) + [last_stop]
         ):
-            call.update(stop_reason=stop, global_steps=hi, min_global_steps=lo, max_global_steps=hi)
+            call.update(stop_reason=stop, **steps(lo, hi))
         first, last = rec["engine_calls"][0], rec["engine_calls"][-1]
         rec["extra_fields"].update(
             global_steps=first["global_steps"],
@@ -162,16 +165,7 @@ def glm_record(ep: Episode, request_id: str, uid: str, reward: float, drop: set[
     lps: list[float] = []
     calls = []
     for o, lp, obs in zip(ep.outputs, ep.logprobs, ep.observations):
-        calls.append(
-            {
-                "prompt_ids": ep.prompt + resp,
-                "token_ids": o,
-                "stop_reason": "completed",
-                "global_steps": STEP,
-                "min_global_steps": STEP,
-                "max_global_steps": STEP,
-            }  # fmt: skip
-        )
+        calls.append({"prompt_ids": ep.prompt + resp, "token_ids": o, "stop_reason": "completed", **steps()})
         resp, mask, lps = resp + o, mask + [1] * len(o), lps + lp
         if obs:
             if resp[-1] in drop:
@@ -186,13 +180,7 @@ def glm_record(ep: Episode, request_id: str, uid: str, reward: float, drop: set[
         "response_logprobs": lps,
         "reward_score": reward,
         "num_turns": 2 * len(ep.outputs),
-        "extra_fields": {
-            "turn_scores": [],
-            "tool_rewards": [],
-            "global_steps": STEP,
-            "min_global_steps": STEP,
-            "max_global_steps": STEP,
-        },  # fmt: skip
+        "extra_fields": extra_fields(),
         "engine_calls": calls,
         "boundary_ids": sorted({GLM_OBSERVATION, GLM_USER}),
     }
