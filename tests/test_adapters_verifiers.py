@@ -4,10 +4,14 @@ docs/frameworks/verifiers.md predicts; a stored prompt missing the assistant hea
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
+import pytest
 from adapterhelp import (
     IDENTITY,
+    cli,
     documented_not_run,
     fails_naming,
     finding_keys,
@@ -50,3 +54,180 @@ def test_missing_field_exits_2_naming_it(tmp_path: Path) -> None:
         "completion_logprobs",
         tmp_path,
     )
+
+
+# ---------------------------------------------------------------- v1 stop conditions and context
+
+
+def test_every_stop_condition_maps_to_a_known_flag_and_reason() -> None:
+    """user_closed, empty_action, limits (truncations), a stage timeout and boundary errors: no T301/T302."""
+    rep = report([fixture("verifiers", "v1_stop_conditions")], "verifiers", CONTEXT)
+    assert rep["findings"] == []
+    from rollout_audit.adapters.base import read_dump
+    from rollout_audit.adapters.verifiers import to_contract
+
+    rows = {
+        r["trajectory_id"]: r for r in to_contract(read_dump(fixture("verifiers", "v1_stop_conditions"))).to_pylist()
+    }
+    got = {
+        tid[6:]: (next(f for f in ("terminated", "truncated", "infra_error") if r[f]), r["stop_reason"])
+        for tid, r in rows.items()
+    }
+    assert got == {
+        "user_closed": ("terminated", "end_of_sequence"),
+        "empty_action": ("terminated", "end_of_sequence"),
+        "max_output_tokens": ("truncated", "max_tokens"),
+        "context_length": ("truncated", "max_tokens"),
+        "compaction_failed": ("truncated", "max_tokens"),
+        "agent_timeout": ("truncated", "timeout"),
+        "provider_error": ("infra_error", "engine_error"),
+        "toolset_error": ("infra_error", "tool_error"),
+    }
+
+
+def test_scored_truncation_is_t304() -> None:
+    """verifiers calls context_length (a60a606) and max_output_tokens truncations: scoring them as a
+    failure (reward 0.0) is T304 under the default truncation policy."""
+    rep = report([fixture("verifiers", "v1_truncation_scored")], "verifiers", CONTEXT)
+    assert finding_keys(rep) == [("T304", "trace-context_length", None), ("T304", "trace-max_output_tokens", None)]
+
+
+def test_unknown_context_key_or_bad_value_exits_2_naming_it() -> None:
+    src = fixture("verifiers", "v1_compliant")
+    for kv, says in (
+        ("temperature=hot", "temperature"),
+        ("policy_version=new", "policy_version"),
+        ("temprature=1", "'temprature'"),
+    ):
+        res = cli("check", "--from", "verifiers", src, "--context", kv)
+        lines = res.stderr.strip().splitlines()
+        assert res.exit_code == 2 and len(lines) == 1 and says in lines[0], (kv, res.stderr)
+
+
+# ---------------------------------------------------------------- verifiers' own classes, dumped with the hook
+
+CONDITIONS = ("agent_completed", "user_closed", "empty_action", "max_turns", "max_input_tokens", "max_output_tokens",
+              "max_total_tokens", "compaction_failed", "agent_timeout", "provider_error", "sandbox_error", "error")  # fmt: skip
+
+
+def _trace(vf_trace, vf_graph, vf_types, n: int, reward: float | None):
+    """A verifiers 0.4.0 `Trace`: system, user, a sampled assistant turn that calls a tool, the tool's
+    reply, a sampled answer; each sampled node's generation prompt unmasked, its completion masked."""
+    tr = vf_trace.Trace(
+        task=vf_trace.TraceTask(type="DoorTask", data={}, key="door-3"), agent=vf_trace.AgentInfo(config={})
+    )
+    header = [1, 30, 3]
+    nodes = [
+        (None, vf_types.SystemMessage(content="you are an agent"), [1, 32, 3, 20, 21, 2, 3], None),
+        (0, vf_types.UserMessage(content="which door?"), [1, 31, 3, 22, 23, 2, 3], None),
+        (1, vf_types.AssistantMessage(content="open"), [*header, 50 + n, 51, 2], [-0.5, -0.25, -0.125]),
+        (2, vf_types.ToolMessage(tool_call_id="c0", content="stuck"), [3, 1, 33, 3, 40, 41, 2, 3], None),
+        (3, vf_types.AssistantMessage(content="red"), [*header, 60 + n, 61, 2], [-0.75, -0.375, -0.0625]),
+    ]
+    for parent, message, ids, lps in nodes:
+        mask = [False] * len(header) + [True] * (len(ids) - len(header)) if lps else [False] * len(ids)
+        tr.nodes.append(vf_graph.MessageNode(parent=parent, message=message, sampled=lps is not None, token_ids=ids,
+                                             mask=mask, logprobs=lps or []))  # fmt: skip
+    for node, finish in ((2, "tool_calls"), (4, "stop")):
+        sampling = vf_types.SamplingConfig(temperature=0.7, top_p=1.0, max_tokens=64)
+        tr.calls.append(vf_trace.ModelCall(node=node, model="policy", sampling=sampling, finish_reason=finish))
+    if reward is not None:
+        tr.rewards["correct"] = vf_trace.Reward(score=reward)
+    return tr
+
+
+def test_verifiers_traces_through_the_hook_audit_clean(tmp_path: Path) -> None:
+    """Traces built with verifiers 0.4.0's own classes and stopped through its own methods (Trace.stop,
+    record_timeout, record_error), dumped with `trace.to_record()` (the documented hook) and audited:
+    no error, and every condition verifiers itself calls truncated (Trace.is_truncated) is truncated."""
+    pytest.importorskip("verifiers.v1")
+    from verifiers.v1 import graph, trace, types
+    from verifiers.v1.errors import ProviderError, SandboxError
+
+    from rollout_audit.adapters.verifiers import to_contract
+
+    traces = []
+    for n, cond in enumerate(CONDITIONS):
+        truncating = cond.startswith("max_") or cond in ("compaction_failed", "agent_timeout")
+        tr = _trace(trace, graph, types, n, None if truncating or cond.endswith("error") else float(n % 2))
+        tr.ok = True  # a rollout that ran to its end; record_error clears it
+        if cond == "agent_timeout":
+            tr.record_timeout("agent")
+        elif cond == "provider_error":
+            tr.record_error(ProviderError("prompt too long"))
+        elif cond == "sandbox_error":
+            tr.record_error(SandboxError("sandbox lost"))
+        elif cond == "error":
+            tr.record_error(RuntimeError("harness crashed"))
+        else:
+            tr.stop(cond)
+        assert tr.stop_condition == cond
+        traces.append(tr)
+    dump = tmp_path / "traces.jsonl"
+    dump.write_text("".join(json.dumps(t.to_record()) + "\n" for t in traces))
+    rep = report([dump], "verifiers", CONTEXT)
+    assert [f for f in rep["findings"] if f["severity"] != "info"] == [], rep["findings"]
+    rows = to_contract([t.to_record() for t in traces]).to_pylist()
+    for tr, row in zip(traces, rows):
+        assert row["truncated"] == (tr.is_truncated or tr.is_timeout), tr.stop_condition
+        assert row["infra_error"] == (not tr.ok), tr.stop_condition
+
+
+def test_a_real_rollout_on_loopback_dumped_and_audited(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verifiers 0.4.0 agent (null chat harness, subprocess runtime, the training client that renders
+    with a qwen3 renderer and calls vLLM's /inference/v1/generate) against the tiny model server on
+    loopback; the trace is dumped with `to_record()` and audited: no error. The tiny model's answer is
+    cut at max_tokens, so verifiers calls the trace truncated although the harness completed, and so
+    does the audit (no T305)."""
+    vf = pytest.importorskip("verifiers.v1")
+    if shutil.which("uv") is None:
+        pytest.skip("verifiers' harness runs as a uv script: uv is not on PATH")
+    import asyncio
+
+    import torch
+    from tinyserver import serve
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from verifiers.v1.harnesses.null import NullHarnessConfig
+    from verifiers.v1.runtimes.subprocess import SubprocessConfig
+
+    from benchmarks.tinylm import tokenizer
+    from rollout_audit.adapters.verifiers import to_contract
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TINY_API_KEY", "unused")
+    tok = tokenizer()  # the qwen3 renderer's special tokens on the tiny word-level vocabulary
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>",
+                "</tool_response>", "<think>", "</think>"]  # fmt: skip
+    tok.add_special_tokens({"additional_special_tokens": specials})
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_positions=512, n_embd=32, n_layer=2, n_head=2))
+    model.save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    server, base = serve(str(tmp_path / "model"), "processed_logprobs")
+    client = vf.TrainClientConfig(
+        base_url=base,
+        api_key_var="TINY_API_KEY",
+        renderer_model_name=str(tmp_path / "model"),
+        renderer={"name": "qwen3"},
+    )
+    cfg = vf.AgentConfig(model="tiny", harness=NullHarnessConfig(), runtime=SubprocessConfig(), client=client,
+                         sampling=vf.SamplingConfig(temperature=1.0, top_p=1.0, max_tokens=8), max_turns=3)  # fmt: skip
+
+    async def rollout():
+        async with vf.make_agent(cfg) as agent:
+            return await agent.run(vf.Task(vf.TaskData(prompt="open the red door")))
+
+    try:
+        trace = asyncio.run(rollout())
+    finally:
+        server.shutdown()
+    assert trace.errors == [] and trace.stop_condition == "agent_completed"
+    sampled = [n for n in trace.nodes if n.sampled]
+    assert sampled and all(sum(n.mask) == len(n.logprobs) > 0 for n in sampled)
+    dump = tmp_path / "traces.jsonl"
+    dump.write_text(json.dumps(trace.to_record()) + "\n")  # the documented hook
+    rep = report([dump], "verifiers", CONTEXT)
+    assert [f for f in rep["findings"] if f["severity"] != "info"] == [], rep["findings"]
+    row = to_contract([trace.to_record()]).to_pylist()[0]
+    assert row["truncated"] == trace.is_truncated
+    assert [t["temperature"] for t in row["turns"]] == [1.0] * len(sampled)

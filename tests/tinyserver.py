@@ -2,7 +2,8 @@
 it samples (temperature / top-p through transformers' warpers, seeded), returns vLLM's
 `return_token_ids` fields and per-token log-probs, either processed (the sampled distribution) or raw
 (the base softmax, vLLM V1's default `--logprobs-mode raw_logprobs`), and scores prompts
-(`prompt_logprobs`, for replay) as `benchmarks.tinylm` does."""
+(`prompt_logprobs`, for replay) as `benchmarks.tinylm` does; and vLLM's token-in/token-out
+`/inference/v1/generate`, which verifiers' training client calls."""
 
 from __future__ import annotations
 
@@ -20,26 +21,22 @@ from benchmarks.tinylm import _Handler, _processed
 
 
 class _Sampler(_Handler):
-    """POST /v1/completions: sample when the request has no prompt_logprobs, else score (the parent)."""
+    """POST /v1/completions: sample when the request has no prompt_logprobs, else score (the parent).
+    POST /inference/v1/generate: vLLM's token-in/token-out endpoint, which verifiers' training client
+    (renderers) calls with ids it rendered itself."""
 
     mode = "processed_logprobs"
 
-    def do_POST(self) -> None:
+    def _sample(self, ids: list[int], params: dict[str, Any], stop_ids: set[int]) -> tuple[list[int], list[float], str]:
+        """(sampled ids, their log-probs, finish reason): seeded sampling through transformers' warpers,
+        stopping on an id of `stop_ids` ("stop") or after max_tokens ("length")."""
         import torch
 
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        req = json.loads(body)
-        if self.path.rstrip("/") != "/v1/completions" or req.get("prompt_logprobs") is not None:
-            self.rfile = io.BytesIO(body)  # the parent reads the body again
-            self.headers.replace_header("Content-Length", str(len(body)))
-            return super().do_POST()
-        ids = list(req["prompt"])
-        temperature, top_p = float(req.get("temperature", 1.0)), float(req.get("top_p", 1.0))
-        gen = torch.Generator().manual_seed(int(req.get("seed", 0)))
+        temperature, top_p = float(params.get("temperature") or 1.0), float(params.get("top_p") or 1.0)
+        gen = torch.Generator().manual_seed(int(params.get("seed") or 0))
         sampled: list[int] = []
         lps: list[float] = []
-        finish = "length"
-        for _ in range(int(req.get("max_tokens", 4))):
+        for _ in range(int(params.get("max_tokens") or 4)):
             with torch.no_grad():
                 scores = self.model(torch.tensor([ids + sampled])).logits[:, -1].double()
             processed = torch.log_softmax(_processed(scores, temperature, top_p, 0), -1)
@@ -47,9 +44,21 @@ class _Sampler(_Handler):
             recorded = processed if self.mode == "processed_logprobs" else torch.log_softmax(scores, -1)
             sampled.append(tok)
             lps.append(float(recorded[0, tok]))
-            if tok == 0:  # eos
-                finish = "stop"
-                break
+            if tok in stop_ids:
+                return sampled, lps, "stop"
+        return sampled, lps, "length"
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        req = json.loads(body)
+        if self.path.rstrip("/") == "/inference/v1/generate":
+            return self._generate(req)
+        if self.path.rstrip("/") != "/v1/completions" or req.get("prompt_logprobs") is not None:
+            self.rfile = io.BytesIO(body)  # the parent reads the body again
+            self.headers.replace_header("Content-Length", str(len(body)))
+            return super().do_POST()
+        ids = list(req["prompt"])
+        sampled, lps, finish = self._sample(ids, req, {0})  # 0 is the eos
         choice = {
             "index": 0,
             "text": " ".join(str(t) for t in sampled),
@@ -59,6 +68,18 @@ class _Sampler(_Handler):
             "finish_reason": finish,
         }
         self._send(200, {"object": "text_completion", "model": self.name, "choices": [choice]})
+
+    def _generate(self, req: dict[str, Any]) -> None:
+        """vLLM's /inference/v1/generate: token_ids and sampling_params in; the prompt's and the sampled
+        ids, the finish reason and per-token log-probs (`token_id:<id>` entries) out."""
+        ids = [int(i) for i in req["token_ids"]]
+        params = req.get("sampling_params") or {}
+        stop = {int(i) for i in params.get("stop_token_ids") or []}
+        sampled, lps, finish = self._sample(ids, params, stop)
+        content = [{"token": f"token_id:{t}", "logprob": lp} for t, lp in zip(sampled, lps)]
+        choice = {"index": 0, "token_ids": sampled, "finish_reason": finish, "logprobs": {"content": content}}
+        usage = {"prompt_tokens": len(ids), "completion_tokens": len(sampled), "total_tokens": len(ids) + len(sampled)}
+        self._send(200, {"request_id": "tiny-0", "prompt_token_ids": ids, "choices": [choice], "usage": usage})
 
 
 def serve(model_dir: str, mode: str) -> tuple[ThreadingHTTPServer, str]:

@@ -108,15 +108,18 @@ CONTEXT: dict[str, type] = {
 TURN_CONTEXT = ("temperature", "top_p")  # context that belongs on every turn
 
 
-def context_values(context: Mapping[str, Any], allowed: Sequence[str] = ()) -> dict[str, Any]:
+def context_values(context: Mapping[str, Any], allowed: Sequence[str] | Mapping[str, type] = ()) -> dict[str, Any]:
     """The keyword context in the contract's types; AdapterError for an unknown key or a bad value.
-    `allowed` names an adapter's own extra keys (kept as strings)."""
+    `allowed` names an adapter's own extra keys: kept as strings, or {key: type} to convert them."""
+    extra = dict(allowed) if isinstance(allowed, Mapping) else dict.fromkeys(allowed, str)
     out: dict[str, Any] = {}
     for key, value in context.items():
-        kind = CONTEXT.get(key, str if key in allowed else None)
+        kind = CONTEXT.get(key, extra.get(key))
         if kind is None:
-            raise AdapterError(f"unknown context {key!r}; known: {', '.join([*CONTEXT, *allowed])}")
+            raise AdapterError(f"unknown context {key!r}; known: {', '.join([*CONTEXT, *extra])}")
         try:
+            if kind is int and isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
             out[key] = kind(value)
         except (TypeError, ValueError):
             raise AdapterError(f"context {key}={value!r} is not {kind.__name__}") from None

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from . import verifiers_v1 as v1
-from .base import AdapterError, contract_table, need, origin
+from .base import AdapterError, context_values, contract_table, need, origin
 from .steps import (
     Call,
     engine_context,
@@ -37,6 +37,9 @@ STOP = {
     "timeout_reached": ("truncated", "timeout"),
     "no_tools_called": ("terminated", "end_of_sequence"),
 }
+
+# verifiers' own keyword context: the weight version that sampled the rollouts (it records none)
+OWN_CONTEXT: dict[str, type] = {"policy_version": int}
 
 CONTEXT_LACKS = (
     "the engine's own prompt ids are not recorded (a legacy step's response without vLLM prompt_token_ids; "
@@ -148,6 +151,7 @@ def _trajectories(rollout: Mapping[str, Any], n: int, context: Mapping[str, Any]
 @guarded("verifiers")
 def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     """Contract trajectories from verifiers `RolloutOutput` records with a `trajectory`, or v1 `Trace` records."""
+    context = context_values(context, allowed=OWN_CONTEXT)
     rows: list[Mapping[str, Any]] = [
         {**r, **origin(ro)}
         for n, ro in enumerate(records)

@@ -17,15 +17,36 @@ from .base import AdapterError, need
 from .steps import Call, Segment, finish_reason, identity, option, recorded_logprobs, stop_columns
 
 ROLE_SOURCE = {"system": 0, "user": 1, "tool": 3, "assistant": 1}
+# What this adapter reads from verifiers' own classes (verifiers 0.4.0, also at a60a606);
+# tests/test_framework_drift.py fails, naming the field, when one of them disappears.
+READS = {
+    "verifiers.v1.trace.Trace": {"id", "task", "nodes", "calls", "rewards", "stop_condition", "is_timeout"},
+    "verifiers.v1.trace.TraceTask": {"key", "hash"},
+    "verifiers.v1.trace.Reward": {"score", "weight"},
+    "verifiers.v1.trace.ModelCall": {"node", "sampling", "finish_reason", "error"},
+    "verifiers.v1.types.SamplingConfig": {"temperature", "top_p"},
+    "verifiers.v1.graph.MessageNode": {"parent", "message", "sampled", "token_ids", "mask", "logprobs"},
+}
+# Trace.stop_condition -> (flag, stop_reason), every value verifiers sets (a60a606 and 0.4.0):
+# Trace.is_truncated's limits (trace.py:621-632 in 0.4.0; session.py RolloutLimits; RLM harness),
+# a60a606's context_length (interception/server.py: an overlong prompt, "a clean truncation"),
+# and the endings of a rollout that reached no limit (agent.py: the harness finished, the user closed
+# the interaction; the OpenEnv taskset: an empty action), which carry no verdict of their own.
 STOP = {
     "max_turns": ("truncated", "max_turns"),
     "max_input_tokens": ("truncated", "max_tokens"),
     "max_output_tokens": ("truncated", "max_tokens"),
     "max_total_tokens": ("truncated", "max_tokens"),
+    "context_length": ("truncated", "max_tokens"),
     "compaction_failed": ("truncated", "max_tokens"),
     "error": ("infra_error", "env_error"),
     "agent_completed": ("terminated", "end_of_sequence"),  # the harness program exited on its own
+    "user_closed": ("terminated", "end_of_sequence"),  # Interaction.close: the user ended the dialogue
+    "empty_action": ("terminated", "end_of_sequence"),  # OpenEnv: the policy's action was empty
 }
+# `<boundary>_error` (errors.py stop_condition: ProviderError -> provider_error, ...) -> stop_reason;
+# any other boundary is the environment's side
+ERROR_REASON = {"provider_error": "engine_error", "toolset_error": "tool_error"}
 
 
 def _paths(nodes: Sequence[Mapping[str, Any]]) -> list[list[int]]:
@@ -46,19 +67,30 @@ def _paths(nodes: Sequence[Mapping[str, Any]]) -> list[list[int]]:
     return out
 
 
+def stop_of(cond: Any, timeout: bool = False, last_finish: Any = None) -> tuple[str, str]:
+    """(flag, stop_reason) of a stop condition: STOP's limits and errors; `<stage>_timeout`
+    (Trace.record_timeout: a stage deadline, a stop and not a failure) truncated by timeout;
+    `<boundary>_error` (Trace.record_error) infra_error; otherwise `Trace.is_truncated`'s rule (the last
+    error-free call finished by length, whatever ended the rollout) truncated, else STOP's endings, else
+    terminated with the condition's own name (a user's @stop function: T302 asks to declare it in
+    extra_stop_reasons), "unknown" when there is none."""
+    name = cond if isinstance(cond, str) else None
+    if name in STOP and STOP[name][0] != "terminated":
+        return STOP[name]
+    if timeout or (name or "").endswith("_timeout"):
+        return "truncated", "timeout"
+    if (name or "").endswith("_error"):
+        return "infra_error", ERROR_REASON.get(name or "", "env_error")
+    if last_finish == "length":  # also after agent_completed: the harness ran on after a cut answer
+        return "truncated", "max_tokens"
+    return STOP.get(name or "", ("terminated", name or "unknown"))
+
+
 def _stop(trace: Mapping[str, Any]) -> dict[str, Any]:
-    """Flags and stop_reason from stop_condition (and `Trace.is_truncated`'s rule: the last error-free
-    call finished by length); another condition is kept by name (T302 asks to declare it)."""
-    cond = trace.get("stop_condition")
+    """The stop flags and stop_reason of a trace (see `stop_of`)."""
     calls = [c for c in trace.get("calls") or [] if isinstance(c, Mapping) and c.get("error") is None]
-    flag: str | None
-    if cond in STOP:
-        flag, stop = STOP[cond]
-    elif calls and calls[-1].get("finish_reason") == "length":
-        flag, stop = "truncated", "max_tokens"
-    else:
-        flag, stop = "terminated", str(cond or "unknown")
-    return stop_columns(flag, stop)
+    last = calls[-1].get("finish_reason") if calls else None
+    return stop_columns(*stop_of(trace.get("stop_condition"), bool(trace.get("is_timeout")), last))
 
 
 def _reward(trace: Mapping[str, Any]) -> float | None:
@@ -84,7 +116,7 @@ def _segment(trace: Mapping[str, Any], path: list[int], where: str, context: Map
         call = calls.get(nid) or {}
         sampling = call.get("sampling") or {}
         turn = {"turn_id": len(seg.turns), "sampled_token_ids": sampled}
-        turn["finish_reason"] = finish_reason(node.get("finish_reason") or call.get("finish_reason"))
+        turn["finish_reason"] = finish_reason(call.get("finish_reason"))
         turn |= {k: option(sampling, k) for k in ("temperature", "top_p") if sampling.get(k) is not None}
         turn |= {k: option(context, k) for k in ("temperature", "top_p", "policy_version") if k not in turn}
         start = mask.index(True) if True in mask else len(ids)

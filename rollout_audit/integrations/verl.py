@@ -8,12 +8,41 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-# AgentLoopOutput fields the adapter reads (verl/experimental/agent_loop/agent_loop.py)
-FIELDS = ("prompt_ids", "response_ids", "response_mask", "response_logprobs", "reward_score", "num_turns")
-EXTRA = ("turn_scores", "tool_rewards")  # the JSON-safe part of extra_fields that ToolAgentLoop sets
+from ..adapters.verl import READS, VERSIONS
+
+# AgentLoopOutput fields the adapter reads (verl/experimental/agent_loop/agent_loop.py), extra_fields apart
+FIELDS = tuple(sorted(READS["verl.experimental.agent_loop.agent_loop.AgentLoopOutput"] - {"extra_fields"}))
+# the JSON-safe part of extra_fields that ToolAgentLoop sets: scores, and the weight versions of the
+# episode's first call (global_steps, min_global_steps) and of its last (max_global_steps)
+EXTRA = ("turn_scores", "tool_rewards", *VERSIONS)
+
+
+def engine_call(prompt_ids: Sequence[int], output: Any, template_ids: Sequence[int] | None = None) -> dict[str, Any]:
+    """One `server_manager.generate` call as the hook records it: the ids the engine was given, and
+    from its `TokenOutput` the ids it returned, its `stop_reason` and the weight versions in
+    `extra_fields` (`global_steps`; `min_global_steps` / `max_global_steps` differ when a fully-async
+    call was resumed across a weight update); with `template_ids`, the chat template's render."""
+    extra = getattr(output, "extra_fields", None) or {}
+    call: dict[str, Any] = {
+        "prompt_ids": list(prompt_ids),
+        "token_ids": list(output.token_ids),
+        "stop_reason": getattr(output, "stop_reason", None),
+        **{k: extra.get(k) for k in VERSIONS},
+    }
+    if template_ids is not None:
+        call["template_ids"] = list(template_ids)
+    return call
+
+
+def boundary_ids(builder: Any) -> list[int]:
+    """The token ids verl's continuous-token builder drops from the end of an assistant turn when a
+    context message follows (`GLMContinuousTokenBuilder`: `<|observation|>` and `<|user|>`, which both
+    end a turn and open the next message); empty for builders that drop nothing."""
+    return sorted(int(i) for i in getattr(builder, "_ambiguous_boundary_ids", None) or ())
 
 
 def record(output: Any, **fields: Any) -> dict[str, Any]:

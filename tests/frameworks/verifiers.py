@@ -121,9 +121,39 @@ def _trace(n: int, reward: float) -> dict:
     }
 
 
+# (stop_condition, is_timeout, reward): every way verifiers ends a v1 rollout that is not a plain
+# agent_completed (a60a606 and 0.4.0): the ending of a dialogue, a limit (a truncation: no reward under
+# the audit's default truncation policy), a stage deadline, an error of a boundary
+_STOPS = (
+    ("user_closed", False, 1.0),
+    ("empty_action", False, 0.0),
+    ("max_output_tokens", False, None),
+    ("context_length", False, None),
+    ("compaction_failed", False, None),
+    ("agent_timeout", True, None),
+    ("provider_error", False, None),
+    ("toolset_error", False, None),
+)
+
+
+def _stopped(n: int, cond: str, timeout: bool, reward: float | None) -> dict:
+    """A v1 trace that stopped on `cond`; unscored when `reward` is None, failed on an `*_error`."""
+    tr = _trace(n, 0.0)
+    tr.update(id=f"trace-{cond}", stop_condition=cond, is_timeout=timeout)
+    tr["rewards"] = {} if reward is None else {"correct": {"score": reward, "weight": 1.0}}
+    if cond.endswith("_error"):
+        tr.update(ok=False, errors=[{"type": "ProviderError", "message": "upstream 400", "status_code": 400}])
+    return tr
+
+
 def cases() -> dict[str, list[dict]]:
     return {
         "v1_compliant": [_trace(0, 1.0), _trace(1, 0.0)],
+        "v1_stop_conditions": [_stopped(n, c, t, r) for n, (c, t, r) in enumerate(_STOPS)],
+        "v1_truncation_scored": [
+            _stopped(0, "max_output_tokens", False, 0.0),
+            _stopped(1, "context_length", False, 0.0),
+        ],
         "compliant": [_rollout(0, 1.0), _rollout(1, 0.0)],
         "assistant_header_missing": [_rollout(0, 1.0), _rollout(1, 0.0, drop_header=True)],
     }

@@ -1,0 +1,96 @@
+"""A drift alarm: every field an adapter reads from a framework's own classes (its `READS`, kept in
+the adapter module) must still exist in the installed framework. Fields are read from the real
+classes (pydantic `model_fields`, dataclass fields, TypedDict keys, class annotations); a field that
+disappeared fails naming the field and the class. Frameworks that are not installed are skipped."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import typing
+
+import pytest
+
+
+def fields_of(cls: type) -> set[str]:
+    """The field names of a framework class: pydantic, dataclass, TypedDict or annotated class."""
+    if hasattr(cls, "model_fields"):
+        return set(cls.model_fields)
+    if dataclasses.is_dataclass(cls):
+        return {f.name for f in dataclasses.fields(cls)}
+    if typing.is_typeddict(cls):
+        return set(cls.__required_keys__) | set(cls.__optional_keys__)
+    return {k for c in cls.__mro__ for k in getattr(c, "__annotations__", {})}
+
+
+def missing(reads: dict[str, set[str]]) -> list[str]:
+    """One line per field of `reads` ({"module.Class": fields}) the installed class lacks (or per class
+    that is gone)."""
+    out = []
+    for path, wanted in sorted(reads.items()):
+        module, _, name = path.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            out.append(f"{path}: the class is gone ({type(e).__name__}: {e})")
+            continue
+        have = fields_of(cls)
+        out += [f"{path}.{f}: no such field (has {', '.join(sorted(have))})" for f in sorted(wanted - have)]
+    return out
+
+
+def _reads(*modules: str) -> dict[str, set[str]]:
+    """The READS of the first of `modules` that declares one (skip when none does)."""
+    for m in modules:
+        try:
+            reads = getattr(importlib.import_module(m), "READS", None)
+        except ImportError:
+            continue
+        if reads:
+            return reads
+    pytest.skip(f"none of {', '.join(modules)} declares READS")
+
+
+def test_verl_fields_the_adapter_reads_exist():
+    pytest.importorskip("verl")
+    pytest.importorskip("cachetools")  # verl 0.9.1's agent loop imports it without declaring it
+    assert missing(_reads("rollout_audit.adapters.verl")) == []
+
+
+def test_verifiers_fields_the_adapter_reads_exist():
+    pytest.importorskip("verifiers.v1")
+    assert missing(_reads("rollout_audit.adapters.verifiers_v1")) == []
+
+
+def test_trl_fields_the_adapter_reads_exist():
+    pytest.importorskip("trl")
+    assert missing(_reads("rollout_audit.adapters.trl", "rollout_audit.integrations.trl")) == []
+
+
+def test_a_field_gone_from_a_real_class_is_named():
+    """The alarm fires on the installed classes: a field they lack and a class that is gone are named."""
+    pytest.importorskip("verl")
+    out = missing(
+        {
+            "verl.workers.rollout.replica.TokenOutput": {"token_ids", "finish_reason"},
+            "verl.workers.rollout.replica.NoSuchOutput": {"token_ids"},
+        }
+    )
+    assert len(out) == 2
+    assert out[0].startswith("verl.workers.rollout.replica.NoSuchOutput: the class is gone")
+    assert out[1].startswith("verl.workers.rollout.replica.TokenOutput.finish_reason: no such field (has ")
+    assert "stop_reason" in out[1]
+
+
+def test_fields_of_reads_dataclasses_and_typeddicts():
+    @dataclasses.dataclass
+    class Sample:
+        tokens: list
+        reward: float = 0.0
+
+    class Output(typing.TypedDict, total=False):
+        response_ids: list
+        stop_reasons: list
+
+    assert fields_of(Sample) == {"tokens", "reward"}
+    assert fields_of(Output) == {"response_ids", "stop_reasons"}
