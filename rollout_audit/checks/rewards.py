@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from ..contract import schema as S
 from ..contract.registry import NotRun, rule
 from ..frames.views import BatchView
 from .common import rounded
@@ -367,11 +368,22 @@ def discounted_return(b: BatchView, cfg) -> pl.DataFrame | None:
     )
 
 
+def paid_once(cfg, meta, configured: frozenset[str]) -> dict:
+    """R408's configuration from a file's metadata: the reward components its producer declares
+    paid at most once join `first_visit_components`, unless the user's configuration sets it."""
+    if "first_visit_components" in configured:
+        return {}
+    have = list(cfg.first_visit_components)
+    once = sorted(k for k, v in S.reward_components(meta).items() if v in S.PAID_ONCE and k not in have)
+    return {"first_visit_components": have + once} if once else {}
+
+
 @rule(
     "R408",
     "first-visit reward component paid more than once",
     requires=("turns.reward_components",),
     config=("first_visit_components",),
+    declare=paid_once,
 )
 def first_visit(b: BatchView, cfg) -> pl.DataFrame | None:
     """A reward component configured as first-visit is non-zero on more than one turn of an

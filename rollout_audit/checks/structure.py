@@ -6,17 +6,17 @@ import numpy as np
 import polars as pl
 
 from ..contract import schema as S
-from ..contract.registry import rule
+from ..contract.registry import RULES, rule
 from ..frames.batch import TOKEN_LISTS
 from ..frames.views import BatchView
 
-# nulls in these required columns mean something specific and have their own check
-_NULL_HAS_OWN_CHECK = {
-    "reward": "excluded episode",
-    "reset_seed": "E801",
-    "environment_version": "E801",
-    "verifier_version": "E801",
-}
+# a null reward is the contract's mark of an excluded episode (docs/contract.md, stop causes)
+_NULL_ALLOWED = ("reward",)
+
+
+def _null_reported_elsewhere() -> set[str]:
+    """Required columns whose nulls S001 leaves to a check that declares them (`nulls=`)."""
+    return {*_NULL_ALLOWED, *(c for r in RULES.values() for c in r.nulls)}
 
 
 # S001 reads every required column (nulls) and every column and turn field with a value domain
@@ -52,8 +52,9 @@ def required_columns(b: BatchView, cfg) -> pl.DataFrame | None:
     that it writes the contract's types, e.g. with `rollout_audit.RolloutWriter`.
     """
     rows = [{"message": f"{c}: {p}"} for c, p in b.schema_problems]
+    elsewhere = _null_reported_elsewhere()
     for name in S.required("trajectories"):
-        if name in b.columns and name not in _NULL_HAS_OWN_CHECK:
+        if name in b.columns and name not in elsewhere:
             nulls = b.col(name).null_count
             if nulls:
                 mask = b.col(name).is_null().to_numpy(zero_copy_only=False)
@@ -166,7 +167,7 @@ def _domain(b: BatchView) -> list[pl.DataFrame]:
     return out
 
 
-@rule("S002", "duplicate trajectory_id", scope="log", requires=("trajectory_id",))
+@rule("S002", "duplicate trajectory_id", scope="log", requires=("trajectory_id",), partition=("trajectory_id",))
 def duplicate_ids(log, cfg) -> pl.DataFrame | None:
     """The same trajectory_id appears on more than one row.
 
