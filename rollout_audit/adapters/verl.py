@@ -19,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..contract.schema import context_sha256
 from .base import (
     AdapterError,
     aligned,
@@ -30,7 +31,6 @@ from .base import (
     need,
     rows_of,
     runs,
-    sha256_ids,
     token_columns,
     with_context,
 )
@@ -74,10 +74,15 @@ def _engine_turns(calls: list[Any], n_prompt: int, n_resp: int, where: str) -> t
         if start < 0:
             raise AdapterError(f"{w}: prompt_ids shorter than the sample's prompt_ids")
         policy += range(start, min(start + len(ids), n_resp))
-        turn = {"turn_id": t, "context_length": len(ctx), "context_sha256": sha256_ids(ctx), "sampled_token_ids": ids}
+        turn = {
+            "turn_id": t,
+            "context_length": len(ctx),
+            "context_sha256": context_sha256(ctx),
+            "sampled_token_ids": ids,
+        }
         if call.get("template_ids") is not None:
             tmpl = ints(call, "template_ids", w)
-            turn.update(template_context_length=len(tmpl), template_context_sha256=sha256_ids(tmpl))
+            turn.update(template_context_length=len(tmpl), template_context_sha256=context_sha256(tmpl))
         turns.append(turn)
     return policy, turns
 

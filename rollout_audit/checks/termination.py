@@ -10,23 +10,22 @@ from ..contract.registry import NotRun, rule
 from ..frames.views import BatchView
 from .common import rounded
 
-FLAGS = ("terminated", "truncated", "infra_error")
 LAUNDERED = ("length", "abort")  # engine finish reasons that mean "cut off", not "done"
 
 
 def _flag_text() -> pl.Expr:
     """`terminated=true, truncated=false, infra_error=null` for a message."""
     return pl.concat_str(
-        [pl.format(f"{f}={{}}", pl.col(f).cast(pl.String).str.to_lowercase().fill_null("null")) for f in FLAGS],
+        [pl.format(f"{f}={{}}", pl.col(f).cast(pl.String).str.to_lowercase().fill_null("null")) for f in S.STOP_FLAGS],
         separator=", ",
     )
 
 
 def _n_true() -> pl.Expr:
-    return pl.sum_horizontal([pl.col(f).fill_null(False).cast(pl.Int8) for f in FLAGS])
+    return pl.sum_horizontal([pl.col(f).fill_null(False).cast(pl.Int8) for f in S.STOP_FLAGS])
 
 
-@rule("T301", "not exactly one of terminated / truncated / infra_error", requires=FLAGS)
+@rule("T301", "not exactly one of terminated / truncated / infra_error", requires=S.STOP_FLAGS)
 def one_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     """Exactly one of `terminated`, `truncated` and `infra_error` must be true (a null
     flag counts as not set).
@@ -49,7 +48,10 @@ def one_flag(b: BatchView, cfg) -> pl.DataFrame | None:
 
 
 @rule(
-    "T302", "stop_reason inconsistent with the flag", requires=(*FLAGS, "stop_reason"), config=("extra_stop_reasons",)
+    "T302",
+    "stop_reason inconsistent with the flag",
+    requires=(*S.STOP_FLAGS, "stop_reason"),
+    config=("extra_stop_reasons",),
 )
 def stop_reason_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     """stop_reason is unknown, or names a cause of another flag than the one that is true.
@@ -66,8 +68,8 @@ def stop_reason_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     """
     table = {**S.stop_reasons(), **cfg.extra_stop_reasons}
     known = pl.DataFrame({"stop_reason": list(table), "_expected_flag": list(table.values())})
-    t = b.traj.select("trajectory_id", "stop_reason", *FLAGS).join(known, on="stop_reason", how="left")
-    true_flag = pl.coalesce([pl.when(pl.col(f).fill_null(False)).then(pl.lit(f)) for f in FLAGS])
+    t = b.traj.select("trajectory_id", "stop_reason", *S.STOP_FLAGS).join(known, on="stop_reason", how="left")
+    true_flag = pl.coalesce([pl.when(pl.col(f).fill_null(False)).then(pl.lit(f)) for f in S.STOP_FLAGS])
     unknown = pl.col("stop_reason").is_not_null() & pl.col("_expected_flag").is_null()
     wrong = (_n_true() == 1) & pl.col("_expected_flag").is_not_null() & (pl.col("_expected_flag") != true_flag)
     bad = t.filter(unknown | wrong)

@@ -6,12 +6,14 @@ built from that file, so a collector in another language validates against the s
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 SCHEMA_VERSION = "1"  # what a writer records when the file uses no column added later
@@ -57,6 +59,10 @@ def _contract_path() -> Path:
 def contract() -> dict:
     """The raw contract document."""
     return json.loads(_contract_path().read_text())
+
+
+# the episode's stop flags (exactly one is true), in the contract's order
+STOP_FLAGS: tuple[str, ...] = tuple(contract()["stop_reasons"])
 
 
 def columns(table: str) -> tuple[Column, ...]:
@@ -151,6 +157,13 @@ def reward_components(meta: Mapping[bytes, bytes] | None) -> dict[str, str]:
     if not isinstance(d, dict):
         return {}
     return {k[:200]: v for k, v in d.items() if isinstance(k, str) and v in PAYMENTS}
+
+
+def context_sha256(token_ids: Sequence[int] | np.ndarray, length: int | None = None) -> str:
+    """The contract's context hash: hex SHA-256 of the first `length` token ids (all when None)
+    as little-endian int32 bytes (`context_sha256`, `template_context_sha256`)."""
+    ids = token_ids if length is None else token_ids[:length]
+    return hashlib.sha256(np.asarray(ids, dtype="<i4").tobytes()).hexdigest()
 
 
 def stop_reasons() -> dict[str, str]:

@@ -61,7 +61,9 @@ SUMMARY_INPUTS: dict[str, tuple[str, ...]] = {
 DERIVED: dict[str, Callable[[Batch, Tokens], pl.Series | None]] = {}
 
 
-def derived(name: str, inputs: tuple[str, ...]) -> Callable[[Callable[..., pl.Series | None]], Callable[..., pl.Series | None]]:
+def derived(
+    name: str, inputs: tuple[str, ...]
+) -> Callable[[Callable[..., pl.Series | None]], Callable[..., pl.Series | None]]:
     """Register a per-trajectory value of the log summary computed from `inputs` (trajectory
     columns, `turns.field` or token lists): log checks then declare `name` like a column."""
 

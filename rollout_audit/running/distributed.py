@@ -164,7 +164,9 @@ def check_share(job: Job, share: Share) -> tuple[Any, ...]:
         if not summary.height:
             out += [pl.DataFrame()] * job.n_parts
             continue
-        out += _partition(_columns(summary, frozenset(runner.rules[code].reads)), runner.rules[code].partition, job.n_parts)
+        out += _partition(
+            _columns(summary, frozenset(runner.rules[code].reads)), runner.rules[code].partition, job.n_parts
+        )
     return tuple(out)
 
 
