@@ -41,20 +41,26 @@ def agent_log(out: Path) -> None:
 
 
 def generate(root: Path) -> dict:
-    """Write compliant/, broken/<fault>/ and manifest.json under `root`; returns the manifest."""
+    """Write compliant/ (the agent trained), broken/<fault>/ and manifest.json under `root`;
+    returns the manifest."""
+    shutil.rmtree(root / "compliant", ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    agent_log(root / "compliant")
+    return write_broken(root)
+
+
+def write_broken(root: Path) -> dict:
+    """Write broken/<fault>/ and manifest.json under `root` from `root`/compliant and every
+    registered fault (no training); returns the manifest."""
     from rollout_audit.faults import FAULTS, apply, declared_components, read_records, write_records
 
     from .tokenizer import Tokenizer
 
-    if root.exists():
-        shutil.rmtree(root / "compliant", ignore_errors=True)
-        shutil.rmtree(root / "broken", ignore_errors=True)
-    root.mkdir(parents=True, exist_ok=True)
-    agent_log(root / "compliant")
+    shutil.rmtree(root / "broken", ignore_errors=True)
     trajs, ups = read_records(root / "compliant")
     tokenizer = Tokenizer().declaration()  # the broken logs decode like the agent's own
     declared = declared_components(root / "compliant")  # the agent's declaration, carried to each broken log
-    manifest = {"source": "reference agent, profile 'fixture', seed 0", "compliant": "compliant", "faults": {}}
+    manifest: dict = {"source": "reference agent, profile 'fixture', seed 0", "compliant": "compliant", "faults": {}}
     for name, f in FAULTS.items():
         (bt, bu), touched = apply(name, trajs, ups, seed=FIXTURE_SEED)
         write_records(
