@@ -426,4 +426,6 @@ def test_the_agent_hashes_contexts_with_its_own_code_and_agrees_with_the_contrac
     ids = [0, 1, 198, 2**31 - 1, -1, 70000]
     for length in (0, 1, 3, len(ids)):
         assert agent_hash(ids, length) == context_sha256(ids, length)
-    assert context_sha256(ids) == hashlib.sha256(b"".join(i.to_bytes(4, "little", signed=True) for i in ids)).hexdigest()
+    assert (
+        context_sha256(ids) == hashlib.sha256(b"".join(i.to_bytes(4, "little", signed=True) for i in ids)).hexdigest()
+    )

@@ -138,10 +138,7 @@ def matrix_text(root: Path) -> str:
 
 
 def matrix_region(matrix: str) -> str:
-    return (
-        "\n`rollout-audit faults matrix fixtures/compliant` (each fault applied, written, audited):\n\n"
-        f"{matrix}\n\n"
-    )
+    return f"\n`rollout-audit faults matrix fixtures/compliant` (each fault applied, written, audited):\n\n{matrix}\n\n"
 
 
 # ---------------------------------------------------------------- the command
