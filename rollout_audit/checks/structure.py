@@ -20,23 +20,10 @@ def _null_reported_elsewhere() -> set[str]:
 
 
 # S001 reads every required column (nulls) and every column and turn field with a value domain
-_TRAJ_DOMAIN_COLS = ("gamma", "discounted_return", "final_value", "wall_clock_s", "num_trainable_tokens")
-_TURN_DOMAIN_FIELDS = (
-    "turn_id",
-    "policy_version",
-    "temperature",
-    "top_p",
-    "num_policy_tokens",
-    "context_length",
-    "logprob",
-    "reward",
-    "shaping",
-    "value",
-    "td_residual",
-    "potential_before",
-    "potential_after",
+# (`domain` in schemas/rollout_log_v1.json)
+REQUIRED_AND_DOMAIN = tuple(
+    dict.fromkeys((*S.required("trajectories"), *S.domains("trajectories"), *(f"turns.{f}" for f in S.domains("turn"))))
 )
-REQUIRED_AND_DOMAIN = (*S.required("trajectories"), *_TRAJ_DOMAIN_COLS, *(f"turns.{f}" for f in _TURN_DOMAIN_FIELDS))
 
 
 @rule("S001", "column missing, of the wrong type, or out of its domain", optional=REQUIRED_AND_DOMAIN)
@@ -65,36 +52,22 @@ def required_columns(b: BatchView, cfg) -> pl.DataFrame | None:
     return pl.concat(out, how="diagonal_relaxed") if out else None
 
 
-# Value domains of the pandera models in `rollout_audit.contract.models` (TrajectoryFrame, TurnFrame),
-# as one polars predicate per column: (lower bound, lower inclusive, upper bound, finite). A
-# value outside them makes the batch "suspect" and only then is pandera run, for the exact
-# failure cases; on a clean batch S001 costs one polars select instead of a pandera pass.
-# The predicates may flag more than pandera does (never less): pandera has the last word.
-_TRAJ_DOMAIN = {
-    "reward": (None, True, None, True),
-    "gamma": (0.0, False, 1.0, True),
-    "discounted_return": (None, True, None, True),
-    "final_value": (None, True, None, True),
-    "wall_clock_s": (0.0, True, None, True),
-    "num_trainable_tokens": (0, True, None, False),
-    "n_tokens": (0, True, None, False),
-    "n_src_invalid": (0, True, 0, False),
-}
-_TURN_DOMAIN = {
-    "turn_id": (0, True, None, False),
-    "policy_version": (0, True, None, False),
-    "temperature": (0.0, True, None, True),
-    "top_p": (0.0, False, 1.0, True),
-    "num_policy_tokens": (0, True, None, False),
-    "context_length": (0, True, None, False),
-    "logprob": (None, True, None, True),
-    "reward": (None, True, None, True),
-    "shaping": (None, True, None, True),
-    "value": (None, True, None, True),
-    "td_residual": (None, True, None, True),
-    "potential_before": (None, True, None, True),
-    "potential_after": (None, True, None, True),
-}
+# The value domains of the pandera schemas (`rollout_audit.contract.models`: TrajectoryFrame,
+# TurnFrame), as one polars predicate per column. A value outside them makes the batch "suspect"
+# and only then is pandera run, for the exact failure cases; on a clean batch S001 costs one
+# polars select instead of a pandera pass. Both read the same domains, so the predicate flags
+# exactly what pandera would (pandera has the last word on the message).
+def _predicates(domains: dict[str, dict]) -> dict[str, tuple]:
+    """Per column: (lower bound, lower inclusive, upper bound, finite)."""
+    out = {}
+    for name, d in domains.items():
+        lo = d.get("ge", d.get("gt", d.get("eq")))
+        out[name] = (lo, "gt" not in d, d.get("le", d.get("eq")), bool(d.get("finite")))
+    return out
+
+
+_TRAJ_DOMAIN = _predicates({**S.domains("trajectories"), **S.RECOMPUTED_DOMAINS})
+_TURN_DOMAIN = _predicates(S.domains("turn"))
 
 
 def _suspect(df: pl.DataFrame, domain: dict) -> bool:
@@ -128,7 +101,7 @@ def _domain(b: BatchView) -> list[pl.DataFrame]:
     out = []
     traj = b.traj
     if _suspect(traj, _TRAJ_DOMAIN):
-        from ..contract.models import TrajectoryFrame, domain_problems
+        from ..contract.models import TrajectoryFrame, domain_problems  # pandera: imported when needed
 
         bad = domain_problems(TrajectoryFrame, traj.drop("trajectory_id"))
         bad = bad.with_columns(

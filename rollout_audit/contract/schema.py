@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +41,11 @@ class Column:
     requirement: str  # R, C or O
     meaning: str
     since: str = "1"  # contract version that added the column
+    domain: tuple[tuple[str, Any], ...] = ()  # value domain: ("ge"|"gt"|"le", bound), ("finite", True)
+
+    @property
+    def bounds(self) -> dict[str, Any]:
+        return dict(self.domain)
 
     @property
     def arrow_type(self) -> pa.DataType:
@@ -67,7 +73,17 @@ STOP_FLAGS: tuple[str, ...] = tuple(contract()["stop_reasons"])
 
 def columns(table: str) -> tuple[Column, ...]:
     """Columns of `trajectories`, `turn` (the turn struct) or `updates`."""
-    return tuple(Column(**c) for c in contract()["tables"][table])
+    return tuple(Column(**{**c, "domain": tuple(c.get("domain", {}).items())}) for c in contract()["tables"][table])
+
+
+# per-trajectory counts the audit recomputes (not contract columns), with their value domains:
+# n_src_invalid counts token_source values outside the contract's 0..4
+RECOMPUTED_DOMAINS: dict[str, dict[str, Any]] = {"n_tokens": {"ge": 0}, "n_src_invalid": {"eq": 0}}
+
+
+def domains(table: str) -> dict[str, dict[str, Any]]:
+    """The value domain of each column (or turn field) of `table` that has one."""
+    return {c.name: c.bounds for c in columns(table) if c.domain}
 
 
 def column(table: str, name: str) -> Column:

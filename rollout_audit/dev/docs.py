@@ -31,7 +31,10 @@ def contract_markdown() -> str:
     }
     for table, title in titles.items():
         out += ["", f"## {title}", "", "| column | type | level | meaning |", "|---|---|---|---|"]
-        out += [f"| `{c.name}` | `{c.type}` | {c.requirement} | {_cell(c.meaning)} |" for c in S.columns(table)]
+        out += [
+            f"| `{c.name}` | `{c.type}` | {c.requirement} | {_cell(c.meaning + _domain(c.bounds))} |"
+            for c in S.columns(table)
+        ]
     out += ["", "## Token sources", ""]
     out += [f"- `{k}`: {v}" for k, v in doc["token_source"].items()]
     out += ["", "## Stop reasons and the flag each one sets", ""]
@@ -42,6 +45,16 @@ def contract_markdown() -> str:
     out += ["", "## File metadata", ""]
     out += [f"- `{k}`: {_item(v)}" for k, v in doc["metadata"].items()]
     return "\n".join(out) + "\n"
+
+
+_BOUNDS = {"ge": "≥", "gt": ">", "le": "≤"}
+
+
+def _domain(bounds: dict) -> str:
+    """` (domain: > 0, ≤ 1, finite)` for a column with a value domain."""
+    parts = [f"{_BOUNDS[k]} {v}" for k, v in bounds.items() if k in _BOUNDS]
+    parts += ["finite"] if bounds.get("finite") else []
+    return f" (domain: {', '.join(parts)})" if parts else ""
 
 
 def _item(x: object) -> str:
