@@ -9,6 +9,7 @@ LazyFrame checks the schema only and silently skips data checks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pandera.polars as pa
@@ -22,7 +23,12 @@ def _finite_or_null(data: pa.PolarsData) -> pl.LazyFrame:
     return data.lazyframe.select(c.is_null() | c.is_finite())
 
 
-_CHECKS = {"ge": pa.Check.ge, "gt": pa.Check.gt, "le": pa.Check.le, "eq": pa.Check.eq}
+_CHECKS: dict[str, Callable[[Any], pa.Check]] = {
+    "ge": pa.Check.ge,
+    "gt": pa.Check.gt,
+    "le": pa.Check.le,
+    "eq": pa.Check.eq,
+}
 
 
 def _dtype(type_: str) -> type[pl.DataType]:
