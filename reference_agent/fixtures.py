@@ -1,8 +1,8 @@
 """The committed fixtures: a small compliant log from the reference agent and one broken log
 per named fault, with a manifest of the codes each must raise.
 
-    python -m reference_agent.fixtures            # regenerate fixtures/ (needs the agent extra)
-    python -m reference_agent.fixtures --check    # exit 1 if the committed fixtures drift
+    python -m rollout_audit.dev generate --fixtures   # regenerate fixtures/ with every derived file (agent extra)
+    python -m reference_agent.fixtures --check        # exit 1 if the committed fixtures drift
 
 Measured columns (wall-clock and latencies) are excluded from the drift comparison; everything
 but floats compares exactly, floats to FLOAT_TOL. The trained policy's floats depend on the CPU's
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "fixtures up to date"
         if not problems
-        else f"{len(problems)} difference(s): regenerate with `python -m reference_agent.fixtures`"
+        else f"{len(problems)} difference(s): regenerate with `python -m rollout_audit.dev generate --fixtures`"
     )
     return 1 if problems else 0
 
