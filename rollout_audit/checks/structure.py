@@ -154,8 +154,6 @@ def duplicate_ids(log, cfg) -> pl.DataFrame | None:
         .agg(pl.len().alias("n"), pl.col("file").cast(pl.String).unique().sort().alias("files"), pl.col("file").first())
         .filter(pl.col("n") > 1)
     )
-    if dup.is_empty():
-        return None
     return dup.select(
         "trajectory_id",
         "file",

@@ -37,8 +37,6 @@ def one_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     Set exactly one flag per episode, from the same place that sets stop_reason.
     """
     bad = b.traj.filter(_n_true() != 1)
-    if bad.is_empty():
-        return None
     return bad.rechunk().select(
         "trajectory_id",
         pl.format(
@@ -174,8 +172,6 @@ def truncated_reward(b: BatchView, cfg) -> pl.DataFrame | None:
             pl.col("stop_reason").fill_null("null"),
             rounded(pl.col("reward")),
         )
-    if t.is_empty():
-        return None
     return t.rechunk().select("trajectory_id", msg.alias("message"))
 
 
@@ -205,8 +201,6 @@ def laundered_truncation(b: BatchView, cfg) -> pl.DataFrame | None:
     reason = pl.col("stop_reason") if "stop_reason" in b.traj.columns else pl.lit(None, pl.String).alias("stop_reason")
     term = b.traj.filter(pl.col("terminated").fill_null(False)).select("_row", reason)
     bad = last.join(term, on="_row", how="inner")
-    if bad.is_empty():
-        return None
     return bad.rechunk().select(
         "trajectory_id",
         pl.col("_t").alias("turn"),
@@ -252,8 +246,6 @@ def budget_filled_not_truncated(b: BatchView, cfg) -> pl.DataFrame | None:
         pl.Series("n_resp", n[b.traj["_row"].to_numpy()])
     )
     bad = full.filter(pl.col("terminated").fill_null(False) & (pl.col("n_resp") >= limit))
-    if bad.is_empty():
-        return None
     return bad.select(
         "trajectory_id",
         pl.format(

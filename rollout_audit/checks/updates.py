@@ -574,8 +574,6 @@ def degenerate_advantages(log, cfg) -> pl.DataFrame | None:
         & pl.col("adv").is_not_null()
         & ~(pl.col("adv").abs() <= cfg.atol).fill_null(False)
     )
-    if bad.is_empty():
-        return None
     return bad.select(
         "file",
         "trajectory_id",

@@ -119,8 +119,9 @@ def rule(
     A `batch` check gets a view of one row-group slice of trajectories and the config; a `log`
     check gets a view of the per-trajectory summary of the whole log and the update records.
     Both return a polars DataFrame with any of the columns trajectory_id, turn, position,
-    message (and file, for log checks), or None when nothing is wrong. The runner calls a
-    batch check only on a batch with at least one trajectory.
+    message (and file, for log checks), or None when nothing is wrong; an empty frame counts
+    as None. A batch may hold no rows (every row of a slice set aside by the reader), and the
+    check is still called: the slice's schema problems are S001's to report.
     """
     if partition and scope != "log":
         raise ValueError(f"{code}: partition= applies to log checks")
