@@ -1,8 +1,8 @@
 """The committed fixtures: a small compliant log from the reference agent and one broken log
 per named fault, with a manifest of the codes each must raise.
 
-    python -m reference_agent.fixtures            # regenerate fixtures/ (needs the agent extra)
-    python -m reference_agent.fixtures --check    # exit 1 if the committed fixtures drift
+    python -m rollout_audit.dev generate --fixtures   # regenerate fixtures/ with every derived file (agent extra)
+    python -m reference_agent.fixtures --check        # exit 1 if the committed fixtures drift
 
 Measured columns (wall-clock and latencies) are excluded from the drift comparison; everything
 but floats compares exactly, floats to FLOAT_TOL. The trained policy's floats depend on the CPU's
@@ -41,20 +41,26 @@ def agent_log(out: Path) -> None:
 
 
 def generate(root: Path) -> dict:
-    """Write compliant/, broken/<fault>/ and manifest.json under `root`; returns the manifest."""
+    """Write compliant/ (the agent trained), broken/<fault>/ and manifest.json under `root`;
+    returns the manifest."""
+    shutil.rmtree(root / "compliant", ignore_errors=True)
+    root.mkdir(parents=True, exist_ok=True)
+    agent_log(root / "compliant")
+    return write_broken(root)
+
+
+def write_broken(root: Path) -> dict:
+    """Write broken/<fault>/ and manifest.json under `root` from `root`/compliant and every
+    registered fault (no training); returns the manifest."""
     from rollout_audit.faults import FAULTS, apply, declared_components, read_records, write_records
 
     from .tokenizer import Tokenizer
 
-    if root.exists():
-        shutil.rmtree(root / "compliant", ignore_errors=True)
-        shutil.rmtree(root / "broken", ignore_errors=True)
-    root.mkdir(parents=True, exist_ok=True)
-    agent_log(root / "compliant")
+    shutil.rmtree(root / "broken", ignore_errors=True)
     trajs, ups = read_records(root / "compliant")
     tokenizer = Tokenizer().declaration()  # the broken logs decode like the agent's own
     declared = declared_components(root / "compliant")  # the agent's declaration, carried to each broken log
-    manifest = {"source": "reference agent, profile 'fixture', seed 0", "compliant": "compliant", "faults": {}}
+    manifest: dict = {"source": "reference agent, profile 'fixture', seed 0", "compliant": "compliant", "faults": {}}
     for name, f in FAULTS.items():
         (bt, bu), touched = apply(name, trajs, ups, seed=FIXTURE_SEED)
         write_records(
@@ -160,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "fixtures up to date"
         if not problems
-        else f"{len(problems)} difference(s): regenerate with `python -m reference_agent.fixtures`"
+        else f"{len(problems)} difference(s): regenerate with `python -m rollout_audit.dev generate --fixtures`"
     )
     return 1 if problems else 0
 

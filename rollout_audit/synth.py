@@ -16,12 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from .contract import schema as S
+
 ACTIONS = ["inspect", "pickup_red", "pickup_blue", "open_red", "open_blue", "finish"]
-
-
-def context_sha256(token_ids: list[int] | np.ndarray, length: int) -> str:
-    """Hex SHA-256 of the first `length` token ids as little-endian int32 bytes."""
-    return hashlib.sha256(np.asarray(token_ids[:length], dtype="<i4").tobytes()).hexdigest()
 
 
 def grpo(rewards: list[float], eps: float = 1e-6) -> list[float]:
@@ -111,7 +108,7 @@ def make_trajectory(
                 "finish_reason": "stop" if (t == T - 1 and terminal) else "tool_calls",
                 "sampled_token_ids": pol,
                 "context_length": ctx_len,
-                "context_sha256": context_sha256(ids, ctx_len),
+                "context_sha256": S.context_sha256(ids, ctx_len),
             }
         )
     ret = sum(gamma**t * (tr["reward"] + tr["shaping"]) for t, tr in enumerate(turns))

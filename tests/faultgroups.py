@@ -3,9 +3,9 @@ setting (a log split in partitions, streamed in small batches, one file per traj
 faults of a group expect disjoint codes and break different trajectories, so one audit of the
 group's log shows each fault's codes on the trajectories it touched and nothing else.
 
-The groups were found by applying faults together and keeping a fault in a group only where
-`problems` stays empty on the synthetic log (one file and three partitions) and on the
-compliant fixture (two and three partitions). A new fault goes into a group, or its own.
+A fault declares its group (`@fault(..., group=...)`); one that declares none has a log of its
+own. A fault joins a group only where `problems` stays empty on the synthetic log (one file and
+three partitions) and on the compliant fixture (two and three partitions).
 """
 
 from __future__ import annotations
@@ -15,62 +15,9 @@ from pathlib import Path
 import polars as pl
 
 from rollout_audit.contract.config import Config
-from rollout_audit.faults import FAULTS, apply, write_records
+from rollout_audit.faults import FAULTS, apply, groups, write_records
 
-GROUPS: tuple[tuple[str, ...], ...] = (
-    (
-        "missing_loss_mask",
-        "duplicate_shard_row",
-        "token_turn_out_of_range",
-        "turn_policy_count_off_by_one",
-        "turn_separator_dropped",
-        "retokenized_from_text",
-        "turn_logprob_from_base_softmax",
-        "logprob_on_template_tokens",
-    ),
-    (
-        "mask_length_mismatch",
-        "tool_tokens_trained",
-        "policy_tokens_unmasked",
-        "trainable_count_whole_transcript",
-        "template_reapplied_drops_separator",
-        "positive_logprob",
-        "placeholder_logprob_on_eos",
-        "decoding_params_dropped",
-    ),
-    ("corrupt_file",),
-    (
-        "two_stop_flags",
-        "stop_reason_contradicts_flag",
-        "engine_crash_scored_zero",
-        "truncation_scored_as_failure",
-        "length_cap_logged_as_success",
-        "budget_cut_logged_as_terminated",
-        "reward_components_mismatch",
-        "progress_bonus_not_potential",
-    ),
-    (
-        "potential_chain_broken",
-        "terminal_potential_nonzero",
-        "td_terminal_value_zeroed",
-        "return_without_shaping",
-        "action_loop",
-        "verifier_inverted",
-        "policy_version_missing",
-        "policy_version_decreasing",
-    ),
-    (
-        "first_visit_paid_twice",
-        "stale_batch_beyond_lag",
-        "denominator_batch_size_for_token_reduction",
-        "advantages_population_std",
-        "update_names_missing_trajectory",
-        "environment_version_missing",
-        "reset_not_reproducible",
-    ),
-    ("loss_over_whole_transcript", "advantages_on_degenerate_group"),
-    ("excluded_trajectory_trained",),
-)
+GROUPS = groups()  # from each fault's declared `group`
 RECORD_GROUPS = tuple(g for g in GROUPS if not any(FAULTS[n].file_level for n in g))  # no truncated file
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import rollout_audit as ra
 from rollout_audit.contract.config import Config
-from rollout_audit.synth import context_sha256
+from rollout_audit.contract.schema import context_sha256
 
 
 def test_compliant_log_is_silent(records):

@@ -61,7 +61,8 @@ def test_a_fresh_generation_audits_as_the_manifest_says(tmp_path):
     between AVX-512 and AVX2 machines; ATEN_CPU_CAPABILITY=default against avx2 on one machine, see
     `reference_agent.fixtures.drift`), and one flipped sample changes the rest of a training run.
     The committed files themselves are compared, with that tolerance, by
-    `python -m reference_agent.fixtures --check`, the command that regenerates them."""
+    `python -m reference_agent.fixtures --check`; `python -m rollout_audit.dev generate --fixtures`
+    regenerates them."""
     pytest.importorskip("torch")
     fresh = generate(tmp_path)
     assert _stable(fresh) == _stable(MANIFEST)

@@ -263,3 +263,28 @@ def test_library_finds_the_configuration_next_to_the_log_as_the_cli_does(tmp_pat
     cli_json = json.loads(run_cli("check", root, "--format", "json").stdout)
     assert sorted(cli_json["summary"]["checks_run"]) == sorted(rep.summary["checks_run"])
     assert any(c.startswith("S") for c in ra.audit(root, config=ra.Config()).rules)  # config= replaces it
+
+
+def test_value_domains_come_from_the_contract_alone():
+    """The pandera schemas and S001's fast predicate are built from the `domain` of each column
+    in schemas/: a value just outside a domain is flagged by both, one just inside by neither."""
+    import polars as pl
+
+    from rollout_audit.checks import structure
+    from rollout_audit.contract import schema as S
+    from rollout_audit.contract.models import TrajectoryFrame, TurnFrame, domain_problems
+
+    for table, model, fast in (
+        ("trajectories", TrajectoryFrame, structure._TRAJ_DOMAIN),
+        ("turn", TurnFrame, structure._TURN_DOMAIN),
+    ):
+        doms = S.domains(table)
+        assert doms and set(doms) <= set(model.columns) and set(doms) <= set(fast)
+        for name, d in doms.items():
+            lo, hi = d.get("gt", d.get("ge")), d.get("le")
+            outside = [float("nan") if lo is None and hi is None else (lo - 1 if lo is not None else hi + 1)]
+            inside = [(lo + hi) / 2 if lo is not None and hi is not None else (lo + 1 if lo is not None else 0.5)]
+            for values, broken in ((outside, True), (inside, False)):
+                df = pl.DataFrame({name: values}, schema={name: pl.Float64})
+                assert (domain_problems(model, df).height > 0) is broken, (name, values)
+                assert structure._suspect(df, fast) is broken, (name, values)

@@ -1,4 +1,4 @@
-"""Hostile and malformed input (issue 10): outputs never touch inputs, strings validated at
+"""Hostile and malformed input: outputs never touch inputs, strings validated at
 the read boundary, every output format escapes what it prints, bounded resources, discovery
 that reports what it does not read. The CLI runs in a subprocess: what a user sees."""
 

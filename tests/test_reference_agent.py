@@ -358,9 +358,8 @@ def test_same_seed_same_log(run_dir: Path, tmp_path: Path) -> None:
 
 
 def test_audit_finds_no_errors_or_warnings(run_dir: Path) -> None:
-    ra = pytest.importorskip("rollout_audit")
-    if not hasattr(ra, "audit"):
-        pytest.skip("rollout_audit.audit not available yet")
+    import rollout_audit as ra
+
     report = ra.audit(str(run_dir))
     text = report.render()
     assert "0 errors, 0 warnings" in text, text
@@ -407,3 +406,25 @@ def test_smoke_profile_learns(tmp_path: Path) -> None:
     result = run_demo(str(tmp_path), "smoke", 0)
     assert min(result["evaluation"]["trained"].values()) >= 0.95
     assert math.isfinite(result["train_seconds"])
+
+
+def test_the_agent_hashes_contexts_with_its_own_code_and_agrees_with_the_contract():
+    """The reference agent is the project's stand-in for a third-party producer: train.py writes
+    its log without importing rollout_audit, so its compliant fixture tests the audit against a
+    second implementation of the contract (a shared helper would make a wrong hash agree with
+    itself). The two implementations of the context hash must agree."""
+    import ast
+
+    from reference_agent.train import context_sha256 as agent_hash
+    from rollout_audit.contract.schema import context_sha256
+
+    tree = ast.parse(Path(__file__).resolve().parent.parent.joinpath("reference_agent", "train.py").read_text())
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not any(m.startswith("rollout_audit") for m in imported)
+    ids = [0, 1, 198, 2**31 - 1, -1, 70000]
+    for length in (0, 1, 3, len(ids)):
+        assert agent_hash(ids, length) == context_sha256(ids, length)
+    assert (
+        context_sha256(ids) == hashlib.sha256(b"".join(i.to_bytes(4, "little", signed=True) for i in ids)).hexdigest()
+    )

@@ -168,7 +168,7 @@ def test_a_new_check_in_its_own_module_runs_with_nothing_else_changed(tmp_path, 
     assert rep.not_run == {"Z950": "column turns.temperature absent"}
 
 
-# ---------------------------------------------------------------- the reproductions of the issue
+# ---------------------------------------------------------------- awkward inputs and configuration
 
 
 def test_m105_with_an_earlier_context_length_out_of_range_is_a_finding(tmp_path, compliant):

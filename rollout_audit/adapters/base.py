@@ -156,15 +156,6 @@ def turn_of(n: int, starts: Sequence[int]) -> list[int]:
     return out
 
 
-def sha256_ids(ids: Sequence[int]) -> str:
-    """Hex SHA-256 of token ids as little-endian int32 bytes (the contract's context_sha256)."""
-    import hashlib
-
-    import numpy as np
-
-    return hashlib.sha256(np.asarray(ids, dtype="<i4").tobytes()).hexdigest()
-
-
 def contract_table(rows: Sequence[Mapping[str, Any]], lacks: Mapping[str, str], framework: str = "") -> pa.Table:
     """Contract 1.1 trajectories from rows, naming in the file metadata (`rollout_log.not_recorded`)
     every column or turn field of `lacks` the rows do not have, with the framework's reason."""

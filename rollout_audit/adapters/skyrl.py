@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..contract.schema import STOP_FLAGS
 from .base import (
     AdapterError,
     aligned,
@@ -38,7 +39,6 @@ STOPS = {
     "length": ("truncated", "max_tokens"),  # the engine's token limit, or the context budget exceeded
     "abort": ("infra_error", "engine_error"),  # the engine aborted the request
 }
-FLAGS = ("terminated", "truncated", "infra_error")
 
 LACKS = {
     **lacks("SkyRL"),
@@ -104,7 +104,7 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
         if stop not in STOPS:
             raise AdapterError(f"{where}: stop_reasons {stop!r} is not one SkyRL writes ({', '.join(STOPS)})")
         flag, out["stop_reason"] = STOPS[stop]
-        out.update({f: f == flag for f in FLAGS})
+        out.update({f: f == flag for f in STOP_FLAGS})
     return with_context(out, ctx)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..contract.schema import STOP_FLAGS
 from .base import (
     AdapterError,
     aligned,
@@ -39,7 +40,6 @@ STATUS = {
     "aborted": ("infra_error", "engine_error"),  # the engine aborted the request
     "failed": ("infra_error", "tool_error"),  # slime: tool call failure, external API or parsing error
 }
-FLAGS = ("terminated", "truncated", "infra_error")
 
 LACKS = {
     **lacks("slime"),
@@ -100,7 +100,7 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
         "group_id": str(rec["group_index"]),
         **token_columns(tokens[:n_prompt], tokens[n_prompt:], mask, mask, [a for a, _ in turns]),
         "turns": [{"turn_id": t} for t in range(len(turns))],
-        **{f: f == flag for f in FLAGS},
+        **{f: f == flag for f in STOP_FLAGS},
         "stop_reason": stop,
         "reward": _reward(need(rec, "reward", where), where, ctx.get("reward_key")),
     }

@@ -11,10 +11,9 @@ from typing import Any
 import pyarrow as pa
 
 from ..contract import schema as S
-from .base import AdapterError, sha256_ids
+from .base import AdapterError
 
 FINISH_REASONS = frozenset(S.contract()["finish_reasons"])
-FLAGS = ("terminated", "truncated", "infra_error")
 IDENTITY = ("environment_id", "environment_version", "verifier_version", "reset_seed", "tokenizer_id")
 _TYPES: dict[str, type] = {
     "reset_seed": int,
@@ -137,7 +136,7 @@ def engine_context(ids: Sequence[int] | None) -> dict[str, Any]:
     """Turn fields describing the context the engine was given (empty when not recorded)."""
     if ids is None:
         return {}
-    return {"context_length": len(ids), "context_sha256": sha256_ids(ids)}
+    return {"context_length": len(ids), "context_sha256": S.context_sha256(ids)}
 
 
 def finish_reason(value: Any) -> str | None:
@@ -163,7 +162,7 @@ def identity(context: Mapping[str, Any]) -> dict[str, Any]:
 
 def stop_columns(flag: str | None, stop_reason: str) -> dict[str, Any]:
     """The three stop flags (only `flag` true; none when the framework did not say) and stop_reason."""
-    return {f: f == flag for f in FLAGS} | {"stop_reason": stop_reason}
+    return {f: f == flag for f in S.STOP_FLAGS} | {"stop_reason": stop_reason}
 
 
 def identity_lacks(framework: str, what: Mapping[str, str]) -> dict[str, str]:

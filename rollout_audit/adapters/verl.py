@@ -21,6 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..contract.schema import context_sha256
 from .base import (
     AdapterError,
     aligned,
@@ -33,7 +34,6 @@ from .base import (
     need,
     rows_of,
     runs,
-    sha256_ids,
     token_columns,
     with_context,
 )
@@ -125,12 +125,12 @@ def _engine_turns(
         turn = {
             "turn_id": t,
             "context_length": len(ctx),
-            "context_sha256": sha256_ids(ctx),
+            "context_sha256": context_sha256(ctx),
             "sampled_token_ids": kept,
         }
         if call.get("template_ids") is not None:
             tmpl = ints(call, "template_ids", w)
-            turn.update(template_context_length=len(tmpl), template_context_sha256=sha256_ids(tmpl))
+            turn.update(template_context_length=len(tmpl), template_context_sha256=context_sha256(tmpl))
         stop = call.get("stop_reason")
         if stop is not None and not isinstance(stop, str):
             raise AdapterError(f"{w}: stop_reason must be a string")

@@ -28,6 +28,7 @@ def _with(t: pl.DataFrame, names, dtype=pl.String) -> pl.DataFrame:
     scope="log",
     requires=("trajectory_id",),
     optional=("environment_version", "verifier_version", "reset_seed", "initial_state_id"),
+    nulls=(*VERSIONS, "reset_seed"),
 )
 def identity_missing(log, cfg) -> pl.DataFrame | None:
     """An episode does not record its environment_version, its verifier_version, or how its
@@ -37,8 +38,8 @@ def identity_missing(log, cfg) -> pl.DataFrame | None:
     instantiated and what state it started from, and record the image, data, rules, tools and
     verifier it ran with. Without them a reward cannot be reproduced, two runs cannot be
     compared, and a verifier change looks like learning. Empty or blank strings count as
-    missing. S001 also reports null values of the two required version columns; this check
-    adds blank values and the reset seed (which may be null only when initial_state_id is set).
+    missing; S001 leaves the nulls of these columns to this check. The reset seed may be null
+    only when initial_state_id is set.
     A column absent from the whole log gives one finding per file. Fix the collector to record
     the environment image/data version, the verifier version and the reset seed (or the
     initial-state id) of every episode.
@@ -79,6 +80,7 @@ def identity_missing(log, cfg) -> pl.DataFrame | None:
     scope="log",
     requires=("trajectory_id", "initial_state_checksum", "environment_id", "environment_version", "reset_seed"),
     optional=("initial_state_id",),
+    partition=RESET_KEY,
 )
 def reset_not_reproducible(log, cfg) -> pl.DataFrame | None:
     """Episodes with the same (environment_id, environment_version, reset_seed) record

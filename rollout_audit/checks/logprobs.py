@@ -94,8 +94,6 @@ def turn_logprob_sum(b: BatchView, cfg) -> pl.DataFrame | None:
         & pl.col("logprob").is_not_null()
         & ~(d <= tol).fill_null(False)
     )
-    if bad.is_empty():
-        return None
     return bad.select(
         "trajectory_id",
         pl.col("_t").alias("turn"),

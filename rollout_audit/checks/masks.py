@@ -120,8 +120,6 @@ def trainable_count(b: BatchView, cfg) -> pl.DataFrame | None:
         & pl.col("num_trainable_tokens").is_not_null()
         & (pl.col("num_trainable_tokens").cast(pl.Int64) != pl.col("n_trainable"))
     )
-    if bad.is_empty():
-        return None
     return bad.select(
         "trajectory_id",
         pl.format(
@@ -154,8 +152,6 @@ def policy_token_count(b: BatchView, cfg) -> pl.DataFrame | None:
         & pl.col("num_policy_tokens").is_not_null()
         & (pl.col("num_policy_tokens").cast(pl.Int64) != pl.col("rc_n_policy"))
     )
-    if bad.is_empty():
-        return None
     return bad.select(
         "trajectory_id",
         pl.col("_t").alias("turn"),
@@ -438,8 +434,6 @@ def template_context(b: BatchView, cfg) -> pl.DataFrame | None:
     todo = _prefix_order(np.flatnonzero(same & tr["sha"].is_not_null().to_numpy()), rows, pos)
     sha_bad = _differs(tr["sha"], todo, b.tokens.prefix_digests(rows[todo], pos[todo]))
     bad = tr.filter(pl.Series(~same | sha_bad))
-    if bad.is_empty():
-        return None
     return bad.select(
         "trajectory_id",
         pl.col("_t").alias("turn"),

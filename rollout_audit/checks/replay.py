@@ -55,8 +55,6 @@ def _replayed(log: LogView, cfg) -> pl.DataFrame:
 
 def _located(bad: pl.DataFrame, message: pl.Expr) -> pl.DataFrame | None:
     """One finding per offending policy version, located at its first offending token."""
-    if bad.is_empty():
-        return None
     return bad.sort("policy_version").select("file", "trajectory_id", "turn", "position", message.alias("message"))
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from ..contract import schema as S
 from ..contract.registry import NotRun, rule
 from ..frames.views import BatchView
 from .common import rounded
@@ -126,8 +127,6 @@ def shaping_form(b: BatchView, cfg) -> pl.DataFrame | None:
     df = _turns(b, "shaping", "potential_before", "potential_after")
     exp = _G * pl.col("potential_after") - pl.col("potential_before")
     bad = df.filter(_off(pl.col("shaping"), exp, cfg))
-    if bad.is_empty():
-        return None
     return bad.rechunk().select(
         "trajectory_id",
         pl.col("_t").alias("turn"),
@@ -165,8 +164,6 @@ def potential_chain(b: BatchView, cfg) -> pl.DataFrame | None:
         pl.col("potential_after").shift(1).alias("_prev_after")
     )
     bad = df.filter((pl.col("_t") > 0) & _off(pl.col("potential_before"), pl.col("_prev_after"), cfg))
-    if bad.is_empty():
-        return None
     return bad.rechunk().select(
         "trajectory_id",
         pl.col("_t").alias("turn"),
@@ -209,8 +206,6 @@ def shaping_telescope(b: BatchView, cfg) -> pl.DataFrame | None:
         pl.sum_horizontal(pl.col("shaping", "potential_before", "potential_after").null_count()).alias("_nulls"),
     )
     bad = agg.filter((pl.col("_nulls") == 0) & _off(pl.col("_found"), pl.col("_exp"), cfg))
-    if bad.is_empty():
-        return None
     return bad.rechunk().select(
         "trajectory_id",
         pl.format(
@@ -243,8 +238,6 @@ def terminal_potential(b: BatchView, cfg) -> pl.DataFrame | None:
     last = _turns(b, "potential_after").filter(pl.col("_t") == pl.col("_T") - 1)
     term = b.traj.filter(pl.col("terminated").fill_null(False)).select("_row")
     bad = last.join(term, on="_row", how="semi").filter(_off(pl.col("potential_after"), pl.lit(0.0), cfg))
-    if bad.is_empty():
-        return None
     return bad.rechunk().select(
         "trajectory_id",
         pl.col("_t").alias("turn"),
@@ -355,8 +348,6 @@ def discounted_return(b: BatchView, cfg) -> pl.DataFrame | None:
         .with_columns(pl.col("_ret").fill_null(0.0), pl.col("_nulls").fill_null(0))
     )
     bad = t.filter((pl.col("_nulls") == 0) & _off(pl.col("discounted_return"), pl.col("_ret"), cfg))
-    if bad.is_empty():
-        return None
     return bad.rechunk().select(
         "trajectory_id",
         pl.format(
@@ -367,11 +358,22 @@ def discounted_return(b: BatchView, cfg) -> pl.DataFrame | None:
     )
 
 
+def paid_once(cfg, meta, configured: frozenset[str]) -> dict:
+    """R408's configuration from a file's metadata: the reward components its producer declares
+    paid at most once join `first_visit_components`, unless the user's configuration sets it."""
+    if "first_visit_components" in configured:
+        return {}
+    have = list(cfg.first_visit_components)
+    once = sorted(k for k, v in S.reward_components(meta).items() if v in S.PAID_ONCE and k not in have)
+    return {"first_visit_components": have + once} if once else {}
+
+
 @rule(
     "R408",
     "first-visit reward component paid more than once",
     requires=("turns.reward_components",),
     config=("first_visit_components",),
+    declare=paid_once,
 )
 def first_visit(b: BatchView, cfg) -> pl.DataFrame | None:
     """A reward component configured as first-visit is non-zero on more than one turn of an
@@ -413,8 +415,6 @@ def first_visit(b: BatchView, cfg) -> pl.DataFrame | None:
         )
         .filter(pl.col("_n") > 1)
     )
-    if rep.is_empty():
-        return None
     return rep.rechunk().select(
         "trajectory_id",
         "turn",
@@ -459,8 +459,6 @@ def action_loop(b: BatchView, cfg) -> pl.DataFrame | None:
         )
         .filter(pl.col("_n") >= k)
     )
-    if runs.is_empty():
-        return None
     return runs.rechunk().select(
         "trajectory_id",
         "turn",
@@ -499,8 +497,6 @@ def reward_vs_verifier(log, cfg) -> pl.DataFrame | None:
     if cfg.reward_rule == "binary":
         exp = pl.when(ok).then(1.0).otherwise(0.0)
         bad = t.filter(_off(pl.col("reward"), exp, cfg))
-        if bad.is_empty():
-            return None
         return bad.rechunk().select(
             "trajectory_id",
             "file",

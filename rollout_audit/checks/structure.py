@@ -6,37 +6,24 @@ import numpy as np
 import polars as pl
 
 from ..contract import schema as S
-from ..contract.registry import rule
+from ..contract.registry import RULES, rule
 from ..frames.batch import TOKEN_LISTS
 from ..frames.views import BatchView
 
-# nulls in these required columns mean something specific and have their own check
-_NULL_HAS_OWN_CHECK = {
-    "reward": "excluded episode",
-    "reset_seed": "E801",
-    "environment_version": "E801",
-    "verifier_version": "E801",
-}
+# a null reward is the contract's mark of an excluded episode (docs/contract.md, stop causes)
+_NULL_ALLOWED = ("reward",)
+
+
+def _null_reported_elsewhere() -> set[str]:
+    """Required columns whose nulls S001 leaves to a check that declares them (`nulls=`)."""
+    return {*_NULL_ALLOWED, *(c for r in RULES.values() for c in r.nulls)}
 
 
 # S001 reads every required column (nulls) and every column and turn field with a value domain
-_TRAJ_DOMAIN_COLS = ("gamma", "discounted_return", "final_value", "wall_clock_s", "num_trainable_tokens")
-_TURN_DOMAIN_FIELDS = (
-    "turn_id",
-    "policy_version",
-    "temperature",
-    "top_p",
-    "num_policy_tokens",
-    "context_length",
-    "logprob",
-    "reward",
-    "shaping",
-    "value",
-    "td_residual",
-    "potential_before",
-    "potential_after",
+# (`domain` in schemas/rollout_log_v1.json)
+REQUIRED_AND_DOMAIN = tuple(
+    dict.fromkeys((*S.required("trajectories"), *S.domains("trajectories"), *(f"turns.{f}" for f in S.domains("turn"))))
 )
-REQUIRED_AND_DOMAIN = (*S.required("trajectories"), *_TRAJ_DOMAIN_COLS, *(f"turns.{f}" for f in _TURN_DOMAIN_FIELDS))
 
 
 @rule("S001", "column missing, of the wrong type, or out of its domain", optional=REQUIRED_AND_DOMAIN)
@@ -52,8 +39,9 @@ def required_columns(b: BatchView, cfg) -> pl.DataFrame | None:
     that it writes the contract's types, e.g. with `rollout_audit.RolloutWriter`.
     """
     rows = [{"message": f"{c}: {p}"} for c, p in b.schema_problems]
+    elsewhere = _null_reported_elsewhere()
     for name in S.required("trajectories"):
-        if name in b.columns and name not in _NULL_HAS_OWN_CHECK:
+        if name in b.columns and name not in elsewhere:
             nulls = b.col(name).null_count
             if nulls:
                 mask = b.col(name).is_null().to_numpy(zero_copy_only=False)
@@ -64,36 +52,22 @@ def required_columns(b: BatchView, cfg) -> pl.DataFrame | None:
     return pl.concat(out, how="diagonal_relaxed") if out else None
 
 
-# Value domains of the pandera models in `rollout_audit.contract.models` (TrajectoryFrame, TurnFrame),
-# as one polars predicate per column: (lower bound, lower inclusive, upper bound, finite). A
-# value outside them makes the batch "suspect" and only then is pandera run, for the exact
-# failure cases; on a clean batch S001 costs one polars select instead of a pandera pass.
-# The predicates may flag more than pandera does (never less): pandera has the last word.
-_TRAJ_DOMAIN = {
-    "reward": (None, True, None, True),
-    "gamma": (0.0, False, 1.0, True),
-    "discounted_return": (None, True, None, True),
-    "final_value": (None, True, None, True),
-    "wall_clock_s": (0.0, True, None, True),
-    "num_trainable_tokens": (0, True, None, False),
-    "n_tokens": (0, True, None, False),
-    "n_src_invalid": (0, True, 0, False),
-}
-_TURN_DOMAIN = {
-    "turn_id": (0, True, None, False),
-    "policy_version": (0, True, None, False),
-    "temperature": (0.0, True, None, True),
-    "top_p": (0.0, False, 1.0, True),
-    "num_policy_tokens": (0, True, None, False),
-    "context_length": (0, True, None, False),
-    "logprob": (None, True, None, True),
-    "reward": (None, True, None, True),
-    "shaping": (None, True, None, True),
-    "value": (None, True, None, True),
-    "td_residual": (None, True, None, True),
-    "potential_before": (None, True, None, True),
-    "potential_after": (None, True, None, True),
-}
+# The value domains of the pandera schemas (`rollout_audit.contract.models`: TrajectoryFrame,
+# TurnFrame), as one polars predicate per column. A value outside them makes the batch "suspect"
+# and only then is pandera run, for the exact failure cases; on a clean batch S001 costs one
+# polars select instead of a pandera pass. Both read the same domains, so the predicate flags
+# exactly what pandera would (pandera has the last word on the message).
+def _predicates(domains: dict[str, dict]) -> dict[str, tuple]:
+    """Per column: (lower bound, lower inclusive, upper bound, finite)."""
+    out = {}
+    for name, d in domains.items():
+        lo = d.get("ge", d.get("gt", d.get("eq")))
+        out[name] = (lo, "gt" not in d, d.get("le", d.get("eq")), bool(d.get("finite")))
+    return out
+
+
+_TRAJ_DOMAIN = _predicates({**S.domains("trajectories"), **S.RECOMPUTED_DOMAINS})
+_TURN_DOMAIN = _predicates(S.domains("turn"))
 
 
 def _suspect(df: pl.DataFrame, domain: dict) -> bool:
@@ -127,7 +101,7 @@ def _domain(b: BatchView) -> list[pl.DataFrame]:
     out = []
     traj = b.traj
     if _suspect(traj, _TRAJ_DOMAIN):
-        from ..contract.models import TrajectoryFrame, domain_problems
+        from ..contract.models import TrajectoryFrame, domain_problems  # pandera: imported when needed
 
         bad = domain_problems(TrajectoryFrame, traj.drop("trajectory_id"))
         bad = bad.with_columns(
@@ -166,7 +140,7 @@ def _domain(b: BatchView) -> list[pl.DataFrame]:
     return out
 
 
-@rule("S002", "duplicate trajectory_id", scope="log", requires=("trajectory_id",))
+@rule("S002", "duplicate trajectory_id", scope="log", requires=("trajectory_id",), partition=("trajectory_id",))
 def duplicate_ids(log, cfg) -> pl.DataFrame | None:
     """The same trajectory_id appears on more than one row.
 
@@ -180,8 +154,6 @@ def duplicate_ids(log, cfg) -> pl.DataFrame | None:
         .agg(pl.len().alias("n"), pl.col("file").cast(pl.String).unique().sort().alias("files"), pl.col("file").first())
         .filter(pl.col("n") > 1)
     )
-    if dup.is_empty():
-        return None
     return dup.select(
         "trajectory_id",
         "file",

@@ -10,23 +10,22 @@ from ..contract.registry import NotRun, rule
 from ..frames.views import BatchView
 from .common import rounded
 
-FLAGS = ("terminated", "truncated", "infra_error")
 LAUNDERED = ("length", "abort")  # engine finish reasons that mean "cut off", not "done"
 
 
 def _flag_text() -> pl.Expr:
     """`terminated=true, truncated=false, infra_error=null` for a message."""
     return pl.concat_str(
-        [pl.format(f"{f}={{}}", pl.col(f).cast(pl.String).str.to_lowercase().fill_null("null")) for f in FLAGS],
+        [pl.format(f"{f}={{}}", pl.col(f).cast(pl.String).str.to_lowercase().fill_null("null")) for f in S.STOP_FLAGS],
         separator=", ",
     )
 
 
 def _n_true() -> pl.Expr:
-    return pl.sum_horizontal([pl.col(f).fill_null(False).cast(pl.Int8) for f in FLAGS])
+    return pl.sum_horizontal([pl.col(f).fill_null(False).cast(pl.Int8) for f in S.STOP_FLAGS])
 
 
-@rule("T301", "not exactly one of terminated / truncated / infra_error", requires=FLAGS)
+@rule("T301", "not exactly one of terminated / truncated / infra_error", requires=S.STOP_FLAGS)
 def one_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     """Exactly one of `terminated`, `truncated` and `infra_error` must be true (a null
     flag counts as not set).
@@ -38,8 +37,6 @@ def one_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     Set exactly one flag per episode, from the same place that sets stop_reason.
     """
     bad = b.traj.filter(_n_true() != 1)
-    if bad.is_empty():
-        return None
     return bad.rechunk().select(
         "trajectory_id",
         pl.format(
@@ -49,7 +46,10 @@ def one_flag(b: BatchView, cfg) -> pl.DataFrame | None:
 
 
 @rule(
-    "T302", "stop_reason inconsistent with the flag", requires=(*FLAGS, "stop_reason"), config=("extra_stop_reasons",)
+    "T302",
+    "stop_reason inconsistent with the flag",
+    requires=(*S.STOP_FLAGS, "stop_reason"),
+    config=("extra_stop_reasons",),
 )
 def stop_reason_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     """stop_reason is unknown, or names a cause of another flag than the one that is true.
@@ -66,8 +66,8 @@ def stop_reason_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     """
     table = {**S.stop_reasons(), **cfg.extra_stop_reasons}
     known = pl.DataFrame({"stop_reason": list(table), "_expected_flag": list(table.values())})
-    t = b.traj.select("trajectory_id", "stop_reason", *FLAGS).join(known, on="stop_reason", how="left")
-    true_flag = pl.coalesce([pl.when(pl.col(f).fill_null(False)).then(pl.lit(f)) for f in FLAGS])
+    t = b.traj.select("trajectory_id", "stop_reason", *S.STOP_FLAGS).join(known, on="stop_reason", how="left")
+    true_flag = pl.coalesce([pl.when(pl.col(f).fill_null(False)).then(pl.lit(f)) for f in S.STOP_FLAGS])
     unknown = pl.col("stop_reason").is_not_null() & pl.col("_expected_flag").is_null()
     wrong = (_n_true() == 1) & pl.col("_expected_flag").is_not_null() & (pl.col("_expected_flag") != true_flag)
     bad = t.filter(unknown | wrong)
@@ -172,8 +172,6 @@ def truncated_reward(b: BatchView, cfg) -> pl.DataFrame | None:
             pl.col("stop_reason").fill_null("null"),
             rounded(pl.col("reward")),
         )
-    if t.is_empty():
-        return None
     return t.rechunk().select("trajectory_id", msg.alias("message"))
 
 
@@ -203,8 +201,6 @@ def laundered_truncation(b: BatchView, cfg) -> pl.DataFrame | None:
     reason = pl.col("stop_reason") if "stop_reason" in b.traj.columns else pl.lit(None, pl.String).alias("stop_reason")
     term = b.traj.filter(pl.col("terminated").fill_null(False)).select("_row", reason)
     bad = last.join(term, on="_row", how="inner")
-    if bad.is_empty():
-        return None
     return bad.rechunk().select(
         "trajectory_id",
         pl.col("_t").alias("turn"),
@@ -250,8 +246,6 @@ def budget_filled_not_truncated(b: BatchView, cfg) -> pl.DataFrame | None:
         pl.Series("n_resp", n[b.traj["_row"].to_numpy()])
     )
     bad = full.filter(pl.col("terminated").fill_null(False) & (pl.col("n_resp") >= limit))
-    if bad.is_empty():
-        return None
     return bad.select(
         "trajectory_id",
         pl.format(

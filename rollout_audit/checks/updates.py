@@ -8,40 +8,57 @@ per-trajectory summary of the log. Group statistics are polars `over()` windows 
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from ..contract.registry import rule
+from ..frames.batch import derived
 from .common import num
 
 REDUCTIONS = ("token", "token_window", "turn", "trajectory", "seq_mean_token_sum", "seq_mean_token_mean", "constant")
 PER_SEQUENCE = ("trajectory", "seq_mean_token_sum", "seq_mean_token_mean")  # D = s * B
 ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "reinforce")
-# What the shared per-member frame (`members`) reads: every update check declares all of it,
-# so the frame is the same whichever check builds it first.
-MEMBER_INPUTS = (
-    "trajectory_id",
-    "task_id",
-    "group_id",
-    "reward",
-    "truncated",
-    "infra_error",
-    "stop_reason",
+# What each check reads through the shared frames (`members`, `_per_update`, `_group_stats`):
+# a frame is built from the inputs of the check that asks for it (absent ones are null), and
+# cached per set of declared inputs, so checks that declare the same set share one build.
+_MEMBERSHIP = ("trajectory_id", "updates.update_step", "updates.trajectory_ids")
+DENOMINATOR_INPUTS = (
+    *_MEMBERSHIP,
     "n_trainable",
     "n_tokens",
     "n_policy",
     "n_turns_trainable",
-    "ok",
     "n_turns",
-    "updates.update_step",
-    "updates.trajectory_ids",
-    "updates.advantages",
-    "updates.advantage_estimator",
+    "ok",
     "updates.reduction",
     "updates.loss_denominator",
     "updates.denominator_scale",
     "updates.window_trajectory_ids",
     "updates.window_tokens",
 )
+ADVANTAGE_INPUTS = (
+    *_MEMBERSHIP,
+    "task_id",
+    "group_id",
+    "reward",
+    "updates.advantages",
+    "updates.advantage_estimator",
+    "updates.window_trajectory_ids",
+)
+EXCLUSION_INPUTS = (*_MEMBERSHIP, "reward", "truncated", "infra_error", "stop_reason")
+
+
+@derived("n_turns_trainable", ("turns", "loss_mask", "token_turn"))
+def turns_trainable(b, t) -> pl.Series | None:
+    """Per trajectory: its turns holding at least one trainable token (the count a turn-level
+    reduction divides by)."""
+    if not {"loss_mask", "token_turn"} <= t.lists:
+        return None
+    rc = next((s for s in t.turn_values if s.name == "rc_n_trainable"), None)
+    if rc is None:
+        return None
+    trainable = (rc > 0).fill_null(False).to_numpy()
+    return pl.Series(np.bincount(b.turn_parent, weights=trainable, minlength=b.n).astype(np.int64))
 
 
 def _step() -> pl.Expr:
@@ -49,9 +66,13 @@ def _step() -> pl.Expr:
 
 
 def _updates(log) -> pl.DataFrame:
-    """The update records with a stable index `_u` and every optional column present."""
+    """The update records with a stable index `_u` and every column the update checks read
+    (null where the log lacks it or the asking check did not declare it)."""
     u = log.updates.with_row_index("_u").with_columns(pl.col("_u").cast(pl.Int64))
     for name, dt in (
+        ("update_step", pl.Int64),
+        ("reduction", pl.String),
+        ("loss_denominator", pl.Float64),
         ("advantages", pl.List(pl.Float64)),
         ("advantage_estimator", pl.String),
         ("file", pl.String),
@@ -200,7 +221,7 @@ def _differs(found: pl.Expr, expected: pl.Expr, cfg) -> pl.Expr:
     "loss_denominator differs from the recomputed one",
     scope="log",
     requires=("updates", "trajectory_id"),
-    optional=MEMBER_INPUTS,
+    optional=DENOMINATOR_INPUTS,
     config=("atol", "rtol"),
 )
 def denominator(log, cfg) -> pl.DataFrame | None:
@@ -324,7 +345,7 @@ def denominator(log, cfg) -> pl.DataFrame | None:
     "loss_denominator counts tokens the policy did not sample",
     scope="log",
     requires=("updates", "trajectory_id"),
-    optional=MEMBER_INPUTS,
+    optional=DENOMINATOR_INPUTS,
     config=("atol", "rtol"),
 )
 def diluted_denominator(log, cfg) -> pl.DataFrame | None:
@@ -424,7 +445,7 @@ def _group_stats(log, m: pl.DataFrame) -> pl.DataFrame:
     "advantages differ from the recomputed ones",
     scope="log",
     requires=("updates.advantages", "updates.advantage_estimator", "trajectory_id", "task_id", "reward"),
-    optional=MEMBER_INPUTS,
+    optional=ADVANTAGE_INPUTS,
     config=("atol", "rtol", "grpo_epsilon"),
 )
 def advantages(log, cfg) -> pl.DataFrame | None:
@@ -527,7 +548,7 @@ def advantages(log, cfg) -> pl.DataFrame | None:
     "degenerate group carries non-zero advantages",
     scope="log",
     requires=("updates.advantages", "trajectory_id", "task_id", "reward"),
-    optional=MEMBER_INPUTS,
+    optional=ADVANTAGE_INPUTS,
     config=("atol",),
 )
 def degenerate_advantages(log, cfg) -> pl.DataFrame | None:
@@ -553,8 +574,6 @@ def degenerate_advantages(log, cfg) -> pl.DataFrame | None:
         & pl.col("adv").is_not_null()
         & ~(pl.col("adv").abs() <= cfg.atol).fill_null(False)
     )
-    if bad.is_empty():
-        return None
     return bad.select(
         "file",
         "trajectory_id",
@@ -572,7 +591,7 @@ def degenerate_advantages(log, cfg) -> pl.DataFrame | None:
 # ------------------------------------------------------------------ U605, U606: batch membership
 
 
-@rule("U605", "update names a trajectory not in the log", scope="log", requires=("updates",), optional=MEMBER_INPUTS)
+@rule("U605", "update names a trajectory not in the log", scope="log", requires=("updates",), optional=_MEMBERSHIP)
 def unknown_member(log, cfg) -> pl.DataFrame | None:
     """An update's trajectory_ids names a trajectory that is not in the log (or a null id).
 
@@ -624,7 +643,7 @@ def _lost_to_broken(lost: pl.DataFrame, broken: list[tuple[str, str]]) -> pl.Dat
     "excluded trajectory used in an update",
     scope="log",
     requires=("updates", "trajectory_id", "reward", "truncated", "infra_error"),
-    optional=MEMBER_INPUTS,
+    optional=EXCLUSION_INPUTS,
     config=("truncation",),
 )
 def excluded_member(log, cfg) -> pl.DataFrame | None:

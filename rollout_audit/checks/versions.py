@@ -39,8 +39,6 @@ def version_missing(b: BatchView, cfg) -> pl.DataFrame | None:
         .agg(pl.col("trajectory_id").first(), pl.len().alias("T"), pl.col("_t").filter(miss).alias("tm"))
         .filter(pl.col("tm").list.len() > 0)
     )
-    if per.is_empty():
-        return None
     return per.select(
         "trajectory_id",
         pl.col("tm").list.first().alias("turn"),
@@ -72,8 +70,6 @@ def version_decreasing(b: BatchView, cfg) -> pl.DataFrame | None:
     start = pl.lit(np.iinfo(np.int64).min, pl.Int64)
     prev = pl.when(pl.col("_t") == 0).then(start).otherwise(pl.col("policy_version").shift(1)).forward_fill()
     bad = tr.with_columns(prev.alias("prev")).filter(pl.col("policy_version") < pl.col("prev"))
-    if bad.is_empty():
-        return None
     return bad.select(
         "trajectory_id",
         pl.col("_t").alias("turn"),

@@ -33,7 +33,7 @@ class Config(BaseModel):
     rtol: float = Field(1e-5, ge=0)
     logprob_atol: float = Field(1e-3, ge=0, description="L202: float32 token log-probs summed in float64")
     truncation: Literal["exclude", "bootstrap", "penalize"] = "exclude"
-    extra_stop_reasons: dict[str, Literal["terminated", "truncated", "infra_error"]] = Field(default_factory=dict)
+    extra_stop_reasons: dict[str, str] = Field(default_factory=dict, description="stop_reason -> its stop flag")
     first_visit_components: list[str] = Field(default_factory=list)
     loop_length: int = Field(4, ge=2)
     max_response_tokens: int | None = Field(
@@ -75,6 +75,16 @@ class Config(BaseModel):
     def _int_is_a_float(cls, v: Any) -> Any:
         """TOML writes `atol = 0` as an integer: accept integers for floats, nothing else."""
         return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    @field_validator("extra_stop_reasons")
+    @classmethod
+    def _a_stop_flag(cls, v: dict[str, str]) -> dict[str, str]:
+        from .schema import STOP_FLAGS
+
+        bad = sorted(f for f in v.values() if f not in STOP_FLAGS)
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a stop flag ({', '.join(STOP_FLAGS)})")
+        return v
 
     @field_validator("difficulty_band", mode="before")
     @classmethod

@@ -1,4 +1,5 @@
-"""pandera models of the per-trajectory and per-turn frames the audit works on.
+"""pandera schemas of the per-trajectory and per-turn frames the audit works on, built from the
+value domains of `schemas/rollout_log_v1.json` (a column's `domain`).
 
 They are importable so a pipeline can validate its own frames (`TrajectoryFrame.validate(df,
 lazy=True)`); the audit validates each batch's per-trajectory frame with them (S001: values
@@ -8,8 +9,13 @@ LazyFrame checks the schema only and silently skips data checks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pandera.polars as pa
 import polars as pl
+
+from . import schema as S
 
 
 def _finite_or_null(data: pa.PolarsData) -> pl.LazyFrame:
@@ -17,62 +23,47 @@ def _finite_or_null(data: pa.PolarsData) -> pl.LazyFrame:
     return data.lazyframe.select(c.is_null() | c.is_finite())
 
 
-class TrajectoryFrame(pa.DataFrameModel):
-    """One row per trajectory: the scalar columns of the contract plus recomputed counts."""
-
-    trajectory_id: str | None = pa.Field(nullable=False)
-    reward: float | None = pa.Field(nullable=True)
-    gamma: float | None = pa.Field(nullable=True, gt=0.0, le=1.0)
-    discounted_return: float | None = pa.Field(nullable=True)
-    final_value: float | None = pa.Field(nullable=True)
-    wall_clock_s: float | None = pa.Field(nullable=True, ge=0.0)
-    num_trainable_tokens: int | None = pa.Field(nullable=True, ge=0)
-    n_tokens: int | None = pa.Field(nullable=True, ge=0)
-    n_src_invalid: int | None = pa.Field(nullable=True, eq=0)
-
-    @pa.check("reward", "discounted_return", "final_value", "gamma", name="finite")
-    def finite(cls, data: pa.PolarsData) -> pl.LazyFrame:
-        return _finite_or_null(data)
-
-    class Config:
-        strict = False
-        coerce = True
+_CHECKS: dict[str, Callable[[Any], pa.Check]] = {
+    "ge": pa.Check.ge,
+    "gt": pa.Check.gt,
+    "le": pa.Check.le,
+    "eq": pa.Check.eq,
+}
 
 
-class TurnFrame(pa.DataFrameModel):
-    """One row per turn: the turn struct's fields plus recomputed per-turn values."""
-
-    trajectory_id: str | None = pa.Field(nullable=True)
-    turn_id: int | None = pa.Field(nullable=True, ge=0)
-    policy_version: int | None = pa.Field(nullable=True, ge=0)
-    temperature: float | None = pa.Field(nullable=True, ge=0.0)
-    top_p: float | None = pa.Field(nullable=True, gt=0.0, le=1.0)
-    num_policy_tokens: int | None = pa.Field(nullable=True, ge=0)
-    context_length: int | None = pa.Field(nullable=True, ge=0)
-    logprob: float | None = pa.Field(nullable=True)
-    reward: float | None = pa.Field(nullable=True)
-    shaping: float | None = pa.Field(nullable=True)
-    value: float | None = pa.Field(nullable=True)
-    td_residual: float | None = pa.Field(nullable=True)
-    potential_before: float | None = pa.Field(nullable=True)
-    potential_after: float | None = pa.Field(nullable=True)
-
-    @pa.check(
-        "reward", "shaping", "value", "td_residual", "logprob", "potential_before", "potential_after", name="finite"
-    )
-    def finite(cls, data: pa.PolarsData) -> pl.LazyFrame:
-        return _finite_or_null(data)
-
-    class Config:
-        strict = False
-        coerce = True
+def _dtype(type_: str) -> type[pl.DataType]:
+    if type_.startswith("float"):
+        return pl.Float64
+    if type_.startswith(("int", "uint")):
+        return pl.Int64
+    return pl.String
 
 
-def domain_problems(model: type[pa.DataFrameModel], df: pl.DataFrame, limit: int = 200) -> pl.DataFrame:
+def frame_model(table: str, extra: dict[str, dict[str, Any]] | None = None) -> pa.DataFrameSchema:
+    """The pandera schema of one table's values: every column with a value domain in
+    `schemas/rollout_log_v1.json` (and the `extra` recomputed ones), nullable, coerced."""
+    types = {c.name: c.type for c in S.columns(table)}
+    doms = {**S.domains(table), **(extra or {})}
+    cols = {}
+    for name, bounds in doms.items():
+        checks = [_CHECKS[k](v) for k, v in bounds.items() if k in _CHECKS]
+        if bounds.get("finite"):
+            checks.append(pa.Check(_finite_or_null, name="finite"))
+        cols[name] = pa.Column(
+            _dtype(types.get(name, "int64")), checks=checks, nullable=True, coerce=True, required=False
+        )
+    return pa.DataFrameSchema(cols, strict=False, coerce=True, name=f"{table} values")
+
+
+TrajectoryFrame = frame_model("trajectories", S.RECOMPUTED_DOMAINS)  # one row per trajectory
+TurnFrame = frame_model("turn")  # one row per turn (the turn struct's fields)
+
+
+def domain_problems(model: pa.DataFrameSchema, df: pl.DataFrame, limit: int = 200) -> pl.DataFrame:
     """Rows of `df` that break `model`, as (row index, column, check, failure value)."""
     import pandera.errors as pe
 
-    cols = [c for c in model.to_schema().columns if c in df.columns]
+    cols = [c for c in model.columns if c in df.columns]
     if not cols:
         return pl.DataFrame(schema={"index": pl.Int64, "column": pl.String, "check": pl.String, "value": pl.String})
     try:

@@ -7,12 +7,18 @@ declarations alone:
 
 - `requires`: inputs that must be present, else the check is listed as not run with the reason;
 - `optional`: inputs read when present;
-- `config`: configuration keys read.
+- `config`: configuration keys read;
+- `partition`: for a log check whose findings on a log are the union of its findings on the
+  partitions of the log by these columns (the distributed engine runs it one task per partition);
+- `nulls`: required columns whose null values this check reports (S001 leaves them to it);
+- `declare`: a hook that derives configuration from a file's metadata (`Declare`), called by
+  the runner for every file it reads.
 
 Input names: `col` (trajectory column), `turns.field` (turn struct field), `updates` /
 `updates.col` (update records), and for log checks the derived per-trajectory values of the
-summary (`n_trainable`, `pv_min`, ...: see `frames.SUMMARY_INPUTS`). A check is handed a view
-that holds only what it declared: reading anything else raises `UndeclaredInput`.
+summary (`n_trainable`, `pv_min`, ...: see `SUMMARY_INPUTS` in `rollout_audit/frames/batch.py`,
+and `derived` there for a value one family computes itself). A check is handed a view that
+holds only what it declared: reading anything else raises `UndeclaredInput`.
 """
 
 from __future__ import annotations
@@ -20,11 +26,16 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from .config import Config
 
 Severity = Literal["error", "warning", "info"]
 Scope = Literal["batch", "log"]
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+# (configuration so far, file metadata, keys the user's configuration set) -> configuration updates
+Declare = Callable[["Config", "dict[bytes, bytes] | None", frozenset[str]], dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,9 @@ class Rule:
     optional: tuple[str, ...]
     config: tuple[str, ...]
     func: Callable[..., Any]
+    partition: tuple[str, ...] = ()
+    nulls: tuple[str, ...] = ()
+    declare: Declare | None = None
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -96,19 +110,38 @@ def rule(
     optional: tuple[str, ...] = (),
     config: tuple[str, ...] = (),
     scope: Scope = "batch",
+    partition: tuple[str, ...] = (),
+    nulls: tuple[str, ...] = (),
+    declare: Declare | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a check function under `code`.
 
     A `batch` check gets a view of one row-group slice of trajectories and the config; a `log`
     check gets a view of the per-trajectory summary of the whole log and the update records.
     Both return a polars DataFrame with any of the columns trajectory_id, turn, position,
-    message (and file, for log checks), or None when nothing is wrong.
+    message (and file, for log checks), or None when nothing is wrong; an empty frame counts
+    as None. A batch may hold no rows (every row of a slice set aside by the reader), and the
+    check is still called: the slice's schema problems are S001's to report.
     """
+    if partition and scope != "log":
+        raise ValueError(f"{code}: partition= applies to log checks")
 
     def deco(func: Callable[..., Any]) -> Callable[..., Any]:
         if code in RULES:
             raise ValueError(f"check code {code} registered twice")
-        RULES[code] = Rule(code, name, severity, scope, tuple(requires), tuple(optional), tuple(config), func)
+        RULES[code] = Rule(
+            code,
+            name,
+            severity,
+            scope,
+            tuple(requires),
+            tuple(optional),
+            tuple(config),
+            func,
+            tuple(partition),
+            tuple(nulls),
+            declare,
+        )
         return func
 
     return deco

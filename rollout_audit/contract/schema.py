@@ -6,12 +6,15 @@ built from that file, so a collector in another language validates against the s
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 SCHEMA_VERSION = "1"  # what a writer records when the file uses no column added later
@@ -38,6 +41,11 @@ class Column:
     requirement: str  # R, C or O
     meaning: str
     since: str = "1"  # contract version that added the column
+    domain: tuple[tuple[str, Any], ...] = ()  # value domain: ("ge"|"gt"|"le", bound), ("finite", True)
+
+    @property
+    def bounds(self) -> dict[str, Any]:
+        return dict(self.domain)
 
     @property
     def arrow_type(self) -> pa.DataType:
@@ -59,9 +67,23 @@ def contract() -> dict:
     return json.loads(_contract_path().read_text())
 
 
+# the episode's stop flags (exactly one is true), in the contract's order
+STOP_FLAGS: tuple[str, ...] = tuple(contract()["stop_reasons"])
+
+
 def columns(table: str) -> tuple[Column, ...]:
     """Columns of `trajectories`, `turn` (the turn struct) or `updates`."""
-    return tuple(Column(**c) for c in contract()["tables"][table])
+    return tuple(Column(**{**c, "domain": tuple(c.get("domain", {}).items())}) for c in contract()["tables"][table])
+
+
+# per-trajectory counts the audit recomputes (not contract columns), with their value domains:
+# n_src_invalid counts token_source values outside the contract's 0..4
+RECOMPUTED_DOMAINS: dict[str, dict[str, Any]] = {"n_tokens": {"ge": 0}, "n_src_invalid": {"eq": 0}}
+
+
+def domains(table: str) -> dict[str, dict[str, Any]]:
+    """The value domain of each column (or turn field) of `table` that has one."""
+    return {c.name: c.bounds for c in columns(table) if c.domain}
 
 
 def column(table: str, name: str) -> Column:
@@ -151,6 +173,13 @@ def reward_components(meta: Mapping[bytes, bytes] | None) -> dict[str, str]:
     if not isinstance(d, dict):
         return {}
     return {k[:200]: v for k, v in d.items() if isinstance(k, str) and v in PAYMENTS}
+
+
+def context_sha256(token_ids: Sequence[int] | np.ndarray, length: int | None = None) -> str:
+    """The contract's context hash: hex SHA-256 of the first `length` token ids (all when None)
+    as little-endian int32 bytes (`context_sha256`, `template_context_sha256`)."""
+    ids = token_ids if length is None else token_ids[:length]
+    return hashlib.sha256(np.asarray(ids, dtype="<i4").tobytes()).hexdigest()
 
 
 def stop_reasons() -> dict[str, str]:

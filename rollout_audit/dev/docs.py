@@ -1,16 +1,9 @@
 """The reference pages in `docs/`, rendered from their sources of truth: the contract from
 `schemas/rollout_log_v1.json`, the check catalogue from the registered rules (docstrings and
-declarations). A test keeps the committed pages current.
-
-    python -m rollout_audit.dev.docs            # rewrite docs/contract.md and docs/checks.md
-    python -m rollout_audit.dev.docs --check    # exit 1 if they differ from what the code says
+declarations). `python -m rollout_audit.dev generate` writes them with every other derived file.
 """
 
 from __future__ import annotations
-
-import argparse
-import sys
-from pathlib import Path
 
 from ..contract import schema as S
 from ..contract.registry import FAMILIES, Rule, all_rules
@@ -26,7 +19,7 @@ def contract_markdown() -> str:
     out = [
         f"# The rollout log contract, v{doc['version']}",
         "",
-        "Rendered from `schemas/rollout_log_v1.json` by `python -m rollout_audit.dev.docs`; do not edit by hand.",
+        "Rendered from `schemas/rollout_log_v1.json` by `python -m rollout_audit.dev generate`; do not edit by hand.",
         "`rollout-audit schema` prints the same tables. Requirement levels:",
         "",
     ]
@@ -38,7 +31,10 @@ def contract_markdown() -> str:
     }
     for table, title in titles.items():
         out += ["", f"## {title}", "", "| column | type | level | meaning |", "|---|---|---|---|"]
-        out += [f"| `{c.name}` | `{c.type}` | {c.requirement} | {_cell(c.meaning)} |" for c in S.columns(table)]
+        out += [
+            f"| `{c.name}` | `{c.type}` | {c.requirement} | {_cell(c.meaning + _domain(c.bounds))} |"
+            for c in S.columns(table)
+        ]
     out += ["", "## Token sources", ""]
     out += [f"- `{k}`: {v}" for k, v in doc["token_source"].items()]
     out += ["", "## Stop reasons and the flag each one sets", ""]
@@ -49,6 +45,16 @@ def contract_markdown() -> str:
     out += ["", "## File metadata", ""]
     out += [f"- `{k}`: {_item(v)}" for k, v in doc["metadata"].items()]
     return "\n".join(out) + "\n"
+
+
+_BOUNDS = {"ge": "≥", "gt": ">", "le": "≤"}
+
+
+def _domain(bounds: dict) -> str:
+    """` (domain: > 0, ≤ 1, finite)` for a column with a value domain."""
+    parts = [f"{_BOUNDS[k]} {v}" for k, v in bounds.items() if k in _BOUNDS]
+    parts += ["finite"] if bounds.get("finite") else []
+    return f" (domain: {', '.join(parts)})" if parts else ""
 
 
 def _item(x: object) -> str:
@@ -74,7 +80,7 @@ def checks_markdown() -> str:
     out = [
         "# The checks",
         "",
-        "Rendered from the registered rules by `python -m rollout_audit.dev.docs`; do not edit by hand.",
+        "Rendered from the registered rules by `python -m rollout_audit.dev generate`; do not edit by hand.",
         "`rollout-audit explain CODE` prints one entry. Each check runs only on the inputs it declares;",
         "where one is absent it is listed as not run with the reason, never counted as passed.",
     ]
@@ -86,30 +92,3 @@ def checks_markdown() -> str:
         for r in members:
             out += ["", f"### {r.code} ({r.severity}): {r.name}", "", r.explanation, "", f"*Inputs:* {_inputs(r)}."]
     return "\n".join(out) + "\n"
-
-
-PAGES = {"contract.md": contract_markdown, "checks.md": checks_markdown}
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--check", action="store_true", help="exit 1 if a page differs from the code")
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent.parent / "docs"))
-    args = ap.parse_args(argv)
-    stale = []
-    for name, render in PAGES.items():
-        path = Path(args.out) / name
-        text = render()
-        if args.check:
-            if not path.is_file() or path.read_text() != text:
-                stale.append(name)
-        else:
-            path.write_text(text)
-    if stale:
-        print(f"stale: {', '.join(stale)}; run `python -m rollout_audit.dev.docs`", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -4,12 +4,14 @@ per-turn values recomputed from them (vectorised, computed once on first use).
 Token arrays are built per set of token lists: a row takes part when the lists a check reads
 are present, non-null and of one length, so a missing `behavior_logprobs` does not hide the
 rows from a mask check. `SUMMARY_INPUTS` names every derived value and the inputs it is
-computed from: checks declare these names like columns.
+computed from: checks declare these names like columns. A value only one check family reads
+is computed in that family's module and registered with `derived`.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
@@ -53,8 +55,26 @@ SUMMARY_INPUTS: dict[str, tuple[str, ...]] = {
     "pv_min": ("turns.policy_version",),
     "pv_max": ("turns.policy_version",),
     "n_versions": ("turns.policy_version",),
-    "n_turns_trainable": ("turns", "loss_mask", "token_turn"),
 }
+# derived per-trajectory values registered by a check family: name -> function of (batch, its
+# tokens) giving one value per row (null where unknown), or None when the batch lacks the inputs
+DERIVED: dict[str, Callable[[Batch, Tokens], pl.Series | None]] = {}
+
+
+def derived(
+    name: str, inputs: tuple[str, ...]
+) -> Callable[[Callable[..., pl.Series | None]], Callable[..., pl.Series | None]]:
+    """Register a per-trajectory value of the log summary computed from `inputs` (trajectory
+    columns, `turns.field` or token lists): log checks then declare `name` like a column."""
+
+    def deco(func: Callable[..., pl.Series | None]) -> Callable[..., pl.Series | None]:
+        if name in SUMMARY_INPUTS:
+            raise ValueError(f"summary value {name} registered twice")
+        SUMMARY_INPUTS[name] = inputs
+        DERIVED[name] = func
+        return func
+
+    return deco
 
 
 def _np(a: pa.Array, fill: Any = None) -> np.ndarray:
@@ -581,12 +601,11 @@ class Batch:
                 pv.max().alias("pv_max"),
                 pv.drop_nulls().n_unique().cast(pl.Int64).alias("n_versions"),
             ]
-        rc = {s.name: s for s in t.turn_values}
-        if "n_turns_trainable" in columns and {"loss_mask", "token_turn"} <= t.lists and "rc_n_trainable" in rc:
-            tr = tr.with_columns(rc["rc_n_trainable"])
-            agg.append((pl.col("rc_n_trainable") > 0).sum().cast(pl.Int64).alias("n_turns_trainable"))
         if agg and len(tr):
             df = df.join(tr.group_by("_row").agg(agg), on="_row", how="left", maintain_order="left")
+        for name, func in DERIVED.items():
+            if name in columns and (value := func(self, t)) is not None:
+                df = df.with_columns(value.alias(name))
         df = df.with_columns(pl.Series("_row", self.row_in_file))
         absent = [c for c in columns if c in SUMMARY_INPUTS and c not in df.columns]  # e.g. a batch without turns
         df = df.with_columns(pl.lit(None, pl.Int64).alias(c) for c in absent)

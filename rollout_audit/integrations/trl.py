@@ -93,10 +93,6 @@ def _lists(flat: np.ndarray, lengths: np.ndarray, typ: pa.DataType, mask: np.nda
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
 
 
-def _context_sha256(ids: Sequence[int]) -> str:
-    return hashlib.sha256(np.asarray(ids, dtype="<i4").tobytes()).hexdigest()
-
-
 def _turn_extras(extras: Sequence[Mapping] | None, n_turns: np.ndarray) -> dict[str, pa.Array]:
     """Per-turn fields a rollout_func returned (one list per sample, one entry per agent turn)."""
     if not extras:
@@ -119,7 +115,7 @@ def _turn_extras(extras: Sequence[Mapping] | None, n_turns: np.ndarray) -> dict[
             out["logprob"] = pa.array(flat, pa.float64())
         else:
             out["context_length"] = pa.array([len(x) for x in flat], pa.int32())
-            out["context_sha256"] = pa.array([_context_sha256(x) for x in flat], pa.string())
+            out["context_sha256"] = pa.array([S.context_sha256(x) for x in flat], pa.string())
     return out
 
 

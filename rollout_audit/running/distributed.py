@@ -4,7 +4,7 @@ Batch checks run as Ray tasks, one per share of a file (a run of consecutive row
 task opens its file itself (on a shared filesystem or object storage) and reads only its own row
 groups, so row data never passes through the driver; findings and bookkeeping travel back. The
 per-trajectory summary the log checks need is partitioned by key inside each task: a log check
-whose findings depend only on rows that share a key (`PARTITIONED`: duplicate ids by
+whose findings depend only on rows that share a key (the rules' `partition`: duplicate ids by
 trajectory_id, reset keys by environment, version and seed) runs as one task per partition, so
 no process holds the whole-log summary for it. The other log checks (groups, updates, versions,
 rewards: they need the update records or write whole-log statistics) get the columns they declare
@@ -29,12 +29,6 @@ from ..reading.sanitize import row_group_too_large
 from ..reporting.report import Report, build_report
 from .runner import MAX_CRASHES_KEPT, Plan, Runner, plan
 
-# log checks whose findings on a log are the union of their findings on the key partitions of its
-# summary: every finding is computed from the rows of one key, and they record no log statistics
-PARTITIONED: dict[str, tuple[str, ...]] = {
-    "S002": ("trajectory_id",),
-    "E802": ("environment_id", "environment_version", "reset_seed", "initial_state_id"),
-}
 _KEEP = ("trajectory_id", "file", "_row")  # columns every summary piece carries
 
 
@@ -170,7 +164,9 @@ def check_share(job: Job, share: Share) -> tuple[Any, ...]:
         if not summary.height:
             out += [pl.DataFrame()] * job.n_parts
             continue
-        out += _partition(_columns(summary, frozenset(runner.rules[code].reads)), PARTITIONED[code], job.n_parts)
+        out += _partition(
+            _columns(summary, frozenset(runner.rules[code].reads)), runner.rules[code].partition, job.n_parts
+        )
     return tuple(out)
 
 
@@ -253,8 +249,8 @@ def _run(
         runner.declare(f.schema.metadata)
     broken = list(disc.broken)
     updates = read_updates(disc.of_kind("updates"), broken, cfg.max_row_group_bytes)
-    part = tuple(r.code for r in runner.log_rules if r.code in PARTITIONED)
-    kept = [r for r in runner.log_rules if r.code not in PARTITIONED]
+    part = tuple(r.code for r in runner.log_rules if r.partition)
+    kept = [r for r in runner.log_rules if not r.partition]
     n_parts = partitions or max(1, int(ray.cluster_resources().get("CPU", 1)))
     job = Job(
         runner.cfg,  # with what the files declare (e.g. reward components paid once)

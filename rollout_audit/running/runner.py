@@ -126,8 +126,7 @@ class Runner:
         self.crash_counts: dict[str, int] = {}
         self.file_inputs: dict[str, tuple[frozenset[str], int]] = {}  # file -> (inputs it has, rows)
         self.declared: dict[str, str] = {}  # input -> why the producer's framework does not record it
-        # components the log declares paid at most once feed R408 unless the configuration names them
-        self._configured_once = "first_visit_components" in cfg.model_fields_set
+        self._configured = frozenset(cfg.model_fields_set)  # keys the user's configuration set
         self._lock = threading.Lock()
 
     @property
@@ -172,15 +171,14 @@ class Runner:
 
     def declare(self, meta: dict[bytes, bytes] | None) -> None:
         """Take a file's declarations: what its producer does not record (with the reasons), and
-        which reward components it pays at most once (R408; the configuration, when set, wins)."""
-        once = sorted(k for k, v in S.reward_components(meta).items() if v in S.PAID_ONCE)
+        the configuration the selected rules derive from its metadata (`Rule.declare`)."""
         with self._lock:
             self.declared.update(S.not_recorded(meta))
-            if once and not self._configured_once:
-                have = self.cfg.first_visit_components
-                self.cfg = self.cfg.model_copy(
-                    update={"first_visit_components": have + [k for k in once if k not in have]}
-                )
+            for r in self.rules.values():
+                if r.declare is not None:
+                    update = r.declare(self.cfg, meta, self._configured)
+                    if update:
+                        self.cfg = self.cfg.model_copy(update=update)
 
     def note_batch(self, b: Batch) -> None:
         """Remember which inputs this batch's file has (for the coverage of log checks)."""

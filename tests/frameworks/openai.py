@@ -1,7 +1,7 @@
 """OpenAI-compatible fixtures: sessions as `rollout_audit.integrations.openai.SessionRecorder` writes them,
 vLLM chat completions with `return_token_ids` (top-level `prompt_token_ids`, `choices[].token_ids`) and
 `logprobs.content[].logprob` (vllm/entrypoints/openai/chat_completion/protocol.py). ChatML-style ids:
-1 <|im_start|>, 2 <|im_end|>, 3 newline, 30 assistant, 31 user, 33 tool. The bug the issue names (raw
+1 <|im_start|>, 2 <|im_end|>, 3 newline, 30 assistant, 31 user, 33 tool. The bug these sessions stand for (raw
 log-probs sampled at temperature 0.7) needs a model to be seen: tests/test_adapters_openai.py records it
 from a real server on loopback."""
 

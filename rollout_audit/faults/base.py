@@ -1,0 +1,121 @@
+"""The fault registry (`fault`, `FAULTS`), the mutable log a fault works on (`Ctx`), and the
+helpers that keep a mutation consistent."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+Records = tuple[list[dict], list[dict]]  # (trajectory records, update records)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A named way of breaking a log, with the codes the audit must raise for it."""
+
+    name: str
+    codes: frozenset[str]
+    description: str
+    func: Callable[[Ctx], list[str]]
+    config: dict = field(default_factory=dict)  # audit configuration the fault needs
+    file_level: bool = False  # breaks the file itself (written by the caller), not records
+    declares: dict = field(default_factory=dict)  # reward components the broken producer declares paid once
+    group: str = ""  # faults sharing one log in the partition and streaming tests (its own name when alone)
+
+
+FAULTS: dict[str, Fault] = {}
+
+
+def fault(
+    name: str,
+    codes: set[str] | frozenset[str],
+    *,
+    config: dict | None = None,
+    file_level: bool = False,
+    declares: dict | None = None,
+    group: str | None = None,
+) -> Callable:
+    """Register a fault; its docstring's first paragraph is its description.
+
+    `group` names the shared log the fault joins in the tests that need every fault under a
+    costly setting (tests/faultgroups.py): faults of one group expect disjoint codes and break
+    different trajectories. Without it the fault has a log of its own.
+    """
+
+    def deco(func: Callable) -> Callable:
+        if name in FAULTS:
+            raise ValueError(f"fault {name} registered twice")
+        FAULTS[name] = Fault(
+            name,
+            frozenset(codes),
+            " ".join((func.__doc__ or name).strip().split("\n\n")[0].split()),  # the first paragraph, whole
+            func,
+            config or {},
+            file_level,
+            declares or {},
+            group or name,
+        )
+        return func
+
+    return deco
+
+
+class Ctx:
+    """The mutable copy of a log plus helpers to pick targets deterministically."""
+
+    def __init__(self, trajs: list[dict], updates: list[dict], seed: int) -> None:
+        self.trajs = trajs
+        self.updates = updates
+        self.rng = random.Random(seed)
+        self.by_id = {t["trajectory_id"]: t for t in trajs}
+
+    def used(self) -> set[str]:
+        return {i for u in self.updates for i in u["trajectory_ids"]}
+
+    def pick(self, pred: Callable[[dict], bool] = lambda t: True, what: str = "trajectory") -> dict:
+        cands = [t for t in self.trajs if pred(t)]
+        if not cands:
+            raise ValueError(f"the log has no {what} this fault can break")
+        return self.rng.choice(cands)
+
+    def update_of(self, tid: str) -> dict:
+        return next(u for u in self.updates if tid in u["trajectory_ids"])
+
+
+# ---------------------------------------------------------------- helpers keeping a mutation consistent
+
+
+SEPARATOR = 198  # a chat template's turn separator (the newline token in Qwen's vocabulary)
+
+
+def policy_positions(t: dict, turn: int | None = None) -> list[int]:
+    return [
+        i for i, (s, k) in enumerate(zip(t["token_source"], t["token_turn"])) if s == 2 and (turn is None or k == turn)
+    ]
+
+
+def rederive_returns(t: dict) -> None:
+    """Recompute td_residual and discounted_return from rewards, shaping and values."""
+    g = t.get("gamma") or 1.0
+    turns = t["turns"]
+    for i, tr in enumerate(turns):
+        v_next = turns[i + 1]["value"] if i + 1 < len(turns) else t["final_value"]
+        tr["td_residual"] = tr["reward"] + tr["shaping"] + g * v_next - tr["value"]
+    t["discounted_return"] = sum(g**i * (tr["reward"] + tr["shaping"]) for i, tr in enumerate(turns))
+
+
+def drop_token(t: dict, pos: int) -> None:
+    for c in ("token_ids", "token_source", "loss_mask", "behavior_logprobs", "token_turn"):
+        del t[c][pos]
+
+
+def n_trainable(t: dict) -> int:
+    return int(sum(t["loss_mask"]))
+
+
+def sync_denominator(ctx: Ctx, tid: str) -> None:
+    """A pipeline that changed the mask also counted it: keep token denominators consistent."""
+    for u in ctx.updates:
+        if tid in u["trajectory_ids"] and u["reduction"] == "token":
+            u["loss_denominator"] = float(sum(n_trainable(ctx.by_id[i]) for i in u["trajectory_ids"]))

@@ -1,0 +1,86 @@
+"""Faults the masks and provenance checks (M) must catch."""
+
+from __future__ import annotations
+
+from .base import SEPARATOR, Ctx, drop_token, fault, n_trainable, policy_positions, sync_denominator
+
+
+@fault("tool_tokens_trained", {"M101"}, group="tokens-2")
+def tool_tokens_trained(ctx: Ctx) -> list[str]:
+    """Tool output trained on: the mask follows the assistant role, which includes the tool reply.
+
+    The pipeline counts those tokens as trainable everywhere (num_trainable_tokens, loss
+    denominator), so only the provenance check can catch it.
+    """
+    t = ctx.pick(lambda t: t["trajectory_id"] in ctx.used())
+    for i, s in enumerate(t["token_source"]):
+        if s == 3:
+            t["loss_mask"][i] = True
+    t["num_trainable_tokens"] = n_trainable(t)
+    sync_denominator(ctx, t["trajectory_id"])
+    return [t["trajectory_id"]]
+
+
+@fault("policy_tokens_unmasked", {"M102"}, group="tokens-2")
+def policy_tokens_unmasked(ctx: Ctx) -> list[str]:
+    """A turn's sampled tokens were left out of the loss (mask built from the wrong span)."""
+    t = ctx.pick(lambda t: t["trajectory_id"] in ctx.used())
+    for i in policy_positions(t, turn=0):
+        t["loss_mask"][i] = False
+    t["num_trainable_tokens"] = n_trainable(t)
+    sync_denominator(ctx, t["trajectory_id"])
+    return [t["trajectory_id"]]
+
+
+@fault("trainable_count_whole_transcript", {"M103"}, group="tokens-2")
+def trainable_count_whole_transcript(ctx: Ctx) -> list[str]:
+    """num_trainable_tokens logged as the transcript length instead of the mask sum."""
+    t = ctx.pick()
+    t["num_trainable_tokens"] = len(t["token_ids"])
+    return [t["trajectory_id"]]
+
+
+@fault("turn_policy_count_off_by_one", {"M104"}, group="tokens-1")
+def turn_policy_count_off_by_one(ctx: Ctx) -> list[str]:
+    """The per-turn policy token count includes the end-of-turn marker."""
+    t = ctx.pick()
+    t["turns"][-1]["num_policy_tokens"] += 1
+    return [t["trajectory_id"]]
+
+
+@fault("template_reapplied_drops_separator", {"M105"}, group="tokens-2")
+def template_reapplied_drops_separator(ctx: Ctx) -> list[str]:
+    """The trainer re-applied the chat template, which drops a separator before a later turn:
+    its sequence no longer extends the context the engine sampled from."""
+    t = ctx.pick(lambda t: len(t["turns"]) >= 2, "trajectory with two turns")
+    first = policy_positions(t, turn=1)[0]
+    drop_token(t, first - 1)  # the template token just before turn 1's action
+    # context_length / context_sha256 keep what the engine saw: that is the point
+    return [t["trajectory_id"]]
+
+
+@fault("turn_separator_dropped", {"M107"}, group="tokens-1")
+def turn_separator_dropped(ctx: Ctx) -> list[str]:
+    """The sequence was built turn by turn with each tool turn rendered alone: the separator the chat template writes after every earlier action is missing."""
+    from ..contract.schema import context_sha256
+
+    t = ctx.pick(lambda t: len(t["turns"]) >= 2, "trajectory with two turns")
+    ends = [policy_positions(t, turn=k)[-1] for k in range(len(t["turns"]))]
+    for k, tr in enumerate(t["turns"]):
+        pos = policy_positions(t, turn=k)[0]
+        render = list(t["token_ids"][:pos])
+        for e in reversed(ends[:k]):  # the template's separator after each earlier action
+            render.insert(e + 1, SEPARATOR)
+        tr["template_context_length"] = len(render)
+        tr["template_context_sha256"] = context_sha256(render, len(render))
+    return [t["trajectory_id"]]
+
+
+@fault("retokenized_from_text", {"M106", "M105"}, group="tokens-1")
+def retokenized_from_text(ctx: Ctx) -> list[str]:
+    """The trainer re-tokenized the action text: turn 0's policy tokens differ from the ids the
+    engine sampled (the behaviour log-probs now belong to other tokens)."""
+    t = ctx.pick(lambda t: len(t["turns"]) >= 2, "trajectory with two turns")
+    for i in policy_positions(t, turn=0):
+        t["token_ids"][i] += 1
+    return [t["trajectory_id"]]

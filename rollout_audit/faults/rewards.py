@@ -1,0 +1,125 @@
+"""Faults the rewards and credit checks (R) must catch."""
+
+from __future__ import annotations
+
+import json
+
+from .base import Ctx, fault, rederive_returns
+
+
+@fault("reward_components_mismatch", {"R401"}, group="episodes-1")
+def reward_components_mismatch(ctx: Ctx) -> list[str]:
+    """A format bonus was logged as a component but never added to the turn reward."""
+    t = ctx.pick()
+    tr = t["turns"][-1]
+    tr["reward_components"] = list(tr["reward_components"] or []) + [("format", 0.1)]
+    return [t["trajectory_id"]]
+
+
+@fault("progress_bonus_not_potential", {"R402", "R404"}, group="episodes-1")
+def progress_bonus_not_potential(ctx: Ctx) -> list[str]:
+    """A "+0.1 per useful step" bonus was added to the shaping term (farmable in a loop).
+
+    Returns and TD residuals are computed with the bonus, consistently; only the potential
+    form and the telescoping identity expose it.
+    """
+    t = ctx.pick(lambda t: len(t["turns"]) >= 2)
+    for tr in t["turns"]:
+        tr["shaping"] = tr["shaping"] + 0.1
+    rederive_returns(t)
+    return [t["trajectory_id"]]
+
+
+@fault("potential_chain_broken", {"R403", "R404"}, group="episodes-2")
+def potential_chain_broken(ctx: Ctx) -> list[str]:
+    """The potential was recomputed from the observation at each turn, not carried from the
+    previous transition: Φ(s_{t+1}) of turn t differs from Φ(s_t) of turn t+1."""
+    t = ctx.pick(lambda t: len(t["turns"]) >= 2)
+    g = t.get("gamma") or 1.0
+    tr = t["turns"][1]
+    tr["potential_before"] = tr["potential_before"] + 0.3
+    tr["shaping"] = g * tr["potential_after"] - tr["potential_before"]
+    rederive_returns(t)
+    return [t["trajectory_id"]]
+
+
+@fault("terminal_potential_nonzero", {"R405"}, group="episodes-2")
+def terminal_potential_nonzero(ctx: Ctx) -> list[str]:
+    """The potential of the terminal state was left at its last value instead of 0."""
+    t = ctx.pick(lambda t: t["terminated"])
+    g = t.get("gamma") or 1.0
+    tr = t["turns"][-1]
+    tr["potential_after"] = 0.5
+    tr["shaping"] = g * 0.5 - tr["potential_before"]
+    rederive_returns(t)
+    return [t["trajectory_id"]]
+
+
+@fault("td_terminal_value_zeroed", {"R406"}, group="episodes-2")
+def td_terminal_value_zeroed(ctx: Ctx) -> list[str]:
+    """The critic zeroed the value after a truncated episode's last turn (premature zeroing):
+    δ_{T-1} ignores the recorded V(h_T) = final_value."""
+    t = ctx.pick(lambda t: t["truncated"] and (t["final_value"] or 0) > 0.01, "truncated trajectory")
+    tr = t["turns"][-1]
+    tr["td_residual"] = tr["reward"] + tr["shaping"] - tr["value"]
+    return [t["trajectory_id"]]
+
+
+@fault("return_without_shaping", {"R407"}, group="episodes-2")
+def return_without_shaping(ctx: Ctx) -> list[str]:
+    """discounted_return logged from environment rewards only, without the shaping terms."""
+
+    def shaped(t: dict) -> float:  # Σγ^t F_t: zero when Φ(s_0) = Φ(s_T) = 0, and then the bug is invisible
+        g = t.get("gamma") or 1.0
+        return sum(g**i * tr["shaping"] for i, tr in enumerate(t["turns"]))
+
+    t = ctx.pick(lambda t: abs(shaped(t)) > 1e-3, "trajectory whose shaping does not cancel")
+    g = t.get("gamma") or 1.0
+    t["discounted_return"] = sum(g**i * tr["reward"] for i, tr in enumerate(t["turns"]))
+    return [t["trajectory_id"]]
+
+
+@fault(
+    "first_visit_paid_twice",
+    {"R408"},
+    config={"first_visit_components": ["key_found"]},
+    declares={"key_found": "first_visit"},
+    group="episodes-3",
+)
+def first_visit_paid_twice(ctx: Ctx) -> list[str]:
+    """A first-visit milestone (key found) was paid on two turns: farmable by repetition.
+
+    The producer declares key_found first-visit in its file metadata (`declares`); an audit of
+    the records alone gets the same from configuration (`config`)."""
+    t = ctx.pick(lambda t: len(t["turns"]) >= 2 and t["reward"] is None, "excluded trajectory with two turns")
+    for tr in t["turns"][:2]:
+        comps = dict(tr["reward_components"] or [])
+        comps["key_found"] = 0.2
+        tr["reward_components"] = list(comps.items())
+        tr["reward"] = float(sum(comps.values()))
+    rederive_returns(t)
+    return [t["trajectory_id"]]
+
+
+@fault("action_loop", {"R409"}, group="episodes-2")
+def action_loop(ctx: Ctx) -> list[str]:
+    """The agent repeated the same tool call four times in a row (a loop a bonus could farm)."""
+    t = ctx.pick(lambda t: len(t["turns"]) >= 4, "trajectory with four turns")
+    for tr in t["turns"][:4]:
+        tr["parsed_action"] = json.dumps({"action": "inspect"})
+    return [t["trajectory_id"]]
+
+
+@fault("verifier_inverted", {"R410"}, group="episodes-2")
+def verifier_inverted(ctx: Ctx) -> list[str]:
+    """The reward was computed from the agent's claim, not the world state: within a task a
+    verified success scores below a verified failure."""
+
+    def ok(task):
+        ts = [t for t in ctx.trajs if t["task_id"] == task and t["reward"] is not None]
+        return any(t["verifier_success"] for t in ts) and any(not t["verifier_success"] for t in ts)
+
+    s = ctx.pick(lambda t: t["verifier_success"] and t["reward"] is not None and ok(t["task_id"]), "mixed task")
+    f = ctx.pick(lambda t: t["task_id"] == s["task_id"] and t["reward"] is not None and not t["verifier_success"])
+    s["verifier_success"], f["verifier_success"] = False, True
+    return [s["trajectory_id"], f["trajectory_id"]]

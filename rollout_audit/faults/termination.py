@@ -1,0 +1,63 @@
+"""Faults the termination checks (T) must catch."""
+
+from __future__ import annotations
+
+from .base import Ctx, fault
+
+
+@fault("two_stop_flags", {"T301", "R405"}, group="episodes-1")
+def two_stop_flags(ctx: Ctx) -> list[str]:
+    """A truncated episode is also marked terminated.
+
+    Its last state now counts as terminal while it carries the non-zero potential of a
+    non-terminal state, so R405 fires with T301.
+    """
+    t = ctx.pick(lambda t: t["truncated"], "truncated trajectory")
+    t["terminated"] = True
+    return [t["trajectory_id"]]
+
+
+@fault("stop_reason_contradicts_flag", {"T302"}, group="episodes-1")
+def stop_reason_contradicts_flag(ctx: Ctx) -> list[str]:
+    """A terminated episode carries the collector's stop reason max_turns."""
+    t = ctx.pick(lambda t: t["terminated"] and t["stop_reason"] == "failure", "terminated failure")
+    t["stop_reason"] = "max_turns"
+    return [t["trajectory_id"]]
+
+
+@fault("engine_crash_scored_zero", {"T303", "U606"}, group="episodes-1")
+def engine_crash_scored_zero(ctx: Ctx) -> list[str]:
+    """An engine crash was scored 0 and trained on, masquerading as a task failure."""
+    t = ctx.pick(
+        lambda t: t["trajectory_id"] in ctx.used() and t["reward"] == 0.0 and not t["verifier_success"],
+        "failed trajectory used in an update",
+    )
+    t.update(terminated=False, infra_error=True, stop_reason="engine_error")
+    return [t["trajectory_id"]]
+
+
+@fault("truncation_scored_as_failure", {"T304"}, group="episodes-1")
+def truncation_scored_as_failure(ctx: Ctx) -> list[str]:
+    """A collector-truncated episode was given reward 0 instead of being excluded."""
+    t = ctx.pick(lambda t: t["truncated"], "truncated trajectory")
+    t["reward"] = 0.0
+    return [t["trajectory_id"]]
+
+
+@fault("length_cap_logged_as_success", {"T305"}, group="episodes-1")
+def length_cap_logged_as_success(ctx: Ctx) -> list[str]:
+    """The last generation hit the length cap but the episode is recorded as terminated."""
+    t = ctx.pick(lambda t: t["terminated"])
+    t["turns"][-1]["finish_reason"] = "length"
+    return [t["trajectory_id"]]
+
+
+@fault("budget_cut_logged_as_terminated", {"T306"}, config={"max_response_tokens": 40}, group="episodes-1")
+def budget_cut_logged_as_terminated(ctx: Ctx) -> list[str]:
+    """The collector's response budget was 40 tokens; the episodes that filled it were cut but are recorded as terminated."""
+    # the records are what such a collector writes (OpenRLHF's multi-turn agent never sets
+    # truncated): the fault is the budget they were collected under, stated in the configuration
+    cut = [t["trajectory_id"] for t in ctx.trajs if t["terminated"] and sum(x >= 0 for x in t["token_turn"]) >= 40]
+    if not cut:
+        raise ValueError("the log has no terminated trajectory of 40 response tokens this fault can break")
+    return cut
