@@ -58,7 +58,7 @@ class _Group(click.Group):
         except BaseException as e:  # noqa: BLE001 - native panics too: a message, never a traceback
             from polars.exceptions import ComputeError
 
-            from .reading.io import UsageError
+            from .contract.errors import UsageError
 
             if isinstance(e, (UsageError, ValueError, OSError, ComputeError)):  # bad input: one line
                 _fail(_first_line(e))
@@ -193,8 +193,8 @@ def check(
     training. 2: the audit could not be completed (a check crashed, no usable input, bad
     configuration).
     """
+    from .checks import all_rules
     from .contract.config import find_config
-    from .contract.registry import all_rules
     from .reporting.outputs import check_output
 
     if show_settings:
@@ -320,7 +320,8 @@ def _say_incomplete(rep) -> None:
 @click.option("--list", "list_all", is_flag=True, help="List every check code, by family.")
 def explain(code, list_all) -> None:
     """Explain a check: the rule, the lesson it comes from, what to fix (a family letter: its checks)."""
-    from .contract.registry import FAMILIES, all_rules
+    from .checks import all_rules
+    from .contract.registry import FAMILIES
 
     rules = all_rules()
     want = (code or "").upper()

@@ -11,7 +11,7 @@ declarations alone:
 
 Input names: `col` (trajectory column), `turns.field` (turn struct field), `updates` /
 `updates.col` (update records), and for log checks the derived per-trajectory values of the
-summary (`n_trainable`, `pv_min`, ...: see `frames.SUMMARY_INPUTS`). A check is handed a view
+summary (`n_trainable`, `pv_min`, ...: see `frames.batch.SUMMARY_INPUTS`). A check is handed a view
 that holds only what it declared: reading anything else raises `UndeclaredInput`.
 """
 
@@ -21,6 +21,10 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from .errors import NotRun, UndeclaredInput, Unmet
+
+__all__ = ["FAMILIES", "RULES", "NotRun", "Rule", "UndeclaredInput", "Unmet", "registered", "rule", "selected"]
 
 Severity = Literal["error", "warning", "info"]
 Scope = Literal["batch", "log"]
@@ -73,20 +77,6 @@ FAMILIES = {
 }
 
 
-class NotRun(Exception):
-    """Raised by a check that cannot run on this input; the message is the reason shown
-    under `not_run` (e.g. "needs first_visit_components in the configuration")."""
-
-
-class Unmet(NotRun):
-    """Raised by a check that cannot run although the user explicitly asked for what it needs
-    (`--replay N`): the check is not run, and the audit is incomplete (exit 2)."""
-
-
-class UndeclaredInput(Exception):
-    """A check read an input it did not declare: a defect of the check, reported as a crash."""
-
-
 def rule(
     code: str,
     name: str,
@@ -121,8 +111,6 @@ def selected(code: str, select: list[str] | tuple[str, ...] = (), ignore: list[s
     return not any(code.startswith(i.upper()) for i in ignore)
 
 
-def all_rules() -> dict[str, Rule]:
-    """Every registered rule, importing the check modules on first use."""
-    from .. import checks  # noqa: F401  (registration happens at import)
-
+def registered() -> dict[str, Rule]:
+    """The rules registered so far, by code (the full catalogue: `checks.all_rules`)."""
     return dict(sorted(RULES.items()))

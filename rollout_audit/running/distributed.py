@@ -21,12 +21,13 @@ import numpy as np
 import polars as pl
 
 from ..contract.config import Config
+from ..contract.errors import UsageError
 from ..contract.registry import NotRun, Rule
 from ..frames.views import LogCheckView, LogView
-from ..reading.io import Discovery, LogFile, UsageError
+from ..reading.io import Discovery, LogFile
 from ..reading.read import read_updates
 from ..reading.sanitize import row_group_too_large
-from ..reporting.report import Report, build_report
+from .report import Report, build_report
 from .runner import MAX_CRASHES_KEPT, Plan, Runner, plan
 
 # log checks whose findings on a log are the union of their findings on the key partitions of its

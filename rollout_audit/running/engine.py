@@ -19,10 +19,10 @@ from ..frames.batch import TOKEN_LISTS, Batch
 from ..frames.views import LogView
 from ..reading.io import Discovery, discover
 from ..reading.read import Part, memory_file, parts, read_updates
-from ..reporting.report import Report, build_report
 from .concurrency import map_ordered, prefetch
 from .memory import release_memory, tune_allocator
 from .progress import progress_for
+from .report import Report, build_report
 from .runner import Plan, Runner, plan
 
 _PREFETCH = not os.environ.get("ROLLOUT_AUDIT_NO_THREADS")  # read ahead on a background thread

@@ -15,9 +15,10 @@ from typing import Any
 
 import polars as pl
 
+from ..checks import all_rules
 from ..contract import schema as S
 from ..contract.config import Config
-from ..contract.registry import NotRun, Rule, Unmet, all_rules, selected
+from ..contract.registry import NotRun, Rule, Unmet, selected
 from ..frames.batch import SUMMARY_INPUTS, TOKEN_LISTS, Batch
 from ..frames.views import BatchView, ConfigView, LogCheckView, LogView
 from ..reading.io import one_line
