@@ -9,6 +9,8 @@ from typing import NoReturn
 
 import click
 
+from .contract.errors import RolloutAuditError, UsageError
+
 FORMATS = ("text", "concise", "json", "github", "junit")
 
 
@@ -56,11 +58,9 @@ class _Group(click.Group):
             sys.stderr.close()
             sys.exit(0)
         except BaseException as e:  # noqa: BLE001 - native panics too: a message, never a traceback
-            from polars.exceptions import ComputeError
-
-            from .contract.errors import UsageError
-
-            if isinstance(e, (UsageError, ValueError, OSError, ComputeError)):  # bad input: one line
+            if isinstance(e, RolloutAuditError):  # a message for the user: one line
+                _fail(_first_line(e))
+            if isinstance(e, OSError):  # the system refused a path (absent, unreadable, full): its message names it
                 _fail(_first_line(e))
             _fail(f"internal error: {type(e).__name__}: {_first_line(e)} (please report this)")
 
@@ -547,7 +547,10 @@ def faults_apply(name, src, dst, seed) -> None:
         _fail(f"unknown fault {name!r}; see `rollout-audit faults --list`")
     check_output(dst, [src], writes_log=True)
     check_new_directory(dst)
-    (t, u), touched = apply(name, *read_records(src), seed=seed)
+    try:
+        (t, u), touched = apply(name, *read_records(src), seed=seed)
+    except ValueError as e:  # the log has nothing this fault can break, or cannot be read
+        raise UsageError(f"{src}: {_first_line(e)}") from None
     declared = declared_components(src) | FAULTS[name].declares  # the producer's declaration, carried over
     write_records(dst, t, u, corrupt=FAULTS[name].file_level, reward_components=declared)
     click.echo(
