@@ -209,13 +209,18 @@ def check(
             _fail(f"unknown check code or prefix {c!r}; see `rollout-audit explain --list`")
     if output:
         check_output(output, paths)
+    from .running.options import Options
+
     ray = None if ray_address is None else (True if ray_address == "local" else ray_address)
+    opts = Options(select=tuple(sel), ignore=tuple(ign), workers=workers, ray=ray, tune=True)
     logs = [list(paths)] if merge or framework or len(paths) == 1 else [[p] for p in paths]
-    done = [(log, *_audit_one(log, config_path, replay, sel, ign, workers, framework, context, ray)) for log in logs]
+    done = [(log, *_audit_one(log, config_path, replay, opts, framework, context)) for log in logs]
     reports = [(log, rep) for log, rep, _ in done]
     painted = fmt == "text" and not output and (_tty_colour() if color is None else color)
     limit = None if show_all else done[0][2]
-    text = _render_all(reports, fmt, limit=limit, color=painted, strict=strict, quiet=quiet)
+    from .reporting.report import render_logs
+
+    text = render_logs(reports, fmt, limit=limit, color=painted, strict=strict, quiet=quiet)
     if output:
         with open(output, "w") as fh:
             fh.write(text + "\n")
@@ -232,7 +237,7 @@ def _with_replay(cfg, replay):
     return cfg if replay is None else cfg.model_copy(update={"replay": replay})
 
 
-def _audit_one(paths, config_path, replay, sel, ign, workers, framework, context, ray=None):
+def _audit_one(paths, config_path, replay, opts, framework, context):
     """The report of one log (a list of paths audited together), configured from next to it, and
     the number of findings per code its configuration shows in text. A framework's dump
     (`--from`) is converted and audited as a log of files that is removed afterwards."""
@@ -242,58 +247,18 @@ def _audit_one(paths, config_path, replay, sel, ign, workers, framework, context
 
     cfg = _with_replay(find_config(config_path, start=paths[0])[0], replay)
     if not framework:
-        return run_audit(
-            discover(paths), cfg, sel or None, ign or None, tune=True, workers=workers, ray=ray
-        ), cfg.max_examples
+        return run_audit(discover(paths), cfg, opts), cfg.max_examples
     from .adapters.convert import as_log, convert, relabel
 
     conv = convert(framework, paths, _context(context))
     with as_log(conv) as root:
-        rep = run_audit(discover([root]), cfg, sel or None, ign or None, tune=True, workers=workers, ray=ray)
+        rep = run_audit(discover([root]), cfg, opts)
         return relabel(rep, conv, root), cfg.max_examples
 
 
 def _tty_colour() -> bool:
     """Colour by default only on a terminal, and never when NO_COLOR is set (no-color.org)."""
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-
-
-def _render_all(reports, fmt: str, **kw) -> str:
-    """One report as `Report.render` gives it; several, each under its path (JSON: a list)."""
-    from .reporting.report import printable, render_concise
-
-    if len(reports) == 1:
-        return reports[0][1].render(fmt, **kw)
-    if fmt == "json":
-        return json.dumps({"logs": [{"path": str(p[0]), **r.to_dict()} for p, r in reports]}, indent=1, default=str)
-    if fmt == "junit":
-        suites = [r.render("junit").split("\n", 1)[1] for _, r in reports]
-        named = [
-            x.replace('name="rollout-audit"', f'name="rollout-audit {_xml(str(p[0]))}"', 1)
-            for (p, _), x in zip(reports, suites)
-        ]
-        return '<?xml version="1.0" encoding="utf-8"?>\n<testsuites>\n' + "\n".join(named) + "\n</testsuites>"
-    if fmt == "github":
-        return "\n".join(x for x in (r.render(fmt) for _, r in reports) if x)
-    if fmt == "concise":  # no headers: every line stays one finding, or one log's verdict after its path
-        bodies = (
-            render_concise(r, strict=kw["strict"], quiet=kw["quiet"], label=f"{printable(p[0])}: ") for p, r in reports
-        )
-        return "\n".join(b for b in bodies if b)
-    parts = []
-    for p, r in reports:
-        body = r.render(fmt, **kw)
-        if body:
-            parts.append(f"== {printable(p[0])} ==\n{body}")
-    return "\n\n".join(parts)
-
-
-def _xml(s: str) -> str:
-    from xml.sax.saxutils import escape
-
-    from .reporting.report import printable
-
-    return escape(printable(s), {'"': "&quot;"})
 
 
 def _context(pairs: tuple[str, ...]) -> dict[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 import polars as pl
@@ -218,6 +219,41 @@ def render_junit(rep: Report, **_: object) -> str:
         f'failures="{failures}" skipped="{skipped}">'
     )
     return "\n".join([head, *cases, "</testsuite>"])
+
+
+def render_logs(reports: list[tuple[list, Report]], fmt: str, **kw: Any) -> str:
+    """The reports of several logs, each `(paths, report)`: one report as `Report.render` gives
+    it; several, each under its (first) path: a `== PATH ==` header (text), the path before each
+    verdict line (concise), one JSON object `{"logs": [...]}`, one JUnit `<testsuites>`."""
+    if len(reports) == 1:
+        return reports[0][1].render(fmt, **kw)
+    if fmt == "json":
+        return json.dumps({"logs": [{"path": str(p[0]), **r.to_dict()} for p, r in reports]}, indent=1, default=str)
+    if fmt == "junit":
+        suites = [r.render("junit").split("\n", 1)[1] for _, r in reports]
+        named = [
+            x.replace('name="rollout-audit"', f'name="rollout-audit {_xml(str(p[0]))}"', 1)
+            for (p, _), x in zip(reports, suites)
+        ]
+        return '<?xml version="1.0" encoding="utf-8"?>\n<testsuites>\n' + "\n".join(named) + "\n</testsuites>"
+    if fmt == "github":
+        return "\n".join(x for x in (r.render(fmt) for _, r in reports) if x)
+    if fmt == "concise":  # no headers: every line stays one finding, or one log's verdict after its path
+        bodies = (
+            render_concise(r, strict=kw["strict"], quiet=kw["quiet"], label=f"{printable(p[0])}: ") for p, r in reports
+        )
+        return "\n".join(b for b in bodies if b)
+    parts = []
+    for p, r in reports:
+        body = r.render(fmt, **kw)
+        if body:
+            parts.append(f"== {printable(p[0])} ==\n{body}")
+    return "\n\n".join(parts)
+
+
+def _xml(s: str) -> str:
+    """`s` as an XML attribute value (printable, quotes escaped)."""
+    return escape(printable(s), {'"': "&quot;"})
 
 
 def render_json(rep: Report, **_: object) -> str:
