@@ -1,7 +1,8 @@
 """Executors: where the checks of one audit run. An executor is given a `Work` (the runner with
 the selected rules, the reading plan, the log's files and update records) and runs every batch
 rule on the batches of `reading.batches` (each through `Runner.check_batch`) and every log rule
-on the summary (through `Runner.check_log`); it returns the rows and tokens read and the log's
+on the summary (through `Runner.check_log`, with the summary's rows in the log's order: messages
+list files in the order they are met); it returns the rows and tokens read and the log's
 statistics. The runner records findings and coverage, so the report is the same whichever
 executor ran the checks.
 
