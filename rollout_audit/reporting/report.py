@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
@@ -12,7 +13,7 @@ import polars as pl
 
 from ..running.report import MAX_CHARS, Report, plural, register_format, verdict, verdict_line
 
-__all__ = ["FORMATS", "MAX_CHARS", "Report", "printable", "verdict", "verdict_line"]
+__all__ = ["FORMATS", "MAX_CHARS", "Report", "num", "printable", "render_logs", "verdict", "verdict_line"]
 # Characters a log string must not bring to a terminal, a CI log or an XML file: C0/C1 controls
 # (escape sequences, newlines that start a forged `::error` line), DEL, bidirectional overrides,
 # line/paragraph separators, surrogates and the non-characters U+FFFE/U+FFFF (illegal in XML).
@@ -23,6 +24,19 @@ _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 def printable(value: object) -> str:
     """`value` as text safe to print: unprintable characters shown as escapes (`\\x1b`)."""
     return _UNPRINTABLE.sub(_escape_char, str(value))
+
+
+def num(v: object, digits: int = 4) -> str:
+    """A number for a person, the one way every output writes one: integers in full (no '.0'),
+    other floats to `digits` significant figures, a missing value (None, NaN) as `n/a`;
+    anything else as printable text."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return printable(v)
+    if float(v).is_integer() and abs(v) < 1e15:
+        return str(int(v))
+    return f"{v:.{digits}g}"
 
 
 def _escape_char(m: re.Match) -> str:
