@@ -40,7 +40,7 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str):
     if name in _EXPORTS:
         if _EXPORTS[name].startswith("running"):
-            importlib.import_module(".reporting.report", __name__)  # registers the report's output formats
+            importlib.import_module(".reporting", __name__)  # registers the report's output formats
         mod = importlib.import_module(f".{_EXPORTS[name]}", __name__)
         return mod if name == _EXPORTS[name].rpartition(".")[2] else getattr(mod, name)
     raise AttributeError(f"module 'rollout_audit' has no attribute {name!r}")

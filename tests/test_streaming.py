@@ -128,7 +128,7 @@ def test_batches_are_bounded_by_tokens_and_find_the_same(base, tmp_path, monkeyp
         ref = _norm(run_audit(discover([root]), cfg))
         monkeypatch.setattr(pipeline, "BATCH_TOKENS", 150)
         files = discover([root]).of_kind("trajectories")
-        parts = list(pipeline.batches(files, plan(Runner(cfg)).columns, 2048, []))
+        parts = list(pipeline.batches(files, plan(Runner(cfg)).columns, 2048, [], cfg))
         sizes = [
             (p.table.num_rows, int(pc.sum(pc.list_value_length(p.table.column("token_source"))).as_py() or 0))
             for p in parts

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..contract.config import Config
 from ..contract.schema import TOKEN_LISTS
 from .io import Discovery, LogFile, source
 from .read import Part, Problem, parts
@@ -25,19 +26,15 @@ BATCH_TOKENS = 1 << 21  # tokens per batch at most (one trajectory may exceed it
 
 
 def batches(
-    files: Sequence[LogFile],
-    columns: Sequence[str],
-    batch_rows: int,
-    broken: list[Problem],
-    max_row_group_bytes: int = 2 * 2**30,
-    max_tokens: int = 1_000_000,
+    files: Sequence[LogFile], columns: Sequence[str], batch_rows: int, broken: list[Problem], cfg: Config | None = None
 ) -> Iterator[Part]:
     """The files' rows (`columns` of them) in parts of at most `batch_rows` rows and
-    `BATCH_TOKENS` tokens, read, sanitized and cast by `read.parts`; unreadable files go to
-    `broken`. A part of several small files lists them in `sources`."""
+    `BATCH_TOKENS` tokens, read, sanitized and cast by `read.parts` within the configuration's
+    limits; unreadable files go to `broken`. A part of several small files lists them in `sources`."""
+    cfg = cfg or Config()
     pending: list[Part] = []
     rows = tokens = 0
-    read = parts(files, columns, batch_rows, broken, max_row_group_bytes, max_tokens)
+    read = parts(files, columns, batch_rows, broken, cfg.max_row_group_bytes, cfg.max_tokens_per_trajectory)
     for part, k in (piece for whole in read for piece in _by_tokens(whole)):
         n = part.table.num_rows
         small = not part.problems and 0 < n <= batch_rows // 2 and k <= BATCH_TOKENS // 2

@@ -111,18 +111,9 @@ def check_share(job: Job, share: Share) -> tuple[Any, ...]:
     the gathered summary columns, then `n_parts` summary pieces per partitioned log check)."""
     runner = job.runner()
     broken: list[tuple[str, str]] = []
-    cfg = job.cfg
     rows = tokens = 0
     summaries: list[pl.DataFrame] = []
-    read = batches(
-        [share.opened()],
-        job.plan.columns,
-        job.batch_rows,
-        broken,
-        cfg.max_row_group_bytes,
-        cfg.max_tokens_per_trajectory,
-    )
-    for part in read:
+    for part in batches([share.opened()], job.plan.columns, job.batch_rows, broken, job.cfg):
         done = runner.check_batch(part, job.plan)
         rows += done.rows
         tokens += done.tokens

@@ -52,14 +52,7 @@ class Work:
 
     def batches(self) -> Iterator[Part]:
         """The trajectory files' batches, read by the one reading pipeline."""
-        return batches(
-            self.disc.of_kind("trajectories"),
-            self.plan.columns,
-            self.batch_rows,
-            self.broken,
-            self.cfg.max_row_group_bytes,
-            self.cfg.max_tokens_per_trajectory,
-        )
+        return batches(self.disc.of_kind("trajectories"), self.plan.columns, self.batch_rows, self.broken, self.cfg)
 
     def log_view(self, traj: pl.DataFrame) -> LogView:
         """The view log rules get: the per-trajectory summary `traj` and the update records."""
