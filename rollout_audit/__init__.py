@@ -18,6 +18,7 @@ _EXPORTS = {
     "load_config": "contract.config",
     "audit": "running.engine",
     "audit_tables": "running.engine",
+    "Options": "running.options",
     "RolloutWriter": "writer",
     "UsageError": "contract.errors",
     "Log": "reading.log",
