@@ -622,10 +622,43 @@ def run_profile(profile: str, out_dir: str | Path, seed: int = 0, progress: bool
     }
 
 
+POLICY_LABELS = {
+    "trained": "trained (GRU memory)",
+    "untrained": "untrained (v0)",
+    "no_memory": "trained, no memory (state reset each turn)",
+}
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """Plain-text table: greedy success on red and blue tasks for each policy (mean ± std for `full`)."""
+    summary = result.get("summary")
+    lines = [
+        f"profile {result.get('profile')}  train {result['train_seconds']:.1f}s  "
+        f"total {result['total_seconds']:.1f}s  out {result.get('out_dir')}",
+        f"{'policy':<44}{'red':>16}{'blue':>16}",
+    ]
+    for key, label in POLICY_LABELS.items():
+        cells = []
+        for colour in ("red", "blue"):
+            if summary:
+                s = summary[f"{key}/{colour}"]
+                cells.append(f"{s['mean']:.3f} ± {s['std']:.3f}")
+            else:
+                cells.append(f"{result['evaluation'][key][colour]:.3f}")
+        lines.append(f"{label:<44}{cells[0]:>16}{cells[1]:>16}")
+    for run in result.get("runs", []):  # full profile: every seed, so a failed seed is visible
+        ev = run["evaluation"]
+        lines.append(
+            f"  seed {run['seed']}: trained red {ev['trained']['red']:.2f} blue {ev['trained']['blue']:.2f}, "
+            f"no-memory red {ev['no_memory']['red']:.2f} blue {ev['no_memory']['blue']:.2f}"
+        )
+    if "stop_reasons" in result:
+        lines.append("stop reasons: " + ", ".join(f"{k}={v}" for k, v in sorted(result["stop_reasons"].items())))
+    return "\n".join(lines)
+
+
 def main() -> None:
     """CLI entry: train a profile and print the evaluation table."""
-    from reference_agent.demo import format_table
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", choices=sorted(PROFILES), default="smoke")
     parser.add_argument("--out", default="out")

@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` liv
 import rollout_audit
 from benchmarks.generate import FAULTS, generate
 from benchmarks.run import naive_audit
+from rollout_audit.checks import all_rules
 from rollout_audit.contract import schema as S
-from rollout_audit.contract.registry import all_rules
 
 
 @pytest.fixture(scope="module")

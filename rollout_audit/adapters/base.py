@@ -12,11 +12,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..contract.errors import AdapterError
+
 _MISSING = object()
-
-
-class AdapterError(ValueError):
-    """A framework's records lack what the adapter needs: one line naming the field and record."""
 
 
 def need(record: Mapping[str, Any], field: str, where: str) -> Any:

@@ -26,6 +26,7 @@ from trl import GRPOTrainer
 
 from ..contract import schema as S
 from ..contract.config import Config
+from ..contract.errors import AuditFailed
 from ..reading.records import records_to_table
 from ..reporting.report import Report
 from ..running.engine import audit_tables
@@ -388,14 +389,6 @@ def advantage_estimator(trainer: GRPOTrainer) -> str | None:
 # ---------------------------------------------------------------- the guard
 
 
-class AuditError(RuntimeError):
-    """Raised by the guard under policy `raise`; `.report` holds the findings."""
-
-    def __init__(self, message: str, report: Report) -> None:
-        super().__init__(message)
-        self.report = report
-
-
 @dataclass
 class AuditSettings:
     """What the guard does with findings, and the fields TRL does not record."""
@@ -421,7 +414,7 @@ def _summary(what: str, report: Report) -> str:
 class AuditedGRPOTrainer(GRPOTrainer):
     """`GRPOTrainer` that audits every generation batch and every micro-batch update before
     the optimizer step. `audit=AuditSettings(policy=...)`: `warn` (default), `raise`
-    (AuditError), or `skip` (the loss mask of trajectories with an error finding is zeroed,
+    (AuditFailed), or `skip` (the loss mask of trajectories with an error finding is zeroed,
     all of them when a finding names none; a failing update trains with a zero loss).
     Reports are kept in `audit_reports` as (label, Report)."""
 
@@ -492,7 +485,7 @@ class AuditedGRPOTrainer(GRPOTrainer):
         """Apply the policy; under `skip`, the rows to exclude."""
         msg = _summary(what, report)
         if self.audit.policy == "raise":
-            raise AuditError(msg, report)
+            raise AuditFailed(msg, report)
         warnings.warn(msg, stacklevel=3)
         if self.audit.policy != "skip":
             return None
