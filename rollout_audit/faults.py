@@ -637,6 +637,116 @@ def reset_not_reproducible(ctx: _Ctx) -> list[str]:
     return [t["trajectory_id"]]
 
 
+# ---------------------------------------------------------------- what the loss was built from (contract 1.2)
+
+
+def _evidence(ctx: _Ctx) -> None:
+    """Record the 1.2 loss evidence a compliant trainer would write, where the log lacks it."""
+    from .synth import record_loss_evidence
+
+    record_loss_evidence(ctx.trajs, ctx.updates)
+
+
+@fault("masked_tokens_in_numerator", {"U607"})
+def masked_tokens_in_numerator(ctx: _Ctx) -> list[str]:
+    """The token-mean loss sums every token's loss but divides by the masked count: prompt,
+    template and tool tokens enter the numerator (alibaba/ROLL#444)."""
+    _evidence(ctx)
+    u = next((u for u in ctx.updates if u["trajectory_ids"]), None)
+    if u is None:
+        raise ValueError("the log has no update with a batch this fault can break")
+    k = ctx.rng.randrange(len(u["trajectory_ids"]))
+    tid = u["trajectory_ids"][k]
+    u["numerator_tokens"][k] = len(ctx.by_id[tid]["token_ids"])
+    return [tid]
+
+
+def _returns_over_every_token(t: dict) -> None:
+    """The return recursion of a trainer that runs it over every position, masked or not."""
+    acc, ret = 0.0, [0.0] * len(t["token_ids"])
+    for i in reversed(range(len(ret))):
+        acc += t["token_reward"][i] - t["token_kl"][i]
+        ret[i] = acc
+    t["token_returns"] = ret
+
+
+@fault("reward_on_padding_token", {"R411", "R413"})
+def reward_on_padding_token(ctx: _Ctx) -> list[str]:
+    """The PPO score is written at the first token after the end-of-sequence token (the first
+    padding position) instead of on the last sampled token, and the returns carry it from
+    there (huggingface/trl#3750)."""
+    _evidence(ctx)
+
+    def after_last_policy(t: dict) -> int | None:
+        pol = _policy_positions(t)
+        return pol[-1] + 1 if pol and pol[-1] + 1 < len(t["token_ids"]) and t.get("reward") else None
+
+    t = ctx.pick(lambda t: after_last_policy(t) is not None, "rewarded trajectory with a token after its last action")
+    i = after_last_policy(t)
+    assert i is not None
+    t["token_reward"] = [0.0] * len(t["token_ids"])
+    t["token_reward"][i] = float(t["reward"])
+    _returns_over_every_token(t)
+    return [t["trajectory_id"]]
+
+
+@fault("kl_accumulated_over_tool_tokens", {"R412", "R413"})
+def kl_accumulated_over_tool_tokens(ctx: _Ctx) -> list[str]:
+    """The KL penalty is computed on every token, tool observations included, and the return
+    recursion runs over every position, so the observations' KL flows into the returns of the
+    actions before them (THUDM/slime#1370)."""
+    _evidence(ctx)
+    t = ctx.pick(lambda t: 3 in t["token_source"] and 2 in t["token_source"], "trajectory with a tool observation")
+    t["token_kl"] = [v if s == 2 else 0.02 for s, v in zip(t["token_source"], t["token_kl"])]
+    _returns_over_every_token(t)
+    return [t["trajectory_id"]]
+
+
+@fault("rejected_in_group_statistics", {"U608", "U603"})
+def rejected_in_group_statistics(ctx: _Ctx) -> list[str]:
+    """A rejected episode (reward null: truncated under exclude, or an infrastructure failure)
+    is dropped from the batch, but its reward, filled with 0, still enters its group's GRPO
+    mean and std, shifting every trained member's advantage (verl-project/verl#6452)."""
+    _evidence(ctx)
+    key = lambda t: t.get("group_id") or t["task_id"]
+    for t in ctx.trajs:
+        if t["reward"] is not None:
+            continue
+        for u in ctx.updates:
+            if u.get("advantages") is None or u.get("advantage_estimator") != "grpo" or u.get("window_trajectory_ids"):
+                continue
+            idx = [k for k, i in enumerate(u["trajectory_ids"]) if i in ctx.by_id and key(ctx.by_id[i]) == key(t)]
+            r = np.array([ctx.by_id[u["trajectory_ids"][k]]["reward"] for k in idx], dtype=float)
+            if len(idx) < 2 or not np.isfinite(r).all() or np.ptp(r) == 0:
+                continue
+            with_zero = np.append(r, 0.0)
+            adv = (r - with_zero.mean()) / (with_zero.std(ddof=1) + 1e-6)
+            for k, a in zip(idx, adv):
+                u["advantages"][k] = float(a)
+            u["stat_trajectory_ids"].append(t["trajectory_id"])
+            return [t["trajectory_id"]] + [u["trajectory_ids"][k] for k in idx]
+    raise ValueError("the log has no excluded episode whose group is trained with GRPO advantages")
+
+
+@fault("truncation_paid_as_success", {"T307"}, config={"truncation": "penalize"})
+def truncation_paid_as_success(ctx: _Ctx) -> list[str]:
+    """Under truncation = penalize, an episode cut at the generation limit is paid the success
+    reward: the environment scored the partial transcript (SkyRL at max_generate_length)."""
+    done = [o for o in ctx.trajs if o["terminated"] and o["reward"] is not None]
+    success = max((o["reward"] for o in done if o["stop_reason"] == "success"), default=None)
+    failure: dict[str, float] = {}
+    for o in done:
+        if o["stop_reason"] == "failure":
+            failure[o["task_id"]] = max(failure.get(o["task_id"], o["reward"]), o["reward"])
+
+    def pays_more(t: dict) -> bool:
+        return t["truncated"] and success is not None and t["task_id"] in failure and success > failure[t["task_id"]]
+
+    t = ctx.pick(pays_more, "truncated episode of a task with a failure, in a log with a success")
+    t["reward"] = float(success)  # type: ignore[arg-type]
+    return [t["trajectory_id"]]
+
+
 # ---------------------------------------------------------------- API
 
 

@@ -33,6 +33,9 @@ class Config(BaseModel):
     rtol: float = Field(1e-5, ge=0)
     logprob_atol: float = Field(1e-3, ge=0, description="L202: float32 token log-probs summed in float64")
     truncation: Literal["exclude", "bootstrap", "penalize"] = "exclude"
+    truncation_penalty: float | None = Field(
+        None, description="T307: under truncation = penalize, the most a truncated episode may be paid"
+    )
     extra_stop_reasons: dict[str, Literal["terminated", "truncated", "infra_error"]] = Field(default_factory=dict)
     first_visit_components: list[str] = Field(default_factory=list)
     loop_length: int = Field(4, ge=2)
@@ -69,6 +72,7 @@ class Config(BaseModel):
         "replay_atol",
         "replay_max_share",
         "max_turn_log_ratio",
+        "truncation_penalty",
         mode="before",
     )
     @classmethod
