@@ -670,20 +670,22 @@ def _returns_over_every_token(t: dict) -> None:
     t["token_returns"] = ret
 
 
+PAD = 0  # the padding id of a right-padded batch
+
+
 @fault("reward_on_padding_token", {"R411", "R413"})
 def reward_on_padding_token(ctx: _Ctx) -> list[str]:
     """The PPO score is written at the first token after the end-of-sequence token (the first
-    padding position) instead of on the last sampled token, and the returns carry it from
-    there (huggingface/trl#3750)."""
+    padding position of the right-padded batch) instead of on the last sampled token, and the
+    returns carry it from there (huggingface/trl#3750)."""
     _evidence(ctx)
-
-    def after_last_policy(t: dict) -> int | None:
-        pol = _policy_positions(t)
-        return pol[-1] + 1 if pol and pol[-1] + 1 < len(t["token_ids"]) and t.get("reward") else None
-
-    t = ctx.pick(lambda t: after_last_policy(t) is not None, "rewarded trajectory with a token after its last action")
-    i = after_last_policy(t)
-    assert i is not None
+    t = ctx.pick(lambda t: bool(t.get("reward")) and bool(_policy_positions(t)), "rewarded trajectory with an action")
+    i = _policy_positions(t)[-1] + 1
+    if i == len(t["token_ids"]):  # the sequence ends on its last action: the batch pads it
+        pad = {"token_ids": PAD, "token_source": 4, "loss_mask": False, "behavior_logprobs": None}
+        pad |= {"token_turn": t["token_turn"][-1], "token_reward": 0.0, "token_kl": 0.0, "token_returns": 0.0}
+        for c, v in pad.items():
+            t[c].append(v)
     t["token_reward"] = [0.0] * len(t["token_ids"])
     t["token_reward"][i] = float(t["reward"])
     _returns_over_every_token(t)

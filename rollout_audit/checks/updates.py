@@ -753,14 +753,15 @@ def numerator_tokens(log, cfg) -> pl.DataFrame | None:
     "U608",
     "excluded trajectory entered the group statistics",
     scope="log",
-    requires=("updates.stat_trajectory_ids", "trajectory_id", "reward", "truncated", "infra_error"),
-    optional=("updates.update_step", "stop_reason"),
+    requires=("updates.stat_trajectory_ids", "trajectory_id", "reward"),
+    optional=("updates.update_step", "truncated", "infra_error", "stop_reason"),
     config=("truncation",),
 )
 def excluded_in_statistics(log, cfg) -> pl.DataFrame | None:
     """An update's stat_trajectory_ids (the trajectories whose rewards formed the group mean and
     std of its advantages) names a trajectory that must be excluded: a null reward, an
-    infra_error episode, or a collector-truncated one under truncation = exclude.
+    infra_error episode, or a collector-truncated one under truncation = exclude (the flags are
+    read when the log has them: a framework that records no stop cause is checked on rewards).
 
     Lessons “Success, termination, truncation, and infrastructure failure” and “When a rollout
     group contains no relative signal”: an excluded episode is evidence about nothing, so it
