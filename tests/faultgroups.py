@@ -70,6 +70,8 @@ GROUPS: tuple[tuple[str, ...], ...] = (
     ),
     ("loss_over_whole_transcript", "advantages_on_degenerate_group"),
     ("excluded_trajectory_trained",),
+    ("masked_tokens_in_numerator", "reward_on_padding_token", "rejected_in_group_statistics"),
+    ("truncation_paid_as_success", "kl_accumulated_over_tool_tokens"),
 )
 RECORD_GROUPS = tuple(g for g in GROUPS if not any(FAULTS[n].file_level for n in g))  # no truncated file
 

@@ -52,7 +52,7 @@ class Config(BaseModel):
     # is not read (S005); a trajectory with more tokens is not audited (S001)
     max_row_group_bytes: int = Field(2 * 2**30, ge=1)
     max_tokens_per_trajectory: int = Field(1_000_000, ge=1)
-    # Replay (L205-L207): trajectories replayed, stratified by policy version; 0 = off (`check --replay N`)
+    # Replay (L205-L207, L209): trajectories replayed, stratified by policy version; 0 = off (`check --replay N`)
     replay: int = Field(0, ge=0)
     replayer: str | None = None  # "module:factory" returning a replayer, e.g. "reference_agent.replay:replayer"
     # version -> local checkpoint (a {"3": "ckpt/step-3"} table, or a template "ckpt/step-{version}")
