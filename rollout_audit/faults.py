@@ -119,10 +119,22 @@ def _trainable(t: dict) -> int:
 
 
 def _sync_denominator(ctx: _Ctx, tid: str) -> None:
-    """A pipeline that changed the mask also counted it: keep token denominators consistent."""
+    """A pipeline that changed the mask also counted it and summed its loss under it: keep token
+    denominators (and recorded numerator counts) consistent."""
     for u in ctx.updates:
         if tid in u["trajectory_ids"] and u["reduction"] == "token":
             u["loss_denominator"] = float(sum(_trainable(ctx.by_id[i]) for i in u["trajectory_ids"]))
+        if tid in u["trajectory_ids"] and u.get("numerator_tokens") is not None:
+            u["numerator_tokens"][u["trajectory_ids"].index(tid)] = _trainable(ctx.by_id[tid])
+
+
+def _append_member(u: dict, tid: str, trainable: int) -> None:
+    """An update that trains on one more trajectory: its advantage (0) and its numerator count."""
+    u["trajectory_ids"].append(tid)
+    if u.get("advantages") is not None:
+        u["advantages"].append(0.0)
+    if u.get("numerator_tokens") is not None:
+        u["numerator_tokens"].append(trainable)
 
 
 # ---------------------------------------------------------------- structure
@@ -342,9 +354,11 @@ def stop_reason_contradicts_flag(ctx: _Ctx) -> list[str]:
     return [t["trajectory_id"]]
 
 
-@fault("engine_crash_scored_zero", {"T303", "U606"})
+@fault("engine_crash_scored_zero", {"T303", "U606", "U608"})
 def engine_crash_scored_zero(ctx: _Ctx) -> list[str]:
-    """An engine crash was scored 0 and trained on, masquerading as a task failure."""
+    """An engine crash was scored 0 and trained on, masquerading as a task failure; its 0 also
+    entered its group's statistics."""
+    _evidence(ctx)
     t = ctx.pick(
         lambda t: t["trajectory_id"] in ctx.used() and t["reward"] == 0.0 and not t["verifier_success"],
         "failed trajectory used in an update",
@@ -597,10 +611,7 @@ def advantages_on_degenerate_group(ctx: _Ctx) -> list[str]:
 @fault("update_names_missing_trajectory", {"U605"})
 def update_names_missing_trajectory(ctx: _Ctx) -> list[str]:
     """An update names a trajectory whose shard never reached the log."""
-    u = ctx.updates[-1]
-    u["trajectory_ids"].append("ghost-000")
-    if u.get("advantages") is not None:
-        u["advantages"].append(0.0)
+    _append_member(ctx.updates[-1], "ghost-000", 0)
     return ["ghost-000"]
 
 
@@ -610,9 +621,7 @@ def excluded_trajectory_trained(ctx: _Ctx) -> list[str]:
     t = ctx.pick(lambda t: t["reward"] is None and t["truncated"], "excluded trajectory")
     v = t["turns"][0]["policy_version"]
     u = next((u for u in ctx.updates if u["trainer_version"] == v), ctx.updates[0])
-    u["trajectory_ids"].append(t["trajectory_id"])
-    if u.get("advantages") is not None:
-        u["advantages"].append(0.0)
+    _append_member(u, t["trajectory_id"], _trainable(t))
     _sync_denominator(ctx, t["trajectory_id"])
     return [t["trajectory_id"]]
 
