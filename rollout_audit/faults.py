@@ -691,7 +691,7 @@ def reward_on_padding_token(ctx: _Ctx) -> list[str]:
     t = ctx.pick(lambda t: bool(t.get("reward")) and bool(_policy_positions(t)), "rewarded trajectory with an action")
     i = _policy_positions(t)[-1] + 1
     if i == len(t["token_ids"]):  # the sequence ends on its last action: the batch pads it
-        pad = {"token_ids": PAD, "token_source": 4, "loss_mask": False, "behavior_logprobs": None}
+        pad: dict[str, object] = {"token_ids": PAD, "token_source": 4, "loss_mask": False, "behavior_logprobs": None}
         pad |= {"token_turn": t["token_turn"][-1], "token_reward": 0.0, "token_kl": 0.0, "token_returns": 0.0}
         for c, v in pad.items():
             t[c].append(v)
