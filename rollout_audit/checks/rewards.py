@@ -631,16 +631,18 @@ def reward_placement(b: BatchView, cfg) -> pl.DataFrame | None:
     token that is not the last policy token of its turn, or a non-zero episode reward is placed
     on no token at all.
 
-    Lesson “What one outcome reward provides”: an outcome reward is credited to the action
-    that ended the episode (a turn reward to the action of its turn), and a token-level trainer
-    puts it on the last token the policy sampled there, the end-of-sequence token. A reward on
-    a token the policy never sampled (huggingface/trl#3750: the PPO score on the first padding
-    token instead of the EOS) or in the middle of a turn is credited through the value
-    function to the wrong position, and a reward placed nowhere is lost. The last policy token
-    of a turn is the last token with token_source 2 and that token_turn; a trainer that places
-    only the episode reward uses the last one of the episode, which is also allowed here. A
-    NaN placement is always a finding. Fix the index the trainer writes the score at (the
-    position of the last sampled token, before padding), or record the placement it uses.
+    Lesson “What one outcome reward provides” gives the estimator R(τ)·Σ_t ∇log π(a_t | h_t): the
+    outcome weighs the actions the policy took. The lesson is silent on tokens; the rule comes
+    from huggingface/trl#3750, where the PPO score sat on the first padding token instead of the
+    EOS: a token-level trainer must put the reward on the last token the policy sampled in the
+    episode (a turn reward on the last one of its turn), from where the returns carry it back to
+    the earlier actions. A reward on a token the policy never sampled, or in the middle of a
+    turn, is credited through the value function to the wrong position, and a reward placed
+    nowhere is lost. The last policy token of a turn is the last token with token_source 2 and
+    that token_turn; a trainer that places only the episode reward uses the last one of the
+    episode, which is also allowed here. A NaN placement is always a finding. Fix the index the
+    trainer writes the score at (the position of the last sampled token, before padding), or
+    record the placement it uses.
     """
     lst = _List(b, "token_reward")
     t = b.tokens

@@ -702,9 +702,10 @@ def numerator_tokens(log, cfg) -> pl.DataFrame | None:
     """A trajectory's numerator_tokens (how many of its tokens entered the update's summed loss)
     differs from its trainable count |I_i|, the loss_mask-true tokens.
 
-    Lesson “Trainable-token masks and signal dilution”: the mask must both remove the gradient
-    of tokens the policy did not choose and define the normalisation. U601 and U602 check the
-    denominator; this check reads the numerator. A token-mean loss that divides by the masked
+    Lesson “Trainable-token masks and signal dilution”: L = −(1/Σ_k m_k) Σ_k m_k Â log π(z_k),
+    the mask m in the numerator (no gradient on tokens the policy did not choose) and in the
+    denominator (the normalisation). U601 and U602 check the denominator; this check reads the
+    numerator. A token-mean loss that divides by the masked
     count but sums every token's loss (alibaba/ROLL#444: the mask applied to the denominator
     only) trains on prompt, tool and padding tokens with a weight the denominator hides: the
     finding names both counts and the tokens outside the mask that entered. A numerator list
