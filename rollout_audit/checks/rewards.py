@@ -576,12 +576,20 @@ class _List:
         lens = pc.list_value_length(a).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
         self.fits = b.ok & (lens >= 0) & (lens == t.n_tok)
         self.broken = b.ok & (lens >= 0) & (lens != t.n_tok)
-        flat = a.take(pa.array(np.flatnonzero(self.fits))).flatten()
-        have = self.fits[t.row]
-        self.values = np.full(t.row.size, np.nan)
-        self.values[have] = flat.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
-        self.present = np.zeros(t.row.size, bool)
-        self.present[have] = pc.is_valid(flat).to_numpy(zero_copy_only=False)
+        whole = bool(self.fits.all())  # the usual case: no take, and the values come out in token order
+        flat = (a if whole else a.take(pa.array(np.flatnonzero(self.fits)))).flatten()
+        if not (pa.types.is_float32(flat.type) or pa.types.is_float64(flat.type)):
+            flat = flat.cast(pa.float64())
+        vals = flat.to_numpy(zero_copy_only=False)  # NaN under a null
+        valid = pc.is_valid(flat).to_numpy(zero_copy_only=False) if flat.null_count else np.ones(len(flat), bool)
+        if whole:
+            self.values, self.present = vals.astype(np.float64), valid
+        else:
+            have = self.fits[t.row]
+            self.values = np.full(t.row.size, np.nan)
+            self.values[have] = vals
+            self.present = np.zeros(t.row.size, bool)
+            self.present[have] = valid
         off = np.flatnonzero(self.broken)
         self.bad = pl.DataFrame(
             {"trajectory_id": b.ids.gather(off), "_n": lens[off], "_k": t.n_tok[off].astype(np.int64)},
