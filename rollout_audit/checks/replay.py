@@ -34,20 +34,24 @@ _REPLAY_CONFIG = ("replay", "replayer", "replay_checkpoints", "replay_endpoints"
 def _replayed(log: LogView, cfg) -> pl.DataFrame:
     """The replayed token frame, computed once per audit and shared by L205-L207. NotRun when replay
     is off; Unmet (the audit is incomplete) when replay was asked for and could not run."""
-    if "replay" not in log.cache:
-        if cfg.replay <= 0:
-            log.cache["replay"] = NotRun("replay is off: run with --replay N (or `replay = N` in the configuration)")
-        else:
-            try:
-                log.cache["replay"] = replay_frame(log.traj, int(cfg.replay), load_replayer(cfg))
-            except (NotConfigured, ValueError) as e:
-                log.cache["replay"] = Unmet(f"replay of {cfg.replay} trajectories was asked for and did not run: {e}")
-            except Exception as e:  # noqa: BLE001 - a replayer failing on this log (e.g. ids beyond its vocabulary)
-                first = str(e).splitlines()[0] if str(e) else ""
-                log.cache["replay"] = Unmet(
-                    f"replay of {cfg.replay} trajectories was asked for and failed: {type(e).__name__}: {first}"
-                )
-    out = log.cache["replay"]
+    if "replay" not in log.cache and cfg.replay <= 0:
+        log.cache["replay"] = NotRun("replay is off: run with --replay N (or `replay = N` in the configuration)")
+    what = f"replay of {cfg.replay} trajectories was asked for and"
+    return _cached(log, "replay", lambda: replay_frame(log.traj, int(cfg.replay), load_replayer(cfg)), what)
+
+
+def _cached(log: LogView, key: str, make, what: str) -> pl.DataFrame:
+    """`make()` once per audit under `key`; a replay that cannot run or fails is kept as Unmet (the
+    audit is incomplete, the reason begins with `what`) and raised to every check that asks."""
+    if key not in log.cache:
+        try:
+            log.cache[key] = make()
+        except (NotConfigured, ValueError) as e:
+            log.cache[key] = Unmet(f"{what} did not run: {e}")
+        except Exception as e:  # noqa: BLE001 - a replayer failing on this log (e.g. ids beyond its vocabulary)
+            first = str(e).splitlines()[0] if str(e) else ""
+            log.cache[key] = Unmet(f"{what} failed: {type(e).__name__}: {first}")
+    out = log.cache[key]
     if isinstance(out, NotRun):
         raise type(out)(str(out))
     return out
@@ -255,20 +259,8 @@ def extreme_ratio(log: LogView, cfg) -> pl.DataFrame | None:
 def _neighbours(log: LogView, cfg) -> pl.DataFrame:
     """The replayed tokens also scored under the neighbouring policy versions (once per audit)."""
     _replayed(log, cfg)  # the same sample; raises NotRun / Unmet as L205 does
-    if "neighbours" not in log.cache:
-        try:
-            log.cache["neighbours"] = neighbour_frame(log.traj, int(cfg.replay), load_replayer(cfg))
-        except (NotConfigured, ValueError) as e:
-            log.cache["neighbours"] = Unmet(f"replay under the neighbouring versions did not run: {e}")
-        except Exception as e:  # noqa: BLE001 - a replayer failing on this log
-            first = str(e).splitlines()[0] if str(e) else ""
-            log.cache["neighbours"] = Unmet(
-                f"replay under the neighbouring versions failed: {type(e).__name__}: {first}"
-            )
-    out = log.cache["neighbours"]
-    if isinstance(out, NotRun):
-        raise type(out)(str(out))
-    return out
+    make = lambda: neighbour_frame(log.traj, int(cfg.replay), load_replayer(cfg))
+    return _cached(log, "neighbours", make, "replay under the neighbouring versions")
 
 
 @rule(

@@ -639,12 +639,18 @@ def excluded_member(log, cfg) -> pl.DataFrame | None:
     bootstrap them as the truncation policy says).
     """
     m = members(log).filter(pl.col("_in_log"))
-    infra = pl.col("infra_error").fill_null(False)
-    trunc = pl.col("truncated").fill_null(False) & (cfg.truncation == "exclude")
-    null_r = pl.col("reward").is_null()
-    bad = m.filter(infra | trunc | null_r)
+    excluded, why = _excluded(cfg)
+    bad = m.filter(excluded)
     if bad.is_empty():
         return None
+    return bad.select("file", "trajectory_id", pl.format("{} uses {}", _step(), why).alias("message"))
+
+
+def _excluded(cfg) -> tuple[pl.Expr, pl.Expr]:
+    """Whether a trajectory must be excluded from training (null reward, infra_error, truncated
+    under truncation = exclude), and why, for a message."""
+    infra = pl.col("infra_error").fill_null(False)
+    trunc = pl.col("truncated").fill_null(False) & (cfg.truncation == "exclude")
     stop = pl.col("stop_reason").fill_null("null")
     why = (
         pl.when(infra)
@@ -653,7 +659,7 @@ def excluded_member(log, cfg) -> pl.DataFrame | None:
         .then(pl.format("a collector-truncated episode (stop_reason {}) under truncation = exclude", stop))
         .otherwise(pl.lit("an episode with a null reward (excluded from training)"))
     )
-    return bad.select("file", "trajectory_id", pl.format("{} uses {}", _step(), why).alias("message"))
+    return infra | trunc | pl.col("reward").is_null(), why
 
 
 # ------------------------------------------------------------------ U607, U608: what the loss and the statistics were built from
@@ -777,19 +783,10 @@ def excluded_in_statistics(log, cfg) -> pl.DataFrame | None:
     members, _ = _named(log, "stat_trajectory_ids")
     t = _traj(log).select("trajectory_id", "reward", "truncated", "infra_error", "stop_reason")
     m = members.join(t, on="trajectory_id", how="inner")
-    infra = pl.col("infra_error").fill_null(False)
-    trunc = pl.col("truncated").fill_null(False) & (cfg.truncation == "exclude")
-    bad = m.filter(infra | trunc | pl.col("reward").is_null())
+    excluded, why = _excluded(cfg)
+    bad = m.filter(excluded)
     if bad.is_empty():
         return None
-    stop = pl.col("stop_reason").fill_null("null")
-    why = (
-        pl.when(infra)
-        .then(pl.format("an infra_error episode (stop_reason {})", stop))
-        .when(trunc)
-        .then(pl.format("a collector-truncated episode (stop_reason {}) under truncation = exclude", stop))
-        .otherwise(pl.lit("an episode with a null reward (excluded from training)"))
-    )
     return bad.select(
         "file",
         "trajectory_id",
