@@ -377,6 +377,9 @@ def update(
         "advantages": [float(a) for a in advantages],
         "advantage_estimator": "grpo",
         "max_policy_lag": cfg.epochs - 1,
+        # the group statistics are formed among exactly the trained members (groups of one left out)
+        "stat_trajectory_ids": [r["trajectory_id"] for r in batch],
+        "numerator_tokens": [],
     }
     if not batch:
         return record
@@ -413,6 +416,7 @@ def update(
                 f"update {step}: recomputed log-probs differ from behaviour log-probs by {drift:.2e}", stacklevel=2
             )
     denominator = float(sum(r["num_trainable_tokens"] for r in batch))  # loss-mask tokens in the batch
+    record["numerator_tokens"] = np.bincount(rows, minlength=len(batch)).tolist()  # the terms summed, per episode
     adv_t = torch.tensor(advs, dtype=torch.float32)
     ratio = torch.exp(logp_a - beh_t)
     surrogate = torch.minimum(ratio * adv_t, torch.clamp(ratio, 1 - cfg.clip, 1 + cfg.clip) * adv_t)

@@ -149,7 +149,7 @@ def main() -> None:
     "replay",
     type=click.IntRange(0),
     default=None,
-    help="Replay N trajectories stratified by policy version (L205-L207; needs a configured replayer).",
+    help="Replay N trajectories stratified by policy version (L205-L207, L209; needs a configured replayer).",
 )
 @click.option(
     "--ray",

@@ -260,7 +260,7 @@ def test_default_path_log_audits_with_window_denominator(default_run):
     # TRL rewards and trains on length-capped completions: under truncation = exclude that is reported
     truncated = pl.read_parquet(log / "trajectories")["truncated"].any()
     assert rep.codes("error") == ({"T304", "U606"} if truncated else set()), rep.render()
-    assert pq.read_schema(next((log / "trajectories").iterdir())).metadata[b"rollout_log.schema_version"] == b"1.1"
+    assert pq.read_schema(next((log / "trajectories").iterdir())).metadata[b"rollout_log.schema_version"] == b"1.2"
 
 
 def _factor(message: str) -> float:
