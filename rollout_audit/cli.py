@@ -161,6 +161,20 @@ def main() -> None:
     help="Run on a Ray cluster: ADDRESS, or alone (put it after PATHS) for a local cluster of --workers CPUs "
     "(needs the distributed extra).",
 )
+@click.option(
+    "--baseline",
+    "baseline",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Fail only on findings not recorded in this baseline file (default: `baseline` of the configuration).",
+)
+@click.option(
+    "--write-baseline",
+    "write_baseline",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Record today's findings in this file (for --baseline) and exit 0.",
+)
 def check(
     paths,
     select,
@@ -179,6 +193,8 @@ def check(
     framework,
     context,
     ray_address,
+    baseline=None,
+    write_baseline=None,
 ) -> None:
     """Audit the log at each PATH (a directory of Parquet files, or one file; local, or an s3://,
     gs:// or file:// URI).
@@ -207,12 +223,13 @@ def check(
     for c in sel + ign:
         if not any(k.startswith(c) for k in known):
             _fail(f"unknown check code or prefix {c!r}; see `rollout-audit explain --list`")
-    if output:
-        check_output(output, paths)
+    for out in (output, write_baseline):
+        if out:
+            check_output(out, paths)
     ray = None if ray_address is None else (True if ray_address == "local" else ray_address)
     logs = [list(paths)] if merge or framework or len(paths) == 1 else [[p] for p in paths]
     done = [(log, *_audit_one(log, config_path, replay, sel, ign, workers, framework, context, ray)) for log in logs]
-    reports = [(log, rep) for log, rep, _ in done]
+    reports = _settled(done, config_path, baseline, write_baseline, framework, context)
     painted = fmt == "text" and not output and (_tty_colour() if color is None else color)
     limit = None if show_all else done[0][2]
     text = _render_all(reports, fmt, limit=limit, color=painted, strict=strict, quiet=quiet)
@@ -225,6 +242,26 @@ def check(
         if fmt != "text" or output or quiet:  # the report is elsewhere or cut short: say why on stderr too
             _say_incomplete(rep)
     sys.exit(max(rep.exit_code(strict) for _, rep in reports))
+
+
+def _settled(done, config_path, baseline, write_baseline, framework, context):
+    """Each log's report after the tolerated rates and the baseline of its configuration;
+    with `write_baseline`, the findings are recorded there instead and the command ends."""
+    from .workflow import policy
+
+    if (baseline or write_baseline) and len(done) > 1:
+        _fail("a baseline belongs to one log: give one PATH, or --merge")
+    ctx = _context(context) if framework else None
+    if write_baseline:
+        log, rep, _ = done[0]
+        if not rep.complete:
+            _say_incomplete(rep)
+            _fail(f"the audit is incomplete: no baseline written to {write_baseline}")
+        rep = policy.apply_tolerated(rep, policy.find_config(config_path, start=log[0])[0].tolerated_share)
+        n = policy.write_baseline(write_baseline, rep, policy.log_ids(log, framework, ctx))
+        click.echo(f"wrote baseline {write_baseline}: {n} finding{'s' if n != 1 else ''} recorded")
+        sys.exit(0)
+    return [(log, policy.settle(rep, log, config_path, baseline, framework, ctx)) for log, rep, _ in done]
 
 
 def _with_replay(cfg, replay):

@@ -60,6 +60,12 @@ class Config(BaseModel):
     replay_max_share: float = Field(0.0, ge=0, le=1)  # L205: share of replayed tokens allowed over the tolerance
     compare_logprobs: str | None = None  # L207: a second per-token log-prob column (the trainer's recomputation)
     max_turn_log_ratio: float = Field(0.6931, gt=0)  # L207: |log π_other/π_beh| of a turn above this is extreme
+    # a baseline file (`check --write-baseline`): findings recorded there do not fail the audit; a
+    # relative path is read from the configuration file's directory
+    baseline: str | None = None
+    # code -> share of trajectories that may carry its findings before they count as errors
+    # (Great Expectations' `mostly`, seen from the failing side); up to it, they are warnings
+    tolerated_share: dict[str, float] = Field(default_factory=dict)
 
     @field_validator(
         "atol",
@@ -75,6 +81,21 @@ class Config(BaseModel):
     def _int_is_a_float(cls, v: Any) -> Any:
         """TOML writes `atol = 0` as an integer: accept integers for floats, nothing else."""
         return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+
+    @field_validator("tolerated_share", mode="before")
+    @classmethod
+    def _shares(cls, v: Any) -> Any:
+        """Codes as written upper-cased; each share a number in [0, 1] (integers 0 and 1 too)."""
+        if not isinstance(v, dict):
+            return v
+        out = {}
+        for k, x in v.items():
+            if isinstance(x, int) and not isinstance(x, bool):
+                x = float(x)
+            if not isinstance(x, float) or not 0.0 <= x <= 1.0:
+                raise ValueError(f"{k}: a share between 0 and 1, got {x!r}")
+            out[str(k).upper()] = x
+        return out
 
     @field_validator("difficulty_band", mode="before")
     @classmethod

@@ -206,7 +206,7 @@ def _coda(rep: Report) -> list[str]:
     """What follows the findings: why nothing was audited, or not-run, partial and crashed checks."""
     if rep.unusable is not None:
         return [f"error: nothing to audit: {printable(rep.unusable)}"]
-    out = []
+    out = _policy_lines(rep)
     if rep.not_run:
         out.append("not run:")
         out += [f"  {code}: {printable(why)}" for code, why in sorted(rep.not_run.items())]
@@ -222,6 +222,24 @@ def _coda(rep: Report) -> list[str]:
     out += [f"error: {line}" for line in _unfulfilled_lines(rep)]
     if not rep.summary["checks_run"] and not rep.crashes:
         out.append("error: no check ran: nothing was verified")
+    return out
+
+
+def _policy_lines(rep: Report) -> list[str]:
+    """What tolerated rates and a baseline (`rollout_audit.workflow.policy`) did, one line each."""
+    out = []
+    for code, t in rep.summary.get("tolerated", {}).items():
+        state, what = ("within", "reported as warnings") if t["within"] else ("above", "errors")
+        out.append(
+            f"{code}: {_n(t['trajectories'], 'trajectory', 'trajectories')} of {t['of']} ({t['share']:.2%}), "
+            f"{state} the tolerated {t['limit']:.2%}: {what}"
+        )
+    b = rep.summary.get("baseline")
+    if b:
+        out.append(
+            f"baseline {printable(b['file'])}: {b['seen']} of {b['recorded']} recorded findings seen, "
+            f"{b['gone']} gone, {b['new']} new"
+        )
     return out
 
 

@@ -1,0 +1,128 @@
+"""Living with the audit: baselines, tolerated rates, diffs, filtered copies and the watcher,
+each through the command line a user would type."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rollout_audit.cli import main
+from rollout_audit.synth import make_log
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPLIANT = ROOT / "fixtures" / "compliant"
+
+
+def cli(*args: object):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory):
+    """A log with one M101 error (`one`), the same log with an L201 error on top (`two`), and a
+    log of another run (other trajectory ids) with no finding."""
+    d = tmp_path_factory.mktemp("logs")
+    assert cli("faults", "apply", "tool_tokens_trained", COMPLIANT, d / "one").exit_code == 0
+    assert cli("faults", "apply", "positive_logprob", d / "one", d / "two").exit_code == 0
+    from rollout_audit.faults import write_records
+
+    write_records(d / "other", *make_log(seed=3))
+    return d
+
+
+# ---------------------------------------------------------------- baselines
+
+
+def test_baseline_accepts_what_it_recorded_and_fails_on_what_is_new(logs, tmp_path):
+    base = tmp_path / "baseline.json"
+    assert cli("check", logs / "one").exit_code == 1
+    res = cli("check", logs / "one", "--write-baseline", base)
+    assert res.exit_code == 0 and "1 finding recorded" in res.output
+    res = cli("check", logs / "one", "--baseline", base)
+    assert res.exit_code == 0, res.output
+    assert "baseline " in res.output and "1 of 1 recorded findings seen, 0 gone, 0 new" in res.output
+    assert res.output.strip().splitlines()[-1].startswith("ok:")
+    res = cli("check", logs / "two", "--baseline", base, "--format", "json")
+    assert res.exit_code == 1
+    rep = json.loads(res.stdout)
+    assert [f["code"] for f in rep["findings"]] == ["L201"]
+    assert rep["summary"]["baseline"] == {"file": str(base), "recorded": 1, "seen": 1, "gone": 0, "new": 1}
+    assert rep["summary"]["by_severity"]["error"] == 1
+
+
+def test_baseline_counts_what_is_gone(logs, tmp_path):
+    base = tmp_path / "b.json"
+    assert cli("check", logs / "two", "--write-baseline", base).exit_code == 0
+    res = cli("check", logs / "one", "--baseline", base)
+    assert res.exit_code == 0 and "1 of 2 recorded findings seen, 1 gone, 0 new" in res.output
+
+
+def test_a_finding_whose_numbers_changed_is_new(logs, tmp_path):
+    base = tmp_path / "b.json"
+    assert cli("check", logs / "one", "--write-baseline", base).exit_code == 0
+    doc = json.loads(base.read_text())
+    doc["findings"][0]["digest"] = "000000000000"  # the same place, other numbers in its message
+    base.write_text(json.dumps(doc))
+    res = cli("check", logs / "one", "--baseline", base)
+    assert res.exit_code == 1 and "0 of 1 recorded findings seen, 1 gone, 1 new" in res.output
+
+
+def test_baseline_from_the_configuration_is_read_next_to_it(logs, tmp_path):
+    assert cli("check", logs / "one", "--write-baseline", tmp_path / "accepted.json").exit_code == 0
+    (tmp_path / "audit.toml").write_text('[tool.rollout-audit]\nbaseline = "accepted.json"\n')
+    res = cli("check", logs / "one", "--config", tmp_path / "audit.toml")
+    assert res.exit_code == 0 and "1 of 1 recorded findings seen" in res.output
+
+
+def test_baseline_of_another_log_or_version_is_refused(logs, tmp_path):
+    base = tmp_path / "b.json"
+    assert cli("check", logs / "one", "--write-baseline", base).exit_code == 0
+    res = cli("check", logs / "other", "--baseline", base)
+    assert res.exit_code == 2 and "written for another log" in res.output, res.output
+    doc = json.loads(base.read_text())
+    doc["tool_version"] = "0.0.1"
+    base.write_text(json.dumps(doc))
+    res = cli("check", logs / "one", "--baseline", base)
+    assert res.exit_code == 2 and "written by rollout-audit 0.0.1" in res.output
+    base.write_text("not json")
+    assert cli("check", logs / "one", "--baseline", base).exit_code == 2
+    res = cli("check", logs / "one", "--baseline", tmp_path / "absent.json")
+    assert res.exit_code == 2 and "no such file" in res.output
+
+
+def test_baseline_is_never_written_into_the_log_nor_from_an_incomplete_audit(logs, tmp_path):
+    res = cli("check", logs / "one", "--write-baseline", logs / "one" / "b.json")
+    assert res.exit_code == 2 and not (logs / "one" / "b.json").exists()
+    res = cli("check", logs / "one", "--select", "L205", "--write-baseline", tmp_path / "b.json")
+    assert res.exit_code == 2 and not (tmp_path / "b.json").exists()
+
+
+# ---------------------------------------------------------------- tolerated rates
+
+
+def test_a_rate_within_its_tolerated_share_is_a_warning_with_the_share_shown(logs, tmp_path):
+    cfg = tmp_path / "rates.toml"
+    cfg.write_text("[tool.rollout-audit]\ntolerated_share = {M101 = 0.01, L201 = 0.001}\n")
+    res = cli("check", logs / "two", "--config", cfg)
+    assert res.exit_code == 1, res.output
+    assert "M101 [warning]" in res.output and "L201 [error]" in res.output
+    assert "M101: 1 trajectory of 128 (0.78%), within the tolerated 1.00%: reported as warnings" in res.output
+    assert "L201: 1 trajectory of 128 (0.78%), above the tolerated 0.10%: errors" in res.output
+    cfg.write_text("[tool.rollout-audit]\ntolerated_share = {M101 = 0.01}\n")
+    res = cli("check", logs / "one", "--config", cfg, "--format", "json")
+    assert res.exit_code == 0
+    rep = json.loads(res.stdout)
+    assert rep["findings"][0]["severity"] == "warning"
+    assert rep["summary"]["tolerated"]["M101"]["within"] is True
+    assert cli("check", logs / "one", "--config", cfg, "--strict").exit_code == 1
+
+
+@pytest.mark.parametrize("table, why", [("{M101 = 2}", "between 0 and 1"), ("{X101 = 0.1}", "unknown check code")])
+def test_a_bad_tolerated_share_is_exit_2(logs, tmp_path, table, why):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(f"[tool.rollout-audit]\ntolerated_share = {table}\n")
+    res = cli("check", logs / "one", "--config", cfg)
+    assert res.exit_code == 2 and why in res.output
