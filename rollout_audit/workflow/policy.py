@@ -132,8 +132,9 @@ def read_baseline(path: str | Path, ids: pl.Series) -> pl.DataFrame:
             f"baseline {path}: written by rollout-audit {doc.get('tool_version')}, this is {__version__}; "
             "findings and their messages may differ between versions: write it again with --write-baseline"
         )
-    log = doc.get("log") if isinstance(doc.get("log"), dict) else {}
-    sample = [x for x in log.get("sample_trajectory_ids", []) if isinstance(x, str)]
+    log = doc.get("log")
+    listed = log.get("sample_trajectory_ids") if isinstance(log, dict) else None
+    sample = [x for x in listed if isinstance(x, str)] if isinstance(listed, list) else []
     present = int(pl.Series(sample, dtype=pl.String).is_in(ids.drop_nulls().implode()).sum()) if sample else 0
     if sample and 2 * present < len(sample):
         raise BaselineError(
