@@ -352,6 +352,39 @@ def _say_incomplete(rep) -> None:
         click.echo(f"rollout-audit: error: {line}", err=True)
 
 
+@main.command("diff")
+@click.argument("a", type=click.Path())
+@click.argument("b", type=click.Path())
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--z",
+    "z_noise",
+    type=click.FloatRange(0, min_open=True),
+    default=3.0,
+    show_default=True,
+    help="A statistic moved when |z| of its change is above this.",
+)
+@click.option("--all", "every", is_flag=True, help="Text: every statistic, not only those that moved.")
+def diff_cmd(a, b, fmt, config_path, z_noise, every) -> None:
+    """What changed from log A to log B (two runs, or two step directories of one log): findings
+    per code that appeared, disappeared or changed count, and the statistics that moved beyond
+    noise. Exit 1 when new error findings appeared."""
+    from .workflow.diff import diff, render_diff
+
+    reps = [_audit_one([p], config_path, None, [], [], 1, None, ())[0] for p in (a, b)]
+    for p, r in zip((a, b), reps):
+        if r.unusable is not None:
+            _fail(f"{p}: nothing to audit: {r.unusable}")
+    from .contract.config import load_config
+    from .workflow.policy import apply_tolerated
+
+    reps = [apply_tolerated(r, load_config(config_path, start=p).tolerated_share) for p, r in zip((a, b), reps)]
+    d = diff([a], [b], *reps, z_noise=z_noise)
+    click.echo(json.dumps(d, indent=1, default=str) if fmt == "json" else render_diff(d, every))
+    sys.exit(1 if d["new_errors"] else 0)
+
+
 @main.command()
 @click.argument("code", required=False)
 @click.option("--list", "list_all", is_flag=True, help="List every check code, by family.")

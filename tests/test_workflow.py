@@ -126,3 +126,49 @@ def test_a_bad_tolerated_share_is_exit_2(logs, tmp_path, table, why):
     cfg.write_text(f"[tool.rollout-audit]\ntolerated_share = {table}\n")
     res = cli("check", logs / "one", "--config", cfg)
     assert res.exit_code == 2 and why in res.output
+
+
+# ---------------------------------------------------------------- diff
+
+
+def test_diff_names_findings_that_appeared_and_disappeared(logs):
+    res = cli("diff", COMPLIANT, logs / "two")
+    assert res.exit_code == 1, res.output
+    assert "appeared    L201 [error] 0 -> 1" in res.output and "appeared    M101 [error] 0 -> 1" in res.output
+    assert res.output.strip().splitlines()[-1].startswith("FAIL: 2 new error findings; 2 codes changed; 0 of ")
+    res = cli("diff", logs / "two", logs / "one", "--format", "json")
+    assert res.exit_code == 0  # a finding went away: nothing new to block on
+    d = json.loads(res.stdout)
+    assert d["findings"] == {
+        "appeared": [],
+        "disappeared": [{"code": "L201", "severity": "error", "a": 1, "b": 0}],
+        "changed": [],
+    }
+    assert d["new_errors"] == 0 and not any(s["moved"] for s in d["stats"])
+    assert {"trainable share", "policy lag", "degenerate groups", "stop failure", "reward | success"} <= {
+        s["stat"] for s in d["stats"]
+    }
+
+
+def test_diff_shows_statistics_that_moved_beyond_noise(tmp_path):
+    from rollout_audit.faults import write_records
+
+    write_records(tmp_path / "calm", *make_log(n_tasks=8, group_size=8, seed=1, truncated_share=0.0))
+    write_records(tmp_path / "cut", *make_log(n_tasks=8, group_size=8, seed=1, truncated_share=0.9))
+    res = cli("diff", tmp_path / "calm", tmp_path / "cut", "--format", "json")
+    assert res.exit_code == 0, res.output
+    moved = {s["stat"]: s for s in json.loads(res.stdout)["stats"] if s["moved"]}
+    assert "stop max_turns" in moved or "stop task_budget" in moved, moved
+    res = cli("diff", tmp_path / "calm", tmp_path / "calm")
+    assert res.exit_code == 0 and "0 codes changed; 0 of " in res.output
+
+
+def test_diff_of_two_steps_of_one_log(tmp_path):
+    from rollout_audit.faults import read_records, write_records
+
+    t, u = read_records(COMPLIANT)
+    write_records(tmp_path / "log", t, u, parts=2)
+    steps = tmp_path / "log" / "trajectories"
+    res = cli("diff", steps / "step=0", steps / "step=1", "--all")
+    assert res.exit_code == 0, res.output
+    assert "held        trainable share:" in res.output
