@@ -380,7 +380,7 @@ def diff_cmd(a, b, fmt, config_path, z_noise, every) -> None:
     from .workflow.policy import apply_tolerated
 
     reps = [apply_tolerated(r, load_config(config_path, start=p).tolerated_share) for p, r in zip((a, b), reps)]
-    d = diff([a], [b], *reps, z_noise=z_noise)
+    d = diff([a], [b], reps[0], reps[1], z_noise=z_noise)
     click.echo(json.dumps(d, indent=1, default=str) if fmt == "json" else render_diff(d, every))
     sys.exit(1 if d["new_errors"] else 0)
 
