@@ -385,6 +385,54 @@ def diff_cmd(a, b, fmt, config_path, z_noise, every) -> None:
     sys.exit(1 if d["new_errors"] else 0)
 
 
+@main.command("filter")
+@click.argument("log", type=click.Path(exists=True))
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option(
+    "--select",
+    multiple=True,
+    help="Codes or prefixes whose flagged trajectories are dropped (default: every code with an error finding).",
+)
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False))
+def filter_cmd(log, out, select, config_path) -> None:
+    """Write OUT: the log at LOG without the trajectories the selected checks flagged, and without
+    the updates that named them. Never writes in place; states what it dropped."""
+    from .contract.registry import all_rules
+    from .reading.io import discover
+    from .reporting.outputs import check_new_directory, check_output
+    from .workflow.filter import filter_log
+
+    sel = _codes(select)
+    for c in sel:
+        if not any(k.startswith(c) for k in all_rules()):
+            _fail(f"unknown check code or prefix {c!r}; see `rollout-audit explain --list`")
+    check_output(out, [log], writes_log=True)
+    check_new_directory(out)
+    rep = _audit_one([log], config_path, None, sel, [], 1, None, ())[0]
+    if not rep.complete:
+        _say_incomplete(rep)
+        _fail(f"the audit of {log} is incomplete: nothing written")
+    import polars as pl
+
+    f = rep.findings
+    chosen = pl.any_horizontal([pl.col("code").str.starts_with(c) for c in sel]) if sel else None
+    f = f.filter(pl.col("severity") == "error" if chosen is None else chosen)
+    flagged = f.filter(pl.col("trajectory_id").is_not_null())
+    drop = set(flagged["trajectory_id"].to_list())
+    res = filter_log(discover([log]), [log], drop, out)
+    per = ", ".join(
+        f"{c} {n}" for c, n in flagged.group_by("code").agg(pl.col("trajectory_id").n_unique()).sort("code").iter_rows()
+    )
+    click.echo(
+        f"dropped {res.trajectories_dropped} trajector{'y' if res.trajectories_dropped == 1 else 'ies'}"
+        f"{' (' + per + ')' if per else ''} and {res.updates_dropped} update{'' if res.updates_dropped == 1 else 's'} "
+        f"that named them; wrote {out}: {res.trajectories_kept} trajectories, {res.updates_kept} updates"
+    )
+    unplaced = f.height - flagged.height
+    if unplaced:
+        click.echo(f"kept: {unplaced} finding(s) of the selected codes name no trajectory (see `check`)", err=True)
+
+
 @main.command()
 @click.argument("code", required=False)
 @click.option("--list", "list_all", is_flag=True, help="List every check code, by family.")

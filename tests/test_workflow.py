@@ -172,3 +172,39 @@ def test_diff_of_two_steps_of_one_log(tmp_path):
     res = cli("diff", steps / "step=0", steps / "step=1", "--all")
     assert res.exit_code == 0, res.output
     assert "held        trainable share:" in res.output
+
+
+# ---------------------------------------------------------------- filter
+
+
+def test_filter_drops_flagged_trajectories_and_the_updates_that_named_them(logs, tmp_path):
+    from rollout_audit.faults import read_records
+
+    res = cli("filter", logs / "two", tmp_path / "clean")
+    assert res.exit_code == 0, res.output
+    t, u = read_records(logs / "two")
+    flagged = {"s0-i0003-g07-e1", "s0-i0003-g00-e2"}  # the trajectories the two faults touched
+    naming = [x for x in u if flagged & set(x["trajectory_ids"])]
+    assert res.output.startswith(f"dropped 2 trajectories (L201 1, M101 1) and {len(naming)} updates that named them")
+    t2, u2 = read_records(tmp_path / "clean")
+    assert {x["trajectory_id"] for x in t2} == {x["trajectory_id"] for x in t} - flagged
+    assert len(u2) == len(u) - len(naming) and not any(flagged & set(x["trajectory_ids"]) for x in u2)
+    assert cli("check", tmp_path / "clean").exit_code == 0
+
+
+def test_filter_by_selected_codes_keeps_the_rest(logs, tmp_path):
+    res = cli("filter", logs / "two", tmp_path / "out", "--select", "L201")
+    assert res.exit_code == 0 and "dropped 1 trajectory (L201 1)" in res.output
+    after = json.loads(cli("check", tmp_path / "out", "--format", "json").stdout)
+    assert [f["code"] for f in after["findings"]] == ["M101"]
+
+
+def test_filter_never_writes_in_place_nor_over_a_directory(logs, tmp_path):
+    before = sorted(p.name for p in (logs / "two").rglob("*"))
+    res = cli("filter", logs / "two", logs / "two" / "out")
+    assert res.exit_code == 2 and "never writes to its input" in res.output
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    assert cli("filter", logs / "two", tmp_path / "full").exit_code == 2
+    assert cli("filter", logs / "two", tmp_path / "o", "--select", "Z9").exit_code == 2
+    assert sorted(p.name for p in (logs / "two").rglob("*")) == before
