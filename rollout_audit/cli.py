@@ -434,6 +434,64 @@ def filter_cmd(log, out, select, config_path) -> None:
 
 
 @main.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--from", "framework", default=None, help="The steps are a trainer's dump files (as `check --from`).")
+@click.option(
+    "--context", "context", multiple=True, metavar="KEY=VALUE", help="With --from: what the trainer does not record."
+)
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--status",
+    "status",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Keep this JSON file up to date: every step audited, the worst exit code, watching or stopped.",
+)
+@click.option(
+    "--metrics",
+    "metrics",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Append one JSON line of audit figures per step (errors and warnings by family, trainable share, lag).",
+)
+@click.option("--fail-fast", is_flag=True, help="Stop at the first step that does not pass, with its exit code.")
+@click.option("--interval", type=click.FloatRange(0.01), default=1.0, show_default=True, help="Seconds between polls.")
+@click.option(
+    "--idle",
+    type=click.FloatRange(0),
+    default=None,
+    help="Stop after this many seconds without a new step (default: never).",
+)
+@click.option("--max-steps", type=click.IntRange(1), default=None, help="Stop after this many steps.")
+def watch(directory, framework, context, config_path, status, metrics, fail_fast, interval, idle, max_steps) -> None:
+    """Follow DIRECTORY as a trainer writes it, and audit each new step's file once it is complete
+    (moved in by a rename, or its size unchanged since the last poll). One line per step; exit with
+    the worst step's exit code (0 when every step passed)."""
+    from pathlib import Path
+
+    from .workflow.watch import Watcher, step_auditor
+
+    root = Path(directory).resolve()
+    ctx = _context(context) if framework else {}
+    w = Watcher(
+        root,
+        step_auditor(config_path, root, framework, ctx),
+        Path(status) if status else None,
+        Path(metrics) if metrics else None,
+        ignore={Path(p).resolve() for p in (status, metrics) if p},
+    )
+    try:
+        code = w.follow(
+            lambda line: click.echo(line), interval=interval, idle=idle, fail_fast=fail_fast, max_steps=max_steps
+        )
+    except KeyboardInterrupt:
+        w.write_status("stopped")
+        code = w.worst
+    click.echo(f"watched {directory}: {len(w.steps)} step(s), worst exit code {w.worst}", err=True)
+    sys.exit(code)
+
+
+@main.command()
 @click.argument("code", required=False)
 @click.option("--list", "list_all", is_flag=True, help="List every check code, by family.")
 def explain(code, list_all) -> None:

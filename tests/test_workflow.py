@@ -208,3 +208,88 @@ def test_filter_never_writes_in_place_nor_over_a_directory(logs, tmp_path):
     assert cli("filter", logs / "two", tmp_path / "full").exit_code == 2
     assert cli("filter", logs / "two", tmp_path / "o", "--select", "Z9").exit_code == 2
     assert sorted(p.name for p in (logs / "two").rglob("*")) == before
+
+
+# ---------------------------------------------------------------- watch, with a real writer process
+
+WRITER = r"""
+import os, signal, sys, time
+import pyarrow.parquet as pq
+
+src, out, plan = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+for i, what in enumerate(plan):
+    time.sleep(0.4)
+    kind, _, path = what.partition(":")
+    table = pq.read_table(path)
+    part = table.slice(32 * (i % 4), 32)
+    dst = os.path.join(out, "trajectories", f"step-{i:04d}.parquet")
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    tmp = os.path.join(out, "trajectories", f".step-{i:04d}.parquet.tmp")
+    pq.write_table(part, tmp)
+    if kind == "killed":  # written in place, cut short, and the writer dies mid-write
+        data = open(tmp, "rb").read()
+        os.remove(tmp)
+        with open(dst, "wb") as fh:
+            fh.write(data[: len(data) // 2])
+            fh.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "stuck":  # a temporary file its writer never renamed: never a step
+        continue
+    os.replace(tmp, dst)
+"""
+
+
+def _watch(tmp_path, plan, *extra):
+    import subprocess
+    import sys
+
+    d = tmp_path / "run"
+    d.mkdir()
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "rollout_audit.cli", "watch", d, "--interval", "0.2", "--idle", "4",
+         "--status", tmp_path / "status.json", "--metrics", tmp_path / "metrics.jsonl", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    (tmp_path / "writer.py").write_text(WRITER)
+    writer = subprocess.run(
+        [sys.executable, tmp_path / "writer.py", COMPLIANT, d, ",".join(plan)], env=env, timeout=120, check=False
+    )
+    out, err = watcher.communicate(timeout=180)
+    return writer.returncode, watcher.returncode, out.strip().splitlines(), err, d
+
+
+def test_watch_audits_each_step_once_complete_and_reports_a_step_killed_mid_write(tmp_path):
+    good = str(COMPLIANT / "trajectories" / "part-0000.parquet")
+    plan = [f"ok:{good}", f"ok:{good}", f"stuck:{good}", f"killed:{good}"]
+    wrc, rc, lines, err, d = _watch(tmp_path, plan)
+    assert wrc == -9  # the writer really died mid-write
+    assert [x.split(":")[0] for x in lines] == [
+        "trajectories/step-0000.parquet",
+        "trajectories/step-0001.parquet",
+        "trajectories/step-0003.parquet",
+    ], lines
+    assert lines[0].split(": ", 1)[1].startswith("ok: 0 errors") and lines[1].split(": ", 1)[1].startswith("ok:")
+    assert "INCOMPLETE" in lines[2] and rc == 2
+    assert (d / "trajectories" / ".step-0002.parquet.tmp").exists()  # left alone, never audited
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["state"] == "stopped" and status["steps_audited"] == 3 and status["worst_exit_code"] == 2
+    assert [s["exit_code"] for s in status["steps"]] == [0, 0, 2]
+    metrics = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["audit/exit_code"] for m in metrics] == [0, 0, 2]
+    assert metrics[0]["audit/errors"] == 0 and 0 < metrics[0]["audit/trainable_share"] < 1
+    assert "3 step(s), worst exit code 2" in err
+    print("\n".join(lines))
+
+
+def test_watch_fail_fast_stops_at_the_first_failing_step(logs, tmp_path):
+    good = str(COMPLIANT / "trajectories" / "part-0000.parquet")
+    bad = str(next((logs / "one" / "trajectories").glob("*.parquet")))
+    # step 1 holds rows 32-63 of the broken log; the M101 fault touched s0-i0003-g07-e1 (row >= 96)
+    plan = [f"ok:{good}", f"ok:{good}", f"ok:{good}", f"bad:{bad}", f"ok:{good}"]
+    wrc, rc, lines, err, d = _watch(tmp_path, plan, "--fail-fast")
+    assert wrc == 0
+    assert rc == 1 and lines[-1].startswith("trajectories/step-0003.parquet: FAIL: 1 error"), lines
+    assert len(lines) == 4
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["state"] == "stopped" and status["steps"][-1]["codes"] == ["M101"]
