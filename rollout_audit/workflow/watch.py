@@ -75,8 +75,8 @@ class Watcher:
             entry["errors"], entry["warnings"] = rep.count("error"), rep.count("warning")
             entry["codes"] = sorted(rep.codes())
         except Exception as e:  # noqa: BLE001 - a step that cannot be read is reported, the watch goes on
-            why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            entry = {"step": name, "exit_code": 2, "verdict": f"INCOMPLETE: {why}", "figures": {}}
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            entry = {"step": name, "exit_code": 2, "verdict": f"INCOMPLETE: {msg}", "figures": {}}
             entry.update(errors=0, warnings=0, codes=[])
         self.done.add(path)
         self.steps.append(entry)
