@@ -293,3 +293,22 @@ def test_watch_fail_fast_stops_at_the_first_failing_step(logs, tmp_path):
     assert len(lines) == 4
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["state"] == "stopped" and status["steps"][-1]["codes"] == ["M101"]
+
+
+def test_watch_from_a_framework_dump(tmp_path):
+    import os
+    import shutil
+
+    from adapterhelp import context_args
+
+    d = tmp_path / "dumps"
+    d.mkdir()
+    for i, name in enumerate(("compliant", "eos_appended_logprob_zero")):
+        shutil.copy(ROOT / "fixtures" / "frameworks" / "skyrl" / f"{name}.jsonl", d / f".{i}.tmp")
+        os.replace(d / f".{i}.tmp", d / f"step-{i}.jsonl")  # moved in as a trainer's atomic write
+    res = cli("watch", d, "--from", "skyrl", *context_args(), "--max-steps", "2", "--interval", "0.05")
+    lines = res.stdout.strip().splitlines()
+    assert [x.split(":")[0] for x in lines] == ["step-0.jsonl", "step-1.jsonl"], res.output
+    assert lines[0].startswith("step-0.jsonl: ok: 0 errors, 0 warnings")
+    assert lines[1].startswith("step-1.jsonl: ok: 0 errors, 1 warning")  # the EOS placeholder log-prob
+    assert res.exit_code == 0
