@@ -32,6 +32,11 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
+def __dir__() -> list[str]:
+    """The lazily imported names too, so that `dir(rollout_audit)` and completion list them."""
+    return sorted({*globals(), *_EXPORTS})
+
+
 def __getattr__(name: str):
     if name in _EXPORTS:
         mod = importlib.import_module(f".{_EXPORTS[name]}", __name__)

@@ -6,6 +6,7 @@ wrong types rejected with the key and the expected type, never coerced from stri
 
 from __future__ import annotations
 
+import difflib
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -127,7 +128,9 @@ def _explain(e: ValidationError) -> str:
     for err in e.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
         if err["type"] == "extra_forbidden":
-            out.append(f"unknown key {key!r} (see `rollout-audit check --show-settings`)")
+            near = difflib.get_close_matches(key, list(Config.model_fields), n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            out.append(f"unknown key {key!r} ({hint}see `rollout-audit check --show-settings`)")
         else:
             got = err.get("input")
             shown = f"{type(got).__name__} {got!r}" if not isinstance(got, dict) else "a table"

@@ -180,7 +180,8 @@ def render_text(
     """Findings grouped by code, a bounded sample each, then not-run checks and a summary line.
     `quiet`: the findings alone (nothing when there are none). `color`: ANSI styles (rich)."""
     out: list[list[tuple[str, str | None]]] = []  # lines of (text, style) segments
-    for (code,), grp in rep.findings.group_by("code", maintain_order=True):
+    shown_findings = rep.findings.filter(pl.col("severity") != "info") if quiet else rep.findings
+    for (code,), grp in shown_findings.group_by("code", maintain_order=True):
         sev = grp["severity"][0]
         name = rep.rules[code].name if code in rep.rules else ""
         out.append([(f"{code} [{sev}]", _STYLE[sev]), (f" {name}: {_n(grp.height, 'finding')}", None)])
@@ -274,8 +275,14 @@ def _join(lines: list[list[tuple[str, str | None]]], color: bool) -> str:
     from rich.text import Text
 
     buf = io.StringIO()
-    con = Console(
-        file=buf, force_terminal=True, color_system="standard", width=1 << 20, highlight=False, soft_wrap=True
+    con = Console(  # asked for colour (--color) wins over NO_COLOR, which would leave bold alone
+        file=buf,
+        force_terminal=True,
+        color_system="standard",
+        width=1 << 20,
+        highlight=False,
+        soft_wrap=True,
+        no_color=False,
     )
     for line in lines:
         con.print(Text.assemble(*((t, st or "") for t, st in line)), end="\n")  # Text: never parsed as markup
@@ -309,7 +316,7 @@ def render_concise(rep: Report, *, strict: bool = False, quiet: bool = False, la
     """One finding per line, `file:trajectory:turn:position: CODE message` (grep and editors);
     absent parts are empty, `:` in a trajectory id is escaped (`\\x3a`). Then the verdict line."""
     lines = []
-    for r in rep.findings.iter_rows(named=True):
+    for r in (rep.findings.filter(pl.col("severity") != "info") if quiet else rep.findings).iter_rows(named=True):
         tid = "" if r["trajectory_id"] is None else printable(r["trajectory_id"]).replace(":", "\\x3a")
         loc = [printable(r["file"] or ""), tid, *("" if r[k] is None else str(r[k]) for k in ("turn", "position"))]
         lines.append(f"{':'.join(loc)}: {r['code']} {printable(r['message'])}")

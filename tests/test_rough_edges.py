@@ -1,0 +1,64 @@
+"""Rough edges a new user met, each fixed and kept fixed through the command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from click.testing import CliRunner
+
+from rollout_audit.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPLIANT = ROOT / "fixtures" / "compliant"
+WARNING_ONLY = ROOT / "fixtures" / "broken" / "action_loop"
+
+
+def cli(*args: object, env: dict | None = None):
+    return CliRunner().invoke(main, [str(a) for a in args], env=env)
+
+
+def test_stats_reductions_are_a_list_not_letters():
+    text = cli("stats", COMPLIANT)
+    assert text.exit_code == 0 and text.output.strip().endswith("reductions token"), text.output
+    d = json.loads(cli("stats", COMPLIANT, "--format", "json").stdout)
+    assert d["updates"]["reductions"] == ["token"]
+
+
+def test_dir_lists_the_lazy_names():
+    out = subprocess.run(
+        [sys.executable, "-c", "import rollout_audit as ra; print(' '.join(dir(ra)))"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(ROOT)},
+    ).stdout.split()
+    assert {"audit", "scan", "RolloutWriter", "Report", "Config"} <= set(out)
+
+
+def test_quiet_prints_nothing_for_an_info_finding_on_a_passing_log(tmp_path):
+    table = pq.read_table(COMPLIANT / "trajectories" / "part-0000.parquet").slice(0, 32)
+    pq.write_table(table, tmp_path / "part.parquet")
+    assert "G702 [info]" in cli("check", tmp_path).output  # the finding is there when not quiet
+    for fmt in ("text", "concise"):
+        res = cli("check", tmp_path, "-q", "--format", fmt)
+        assert res.exit_code == 0 and res.output == "", res.output
+
+
+def test_color_asked_for_wins_over_no_color():
+    res = cli("check", WARNING_ONLY, "--color", env={"NO_COLOR": "1"})
+    assert "\x1b[1;32mok\x1b[0m" in res.output and "\x1b[33mR409 [warning]\x1b[0m" in res.output
+    assert "\x1b[" not in cli("check", WARNING_ONLY, env={"NO_COLOR": "1"}).output
+
+
+def test_did_you_mean_for_a_configuration_key_and_a_context_key(tmp_path):
+    cfg = tmp_path / "typo.toml"
+    cfg.write_text("[tool.rollout-audit]\nmax_respons_tokens = 3\n")
+    res = cli("check", COMPLIANT, "--config", cfg)
+    assert res.exit_code == 2 and "did you mean 'max_response_tokens'?" in res.output
+    dump = ROOT / "fixtures" / "frameworks" / "skyrl" / "compliant.jsonl"
+    res = cli("check", "--from", "skyrl", dump, "--context", "reset_sed=3")
+    assert res.exit_code == 2 and "did you mean 'reset_seed'?" in res.output
