@@ -62,3 +62,14 @@ def test_did_you_mean_for_a_configuration_key_and_a_context_key(tmp_path):
     dump = ROOT / "fixtures" / "frameworks" / "skyrl" / "compliant.jsonl"
     res = cli("check", "--from", "skyrl", dump, "--context", "reset_sed=3")
     assert res.exit_code == 2 and "did you mean 'reset_seed'?" in res.output
+
+
+def test_fixture_configuration_lives_where_a_users_does_and_the_hook_blocks_its_warnings():
+    yaml = __import__("pytest").importorskip("yaml")
+    broken = ROOT / "fixtures" / "broken" / "budget_cut_logged_as_terminated"
+    res = cli("check", broken, "--format", "json")
+    assert {f["code"] for f in json.loads(res.stdout)["findings"]} == {"T306"}  # configured from its pyproject.toml
+    assert res.exit_code == 0  # a warning: exit 0 without --strict
+    (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
+    assert cli(*hook["entry"].split()[1:], broken).exit_code == 1
+    assert cli(*hook["entry"].split()[1:], COMPLIANT).exit_code == 0
