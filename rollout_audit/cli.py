@@ -513,8 +513,10 @@ def explain(code, list_all) -> None:
     if found is None:
         _fail(f"unknown check code {code!r}; see `rollout-audit explain --list`")
     r = found
-    needs = ", ".join(r.requires) or "nothing beyond the file list"
-    extra = (f"\nReads when present: {', '.join(r.optional)}" if r.optional else "") + (
+    from .frames.batch import contract_names
+
+    needs = ", ".join(contract_names(r.requires)) or "nothing beyond the file list"
+    extra = (f"\nReads when present: {', '.join(contract_names(r.optional))}" if r.optional else "") + (
         f"\nConfiguration: {', '.join(r.config)}" if r.config else ""
     )
     click.echo(f"{r.code} ({r.severity}): {r.name}\n\n{r.explanation}\n\nNeeds: {needs}{extra}")

@@ -73,3 +73,21 @@ def test_fixture_configuration_lives_where_a_users_does_and_the_hook_blocks_its_
     (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
     assert cli(*hook["entry"].split()[1:], broken).exit_code == 1
     assert cli(*hook["entry"].split()[1:], COMPLIANT).exit_code == 0
+
+
+def test_users_read_the_contracts_field_names_not_internal_columns(tmp_path):
+    from rollout_audit.faults import read_records, write_records
+
+    t, u = read_records(COMPLIANT)
+    for tr in t:
+        for turn in tr["turns"]:
+            del turn["policy_version"]
+    write_records(tmp_path / "log", t, u)
+    rep = json.loads(cli("check", tmp_path / "log", "--format", "json").stdout)
+    reasons = {x["code"]: x["reason"] for x in rep["not_run"]}
+    assert "turns.policy_version" in reasons["P504"], reasons
+    internal = ("pv_min", "pv_max", "n_trainable", "n_policy", "rc_n_", " ok,")
+    assert not [r for r in reasons.values() if any(x in r for x in internal)], reasons
+    for code in ("P503", "P504", "U601", "U605"):
+        text = cli("explain", code).output
+        assert not any(x in text.split("Needs:")[1] for x in internal), text

@@ -10,6 +10,7 @@ computed from: checks declare these names like columns.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
@@ -55,6 +56,13 @@ SUMMARY_INPUTS: dict[str, tuple[str, ...]] = {
     "n_versions": ("turns.policy_version",),
     "n_turns_trainable": ("turns", "loss_mask", "token_turn"),
 }
+
+
+def contract_names(names: Sequence[str]) -> list[str]:
+    """`names` with each recomputed value replaced by the contract fields it is computed from
+    (`pv_min` -> `turns.policy_version`), so that users read the contract's names only."""
+    derived = {**SUMMARY_INPUTS, **TURN_INPUTS}
+    return list(dict.fromkeys(x for n in names for x in derived.get(n, (n,))))
 
 
 def _np(a: pa.Array, fill: Any = None) -> np.ndarray:
