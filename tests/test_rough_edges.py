@@ -91,3 +91,21 @@ def test_users_read_the_contracts_field_names_not_internal_columns(tmp_path):
     for code in ("P503", "P504", "U601", "U605"):
         text = cli("explain", code).output
         assert not any(x in text.split("Needs:")[1] for x in internal), text
+
+
+def test_assert_clean_failure_shows_no_frame_of_the_library(tmp_path):
+    test = tmp_path / "test_user.py"
+    test.write_text(
+        "from rollout_audit.testing import assert_clean\n\n"
+        f"def test_log():\n    assert_clean({str(ROOT / 'fixtures' / 'broken' / 'tool_tokens_trained')!r})\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
+    assert res.returncode == 1 and "the rollout log is not clean" in res.stdout and "M101" in res.stdout
+    assert "rollout_audit/testing.py" not in res.stdout and "rollout_audit/running" not in res.stdout, res.stdout
