@@ -115,6 +115,7 @@ def main() -> None:
     default=None,
     help="Colour the text format (default: when stdout is a terminal and NO_COLOR is unset).",
 )
+@click.option("--show-not-run", is_flag=True, help="Text format: each check not run with its reason, one per line.")
 @click.option(
     "--merge",
     is_flag=True,
@@ -195,6 +196,7 @@ def check(
     ray_address,
     baseline=None,
     write_baseline=None,
+    show_not_run=False,
 ) -> None:
     """Audit the log at each PATH (a directory of Parquet files, or one file; local, or an s3://,
     gs:// or file:// URI).
@@ -232,7 +234,7 @@ def check(
     reports = _settled(done, config_path, baseline, write_baseline, framework, context)
     painted = fmt == "text" and not output and (_tty_colour() if color is None else color)
     limit = None if show_all else done[0][2]
-    text = _render_all(reports, fmt, limit=limit, color=painted, strict=strict, quiet=quiet)
+    text = _render_all(reports, fmt, limit=limit, color=painted, strict=strict, quiet=quiet, show_not_run=show_not_run)
     if output:
         with open(output, "w") as fh:
             fh.write(text + "\n")

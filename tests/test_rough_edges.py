@@ -109,3 +109,10 @@ def test_assert_clean_failure_shows_no_frame_of_the_library(tmp_path):
     )
     assert res.returncode == 1 and "the rollout log is not clean" in res.stdout and "M101" in res.stdout
     assert "rollout_audit/testing.py" not in res.stdout and "rollout_audit/running" not in res.stdout, res.stdout
+
+
+def test_not_run_is_one_line_before_the_verdict_and_expands_on_request():
+    lines = cli("check", COMPLIANT).output.strip().splitlines()
+    assert lines[-2] == "not run: L205, L206, L207, M107, T306 (--show-not-run for why)" and lines[-1].startswith("ok:")
+    full = cli("check", COMPLIANT, "--show-not-run").output.strip().splitlines()
+    assert full[-7] == "not run:" and full[-6].startswith("  L205: replay is off") and full[-1].startswith("ok:")

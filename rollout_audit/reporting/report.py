@@ -112,9 +112,11 @@ class Report:
         color: bool = False,
         strict: bool = False,
         quiet: bool = False,
+        show_not_run: bool = False,
     ) -> str:
         """The report in `fmt`. `quiet` (text, concise): findings only, nothing when there are none;
-        `strict` makes warnings fail the verdict line as they fail the exit code."""
+        `strict` makes warnings fail the verdict line as they fail the exit code; `show_not_run`
+        (text): each check not run with its reason, instead of one line naming them."""
         if fmt == "json":
             return json.dumps(self.to_dict(), indent=1, default=str)
         if fmt == "github":
@@ -123,7 +125,7 @@ class Report:
             return render_junit(self)
         if fmt == "concise":
             return render_concise(self, strict=strict, quiet=quiet)
-        return render_text(self, limit=limit, color=color, strict=strict, quiet=quiet)
+        return render_text(self, limit=limit, color=color, strict=strict, quiet=quiet, show_not_run=show_not_run)
 
 
 def sort_findings(findings: pl.DataFrame) -> pl.DataFrame:
@@ -175,7 +177,13 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "blue", "where": "cy
 
 
 def render_text(
-    rep: Report, limit: int | None = 20, *, color: bool = False, strict: bool = False, quiet: bool = False
+    rep: Report,
+    limit: int | None = 20,
+    *,
+    color: bool = False,
+    strict: bool = False,
+    quiet: bool = False,
+    show_not_run: bool = False,
 ) -> str:
     """Findings grouped by code, a bounded sample each, then not-run checks and a summary line.
     `quiet`: the findings alone (nothing when there are none). `color`: ANSI styles (rich)."""
@@ -195,7 +203,7 @@ def render_text(
         if limit is not None and grp.height > limit:
             out.append([(f"  ... {grp.height - limit} more (use --show-all or --format json)", None)])
     if not quiet:
-        out += [[(line, None)] for line in _coda(rep)]
+        out += [[(line, None)] for line in _coda(rep, show_not_run)]
         if rep.unusable is None:
             v = verdict(rep, strict)
             line = verdict_line(rep, strict)
@@ -203,14 +211,17 @@ def render_text(
     return _join(out, color)
 
 
-def _coda(rep: Report) -> list[str]:
-    """What follows the findings: why nothing was audited, or not-run, partial and crashed checks."""
+def _coda(rep: Report, show_not_run: bool = True) -> list[str]:
+    """What follows the findings: why nothing was audited, or not-run (one line naming them unless
+    `show_not_run`), partial and crashed checks."""
     if rep.unusable is not None:
         return [f"error: nothing to audit: {printable(rep.unusable)}"]
     out = _policy_lines(rep)
-    if rep.not_run:
+    if rep.not_run and show_not_run:
         out.append("not run:")
         out += [f"  {code}: {printable(why)}" for code, why in sorted(rep.not_run.items())]
+    elif rep.not_run:
+        out.append(f"not run: {', '.join(sorted(rep.not_run))} (--show-not-run for why)")
     if rep.partial:
         out.append("partially run:")
         out += [f"  {code}: {printable(why)}" for code, why in sorted(rep.partial.items())]
