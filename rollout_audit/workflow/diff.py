@@ -68,8 +68,16 @@ def _z(a: dict, b: dict) -> float | None:
     return delta / math.sqrt(var)
 
 
+def _zero_stops(mine: dict[str, dict], other: dict[str, dict]) -> dict[str, dict]:
+    """`mine` with a share of 0 for each stop cause only `other` has (over all of mine's trajectories)."""
+    n = next((v["n"] for k, v in mine.items() if k.startswith("stop ")), 0)
+    extra = {k: {"n": n, "mean": 0.0, "std": 0.0} for k in other if k.startswith("stop ") and k not in mine}
+    return {**mine, **extra} if n else mine
+
+
 def compare_stats(a: dict[str, dict], b: dict[str, dict], z_noise: float = Z_NOISE) -> list[dict]:
     """One row per statistic on either side: its value in A and in B, the z score, and `moved`."""
+    a, b = _zero_stops(a, b), _zero_stops(b, a)
     rows = []
     for k in sorted(set(a) | set(b)):
         za = _z(a.get(k), b.get(k))  # type: ignore[arg-type]
