@@ -279,7 +279,6 @@ def test_watch_audits_each_step_once_complete_and_reports_a_step_killed_mid_writ
     assert [m["audit/exit_code"] for m in metrics] == [0, 0, 2]
     assert metrics[0]["audit/errors"] == 0 and 0 < metrics[0]["audit/trainable_share"] < 1
     assert "3 step(s), worst exit code 2" in err
-    print("\n".join(lines))
 
 
 def test_watch_fail_fast_stops_at_the_first_failing_step(logs, tmp_path):
