@@ -71,6 +71,9 @@ def write_broken(root: Path) -> dict:
             tokenizer=tokenizer,
             reward_components=declared | f.declares,
         )
+        if f.config:  # where a user's configuration lives, so that a plain `check` of the log applies it
+            table = "".join(f"{k} = {json.dumps(v)}\n" for k, v in sorted(f.config.items()))
+            (root / "broken" / name / "pyproject.toml").write_text(f"[tool.rollout-audit]\n{table}")
         manifest["faults"][name] = {
             "codes": sorted(f.codes),
             "touched": touched,

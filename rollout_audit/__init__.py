@@ -38,6 +38,11 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
+def __dir__() -> list[str]:
+    """The lazily imported names too, so that `dir(rollout_audit)` and completion list them."""
+    return sorted({*globals(), *_EXPORTS})
+
+
 def __getattr__(name: str):
     if name in _EXPORTS:
         if _EXPORTS[name].startswith("running"):

@@ -115,6 +115,7 @@ def main() -> None:
     default=None,
     help="Colour the text format (default: when stdout is a terminal and NO_COLOR is unset).",
 )
+@click.option("--show-not-run", is_flag=True, help="Text format: each check not run with its reason, one per line.")
 @click.option(
     "--merge",
     is_flag=True,
@@ -161,6 +162,20 @@ def main() -> None:
     help="Run on a Ray cluster: ADDRESS, or alone (put it after PATHS) for a local cluster of --workers CPUs "
     "(needs the distributed extra).",
 )
+@click.option(
+    "--baseline",
+    "baseline",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Fail only on findings not recorded in this baseline file (default: `baseline` of the configuration).",
+)
+@click.option(
+    "--write-baseline",
+    "write_baseline",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Record today's findings in this file (for --baseline) and exit 0.",
+)
 def check(
     paths,
     select,
@@ -179,6 +194,9 @@ def check(
     framework,
     context,
     ray_address,
+    baseline=None,
+    write_baseline=None,
+    show_not_run=False,
 ) -> None:
     """Audit the log at each PATH (a directory of Parquet files, or one file; local, or an s3://,
     gs:// or file:// URI).
@@ -207,20 +225,21 @@ def check(
     for c in sel + ign:
         if not any(k.startswith(c) for k in known):
             _fail(f"unknown check code or prefix {c!r}; see `rollout-audit explain --list`")
-    if output:
-        check_output(output, paths)
+    for out in (output, write_baseline):
+        if out:
+            check_output(out, paths)
     from .running.options import Options
 
     ray = None if ray_address is None else (True if ray_address == "local" else ray_address)
     opts = Options(select=tuple(sel), ignore=tuple(ign), workers=workers, ray=ray, tune=True)
     logs = [list(paths)] if merge or framework or len(paths) == 1 else [[p] for p in paths]
     done = [(log, *_audit_one(log, config_path, replay, opts, framework, context)) for log in logs]
-    reports = [(log, rep) for log, rep, _ in done]
+    reports = _settled(done, config_path, baseline, write_baseline, framework, context)
     painted = fmt == "text" and not output and (_tty_colour() if color is None else color)
     limit = None if show_all else done[0][2]
     from .reporting.report import render_logs
 
-    text = render_logs(reports, fmt, limit=limit, color=painted, strict=strict, quiet=quiet)
+    text = render_logs(reports, fmt, limit=limit, color=painted, strict=strict, quiet=quiet, show_not_run=show_not_run)
     if output:
         with open(output, "w") as fh:
             fh.write(text + "\n")
@@ -230,6 +249,26 @@ def check(
         if fmt != "text" or output or quiet:  # the report is elsewhere or cut short: say why on stderr too
             _say_incomplete(rep)
     sys.exit(max(rep.exit_code(strict) for _, rep in reports))
+
+
+def _settled(done, config_path, baseline, write_baseline, framework, context):
+    """Each log's report after the tolerated rates and the baseline of its configuration;
+    with `write_baseline`, the findings are recorded there instead and the command ends."""
+    from .workflow import policy
+
+    if (baseline or write_baseline) and len(done) > 1:
+        _fail("a baseline belongs to one log: give one PATH, or --merge")
+    ctx = _context(context) if framework else None
+    if write_baseline:
+        log, rep, _ = done[0]
+        if not rep.complete:
+            _say_incomplete(rep)
+            _fail(f"the audit is incomplete: no baseline written to {write_baseline}")
+        rep = policy.apply_tolerated(rep, policy.find_config(config_path, start=log[0])[0].tolerated_share)
+        n = policy.write_baseline(write_baseline, rep, policy.log_ids(log, framework, ctx))
+        click.echo(f"wrote baseline {write_baseline}: {n} finding{'s' if n != 1 else ''} recorded")
+        sys.exit(0)
+    return [(log, policy.settle(rep, log, config_path, baseline, framework, ctx)) for log, rep, _ in done]
 
 
 def _with_replay(cfg, replay):
@@ -280,6 +319,147 @@ def _say_incomplete(rep) -> None:
         click.echo(f"rollout-audit: error: {line}", err=True)
 
 
+@main.command("diff")
+@click.argument("a", type=click.Path())
+@click.argument("b", type=click.Path())
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--z",
+    "z_noise",
+    type=click.FloatRange(0, min_open=True),
+    default=3.0,
+    show_default=True,
+    help="A statistic moved when |z| of its change is above this.",
+)
+@click.option("--all", "every", is_flag=True, help="Text: every statistic, not only those that moved.")
+def diff_cmd(a, b, fmt, config_path, z_noise, every) -> None:
+    """What changed from log A to log B (two runs, or two step directories of one log): findings
+    per code that appeared, disappeared or changed count, and the statistics that moved beyond
+    noise. Exit 1 when new error findings appeared."""
+    from .running.options import Options
+    from .workflow.diff import diff, render_diff
+
+    reps = [_audit_one([p], config_path, None, Options(), None, ())[0] for p in (a, b)]
+    for p, r in zip((a, b), reps):
+        if r.unusable is not None:
+            _fail(f"{p}: nothing to audit: {r.unusable}")
+    from .contract.config import load_config
+    from .workflow.policy import apply_tolerated
+
+    reps = [apply_tolerated(r, load_config(config_path, start=p).tolerated_share) for p, r in zip((a, b), reps)]
+    d = diff([a], [b], reps[0], reps[1], z_noise=z_noise)
+    click.echo(json.dumps(d, indent=1, default=str) if fmt == "json" else render_diff(d, every))
+    sys.exit(1 if d["new_errors"] else 0)
+
+
+@main.command("filter")
+@click.argument("log", type=click.Path(exists=True))
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option(
+    "--select",
+    multiple=True,
+    help="Codes or prefixes whose flagged trajectories are dropped (default: every code with an error finding).",
+)
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False))
+def filter_cmd(log, out, select, config_path) -> None:
+    """Write OUT: the log at LOG without the trajectories the selected checks flagged, and without
+    the updates that named them. Never writes in place; states what it dropped."""
+    from .checks import all_rules
+    from .reading.io import discover
+    from .reporting.outputs import check_new_directory, check_output
+    from .running.options import Options
+    from .workflow.filter import filter_log
+
+    sel = _codes(select)
+    for c in sel:
+        if not any(k.startswith(c) for k in all_rules()):
+            _fail(f"unknown check code or prefix {c!r}; see `rollout-audit explain --list`")
+    check_output(out, [log], writes_log=True)
+    check_new_directory(out)
+    rep = _audit_one([log], config_path, None, Options(select=tuple(sel)), None, ())[0]
+    if not rep.complete:
+        _say_incomplete(rep)
+        _fail(f"the audit of {log} is incomplete: nothing written")
+    import polars as pl
+
+    f = rep.findings
+    chosen = pl.any_horizontal([pl.col("code").str.starts_with(c) for c in sel]) if sel else None
+    f = f.filter(pl.col("severity") == "error" if chosen is None else chosen)
+    flagged = f.filter(pl.col("trajectory_id").is_not_null())
+    drop = set(flagged["trajectory_id"].to_list())
+    res = filter_log(discover([log]), [log], drop, out)
+    per = ", ".join(
+        f"{c} {n}" for c, n in flagged.group_by("code").agg(pl.col("trajectory_id").n_unique()).sort("code").iter_rows()
+    )
+    click.echo(
+        f"dropped {res.trajectories_dropped} trajector{'y' if res.trajectories_dropped == 1 else 'ies'}"
+        f"{' (' + per + ')' if per else ''} and {res.updates_dropped} update{'' if res.updates_dropped == 1 else 's'} "
+        f"that named them; wrote {out}: {res.trajectories_kept} trajectories, {res.updates_kept} updates"
+    )
+    unplaced = f.height - flagged.height
+    if unplaced:
+        click.echo(f"kept: {unplaced} finding(s) of the selected codes name no trajectory (see `check`)", err=True)
+
+
+@main.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--from", "framework", default=None, help="The steps are a trainer's dump files (as `check --from`).")
+@click.option(
+    "--context", "context", multiple=True, metavar="KEY=VALUE", help="With --from: what the trainer does not record."
+)
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--status",
+    "status",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Keep this JSON file up to date: every step audited, the worst exit code, watching or stopped.",
+)
+@click.option(
+    "--metrics",
+    "metrics",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Append one JSON line of audit figures per step (errors and warnings by family, trainable share, lag).",
+)
+@click.option("--fail-fast", is_flag=True, help="Stop at the first step that does not pass, with its exit code.")
+@click.option("--interval", type=click.FloatRange(0.01), default=1.0, show_default=True, help="Seconds between polls.")
+@click.option(
+    "--idle",
+    type=click.FloatRange(0),
+    default=None,
+    help="Stop after this many seconds without a new step (default: never).",
+)
+@click.option("--max-steps", type=click.IntRange(1), default=None, help="Stop after this many steps.")
+def watch(directory, framework, context, config_path, status, metrics, fail_fast, interval, idle, max_steps) -> None:
+    """Follow DIRECTORY as a trainer writes it, and audit each new step's file once it is complete
+    (moved in by a rename, or its size unchanged since the last poll). One line per step; exit with
+    the worst step's exit code (0 when every step passed)."""
+    from pathlib import Path
+
+    from .workflow.watch import Watcher, step_auditor
+
+    root = Path(directory).resolve()
+    ctx = _context(context) if framework else {}
+    w = Watcher(
+        root,
+        step_auditor(config_path, root, framework, ctx),
+        Path(status) if status else None,
+        Path(metrics) if metrics else None,
+        ignore={Path(p).resolve() for p in (status, metrics) if p},
+    )
+    try:
+        code = w.follow(
+            lambda line: click.echo(line), interval=interval, idle=idle, fail_fast=fail_fast, max_steps=max_steps
+        )
+    except KeyboardInterrupt:
+        w.write_status("stopped")
+        code = w.worst
+    click.echo(f"watched {directory}: {len(w.steps)} step(s), worst exit code {w.worst}", err=True)
+    sys.exit(code)
+
+
 @main.command()
 @click.argument("code", required=False)
 @click.option("--list", "list_all", is_flag=True, help="List every check code, by family.")
@@ -303,8 +483,10 @@ def explain(code, list_all) -> None:
     if found is None:
         _fail(f"unknown check code {code!r}; see `rollout-audit explain --list`")
     r = found
-    needs = ", ".join(r.requires) or "nothing beyond the file list"
-    extra = (f"\nReads when present: {', '.join(r.optional)}" if r.optional else "") + (
+    from .frames.batch import contract_names
+
+    needs = ", ".join(contract_names(r.requires)) or "nothing beyond the file list"
+    extra = (f"\nReads when present: {', '.join(contract_names(r.optional))}" if r.optional else "") + (
         f"\nConfiguration: {', '.join(r.config)}" if r.config else ""
     )
     click.echo(f"{r.code} ({r.severity}): {r.name}\n\n{r.explanation}\n\nNeeds: {needs}{extra}")

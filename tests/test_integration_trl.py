@@ -323,3 +323,19 @@ def test_raise_policy_stops_before_the_first_step(tmp_path):
     with pytest.raises(ra.AuditFailed, match="M101"):
         _train(trainer)
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+
+
+def test_audit_figures_arrive_in_the_trainers_log_history(tool_run):
+    trainer, _ = tool_run
+    logged = [e for e in trainer.state.log_history if "audit/errors" in e]
+    gens = [rep for label, rep in trainer.audit_reports if label.startswith("gen")]
+    assert len(logged) == len(gens) == 4  # one generation and one log per optimizer step
+    for entry, rep in zip(logged, gens):
+        for fam in ("M", "L"):
+            errors = int(
+                rep.findings.filter((pl.col("severity") == "error") & pl.col("code").str.starts_with(fam)).height
+            )
+            assert entry[f"audit/errors/{fam}"] == errors, entry
+        assert 0 < entry["audit/trainable_share"] <= 1
+        assert "audit/update/errors" in entry and "audit/update/policy_lag_max" in entry
+    assert logged[0]["audit/errors/M"] == 0 and logged[1]["audit/errors/M"] > 0  # the clean batch, then M101

@@ -214,5 +214,5 @@ def test_a_check_selected_by_code_that_cannot_run_exits_2(run: Path) -> None:
         res.output
     )
     assert res.output.rstrip().splitlines()[-1].startswith("INCOMPLETE: 0 errors")
-    family = CliRunner().invoke(main, ["check", str(run), "--select", "L2"])
+    family = CliRunner().invoke(main, ["check", str(run), "--select", "L2", "--show-not-run"])
     assert family.exit_code == 0 and "L205: replay is off" in family.output, family.output

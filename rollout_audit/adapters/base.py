@@ -3,6 +3,7 @@ names what is missing, and turning a framework's placeholders into nulls."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -114,7 +115,9 @@ def context_values(context: Mapping[str, Any], allowed: Sequence[str] | Mapping[
     for key, value in context.items():
         kind = CONTEXT.get(key, extra.get(key))
         if kind is None:
-            raise AdapterError(f"unknown context {key!r}; known: {', '.join([*CONTEXT, *extra])}")
+            near = difflib.get_close_matches(key, [*CONTEXT, *extra], n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise AdapterError(f"unknown context {key!r}; {hint}known: {', '.join([*CONTEXT, *extra])}")
         try:
             if kind is int and isinstance(value, float) and not value.is_integer():
                 raise ValueError(value)

@@ -6,6 +6,7 @@ wrong types rejected with the key and the expected type, never coerced from stri
 
 from __future__ import annotations
 
+import difflib
 import sys
 from pathlib import Path
 from typing import Any, Literal
@@ -61,6 +62,12 @@ class Config(BaseModel):
     replay_max_share: float = Field(0.0, ge=0, le=1)  # L205: share of replayed tokens allowed over the tolerance
     compare_logprobs: str | None = None  # L207: a second per-token log-prob column (the trainer's recomputation)
     max_turn_log_ratio: float = Field(0.6931, gt=0)  # L207: |log π_other/π_beh| of a turn above this is extreme
+    # a baseline file (`check --write-baseline`): findings recorded there do not fail the audit; a
+    # relative path is read from the configuration file's directory
+    baseline: str | None = None
+    # code -> share of trajectories that may carry its findings before they count as errors
+    # (Great Expectations' `mostly`, seen from the failing side); up to it, they are warnings
+    tolerated_share: dict[str, float] = Field(default_factory=dict)
 
     @field_validator(
         "atol",
@@ -87,6 +94,21 @@ class Config(BaseModel):
         if bad:
             raise ValueError(f"{bad[0]!r} is not a stop flag ({', '.join(STOP_FLAGS)})")
         return v
+
+    @field_validator("tolerated_share", mode="before")
+    @classmethod
+    def _shares(cls, v: Any) -> Any:
+        """Codes as written upper-cased; each share a number in [0, 1] (integers 0 and 1 too)."""
+        if not isinstance(v, dict):
+            return v
+        out = {}
+        for k, x in v.items():
+            if isinstance(x, int) and not isinstance(x, bool):
+                x = float(x)
+            if not isinstance(x, float) or not 0.0 <= x <= 1.0:
+                raise ValueError(f"{k}: a share between 0 and 1, got {x!r}")
+            out[str(k).upper()] = x
+        return out
 
     @field_validator("difficulty_band", mode="before")
     @classmethod
@@ -118,7 +140,9 @@ def _explain(e: ValidationError) -> str:
     for err in e.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
         if err["type"] == "extra_forbidden":
-            out.append(f"unknown key {key!r} (see `rollout-audit check --show-settings`)")
+            near = difflib.get_close_matches(key, list(Config.model_fields), n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            out.append(f"unknown key {key!r} ({hint}see `rollout-audit check --show-settings`)")
         else:
             got = err.get("input")
             shown = f"{type(got).__name__} {got!r}" if not isinstance(got, dict) else "a table"

@@ -11,7 +11,7 @@ is computed in that family's module and registered with `derived`.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -75,6 +75,13 @@ def derived(
         return func
 
     return deco
+
+
+def contract_names(names: Sequence[str]) -> list[str]:
+    """`names` with each recomputed value replaced by the contract fields it is computed from
+    (`pv_min` -> `turns.policy_version`), so that users read the contract's names only."""
+    derived = {**SUMMARY_INPUTS, **TURN_INPUTS}
+    return list(dict.fromkeys(x for n in names for x in derived.get(n, (n,))))
 
 
 def _np(a: pa.Array, fill: Any = None) -> np.ndarray:

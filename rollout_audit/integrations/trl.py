@@ -470,6 +470,7 @@ class AuditedGRPOTrainer(GRPOTrainer):
         table = self._ra_records(out, inputs, batch_id)
         report = audit_tables(table, None, config=self.audit.config, ignore=self.audit.ignore)
         self.audit_reports.append((batch_id, report))
+        self._ra_metrics(report, table)
         if not report.ok:
             bad = self._act(f"generation batch {batch_id}", report, table)
             if bad is not None:  # records keep the provenance of the batch as generated
@@ -539,10 +540,22 @@ class AuditedGRPOTrainer(GRPOTrainer):
             self._ra_table, table, config=self.audit.config, select=["U", "P503"], ignore=self.audit.ignore
         )
         self.audit_reports.append((label, report))
+        self._ra_metrics(report, None, prefix="audit/update/")
         self._write(table, "updates", f"update-{self.state.global_step:05d}-{self._ra_micro - 1}.parquet")
         if report.ok:
             return False
         return self._act(label, report, self._ra_table) is not None
+
+    def _ra_metrics(self, report: Report, table: pa.Table | None, prefix: str = "audit/") -> None:
+        """The audit's figures into GRPO's own metrics: its `log` averages them over the logging
+        steps and sends them wherever the trainer reports (log_history, W&B, TensorBoard)."""
+        import polars as pl
+
+        from ..workflow.figures import audit_figures, trainable_share
+
+        share = trainable_share(pl.DataFrame(pl.from_arrow(table))) if table is not None else None
+        for key, value in audit_figures(report, share, prefix=prefix).items():
+            self._metrics["train"][key].append(value)
 
     def _write(self, table: pa.Table, kind: str, name: str) -> None:
         if self.audit.log_dir is None or not self.accelerator.is_main_process:

@@ -64,12 +64,20 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "blue", "where": "cy
 
 
 def render_text(
-    rep: Report, limit: int | None = 20, *, color: bool = False, strict: bool = False, quiet: bool = False, **_: object
+    rep: Report,
+    limit: int | None = 20,
+    *,
+    color: bool = False,
+    strict: bool = False,
+    quiet: bool = False,
+    show_not_run: bool = False,
+    **_: object,
 ) -> str:
     """Findings grouped by code, a bounded sample each, then not-run checks and a summary line.
     `quiet`: the findings alone (nothing when there are none). `color`: ANSI styles (rich)."""
     out: list[list[tuple[str, str | None]]] = []  # lines of (text, style) segments
-    for (code,), grp in rep.findings.group_by("code", maintain_order=True):
+    shown_findings = rep.findings.filter(pl.col("severity") != "info") if quiet else rep.findings
+    for (code,), grp in shown_findings.group_by("code", maintain_order=True):
         sev = grp["severity"][0]
         name = rep.rules[code].name if code in rep.rules else ""
         out.append([(f"{code} [{sev}]", _STYLE[sev]), (f" {name}: {plural(grp.height, 'finding')}", None)])
@@ -83,7 +91,7 @@ def render_text(
         if limit is not None and grp.height > limit:
             out.append([(f"  ... {grp.height - limit} more (use --show-all or --format json)", None)])
     if not quiet:
-        out += [[(line, None)] for line in _coda(rep)]
+        out += [[(line, None)] for line in _coda(rep, show_not_run)]
         if rep.unusable is None:
             v = verdict(rep, strict)
             line = verdict_line(rep, strict)
@@ -91,14 +99,17 @@ def render_text(
     return _join(out, color)
 
 
-def _coda(rep: Report) -> list[str]:
-    """What follows the findings: why nothing was audited, or not-run, partial and crashed checks."""
+def _coda(rep: Report, show_not_run: bool = True) -> list[str]:
+    """What follows the findings: why nothing was audited, or not-run (one line naming them unless
+    `show_not_run`), partial and crashed checks."""
     if rep.unusable is not None:
         return [f"error: nothing to audit: {printable(rep.unusable)}"]
-    out = []
-    if rep.not_run:
+    out = _policy_lines(rep)
+    if rep.not_run and show_not_run:
         out.append("not run:")
         out += [f"  {code}: {printable(why)}" for code, why in sorted(rep.not_run.items())]
+    elif rep.not_run:
+        out.append(f"not run: {', '.join(sorted(rep.not_run))} (--show-not-run for why)")
     if rep.partial:
         out.append("partially run:")
         out += [f"  {code}: {printable(why)}" for code, why in sorted(rep.partial.items())]
@@ -111,6 +122,24 @@ def _coda(rep: Report) -> list[str]:
     out += [f"error: {line}" for line in _unfulfilled_lines(rep)]
     if not rep.summary["checks_run"] and not rep.crashes:
         out.append("error: no check ran: nothing was verified")
+    return out
+
+
+def _policy_lines(rep: Report) -> list[str]:
+    """What tolerated rates and a baseline (`rollout_audit.workflow.policy`) did, one line each."""
+    out = []
+    for code, t in rep.summary.get("tolerated", {}).items():
+        state, what = ("within", "reported as warnings") if t["within"] else ("above", "errors")
+        out.append(
+            f"{code}: {plural(t['trajectories'], 'trajectory', 'trajectories')} of {t['of']} ({t['share']:.2%}), "
+            f"{state} the tolerated {t['limit']:.2%}: {what}"
+        )
+    b = rep.summary.get("baseline")
+    if b:
+        out.append(
+            f"baseline {printable(b['file'])}: {b['seen']} of {b['recorded']} recorded findings seen, "
+            f"{b['gone']} gone, {b['new']} new"
+        )
     return out
 
 
@@ -145,8 +174,14 @@ def _join(lines: list[list[tuple[str, str | None]]], color: bool) -> str:
     from rich.text import Text
 
     buf = io.StringIO()
-    con = Console(
-        file=buf, force_terminal=True, color_system="standard", width=1 << 20, highlight=False, soft_wrap=True
+    con = Console(  # asked for colour (--color) wins over NO_COLOR, which would leave bold alone
+        file=buf,
+        force_terminal=True,
+        color_system="standard",
+        width=1 << 20,
+        highlight=False,
+        soft_wrap=True,
+        no_color=False,
     )
     for line in lines:
         con.print(Text.assemble(*((t, st or "") for t, st in line)), end="\n")  # Text: never parsed as markup
@@ -157,7 +192,7 @@ def render_concise(rep: Report, *, strict: bool = False, quiet: bool = False, la
     """One finding per line, `file:trajectory:turn:position: CODE message` (grep and editors);
     absent parts are empty, `:` in a trajectory id is escaped (`\\x3a`). Then the verdict line."""
     lines = []
-    for r in rep.findings.iter_rows(named=True):
+    for r in (rep.findings.filter(pl.col("severity") != "info") if quiet else rep.findings).iter_rows(named=True):
         tid = "" if r["trajectory_id"] is None else printable(r["trajectory_id"]).replace(":", "\\x3a")
         loc = [printable(r["file"] or ""), tid, *("" if r[k] is None else str(r[k]) for k in ("turn", "position"))]
         lines.append(f"{':'.join(loc)}: {r['code']} {printable(r['message'])}")

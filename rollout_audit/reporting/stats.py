@@ -56,7 +56,7 @@ def log_stats(log: Log) -> dict:
                 pl.len().alias("updates"),
                 pl.col("trajectory_ids").list.len().sum().alias("trajectory_uses"),
                 pl.col("trajectory_ids").explode().n_unique().alias("distinct_trajectories_used"),
-                pl.col("reduction").unique().alias("reductions"),
+                pl.col("reduction").drop_nulls().unique().sort().implode().alias("reductions"),
             )
             .collect()
             .to_dicts()[0]

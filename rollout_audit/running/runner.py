@@ -20,7 +20,7 @@ from ..checks import all_rules
 from ..contract import schema as S
 from ..contract.config import Config
 from ..contract.registry import NotRun, Rule, Unmet, selected
-from ..frames.batch import SUMMARY_INPUTS, TOKEN_LISTS, Batch
+from ..frames.batch import SUMMARY_INPUTS, TOKEN_LISTS, Batch, contract_names
 from ..frames.views import BatchView, ConfigView, LogCheckView, LogView
 from ..reading.io import one_line
 from ..reading.read import Part
@@ -98,7 +98,8 @@ def _absent(missing: list[str], declared: dict[str, str] | None = None) -> str:
     said = list(dict.fromkeys((declared or {})[q] for q in missing if q in (declared or {})))
     if said:  # the producer declared why (file metadata `rollout_log.not_recorded`)
         return "; ".join(said)
-    return f"{'column' if len(missing) == 1 else 'columns'} {', '.join(missing)} absent"
+    named = contract_names(missing)
+    return f"{'column' if len(named) == 1 else 'columns'} {', '.join(named)} absent"
 
 
 class Runner:

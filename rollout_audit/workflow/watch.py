@@ -1,0 +1,163 @@
+"""`rollout-audit watch DIR`: follow a directory a trainer writes into, and audit each new
+step's file once it is complete: never a writer's temporary file (hidden, or `.tmp`), and only
+once its size and modification time held across two polls (a file moved in by an atomic rename
+holds at once; one written in place holds when its writer stops, finished or killed).
+
+One line per step; a JSON status file rewritten (atomically) after each step; optionally one
+JSON line of figures per step (`audit/...`, as the TRL guard logs them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..reporting.report import Report, incomplete, printable, verdict_line
+
+_DATA = (".parquet", ".jsonl", ".json")
+
+
+def _is_candidate(p: Path, root: Path) -> bool:
+    rel = p.relative_to(root).parts
+    return (
+        p.suffix in _DATA
+        and not any(x.startswith(".") for x in rel)
+        and not p.name.endswith(".tmp")
+        and not any(x in ("_temporary", "_SUCCESS") for x in rel)
+    )
+
+
+@dataclass
+class Watcher:
+    """Finds complete new files under `root`; `audit_step(path) -> (Report, figures)` audits one."""
+
+    root: Path
+    audit_step: Callable[[Path], tuple[Report, dict]]
+    status_path: Path | None = None
+    metrics_path: Path | None = None
+    ignore: set[Path] = field(default_factory=set)  # our own outputs, when they sit under root
+    seen: dict[Path, tuple[int, int]] = field(default_factory=dict)  # size, mtime at the last poll
+    done: set[Path] = field(default_factory=set)
+    steps: list[dict] = field(default_factory=list)
+    worst: int = 0
+
+    def complete_files(self) -> list[Path]:
+        """Files not yet audited whose size and mtime held since the last poll, in name order."""
+        ready = []
+        for p in sorted(self.root.rglob("*")):
+            if p in self.done or p in self.ignore or not p.is_file() or not _is_candidate(p, self.root):
+                continue
+            try:
+                st = p.stat()
+            except OSError:  # renamed or removed between listing and stat
+                continue
+            now = (st.st_size, st.st_mtime_ns)
+            if self.seen.get(p) == now and st.st_size > 0:
+                ready.append(p)
+            self.seen[p] = now
+        return ready
+
+    def run_step(self, path: Path) -> dict:
+        """Audit one complete file; its status entry (also when the file could not be audited)."""
+        name = str(path.relative_to(self.root))
+        entry: dict[str, Any]
+        try:
+            rep, figures = self.audit_step(path)
+            code = rep.exit_code()
+            why = incomplete(rep) + [f"{r['code']} {r['message']}" for r in rep.findings.head(1).iter_rows(named=True)]
+            line = verdict_line(rep) + (f" ({printable(why[0])})" if code == 2 and why else "")
+            entry = {"step": name, "exit_code": code, "verdict": line, "figures": figures}
+            entry["errors"], entry["warnings"] = rep.count("error"), rep.count("warning")
+            entry["codes"] = sorted(rep.codes())
+        except Exception as e:  # noqa: BLE001 - a step that cannot be read is reported, the watch goes on
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            entry = {"step": name, "exit_code": 2, "verdict": f"INCOMPLETE: {msg}", "figures": {}}
+            entry.update(errors=0, warnings=0, codes=[])
+        self.done.add(path)
+        self.steps.append(entry)
+        self.worst = max(self.worst, entry["exit_code"])
+        if self.metrics_path is not None and entry["figures"]:
+            with open(self.metrics_path, "a") as fh:
+                fh.write(json.dumps({"step": name, "index": len(self.steps) - 1, **entry["figures"]}) + "\n")
+        return entry
+
+    def write_status(self, state: str) -> None:
+        """The status file a trainer or scheduler polls: every step so far, the worst exit code, state."""
+        if self.status_path is None:
+            return
+        doc = {
+            "directory": str(self.root),
+            "state": state,
+            "steps_audited": len(self.steps),
+            "worst_exit_code": self.worst,
+            "steps": self.steps,
+            "updated": time.time(),
+        }
+        tmp = self.status_path.with_name(f".{self.status_path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        os.replace(tmp, self.status_path)
+
+    def follow(
+        self,
+        say: Callable[[str], None],
+        *,
+        interval: float = 1.0,
+        idle: float | None = None,
+        fail_fast: bool = False,
+        max_steps: int | None = None,
+    ) -> int:
+        """Poll every `interval` seconds; stop after `idle` seconds without a new complete file,
+        after `max_steps` steps, or (`fail_fast`) after the first step that does not pass.
+        Returns the worst exit code of the steps (0 when none was audited)."""
+        last = time.monotonic()
+        self.write_status("watching")
+        while True:
+            for p in self.complete_files():
+                e = self.run_step(p)
+                say(f"{e['step']}: {e['verdict']}")
+                self.write_status("watching")
+                last = time.monotonic()
+                if (fail_fast and e["exit_code"]) or (max_steps is not None and len(self.steps) >= max_steps):
+                    self.write_status("stopped")
+                    return self.worst
+            if idle is not None and time.monotonic() - last > idle:
+                self.write_status("stopped")
+                return self.worst
+            time.sleep(interval)
+
+
+def step_auditor(config_path: str | None, root: Path, framework: str | None, context: dict) -> Callable:
+    """Audit one step's file as a log of its own (a framework's dump: converted first), with the
+    configuration found for `root`; its report and its figures."""
+    import polars as pl
+
+    from ..contract.config import load_config
+    from ..reading.io import discover
+    from ..reading.log import scan
+    from ..running.engine import run_audit
+    from .figures import audit_figures, trainable_share
+    from .policy import apply_tolerated
+
+    cfg = load_config(config_path, start=root)
+
+    def audit_step(path: Path) -> tuple[Report, dict]:
+        if framework:
+            from ..adapters.convert import as_log, convert, relabel
+
+            conv = convert(framework, [str(path)], context)
+            share = trainable_share(pl.from_arrow(conv.tables()[0]))  # type: ignore[arg-type]
+            with as_log(conv) as log_root:
+                rep = relabel(run_audit(discover([log_root]), cfg), conv, log_root)
+        else:
+            disc = discover([str(path)])
+            rep = run_audit(disc, cfg)
+            share = trainable_share(scan(str(path)).trajectories) if disc.of_kind("trajectories") else None
+        rep = apply_tolerated(rep, cfg.tolerated_share)
+        return rep, audit_figures(rep, share)
+
+    return audit_step

@@ -1,0 +1,313 @@
+"""Living with the audit: baselines, tolerated rates, diffs, filtered copies and the watcher,
+each through the command line a user would type."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rollout_audit.cli import main
+from rollout_audit.synth import make_log
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPLIANT = ROOT / "fixtures" / "compliant"
+
+
+def cli(*args: object):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory):
+    """A log with one M101 error (`one`), the same log with an L201 error on top (`two`), and a
+    log of another run (other trajectory ids) with no finding."""
+    d = tmp_path_factory.mktemp("logs")
+    assert cli("faults", "apply", "tool_tokens_trained", COMPLIANT, d / "one").exit_code == 0
+    assert cli("faults", "apply", "positive_logprob", d / "one", d / "two").exit_code == 0
+    from rollout_audit.faults import write_records
+
+    write_records(d / "other", *make_log(seed=3))
+    return d
+
+
+# ---------------------------------------------------------------- baselines
+
+
+def test_baseline_accepts_what_it_recorded_and_fails_on_what_is_new(logs, tmp_path):
+    base = tmp_path / "baseline.json"
+    assert cli("check", logs / "one").exit_code == 1
+    res = cli("check", logs / "one", "--write-baseline", base)
+    assert res.exit_code == 0 and "1 finding recorded" in res.output
+    res = cli("check", logs / "one", "--baseline", base)
+    assert res.exit_code == 0, res.output
+    assert "baseline " in res.output and "1 of 1 recorded findings seen, 0 gone, 0 new" in res.output
+    assert res.output.strip().splitlines()[-1].startswith("ok:")
+    res = cli("check", logs / "two", "--baseline", base, "--format", "json")
+    assert res.exit_code == 1
+    rep = json.loads(res.stdout)
+    assert [f["code"] for f in rep["findings"]] == ["L201"]
+    assert rep["summary"]["baseline"] == {"file": str(base), "recorded": 1, "seen": 1, "gone": 0, "new": 1}
+    assert rep["summary"]["by_severity"]["error"] == 1
+
+
+def test_baseline_counts_what_is_gone(logs, tmp_path):
+    base = tmp_path / "b.json"
+    assert cli("check", logs / "two", "--write-baseline", base).exit_code == 0
+    res = cli("check", logs / "one", "--baseline", base)
+    assert res.exit_code == 0 and "1 of 2 recorded findings seen, 1 gone, 0 new" in res.output
+
+
+def test_a_finding_whose_numbers_changed_is_new(logs, tmp_path):
+    base = tmp_path / "b.json"
+    assert cli("check", logs / "one", "--write-baseline", base).exit_code == 0
+    doc = json.loads(base.read_text())
+    doc["findings"][0]["digest"] = "000000000000"  # the same place, other numbers in its message
+    base.write_text(json.dumps(doc))
+    res = cli("check", logs / "one", "--baseline", base)
+    assert res.exit_code == 1 and "0 of 1 recorded findings seen, 1 gone, 1 new" in res.output
+
+
+def test_baseline_from_the_configuration_is_read_next_to_it(logs, tmp_path):
+    assert cli("check", logs / "one", "--write-baseline", tmp_path / "accepted.json").exit_code == 0
+    (tmp_path / "audit.toml").write_text('[tool.rollout-audit]\nbaseline = "accepted.json"\n')
+    res = cli("check", logs / "one", "--config", tmp_path / "audit.toml")
+    assert res.exit_code == 0 and "1 of 1 recorded findings seen" in res.output
+
+
+def test_baseline_of_another_log_or_version_is_refused(logs, tmp_path):
+    base = tmp_path / "b.json"
+    assert cli("check", logs / "one", "--write-baseline", base).exit_code == 0
+    res = cli("check", logs / "other", "--baseline", base)
+    assert res.exit_code == 2 and "written for another log" in res.output, res.output
+    doc = json.loads(base.read_text())
+    doc["tool_version"] = "0.0.1"
+    base.write_text(json.dumps(doc))
+    res = cli("check", logs / "one", "--baseline", base)
+    assert res.exit_code == 2 and "written by rollout-audit 0.0.1" in res.output
+    base.write_text("not json")
+    assert cli("check", logs / "one", "--baseline", base).exit_code == 2
+    res = cli("check", logs / "one", "--baseline", tmp_path / "absent.json")
+    assert res.exit_code == 2 and "no such file" in res.output
+
+
+def test_baseline_is_never_written_into_the_log_nor_from_an_incomplete_audit(logs, tmp_path):
+    res = cli("check", logs / "one", "--write-baseline", logs / "one" / "b.json")
+    assert res.exit_code == 2 and not (logs / "one" / "b.json").exists()
+    res = cli("check", logs / "one", "--select", "L205", "--write-baseline", tmp_path / "b.json")
+    assert res.exit_code == 2 and not (tmp_path / "b.json").exists()
+
+
+# ---------------------------------------------------------------- tolerated rates
+
+
+def test_a_rate_within_its_tolerated_share_is_a_warning_with_the_share_shown(logs, tmp_path):
+    cfg = tmp_path / "rates.toml"
+    cfg.write_text("[tool.rollout-audit]\ntolerated_share = {M101 = 0.01, L201 = 0.001}\n")
+    res = cli("check", logs / "two", "--config", cfg)
+    assert res.exit_code == 1, res.output
+    assert "M101 [warning]" in res.output and "L201 [error]" in res.output
+    assert "M101: 1 trajectory of 128 (0.78%), within the tolerated 1.00%: reported as warnings" in res.output
+    assert "L201: 1 trajectory of 128 (0.78%), above the tolerated 0.10%: errors" in res.output
+    cfg.write_text("[tool.rollout-audit]\ntolerated_share = {M101 = 0.01}\n")
+    res = cli("check", logs / "one", "--config", cfg, "--format", "json")
+    assert res.exit_code == 0
+    rep = json.loads(res.stdout)
+    assert rep["findings"][0]["severity"] == "warning"
+    assert rep["summary"]["tolerated"]["M101"]["within"] is True
+    assert cli("check", logs / "one", "--config", cfg, "--strict").exit_code == 1
+
+
+@pytest.mark.parametrize("table, why", [("{M101 = 2}", "between 0 and 1"), ("{X101 = 0.1}", "unknown check code")])
+def test_a_bad_tolerated_share_is_exit_2(logs, tmp_path, table, why):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(f"[tool.rollout-audit]\ntolerated_share = {table}\n")
+    res = cli("check", logs / "one", "--config", cfg)
+    assert res.exit_code == 2 and why in res.output
+
+
+# ---------------------------------------------------------------- diff
+
+
+def test_diff_names_findings_that_appeared_and_disappeared(logs):
+    res = cli("diff", COMPLIANT, logs / "two")
+    assert res.exit_code == 1, res.output
+    assert "appeared    L201 [error] 0 -> 1" in res.output and "appeared    M101 [error] 0 -> 1" in res.output
+    assert res.output.strip().splitlines()[-1].startswith("FAIL: 2 new error findings; 2 codes changed; 0 of ")
+    res = cli("diff", logs / "two", logs / "one", "--format", "json")
+    assert res.exit_code == 0  # a finding went away: nothing new to block on
+    d = json.loads(res.stdout)
+    assert d["findings"] == {
+        "appeared": [],
+        "disappeared": [{"code": "L201", "severity": "error", "a": 1, "b": 0}],
+        "changed": [],
+    }
+    assert d["new_errors"] == 0 and not any(s["moved"] for s in d["stats"])
+    assert {"trainable share", "policy lag", "degenerate groups", "stop failure", "reward | success"} <= {
+        s["stat"] for s in d["stats"]
+    }
+
+
+def test_diff_shows_statistics_that_moved_beyond_noise(tmp_path):
+    from rollout_audit.faults import write_records
+
+    write_records(tmp_path / "calm", *make_log(n_tasks=8, group_size=8, seed=1, truncated_share=0.0))
+    write_records(tmp_path / "cut", *make_log(n_tasks=8, group_size=8, seed=1, truncated_share=0.9))
+    res = cli("diff", tmp_path / "calm", tmp_path / "cut", "--format", "json")
+    assert res.exit_code == 0, res.output
+    moved = {s["stat"]: s for s in json.loads(res.stdout)["stats"] if s["moved"]}
+    assert moved["stop max_turns"]["a"] == 0 and moved["stop max_turns"]["b"] > 0.5, moved  # absent in A: a share of 0
+    res = cli("diff", tmp_path / "calm", tmp_path / "calm")
+    assert res.exit_code == 0 and "0 codes changed; 0 of " in res.output
+
+
+def test_diff_of_two_steps_of_one_log(tmp_path):
+    from rollout_audit.faults import read_records, write_records
+
+    t, u = read_records(COMPLIANT)
+    write_records(tmp_path / "log", t, u, parts=2)
+    steps = tmp_path / "log" / "trajectories"
+    res = cli("diff", steps / "step=0", steps / "step=1", "--all")
+    assert res.exit_code == 0, res.output
+    assert "held        trainable share:" in res.output
+
+
+# ---------------------------------------------------------------- filter
+
+
+def test_filter_drops_flagged_trajectories_and_the_updates_that_named_them(logs, tmp_path):
+    from rollout_audit.faults import read_records
+
+    res = cli("filter", logs / "two", tmp_path / "clean")
+    assert res.exit_code == 0, res.output
+    t, u = read_records(logs / "two")
+    flagged = {"s0-i0003-g07-e1", "s0-i0003-g00-e2"}  # the trajectories the two faults touched
+    naming = [x for x in u if flagged & set(x["trajectory_ids"])]
+    assert res.output.startswith(f"dropped 2 trajectories (L201 1, M101 1) and {len(naming)} updates that named them")
+    t2, u2 = read_records(tmp_path / "clean")
+    assert {x["trajectory_id"] for x in t2} == {x["trajectory_id"] for x in t} - flagged
+    assert len(u2) == len(u) - len(naming) and not any(flagged & set(x["trajectory_ids"]) for x in u2)
+    assert cli("check", tmp_path / "clean").exit_code == 0
+
+
+def test_filter_by_selected_codes_keeps_the_rest(logs, tmp_path):
+    res = cli("filter", logs / "two", tmp_path / "out", "--select", "L201")
+    assert res.exit_code == 0 and "dropped 1 trajectory (L201 1)" in res.output
+    after = json.loads(cli("check", tmp_path / "out", "--format", "json").stdout)
+    assert [f["code"] for f in after["findings"]] == ["M101"]
+
+
+def test_filter_never_writes_in_place_nor_over_a_directory(logs, tmp_path):
+    before = sorted(p.name for p in (logs / "two").rglob("*"))
+    res = cli("filter", logs / "two", logs / "two" / "out")
+    assert res.exit_code == 2 and "never writes to its input" in res.output
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    assert cli("filter", logs / "two", tmp_path / "full").exit_code == 2
+    assert cli("filter", logs / "two", tmp_path / "o", "--select", "Z9").exit_code == 2
+    assert sorted(p.name for p in (logs / "two").rglob("*")) == before
+
+
+# ---------------------------------------------------------------- watch, with a real writer process
+
+WRITER = r"""
+import os, signal, sys, time
+import pyarrow.parquet as pq
+
+src, out, plan = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+for i, what in enumerate(plan):
+    time.sleep(0.4)
+    kind, _, path = what.partition(":")
+    table = pq.read_table(path)
+    part = table.slice(32 * (i % 4), 32)
+    dst = os.path.join(out, "trajectories", f"step-{i:04d}.parquet")
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    tmp = os.path.join(out, "trajectories", f".step-{i:04d}.parquet.tmp")
+    pq.write_table(part, tmp)
+    if kind == "killed":  # written in place, cut short, and the writer dies mid-write
+        data = open(tmp, "rb").read()
+        os.remove(tmp)
+        with open(dst, "wb") as fh:
+            fh.write(data[: len(data) // 2])
+            fh.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "stuck":  # a temporary file its writer never renamed: never a step
+        continue
+    os.replace(tmp, dst)
+"""
+
+
+def _watch(tmp_path, plan, *extra):
+    import subprocess
+    import sys
+
+    d = tmp_path / "run"
+    d.mkdir()
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "rollout_audit.cli", "watch", d, "--interval", "0.2", "--idle", "4",
+         "--status", tmp_path / "status.json", "--metrics", tmp_path / "metrics.jsonl", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    (tmp_path / "writer.py").write_text(WRITER)
+    writer = subprocess.run(
+        [sys.executable, tmp_path / "writer.py", COMPLIANT, d, ",".join(plan)], env=env, timeout=120, check=False
+    )
+    out, err = watcher.communicate(timeout=180)
+    return writer.returncode, watcher.returncode, out.strip().splitlines(), err, d
+
+
+def test_watch_audits_each_step_once_complete_and_reports_a_step_killed_mid_write(tmp_path):
+    good = str(COMPLIANT / "trajectories" / "part-0000.parquet")
+    plan = [f"ok:{good}", f"ok:{good}", f"stuck:{good}", f"killed:{good}"]
+    wrc, rc, lines, err, d = _watch(tmp_path, plan)
+    assert wrc == -9  # the writer really died mid-write
+    assert [x.split(":")[0] for x in lines] == [
+        "trajectories/step-0000.parquet",
+        "trajectories/step-0001.parquet",
+        "trajectories/step-0003.parquet",
+    ], lines
+    assert lines[0].split(": ", 1)[1].startswith("ok: 0 errors") and lines[1].split(": ", 1)[1].startswith("ok:")
+    assert "INCOMPLETE" in lines[2] and rc == 2
+    assert (d / "trajectories" / ".step-0002.parquet.tmp").exists()  # left alone, never audited
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["state"] == "stopped" and status["steps_audited"] == 3 and status["worst_exit_code"] == 2
+    assert [s["exit_code"] for s in status["steps"]] == [0, 0, 2]
+    metrics = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["audit/exit_code"] for m in metrics] == [0, 0, 2]
+    assert metrics[0]["audit/errors"] == 0 and 0 < metrics[0]["audit/trainable_share"] < 1
+    assert "3 step(s), worst exit code 2" in err
+
+
+def test_watch_fail_fast_stops_at_the_first_failing_step(logs, tmp_path):
+    good = str(COMPLIANT / "trajectories" / "part-0000.parquet")
+    bad = str(next((logs / "one" / "trajectories").glob("*.parquet")))
+    # step 1 holds rows 32-63 of the broken log; the M101 fault touched s0-i0003-g07-e1 (row >= 96)
+    plan = [f"ok:{good}", f"ok:{good}", f"ok:{good}", f"bad:{bad}", f"ok:{good}"]
+    wrc, rc, lines, err, d = _watch(tmp_path, plan, "--fail-fast")
+    assert wrc == 0
+    assert rc == 1 and lines[-1].startswith("trajectories/step-0003.parquet: FAIL: 1 error"), lines
+    assert len(lines) == 4
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["state"] == "stopped" and status["steps"][-1]["codes"] == ["M101"]
+
+
+def test_watch_from_a_framework_dump(tmp_path):
+    import os
+    import shutil
+
+    from adapterhelp import context_args
+
+    d = tmp_path / "dumps"
+    d.mkdir()
+    for i, name in enumerate(("compliant", "eos_appended_logprob_zero")):
+        shutil.copy(ROOT / "fixtures" / "frameworks" / "skyrl" / f"{name}.jsonl", d / f".{i}.tmp")
+        os.replace(d / f".{i}.tmp", d / f"step-{i}.jsonl")  # moved in as a trainer's atomic write
+    res = cli("watch", d, "--from", "skyrl", *context_args(), "--max-steps", "2", "--interval", "0.05")
+    lines = res.stdout.strip().splitlines()
+    assert [x.split(":")[0] for x in lines] == ["step-0.jsonl", "step-1.jsonl"], res.output
+    assert lines[0].startswith("step-0.jsonl: ok: 0 errors, 0 warnings")
+    assert lines[1].startswith("step-1.jsonl: ok: 0 errors, 1 warning")  # the EOS placeholder log-prob
+    assert res.exit_code == 0
