@@ -4,6 +4,7 @@ names what is missing, and turning a framework's placeholders into nulls."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -57,6 +58,7 @@ def origin(record: Mapping[str, Any]) -> dict[str, Any]:
 
 ORIGIN = "_origin"  # a row's dump record; `contract_table` moves it to the table's metadata
 META_ORIGINS = b"rollout_audit.origins"  # JSON list: the dump record of each trajectory row
+META_POLICY = b"rollout_audit.policy"  # the trainer policy a conversion assumed, in one sentence
 
 
 def read_records(path: str | os.PathLike) -> Iterator[Record]:
@@ -91,7 +93,7 @@ def read_dump(path: str | os.PathLike) -> list[Record]:
     return [r for f in files for r in read_records(f)]
 
 
-# ---------------------------------------------------------------- shared by the verl, SkyRL and slime adapters
+# ---------------------------------------------------------------- the one context schema of every adapter
 
 # Context a trainer does not record, from keyword arguments (CLI `--context KEY=VALUE`): name -> type.
 CONTEXT: dict[str, type] = {
@@ -104,23 +106,50 @@ CONTEXT: dict[str, type] = {
     "top_p": float,
 }
 TURN_CONTEXT = ("temperature", "top_p")  # context that belongs on every turn
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def _typed(key: str, value: Any, kind: type) -> Any:
+    """`value` as `kind` (CLI values arrive as strings); AdapterError naming the key otherwise.
+    Integers are whole numbers, floats finite, booleans true/false (or 1/0, yes/no, on/off)."""
+    bad = AdapterError(f"context {key}={value!r} is not {'a boolean' if kind is bool else kind.__name__}")
+    if kind is str:
+        if isinstance(value, (Mapping, list, tuple, bytes)):
+            raise bad
+        return str(value)
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in _TRUE or text in _FALSE:
+            return text in _TRUE
+        raise bad
+    if isinstance(value, bool):
+        raise bad
+    try:
+        out = kind(value)
+    except (TypeError, ValueError, OverflowError):
+        raise bad from None
+    if kind is float and not math.isfinite(out):
+        raise bad
+    if kind is int and isinstance(value, float) and value != out:
+        raise bad
+    return out
 
 
 def context_values(context: Mapping[str, Any], allowed: Sequence[str] | Mapping[str, type] = ()) -> dict[str, Any]:
-    """The keyword context in the contract's types; AdapterError for an unknown key or a bad value.
-    `allowed` names an adapter's own extra keys: kept as strings, or {key: type} to convert them."""
+    """The keyword context in the contract's types: the one context schema every adapter validates
+    `--context` with. `allowed` names an adapter's own extra keys, as a sequence (kept as strings) or
+    as a mapping to their types (str, int, float, bool). An unknown key or a bad value is an
+    AdapterError naming the key (exit 2 on the command line)."""
     extra = dict(allowed) if isinstance(allowed, Mapping) else dict.fromkeys(allowed, str)
+    known = {**extra, **CONTEXT}  # the common keys keep their contract types
     out: dict[str, Any] = {}
     for key, value in context.items():
-        kind = CONTEXT.get(key, extra.get(key))
+        kind = known.get(key)
         if kind is None:
-            raise AdapterError(f"unknown context {key!r}; known: {', '.join([*CONTEXT, *extra])}")
-        try:
-            if kind is int and isinstance(value, float) and not value.is_integer():
-                raise ValueError(value)
-            out[key] = kind(value)
-        except (TypeError, ValueError):
-            raise AdapterError(f"context {key}={value!r} is not {kind.__name__}") from None
+            raise AdapterError(f"unknown context {key!r}; known: {', '.join(known)}")
+        out[key] = _typed(key, value, kind)
     return out
 
 

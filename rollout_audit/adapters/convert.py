@@ -19,7 +19,7 @@ import polars as pl
 import pyarrow as pa
 
 from . import load
-from .base import META_ORIGINS, read_dump
+from .base import META_ORIGINS, META_POLICY, read_dump
 
 if TYPE_CHECKING:
     from ..reporting.report import Report
@@ -33,6 +33,7 @@ class Converted:
     updates: pa.Table | None
     origins: list[str | None]  # per trajectory row: "FILE:LINE" of the record it was built from
     sources: tuple[str, ...]  # the dump paths, as given
+    policy: str | None = None  # the trainer policy the adapter assumed (from the trainer's configuration)
 
     def tables(self) -> tuple[pa.Table, pa.Table | None]:
         """The tables without the origins (what a contract log file holds)."""
@@ -40,7 +41,7 @@ class Converted:
 
 
 def _plain(table: pa.Table) -> pa.Table:
-    meta = {k: v for k, v in (table.schema.metadata or {}).items() if k != META_ORIGINS}
+    meta = {k: v for k, v in (table.schema.metadata or {}).items() if k not in (META_ORIGINS, META_POLICY)}
     return table.replace_schema_metadata(meta)
 
 
@@ -53,7 +54,8 @@ def convert(framework: str, paths: Sequence[str | os.PathLike], context: Mapping
     updates = upd(records, **context) if upd else None
     raw = (trajectories.schema.metadata or {}).get(META_ORIGINS)
     origins = json.loads(raw) if raw else [None] * trajectories.num_rows
-    return Converted(trajectories, updates, origins, tuple(str(p) for p in paths))
+    said = (trajectories.schema.metadata or {}).get(META_POLICY)
+    return Converted(trajectories, updates, origins, tuple(str(p) for p in paths), said.decode() if said else None)
 
 
 @contextmanager
@@ -103,6 +105,8 @@ def relabel(rep: Report, conv: Converted, root: str) -> Report:
     rep.crashes = [{k: text(v) for k, v in c.items()} for c in rep.crashes]
     if rep.unusable is not None:
         rep.unusable = text(rep.unusable)
+    if conv.policy:
+        rep.summary["trainer_policy"] = conv.policy
     return rep
 
 

@@ -5,7 +5,17 @@ prompt does not extend the running sequence, as rLLM's verl transform splits it)
 `model_output` is one turn: its engine prompt (`model_output.prompt_ids`) gives the turn's engine
 context, its `completion_ids` the sampled ids, `logprobs` the behaviour log-probs (a short list leaves
 the rest null: rLLM's transform pads it with 0.0), `weight_version` the policy version, `finish_reason`
-the engine's stop. `Episode.termination_reason` and `is_correct` give the stop cause."""
+the engine's stop. `Episode.termination_reason` and `is_correct` give the stop cause.
+
+rLLM's compact filtering (`rllm.compact_filtering`, `CompactFilteringConfig` in
+rllm/trainer/algorithms/config.py) drops episodes by termination reason before grouping: such an
+episode is neither trained nor counted in its group's statistics, so it is written with a null
+reward (the contract's "excluded"). rLLM does not dump its configuration with the episodes: the
+context gives it (`compact_filtering=true`, `mask_<reason>=...`, defaults those of rLLM's
+base.yaml), and the policy assumed is stated in the table metadata (`rollout_audit.policy`).
+
+`updates` writes one update record per training step from `Step.advantage` (set by
+`compute_advantages`, so only a dump taken after it has them; docs/frameworks/rllm.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +25,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from .base import AdapterError, contract_table, need, origin
+from ..contract import schema as S
+from ..reading.records import records_to_table
+from .base import META_POLICY, AdapterError, context_values, contract_table, need, origin
 from .steps import (
     Call,
     engine_context,
@@ -36,6 +48,28 @@ TERMINATION = {
     "max_turns_exceeded": ("truncated", "max_turns"),
     "timeout": ("truncated", "timeout"),
     "error": ("infra_error", "env_error"),
+}
+
+# CompactFilteringConfig's flags with the defaults of rllm/trainer/config/rllm/base.yaml (the
+# trainer reads config.rllm.compact_filtering from it); `compact_filtering` is its `enable`
+FILTER_DEFAULTS = {
+    "max_prompt_length_exceeded": True,
+    "max_response_length_exceeded": True,
+    "env_done": False,
+    "max_turns_exceeded": True,
+    "timeout": True,
+    "unknown": False,
+    "error": True,
+}
+# rLLM's algorithm.adv_estimator (and norm_adv_by_std_in_grpo) -> the contract's estimator; rLLM's
+# GRPO divides by the population std (np.std, ddof 0), which the contract's `grpo` (ddof 1) is not,
+# so normalised GRPO is left undeclared (U603 not run, U604 still runs)
+ESTIMATORS = {("grpo", False): "grpo_no_std", ("rloo", True): "rloo", ("rloo", False): "rloo"}
+CONTEXT: dict[str, type] = {
+    "compact_filtering": bool,
+    **{f"mask_{r}": bool for r in FILTER_DEFAULTS},
+    "adv_estimator": str,
+    "norm_adv_by_std_in_grpo": bool,
 }
 
 LACKS = {
@@ -59,6 +93,28 @@ LACKS = {
     "initial_state_checksum": "rLLM does not record environment state",
     "wall_clock_s": "rLLM does not record an episode's wall-clock time",
 }
+
+
+def filtered(context: Mapping[str, Any]) -> frozenset[str]:
+    """The termination reasons rLLM's compact filtering drops, from the context (none unless enabled)."""
+    if not context.get("compact_filtering", False):
+        return frozenset()
+    return frozenset(r for r, on in FILTER_DEFAULTS.items() if context.get(f"mask_{r}", on))
+
+
+def policy(context: Mapping[str, Any]) -> str:
+    """The trainer policy the conversion assumed, in one sentence."""
+    drop = sorted(filtered(context))
+    said = "as given" if any(k in context for k in CONTEXT if k.startswith(("compact", "mask_"))) else "rLLM's default"
+    if not drop:
+        return (
+            f"rLLM compact filtering off ({said}): every episode is trained with its reward, truncated and "
+            "errored ones included (pass --context compact_filtering=true when the run enabled it)"
+        )
+    return (
+        f"rLLM compact filtering on ({said}; base.yaml defaults for flags not given): episodes ending in "
+        f"{', '.join(drop)} are excluded (null reward, in no group), as rLLM drops them before grouping"
+    )
 
 
 def _stop(episode: Mapping[str, Any]) -> dict[str, Any]:
@@ -104,6 +160,7 @@ def _trajectories(episode: Mapping[str, Any], n: int, context: Mapping[str, Any]
     eid = str(need(episode, "id", f"episode {n}"))
     task_id = eid.split(":")[0]
     stop = _stop(episode)
+    dropped = str(episode.get("termination_reason") or "unknown") in filtered(context)
     out = []
     for k, traj in enumerate(need(episode, "trajectories", f"episode {eid}")):
         name = str(traj.get("name", k))
@@ -119,7 +176,7 @@ def _trajectories(episode: Mapping[str, Any], n: int, context: Mapping[str, Any]
                     **identity(context),
                     **seg.columns(),
                     **stop,
-                    "reward": traj.get("reward"),
+                    "reward": None if dropped else traj.get("reward"),
                     "verifier_success": bool(episode.get("is_correct")),
                 }
             )
@@ -129,7 +186,85 @@ def _trajectories(episode: Mapping[str, Any], n: int, context: Mapping[str, Any]
 @guarded("rLLM")
 def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     """Contract trajectories from rLLM `Episode.to_dict()` records."""
+    context = context_values(context, CONTEXT)
     rows: list[Mapping[str, Any]] = [
         {**r, **origin(ep)} for n, ep in enumerate(records) for r in _trajectories(ep, n, context)
     ]
-    return contract_table(rows, LACKS, "rLLM")
+    table = contract_table(rows, LACKS, "rLLM")
+    meta = {**(table.schema.metadata or {}), META_POLICY: policy(context).encode()}
+    return table.replace_schema_metadata(meta)
+
+
+def _advantage(steps: list[Any], where: str) -> float | None:
+    """The trajectory's advantage: rLLM broadcasts one float to every step (a per-token list of
+    one value is the same); None when no step has one. Different values are not a group advantage."""
+    seen = set()
+    for i, step in enumerate(steps):
+        a = step.get("advantage") if isinstance(step, Mapping) else None
+        if a is None:
+            continue
+        values = a if isinstance(a, list) else [a]
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+            raise AdapterError(f"{where} step {i}: advantage must be a number or a list of numbers")
+        seen.update(float(v) for v in values)
+    if len(seen) > 1:
+        raise AdapterError(
+            f"{where}: advantage differs between steps or tokens ({len(seen)} values): per-token advantages "
+            "(use_precomputed_advantage) are not group advantages; dump before compute_advantages instead"
+        )
+    return seen.pop() if seen else None
+
+
+UPDATE_LACKS = {
+    "updates.reduction": "rLLM's episodes do not record how the backend reduced the loss",
+    "updates.loss_denominator": "rLLM's episodes do not record the backend's loss denominator",
+}
+
+
+@guarded("rLLM")
+def updates(records: Iterable[dict], **context: Any) -> pa.Table | None:
+    """One update record per training step (the records' `global_step`, as the post-advantage hook
+    writes it) from `Step.advantage`: the trajectories that carry one, in dump order, with their
+    advantage. None when no step has an advantage (a dump taken before compute_advantages).
+    trainer_version is the newest weight_version of the step's batch (rLLM's episodes do not
+    record the trainer's: exact for synchronous training, a lower bound otherwise)."""
+    context = context_values(context, CONTEXT)
+    steps: dict[int, dict[str, Any]] = {}
+    for n, ep in enumerate(records):
+        eid = str(need(ep, "id", f"episode {n}"))
+        if str(ep.get("termination_reason") or "unknown") in filtered(context):
+            continue
+        step = ep.get("global_step", 0)
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise AdapterError(f"episode {eid}: global_step must be an integer")
+        u = steps.setdefault(step, {"ids": [], "adv": [], "versions": []})
+        for k, traj in enumerate(need(ep, "trajectories", f"episode {eid}")):
+            name = str(traj.get("name", k))
+            where = f"episode {eid} trajectory {name}"
+            adv = _advantage(need(traj, "steps", where), where)
+            if adv is None:
+                continue
+            u["ids"].append(f"{eid}/{name}")
+            u["adv"].append(adv)
+            u["versions"] += [s.get("weight_version") for s in traj["steps"] if s.get("weight_version") is not None]
+    estimator = ESTIMATORS.get(
+        (str(context.get("adv_estimator", "grpo")), bool(context.get("norm_adv_by_std_in_grpo", True)))
+    )
+    if str(context.get("adv_estimator", "grpo")) == "reinforce":
+        estimator = "reinforce"
+    rows = [
+        {
+            "update_step": step,
+            "trainer_version": max(int(v) for v in u["versions"]) if u["versions"] else None,
+            "trajectory_ids": u["ids"],
+            "advantages": u["adv"],
+            **({"advantage_estimator": estimator} if estimator else {}),
+        }
+        for step, u in sorted(steps.items())
+        if u["ids"]
+    ]
+    if not rows:
+        return None
+    table = records_to_table(rows, kind="updates")
+    meta = {**(table.schema.metadata or {}), S.META_NOT_RECORDED: json.dumps(UPDATE_LACKS).encode()}
+    return table.replace_schema_metadata(meta)
