@@ -1,8 +1,11 @@
 """rLLM adapter: `Episode.to_dict()` dumps audit clean with the not-run list docs/frameworks/rllm.md
-predicts; missing log-probs (rLLM's transform pads them with 0.0) are L201 on the trajectory."""
+predicts; missing log-probs (rLLM's transform pads them with 0.0) are L201 on the trajectory; a run
+with compact filtering audits clean once the filter is given as context, and says which policy it
+assumed; update records from `Step.advantage` catch a GRPO group of one (U604)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from adapterhelp import (
@@ -18,6 +21,7 @@ from adapterhelp import (
 )
 
 CONTEXT = [*IDENTITY, "temperature=0.7", "top_p=1.0"]
+FILTERING = [*CONTEXT, "compact_filtering=true"]
 
 
 def test_compliant_audits_clean_with_the_documented_not_run_list() -> None:
@@ -31,8 +35,54 @@ def test_missing_logprobs_are_l201_on_the_trajectory() -> None:
     assert finding_keys(rep) == [("L201", "task-7:1/solver", 1)]
 
 
+def test_compact_filtering_run_audits_clean_and_names_the_policy() -> None:
+    rep = report([fixture("rllm", "compact_filtering")], "rllm", FILTERING)
+    assert rep["findings"] == []
+    policy = rep["summary"]["trainer_policy"]
+    assert "compact filtering on" in policy and "error" in policy and "max_response_length_exceeded" in policy
+    assert "U604" not in {n["code"] for n in rep["not_run"]}  # the advantages were audited
+
+
+def test_compact_filtering_not_given_leaves_the_zero_rewards_as_t303_t304() -> None:
+    rep = report([fixture("rllm", "compact_filtering")], "rllm", CONTEXT)
+    assert finding_keys(rep) == [
+        ("T303", "task-7:3/solver", None),
+        ("T304", "task-7:2/solver", None),
+        ("T304", "task-9:2/solver", None),
+    ]
+    assert "compact filtering off" in rep["summary"]["trainer_policy"]
+
+
+def test_a_filter_flag_turned_off_keeps_that_reason_trained() -> None:
+    rep = report([fixture("rllm", "compact_filtering")], "rllm", [*FILTERING, "mask_timeout=false"])
+    assert finding_keys(rep) == [("T304", "task-9:2/solver", None)]
+
+
+def test_grpo_group_of_one_is_u604_on_its_trajectory() -> None:
+    rep = report([fixture("rllm", "grpo_group_of_one")], "rllm", FILTERING)
+    assert finding_keys(rep) == [("U604", "task-9:0/solver", None)]
+
+
+def test_grpo_without_std_declares_the_estimator_so_u603_recomputes() -> None:
+    rep = report([fixture("rllm", "grpo_group_of_one")], "rllm", [*FILTERING, "norm_adv_by_std_in_grpo=false"])
+    found = {(c, t) for c, t, _ in finding_keys(rep)}
+    # the fixture's advantages are normalised GRPO: U603 recomputes R - mean and disagrees on every member
+    assert found >= {("U603", "task-7:0/solver"), ("U603", "task-9:0/solver"), ("U604", "task-9:0/solver")}
+
+
+def test_a_filtered_episode_that_carries_an_advantage_is_u606(tmp_path: Path) -> None:
+    recs = records("rllm", "compact_filtering")
+    for step in recs[2]["trajectories"][0]["steps"]:
+        step["advantage"] = -0.5
+    src = tmp_path / "dump.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rep = report([src], "rllm", FILTERING)
+    assert ("U606", "task-7:2/solver") in {(c, t) for c, t, _ in finding_keys(rep)}
+
+
 def test_convert_then_check_equals_check_from(tmp_path: Path) -> None:
     same_after_convert("rllm", "logprobs_missing", CONTEXT, tmp_path)
+    same_after_convert("rllm", "grpo_group_of_one", FILTERING, tmp_path / "2")
 
 
 def test_missing_field_exits_2_naming_it(tmp_path: Path) -> None:
@@ -43,3 +93,9 @@ def test_missing_field_exits_2_naming_it(tmp_path: Path) -> None:
 
 def test_records_of_the_wrong_shape_exit_2_in_one_line(tmp_path: Path) -> None:
     fails_naming("rllm", [{"id": "t:0", "trajectories": 5}], "malformed record", tmp_path)
+
+
+def test_per_token_advantages_that_differ_exit_2_naming_the_trajectory(tmp_path: Path) -> None:
+    recs = records("rllm", "grpo_group_of_one")
+    recs[0]["trajectories"][0]["steps"][0]["advantage"] = [0.5, -0.5, 0.5, 0.5]
+    fails_naming("rllm", recs, "task-7:0 trajectory solver", tmp_path)

@@ -64,7 +64,7 @@ FILTER_DEFAULTS = {
 # rLLM's algorithm.adv_estimator (and norm_adv_by_std_in_grpo) -> the contract's estimator; rLLM's
 # GRPO divides by the population std (np.std, ddof 0), which the contract's `grpo` (ddof 1) is not,
 # so normalised GRPO is left undeclared (U603 not run, U604 still runs)
-ESTIMATORS = {("grpo", False): "grpo_no_std", ("rloo", True): "rloo", ("rloo", False): "rloo"}
+ESTIMATORS = {"grpo": "grpo_no_std", "rloo": "rloo", "reinforce": "reinforce"}
 CONTEXT: dict[str, type] = {
     "compact_filtering": bool,
     **{f"mask_{r}": bool for r in FILTER_DEFAULTS},
@@ -215,43 +215,41 @@ def _advantage(steps: list[Any], where: str) -> float | None:
     return seen.pop() if seen else None
 
 
-UPDATE_LACKS = {
-    "updates.reduction": "rLLM's episodes do not record how the backend reduced the loss",
-    "updates.loss_denominator": "rLLM's episodes do not record the backend's loss denominator",
-}
+_NO_LOSS = "rLLM's episodes do not record how its backend reduced the loss, nor the denominator"
+# declared by column name (the schema check) and as the checks name their inputs (the not-run reason)
+UPDATE_LACKS = {k: _NO_LOSS for c in ("reduction", "loss_denominator") for k in (c, f"updates.{c}")}
 
 
 @guarded("rLLM")
 def updates(records: Iterable[dict], **context: Any) -> pa.Table | None:
     """One update record per training step (the records' `global_step`, as the post-advantage hook
     writes it) from `Step.advantage`: the trajectories that carry one, in dump order, with their
-    advantage. None when no step has an advantage (a dump taken before compute_advantages).
+    advantage (a filtered episode that carries one is listed too: U606 then says it was trained). None when no step has an advantage (a dump taken before compute_advantages).
     trainer_version is the newest weight_version of the step's batch (rLLM's episodes do not
     record the trainer's: exact for synchronous training, a lower bound otherwise)."""
     context = context_values(context, CONTEXT)
     steps: dict[int, dict[str, Any]] = {}
     for n, ep in enumerate(records):
         eid = str(need(ep, "id", f"episode {n}"))
-        if str(ep.get("termination_reason") or "unknown") in filtered(context):
-            continue
         step = ep.get("global_step", 0)
         if isinstance(step, bool) or not isinstance(step, int):
             raise AdapterError(f"episode {eid}: global_step must be an integer")
         u = steps.setdefault(step, {"ids": [], "adv": [], "versions": []})
+        ids = [r["trajectory_id"] for r in _trajectories(ep, n, context)]
         for k, traj in enumerate(need(ep, "trajectories", f"episode {eid}")):
             name = str(traj.get("name", k))
             where = f"episode {eid} trajectory {name}"
             adv = _advantage(need(traj, "steps", where), where)
             if adv is None:
                 continue
-            u["ids"].append(f"{eid}/{name}")
-            u["adv"].append(adv)
+            base = f"{eid}/{name}"
+            segments = [i for i in ids if i == base or i.startswith(base + "#")]  # rLLM trains each with it
+            u["ids"] += segments
+            u["adv"] += [adv] * len(segments)
             u["versions"] += [s.get("weight_version") for s in traj["steps"] if s.get("weight_version") is not None]
-    estimator = ESTIMATORS.get(
-        (str(context.get("adv_estimator", "grpo")), bool(context.get("norm_adv_by_std_in_grpo", True)))
-    )
-    if str(context.get("adv_estimator", "grpo")) == "reinforce":
-        estimator = "reinforce"
+    name = str(context.get("adv_estimator", "grpo"))
+    normalised = name == "grpo" and context.get("norm_adv_by_std_in_grpo", True)
+    estimator = None if normalised else ESTIMATORS.get(name)
     rows = [
         {
             "update_step": step,
@@ -266,5 +264,14 @@ def updates(records: Iterable[dict], **context: Any) -> pa.Table | None:
     if not rows:
         return None
     table = records_to_table(rows, kind="updates")
-    meta = {**(table.schema.metadata or {}), S.META_NOT_RECORDED: json.dumps(UPDATE_LACKS).encode()}
+    lacks = dict(UPDATE_LACKS)
+    if estimator is None:
+        why = (
+            "rLLM's normalised GRPO divides by the population std (np.std), which no contract estimator is "
+            "(grpo uses ddof 1); U604 still runs"
+            if normalised
+            else f"rLLM's estimator {name!r} has no contract counterpart"
+        )
+        lacks |= {"advantage_estimator": why, "updates.advantage_estimator": why}
+    meta = {**(table.schema.metadata or {}), S.META_NOT_RECORDED: json.dumps(lacks, sort_keys=True).encode()}
     return table.replace_schema_metadata(meta)

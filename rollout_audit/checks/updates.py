@@ -220,7 +220,7 @@ def _differs(found: pl.Expr, expected: pl.Expr, cfg) -> pl.Expr:
     "U601",
     "loss_denominator differs from the recomputed one",
     scope="log",
-    requires=("updates", "trajectory_id"),
+    requires=("updates", "trajectory_id", "updates.reduction", "updates.loss_denominator"),
     optional=DENOMINATOR_INPUTS,
     config=("atol", "rtol"),
 )
@@ -344,7 +344,7 @@ def denominator(log, cfg) -> pl.DataFrame | None:
     "U602",
     "loss_denominator counts tokens the policy did not sample",
     scope="log",
-    requires=("updates", "trajectory_id"),
+    requires=("updates", "trajectory_id", "updates.reduction", "updates.loss_denominator"),
     optional=DENOMINATOR_INPUTS,
     config=("atol", "rtol"),
 )
