@@ -251,6 +251,9 @@ def _audit_one(paths, config_path, replay, opts, framework, context):
     from .adapters.convert import as_log, convert, relabel
 
     conv = convert(framework, paths, _context(context))
+    cfg = conv.configured(cfg)
+    if conv.policy:  # the trainer's own policy, as the adapter derived it from its configuration
+        click.echo(f"rollout-audit: note: {conv.policy}", err=True)
     with as_log(conv) as root:
         rep = run_audit(discover([root]), cfg, opts)
         return relabel(rep, conv, root), cfg.max_examples

@@ -10,10 +10,12 @@ from pathlib import Path
 
 from adapterhelp import (
     IDENTITY,
+    cli,
     documented_not_run,
     fails_naming,
     finding_keys,
     fixture,
+    opts,
     records,
     report,
     same_after_convert,
@@ -40,22 +42,26 @@ def test_compact_filtering_run_audits_clean_and_names_the_policy() -> None:
     assert rep["findings"] == []
     policy = rep["summary"]["trainer_policy"]
     assert "compact filtering on" in policy and "error" in policy and "max_response_length_exceeded" in policy
+    assert rep["summary"]["trainer_policy_settings"] == {"truncation": "exclude"}
     assert "U604" not in {n["code"] for n in rep["not_run"]}  # the advantages were audited
 
 
-def test_compact_filtering_not_given_leaves_the_zero_rewards_as_t303_t304() -> None:
+def test_compact_filtering_not_given_trains_everything_and_t303_stays() -> None:
+    """rLLM's default (filter off) trains truncated episodes with their reward: the audit follows that
+    policy (truncation = penalize, said in the summary), and an errored episode trained is still T303."""
     rep = report([fixture("rllm", "compact_filtering")], "rllm", CONTEXT)
-    assert finding_keys(rep) == [
-        ("T303", "task-7:3/solver", None),
-        ("T304", "task-7:2/solver", None),
-        ("T304", "task-9:2/solver", None),
-    ]
+    assert finding_keys(rep) == [("T303", "task-7:3/solver", None)]
     assert "compact filtering off" in rep["summary"]["trainer_policy"]
+    assert rep["summary"]["trainer_policy_settings"] == {"truncation": "penalize"}
 
 
-def test_a_filter_flag_turned_off_keeps_that_reason_trained() -> None:
-    rep = report([fixture("rllm", "compact_filtering")], "rllm", [*FILTERING, "mask_timeout=false"])
-    assert finding_keys(rep) == [("T304", "task-9:2/solver", None)]
+def test_the_configured_truncation_policy_wins_over_the_trainers(tmp_path: Path) -> None:
+    config = tmp_path / "audit.toml"
+    config.write_text('truncation = "exclude"\n')
+    src = fixture("rllm", "compact_filtering")
+    res = cli("check", src, "--from", "rllm", *opts([*FILTERING, "mask_timeout=false"]), "--config", config)
+    assert res.exit_code == 1 and "T304" in res.stdout and "task-9:2/solver" in res.stdout, res.output
+    assert "trained with their reward: truncation = 'penalize'" in res.stderr
 
 
 def test_grpo_group_of_one_is_u604_on_its_trajectory() -> None:

@@ -58,7 +58,16 @@ def origin(record: Mapping[str, Any]) -> dict[str, Any]:
 
 ORIGIN = "_origin"  # a row's dump record; `contract_table` moves it to the table's metadata
 META_ORIGINS = b"rollout_audit.origins"  # JSON list: the dump record of each trajectory row
-META_POLICY = b"rollout_audit.policy"  # the trainer policy a conversion assumed, in one sentence
+# JSON {"said": one sentence, "settings": {configuration key: value}}: the trainer policy a conversion
+# derived from the trainer's configuration, and the audit settings that state it
+META_POLICY = b"rollout_audit.policy"
+
+
+def with_policy(table: pa.Table, said: str, **settings: Any) -> pa.Table:
+    """`table` declaring the trainer policy the adapter assumed (`said`) and the audit settings it
+    implies (e.g. truncation="penalize"); a configuration that sets the key itself wins."""
+    meta = {**(table.schema.metadata or {}), META_POLICY: json.dumps({"said": said, "settings": settings}).encode()}
+    return table.replace_schema_metadata(meta)
 
 
 def read_records(path: str | os.PathLike) -> Iterator[Record]:

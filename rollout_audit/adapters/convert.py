@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,7 @@ from . import load
 from .base import META_ORIGINS, META_POLICY, read_dump
 
 if TYPE_CHECKING:
+    from ..contract.config import Config
     from ..reporting.report import Report
 
 
@@ -34,6 +35,12 @@ class Converted:
     origins: list[str | None]  # per trajectory row: "FILE:LINE" of the record it was built from
     sources: tuple[str, ...]  # the dump paths, as given
     policy: str | None = None  # the trainer policy the adapter assumed (from the trainer's configuration)
+    settings: Mapping[str, Any] = field(default_factory=dict)  # the audit settings that policy implies
+
+    def configured(self, cfg: Config) -> Config:
+        """`cfg` with the settings of the trainer's policy, for every key the configuration does not set."""
+        update = {k: v for k, v in self.settings.items() if k not in cfg.model_fields_set}
+        return cfg.model_copy(update=update) if update else cfg
 
     def tables(self) -> tuple[pa.Table, pa.Table | None]:
         """The tables without the origins (what a contract log file holds)."""
@@ -54,8 +61,9 @@ def convert(framework: str, paths: Sequence[str | os.PathLike], context: Mapping
     updates = upd(records, **context) if upd else None
     raw = (trajectories.schema.metadata or {}).get(META_ORIGINS)
     origins = json.loads(raw) if raw else [None] * trajectories.num_rows
-    said = (trajectories.schema.metadata or {}).get(META_POLICY)
-    return Converted(trajectories, updates, origins, tuple(str(p) for p in paths), said.decode() if said else None)
+    policy = json.loads((trajectories.schema.metadata or {}).get(META_POLICY) or b"{}")
+    sources = tuple(str(p) for p in paths)
+    return Converted(trajectories, updates, origins, sources, policy.get("said"), policy.get("settings", {}))
 
 
 @contextmanager
@@ -107,6 +115,7 @@ def relabel(rep: Report, conv: Converted, root: str) -> Report:
         rep.unusable = text(rep.unusable)
     if conv.policy:
         rep.summary["trainer_policy"] = conv.policy
+        rep.summary["trainer_policy_settings"] = dict(conv.settings)
     return rep
 
 

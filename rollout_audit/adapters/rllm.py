@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from ..contract import schema as S
 from ..reading.records import records_to_table
-from .base import META_POLICY, AdapterError, context_values, contract_table, need, origin
+from .base import AdapterError, context_values, contract_table, need, origin, with_policy
 from .steps import (
     Call,
     engine_context,
@@ -102,19 +102,29 @@ def filtered(context: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(r for r, on in FILTER_DEFAULTS.items() if context.get(f"mask_{r}", on))
 
 
-def policy(context: Mapping[str, Any]) -> str:
-    """The trainer policy the conversion assumed, in one sentence."""
-    drop = sorted(filtered(context))
+TRUNCATIONS = ("max_prompt_length_exceeded", "max_response_length_exceeded", "max_turns_exceeded", "timeout")
+
+
+def policy(context: Mapping[str, Any]) -> tuple[str, str]:
+    """The trainer policy the conversion assumed, in one sentence, and the audit's truncation policy
+    it implies: `exclude` when compact filtering drops every truncation reason, else `penalize`
+    (rLLM trains the truncated episodes it keeps with the reward the workflow gave them)."""
+    drop = filtered(context)
+    kept = [r for r in TRUNCATIONS if r not in drop]
     said = "as given" if any(k in context for k in CONTEXT if k.startswith(("compact", "mask_"))) else "rLLM's default"
+    truncation = "penalize" if kept else "exclude"
     if not drop:
-        return (
-            f"rLLM compact filtering off ({said}): every episode is trained with its reward, truncated and "
-            "errored ones included (pass --context compact_filtering=true when the run enabled it)"
+        head = (
+            f"rLLM compact filtering off ({said}; pass --context compact_filtering=true when the run enabled "
+            "it): every episode is trained with its reward"
         )
-    return (
-        f"rLLM compact filtering on ({said}; base.yaml defaults for flags not given): episodes ending in "
-        f"{', '.join(drop)} are excluded (null reward, in no group), as rLLM drops them before grouping"
-    )
+    else:
+        head = (
+            f"rLLM compact filtering on ({said}; base.yaml defaults for flags not given): episodes ending in "
+            f"{', '.join(sorted(drop))} are excluded (null reward, in no group), as rLLM drops them before grouping"
+        )
+    tail = f"; truncated episodes ending in {', '.join(kept)} are trained with their reward" if kept else ""
+    return f"{head}{tail}: truncation = {truncation!r}", truncation
 
 
 def _stop(episode: Mapping[str, Any]) -> dict[str, Any]:
@@ -190,9 +200,8 @@ def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     rows: list[Mapping[str, Any]] = [
         {**r, **origin(ep)} for n, ep in enumerate(records) for r in _trajectories(ep, n, context)
     ]
-    table = contract_table(rows, LACKS, "rLLM")
-    meta = {**(table.schema.metadata or {}), META_POLICY: policy(context).encode()}
-    return table.replace_schema_metadata(meta)
+    said, truncation = policy(context)
+    return with_policy(contract_table(rows, LACKS, "rLLM"), said, truncation=truncation)
 
 
 def _advantage(steps: list[Any], where: str) -> float | None:
