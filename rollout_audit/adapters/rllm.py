@@ -225,8 +225,12 @@ def _advantage(steps: list[Any], where: str) -> float | None:
 
 
 _NO_LOSS = "rLLM's episodes do not record how its backend reduced the loss, nor the denominator"
+_NO_VERSION = "rLLM's episodes do not record the trainer's weight version at the update"
 # declared by column name (the schema check) and as the checks name their inputs (the not-run reason)
-UPDATE_LACKS = {k: _NO_LOSS for c in ("reduction", "loss_denominator") for k in (c, f"updates.{c}")}
+UPDATE_LACKS = {
+    **{k: _NO_LOSS for c in ("reduction", "loss_denominator") for k in (c, f"updates.{c}")},
+    **{k: _NO_VERSION for k in ("trainer_version", "updates.trainer_version")},
+}
 
 
 @guarded("rLLM")
@@ -243,7 +247,7 @@ def updates(records: Iterable[dict], **context: Any) -> pa.Table | None:
         step = ep.get("global_step", 0)
         if isinstance(step, bool) or not isinstance(step, int):
             raise AdapterError(f"episode {eid}: global_step must be an integer")
-        u = steps.setdefault(step, {"ids": [], "adv": [], "versions": []})
+        u = steps.setdefault(step, {"ids": [], "adv": []})
         ids = [r["trajectory_id"] for r in _trajectories(ep, n, context)]
         for k, traj in enumerate(need(ep, "trajectories", f"episode {eid}")):
             name = str(traj.get("name", k))
@@ -255,14 +259,12 @@ def updates(records: Iterable[dict], **context: Any) -> pa.Table | None:
             segments = [i for i in ids if i == base or i.startswith(base + "#")]  # rLLM trains each with it
             u["ids"] += segments
             u["adv"] += [adv] * len(segments)
-            u["versions"] += [s.get("weight_version") for s in traj["steps"] if s.get("weight_version") is not None]
     name = str(context.get("adv_estimator", "grpo"))
     normalised = name == "grpo" and context.get("norm_adv_by_std_in_grpo", True)
     estimator = None if normalised else ESTIMATORS.get(name)
     rows = [
         {
             "update_step": step,
-            "trainer_version": max(int(v) for v in u["versions"]) if u["versions"] else None,
             "trajectory_ids": u["ids"],
             "advantages": u["adv"],
             **({"advantage_estimator": estimator} if estimator else {}),

@@ -79,6 +79,7 @@ def _updates(log) -> pl.DataFrame:
         ("denominator_scale", pl.Float64),
         ("window_trajectory_ids", pl.List(pl.String)),
         ("window_tokens", pl.Float64),
+        ("trainer_version", pl.Int64),  # absent only where the producer declared it not recorded (else S005)
     ):
         if name not in u.columns:
             u = u.with_columns(pl.lit(None, dtype=dt).alias(name))
