@@ -207,7 +207,7 @@ def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
 def _advantage(steps: list[Any], where: str) -> float | None:
     """The trajectory's advantage: rLLM broadcasts one float to every step (a per-token list of
     one value is the same); None when no step has one. Different values are not a group advantage."""
-    seen = set()
+    seen: set[float] = set()
     for i, step in enumerate(steps):
         a = step.get("advantage") if isinstance(step, Mapping) else None
         if a is None:
@@ -262,7 +262,7 @@ def updates(records: Iterable[dict], **context: Any) -> pa.Table | None:
     name = str(context.get("adv_estimator", "grpo"))
     normalised = name == "grpo" and context.get("norm_adv_by_std_in_grpo", True)
     estimator = None if normalised else ESTIMATORS.get(name)
-    rows = [
+    rows: list[Mapping[str, Any]] = [
         {
             "update_step": step,
             "trajectory_ids": u["ids"],

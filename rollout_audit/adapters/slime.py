@@ -173,7 +173,7 @@ def updates(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table | 
     denominator (`rollout_mask_sums`, the same for every sample of the rollout) as a `token`
     reduction over their trajectories. None when the dump has no train data record."""
     context_values(context, CONTEXT)
-    rows: list[dict[str, Any]] = []
+    rows: list[Mapping[str, Any]] = []
     for n, rec in enumerate(records, 1):
         if not all(k in rec for k in TRAIN_DATA):
             continue
