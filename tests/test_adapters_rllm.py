@@ -22,6 +22,9 @@ from adapterhelp import (
     without,
 )
 
+from rollout_audit.adapters import load
+from rollout_audit.adapters.base import read_dump
+
 CONTEXT = [*IDENTITY, "temperature=0.7", "top_p=1.0"]
 FILTERING = [*CONTEXT, "compact_filtering=true"]
 
@@ -50,7 +53,7 @@ def test_compact_filtering_not_given_trains_everything_and_t303_stays() -> None:
     """rLLM's default (filter off) trains truncated episodes with their reward: the audit follows that
     policy (truncation = penalize, said in the summary), and an errored episode trained is still T303."""
     rep = report([fixture("rllm", "compact_filtering")], "rllm", CONTEXT)
-    assert finding_keys(rep) == [("T303", "task-7:3/solver", None)]
+    assert finding_keys(rep) == [("T303", "12/task-7:3/solver", None)]
     assert "compact filtering off" in rep["summary"]["trainer_policy"]
     assert rep["summary"]["trainer_policy_settings"] == {"truncation": "penalize"}
 
@@ -60,20 +63,20 @@ def test_the_configured_truncation_policy_wins_over_the_trainers(tmp_path: Path)
     config.write_text('truncation = "exclude"\n')
     src = fixture("rllm", "compact_filtering")
     res = cli("check", src, "--from", "rllm", *opts([*FILTERING, "mask_timeout=false"]), "--config", config)
-    assert res.exit_code == 1 and "T304" in res.stdout and "task-9:2/solver" in res.stdout, res.output
+    assert res.exit_code == 1 and "T304" in res.stdout and "12/task-9:2/solver" in res.stdout, res.output
     assert "trained with their reward: truncation = 'penalize'" in res.stderr
 
 
 def test_grpo_group_of_one_is_u604_on_its_trajectory() -> None:
     rep = report([fixture("rllm", "grpo_group_of_one")], "rllm", FILTERING)
-    assert finding_keys(rep) == [("U604", "task-9:0/solver", None)]
+    assert finding_keys(rep) == [("U604", "12/task-9:0/solver", None)]
 
 
 def test_grpo_without_std_declares_the_estimator_so_u603_recomputes() -> None:
     rep = report([fixture("rllm", "grpo_group_of_one")], "rllm", [*FILTERING, "norm_adv_by_std_in_grpo=false"])
     found = {(c, t) for c, t, _ in finding_keys(rep)}
     # the fixture's advantages are normalised GRPO: U603 recomputes R - mean and disagrees on every member
-    assert found >= {("U603", "task-7:0/solver"), ("U603", "task-9:0/solver"), ("U604", "task-9:0/solver")}
+    assert found >= {("U603", "12/task-7:0/solver"), ("U603", "12/task-9:0/solver"), ("U604", "12/task-9:0/solver")}
 
 
 def test_a_filtered_episode_that_carries_an_advantage_is_u606(tmp_path: Path) -> None:
@@ -83,7 +86,7 @@ def test_a_filtered_episode_that_carries_an_advantage_is_u606(tmp_path: Path) ->
     src = tmp_path / "dump.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in recs))
     rep = report([src], "rllm", FILTERING)
-    assert ("U606", "task-7:2/solver") in {(c, t) for c, t, _ in finding_keys(rep)}
+    assert ("U606", "12/task-7:2/solver") in {(c, t) for c, t, _ in finding_keys(rep)}
 
 
 def test_convert_then_check_equals_check_from(tmp_path: Path) -> None:
@@ -115,4 +118,16 @@ def test_convert_names_the_policy_the_written_log_needs(tmp_path: Path) -> None:
     config.write_text('truncation = "penalize"\n')
     after = cli("check", tmp_path / "log", "--config", config, "--format", "json")
     direct = report([fixture("rllm", "compact_filtering")], "rllm", CONTEXT)
-    assert finding_keys(json.loads(after.stdout)) == finding_keys(direct) == [("T303", "task-7:3/solver", None)]
+    assert finding_keys(json.loads(after.stdout)) == finding_keys(direct) == [("T303", "12/task-7:3/solver", None)]
+
+
+def test_a_directory_of_step_dumps_keeps_the_step_in_the_identity(tmp_path: Path) -> None:
+    """The documented hook writes step-{global_step:06d}.jsonl; rLLM's episode ids recur every step that
+    draws the task again, so the step (from the record or the file name) is part of the identity."""
+    for step in (3, 4):
+        recs = records("rllm", "compliant")
+        (tmp_path / f"step-{step:06d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rep = report([tmp_path], "rllm", CONTEXT)
+    assert rep["findings"] == [], rep["findings"]
+    ids = load("rllm").to_contract(read_dump(tmp_path))["trajectory_id"].to_pylist()
+    assert ids[:3] == ["3/task-7:0/solver", "3/task-7:1/solver", "3/task-7:2/solver"] and len(set(ids)) == 6

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,22 @@ def with_policy(table: pa.Table, said: str, **settings: Any) -> pa.Table:
     implies (e.g. truncation="penalize"); a configuration that sets the key itself wins."""
     meta = {**(table.schema.metadata or {}), META_POLICY: json.dumps({"said": said, "settings": settings}).encode()}
     return table.replace_schema_metadata(meta)
+
+
+def step_of(record: Mapping[str, Any], fields: Sequence[str], name: re.Pattern[str], where: str) -> int | None:
+    """The training step a dump record belongs to: the first of `fields` it carries (an integer, else
+    AdapterError naming it), else the step `name` finds in its dump file's name (group 1); None when
+    neither says (a single-step dump). Trainers that draw a prompt again at a later step repeat its
+    ids, so a dump of several steps needs the step in the trajectory identity."""
+    for key in fields:
+        value = record.get(key)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise AdapterError(f"{where}: {key} must be an integer")
+            return value
+    file = (getattr(record, "origin", None) or "").rsplit(":", 1)[0]
+    found = name.search(Path(file).name) if file else None
+    return int(found.group(1)) if found else None
 
 
 def read_records(path: str | os.PathLike) -> Iterator[Record]:

@@ -20,6 +20,7 @@ base.yaml), and the policy assumed is stated in the table metadata (`rollout_aud
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -27,7 +28,7 @@ import pyarrow as pa
 
 from ..contract import schema as S
 from ..reading.records import records_to_table
-from .base import AdapterError, context_values, contract_table, need, origin, with_policy
+from .base import AdapterError, context_values, contract_table, need, origin, step_of, with_policy
 from .steps import (
     Call,
     engine_context,
@@ -102,6 +103,16 @@ def filtered(context: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(r for r, on in FILTER_DEFAULTS.items() if context.get(f"mask_{r}", on))
 
 
+_STEP_IN_NAME = re.compile(r"step-(\d+)")  # the hooks' rollout_dumps/step-{global_step:06d}.jsonl
+
+
+def _at(episode: Mapping[str, Any], n: int) -> str:
+    """The identity prefix `{step}/` of an episode (its `global_step`, else its dump file's name):
+    rLLM's episode ids (`{task_id}:{rollout_idx}`) recur at every step that draws the task again."""
+    step = step_of(episode, ("global_step",), _STEP_IN_NAME, f"episode {n}")
+    return "" if step is None else f"{step}/"
+
+
 TRUNCATIONS = ("max_prompt_length_exceeded", "max_response_length_exceeded", "max_turns_exceeded", "timeout")
 
 
@@ -169,6 +180,7 @@ def _trajectories(episode: Mapping[str, Any], n: int, context: Mapping[str, Any]
     """Contract records of one episode."""
     eid = str(need(episode, "id", f"episode {n}"))
     task_id = eid.split(":")[0]
+    at = _at(episode, n)
     stop = _stop(episode)
     dropped = str(episode.get("termination_reason") or "unknown") in filtered(context)
     out = []
@@ -180,9 +192,9 @@ def _trajectories(episode: Mapping[str, Any], n: int, context: Mapping[str, Any]
         for j, seg in enumerate(segments):
             out.append(
                 {
-                    "trajectory_id": f"{eid}/{name}" + (f"#{j}" if len(segments) > 1 else ""),
+                    "trajectory_id": f"{at}{eid}/{name}" + (f"#{j}" if len(segments) > 1 else ""),
                     "task_id": task_id,
-                    "group_id": f"{task_id}:{name}",
+                    "group_id": f"{at}{task_id}:{name}",
                     **identity(context),
                     **seg.columns(),
                     **stop,
@@ -236,7 +248,7 @@ UPDATE_LACKS = {
 @guarded("rLLM")
 def updates(records: Iterable[dict], **context: Any) -> pa.Table | None:
     """One update record per training step (the records' `global_step`, as the post-advantage hook
-    writes it) from `Step.advantage`: the trajectories that carry one, in dump order, with their
+    writes it, else the step in the dump file's name; 0 when neither says) from `Step.advantage`: the trajectories that carry one, in dump order, with their
     advantage (a filtered episode that carries one is listed too: U606 then says it was trained). None when no step has an advantage (a dump taken before compute_advantages).
     trainer_version is the newest weight_version of the step's batch (rLLM's episodes do not
     record the trainer's: exact for synchronous training, a lower bound otherwise)."""
@@ -244,10 +256,8 @@ def updates(records: Iterable[dict], **context: Any) -> pa.Table | None:
     steps: dict[int, dict[str, Any]] = {}
     for n, ep in enumerate(records):
         eid = str(need(ep, "id", f"episode {n}"))
-        step = ep.get("global_step", 0)
-        if isinstance(step, bool) or not isinstance(step, int):
-            raise AdapterError(f"episode {eid}: global_step must be an integer")
-        u = steps.setdefault(step, {"ids": [], "adv": []})
+        step = step_of(ep, ("global_step",), _STEP_IN_NAME, f"episode {n}")
+        u = steps.setdefault(0 if step is None else step, {"ids": [], "adv": []})
         ids = [r["trajectory_id"] for r in _trajectories(ep, n, context)]
         for k, traj in enumerate(need(ep, "trajectories", f"episode {eid}")):
             name = str(traj.get("name", k))
@@ -255,7 +265,7 @@ def updates(records: Iterable[dict], **context: Any) -> pa.Table | None:
             adv = _advantage(need(traj, "steps", where), where)
             if adv is None:
                 continue
-            base = f"{eid}/{name}"
+            base = f"{_at(ep, n)}{eid}/{name}"
             segments = [i for i in ids if i == base or i.startswith(base + "#")]  # rLLM trains each with it
             u["ids"] += segments
             u["adv"] += [adv] * len(segments)

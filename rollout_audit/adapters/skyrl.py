@@ -40,6 +40,7 @@ from .base import (
     need,
     rows_of,
     runs,
+    step_of,
     token_columns,
     with_context,
     with_policy,
@@ -54,6 +55,7 @@ STOPS = {
 # GeneratorConfig (skyrl/train/config/config.py) flags the dump does not carry; both default False
 CONTEXT = {"zero_reward_on_non_stop": bool, "apply_overlong_filtering": bool}
 _STEP_IN_NAME = re.compile(r"(?:skyrl-|global_step_)(\d+)")
+STEP_FIELDS = ("global_step", "global_step_when_scheduled")
 
 LACKS = {
     **lacks("SkyRL"),
@@ -69,20 +71,6 @@ LACKS = {
     "turns.context_sha256": "SkyRL does not record the context the engine was given for each turn",
     "turns.sampled_token_ids": "SkyRL does not record the engine's token ids per turn apart from the trainer's",
 }
-
-
-def _step(rec: Mapping[str, Any], n: int) -> int | None:
-    """The training step of a record: `global_step`, else `global_step_when_scheduled`, else the
-    step in the dump file's name; None when the dump says nothing (a single-step dump)."""
-    for key in ("global_step", "global_step_when_scheduled"):
-        value = rec.get(key)
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise AdapterError(f"record {n}: {key} must be an integer")
-            return value
-    where = (getattr(rec, "origin", None) or "").rsplit(":", 1)[0]
-    found = _STEP_IN_NAME.search(where.rsplit("/", 1)[-1])
-    return int(found.group(1)) if found else None
 
 
 def _trajectory(rec: Mapping[str, Any], n: int, step: int | None) -> tuple[str, str, str]:
@@ -125,7 +113,7 @@ def _reward(value: Any, where: str) -> float | None:
 
 def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any]:
     """One SkyRL sample as a contract row."""
-    step = _step(rec, n)
+    step = step_of(rec, STEP_FIELDS, _STEP_IN_NAME, f"record {n}")
     traj, task, group = _trajectory(rec, n, step)
     where = f"record {n} ({traj})"
     prompt = ints(rec, "prompt_token_ids", where)
