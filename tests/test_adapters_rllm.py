@@ -131,3 +131,14 @@ def test_a_directory_of_step_dumps_keeps_the_step_in_the_identity(tmp_path: Path
     assert rep["findings"] == [], rep["findings"]
     ids = load("rllm").to_contract(read_dump(tmp_path))["trajectory_id"].to_pylist()
     assert ids[:3] == ["3/task-7:0/solver", "3/task-7:1/solver", "3/task-7:2/solver"] and len(set(ids)) == 6
+
+
+def test_a_nan_advantage_reaches_the_update_and_is_flagged(tmp_path: Path) -> None:
+    """task-9's group is degenerate (both rewards 1.0): a NaN advantage there is U604, not an exit 2."""
+    recs = records("rllm", "compact_filtering")
+    for step in recs[4]["trajectories"][0]["steps"]:
+        step["advantage"] = float("nan")
+    src = tmp_path / "step-000012.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rep = report([src], "rllm", FILTERING)
+    assert finding_keys(rep) == [("U604", "12/task-9:0/solver", None)]

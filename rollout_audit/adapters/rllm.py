@@ -228,6 +228,8 @@ def _advantage(steps: list[Any], where: str) -> float | None:
         if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
             raise AdapterError(f"{where} step {i}: advantage must be a number or a list of numbers")
         seen.update(float(v) for v in values)
+    if seen and all(v != v for v in seen):  # NaN is not equal to itself: one NaN advantage, not several
+        return float("nan")
     if len(seen) > 1:
         raise AdapterError(
             f"{where}: advantage differs between steps or tokens ({len(seen)} values): per-token advantages "
