@@ -290,6 +290,9 @@ def _audit_one(paths, config_path, replay, opts, framework, context):
     from .adapters.convert import as_log, convert, relabel
 
     conv = convert(framework, paths, _context(context))
+    cfg = conv.configured(cfg)
+    if conv.policy:  # the trainer's own policy, as the adapter derived it from its configuration
+        click.echo(f"rollout-audit: note: {conv.policy}", err=True)
     with as_log(conv) as root:
         rep = run_audit(discover([root]), cfg, opts)
         return relabel(rep, conv, root), cfg.max_examples
@@ -591,13 +594,17 @@ def convert(framework, src, dst, context) -> None:
     check_new_directory(dst)
     from .adapters.convert import convert as converted
 
-    trajectories, updates = converted(framework, [src], _context(context)).tables()
+    conv = converted(framework, [src], _context(context))
+    trajectories, updates = conv.tables()
     for name, table in (("trajectories", trajectories), ("updates", updates)):
         if table is not None and table.num_rows:
             (Path(dst) / name).mkdir(parents=True, exist_ok=True)
             with RolloutWriter(Path(dst) / name / "part-0000.parquet", kind=name) as w:
                 w.write(table)
     click.echo(f"wrote {dst} ({trajectories.num_rows} trajectories)")
+    if conv.settings:  # a contract log does not carry the trainer's policy: the audit of DST needs it configured
+        said = ", ".join(f"{k} = {json.dumps(v)}" for k, v in conv.settings.items())
+        click.echo(f"rollout-audit: note: {conv.policy}; audit {dst} with {said} in [tool.rollout-audit]", err=True)
 
 
 @main.command()

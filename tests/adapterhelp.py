@@ -113,7 +113,7 @@ def report(paths: list[Any], name: str | None, context: list[str]) -> dict:
     frm = ["--from", name, *opts(context)] if name else []
     res = cli("check", *paths, *frm, "--format", "json")
     assert res.exit_code in (0, 1), res.output + res.stderr
-    return json.loads(res.output)
+    return json.loads(res.stdout)
 
 
 def finding_keys(rep: dict) -> list[tuple[str, str | None, int | None]]:

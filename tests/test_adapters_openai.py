@@ -109,7 +109,9 @@ def test_what_the_server_cannot_know_comes_from_the_context() -> None:
     )
 
 
-def test_check_from_replays_and_names_the_dump_records(model_dir: str, tmp_path: Path) -> None:
+def test_check_from_replays_and_names_the_dump_records(
+    model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`check --from openai DUMP --replay N` replays the converted log (through a temporary log that is
     gone afterwards), and each finding names the dump file and the line of its session's first record."""
     import tempfile
@@ -118,10 +120,12 @@ def test_check_from_replays_and_names_the_dump_records(model_dir: str, tmp_path:
     url = _record(model_dir, "raw_logprobs", path)
     cfg = tmp_path / "audit.toml"
     cfg.write_text(f'replay_endpoints = {{"0" = "{url}"}}\n')
-    before = set(Path(tempfile.gettempdir()).glob("rollout-audit-from-*"))
+    private = tmp_path / "tmp"  # the process's temporary directory, where nothing else runs
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
     res = cli("check", path, "--from", "openai", *opts(IDENTITY), "--replay", "64", "--config", cfg, "--format", "json")
     assert res.exit_code == 1, res.output + res.stderr
-    assert set(Path(tempfile.gettempdir()).glob("rollout-audit-from-*")) == before
+    assert list(private.iterdir()) == []
     found = json.loads(res.output)["findings"]
     assert "L206" in {f["code"] for f in found}
     first_line = {}

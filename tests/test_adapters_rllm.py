@@ -1,23 +1,32 @@
 """rLLM adapter: `Episode.to_dict()` dumps audit clean with the not-run list docs/frameworks/rllm.md
-predicts; missing log-probs (rLLM's transform pads them with 0.0) are L201 on the trajectory."""
+predicts; missing log-probs (rLLM's transform pads them with 0.0) are L201 on the trajectory; a run
+with compact filtering audits clean once the filter is given as context, and says which policy it
+assumed; update records from `Step.advantage` catch a GRPO group of one (U604)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from adapterhelp import (
     IDENTITY,
+    cli,
     documented_not_run,
     fails_naming,
     finding_keys,
     fixture,
+    opts,
     records,
     report,
     same_after_convert,
     without,
 )
 
+from rollout_audit.adapters import load
+from rollout_audit.adapters.base import read_dump
+
 CONTEXT = [*IDENTITY, "temperature=0.7", "top_p=1.0"]
+FILTERING = [*CONTEXT, "compact_filtering=true"]
 
 
 def test_compliant_audits_clean_with_the_documented_not_run_list() -> None:
@@ -31,8 +40,58 @@ def test_missing_logprobs_are_l201_on_the_trajectory() -> None:
     assert finding_keys(rep) == [("L201", "task-7:1/solver", 1)]
 
 
+def test_compact_filtering_run_audits_clean_and_names_the_policy() -> None:
+    rep = report([fixture("rllm", "compact_filtering")], "rllm", FILTERING)
+    assert rep["findings"] == []
+    policy = rep["summary"]["trainer_policy"]
+    assert "compact filtering on" in policy and "error" in policy and "max_response_length_exceeded" in policy
+    assert rep["summary"]["trainer_policy_settings"] == {"truncation": "exclude"}
+    assert "U604" not in {n["code"] for n in rep["not_run"]}  # the advantages were audited
+
+
+def test_compact_filtering_not_given_trains_everything_and_t303_stays() -> None:
+    """rLLM's default (filter off) trains truncated episodes with their reward: the audit follows that
+    policy (truncation = penalize, said in the summary), and an errored episode trained is still T303."""
+    rep = report([fixture("rllm", "compact_filtering")], "rllm", CONTEXT)
+    assert finding_keys(rep) == [("T303", "12/task-7:3/solver", None)]
+    assert "compact filtering off" in rep["summary"]["trainer_policy"]
+    assert rep["summary"]["trainer_policy_settings"] == {"truncation": "penalize"}
+
+
+def test_the_configured_truncation_policy_wins_over_the_trainers(tmp_path: Path) -> None:
+    config = tmp_path / "audit.toml"
+    config.write_text('truncation = "exclude"\n')
+    src = fixture("rllm", "compact_filtering")
+    res = cli("check", src, "--from", "rllm", *opts([*FILTERING, "mask_timeout=false"]), "--config", config)
+    assert res.exit_code == 1 and "T304" in res.stdout and "12/task-9:2/solver" in res.stdout, res.output
+    assert "trained with their reward: truncation = 'penalize'" in res.stderr
+
+
+def test_grpo_group_of_one_is_u604_on_its_trajectory() -> None:
+    rep = report([fixture("rllm", "grpo_group_of_one")], "rllm", FILTERING)
+    assert finding_keys(rep) == [("U604", "12/task-9:0/solver", None)]
+
+
+def test_grpo_without_std_declares_the_estimator_so_u603_recomputes() -> None:
+    rep = report([fixture("rllm", "grpo_group_of_one")], "rllm", [*FILTERING, "norm_adv_by_std_in_grpo=false"])
+    found = {(c, t) for c, t, _ in finding_keys(rep)}
+    # the fixture's advantages are normalised GRPO: U603 recomputes R - mean and disagrees on every member
+    assert found >= {("U603", "12/task-7:0/solver"), ("U603", "12/task-9:0/solver"), ("U604", "12/task-9:0/solver")}
+
+
+def test_a_filtered_episode_that_carries_an_advantage_is_u606(tmp_path: Path) -> None:
+    recs = records("rllm", "compact_filtering")
+    for step in recs[2]["trajectories"][0]["steps"]:
+        step["advantage"] = -0.5
+    src = tmp_path / "dump.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rep = report([src], "rllm", FILTERING)
+    assert ("U606", "12/task-7:2/solver") in {(c, t) for c, t, _ in finding_keys(rep)}
+
+
 def test_convert_then_check_equals_check_from(tmp_path: Path) -> None:
     same_after_convert("rllm", "logprobs_missing", CONTEXT, tmp_path)
+    same_after_convert("rllm", "grpo_group_of_one", FILTERING, tmp_path / "2")
 
 
 def test_missing_field_exits_2_naming_it(tmp_path: Path) -> None:
@@ -43,3 +102,43 @@ def test_missing_field_exits_2_naming_it(tmp_path: Path) -> None:
 
 def test_records_of_the_wrong_shape_exit_2_in_one_line(tmp_path: Path) -> None:
     fails_naming("rllm", [{"id": "t:0", "trajectories": 5}], "malformed record", tmp_path)
+
+
+def test_per_token_advantages_that_differ_exit_2_naming_the_trajectory(tmp_path: Path) -> None:
+    recs = records("rllm", "grpo_group_of_one")
+    recs[0]["trajectories"][0]["steps"][0]["advantage"] = [0.5, -0.5, 0.5, 0.5]
+    fails_naming("rllm", recs, "task-7:0 trajectory solver", tmp_path)
+
+
+def test_convert_names_the_policy_the_written_log_needs(tmp_path: Path) -> None:
+    res = cli("convert", "--from", "rllm", fixture("rllm", "compact_filtering"), tmp_path / "log", *opts(CONTEXT))
+    assert res.exit_code == 0, res.output
+    assert 'truncation = "penalize" in [tool.rollout-audit]' in res.stderr
+    config = tmp_path / "audit.toml"
+    config.write_text('truncation = "penalize"\n')
+    after = cli("check", tmp_path / "log", "--config", config, "--format", "json")
+    direct = report([fixture("rllm", "compact_filtering")], "rllm", CONTEXT)
+    assert finding_keys(json.loads(after.stdout)) == finding_keys(direct) == [("T303", "12/task-7:3/solver", None)]
+
+
+def test_a_directory_of_step_dumps_keeps_the_step_in_the_identity(tmp_path: Path) -> None:
+    """The documented hook writes step-{global_step:06d}.jsonl; rLLM's episode ids recur every step that
+    draws the task again, so the step (from the record or the file name) is part of the identity."""
+    for step in (3, 4):
+        recs = records("rllm", "compliant")
+        (tmp_path / f"step-{step:06d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rep = report([tmp_path], "rllm", CONTEXT)
+    assert rep["findings"] == [], rep["findings"]
+    ids = load("rllm").to_contract(read_dump(tmp_path))["trajectory_id"].to_pylist()
+    assert ids[:3] == ["3/task-7:0/solver", "3/task-7:1/solver", "3/task-7:2/solver"] and len(set(ids)) == 6
+
+
+def test_a_nan_advantage_reaches_the_update_and_is_flagged(tmp_path: Path) -> None:
+    """task-9's group is degenerate (both rewards 1.0): a NaN advantage there is U604, not an exit 2."""
+    recs = records("rllm", "compact_filtering")
+    for step in recs[4]["trajectories"][0]["steps"]:
+        step["advantage"] = float("nan")
+    src = tmp_path / "step-000012.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rep = report([src], "rllm", FILTERING)
+    assert finding_keys(rep) == [("U604", "12/task-9:0/solver", None)]

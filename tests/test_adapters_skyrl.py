@@ -1,9 +1,15 @@
 """SkyRL adapter: the compliant fixture audits clean with the not-run list docs/frameworks/skyrl.md
-predicts; SkyRL#758 (appended EOS, mask 1, log-prob 0.0) is L208; the CLI paths agree."""
+predicts; SkyRL#758 (appended EOS, mask 1, log-prob 0.0) is L208; a dump of several steps (the
+same instance_id/repetition_id drawn again) is not S002, whether the step is in the records or in
+the file names; the fully-async hook's global_step_when_scheduled is the policy version; the
+generator's truncation flags are taken as context and the policy is named; the CLI paths agree."""
 
 from __future__ import annotations
 
+import json
+
 from adapterhelp import (
+    CONTEXT,
     audit,
     cli,
     context_args,
@@ -11,7 +17,11 @@ from adapterhelp import (
     documented_not_run,
     fixture,
     missing_field_exits_2,
+    records,
 )
+
+from rollout_audit.adapters import load
+from rollout_audit.adapters.base import read_dump
 
 
 def test_compliant_is_clean_and_not_run_as_documented():
@@ -22,12 +32,65 @@ def test_compliant_is_clean_and_not_run_as_documented():
 
 def test_appended_eos_with_zero_logprob_is_l208(tmp_path):
     found = convert_then_check_equals_check_from("skyrl", "eos_appended_logprob_zero", tmp_path)
-    assert [(f[0], f[1]) for f in found] == [("L208", "search-4_1")]
+    assert [(f[0], f[1]) for f in found] == [("L208", "3/search-4_1")]
+
+
+def _check(*paths, extra=()):
+    res = cli("check", "--from", "skyrl", *paths, *context_args(), *extra, "--format", "json")
+    return res, json.loads(res.stdout)
+
+
+def test_multi_step_dump_is_clean_with_the_step_in_the_identity():
+    res, rep = _check(fixture("skyrl", "multi_step"), extra=("--context", "apply_overlong_filtering=true"))
+    assert res.exit_code == 0 and rep["findings"] == [], res.output
+    ids = load("skyrl").to_contract(read_dump(fixture("skyrl", "multi_step")), **CONTEXT)["trajectory_id"]
+    assert ids.to_pylist()[:2] == ["3/gsm8k-17_0", "3/gsm8k-17_1"] and "4/gsm8k-17_0" in ids.to_pylist()
+
+
+def test_multi_step_dump_as_one_file_per_step_takes_the_step_from_the_file_name(tmp_path):
+    """The documented hook writes rollout_dumps/skyrl-{step}.jsonl; records without global_step
+    still get their step from the file name, so the directory audits without S002."""
+    for rec in records("skyrl", "multi_step"):
+        step = rec.pop("global_step")
+        with (tmp_path / f"skyrl-{step}.jsonl").open("a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+    res, rep = _check(tmp_path)
+    assert res.exit_code == 0 and rep["findings"] == [], res.output
+    assert rep["summary"]["trainer_policy_settings"] == {"truncation": "penalize"}
+
+
+def test_without_a_step_the_repeated_ids_are_s002(tmp_path):
+    """What the step in the identity prevents: the same instance_id/repetition_id at two steps."""
+    dump = tmp_path / "dump.jsonl"
+    dump.write_text(
+        "".join(
+            json.dumps({k: v for k, v in r.items() if k != "global_step"}) + "\n"
+            for r in records("skyrl", "multi_step")
+        )
+    )
+    res, rep = _check(dump)
+    assert res.exit_code == 1 and {f["code"] for f in rep["findings"]} == {"S002"}
+
+
+def test_fully_async_groups_take_the_scheduled_step_as_policy_version():
+    table = load("skyrl").to_contract(read_dump(fixture("skyrl", "fully_async")), **CONTEXT)
+    rows = table.select(["trajectory_id", "turns"]).to_pylist()
+    assert [r["trajectory_id"] for r in rows] == ["7/gsm8k-17_0", "7/gsm8k-17_1", "9/gsm8k-17_0", "9/gsm8k-17_1"]
+    assert {t["policy_version"] for r in rows[2:] for t in r["turns"]} == {9}
+    res, rep = _check(fixture("skyrl", "fully_async"))
+    assert res.exit_code == 0 and rep["findings"] == [], res.output
+
+
+def test_the_truncation_flags_are_named_in_the_policy():
+    res, rep = _check(fixture("skyrl", "multi_step"), extra=("--context", "zero_reward_on_non_stop=true"))
+    said = rep["summary"]["trainer_policy"]
+    assert "zero_reward_on_non_stop=True" in said and "get reward 0" in said and "(as given)" in said
+    assert "rollout-audit: note: SkyRL zero_reward_on_non_stop=True" in res.stderr
 
 
 def test_missing_loss_masks_exits_2_naming_it(tmp_path):
     line = missing_field_exits_2("skyrl", "compliant", "loss_masks", tmp_path)
-    assert "gsm8k-17_1" in line
+    assert "3/gsm8k-17_1" in line
 
 
 def test_convert_writes_next_to_the_dump_into_a_new_directory_only(tmp_path):
@@ -41,3 +104,10 @@ def test_convert_writes_next_to_the_dump_into_a_new_directory_only(tmp_path):
 def test_unknown_context_exits_2_naming_it():
     result = cli("check", "--from", "skyrl", fixture("skyrl", "compliant"), "--context", "seed=3")
     assert result.exit_code == 2 and "unknown context 'seed'" in result.stderr
+
+
+def test_a_bad_flag_value_exits_2_naming_it():
+    result = cli(
+        "check", "--from", "skyrl", fixture("skyrl", "compliant"), "--context", "apply_overlong_filtering=maybe"
+    )
+    assert result.exit_code == 2 and "apply_overlong_filtering" in result.stderr

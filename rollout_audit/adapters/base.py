@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,32 @@ def origin(record: Mapping[str, Any]) -> dict[str, Any]:
 
 ORIGIN = "_origin"  # a row's dump record; `contract_table` moves it to the table's metadata
 META_ORIGINS = b"rollout_audit.origins"  # JSON list: the dump record of each trajectory row
+# JSON {"said": one sentence, "settings": {configuration key: value}}: the trainer policy a conversion
+# derived from the trainer's configuration, and the audit settings that state it
+META_POLICY = b"rollout_audit.policy"
+
+
+def with_policy(table: pa.Table, said: str, **settings: Any) -> pa.Table:
+    """`table` declaring the trainer policy the adapter assumed (`said`) and the audit settings it
+    implies (e.g. truncation="penalize"); a configuration that sets the key itself wins."""
+    meta = {**(table.schema.metadata or {}), META_POLICY: json.dumps({"said": said, "settings": settings}).encode()}
+    return table.replace_schema_metadata(meta)
+
+
+def step_of(record: Mapping[str, Any], fields: Sequence[str], name: re.Pattern[str], where: str) -> int | None:
+    """The training step a dump record belongs to: the first of `fields` it carries (an integer, else
+    AdapterError naming it), else the step `name` finds in its dump file's name (group 1); None when
+    neither says (a single-step dump). Trainers that draw a prompt again at a later step repeat its
+    ids, so a dump of several steps needs the step in the trajectory identity."""
+    for key in fields:
+        value = record.get(key)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise AdapterError(f"{where}: {key} must be an integer")
+            return value
+    file = (getattr(record, "origin", None) or "").rsplit(":", 1)[0]
+    found = name.search(Path(file).name) if file else None
+    return int(found.group(1)) if found else None
 
 
 def read_records(path: str | os.PathLike) -> Iterator[Record]:
@@ -92,7 +120,7 @@ def read_dump(path: str | os.PathLike) -> list[Record]:
     return [r for f in files for r in read_records(f)]
 
 
-# ---------------------------------------------------------------- shared by the verl, SkyRL and slime adapters
+# ---------------------------------------------------------------- the one context schema of every adapter
 
 # Context a trainer does not record, from keyword arguments (CLI `--context KEY=VALUE`): name -> type.
 CONTEXT: dict[str, type] = {
@@ -105,25 +133,52 @@ CONTEXT: dict[str, type] = {
     "top_p": float,
 }
 TURN_CONTEXT = ("temperature", "top_p")  # context that belongs on every turn
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def _typed(key: str, value: Any, kind: type) -> Any:
+    """`value` as `kind` (CLI values arrive as strings); AdapterError naming the key otherwise.
+    Integers are whole numbers, floats finite, booleans true/false (or 1/0, yes/no, on/off)."""
+    bad = AdapterError(f"context {key}={value!r} is not {'a boolean' if kind is bool else kind.__name__}")
+    if kind is str:
+        if isinstance(value, (Mapping, list, tuple, bytes)):
+            raise bad
+        return str(value)
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in _TRUE or text in _FALSE:
+            return text in _TRUE
+        raise bad
+    if isinstance(value, bool):
+        raise bad
+    try:
+        out = kind(value)
+    except (TypeError, ValueError, OverflowError):
+        raise bad from None
+    if kind is float and not math.isfinite(out):
+        raise bad
+    if kind is int and isinstance(value, float) and value != out:
+        raise bad
+    return out
 
 
 def context_values(context: Mapping[str, Any], allowed: Sequence[str] | Mapping[str, type] = ()) -> dict[str, Any]:
-    """The keyword context in the contract's types; AdapterError for an unknown key or a bad value.
-    `allowed` names an adapter's own extra keys: kept as strings, or {key: type} to convert them."""
+    """The keyword context in the contract's types: the one context schema every adapter validates
+    `--context` with. `allowed` names an adapter's own extra keys, as a sequence (kept as strings) or
+    as a mapping to their types (str, int, float, bool). An unknown key or a bad value is an
+    AdapterError naming the key (exit 2 on the command line)."""
     extra = dict(allowed) if isinstance(allowed, Mapping) else dict.fromkeys(allowed, str)
+    known = {**extra, **CONTEXT}  # the common keys keep their contract types
     out: dict[str, Any] = {}
     for key, value in context.items():
-        kind = CONTEXT.get(key, extra.get(key))
+        kind = known.get(key)
         if kind is None:
-            near = difflib.get_close_matches(key, [*CONTEXT, *extra], n=1)
+            near = difflib.get_close_matches(key, list(known), n=1)
             hint = f"did you mean {near[0]!r}? " if near else ""
-            raise AdapterError(f"unknown context {key!r}; {hint}known: {', '.join([*CONTEXT, *extra])}")
-        try:
-            if kind is int and isinstance(value, float) and not value.is_integer():
-                raise ValueError(value)
-            out[key] = kind(value)
-        except (TypeError, ValueError):
-            raise AdapterError(f"context {key}={value!r} is not {kind.__name__}") from None
+            raise AdapterError(f"unknown context {key!r}; {hint}known: {', '.join(known)}")
+        out[key] = _typed(key, value, kind)
     return out
 
 

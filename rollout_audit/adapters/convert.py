@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +19,10 @@ import polars as pl
 import pyarrow as pa
 
 from . import load
-from .base import META_ORIGINS, read_dump
+from .base import META_ORIGINS, META_POLICY, read_dump
 
 if TYPE_CHECKING:
+    from ..contract.config import Config
     from ..reporting.report import Report
 
 
@@ -33,6 +34,13 @@ class Converted:
     updates: pa.Table | None
     origins: list[str | None]  # per trajectory row: "FILE:LINE" of the record it was built from
     sources: tuple[str, ...]  # the dump paths, as given
+    policy: str | None = None  # the trainer policy the adapter assumed (from the trainer's configuration)
+    settings: Mapping[str, Any] = field(default_factory=dict)  # the audit settings that policy implies
+
+    def configured(self, cfg: Config) -> Config:
+        """`cfg` with the settings of the trainer's policy, for every key the configuration does not set."""
+        update = {k: v for k, v in self.settings.items() if k not in cfg.model_fields_set}
+        return cfg.model_copy(update=update) if update else cfg
 
     def tables(self) -> tuple[pa.Table, pa.Table | None]:
         """The tables without the origins (what a contract log file holds)."""
@@ -40,7 +48,7 @@ class Converted:
 
 
 def _plain(table: pa.Table) -> pa.Table:
-    meta = {k: v for k, v in (table.schema.metadata or {}).items() if k != META_ORIGINS}
+    meta = {k: v for k, v in (table.schema.metadata or {}).items() if k not in (META_ORIGINS, META_POLICY)}
     return table.replace_schema_metadata(meta)
 
 
@@ -53,7 +61,9 @@ def convert(framework: str, paths: Sequence[str | os.PathLike], context: Mapping
     updates = upd(records, **context) if upd else None
     raw = (trajectories.schema.metadata or {}).get(META_ORIGINS)
     origins = json.loads(raw) if raw else [None] * trajectories.num_rows
-    return Converted(trajectories, updates, origins, tuple(str(p) for p in paths))
+    policy = json.loads((trajectories.schema.metadata or {}).get(META_POLICY) or b"{}")
+    sources = tuple(str(p) for p in paths)
+    return Converted(trajectories, updates, origins, sources, policy.get("said"), policy.get("settings", {}))
 
 
 @contextmanager
@@ -103,6 +113,9 @@ def relabel(rep: Report, conv: Converted, root: str) -> Report:
     rep.crashes = [{k: text(v) for k, v in c.items()} for c in rep.crashes]
     if rep.unusable is not None:
         rep.unusable = text(rep.unusable)
+    if conv.policy:
+        rep.summary["trainer_policy"] = conv.policy
+        rep.summary["trainer_policy_settings"] = dict(conv.settings)
     return rep
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..contract import schema as S
-from .base import AdapterError, contract_table, need, origin
+from .base import AdapterError, context_values, contract_table, need, origin
 from .steps import (
     Call,
     engine_context,
@@ -59,6 +59,8 @@ LACKS = {
     "initial_state_checksum": "an OpenAI-compatible server does not see environment state",
 }
 END_FIELDS = ("reward", "policy_version", "stop_reason", "task_id", "group_id")
+# what a session's `end` record says, also accepted as context for every session (base.CONTEXT besides)
+CONTEXT = {"reward": float, "policy_version": int, "stop_reason": str, "task_id": str, "group_id": str}
 
 
 def _logprobs(choice: Mapping[str, Any]) -> list[float | None] | None:
@@ -138,6 +140,7 @@ def _episode(sid: str, pairs: list[dict], end: Mapping[str, Any], context: Mappi
 @guarded("openai")
 def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     """Contract trajectories from recorded OpenAI-compatible sessions."""
+    context = context_values(context, CONTEXT)
     rows: list[Mapping[str, Any]] = [
         {**r, **origin(pairs[0] if pairs else {})}
         for sid, (pairs, end) in _sessions(records).items()

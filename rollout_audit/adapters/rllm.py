@@ -5,17 +5,30 @@ prompt does not extend the running sequence, as rLLM's verl transform splits it)
 `model_output` is one turn: its engine prompt (`model_output.prompt_ids`) gives the turn's engine
 context, its `completion_ids` the sampled ids, `logprobs` the behaviour log-probs (a short list leaves
 the rest null: rLLM's transform pads it with 0.0), `weight_version` the policy version, `finish_reason`
-the engine's stop. `Episode.termination_reason` and `is_correct` give the stop cause."""
+the engine's stop. `Episode.termination_reason` and `is_correct` give the stop cause.
+
+rLLM's compact filtering (`rllm.compact_filtering`, `CompactFilteringConfig` in
+rllm/trainer/algorithms/config.py) drops episodes by termination reason before grouping: such an
+episode is neither trained nor counted in its group's statistics, so it is written with a null
+reward (the contract's "excluded"). rLLM does not dump its configuration with the episodes: the
+context gives it (`compact_filtering=true`, `mask_<reason>=...`, defaults those of rLLM's
+base.yaml), and the policy assumed is stated in the table metadata (`rollout_audit.policy`).
+
+`updates` writes one update record per training step from `Step.advantage` (set by
+`compute_advantages`, so only a dump taken after it has them; docs/frameworks/rllm.md)."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
 
-from .base import AdapterError, contract_table, need, origin
+from ..contract import schema as S
+from ..reading.records import records_to_table
+from .base import AdapterError, context_values, contract_table, need, origin, step_of, with_policy
 from .steps import (
     Call,
     engine_context,
@@ -36,6 +49,28 @@ TERMINATION = {
     "max_turns_exceeded": ("truncated", "max_turns"),
     "timeout": ("truncated", "timeout"),
     "error": ("infra_error", "env_error"),
+}
+
+# CompactFilteringConfig's flags with the defaults of rllm/trainer/config/rllm/base.yaml (the
+# trainer reads config.rllm.compact_filtering from it); `compact_filtering` is its `enable`
+FILTER_DEFAULTS = {
+    "max_prompt_length_exceeded": True,
+    "max_response_length_exceeded": True,
+    "env_done": False,
+    "max_turns_exceeded": True,
+    "timeout": True,
+    "unknown": False,
+    "error": True,
+}
+# rLLM's algorithm.adv_estimator (and norm_adv_by_std_in_grpo) -> the contract's estimator; rLLM's
+# GRPO divides by the population std (np.std, ddof 0), which the contract's `grpo` (ddof 1) is not,
+# so normalised GRPO is left undeclared (U603 not run, U604 still runs)
+ESTIMATORS = {"grpo": "grpo_no_std", "rloo": "rloo", "reinforce": "reinforce"}
+CONTEXT: dict[str, type] = {
+    "compact_filtering": bool,
+    **{f"mask_{r}": bool for r in FILTER_DEFAULTS},
+    "adv_estimator": str,
+    "norm_adv_by_std_in_grpo": bool,
 }
 
 LACKS = {
@@ -59,6 +94,48 @@ LACKS = {
     "initial_state_checksum": "rLLM does not record environment state",
     "wall_clock_s": "rLLM does not record an episode's wall-clock time",
 }
+
+
+def filtered(context: Mapping[str, Any]) -> frozenset[str]:
+    """The termination reasons rLLM's compact filtering drops, from the context (none unless enabled)."""
+    if not context.get("compact_filtering", False):
+        return frozenset()
+    return frozenset(r for r, on in FILTER_DEFAULTS.items() if context.get(f"mask_{r}", on))
+
+
+_STEP_IN_NAME = re.compile(r"step-(\d+)")  # the hooks' rollout_dumps/step-{global_step:06d}.jsonl
+
+
+def _at(episode: Mapping[str, Any], n: int) -> str:
+    """The identity prefix `{step}/` of an episode (its `global_step`, else its dump file's name):
+    rLLM's episode ids (`{task_id}:{rollout_idx}`) recur at every step that draws the task again."""
+    step = step_of(episode, ("global_step",), _STEP_IN_NAME, f"episode {n}")
+    return "" if step is None else f"{step}/"
+
+
+TRUNCATIONS = ("max_prompt_length_exceeded", "max_response_length_exceeded", "max_turns_exceeded", "timeout")
+
+
+def policy(context: Mapping[str, Any]) -> tuple[str, str]:
+    """The trainer policy the conversion assumed, in one sentence, and the audit's truncation policy
+    it implies: `exclude` when compact filtering drops every truncation reason, else `penalize`
+    (rLLM trains the truncated episodes it keeps with the reward the workflow gave them)."""
+    drop = filtered(context)
+    kept = [r for r in TRUNCATIONS if r not in drop]
+    said = "as given" if any(k in context for k in CONTEXT if k.startswith(("compact", "mask_"))) else "rLLM's default"
+    truncation = "penalize" if kept else "exclude"
+    if not drop:
+        head = (
+            f"rLLM compact filtering off ({said}; pass --context compact_filtering=true when the run enabled "
+            "it): every episode is trained with its reward"
+        )
+    else:
+        head = (
+            f"rLLM compact filtering on ({said}; base.yaml defaults for flags not given): episodes ending in "
+            f"{', '.join(sorted(drop))} are excluded (null reward, in no group), as rLLM drops them before grouping"
+        )
+    tail = f"; truncated episodes ending in {', '.join(kept)} are trained with their reward" if kept else ""
+    return f"{head}{tail}: truncation = {truncation!r}", truncation
 
 
 def _stop(episode: Mapping[str, Any]) -> dict[str, Any]:
@@ -103,7 +180,9 @@ def _trajectories(episode: Mapping[str, Any], n: int, context: Mapping[str, Any]
     """Contract records of one episode."""
     eid = str(need(episode, "id", f"episode {n}"))
     task_id = eid.split(":")[0]
+    at = _at(episode, n)
     stop = _stop(episode)
+    dropped = str(episode.get("termination_reason") or "unknown") in filtered(context)
     out = []
     for k, traj in enumerate(need(episode, "trajectories", f"episode {eid}")):
         name = str(traj.get("name", k))
@@ -113,13 +192,13 @@ def _trajectories(episode: Mapping[str, Any], n: int, context: Mapping[str, Any]
         for j, seg in enumerate(segments):
             out.append(
                 {
-                    "trajectory_id": f"{eid}/{name}" + (f"#{j}" if len(segments) > 1 else ""),
+                    "trajectory_id": f"{at}{eid}/{name}" + (f"#{j}" if len(segments) > 1 else ""),
                     "task_id": task_id,
-                    "group_id": f"{task_id}:{name}",
+                    "group_id": f"{at}{task_id}:{name}",
                     **identity(context),
                     **seg.columns(),
                     **stop,
-                    "reward": traj.get("reward"),
+                    "reward": None if dropped else traj.get("reward"),
                     "verifier_success": bool(episode.get("is_correct")),
                 }
             )
@@ -129,7 +208,93 @@ def _trajectories(episode: Mapping[str, Any], n: int, context: Mapping[str, Any]
 @guarded("rLLM")
 def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     """Contract trajectories from rLLM `Episode.to_dict()` records."""
+    context = context_values(context, CONTEXT)
     rows: list[Mapping[str, Any]] = [
         {**r, **origin(ep)} for n, ep in enumerate(records) for r in _trajectories(ep, n, context)
     ]
-    return contract_table(rows, LACKS, "rLLM")
+    said, truncation = policy(context)
+    return with_policy(contract_table(rows, LACKS, "rLLM"), said, truncation=truncation)
+
+
+def _advantage(steps: list[Any], where: str) -> float | None:
+    """The trajectory's advantage: rLLM broadcasts one float to every step (a per-token list of
+    one value is the same); None when no step has one. Different values are not a group advantage."""
+    seen: set[float] = set()
+    for i, step in enumerate(steps):
+        a = step.get("advantage") if isinstance(step, Mapping) else None
+        if a is None:
+            continue
+        values = a if isinstance(a, list) else [a]
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+            raise AdapterError(f"{where} step {i}: advantage must be a number or a list of numbers")
+        seen.update(float(v) for v in values)
+    if seen and all(v != v for v in seen):  # NaN is not equal to itself: one NaN advantage, not several
+        return float("nan")
+    if len(seen) > 1:
+        raise AdapterError(
+            f"{where}: advantage differs between steps or tokens ({len(seen)} values): per-token advantages "
+            "(use_precomputed_advantage) are not group advantages; dump before compute_advantages instead"
+        )
+    return seen.pop() if seen else None
+
+
+_NO_LOSS = "rLLM's episodes do not record how its backend reduced the loss, nor the denominator"
+_NO_VERSION = "rLLM's episodes do not record the trainer's weight version at the update"
+# declared by column name (the schema check) and as the checks name their inputs (the not-run reason)
+UPDATE_LACKS = {
+    **{k: _NO_LOSS for c in ("reduction", "loss_denominator") for k in (c, f"updates.{c}")},
+    **{k: _NO_VERSION for k in ("trainer_version", "updates.trainer_version")},
+}
+
+
+@guarded("rLLM")
+def updates(records: Iterable[dict], **context: Any) -> pa.Table | None:
+    """One update record per training step (the records' `global_step`, as the post-advantage hook
+    writes it, else the step in the dump file's name; 0 when neither says) from `Step.advantage`: the trajectories that carry one, in dump order, with their
+    advantage (a filtered episode that carries one is listed too: U606 then says it was trained). None when no step has an advantage (a dump taken before compute_advantages).
+    trainer_version is the newest weight_version of the step's batch (rLLM's episodes do not
+    record the trainer's: exact for synchronous training, a lower bound otherwise)."""
+    context = context_values(context, CONTEXT)
+    steps: dict[int, dict[str, Any]] = {}
+    for n, ep in enumerate(records):
+        eid = str(need(ep, "id", f"episode {n}"))
+        step = step_of(ep, ("global_step",), _STEP_IN_NAME, f"episode {n}")
+        u = steps.setdefault(0 if step is None else step, {"ids": [], "adv": []})
+        ids = [r["trajectory_id"] for r in _trajectories(ep, n, context)]
+        for k, traj in enumerate(need(ep, "trajectories", f"episode {eid}")):
+            name = str(traj.get("name", k))
+            where = f"episode {eid} trajectory {name}"
+            adv = _advantage(need(traj, "steps", where), where)
+            if adv is None:
+                continue
+            base = f"{_at(ep, n)}{eid}/{name}"
+            segments = [i for i in ids if i == base or i.startswith(base + "#")]  # rLLM trains each with it
+            u["ids"] += segments
+            u["adv"] += [adv] * len(segments)
+    name = str(context.get("adv_estimator", "grpo"))
+    normalised = name == "grpo" and context.get("norm_adv_by_std_in_grpo", True)
+    estimator = None if normalised else ESTIMATORS.get(name)
+    rows: list[Mapping[str, Any]] = [
+        {
+            "update_step": step,
+            "trajectory_ids": u["ids"],
+            "advantages": u["adv"],
+            **({"advantage_estimator": estimator} if estimator else {}),
+        }
+        for step, u in sorted(steps.items())
+        if u["ids"]
+    ]
+    if not rows:
+        return None
+    table = records_to_table(rows, kind="updates")
+    lacks = dict(UPDATE_LACKS)
+    if estimator is None:
+        why = (
+            "rLLM's normalised GRPO divides by the population std (np.std), which no contract estimator is "
+            "(grpo uses ddof 1); U604 still runs"
+            if normalised
+            else f"rLLM's estimator {name!r} has no contract counterpart"
+        )
+        lacks |= {"advantage_estimator": why, "updates.advantage_estimator": why}
+    meta = {**(table.schema.metadata or {}), S.META_NOT_RECORDED: json.dumps(lacks, sort_keys=True).encode()}
+    return table.replace_schema_metadata(meta)

@@ -8,10 +8,21 @@ each `GeneratorOutput` list under the list's own name (`prompt_token_ids`, `resp
 Provenance comes from `loss_masks` (1 = sampled by the policy, 0 = observation), the only marker
 SkyRL keeps, so M101/M102 hold by construction; the turns are the runs of mask 1. `stop_reasons`
 is the finish of the last turn only (or the generator's own `length` when the context is full).
+
+A dump of several steps repeats `instance_id`/`repetition_id` (the dataset index and the sample
+number, drawn again every epoch), so the step is part of the identity: trajectory
+`{step}/{instance_id}_{repetition_id}`, group `{step}/{instance_id}`, with the step from the
+record's `global_step` (the fully-async hook: `global_step_when_scheduled`) or else the dump file's
+name (`skyrl-{step}.jsonl`, `global_step_{step}_...`).
+
+The generator's `zero_reward_on_non_stop` and `apply_overlong_filtering` (GeneratorConfig) are
+applied before the dump and are not in it: the context gives them, and the trainer policy they
+imply is declared with the table (`with_policy`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -29,8 +40,10 @@ from .base import (
     need,
     rows_of,
     runs,
+    step_of,
     token_columns,
     with_context,
+    with_policy,
 )
 
 # stop_reasons value -> (flag, contract stop_reason): what SkyRL's generator writes
@@ -39,6 +52,10 @@ STOPS = {
     "length": ("truncated", "max_tokens"),  # the engine's token limit, or the context budget exceeded
     "abort": ("infra_error", "engine_error"),  # the engine aborted the request
 }
+# GeneratorConfig (skyrl/train/config/config.py) flags the dump does not carry; both default False
+CONTEXT = {"zero_reward_on_non_stop": bool, "apply_overlong_filtering": bool}
+_STEP_IN_NAME = re.compile(r"(?:skyrl-|global_step_)(\d+)")
+STEP_FIELDS = ("global_step", "global_step_when_scheduled")
 
 LACKS = {
     **lacks("SkyRL"),
@@ -56,14 +73,31 @@ LACKS = {
 }
 
 
-def _trajectory(rec: Mapping[str, Any], n: int) -> tuple[str, str]:
-    """(trajectory_id, task_id) from `trajectory_ids`: TrajectoryID.to_string() and instance_id."""
+def _trajectory(rec: Mapping[str, Any], n: int, step: int | None) -> tuple[str, str, str]:
+    """(trajectory_id, task_id, group_id): TrajectoryID.to_string() and instance_id, after the step."""
     tid = need(rec, "trajectory_ids", f"record {n}")
     if not isinstance(tid, Mapping):
         raise AdapterError(f"record {n}: trajectory_ids must be {{instance_id, repetition_id}}")
     inst = need(tid, "instance_id", f"record {n} trajectory_ids")
     rep = need(tid, "repetition_id", f"record {n} trajectory_ids")
-    return f"{inst}_{rep}", str(inst)
+    at = "" if step is None else f"{step}/"
+    return f"{at}{inst}_{rep}", str(inst), f"{at}{inst}"
+
+
+def policy(ctx: Mapping[str, Any]) -> str:
+    """The trainer policy for episodes that did not stop, in one sentence (SkyRL never drops one)."""
+    zero, overlong = ctx.get("zero_reward_on_non_stop", False), ctx.get("apply_overlong_filtering", False)
+    given = "as given" if any(k in ctx for k in CONTEXT) else "SkyRL's defaults"
+    reward = "get reward 0" if zero else "keep their reward"
+    loss = (
+        "have every token masked out of the loss while the reward still counts in the group statistics"
+        if overlong
+        else "are trained"
+    )
+    return (
+        f"SkyRL zero_reward_on_non_stop={zero}, apply_overlong_filtering={overlong} ({given}): episodes that did "
+        f"not stop {reward} and {loss}: truncation = 'penalize'"
+    )
 
 
 def _reward(value: Any, where: str) -> float | None:
@@ -79,7 +113,8 @@ def _reward(value: Any, where: str) -> float | None:
 
 def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any]:
     """One SkyRL sample as a contract row."""
-    traj, task = _trajectory(rec, n)
+    step = step_of(rec, STEP_FIELDS, _STEP_IN_NAME, f"record {n}")
+    traj, task, group = _trajectory(rec, n, step)
     where = f"record {n} ({traj})"
     prompt = ints(rec, "prompt_token_ids", where)
     resp = ints(rec, "response_ids", where)
@@ -88,14 +123,15 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
     out: dict[str, Any] = {
         "trajectory_id": traj,
         "task_id": task,
-        "group_id": task,
+        "group_id": group,
         **token_columns(prompt, resp, mask, mask, [a for a, _ in turns]),
         "turns": [{"turn_id": t} for t in range(len(turns))],
         "reward": _reward(need(rec, "rewards", where), where),
     }
-    if rec.get("global_step") is not None:
+    version = rec.get("global_step_when_scheduled", rec.get("global_step"))
+    if version is not None:
         for t in out["turns"]:
-            t["policy_version"] = int(rec["global_step"])
+            t["policy_version"] = int(version)
     if rec.get("rollout_logprobs") is not None:
         lp = aligned(rec, "rollout_logprobs", mask, where)
         out["behavior_logprobs"] = logprobs_column(len(prompt), lp, mask)
@@ -109,6 +145,8 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
 
 
 def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table:
-    """SkyRL per-sample records as contract trajectories."""
-    ctx = context_values(context)
-    return contract_table(rows_of(records, row, ctx), LACKS)
+    """SkyRL per-sample records as contract trajectories (context: the generator's
+    zero_reward_on_non_stop and apply_overlong_filtering, which the dump does not carry)."""
+    ctx = context_values(context, CONTEXT)
+    table = contract_table(rows_of(records, row, {k: v for k, v in ctx.items() if k not in CONTEXT}), LACKS)
+    return with_policy(table, policy(ctx), truncation="penalize")

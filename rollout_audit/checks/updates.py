@@ -79,6 +79,7 @@ def _updates(log) -> pl.DataFrame:
         ("denominator_scale", pl.Float64),
         ("window_trajectory_ids", pl.List(pl.String)),
         ("window_tokens", pl.Float64),
+        ("trainer_version", pl.Int64),  # absent only where the producer declared it not recorded (else S005)
     ):
         if name not in u.columns:
             u = u.with_columns(pl.lit(None, dtype=dt).alias(name))
@@ -220,7 +221,7 @@ def _differs(found: pl.Expr, expected: pl.Expr, cfg) -> pl.Expr:
     "U601",
     "loss_denominator differs from the recomputed one",
     scope="log",
-    requires=("updates", "trajectory_id"),
+    requires=("updates", "trajectory_id", "updates.reduction", "updates.loss_denominator"),
     optional=DENOMINATOR_INPUTS,
     config=("atol", "rtol"),
 )
@@ -344,7 +345,7 @@ def denominator(log, cfg) -> pl.DataFrame | None:
     "U602",
     "loss_denominator counts tokens the policy did not sample",
     scope="log",
-    requires=("updates", "trajectory_id"),
+    requires=("updates", "trajectory_id", "updates.reduction", "updates.loss_denominator"),
     optional=DENOMINATOR_INPUTS,
     config=("atol", "rtol"),
 )

@@ -1,9 +1,23 @@
 """rLLM fixtures: `Episode.to_dict()` records (rllm/agents/agent.py, ModelOutput.to_dict in
-rllm/engine/rollout/rollout_engine.py), two-step tool-use episodes with a cumulative prompt."""
+rllm/engine/rollout/rollout_engine.py), two-step tool-use episodes with a cumulative prompt.
+
+Shapes as at rllm-org/rllm 9beb6e0: `Step.advantage: list[float] | float | None` and
+`Step.weight_version` (rllm/types.py:135-136, in `to_dict` :198-199); `Episode.termination_reason`
+dumped as its value (rllm/types.py:324, :360; values rllm/workflows/workflow.py:18-25).
+Cases dumped after `compute_advantages` (rllm/trainer/unified_trainer.py:567) carry the step as
+`global_step` (the trainer's `trainer_state.global_step`, unified_trainer.py:92) and every step's
+advantage as rLLM's broadcast mode sets it: `float(advantage)` of its trajectory on every step
+(rllm/trainer/algorithms/advantage.py:227-232), GRPO per group `f"{task_id}:{name}"`
+(transform.py:105-146) as `calculate_grpo_advantages_per_group` computes it (rl_algo.py:6-18:
+population std, and a group of one gets mean 0 and std 1, so its advantage is its raw reward).
+Compact filtering (`CompactFilteringConfig`, rllm/trainer/algorithms/config.py:111-161, defaults of
+rllm/trainer/config/rllm/base.yaml:111-120) skips an episode before grouping (transform.py:118-122):
+it keeps its reward (0.0 by the workflow) and no advantage."""
 
 from __future__ import annotations
 
 import copy
+import statistics
 from typing import Any
 
 SYSTEM_USER = [
@@ -117,5 +131,65 @@ def logprobs_missing() -> list[dict]:
     return [eps[0], bad, eps[2]]
 
 
+EPS = 1e-6  # rl_algo.calculate_grpo_advantages_per_group's epsilon
+
+
+def grpo(rewards: list[float]) -> list[float]:
+    """rLLM's GRPO advantages of one group (rl_algo.py:6-18): population std, mean 0 / std 1 for one member."""
+    mean, std = (0.0, 1.0) if len(rewards) <= 1 else (statistics.fmean(rewards), statistics.pstdev(rewards))
+    return [(r - mean) / (std + EPS) for r in rewards]
+
+
+def _after_advantages(episodes: list[dict], step: int, dropped: set[str]) -> list[dict]:
+    """The episodes as a dump after compute_advantages sees them: `global_step`, and on every step of
+    a grouped trajectory its group's GRPO advantage (episodes ending in `dropped` are not grouped)."""
+    groups: dict[str, list[dict]] = {}
+    for ep in episodes:
+        ep["global_step"] = step
+        if ep["termination_reason"] not in dropped:
+            groups.setdefault(ep["id"].split(":")[0], []).append(ep)
+    for members in groups.values():
+        for ep, adv in zip(members, grpo([m["trajectories"][0]["reward"] for m in members])):
+            for st in ep["trajectories"][0]["steps"]:
+                st["advantage"] = adv
+    return episodes
+
+
+FILTERED = {"max_prompt_length_exceeded", "max_response_length_exceeded", "max_turns_exceeded", "timeout", "error"}
+
+
+def compact_filtering() -> list[dict]:
+    """A step of a run with `rllm.compact_filtering.enable: True` (base.yaml flags): task-7's group
+    has two finished episodes, one cut at the response budget and one errored, both with the
+    workflow's reward 0.0 and dropped by the filter; task-9's two finished episodes both succeed
+    (a degenerate group: advantage 0), and a timed-out one is dropped."""
+    eps = [
+        _episode("task-7:0", 0, "env_done", True, 1.0),
+        _episode("task-7:1", 1, "env_done", False, 0.0),
+        _episode("task-7:2", 2, "max_response_length_exceeded", False, 0.0),
+        _episode("task-7:3", 3, "error", False, 0.0),
+        _episode("task-9:0", 4, "env_done", True, 1.0),
+        _episode("task-9:1", 5, "env_done", True, 1.0),
+        _episode("task-9:2", 6, "timeout", False, 0.0),
+    ]
+    return _after_advantages(eps, 12, FILTERED)
+
+
+def grpo_group_of_one() -> list[dict]:
+    """task-9 has a single rollout in the batch: rLLM's GRPO gives it mean 0 and std 1, so its
+    advantage is its raw reward (1.0) instead of 0 (no relative signal in a group of one)."""
+    eps = [
+        _episode("task-7:0", 0, "env_done", True, 1.0),
+        _episode("task-7:1", 1, "env_done", False, 0.0),
+        _episode("task-9:0", 4, "env_done", True, 1.0),
+    ]
+    return _after_advantages(eps, 12, FILTERED)
+
+
 def cases() -> dict[str, list[dict]]:
-    return {"compliant": compliant(), "logprobs_missing": logprobs_missing()}
+    return {
+        "compliant": compliant(),
+        "logprobs_missing": logprobs_missing(),
+        "compact_filtering": compact_filtering(),
+        "grpo_group_of_one": grpo_group_of_one(),
+    }
