@@ -13,7 +13,11 @@ FORMATS = ("text", "concise", "json", "github", "junit")
 
 
 def _codes(values: tuple[str, ...]) -> list[str]:
-    return [c.strip().upper() for v in values for c in v.split(",") if c.strip()]
+    """Comma-separated codes; an empty one (`--ignore ""`, `M,,L`) would match every check: refused."""
+    codes = [c.strip().upper() for v in values for c in v.split(",")]
+    if any(not c for c in codes):
+        _fail("an empty check code or prefix matches every check; remove it")
+    return codes
 
 
 def _fail(msg: str) -> NoReturn:

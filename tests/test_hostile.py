@@ -388,3 +388,134 @@ def test_many_small_files_give_the_findings_of_one_file(tmp_path, small_records)
     assert a.findings.height and a.findings.select(key).sort(key).equals(b.findings.select(key).sort(key))
     mine = b.findings.filter(b.findings["trajectory_id"] == trajs[1]["trajectory_id"])
     assert mine.height and all(f.endswith("part-0001.parquet") for f in mine["file"].to_list())
+
+
+# ---------------------------------------------------------------- 7. a log cannot vouch for itself
+
+TRUSTED_ONLY = {
+    "replay": "replay = 8",
+    "replay_endpoints": 'replay-endpoints = {"0" = "http://127.0.0.1:9/v1"}',
+    "replayer": 'replayer = "sys:exit"',
+    "replay_checkpoints": 'replay_checkpoints = "ckpt/{version}"',
+}
+
+
+@pytest.mark.parametrize("key", sorted(TRUSTED_ONLY))
+def test_a_log_config_cannot_run_code_or_reach_the_network(tmp_path, log, key):
+    (log / "pyproject.toml").write_text(f"[tool.rollout-audit]\n{TRUSTED_ONLY[key]}\n")
+    before = digest(log)
+    for cwd in (tmp_path, log):  # from outside, and from inside the log (`check .`)
+        r = cli("check", str(log) if cwd == tmp_path else ".", cwd=cwd)
+        assert r.returncode == 2 and str(log / "pyproject.toml") in r.stderr and "refused" in r.stderr, r.stderr
+        assert key.replace("_", "-") in r.stderr or key in r.stderr
+    with pytest.raises(ValueError, match="refused"):  # the library finds the same file and refuses it
+        audit(str(log))
+    from rollout_audit.testing import assert_clean
+
+    with pytest.raises(ValueError, match="pyproject.toml"):
+        assert_clean(str(log))
+    assert digest(log) == before
+
+
+def test_the_users_own_project_config_may_set_replay(tmp_path, log, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text('[tool.rollout-audit]\nreplay_checkpoints = "ckpt/step-{version}"\n')
+    r = cli("check", "log", "--show-settings", cwd=tmp_path)
+    assert r.returncode == 0 and '"ckpt/step-{version}"' in r.stdout and "# configuration: " in r.stdout
+    monkeypatch.chdir(tmp_path)
+    assert audit("log").summary["configuration"] == "pyproject.toml [tool.rollout-audit]"
+    r = cli("check", ".", cwd=tmp_path)  # the project's own file, but inside the audited directory
+    assert r.returncode == 2 and "refused" in r.stderr
+
+
+def test_a_log_config_may_tune_and_the_report_names_it(tmp_path, log):
+    (log / "pyproject.toml").write_text("[tool.rollout-audit]\natol = 0.5\n")
+    r = cli("check", str(log), cwd=tmp_path)
+    assert_clean_exit(r, (0, 1))
+    assert r.stdout.splitlines()[-2] == "configuration: log/pyproject.toml [tool.rollout-audit]"
+    r = cli("check", str(log), "--format", "json", cwd=tmp_path)
+    assert json.loads(r.stdout)["summary"]["configuration"] == "log/pyproject.toml [tool.rollout-audit]"
+    assert audit(str(log)).summary["configuration"].startswith(str(log / "pyproject.toml"))
+    assert audit(None).summary["configuration"] == "defaults"
+
+
+@pytest.mark.parametrize("line", ['select = ["Z999"]', 'ignore = [""]', 'ignore = ["M", " "]', 'select = ["m10x"]'])
+def test_unknown_or_empty_codes_in_a_config_file_are_exit_2(tmp_path, log, line):
+    (log / "pyproject.toml").write_text(f"[tool.rollout-audit]\n{line}\n")
+    r = cli("check", str(log), cwd=tmp_path)
+    assert r.returncode == 2 and "pyproject.toml" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args", [["--ignore", ""], ["--select", "M,,L"], ["--select", "Z999"], ["--ignore", " "]])
+def test_unknown_or_empty_codes_on_the_command_line_are_exit_2(log, args):
+    r = cli("check", str(log), *args)
+    assert r.returncode == 2 and "code" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    "kw", [{"select": ["Z999"]}, {"ignore": [""]}, {"ignore": "R409"}, {"select": "M"}, {"ignore": ["R4", "?"]}]
+)
+def test_unknown_or_empty_codes_in_the_api_and_fixture_are_errors(log, small_records, kw):
+    from rollout_audit.contract.config import ConfigError
+    from rollout_audit.testing import assert_clean
+
+    for run in (
+        lambda: audit(str(log), **kw),
+        lambda: audit(small_records[0], **kw),
+        lambda: assert_clean(str(log), **kw),
+    ):
+        with pytest.raises(ConfigError, match="select|ignore"):
+            run()
+    with pytest.raises(ConfigError):
+        ra_config(select=["M", ""])
+
+
+def ra_config(**kw):
+    from rollout_audit import Config
+
+    return Config.from_mapping(kw)
+
+
+@pytest.mark.parametrize("template", ["{version:>999999999}", "ckpt/{version!r}", "{0}", "{x}", "{version}{"])
+def test_replay_checkpoint_template_accepts_only_version(tmp_path, log, template):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"replay_checkpoints = {json.dumps(template)}\n")
+    r = child("check", str(log), "--config", str(cfg), timeout=60)
+    assert r.returncode == 2 and "replay_checkpoints" in r.stderr and "{version}" in r.stderr, r.stderr
+    assert ra_config(replay_checkpoints="ckpt/step-{version}/{{x}}").replay_checkpoints
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[tool]\nrollout-audit = 5\n",
+        "[tool]\nrollout-audit = [1, 2]\n",
+        "[tool.rollout-audit]\nselect = " + "[" * 5000 + "]" * 5000 + "\n",
+        "x = " + "{a = " * 3000 + "1" + "}" * 3000 + "\n",
+        "[tool.rollout-audit]\natol = 1\n\xff\n",
+    ],
+    ids=["scalar", "array", "deep-array", "deep-table", "not-utf8"],
+)
+def test_odd_toml_is_exit_2_with_the_file(tmp_path, log, text):
+    (log / "pyproject.toml").write_bytes(
+        text.encode("utf-8", "surrogateescape") if "\xff" not in text else text.encode("latin-1")
+    )
+    r = child("check", str(log), timeout=60)
+    assert r.returncode == 2 and "pyproject.toml" in r.stderr and "internal error" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "symlink-to-dev-zero", "too-large"])
+def test_config_that_is_not_a_small_regular_file_is_refused(tmp_path, log, kind):
+    cfg = tmp_path / "c.toml"
+    if kind == "fifo":
+        os.mkfifo(cfg)
+    elif kind == "dev-zero":
+        cfg = Path("/dev/zero")
+    elif kind == "symlink-to-dev-zero":
+        cfg.symlink_to("/dev/zero")
+    else:
+        cfg.write_text("# padding\n" * 200_000)
+    r = child("check", str(log), "--config", str(cfg), timeout=60)
+    assert r.returncode == 2 and str(cfg) in r.stderr, (r.returncode, r.stderr)
+    assert ("not a regular file" in r.stderr) != (kind == "too-large")

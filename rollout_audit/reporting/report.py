@@ -153,6 +153,7 @@ def build_report(runner: Runner, *, rows: int, tokens: int, stats: dict, cfg, un
         "checks_not_run": sorted(not_run),
         "checks_crashed": sorted(runner.crash_counts),
         "statistics": stats,
+        "configuration": cfg.source,
     }
     unfulfilled = runner.unfulfilled() if unusable is None else {}
     return Report(findings, not_run, summary, runner.rules, partial, crashes, unusable, unfulfilled)
@@ -195,6 +196,8 @@ def render_text(
             out.append([(f"  ... {grp.height - limit} more (use --show-all or --format json)", None)])
     if not quiet:
         out += [[(line, None)] for line in _coda(rep)]
+        if rep.unusable is None and rep.summary.get("configuration"):
+            out.append([(f"configuration: {printable(rep.summary['configuration'])}", None)])
         if rep.unusable is None:
             v = verdict(rep, strict)
             line = verdict_line(rep, strict)
@@ -205,7 +208,11 @@ def render_text(
 def _coda(rep: Report) -> list[str]:
     """What follows the findings: why nothing was audited, or not-run, partial and crashed checks."""
     if rep.unusable is not None:
-        return [f"error: nothing to audit: {printable(rep.unusable)}"]
+        conf = rep.summary.get("configuration")
+        return [
+            f"error: nothing to audit: {printable(rep.unusable)}"
+            + (f" (configuration: {printable(conf)})" if conf else "")
+        ]
     out = []
     if rep.not_run:
         out.append("not run:")

@@ -124,7 +124,7 @@ def run_audit(
     release the GIL). Reading runs one batch ahead. `rules` replaces the registered catalogue.
     `ray`: run on a Ray cluster (True, or its address; `workers` CPUs when one is started here).
     """
-    cfg = cfg or Config()
+    cfg = cfg or Config().with_source("defaults")
     if ray:
         from .distributed import run_audit_ray
 
