@@ -199,7 +199,7 @@ def check(
     """
     from .contract.config import find_config
     from .contract.registry import all_rules
-    from .reporting.outputs import check_output
+    from .reporting.outputs import check_output, write_atomic
 
     if show_settings:
         cfg, source = find_config(config_path, start=paths[0])
@@ -221,8 +221,7 @@ def check(
     limit = None if show_all else done[0][2]
     text = _render_all(reports, fmt, limit=limit, color=painted, strict=strict, quiet=quiet)
     if output:
-        with open(output, "w") as fh:
-            fh.write(text + "\n")
+        write_atomic(output, text + "\n")
     elif text:
         click.echo(text, color=painted)  # click strips styles off a non-terminal unless told
     for _, rep in reports:
@@ -467,7 +466,7 @@ def report(paths, output, config_path) -> None:
     from .reading.io import discover
     from .reading.log import Log
     from .reporting.html import render_html
-    from .reporting.outputs import check_output
+    from .reporting.outputs import check_output, write_atomic
     from .reporting.stats import distributions, log_stats
     from .running.engine import run_audit
 
@@ -479,8 +478,7 @@ def report(paths, output, config_path) -> None:
         st = {**log_stats(log), "distributions": distributions(log)} if disc.of_kind("trajectories") else None
     except Exception:  # noqa: BLE001 - statistics are a courtesy; a broken log still gets its findings page
         st = None
-    with open(output, "w") as fh:
-        fh.write(render_html(rep, st, ", ".join(map(str, paths))))
+    write_atomic(output, render_html(rep, st, ", ".join(map(str, paths))))
     click.echo(f"wrote {output}")
     sys.exit(rep.exit_code())
 

@@ -121,6 +121,25 @@ def test_check_output_hard_link_to_input_refused(tmp_path, log):
     assert digest(log) == before
 
 
+@pytest.mark.parametrize("command", ["check", "report"])
+def test_output_hard_linked_to_any_file_of_the_log_refused(tmp_path, log, command):
+    os.link(log / "trajectories" / "part-0000.parquet", tmp_path / "alias.txt")
+    before = digest(log)
+    r = cli(command, str(log), "-o", str(tmp_path / "alias.txt"))
+    assert r.returncode == 2 and "hard link" in r.stderr and "never writes to its input" in r.stderr, r.stderr
+    assert digest(log) == before
+
+
+def test_output_is_replaced_never_written_through(tmp_path, log):
+    keep = tmp_path / "keep.txt"
+    keep.write_text("mine\n")
+    os.link(keep, tmp_path / "out.txt")
+    r = cli("check", str(log), "-o", str(tmp_path / "out.txt"))
+    assert_clean_exit(r, (0, 1))
+    assert keep.read_text() == "mine\n" and "configuration:" in (tmp_path / "out.txt").read_text()
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
 def test_report_from_inside_the_log_refused(log):
     before = digest(log)
     r = cli("report", ".", cwd=log)  # default output rollout-audit-report.html lands in "."
