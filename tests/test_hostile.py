@@ -12,6 +12,7 @@ import xml.dom.minidom
 from dataclasses import dataclass
 from pathlib import Path
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -538,3 +539,91 @@ def test_config_that_is_not_a_small_regular_file_is_refused(tmp_path, log, kind)
     r = child("check", str(log), "--config", str(cfg), timeout=60)
     assert r.returncode == 2 and str(cfg) in r.stderr, (r.returncode, r.stderr)
     assert ("not a regular file" in r.stderr) != (kind == "too-large")
+
+
+# ---------------------------------------------------------------- 8. silent passes, and messages instead of internal errors
+
+
+def test_an_empty_path_is_refused_not_the_working_directory(log):
+    r = cli("check", "", cwd=log)
+    assert r.returncode == 2 and "empty path" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    from rollout_audit.reading.io import UsageError
+
+    with pytest.raises(UsageError, match="empty path"):
+        audit("")
+
+
+def test_an_infinite_turn_temperature_is_s001(small_records):
+    trajs = [dict(t, turns=[dict(x) for x in t["turns"]]) for t in small_records[0]]
+    trajs[1]["turns"][0]["temperature"] = float("inf")
+    s001 = audit(trajs).findings.filter(pl.col("code") == "S001")
+    assert any("temperature" in m and "inf" in m for m in s001["message"].to_list()), s001
+    assert trajs[1]["trajectory_id"] in s001["trajectory_id"].to_list()
+    assert not audit(small_records[0]).findings.filter(pl.col("code") == "S001").height
+
+
+FRAMEWORK_DUMPS = Path(__file__).resolve().parent.parent / "fixtures" / "frameworks"
+FROM_CONTEXT = ["environment_id=doors", "environment_version=v1", "verifier_version=v1", "reset_seed=0"]
+
+
+def _id_lists(x, path=()) -> list[tuple]:
+    """Paths of the token-id and mask lists of a dump record (lists of integers under a name with ids, tokens or mask)."""
+    out = []
+    if isinstance(x, dict):
+        for k, v in x.items():
+            out += _id_lists(v, (*path, k))
+    elif isinstance(x, list):
+        name = str(path[-1]) if path else ""
+        if (
+            x
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in x)
+            and any(w in name for w in ("ids", "tokens", "mask"))
+        ):
+            out.append(path)
+        for i, v in enumerate(x[:2]):
+            out += _id_lists(v, (*path, i))
+    return out
+
+
+def _from_cases():
+    for fw in ("verl", "skyrl", "slime", "rllm", "verifiers", "openai"):
+        rec = json.loads((FRAMEWORK_DUMPS / fw / "compliant.jsonl").read_text().splitlines()[0])
+        for path in _id_lists(rec):
+            if (fw, path[-1], isinstance(path[-2], int)) in UNREAD:
+                continue
+            yield fw, path
+
+
+# copies a framework keeps next to the fields the adapter reads (rLLM's step-level ids repeat its
+# model_output's; verifiers' choice token ids repeat `tokens.completion_ids`; the prompt mask is all 0)
+UNREAD = {
+    ("rllm", "prompt_ids", True),
+    ("rllm", "response_ids", True),
+    ("verifiers", "token_ids", True),
+    ("verifiers", "prompt_mask", False),
+}
+
+
+def _put(rec: dict, path: tuple, raw: str) -> str:
+    """The record as a JSON line with the first element of the list at `path` replaced by raw JSON text."""
+    marker = "\x00bad\x00"
+    node = rec
+    for k in path:
+        node = node[k]
+    node[0] = marker
+    return json.dumps(rec).replace(json.dumps(marker), raw)
+
+
+@pytest.mark.parametrize(
+    "fw, path", list(_from_cases()), ids=lambda x: x if isinstance(x, str) else ".".join(map(str, x))
+)
+def test_bad_token_ids_and_masks_in_a_dump_are_refused_naming_record_and_field(tmp_path, fw, path):
+    lines = (FRAMEWORK_DUMPS / fw / "compliant.jsonl").read_text().splitlines()
+    field = str(path[-1])
+    values = ['"0"', "0.5"] if "mask" in field else ["4975.7", "1e30", "Infinity", str(2**63), "-Infinity"]
+    for raw in values:
+        dump = tmp_path / "dump.jsonl"
+        dump.write_text("\n".join([_put(json.loads(lines[0]), path, raw), *lines[1:]]) + "\n")
+        r = cli("check", "--from", fw, str(dump), *[x for kv in FROM_CONTEXT for x in ("--context", kv)])
+        assert r.returncode == 2 and "internal error" not in r.stderr and "Traceback" not in r.stderr, (raw, r.stderr)
+        assert "dump.jsonl:1" in r.stderr and field in r.stderr, (raw, r.stderr)

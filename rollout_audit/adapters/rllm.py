@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .base import AdapterError, contract_table, need, origin
+from .base import AdapterError, at_record, contract_table, need, origin
 from .steps import (
     Call,
     engine_context,
@@ -93,7 +93,7 @@ def _call(step: Mapping[str, Any], where: str, context: Mapping[str, Any]) -> Ca
         "reward": step.get("reward"),
         "action_text": step.get("model_response"),
         "parsed_action": None if action is None else json.dumps(action, sort_keys=True),
-        **engine_context(prompt),
+        **engine_context(prompt, "prompt_ids"),
         **{k: option(context, k) for k in ("temperature", "top_p") if context.get(k) is not None},
     }
     return Call(prompt, sampled, out.get("logprobs"), turn)
@@ -130,6 +130,6 @@ def _trajectories(episode: Mapping[str, Any], n: int, context: Mapping[str, Any]
 def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     """Contract trajectories from rLLM `Episode.to_dict()` records."""
     rows: list[Mapping[str, Any]] = [
-        {**r, **origin(ep)} for n, ep in enumerate(records) for r in _trajectories(ep, n, context)
+        {**r, **origin(ep)} for n, ep in enumerate(records) for r in at_record(ep, _trajectories, ep, n, context)
     ]
     return contract_table(rows, LACKS, "rLLM")

@@ -22,6 +22,8 @@ from .base import (
     aligned,
     context_values,
     contract_table,
+    flags,
+    integer,
     ints,
     lacks,
     logprobs_column,
@@ -83,7 +85,7 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
     where = f"record {n} ({traj})"
     prompt = ints(rec, "prompt_token_ids", where)
     resp = ints(rec, "response_ids", where)
-    mask = [bool(m) for m in aligned(rec, "loss_masks", resp, where)]
+    mask = flags(aligned(rec, "loss_masks", resp, where), "loss_masks", where)
     turns = runs(mask)
     out: dict[str, Any] = {
         "trajectory_id": traj,
@@ -95,7 +97,7 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
     }
     if rec.get("global_step") is not None:
         for t in out["turns"]:
-            t["policy_version"] = int(rec["global_step"])
+            t["policy_version"] = integer(rec, "global_step", where)
     if rec.get("rollout_logprobs") is not None:
         lp = aligned(rec, "rollout_logprobs", mask, where)
         out["behavior_logprobs"] = logprobs_column(len(prompt), lp, mask)

@@ -63,6 +63,12 @@ class TurnFrame(pa.DataFrameModel):
     def finite(cls, data: pa.PolarsData) -> pl.LazyFrame:
         return _finite_or_null(data)
 
+    @pa.check("temperature", name="not infinite")
+    def not_infinite(cls, data: pa.PolarsData) -> pl.LazyFrame:
+        """An infinite temperature samples uniformly: no engine logs it (NaN is left to its own warning)."""
+        c = pl.col(data.key)
+        return data.lazyframe.select(c.is_null() | c.is_nan() | c.is_finite())
+
     class Config:
         strict = False
         coerce = True

@@ -126,6 +126,8 @@ def discover(paths: Sequence[str | os.PathLike], follow_symlinks: bool = False) 
     """
     out = Discovery()
     for raw in map(storage.local_path, paths):
+        if not str(raw).strip():  # "" would resolve to the working directory: never audited by accident
+            raise UsageError("an empty path names no log (write `.` for the current directory)")
         files, skipped = _listing(raw, follow_symlinks)
         if not files and not skipped:
             raise UsageError(f"{raw}: no *.parquet files found")
