@@ -12,6 +12,7 @@ import xml.dom.minidom
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -589,7 +590,7 @@ def _from_cases():
     for fw in ("verl", "skyrl", "slime", "rllm", "verifiers", "openai"):
         rec = json.loads((FRAMEWORK_DUMPS / fw / "compliant.jsonl").read_text().splitlines()[0])
         for path in _id_lists(rec):
-            if (fw, path[-1], isinstance(path[-2], int)) in UNREAD:
+            if (fw, path[-1], len(path) > 1 and isinstance(path[-2], int)) in UNREAD:
                 continue
             yield fw, path
 
@@ -627,3 +628,119 @@ def test_bad_token_ids_and_masks_in_a_dump_are_refused_naming_record_and_field(t
         r = cli("check", "--from", fw, str(dump), *[x for kv in FROM_CONTEXT for x in ("--context", kv)])
         assert r.returncode == 2 and "internal error" not in r.stderr and "Traceback" not in r.stderr, (raw, r.stderr)
         assert "dump.jsonl:1" in r.stderr and field in r.stderr, (raw, r.stderr)
+
+
+# ---------------------------------------------------------------- 9. replay against a hostile server (loopback)
+
+
+class _Hostile:
+    """A real HTTP server on 127.0.0.1 whose /v1/completions answer is `mode`'s (GET /v1/models is sane)."""
+
+    def __init__(self, mode: str) -> None:
+        import http.server
+        import threading
+        import time
+
+        outer = self
+        self.stop = threading.Event()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):  # quiet
+                pass
+
+            def _send(self, body: bytes, length: int | None = None) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body) if length is None else length))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                self._send(b'{"data": [{"id": "m"}]}')
+
+            def do_POST(self):
+                n = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["prompt"]
+                if mode == "silent":
+                    outer.stop.wait(30)
+                    return
+                if mode == "drip":
+                    self.send_response(200)
+                    self.end_headers()
+                    while not outer.stop.is_set():
+                        try:
+                            self.wfile.write(b" ")
+                            self.wfile.flush()
+                        except OSError:
+                            return
+                        time.sleep(0.05)
+                    return
+                if mode == "huge":
+                    self._send(b"", length=1 << 40)
+                    return
+                lp = {"nan": float("nan"), "negative": -0.5, "big-key": -0.5}[mode]
+                key = {"negative": "-1", "big-key": "9" * 12}.get(mode, "1")
+                dist = {key: {"logprob": lp}, "0": {"logprob": -1.0}}
+                choices = [{"index": i, "prompt_logprobs": [dist] * 64} for i in range(len(n))]
+                self._send(json.dumps({"choices": choices}).replace("NaN", "NaN").encode())
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
+
+    def close(self) -> None:
+        self.stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _request():
+    from rollout_audit.replay.base import ReplayRequest
+
+    return ReplayRequest(
+        version=0,
+        token_ids=[np.array([3, 1, 0, 1], np.int64)],
+        traj=np.zeros(2, np.int64),
+        position=np.array([1, 2], np.int64),
+        turn=np.zeros(2, np.int64),
+        temperature=np.ones(2),
+        top_p=np.ones(2),
+        top_k=np.zeros(2, np.int64),
+        rows=pa.table({"x": [1]}),
+    )
+
+
+@pytest.mark.parametrize(
+    "mode, says",
+    [
+        ("silent", "within"),
+        ("drip", "within 2 s"),
+        ("huge", "bytes"),
+        ("nan", "nan as a log-prob"),
+        ("negative", "'-1' as a token id"),
+        ("big-key", "as a token id"),
+    ],
+)
+def test_http_replay_against_a_hostile_server_fails_in_bounded_time(mode, says):
+    from rollout_audit.replay.base import NotConfigured
+    from rollout_audit.replay.http import HTTPReplayer
+
+    srv = _Hostile(mode)
+    try:
+        rp = HTTPReplayer({"0": srv.url}, timeout=2.0, connect_timeout=1.0, max_bytes=1 << 20)
+        with pytest.raises(NotConfigured) as e:
+            rp.replay(_request())
+        assert says in str(e.value) or (mode == "silent" and "timed out" in str(e.value)), str(e.value)
+    finally:
+        srv.close()
+
+
+def test_asked_for_replay_against_a_silent_server_is_exit_2_with_the_configured_deadline(tmp_path, log):
+    srv = _Hostile("silent")
+    try:
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(f'replay_endpoints = {{"0" = "{srv.url}"}}\nreplay_timeout = 2\nreplay_connect_timeout = 1\n')
+        r = child("check", str(log), "--config", str(cfg), "--replay", "2", timeout=60)
+        assert r.returncode == 2 and "L205" in r.stdout and "timed out" in r.stdout + r.stderr, (r.stdout, r.stderr)
+    finally:
+        srv.close()

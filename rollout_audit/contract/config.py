@@ -66,6 +66,10 @@ class Config(BaseModel):
     replay_checkpoints: dict[str, str] | str | None = None
     replay_endpoints: dict[str, str] = Field(default_factory=dict)  # version -> OpenAI-compatible base URL (…/v1)
     replay_batch_size: int = Field(8, ge=1)  # trajectories per forward pass / request
+    # replay over HTTP: seconds to connect (and the longest silence), seconds per request in all, bytes per answer
+    replay_connect_timeout: float = Field(10.0, gt=0)
+    replay_timeout: float = Field(300.0, gt=0)
+    replay_max_response_bytes: int = Field(1 << 30, ge=1)
     replay_atol: float = Field(1e-3, ge=0)  # L205/L206: per-token |replayed - recorded| tolerance
     replay_max_share: float = Field(0.0, ge=0, le=1)  # L205: share of replayed tokens allowed over the tolerance
     compare_logprobs: str | None = None  # L207: a second per-token log-prob column (the trainer's recomputation)
@@ -108,6 +112,8 @@ class Config(BaseModel):
         "replay_atol",
         "replay_max_share",
         "max_turn_log_ratio",
+        "replay_connect_timeout",
+        "replay_timeout",
         mode="before",
     )
     @classmethod
