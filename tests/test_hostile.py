@@ -744,3 +744,15 @@ def test_asked_for_replay_against_a_silent_server_is_exit_2_with_the_configured_
         assert r.returncode == 2 and "L205" in r.stdout and "timed out" in r.stdout + r.stderr, (r.stdout, r.stderr)
     finally:
         srv.close()
+
+
+def test_a_symlink_loop_anywhere_is_s005_for_that_entry_and_the_rest_is_audited(log, small_records):
+    (log / "a").symlink_to("b")
+    (log / "b").symlink_to("a")
+    (log / "trajectories" / "self.parquet").symlink_to("self.parquet")
+    r = cli("check", str(log), "--format", "json")
+    assert_clean_exit(r, (1,))
+    rep = json.loads(r.stdout)
+    s005 = {Path(f["file"]).name for f in rep["findings"] if f["code"] == "S005"}
+    assert {"a", "b", "self.parquet"} <= s005, rep["findings"]
+    assert rep["summary"]["rows_read"] == len(small_records[0])
