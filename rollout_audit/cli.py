@@ -244,6 +244,9 @@ def _audit_one(paths, config_path, replay, sel, ign, workers, framework, context
     from .running.engine import run_audit
 
     cfg = _with_replay(find_config(config_path, start=paths[0])[0], replay)
+    from .reading import storage
+
+    storage.set_timeouts(cfg.storage_connect_timeout, cfg.storage_request_timeout)
     if not framework:
         return run_audit(
             discover(paths), cfg, sel or None, ign or None, tune=True, workers=workers, ray=ray

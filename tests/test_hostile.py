@@ -756,3 +756,36 @@ def test_a_symlink_loop_anywhere_is_s005_for_that_entry_and_the_rest_is_audited(
     s005 = {Path(f["file"]).name for f in rep["findings"] if f["code"] == "S005"}
     assert {"a", "b", "self.parquet"} <= s005, rep["findings"]
     assert rep["summary"]["rows_read"] == len(small_records[0])
+
+
+def test_a_silent_s3_endpoint_fails_within_the_configured_timeouts(tmp_path, log):
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:  # accepts and never answers
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                continue
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        cfg = tmp_path / "c.toml"
+        cfg.write_text("storage_connect_timeout = 1\nstorage_request_timeout = 1\n")
+        port = srv.getsockname()[1]
+        uri = f"s3://logs/run?endpoint_override=127.0.0.1:{port}&scheme=http"
+        r = child("check", uri, "--config", str(cfg), timeout=50)  # the default deadlines would take longer
+        assert r.returncode == 2 and "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+    finally:
+        stop.set()
+        for c in held:
+            c.close()
+        srv.close()

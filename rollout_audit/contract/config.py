@@ -59,6 +59,9 @@ class Config(BaseModel):
     # is not read (S005); a trajectory with more tokens is not audited (S001)
     max_row_group_bytes: int = Field(2 * 2**30, ge=1)
     max_tokens_per_trajectory: int = Field(1_000_000, ge=1)
+    # object storage (s3://): seconds to connect, and per request, before the audit gives up (exit 2)
+    storage_connect_timeout: float = Field(10.0, gt=0)
+    storage_request_timeout: float = Field(30.0, gt=0)
     # Replay (L205-L207): trajectories replayed, stratified by policy version; 0 = off (`check --replay N`)
     replay: int = Field(0, ge=0)
     replayer: str | None = None  # "module:factory" returning a replayer, e.g. "reference_agent.replay:replayer"
@@ -114,6 +117,8 @@ class Config(BaseModel):
         "max_turn_log_ratio",
         "replay_connect_timeout",
         "replay_timeout",
+        "storage_connect_timeout",
+        "storage_request_timeout",
         mode="before",
     )
     @classmethod

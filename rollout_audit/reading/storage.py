@@ -21,6 +21,17 @@ import pyarrow.fs as pafs
 REMOTE = ("s3", "gs", "gcs")  # schemes read through pyarrow's object-store clients
 _FILESYSTEMS: dict[tuple[str, str], pafs.FileSystem] = {}  # (scheme, bucket) -> client, one per process
 _LOCK = threading.Lock()
+# S3 client deadlines in seconds (connect; each request): a silent endpoint fails within them.
+# The configuration's storage_connect_timeout / storage_request_timeout set them (`set_timeouts`).
+TIMEOUTS = {"connect": 10.0, "request": 30.0}
+
+
+def set_timeouts(connect: float, request: float) -> None:
+    """Deadlines for the object-store clients made from now on (clients already made are dropped)."""
+    with _LOCK:
+        if (TIMEOUTS["connect"], TIMEOUTS["request"]) != (connect, request):
+            TIMEOUTS.update(connect=connect, request=request)
+            _FILESYSTEMS.clear()
 
 
 def is_remote(path: str | os.PathLike) -> bool:
@@ -53,6 +64,10 @@ def _client(uri: str) -> tuple[pafs.FileSystem, str]:
         fs = _FILESYSTEMS.get(key)
         if fs is None or parts.query:  # a query (endpoint, region) makes a new client for the bucket
             fs, _ = pafs.FileSystem.from_uri(uri)
+            if isinstance(fs, pafs.S3FileSystem):  # the same settings, with deadlines and one retry
+                options = fs.__reduce__()[1][0]
+                options.update(connect_timeout=TIMEOUTS["connect"], request_timeout=TIMEOUTS["request"])
+                fs = pafs.S3FileSystem(**options, retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2))
             _FILESYSTEMS[key] = fs
     return fs, f"{parts.netloc}{parts.path}".rstrip("/")
 

@@ -17,6 +17,7 @@ from ..contract.config import Config, find_config
 from ..contract.registry import Rule
 from ..frames.batch import TOKEN_LISTS, Batch
 from ..frames.views import LogView
+from ..reading import storage
 from ..reading.io import Discovery, discover
 from ..reading.read import Part, memory_file, parts, read_updates
 from ..reporting.report import Report, build_report
@@ -267,6 +268,7 @@ def audit(
         paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
         if config is None:
             config = find_config(None, start=os.fspath(paths[0]))[0]
+        storage.set_timeouts(config.storage_connect_timeout, config.storage_request_timeout)
         return run_audit(discover(paths), config, select, ignore, ray=ray)
     if ray:
         return run_audit(memory_discovery(source, updates), config, select, ignore, ray=ray)
