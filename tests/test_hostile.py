@@ -789,3 +789,13 @@ def test_a_silent_s3_endpoint_fails_within_the_configured_timeouts(tmp_path, log
         for c in held:
             c.close()
         srv.close()
+
+
+def test_gs_without_credentials_is_one_line_within_the_configured_timeout(tmp_path, monkeypatch):
+    for k in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
+        monkeypatch.delenv(k, raising=False)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("storage_request_timeout = 2\n")
+    r = child("check", "gs://no-such-bucket/run", "--config", str(cfg), timeout=60)
+    assert r.returncode == 2 and "gs://no-such-bucket/run" in r.stderr and "internal error" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

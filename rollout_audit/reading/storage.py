@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+from datetime import timedelta
 from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -68,6 +69,10 @@ def _client(uri: str) -> tuple[pafs.FileSystem, str]:
                 options = fs.__reduce__()[1][0]
                 options.update(connect_timeout=TIMEOUTS["connect"], request_timeout=TIMEOUTS["request"])
                 fs = pafs.S3FileSystem(**options, retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2))
+            elif isinstance(fs, pafs.GcsFileSystem):  # without credentials it would retry for many minutes
+                options = fs.__reduce__()[1][0]
+                options.update(retry_time_limit=timedelta(seconds=TIMEOUTS["request"]))
+                fs = pafs.GcsFileSystem(**options)
             _FILESYSTEMS[key] = fs
     return fs, f"{parts.netloc}{parts.path}".rstrip("/")
 
@@ -88,7 +93,10 @@ def list_parquet(uri: str) -> tuple[list[str], list[tuple[str, str]]]:
     not read (URI, reason). Raises FileNotFoundError when nothing exists at `uri`."""
     fs, root = _client(uri)
     scheme = urlsplit(uri).scheme.lower()
-    info = fs.get_file_info(root)
+    try:
+        info = fs.get_file_info(root)
+    except OSError as err:  # no credentials, no route, a silent endpoint: one line naming the URI
+        raise FileNotFoundError(f"{_name(uri)}: the object store cannot be reached: {_first(err)[:300]}") from None
     if info.type == pafs.FileType.File:
         return [_name(uri)], []
     if info.type == pafs.FileType.NotFound:
