@@ -799,3 +799,15 @@ def test_gs_without_credentials_is_one_line_within_the_configured_timeout(tmp_pa
     r = child("check", "gs://no-such-bucket/run", "--config", str(cfg), timeout=60)
     assert r.returncode == 2 and "gs://no-such-bucket/run" in r.stderr and "internal error" not in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_an_openai_session_dump_saved_as_parquet_converts_like_its_json_lines(tmp_path):
+    lines = (FRAMEWORK_DUMPS / "openai" / "compliant.jsonl").read_text().splitlines()
+    rows = pa.array([json.loads(x) for x in lines])  # one struct type: the union of the records' fields
+    pq.write_table(pa.Table.from_struct_array(rows), tmp_path / "dump.parquet")
+    ctx = [x for kv in FROM_CONTEXT for x in ("--context", kv)]
+    a = cli("check", "--from", "openai", str(tmp_path / "dump.parquet"), *ctx, "--format", "json")
+    b = cli("check", "--from", "openai", str(FRAMEWORK_DUMPS / "openai" / "compliant.jsonl"), *ctx, "--format", "json")
+    assert a.returncode == b.returncode and a.returncode in (0, 1), a.stderr
+    key = [(f["code"], f["trajectory_id"], f["message"]) for f in json.loads(a.stdout)["findings"]]
+    assert key == [(f["code"], f["trajectory_id"], f["message"]) for f in json.loads(b.stdout)["findings"]]

@@ -93,7 +93,9 @@ def read_records(path: str | os.PathLike) -> Iterator[Record]:
             for batch in batches:
                 for rec in batch.to_pylist():
                     n += 1
-                    yield located(rec, f"{p}:{n}")
+                    # a Parquet file has the union of its records' fields: a null top-level field is
+                    # one this record does not have (as when the record was a JSON line)
+                    yield located({k: v for k, v in rec.items() if v is not None}, f"{p}:{n}")
         except (pa.ArrowException, OSError) as e:
             raise AdapterError(
                 f"{p}:{n + 1}: cannot read the Parquet dump: {str(e).splitlines()[0] if str(e) else e}"
