@@ -509,13 +509,15 @@ def test_replay_checkpoint_template_accepts_only_version(tmp_path, log, template
 @pytest.mark.parametrize(
     "text",
     [
+        "[tool.rollout-audit]\natol = " + "9" * 400 + "\n",
+        "[tool.rollout-audit]\ndifficulty_band = [0, " + "9" * 400 + "]\n",
         "[tool]\nrollout-audit = 5\n",
         "[tool]\nrollout-audit = [1, 2]\n",
         "[tool.rollout-audit]\nselect = " + "[" * 5000 + "]" * 5000 + "\n",
         "x = " + "{a = " * 3000 + "1" + "}" * 3000 + "\n",
         "[tool.rollout-audit]\natol = 1\n\xff\n",
     ],
-    ids=["scalar", "array", "deep-array", "deep-table", "not-utf8"],
+    ids=["huge-int-float", "huge-int-band", "scalar", "array", "deep-array", "deep-table", "not-utf8"],
 )
 def test_odd_toml_is_exit_2_with_the_file(tmp_path, log, text):
     (log / "pyproject.toml").write_bytes(

@@ -124,13 +124,13 @@ class Config(BaseModel):
     @classmethod
     def _int_is_a_float(cls, v: Any) -> Any:
         """TOML writes `atol = 0` as an integer: accept integers for floats, nothing else."""
-        return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+        return _as_float(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
     @field_validator("difficulty_band", mode="before")
     @classmethod
     def _band(cls, v: Any) -> Any:
         if isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-            return tuple(float(x) for x in v)
+            return tuple(_as_float(x) for x in v)
         return v
 
     @classmethod
@@ -150,6 +150,14 @@ class Config(BaseModel):
     def settings(self) -> dict[str, Any]:
         """Every key with its value (for `--show-settings`)."""
         return self.model_dump()
+
+
+def _as_float(x: int | float) -> float:
+    """An integer as a float; one past float's range is a validation error, not an OverflowError."""
+    try:
+        return float(x)
+    except OverflowError:
+        raise ValueError(f"an integer of {len(str(abs(int(x))))} digits is too large for a number") from None
 
 
 def _explain(e: ValidationError) -> str:
