@@ -76,7 +76,7 @@ DUMP_EXAMPLES = int(os.environ.get("RA_DUMP_EXAMPLES", "6"))
 CONFIG_EXAMPLES = int(os.environ.get("RA_CONFIG_EXAMPLES", "4"))
 
 
-@pytest.mark.parametrize("seed", range(DUMP_EXAMPLES))
+@pytest.mark.parametrize("seed", [*range(DUMP_EXAMPLES), 341, 887])  # and seeds the long campaign found
 def test_mutated_dump_never_crashes(tmp_path, seed):
     from fuzzlib import run_dump_case
 
@@ -93,7 +93,7 @@ def small_log(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("seed", range(CONFIG_EXAMPLES))
+@pytest.mark.parametrize("seed", [*range(CONFIG_EXAMPLES), 404])
 def test_mutated_config_never_crashes(tmp_path, small_log, seed):
     from fuzzlib import run_config_case
 

@@ -126,7 +126,7 @@ def guarded(framework: str) -> Callable[[Callable[..., pa.Table]], Callable[...,
                 return fn(records, **context)
             except AdapterError:
                 raise
-            except (TypeError, ValueError, AttributeError, KeyError, IndexError, pa.ArrowException) as e:
+            except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError, pa.ArrowException) as e:
                 raise AdapterError(f"{framework}: malformed record ({type(e).__name__}: {e})") from None
 
         run.__doc__, run.__name__ = fn.__doc__, fn.__name__
