@@ -15,7 +15,11 @@ FORMATS = ("text", "concise", "json", "github", "junit")
 
 
 def _codes(values: tuple[str, ...]) -> list[str]:
-    return [c.strip().upper() for v in values for c in v.split(",") if c.strip()]
+    """Comma-separated codes; an empty one (`--ignore ""`, `M,,L`) would match every check: refused."""
+    codes = [c.strip().upper() for v in values for c in v.split(",")]
+    if any(not c for c in codes):
+        _fail("an empty check code or prefix matches every check; remove it")
+    return codes
 
 
 def _fail(msg: str) -> NoReturn:
@@ -213,7 +217,7 @@ def check(
     """
     from .checks import all_rules
     from .contract.config import find_config
-    from .reporting.outputs import check_output
+    from .reporting.outputs import check_output, write_atomic
 
     if show_settings:
         cfg, source = find_config(config_path, start=paths[0])
@@ -241,8 +245,7 @@ def check(
 
     text = render_logs(reports, fmt, limit=limit, color=painted, strict=strict, quiet=quiet, show_not_run=show_not_run)
     if output:
-        with open(output, "w") as fh:
-            fh.write(text + "\n")
+        write_atomic(output, text + "\n")
     elif text:
         click.echo(text, color=painted)  # click strips styles off a non-terminal unless told
     for _, rep in reports:
@@ -285,6 +288,9 @@ def _audit_one(paths, config_path, replay, opts, framework, context):
     from .running.engine import run_audit
 
     cfg = _with_replay(find_config(config_path, start=paths[0])[0], replay)
+    from .reading import storage
+
+    storage.set_timeouts(cfg.storage_connect_timeout, cfg.storage_request_timeout)
     if not framework:
         return run_audit(discover(paths), cfg, opts), cfg.max_examples
     from .adapters.convert import as_log, convert, relabel
@@ -618,7 +624,7 @@ def report(paths, output, config_path) -> None:
     from .reading.io import discover
     from .reading.log import Log
     from .reporting.html import render_html
-    from .reporting.outputs import check_output
+    from .reporting.outputs import check_output, write_atomic
     from .reporting.stats import distributions, log_stats
     from .running.engine import run_audit
 
@@ -630,8 +636,7 @@ def report(paths, output, config_path) -> None:
         st = {**log_stats(log), "distributions": distributions(log)} if disc.of_kind("trajectories") else None
     except Exception:  # noqa: BLE001 - statistics are a courtesy; a broken log still gets its findings page
         st = None
-    with open(output, "w") as fh:
-        fh.write(render_html(rep, st, ", ".join(map(str, paths))))
+    write_atomic(output, render_html(rep, st, ", ".join(map(str, paths))))
     click.echo(f"wrote {output}")
     sys.exit(rep.exit_code())
 

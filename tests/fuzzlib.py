@@ -275,6 +275,10 @@ def _child(args: list[str], out: str, err: str) -> None:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        import resource
+
+        with open(out + ".rss", "w") as fh:  # peak resident memory, kB
+            fh.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
     os._exit(code)
 
 
@@ -283,6 +287,7 @@ class Outcome:
     exit: int | None  # None: hung (killed after the timeout); negative: killed by a signal
     stdout: str
     stderr: str
+    peak_mb: float = 0.0  # the process's peak resident memory
 
     @property
     def problems(self) -> list[str]:
@@ -294,6 +299,10 @@ class Outcome:
             out.append(f"exit {self.exit}")
         if "Traceback" in self.stdout + self.stderr or "PanicException" in self.stderr:
             out.append("traceback")
+        if "internal error" in self.stderr:
+            out.append("internal error")
+        if self.peak_mb > 2048:
+            out.append("over 2 GB")
         if self.exit in (0, 1):
             try:
                 json.loads(self.stdout)
@@ -314,7 +323,9 @@ def run_cli(args: list[str], work: Path, timeout: float = 120) -> Outcome:
         p.kill()
         p.join()
         return Outcome(None, "", "")
-    return Outcome(p.exitcode, out.read_text(errors="replace"), err.read_text(errors="replace"))
+    rss = Path(str(out) + ".rss")
+    peak = int(rss.read_text() or 0) / 1024 if rss.exists() else 0.0
+    return Outcome(p.exitcode, out.read_text(errors="replace"), err.read_text(errors="replace"), peak)
 
 
 # ---------------------------------------------------------------- the long campaign (outside CI)
@@ -360,3 +371,212 @@ def random_case(seed: int) -> tuple[list, list, tuple[str, int], str]:
     how = rng.choice([("none", 0), ("truncate", rng.randrange(100)), ("flip", rng.randrange(2**31))])
     fmt = rng.choice(["json", "json", "json", "github", "junit", "text"])
     return traj, upd, how, fmt
+
+
+# ---------------------------------------------------------------- adapter dumps and configuration files
+
+FRAMEWORKS = ("verl", "skyrl", "slime", "rllm", "verifiers", "openai")
+DUMP_ROOT = Path(__file__).resolve().parent.parent / "fixtures" / "frameworks"
+# what these trainers do not record, as a user passes it (`--context KEY=VALUE`)
+DUMP_CONTEXT = ["environment_id=doors", "environment_version=v1", "verifier_version=v1", "reset_seed=0"]
+_RAW = "\x00raw{}\x00"  # a placeholder json.dumps cannot produce, replaced by raw JSON text
+# hostile leaf values: fractions and out-of-range numbers where integers are, strings where numbers
+# or flags are, empty and wrongly typed containers, raw JSON text Python will not convert
+LEAVES: list = [
+    4975.7,
+    1e30,
+    float("inf"),
+    float("-inf"),
+    float("nan"),
+    2**63,
+    -(2**63) - 1,
+    -1,
+    0,
+    "0",
+    "1",
+    "",
+    "token_id:-5",
+    "token_id:1e30",
+    None,
+    True,
+    [],
+    {},
+    [None],
+    "\x1b[2J\n::error::x",
+    ("raw", "1" * 5000),
+    ("raw", "[" * 20000 + "]" * 20000),
+    ("raw", "1e999"),
+    ("raw", "-0"),
+]
+LINE_DAMAGE = ("none", "not_utf8", "truncate", "nested", "blank", "array", "huge_int")
+
+
+def _paths(x, prefix: tuple = ()) -> list[tuple]:
+    """Every path to a value inside a JSON document (containers included)."""
+    out = [prefix] if prefix else []
+    if isinstance(x, dict):
+        for k, v in x.items():
+            out += _paths(v, (*prefix, k))
+    elif isinstance(x, list):
+        for i, v in enumerate(x[:4]):
+            out += _paths(v, (*prefix, i))
+    return out
+
+
+def _set(doc, path: tuple, value, op: str) -> None:
+    parent = doc
+    for k in path[:-1]:
+        parent = parent[k]
+    key = path[-1]
+    if op == "delete":
+        del parent[key]
+    elif op == "duplicate" and isinstance(parent, list):
+        parent.insert(key, parent[key])
+    else:
+        parent[key] = value
+
+
+def dump_case(seed: int) -> tuple[str, bytes]:
+    """A framework and the bytes of a mutated JSON Lines dump of its compliant fixture."""
+    import random
+
+    rng = random.Random(seed)
+    fw = FRAMEWORKS[seed % len(FRAMEWORKS)]
+    lines = [json.loads(x) for x in (DUMP_ROOT / fw / "compliant.jsonl").read_text().splitlines() if x.strip()]
+    raws: list[str] = []
+    for _ in range(rng.randint(1, 3)):
+        rec = rng.choice(lines)
+        paths = _paths(rec)
+        if not paths:
+            continue
+        path = rng.choice(paths)
+        op = rng.choice(["set", "set", "set", "delete", "duplicate"])
+        leaf = rng.choice(LEAVES)
+        if isinstance(leaf, tuple):
+            raws.append(leaf[1])
+            leaf = _RAW.format(len(raws) - 1)
+        _set(rec, path, leaf, op)
+    text = "\n".join(json.dumps(x) for x in lines) + "\n"
+    for i, raw in enumerate(raws):
+        text = text.replace(json.dumps(_RAW.format(i)), raw)
+    data = text.encode()
+    kind = rng.choice(LINE_DAMAGE + ("none",) * 4)
+    if kind == "not_utf8":
+        data = data.replace(b"\n", b"\n\xff\xfe", 1)
+    elif kind == "truncate":
+        data = data[: rng.randrange(len(data))]
+    elif kind == "nested":
+        data += b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
+    elif kind == "blank":
+        data = b"\n \n" + data
+    elif kind == "array":
+        data += b"[1, 2]\n"
+    elif kind == "huge_int":
+        data += b'{"x": ' + b"9" * 5000 + b"}\n"
+    return fw, data
+
+
+CONFIG_KEYS = [
+    "select",
+    "ignore",
+    "atol",
+    "rtol",
+    "truncation",
+    "extra_stop_reasons",
+    "loop_length",
+    "max_response_tokens",
+    "difficulty_band",
+    "max_examples",
+    "max_row_group_bytes",
+    "max_tokens_per_trajectory",
+    "replay",
+    "replayer",
+    "replay_checkpoints",
+    "replay_endpoints",
+    "replay_batch_size",
+    "compare_logprobs",
+    "unknown_key",
+]
+CONFIG_VALUES = [
+    "1",
+    "-1",
+    "0",
+    "1e308",
+    "inf",
+    "nan",
+    "true",
+    '""',
+    '"x"',
+    '["Z999"]',
+    '[""]',
+    '["M", "R4"]',
+    '"R409"',
+    "[0.1, 0.9]",
+    "[1, 2, 3]",
+    '{"0" = "http://127.0.0.1:9/v1"}',
+    '"{version:>999999999}"',
+    '"ckpt/{version}"',
+    '"sys:exit"',
+    '"os:system"',
+    "{a = {b = {c = 1}}}",
+    "9" * 400,
+    '"\\u0000"',
+    "[" * 3000 + "]" * 3000,
+    "2024-01-01",
+]
+
+
+def config_case(seed: int) -> tuple[str, bytes]:
+    """Where a configuration goes ("explicit": --config FILE; "log": a pyproject.toml inside the
+    audited log) and its bytes: a few settings with hostile values, or a broken document."""
+    import random
+
+    rng = random.Random(seed)
+    where = rng.choice(["explicit", "log"])
+    body = "".join(f"{rng.choice(CONFIG_KEYS)} = {rng.choice(CONFIG_VALUES)}\n" for _ in range(rng.randint(1, 3)))
+    head = rng.choice(["[tool.rollout-audit]\n", "[tool.rollout-audit]\n", "[tool]\nrollout-audit = 5\n", ""])
+    if where == "log" and not head:
+        head = "[tool.rollout-audit]\n"
+    data = (head + body).encode()
+    kind = rng.choice(["none", "none", "none", "truncate", "not_utf8", "duplicate", "nested"])
+    if kind == "truncate":
+        data = data[: rng.randrange(len(data))]
+    elif kind == "not_utf8":
+        data += b"# \xff\xfe\n"
+    elif kind == "duplicate":
+        data += data
+    elif kind == "nested":
+        data += b"deep = " + b"{a = " * 5000 + b"1" + b"}" * 5000 + b"\n"
+    return where, data
+
+
+def run_dump_case(seed: int, work: Path, timeout: float = 60) -> tuple[Outcome, list[str]]:
+    """Audit the mutated dump of `seed` with `check --from`; the outcome and its problems (the
+    dump's bytes must be unchanged)."""
+    fw, data = dump_case(seed)
+    dump = work / "dump.jsonl"
+    dump.write_bytes(data)
+    ctx = [x for kv in DUMP_CONTEXT for x in ("--context", kv)]
+    out = run_cli(["check", "--from", fw, str(dump), *ctx, "--format", "json"], work, timeout)
+    problems = out.problems
+    if dump.read_bytes() != data:
+        problems.append("input written")
+    return out, problems
+
+
+def run_config_case(seed: int, work: Path, log: Path, timeout: float = 60) -> tuple[Outcome, list[str]]:
+    """Audit a copy of `log` under the mutated configuration of `seed` (inside the log, or `--config`)."""
+    import shutil
+
+    where, data = config_case(seed)
+    target = work / "log"
+    shutil.copytree(log, target)
+    cfg = target / "pyproject.toml" if where == "log" else work / "c.toml"
+    cfg.write_bytes(data)
+    before = digest(target)
+    args = ["check", str(target), "--format", "json"] + (["--config", str(cfg)] if where == "explicit" else [])
+    out = run_cli(args, work, timeout)
+    problems = out.problems
+    if digest(target) != before:
+        problems.append("input written")
+    return out, problems

@@ -68,3 +68,34 @@ def test_mutated_log_other_commands(tmp_path, args):
     out = run_cli([a.format(log=log, work=tmp_path) for a in args], tmp_path)
     assert out.exit in (0, 1, 2) and "Traceback" not in out.stderr, out.stderr
     assert digest(log) == before
+
+
+# Adapter dumps and configuration files: RA_DUMP_EXAMPLES / RA_CONFIG_EXAMPLES cases (a fixed sample in
+# CI; `benchmarks/fuzz_campaign.py --kind dumps|configs` runs the long campaign).
+DUMP_EXAMPLES = int(os.environ.get("RA_DUMP_EXAMPLES", "6"))
+CONFIG_EXAMPLES = int(os.environ.get("RA_CONFIG_EXAMPLES", "4"))
+
+
+@pytest.mark.parametrize("seed", [*range(DUMP_EXAMPLES), 341, 887])  # and seeds the long campaign found
+def test_mutated_dump_never_crashes(tmp_path, seed):
+    from fuzzlib import run_dump_case
+
+    out, problems = run_dump_case(seed, tmp_path)
+    assert not problems, (problems, out.exit, out.stderr[-3000:])
+
+
+@pytest.fixture(scope="module")
+def small_log(tmp_path_factory) -> Path:
+    from rollout_audit.faults import write_records
+
+    root = tmp_path_factory.mktemp("cfg") / "log"
+    write_records(root, *make_log(n_tasks=2, group_size=2, n_versions=1, seed=3))
+    return root
+
+
+@pytest.mark.parametrize("seed", [*range(CONFIG_EXAMPLES), 404])
+def test_mutated_config_never_crashes(tmp_path, small_log, seed):
+    from fuzzlib import run_config_case
+
+    out, problems = run_config_case(seed, tmp_path, small_log)
+    assert not problems, (problems, out.exit, out.stderr[-3000:])

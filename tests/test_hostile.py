@@ -12,6 +12,8 @@ import xml.dom.minidom
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -119,6 +121,25 @@ def test_check_output_hard_link_to_input_refused(tmp_path, log):
     r = cli("check", str(part), "-o", str(tmp_path / "alias.parquet"))
     assert r.returncode == 2 and "audited input" in r.stderr
     assert digest(log) == before
+
+
+@pytest.mark.parametrize("command", ["check", "report"])
+def test_output_hard_linked_to_any_file_of_the_log_refused(tmp_path, log, command):
+    os.link(log / "trajectories" / "part-0000.parquet", tmp_path / "alias.txt")
+    before = digest(log)
+    r = cli(command, str(log), "-o", str(tmp_path / "alias.txt"))
+    assert r.returncode == 2 and "hard link" in r.stderr and "never writes to its input" in r.stderr, r.stderr
+    assert digest(log) == before
+
+
+def test_output_is_replaced_never_written_through(tmp_path, log):
+    keep = tmp_path / "keep.txt"
+    keep.write_text("mine\n")
+    os.link(keep, tmp_path / "out.txt")
+    r = cli("check", str(log), "-o", str(tmp_path / "out.txt"))
+    assert_clean_exit(r, (0, 1))
+    assert keep.read_text() == "mine\n" and "configuration:" in (tmp_path / "out.txt").read_text()
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
 
 def test_report_from_inside_the_log_refused(log):
@@ -388,3 +409,407 @@ def test_many_small_files_give_the_findings_of_one_file(tmp_path, small_records)
     assert a.findings.height and a.findings.select(key).sort(key).equals(b.findings.select(key).sort(key))
     mine = b.findings.filter(b.findings["trajectory_id"] == trajs[1]["trajectory_id"])
     assert mine.height and all(f.endswith("part-0001.parquet") for f in mine["file"].to_list())
+
+
+# ---------------------------------------------------------------- 7. a log cannot vouch for itself
+
+TRUSTED_ONLY = {
+    "replay": "replay = 8",
+    "replay_endpoints": 'replay-endpoints = {"0" = "http://127.0.0.1:9/v1"}',
+    "replayer": 'replayer = "sys:exit"',
+    "replay_checkpoints": 'replay_checkpoints = "ckpt/{version}"',
+}
+
+
+@pytest.mark.parametrize("key", sorted(TRUSTED_ONLY))
+def test_a_log_config_cannot_run_code_or_reach_the_network(tmp_path, log, key):
+    (log / "pyproject.toml").write_text(f"[tool.rollout-audit]\n{TRUSTED_ONLY[key]}\n")
+    before = digest(log)
+    for cwd in (tmp_path, log):  # from outside, and from inside the log (`check .`)
+        r = cli("check", str(log) if cwd == tmp_path else ".", cwd=cwd)
+        assert r.returncode == 2 and str(log / "pyproject.toml") in r.stderr and "refused" in r.stderr, r.stderr
+        assert key.replace("_", "-") in r.stderr or key in r.stderr
+    with pytest.raises(ValueError, match="refused"):  # the library finds the same file and refuses it
+        audit(str(log))
+    from rollout_audit.testing import assert_clean
+
+    with pytest.raises(ValueError, match="pyproject.toml"):
+        assert_clean(str(log))
+    assert digest(log) == before
+
+
+def test_the_users_own_project_config_may_set_replay(tmp_path, log, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text('[tool.rollout-audit]\nreplay_checkpoints = "ckpt/step-{version}"\n')
+    r = cli("check", "log", "--show-settings", cwd=tmp_path)
+    assert r.returncode == 0 and '"ckpt/step-{version}"' in r.stdout and "# configuration: " in r.stdout
+    monkeypatch.chdir(tmp_path)
+    assert audit("log").summary["configuration"] == "pyproject.toml [tool.rollout-audit]"
+    r = cli("check", ".", cwd=tmp_path)  # the project's own file, but inside the audited directory
+    assert r.returncode == 2 and "refused" in r.stderr
+
+
+def test_a_log_config_may_tune_and_the_report_names_it(tmp_path, log):
+    (log / "pyproject.toml").write_text("[tool.rollout-audit]\natol = 0.5\n")
+    r = cli("check", str(log), cwd=tmp_path)
+    assert_clean_exit(r, (0, 1))
+    assert r.stdout.splitlines()[-2] == "configuration: log/pyproject.toml [tool.rollout-audit]"
+    r = cli("check", str(log), "--format", "json", cwd=tmp_path)
+    assert json.loads(r.stdout)["summary"]["configuration"] == "log/pyproject.toml [tool.rollout-audit]"
+    assert audit(str(log)).summary["configuration"].startswith(str(log / "pyproject.toml"))
+    assert audit(None).summary["configuration"] == "defaults"
+
+
+@pytest.mark.parametrize("line", ['select = ["Z999"]', 'ignore = [""]', 'ignore = ["M", " "]', 'select = ["m10x"]'])
+def test_unknown_or_empty_codes_in_a_config_file_are_exit_2(tmp_path, log, line):
+    (log / "pyproject.toml").write_text(f"[tool.rollout-audit]\n{line}\n")
+    r = cli("check", str(log), cwd=tmp_path)
+    assert r.returncode == 2 and "pyproject.toml" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args", [["--ignore", ""], ["--select", "M,,L"], ["--select", "Z999"], ["--ignore", " "]])
+def test_unknown_or_empty_codes_on_the_command_line_are_exit_2(log, args):
+    r = cli("check", str(log), *args)
+    assert r.returncode == 2 and "code" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    "kw", [{"select": ["Z999"]}, {"ignore": [""]}, {"ignore": "R409"}, {"select": "M"}, {"ignore": ["R4", "?"]}]
+)
+def test_unknown_or_empty_codes_in_the_api_and_fixture_are_errors(log, small_records, kw):
+    from rollout_audit.contract.config import ConfigError
+    from rollout_audit.testing import assert_clean
+
+    for run in (
+        lambda: audit(str(log), **kw),
+        lambda: audit(small_records[0], **kw),
+        lambda: assert_clean(str(log), **kw),
+    ):
+        with pytest.raises(ConfigError, match="select|ignore"):
+            run()
+    with pytest.raises(ConfigError):
+        ra_config(select=["M", ""])
+
+
+def ra_config(**kw):
+    from rollout_audit import Config
+
+    return Config.from_mapping(kw)
+
+
+@pytest.mark.parametrize("template", ["{version:>999999999}", "ckpt/{version!r}", "{0}", "{x}", "{version}{"])
+def test_replay_checkpoint_template_accepts_only_version(tmp_path, log, template):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"replay_checkpoints = {json.dumps(template)}\n")
+    r = child("check", str(log), "--config", str(cfg), timeout=60)
+    assert r.returncode == 2 and "replay_checkpoints" in r.stderr and "{version}" in r.stderr, r.stderr
+    assert ra_config(replay_checkpoints="ckpt/step-{version}/{{x}}").replay_checkpoints
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[tool.rollout-audit]\natol = " + "9" * 400 + "\n",
+        "[tool.rollout-audit]\ndifficulty_band = [0, " + "9" * 400 + "]\n",
+        "[tool]\nrollout-audit = 5\n",
+        "[tool]\nrollout-audit = [1, 2]\n",
+        "[tool.rollout-audit]\nselect = " + "[" * 5000 + "]" * 5000 + "\n",
+        "x = " + "{a = " * 3000 + "1" + "}" * 3000 + "\n",
+        "[tool.rollout-audit]\natol = 1\n\xff\n",
+    ],
+    ids=["huge-int-float", "huge-int-band", "scalar", "array", "deep-array", "deep-table", "not-utf8"],
+)
+def test_odd_toml_is_exit_2_with_the_file(tmp_path, log, text):
+    (log / "pyproject.toml").write_bytes(
+        text.encode("utf-8", "surrogateescape") if "\xff" not in text else text.encode("latin-1")
+    )
+    r = child("check", str(log), timeout=60)
+    assert r.returncode == 2 and "pyproject.toml" in r.stderr and "internal error" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "symlink-to-dev-zero", "too-large"])
+def test_config_that_is_not_a_small_regular_file_is_refused(tmp_path, log, kind):
+    cfg = tmp_path / "c.toml"
+    if kind == "fifo":
+        os.mkfifo(cfg)
+    elif kind == "dev-zero":
+        cfg = Path("/dev/zero")
+    elif kind == "symlink-to-dev-zero":
+        cfg.symlink_to("/dev/zero")
+    else:
+        cfg.write_text("# padding\n" * 200_000)
+    r = child("check", str(log), "--config", str(cfg), timeout=60)
+    assert r.returncode == 2 and str(cfg) in r.stderr, (r.returncode, r.stderr)
+    assert ("not a regular file" in r.stderr) != (kind == "too-large")
+
+
+# ---------------------------------------------------------------- 8. silent passes, and messages instead of internal errors
+
+
+def test_an_empty_path_is_refused_not_the_working_directory(log):
+    r = cli("check", "", cwd=log)
+    assert r.returncode == 2 and "empty path" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    from rollout_audit.reading.io import UsageError
+
+    with pytest.raises(UsageError, match="empty path"):
+        audit("")
+
+
+def test_an_infinite_turn_temperature_is_s001(small_records):
+    trajs = [dict(t, turns=[dict(x) for x in t["turns"]]) for t in small_records[0]]
+    trajs[1]["turns"][0]["temperature"] = float("inf")
+    s001 = audit(trajs).findings.filter(pl.col("code") == "S001")
+    assert any("temperature" in m and "inf" in m for m in s001["message"].to_list()), s001
+    assert trajs[1]["trajectory_id"] in s001["trajectory_id"].to_list()
+    assert not audit(small_records[0]).findings.filter(pl.col("code") == "S001").height
+
+
+FRAMEWORK_DUMPS = Path(__file__).resolve().parent.parent / "fixtures" / "frameworks"
+FROM_CONTEXT = ["environment_id=doors", "environment_version=v1", "verifier_version=v1", "reset_seed=0"]
+
+
+def _id_lists(x, path=()) -> list[tuple]:
+    """Paths of the token-id and mask lists of a dump record (lists of integers under a name with ids, tokens or mask)."""
+    out = []
+    if isinstance(x, dict):
+        for k, v in x.items():
+            out += _id_lists(v, (*path, k))
+    elif isinstance(x, list):
+        name = str(path[-1]) if path else ""
+        if (
+            x
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in x)
+            and any(w in name for w in ("ids", "tokens", "mask"))
+        ):
+            out.append(path)
+        for i, v in enumerate(x[:2]):
+            out += _id_lists(v, (*path, i))
+    return out
+
+
+def _from_cases():
+    for fw in ("verl", "skyrl", "slime", "rllm", "verifiers", "openai"):
+        rec = json.loads((FRAMEWORK_DUMPS / fw / "compliant.jsonl").read_text().splitlines()[0])
+        for path in _id_lists(rec):
+            if (fw, path[-1], len(path) > 1 and isinstance(path[-2], int)) in UNREAD:
+                continue
+            yield fw, path
+
+
+# copies a framework keeps next to the fields the adapter reads (rLLM's step-level ids repeat its
+# model_output's; verifiers' choice token ids repeat `tokens.completion_ids`; the prompt mask is all 0)
+UNREAD = {
+    ("rllm", "prompt_ids", True),
+    ("rllm", "response_ids", True),
+    ("verifiers", "token_ids", True),
+    ("verifiers", "prompt_mask", False),
+}
+
+
+def _put(rec: dict, path: tuple, raw: str) -> str:
+    """The record as a JSON line with the first element of the list at `path` replaced by raw JSON text."""
+    marker = "\x00bad\x00"
+    node = rec
+    for k in path:
+        node = node[k]
+    node[0] = marker
+    return json.dumps(rec).replace(json.dumps(marker), raw)
+
+
+@pytest.mark.parametrize(
+    "fw, path", list(_from_cases()), ids=lambda x: x if isinstance(x, str) else ".".join(map(str, x))
+)
+def test_bad_token_ids_and_masks_in_a_dump_are_refused_naming_record_and_field(tmp_path, fw, path):
+    lines = (FRAMEWORK_DUMPS / fw / "compliant.jsonl").read_text().splitlines()
+    field = str(path[-1])
+    values = ['"0"', "0.5"] if "mask" in field else ["4975.7", "1e30", "Infinity", str(2**63), "-Infinity"]
+    for raw in values:
+        dump = tmp_path / "dump.jsonl"
+        dump.write_text("\n".join([_put(json.loads(lines[0]), path, raw), *lines[1:]]) + "\n")
+        r = cli("check", "--from", fw, str(dump), *[x for kv in FROM_CONTEXT for x in ("--context", kv)])
+        assert r.returncode == 2 and "internal error" not in r.stderr and "Traceback" not in r.stderr, (raw, r.stderr)
+        assert "dump.jsonl:1" in r.stderr and field in r.stderr, (raw, r.stderr)
+
+
+# ---------------------------------------------------------------- 9. replay against a hostile server (loopback)
+
+
+class _Hostile:
+    """A real HTTP server on 127.0.0.1 whose /v1/completions answer is `mode`'s (GET /v1/models is sane)."""
+
+    def __init__(self, mode: str) -> None:
+        import http.server
+        import threading
+        import time
+
+        outer = self
+        self.stop = threading.Event()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):  # quiet
+                pass
+
+            def _send(self, body: bytes, length: int | None = None) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body) if length is None else length))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                self._send(b'{"data": [{"id": "m"}]}')
+
+            def do_POST(self):
+                n = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["prompt"]
+                if mode == "silent":
+                    outer.stop.wait(30)
+                    return
+                if mode == "drip":
+                    self.send_response(200)
+                    self.end_headers()
+                    while not outer.stop.is_set():
+                        try:
+                            self.wfile.write(b" ")
+                            self.wfile.flush()
+                        except OSError:
+                            return
+                        time.sleep(0.05)
+                    return
+                if mode == "huge":
+                    self._send(b"", length=1 << 40)
+                    return
+                lp = {"nan": float("nan"), "negative": -0.5, "big-key": -0.5}[mode]
+                key = {"negative": "-1", "big-key": "9" * 12}.get(mode, "1")
+                dist = {key: {"logprob": lp}, "0": {"logprob": -1.0}}
+                choices = [{"index": i, "prompt_logprobs": [dist] * 64} for i in range(len(n))]
+                self._send(json.dumps({"choices": choices}).replace("NaN", "NaN").encode())
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
+
+    def close(self) -> None:
+        self.stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _request():
+    from rollout_audit.replay.base import ReplayRequest
+
+    return ReplayRequest(
+        version=0,
+        token_ids=[np.array([3, 1, 0, 1], np.int64)],
+        traj=np.zeros(2, np.int64),
+        position=np.array([1, 2], np.int64),
+        turn=np.zeros(2, np.int64),
+        temperature=np.ones(2),
+        top_p=np.ones(2),
+        top_k=np.zeros(2, np.int64),
+        rows=pa.table({"x": [1]}),
+    )
+
+
+@pytest.mark.parametrize(
+    "mode, says",
+    [
+        ("silent", "within"),
+        ("drip", "within 2 s"),
+        ("huge", "bytes"),
+        ("nan", "nan as a log-prob"),
+        ("negative", "'-1' as a token id"),
+        ("big-key", "as a token id"),
+    ],
+)
+def test_http_replay_against_a_hostile_server_fails_in_bounded_time(mode, says):
+    from rollout_audit.replay.base import NotConfigured
+    from rollout_audit.replay.http import HTTPReplayer
+
+    srv = _Hostile(mode)
+    try:
+        rp = HTTPReplayer({"0": srv.url}, timeout=2.0, connect_timeout=1.0, max_bytes=1 << 20)
+        with pytest.raises(NotConfigured) as e:
+            rp.replay(_request())
+        assert says in str(e.value) or (mode == "silent" and "timed out" in str(e.value)), str(e.value)
+    finally:
+        srv.close()
+
+
+def test_asked_for_replay_against_a_silent_server_is_exit_2_with_the_configured_deadline(tmp_path, log):
+    srv = _Hostile("silent")
+    try:
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(f'replay_endpoints = {{"0" = "{srv.url}"}}\nreplay_timeout = 2\nreplay_connect_timeout = 1\n')
+        r = child("check", str(log), "--config", str(cfg), "--replay", "2", timeout=60)
+        assert r.returncode == 2 and "L205" in r.stdout and "timed out" in r.stdout + r.stderr, (r.stdout, r.stderr)
+    finally:
+        srv.close()
+
+
+def test_a_symlink_loop_anywhere_is_s005_for_that_entry_and_the_rest_is_audited(log, small_records):
+    (log / "a").symlink_to("b")
+    (log / "b").symlink_to("a")
+    (log / "trajectories" / "self.parquet").symlink_to("self.parquet")
+    r = cli("check", str(log), "--format", "json")
+    assert_clean_exit(r, (1,))
+    rep = json.loads(r.stdout)
+    s005 = {Path(f["file"]).name for f in rep["findings"] if f["code"] == "S005"}
+    assert {"a", "b", "self.parquet"} <= s005, rep["findings"]
+    assert rep["summary"]["rows_read"] == len(small_records[0])
+
+
+def test_a_silent_s3_endpoint_fails_within_the_configured_timeouts(tmp_path, log):
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:  # accepts and never answers
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                continue
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        cfg = tmp_path / "c.toml"
+        cfg.write_text("storage_connect_timeout = 1\nstorage_request_timeout = 1\n")
+        port = srv.getsockname()[1]
+        uri = f"s3://logs/run?endpoint_override=127.0.0.1:{port}&scheme=http"
+        r = child("check", uri, "--config", str(cfg), timeout=50)  # the default deadlines would take longer
+        assert r.returncode == 2 and "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr
+    finally:
+        stop.set()
+        for c in held:
+            c.close()
+        srv.close()
+
+
+def test_gs_without_credentials_is_one_line_within_the_configured_timeout(tmp_path, monkeypatch):
+    for k in ("GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
+        monkeypatch.delenv(k, raising=False)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("storage_request_timeout = 2\n")
+    r = child("check", "gs://no-such-bucket/run", "--config", str(cfg), timeout=60)
+    assert r.returncode == 2 and "gs://no-such-bucket/run" in r.stderr and "internal error" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_an_openai_session_dump_saved_as_parquet_converts_like_its_json_lines(tmp_path):
+    lines = (FRAMEWORK_DUMPS / "openai" / "compliant.jsonl").read_text().splitlines()
+    rows = pa.array([json.loads(x) for x in lines])  # one struct type: the union of the records' fields
+    pq.write_table(pa.Table.from_struct_array(rows), tmp_path / "dump.parquet")
+    ctx = [x for kv in FROM_CONTEXT for x in ("--context", kv)]
+    a = cli("check", "--from", "openai", str(tmp_path / "dump.parquet"), *ctx, "--format", "json")
+    b = cli("check", "--from", "openai", str(FRAMEWORK_DUMPS / "openai" / "compliant.jsonl"), *ctx, "--format", "json")
+    assert a.returncode == b.returncode and a.returncode in (0, 1), a.stderr
+    key = [(f["code"], f["trajectory_id"], f["message"]) for f in json.loads(a.stdout)["findings"]]
+    assert key == [(f["code"], f["trajectory_id"], f["message"]) for f in json.loads(b.stdout)["findings"]]

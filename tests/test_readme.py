@@ -27,8 +27,9 @@ def test_config_example_loads(tmp_path):
     assert cfg.ignore == ["R409"] and cfg.truncation == "exclude" and cfg.max_policy_lag == 1
 
 
-def test_replay_config_example_loads(tmp_path):
+def test_replay_config_example_loads(tmp_path, monkeypatch):
     toml = re.findall(r"```toml\n(.*?)```", README, re.DOTALL)[1]
     (tmp_path / "pyproject.toml").write_text(toml)
-    cfg = load_config(start=tmp_path)
+    monkeypatch.chdir(tmp_path)  # the user's own project: replay settings are trusted there
+    cfg = load_config(start=tmp_path / "logs")
     assert cfg.replay_checkpoints == "ckpt/step-{version}" and cfg.replay == 0 and cfg.replay_atol == 1e-3

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -88,26 +89,64 @@ def step_of(record: Mapping[str, Any], fields: Sequence[str], name: re.Pattern[s
     return int(found.group(1)) if found else None
 
 
+# A dump larger than this is refused unread (a device, or a file that would not fit in memory once parsed)
+MAX_DUMP_BYTES = int(os.environ.get("ROLLOUT_AUDIT_MAX_DUMP_BYTES", str(4 << 30)))
+MAX_LINE_BYTES = 256 << 20  # one JSON record
+
+
+def _regular(p: Path) -> int:
+    """The size of `p`, a regular file (symlinks followed) of at most MAX_DUMP_BYTES; else AdapterError.
+    A FIFO or a device would block or never end."""
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise AdapterError(f"{p}: cannot read: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise AdapterError(f"{p}: not a regular file")
+    if st.st_size > MAX_DUMP_BYTES:
+        raise AdapterError(f"{p}: {st.st_size} bytes, more than {MAX_DUMP_BYTES} (ROLLOUT_AUDIT_MAX_DUMP_BYTES)")
+    return st.st_size
+
+
 def read_records(path: str | os.PathLike) -> Iterator[Record]:
     """Records from a dump file: JSON Lines (`.jsonl`, `.json` with one object per line) or Parquet."""
     p = Path(path)
+    _regular(p)
     if p.suffix == ".parquet":
         n = 0
-        for batch in pq.ParquetFile(p).iter_batches():
-            for rec in batch.to_pylist():
-                n += 1
-                yield located(rec, f"{p}:{n}")
+        try:
+            batches = pq.ParquetFile(p).iter_batches()
+            for batch in batches:
+                for rec in batch.to_pylist():
+                    n += 1
+                    # a Parquet file has the union of its records' fields: a null top-level field is
+                    # one this record does not have (as when the record was a JSON line)
+                    yield located({k: v for k, v in rec.items() if v is not None}, f"{p}:{n}")
+        except (pa.ArrowException, OSError) as e:
+            raise AdapterError(
+                f"{p}:{n + 1}: cannot read the Parquet dump: {str(e).splitlines()[0] if str(e) else e}"
+            ) from None
         return
-    with p.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
+    with p.open("rb") as fh:
+        for n, raw in enumerate(iter(lambda: fh.readline(MAX_LINE_BYTES + 1), b""), 1):
+            if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                raise AdapterError(f"{p}:{n}: a line longer than {MAX_LINE_BYTES} bytes")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise AdapterError(f"{p}:{n}: byte {e.start}: not UTF-8 text") from None
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
-                raise AdapterError(f"{p.name}:{n}: not a JSON object ({e.msg})") from None
+                raise AdapterError(f"{p}:{n}: not a JSON object ({e.msg}, column {e.colno})") from None
+            except RecursionError:
+                raise AdapterError(f"{p}:{n}: JSON nested too deeply") from None
+            except ValueError as e:  # an integer of more digits than Python converts
+                raise AdapterError(f"{p}:{n}: {str(e).split(';')[0]}") from None
             if not isinstance(rec, dict):
-                raise AdapterError(f"{p.name}:{n}: a record must be a JSON object, not {type(rec).__name__}")
+                raise AdapterError(f"{p}:{n}: a record must be a JSON object, not {type(rec).__name__}")
             yield located(rec, f"{p}:{n}")
 
 
@@ -329,26 +368,80 @@ def token_columns(
     }
 
 
+_INT64 = 2**63
+
+
+def whole(value: Any, field: str, where: str) -> int:
+    """`value` as an integer of int64's range: an int, or a float with an integral value (JSON writers
+    print 3.0 for 3); a fraction (4975.7), a bool, a string, an infinity or a value past int64 is an
+    AdapterError naming the field and record, never rounded or left to overflow later."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise AdapterError(f"{where}: {field}: expected an integer, got {type(value).__name__} {_short(value)}")
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise AdapterError(f"{where}: {field}: expected an integer, got {value!r}")
+    if not -_INT64 <= value < _INT64:
+        raise AdapterError(f"{where}: {field}: {_short(value)} is outside the 64-bit integer range")
+    return int(value)
+
+
+def wholes(values: Any, field: str, where: str) -> list[int]:
+    """A list of integers (each as `whole` takes it), or AdapterError naming the field and record."""
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise AdapterError(f"{where}: {field} must be a list of integers, got {type(values).__name__}")
+    return [whole(v, field, where) for v in values]
+
+
+def flags(values: Any, field: str, where: str) -> list[bool]:
+    """A loss mask: booleans, or the integers 0 and 1 (as frameworks write them). A string such as
+    "0" (truthy in Python) or any other value is an AdapterError naming the field and record."""
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise AdapterError(f"{where}: {field} must be a list of 0/1 or booleans, got {type(values).__name__}")
+    out = []
+    for v in values:
+        if isinstance(v, bool) or (isinstance(v, (int, float)) and v in (0, 1)):
+            out.append(bool(v))
+        else:
+            raise AdapterError(f"{where}: {field}: expected 0, 1, true or false, got {type(v).__name__} {_short(v)}")
+    return out
+
+
+def _short(value: Any) -> str:
+    """A value as shown in a message, cut (a 5,000-digit integer is not printed whole)."""
+    text = (
+        repr(value)
+        if not isinstance(value, int) or abs(value) < 10**40
+        else f"an integer of {len(str(abs(value)))} digits"
+    )
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def ints(record: Mapping[str, Any], field: str, where: str) -> list[int]:
     """`record[field]` as a list of integers, or AdapterError naming the field."""
-    values = need(record, field, where)
-    try:
-        if isinstance(values, (str, bytes, Mapping)):
-            raise TypeError
-        return [int(v) for v in values]
-    except (TypeError, ValueError):
-        raise AdapterError(f"{where}: {field} must be a list of integers") from None
+    return wholes(need(record, field, where), field, where)
 
 
 def integer(record: Mapping[str, Any], field: str, where: str) -> int:
-    """`record[field]` as an integer, or AdapterError naming the field."""
+    """`record[field]` as an integer (a decimal string too), or AdapterError naming the field."""
     value = need(record, field, where)
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise AdapterError(f"{where}: {field} must be an integer")
+    if isinstance(value, str):
+        text = value.strip()
+        if not (text.lstrip("+-").isdigit() and len(text) <= 20):
+            raise AdapterError(f"{where}: {field}: expected an integer, got {_short(value)}")
+        value = int(text)
+    return whole(value, field, where)
+
+
+def at_record(record: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` (its rows as a list when it yields them), with an AdapterError prefixed by the
+    record's origin (FILE:LINE), so the message says where the bad value is."""
     try:
-        return int(value)
-    except ValueError:
-        raise AdapterError(f"{where}: {field} must be an integer") from None
+        out = fn(*args)
+        return list(out) if isinstance(out, Iterator) else out
+    except AdapterError as e:
+        at = getattr(record, "origin", None)
+        if at and not str(e).startswith(at):
+            raise AdapterError(f"{at}: {e}") from None
+        raise
 
 
 def rows_of(records: Iterable[Mapping[str, Any]], row: Callable[..., dict[str, Any]], ctx: Mapping[str, Any]) -> list:
@@ -357,9 +450,10 @@ def rows_of(records: Iterable[Mapping[str, Any]], row: Callable[..., dict[str, A
     out = []
     for n, rec in enumerate(records, 1):
         try:
-            out.append({**row(rec, n, ctx), **origin(rec)})
+            out.append({**at_record(rec, row, rec, n, ctx), **origin(rec)})
         except AdapterError:
             raise
-        except (TypeError, ValueError, KeyError, AttributeError) as e:
-            raise AdapterError(f"record {n}: a field has the wrong shape ({type(e).__name__}: {e})") from None
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:
+            at = getattr(rec, "origin", None) or f"record {n}"
+            raise AdapterError(f"{at}: a field has the wrong shape ({type(e).__name__}: {e})") from None
     return out

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..contract import schema as S
-from .base import AdapterError, context_values, contract_table, need, origin
+from .base import AdapterError, at_record, context_values, contract_table, need, origin, wholes
 from .steps import (
     Call,
     engine_context,
@@ -87,7 +87,9 @@ def _call(line: Mapping[str, Any], where: str, version: int | None) -> Call:
     prompt = response.get("prompt_token_ids", choice.get("prompt_token_ids"))
     if prompt is None:
         raise AdapterError(f"{where}.response: missing field 'prompt_token_ids' (request return_token_ids)")
-    sampled = need(choice, "token_ids", f"{where}.response.choices[0]")
+    sampled = wholes(
+        need(choice, "token_ids", f"{where}.response.choices[0]"), "token_ids", f"{where}.response.choices[0]"
+    )
     turn = {
         "finish_reason": finish_reason(choice.get("finish_reason")),
         "sampled_token_ids": list(sampled),
@@ -117,7 +119,7 @@ def _sessions(records: Iterable[dict]) -> dict[str, tuple[list[dict], dict[str, 
 def _episode(sid: str, pairs: list[dict], end: Mapping[str, Any], context: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Contract records of one session."""
     version = end.get("policy_version", option(context, "policy_version"))
-    calls = [_call(p, f"session {sid} record {k}", version) for k, p in enumerate(pairs)]
+    calls = [at_record(p, _call, p, f"session {sid} record {k}", version) for k, p in enumerate(pairs)]
     segments = merge(calls, f"session {sid}")
     stop = end.get("stop_reason", option(context, "stop_reason"))
     reward = end.get("reward", option(context, "reward"))

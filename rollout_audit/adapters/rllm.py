@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from ..contract import schema as S
 from ..reading.records import records_to_table
-from .base import AdapterError, context_values, contract_table, need, origin, step_of, with_policy
+from .base import AdapterError, at_record, context_values, contract_table, need, origin, step_of, with_policy
 from .steps import (
     Call,
     engine_context,
@@ -170,7 +170,7 @@ def _call(step: Mapping[str, Any], where: str, context: Mapping[str, Any]) -> Ca
         "reward": step.get("reward"),
         "action_text": step.get("model_response"),
         "parsed_action": None if action is None else json.dumps(action, sort_keys=True),
-        **engine_context(prompt),
+        **engine_context(prompt, "prompt_ids"),
         **{k: option(context, k) for k in ("temperature", "top_p") if context.get(k) is not None},
     }
     return Call(prompt, sampled, out.get("logprobs"), turn)
@@ -210,7 +210,7 @@ def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     """Contract trajectories from rLLM `Episode.to_dict()` records."""
     context = context_values(context, CONTEXT)
     rows: list[Mapping[str, Any]] = [
-        {**r, **origin(ep)} for n, ep in enumerate(records) for r in _trajectories(ep, n, context)
+        {**r, **origin(ep)} for n, ep in enumerate(records) for r in at_record(ep, _trajectories, ep, n, context)
     ]
     said, truncation = policy(context)
     return with_policy(contract_table(rows, LACKS, "rLLM"), said, truncation=truncation)

@@ -34,6 +34,7 @@ from .base import (
     aligned,
     context_values,
     contract_table,
+    flags,
     ints,
     lacks,
     logprobs_column,
@@ -118,7 +119,7 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
     where = f"record {n} ({traj})"
     prompt = ints(rec, "prompt_token_ids", where)
     resp = ints(rec, "response_ids", where)
-    mask = [bool(m) for m in aligned(rec, "loss_masks", resp, where)]
+    mask = flags(aligned(rec, "loss_masks", resp, where), "loss_masks", where)
     turns = runs(mask)
     out: dict[str, Any] = {
         "trajectory_id": traj,

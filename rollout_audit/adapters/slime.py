@@ -40,6 +40,7 @@ from .base import (
     aligned,
     context_values,
     contract_table,
+    flags,
     integer,
     ints,
     lacks,
@@ -117,7 +118,11 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
         raise AdapterError(f"{where}: response_length {n_resp} outside the {len(tokens)} tokens")
     n_prompt = len(tokens) - n_resp
     raw_mask = rec.get("loss_mask")
-    mask = [True] * n_resp if raw_mask is None else [bool(m) for m in aligned(rec, "loss_mask", range(n_resp), where)]
+    mask = (
+        [True] * n_resp
+        if raw_mask is None
+        else flags(aligned(rec, "loss_mask", range(n_resp), where), "loss_mask", where)
+    )
     sampled = list(mask)
     calls = rec.get("weight_versions")
     if ctx.get("mask_offpolicy_in_partial_rollout") and isinstance(calls, list) and len(calls) > len(runs(mask)):

@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..contract import schema as S
-from .base import AdapterError
+from .base import AdapterError, flags, wholes
 
 FINISH_REASONS = frozenset(S.contract()["finish_reasons"])
 IDENTITY = ("environment_id", "environment_version", "verifier_version", "reset_seed", "tokenizer_id")
@@ -96,7 +96,7 @@ def merge(calls: Sequence[Call], where: str) -> list[Segment]:
     segments: list[Segment] = []
     seg: Segment | None = None
     for n, call in enumerate(calls):
-        prompt = [int(i) for i in call.prompt_ids]
+        prompt = wholes(call.prompt_ids, "prompt_ids", f"{where} call {n}")
         if seg is not None and prompt[: len(seg.token_ids)] == seg.token_ids:
             delta, source = prompt[len(seg.token_ids) :], 3
         else:
@@ -109,7 +109,9 @@ def merge(calls: Sequence[Call], where: str) -> list[Segment]:
             raise AdapterError(
                 f"{where} call {n}: a mask of {len(call.mask)} for {len(call.completion_ids)} sampled ids"
             )
-        seg.add(call.completion_ids, S.POLICY, recorded_logprobs(call, f"{where} call {n}"), call.mask)
+        completion = wholes(call.completion_ids, "completion_ids", f"{where} call {n}")
+        mask = None if call.mask is None else flags(call.mask, "completion_mask", f"{where} call {n}")
+        seg.add(completion, S.POLICY, recorded_logprobs(call, f"{where} call {n}"), mask)
     return segments
 
 
@@ -123,7 +125,7 @@ def guarded(framework: str) -> Callable[[Callable[..., pa.Table]], Callable[...,
                 return fn(records, **context)
             except AdapterError:
                 raise
-            except (TypeError, ValueError, AttributeError, KeyError, IndexError, pa.ArrowException) as e:
+            except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError, pa.ArrowException) as e:
                 raise AdapterError(f"{framework}: malformed record ({type(e).__name__}: {e})") from None
 
         run.__doc__, run.__name__ = fn.__doc__, fn.__name__
@@ -132,10 +134,11 @@ def guarded(framework: str) -> Callable[[Callable[..., pa.Table]], Callable[...,
     return wrap
 
 
-def engine_context(ids: Sequence[int] | None) -> dict[str, Any]:
+def engine_context(ids: Sequence[int] | None, field: str = "prompt_token_ids") -> dict[str, Any]:
     """Turn fields describing the context the engine was given (empty when not recorded)."""
     if ids is None:
         return {}
+    ids = wholes(ids, field, "the engine's context")
     return {"context_length": len(ids), "context_sha256": S.context_sha256(ids)}
 
 

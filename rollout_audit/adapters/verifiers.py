@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from . import verifiers_v1 as v1
-from .base import AdapterError, context_values, contract_table, need, origin
+from .base import AdapterError, at_record, context_values, contract_table, need, origin
 from .steps import (
     Call,
     engine_context,
@@ -155,6 +155,6 @@ def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     rows: list[Mapping[str, Any]] = [
         {**r, **origin(ro)}
         for n, ro in enumerate(records)
-        for r in (v1.trajectories(ro, n, context) if "nodes" in ro else _trajectories(ro, n, context))
+        for r in at_record(ro, v1.trajectories if "nodes" in ro else _trajectories, ro, n, context)
     ]
     return contract_table(rows, LACKS, "verifiers")

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..contract import schema as S
-from .base import AdapterError, need
+from .base import AdapterError, flags, need, wholes
 from .steps import Call, Segment, finish_reason, identity, option, recorded_logprobs, stop_columns
 
 ROLE_SOURCE = {"system": 0, "user": 1, "tool": 3, "assistant": 1}
@@ -105,7 +105,7 @@ def _segment(trace: Mapping[str, Any], path: list[int], where: str, context: Map
     calls = {c.get("node"): c for c in trace.get("calls") or [] if isinstance(c, Mapping)}
     for nid in path:
         node, at = nodes[nid], f"{where} node {nid}"
-        ids, mask = need(node, "token_ids", at), [bool(m) for m in need(node, "mask", at)]
+        ids, mask = wholes(need(node, "token_ids", at), "token_ids", at), flags(need(node, "mask", at), "mask", at)
         if len(mask) != len(ids):
             raise AdapterError(f"{at}: a mask of {len(mask)} for {len(ids)} token ids")
         role = str((node.get("message") or {}).get("role"))

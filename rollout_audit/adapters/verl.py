@@ -27,6 +27,7 @@ from .base import (
     aligned,
     context_values,
     contract_table,
+    flags,
     integer,
     ints,
     lacks,
@@ -169,7 +170,7 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
     where = f"record {n} ({traj})"
     prompt = ints(rec, "prompt_ids", where)
     resp = ints(rec, "response_ids", where)
-    mask = [bool(m) for m in aligned(rec, "response_mask", resp, where)]
+    mask = flags(aligned(rec, "response_mask", resp, where), "response_mask", where)
     uid = need(rec, "uid", where)
     if uid is None:
         raise AdapterError(f"{where}: uid is null (pass the batch's uid to the hook)")

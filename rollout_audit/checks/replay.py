@@ -28,7 +28,16 @@ _READS = (
     "turns.temperature",
     "turns.top_p",
 )
-_REPLAY_CONFIG = ("replay", "replayer", "replay_checkpoints", "replay_endpoints", "replay_batch_size")
+_REPLAY_CONFIG = (
+    "replay",
+    "replayer",
+    "replay_checkpoints",
+    "replay_endpoints",
+    "replay_batch_size",
+    "replay_connect_timeout",
+    "replay_timeout",
+    "replay_max_response_bytes",
+)
 
 
 def _replayed(log: LogView, cfg) -> pl.DataFrame:

@@ -58,11 +58,11 @@ def required_columns(b: BatchView, cfg) -> pl.DataFrame | None:
 # polars select instead of a pandera pass. Both read the same domains, so the predicate flags
 # exactly what pandera would (pandera has the last word on the message).
 def _predicates(domains: dict[str, dict]) -> dict[str, tuple]:
-    """Per column: (lower bound, lower inclusive, upper bound, finite)."""
+    """Per column: (lower bound, lower inclusive, upper bound, finite, not infinite)."""
     out = {}
     for name, d in domains.items():
         lo = d.get("ge", d.get("gt", d.get("eq")))
-        out[name] = (lo, "gt" not in d, d.get("le", d.get("eq")), bool(d.get("finite")))
+        out[name] = (lo, "gt" not in d, d.get("le", d.get("eq")), bool(d.get("finite")), bool(d.get("not_infinite")))
     return out
 
 
@@ -73,7 +73,7 @@ _TURN_DOMAIN = _predicates(S.domains("turn"))
 def _suspect(df: pl.DataFrame, domain: dict) -> bool:
     """True when some value of `df` may lie outside `domain` (or a column's type is unexpected)."""
     exprs = []
-    for name, (lo, lo_incl, hi, finite) in domain.items():
+    for name, (lo, lo_incl, hi, finite, not_infinite) in domain.items():
         if name not in df.columns:
             continue
         dt = df.schema[name]
@@ -83,6 +83,8 @@ def _suspect(df: pl.DataFrame, domain: dict) -> bool:
             return True  # let pandera coerce and judge
         c = pl.col(name)
         ok = c.is_finite() if (finite and dt.is_float()) else pl.lit(True)
+        if not_infinite and dt.is_float():
+            ok = ok & ~c.is_infinite()
         if lo is not None:
             ok = ok & ((c >= lo) if lo_incl else (c > lo))
         if hi is not None:

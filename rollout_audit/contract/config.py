@@ -7,11 +7,13 @@ wrong types rejected with the key and the expected type, never coerced from stri
 from __future__ import annotations
 
 import difflib
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from .errors import ConfigError
 
@@ -19,6 +21,14 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
+
+
+# Settings that run code (`replayer`) or send the log's tokens over the network (replay): only the
+# user sets them (command line, `--config FILE`, the project's pyproject.toml found from the working
+# directory), never a configuration that came with the audited log.
+TRUSTED_ONLY = ("replay", "replayer", "replay_checkpoints", "replay_endpoints")
+# A configuration file larger than this is refused unread (a device or a huge file never fills memory)
+MAX_CONFIG_BYTES = int(os.environ.get("ROLLOUT_AUDIT_MAX_CONFIG_BYTES", str(1 << 20)))
 
 
 class Config(BaseModel):
@@ -51,6 +61,9 @@ class Config(BaseModel):
     # is not read (S005); a trajectory with more tokens is not audited (S001)
     max_row_group_bytes: int = Field(2 * 2**30, ge=1)
     max_tokens_per_trajectory: int = Field(1_000_000, ge=1)
+    # object storage (s3://): seconds to connect, and per request, before the audit gives up (exit 2)
+    storage_connect_timeout: float = Field(10.0, gt=0)
+    storage_request_timeout: float = Field(30.0, gt=0)
     # Replay (L205-L207, L209): trajectories replayed, stratified by policy version; 0 = off (`check --replay N`)
     replay: int = Field(0, ge=0)
     replayer: str | None = None  # "module:factory" returning a replayer, e.g. "reference_agent.replay:replayer"
@@ -58,6 +71,10 @@ class Config(BaseModel):
     replay_checkpoints: dict[str, str] | str | None = None
     replay_endpoints: dict[str, str] = Field(default_factory=dict)  # version -> OpenAI-compatible base URL (…/v1)
     replay_batch_size: int = Field(8, ge=1)  # trajectories per forward pass / request
+    # replay over HTTP: seconds to connect (and the longest silence), seconds per request in all, bytes per answer
+    replay_connect_timeout: float = Field(10.0, gt=0)
+    replay_timeout: float = Field(300.0, gt=0)
+    replay_max_response_bytes: int = Field(1 << 30, ge=1)
     replay_atol: float = Field(1e-3, ge=0)  # L205/L206: per-token |replayed - recorded| tolerance
     replay_max_share: float = Field(0.0, ge=0, le=1)  # L205: share of replayed tokens allowed over the tolerance
     compare_logprobs: str | None = None  # L207: a second per-token log-prob column (the trainer's recomputation)
@@ -68,6 +85,35 @@ class Config(BaseModel):
     # code -> share of trajectories that may carry its findings before they count as errors
     # (Great Expectations' `mostly`, seen from the failing side); up to it, they are warnings
     tolerated_share: dict[str, float] = Field(default_factory=dict)
+    # where these settings came from (a file, "defaults", or code): every report names it
+    _source: str = PrivateAttr("a Config object given in code")
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    def with_source(self, source: str) -> Config:
+        self._source = source
+        return self
+
+    @field_validator("select", "ignore")
+    @classmethod
+    def _no_empty_prefix(cls, v: list[str]) -> list[str]:
+        """An empty prefix selects (or ignores) every check: a typo, never meant."""
+        if any(not c.strip() for c in v):
+            raise ValueError("an empty code or prefix matches every check; remove it")
+        return v
+
+    @field_validator("replay_checkpoints")
+    @classmethod
+    def _template(cls, v: Any) -> Any:
+        """A template may name `{version}` and nothing else (no format spec: it could ask for gigabytes)."""
+        if isinstance(v, str):
+            try:
+                v.replace("{version}", "").format()
+            except (ValueError, IndexError, KeyError):
+                raise ValueError("a template may hold {version} and no other {…} field or format spec") from None
+        return v
 
     @field_validator(
         "atol",
@@ -78,12 +124,16 @@ class Config(BaseModel):
         "replay_max_share",
         "max_turn_log_ratio",
         "truncation_penalty",
+        "replay_connect_timeout",
+        "replay_timeout",
+        "storage_connect_timeout",
+        "storage_request_timeout",
         mode="before",
     )
     @classmethod
     def _int_is_a_float(cls, v: Any) -> Any:
         """TOML writes `atol = 0` as an integer: accept integers for floats, nothing else."""
-        return float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+        return _as_float(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
     @field_validator("extra_stop_reasons")
     @classmethod
@@ -114,15 +164,17 @@ class Config(BaseModel):
     @classmethod
     def _band(cls, v: Any) -> Any:
         if isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-            return tuple(float(x) for x in v)
+            return tuple(_as_float(x) for x in v)
         return v
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any], source: str = "configuration") -> Config:
         """Validate a table of settings (keys may use - or _)."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a table of settings, got {type(data).__name__}")
         norm = {str(k).replace("-", "_"): v for k, v in data.items()}
         try:
-            return cls.model_validate(norm)
+            return cls.model_validate(norm).with_source(source)
         except ValidationError as e:
             raise ConfigError(f"{source}: {_explain(e)}") from None
 
@@ -132,6 +184,14 @@ class Config(BaseModel):
     def settings(self) -> dict[str, Any]:
         """Every key with its value (for `--show-settings`)."""
         return self.model_dump()
+
+
+def _as_float(x: int | float) -> float:
+    """An integer as a float; one past float's range is a validation error, not an OverflowError."""
+    try:
+        return float(x)
+    except OverflowError:
+        raise ValueError(f"an integer of {len(str(abs(int(x))))} digits is too large for a number") from None
 
 
 def _explain(e: ValidationError) -> str:
@@ -151,12 +211,49 @@ def _explain(e: ValidationError) -> str:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    """The TOML document at `path`: a regular file of at most MAX_CONFIG_BYTES (a FIFO or a device
+    would block or never end), read once through the opened descriptor."""
     try:
-        return tomllib.loads(path.read_text())
+        with open(path, "rb", opener=_nonblocking) as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ConfigError(f"{path}: not a regular file")
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes (ROLLOUT_AUDIT_MAX_CONFIG_BYTES)")
+        return tomllib.loads(raw.decode("utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: TOML syntax error: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: TOML nested too deeply") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read: {e}") from None
+
+
+def _nonblocking(path: str, flags: int) -> int:
+    """Open without blocking on a FIFO that has no writer (it is then refused as not regular)."""
+    return os.open(path, flags | os.O_NONBLOCK)
+
+
+def _table(data: dict[str, Any], explicit: bool) -> Any:
+    """The `[tool.rollout-audit]` table of a document (an explicit file may hold bare keys); None when absent."""
+    if "tool" not in data:
+        return data if explicit else None
+    tool = data["tool"]
+    if not isinstance(tool, dict):
+        return {} if explicit else None
+    return tool.get("rollout-audit", {} if explicit else None)
+
+
+def _nearest(start: Path) -> tuple[Path, Any] | None:
+    """The nearest pyproject.toml at or above `start` with a `[tool.rollout-audit]` entry, and that entry."""
+    for d in (start, *start.parents):
+        pp = d / "pyproject.toml"
+        if pp.is_file():
+            table = _table(_read_toml(pp), explicit=False)
+            if table is not None:
+                return pp, table
+    return None
 
 
 def load_config(path: str | Path | None = None, start: str | Path = ".") -> Config:
@@ -168,23 +265,43 @@ def load_config(path: str | Path | None = None, start: str | Path = ".") -> Conf
 
 
 def find_config(path: str | Path | None = None, start: str | Path = ".") -> tuple[Config, str]:
-    """`load_config`, and where the configuration came from (a file, or "defaults")."""
+    """`load_config`, and where the configuration came from (a file, or "defaults").
+
+    A found file sets the settings of TRUSTED_ONLY only when it is the user's own: the project
+    configuration found from the working directory, and not inside the audited directory (a log
+    must not vouch for itself). Elsewhere those keys are a ConfigError naming the file."""
     if path is not None:
         p = Path(path)
-        data = _read_toml(p)
-        if "tool" in data:
-            table = data["tool"].get("rollout-audit", {}) if isinstance(data["tool"], dict) else {}
-        else:
-            table = data
-        return Config.from_mapping(table, str(p)), str(p)
-    here = Path(start).resolve()
-    if here.is_file():
-        here = here.parent
-    for d in (here, *here.parents):
-        pp = d / "pyproject.toml"
-        if pp.is_file():
-            data = _read_toml(pp)
-            tool = data.get("tool", {})
-            if isinstance(tool, dict) and "rollout-audit" in tool:
-                return Config.from_mapping(tool["rollout-audit"], f"{pp} [tool.rollout-audit]"), str(pp)
-    return Config(), "defaults (no pyproject.toml with [tool.rollout-audit] at or above the audited path)"
+        return Config.from_mapping(_table(_read_toml(p), explicit=True), str(p)), str(p)
+    audited = Path(start).resolve()
+    here = audited.parent if audited.is_file() else audited
+    found = _nearest(here)
+    if found is None:
+        source = "defaults (no pyproject.toml with [tool.rollout-audit] at or above the audited path)"
+        return Config().with_source(source), source
+    pp, table = found
+    if isinstance(table, dict) and not _trusted(pp, audited):
+        refused = [k for k in table if str(k).replace("-", "_") in TRUSTED_ONLY]
+        if refused:
+            raise ConfigError(
+                f"{pp}: {', '.join(map(str, refused))}: refused in a configuration found next to the audited "
+                "log (it runs code or sends the log over the network); set it on the command line, with "
+                "--config FILE, or in the pyproject.toml of the project you run from"
+            )
+    return Config.from_mapping(table, f"{_shown(pp)} [tool.rollout-audit]"), str(pp)
+
+
+def _shown(p: Path) -> str:
+    """`p` relative to the working directory when it lies under it (as the user would type it)."""
+    try:
+        return str(p.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p)
+
+
+def _trusted(pp: Path, audited: Path) -> bool:
+    """`pp` is the user's own: the configuration found from the working directory, outside the
+    audited directory."""
+    own = _nearest(Path.cwd().resolve())
+    inside = audited.is_dir() and (pp.parent == audited or audited in pp.parents)
+    return own is not None and own[0] == pp and not inside

@@ -23,6 +23,11 @@ def _finite_or_null(data: pa.PolarsData) -> pl.LazyFrame:
     return data.lazyframe.select(c.is_null() | c.is_finite())
 
 
+def _not_infinite(data: pa.PolarsData) -> pl.LazyFrame:
+    c = pl.col(data.key)
+    return data.lazyframe.select(c.is_null() | c.is_nan() | c.is_finite())
+
+
 _CHECKS: dict[str, Callable[[Any], pa.Check]] = {
     "ge": pa.Check.ge,
     "gt": pa.Check.gt,
@@ -49,6 +54,8 @@ def frame_model(table: str, extra: dict[str, dict[str, Any]] | None = None) -> p
         checks = [_CHECKS[k](v) for k, v in bounds.items() if k in _CHECKS]
         if bounds.get("finite"):
             checks.append(pa.Check(_finite_or_null, name="finite"))
+        if bounds.get("not_infinite"):  # NaN is allowed here: another check warns about it
+            checks.append(pa.Check(_not_infinite, name="not infinite"))
         cols[name] = pa.Column(
             _dtype(types.get(name, "int64")), checks=checks, nullable=True, coerce=True, required=False
         )

@@ -57,6 +57,7 @@ def _domain(bounds: dict) -> str:
     """` (domain: > 0, ≤ 1, finite)` for a column with a value domain."""
     parts = [f"{_BOUNDS[k]} {v}" for k, v in bounds.items() if k in _BOUNDS]
     parts += ["finite"] if bounds.get("finite") else []
+    parts += ["not infinite"] if bounds.get("not_infinite") else []
     return f" (domain: {', '.join(parts)})" if parts else ""
 
 

@@ -74,29 +74,43 @@ def _parquet_paths(path: Path, follow_symlinks: bool = False) -> tuple[list[Path
             skipped.append((str(d), f"directory cannot be listed ({one_line(err)}); its files are not audited"))
             continue
         for e in entries:
-            p = Path(e.path)
-            if e.is_symlink() and not follow_symlinks and not _within(os.path.realpath(p), root):
-                if e.name.endswith(".parquet") or e.is_dir():
-                    skipped.append(
-                        (e.path, "symlink to outside the audited directory; not followed (audit its target explicitly)")
-                    )
-                continue
-            if e.is_dir():
-                stack.append(p)
-            elif _is_writer_temp(e.name):
-                skipped.append(
-                    (
-                        e.path,
-                        "temporary file of an unfinished write (the writer was killed or is "
-                        "still running); not audited",
-                    )
-                )
-            elif e.name.endswith(".parquet") and not e.name.startswith((".", "_")):
-                if e.is_file():
-                    found.append(p)
-                elif os.path.lexists(p):
-                    skipped.append((e.path, "not a regular file; not read"))
+            try:
+                _classify(e, root, follow_symlinks, stack, found, skipped)
+            except OSError as err:  # a symlink loop (ELOOP) or a vanished entry: this entry only
+                skipped.append((e.path, f"cannot be read ({one_line(err)}); not audited"))
     return sorted(found), skipped
+
+
+def _classify(
+    e: os.DirEntry,
+    root: str,
+    follow_symlinks: bool,
+    stack: list[Path],
+    found: list[Path],
+    skipped: list[tuple[str, str]],
+) -> None:
+    """Put one directory entry where it belongs: a directory to walk, a Parquet file, or a skipped entry."""
+    p = Path(e.path)
+    if e.is_symlink() and not follow_symlinks and not _within(os.path.realpath(p), root):
+        if e.name.endswith(".parquet") or e.is_dir():
+            skipped.append(
+                (e.path, "symlink to outside the audited directory; not followed (audit its target explicitly)")
+            )
+        return
+    if e.is_dir():
+        stack.append(p)
+    elif _is_writer_temp(e.name):
+        skipped.append(
+            (
+                e.path,
+                "temporary file of an unfinished write (the writer was killed or is still running); not audited",
+            )
+        )
+    elif e.name.endswith(".parquet") and not e.name.startswith((".", "_")):
+        if e.is_file():
+            found.append(p)
+        elif os.path.lexists(p):
+            skipped.append((e.path, "not a regular file; not read"))
 
 
 def _kind_of(path: PurePath, pschema: pa.Schema) -> str:
@@ -123,6 +137,8 @@ def discover(paths: Sequence[str | os.PathLike], follow_symlinks: bool = False) 
     """
     out = Discovery()
     for raw in map(storage.local_path, paths):
+        if not str(raw).strip():  # "" would resolve to the working directory: never audited by accident
+            raise UsageError("an empty path names no log (write `.` for the current directory)")
         files, skipped = _listing(raw, follow_symlinks)
         if not files and not skipped:
             raise UsageError(f"{raw}: no *.parquet files found")

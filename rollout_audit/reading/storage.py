@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+from datetime import timedelta
 from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -23,6 +24,17 @@ from ..contract.errors import UsageError
 REMOTE = ("s3", "gs", "gcs")  # schemes read through pyarrow's object-store clients
 _FILESYSTEMS: dict[tuple[str, str], pafs.FileSystem] = {}  # (scheme, bucket) -> client, one per process
 _LOCK = threading.Lock()
+# S3 client deadlines in seconds (connect; each request): a silent endpoint fails within them.
+# The configuration's storage_connect_timeout / storage_request_timeout set them (`set_timeouts`).
+TIMEOUTS = {"connect": 10.0, "request": 30.0}
+
+
+def set_timeouts(connect: float, request: float) -> None:
+    """Deadlines for the object-store clients made from now on (clients already made are dropped)."""
+    with _LOCK:
+        if (TIMEOUTS["connect"], TIMEOUTS["request"]) != (connect, request):
+            TIMEOUTS.update(connect=connect, request=request)
+            _FILESYSTEMS.clear()
 
 
 def is_remote(path: str | os.PathLike) -> bool:
@@ -55,6 +67,14 @@ def _client(uri: str) -> tuple[pafs.FileSystem, str]:
         fs = _FILESYSTEMS.get(key)
         if fs is None or parts.query:  # a query (endpoint, region) makes a new client for the bucket
             fs, _ = pafs.FileSystem.from_uri(uri)
+            if isinstance(fs, pafs.S3FileSystem):  # the same settings, with deadlines and one retry
+                options = fs.__reduce__()[1][0]
+                options.update(connect_timeout=TIMEOUTS["connect"], request_timeout=TIMEOUTS["request"])
+                fs = pafs.S3FileSystem(**options, retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=2))
+            elif isinstance(fs, pafs.GcsFileSystem):  # without credentials it would retry for many minutes
+                options = fs.__reduce__()[1][0]
+                options.update(retry_time_limit=timedelta(seconds=TIMEOUTS["request"]))
+                fs = pafs.GcsFileSystem(**options)
             _FILESYSTEMS[key] = fs
     return fs, f"{parts.netloc}{parts.path}".rstrip("/")
 
@@ -75,7 +95,10 @@ def list_parquet(uri: str) -> tuple[list[str], list[tuple[str, str]]]:
     not read (URI, reason). Raises FileNotFoundError when nothing exists at `uri`."""
     fs, root = _client(uri)
     scheme = urlsplit(uri).scheme.lower()
-    info = fs.get_file_info(root)
+    try:
+        info = fs.get_file_info(root)
+    except OSError as err:  # no credentials, no route, a silent endpoint: one line naming the URI
+        raise FileNotFoundError(f"{_name(uri)}: the object store cannot be reached: {_first(err)[:300]}") from None
     if info.type == pafs.FileType.File:
         return [_name(uri)], []
     if info.type == pafs.FileType.NotFound:

@@ -4,6 +4,7 @@ token ids in, the log-prob of every prompt token out. Standard library only (url
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -15,29 +16,68 @@ from .dist import token_logprobs
 MASS_TOL = 1e-3  # the returned distribution must be the whole vocabulary: its mass must reach 1 - MASS_TOL
 
 
-class HTTPReplayer:
-    """One server per policy version: `endpoints` maps a version to the server's base URL (…/v1)."""
+MAX_VOCAB = 1 << 21  # a token id key at or past this is not a vocabulary entry (it would size the [N, V] array)
 
-    def __init__(self, endpoints: dict[str, str], batch_size: int = 8, timeout: float = 120.0) -> None:
+
+class HTTPReplayer:
+    """One server per policy version: `endpoints` maps a version to the server's base URL (…/v1).
+
+    Every request has a connect deadline (`connect_timeout`, also the longest silence), a total
+    deadline (`timeout`: a server that drips bytes is cut off) and a response size cap (`max_bytes`)."""
+
+    def __init__(
+        self,
+        endpoints: dict[str, str],
+        batch_size: int = 8,
+        timeout: float = 300.0,
+        connect_timeout: float = 10.0,
+        max_bytes: int = 1 << 30,
+    ) -> None:
         self.endpoints = endpoints
         self.batch_size = batch_size
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.max_bytes = max_bytes
+
+    def _fetch(self, url: str, body: dict | None = None) -> dict:
+        """GET (or POST `body` as JSON) and parse the JSON answer within the deadlines and the size
+        cap; any failure becomes NotConfigured naming the URL."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+        deadline = time.monotonic() + self.timeout
+        try:
+            with urllib.request.urlopen(req, timeout=min(self.connect_timeout, self.timeout)) as resp:
+                size = int(resp.headers.get("Content-Length") or 0)
+                if size > self.max_bytes:
+                    raise NotConfigured(f"replay endpoint {url} answered {size} bytes, over {self.max_bytes}")
+                chunks, got = [], 0
+                while True:
+                    if time.monotonic() > deadline:
+                        raise NotConfigured(f"replay endpoint {url} did not answer within {self.timeout:g} s")
+                    chunk = resp.read1(1 << 16)  # each read waits at most connect_timeout
+                    if not chunk:
+                        break
+                    got += len(chunk)
+                    if got > self.max_bytes:
+                        raise NotConfigured(f"replay endpoint {url} answered more than {self.max_bytes} bytes")
+                    chunks.append(chunk)
+            return json.loads(b"".join(chunks))
+        except NotConfigured:
+            raise
+        except RecursionError:
+            raise NotConfigured(f"replay endpoint {url} answered JSON nested too deeply") from None
+        except (urllib.error.URLError, OSError, ValueError) as e:
+            raise NotConfigured(f"replay endpoint {url} failed: {e}") from e
 
     def _post(self, url: str, body: dict) -> dict:
         """POST JSON, return JSON; a connection or HTTP error becomes NotConfigured with the URL."""
-        req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return json.loads(resp.read())
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            raise NotConfigured(f"replay endpoint {url} failed: {e}") from e
+        return self._fetch(url, body)
 
     def _model_name(self, base: str) -> str:
         """The first model the server lists (GET /models)."""
         try:
-            with urllib.request.urlopen(base.rstrip("/") + "/models", timeout=self.timeout) as resp:
-                return str(json.loads(resp.read())["data"][0]["id"])
-        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError) as e:
+            return str(self._fetch(base.rstrip("/") + "/models")["data"][0]["id"])
+        except (KeyError, IndexError, TypeError) as e:
             raise NotConfigured(f"replay endpoint {base} lists no model: {e}") from e
 
     def _distributions(self, base: str, model: str, prompts: list[list[int]], want: list[np.ndarray]) -> list[dict]:
@@ -72,11 +112,12 @@ class HTTPReplayer:
     def _dense(dists: list[dict], traj: np.ndarray, position: np.ndarray) -> np.ndarray:
         """[N, V] base log-probs (-inf for ids the server did not return); checks the mass is complete."""
         entries = [dists[t][p] or {} for t, p in zip(traj.tolist(), position.tolist())]
-        vocab = 1 + max((int(k) for e in entries for k in e), default=0)
+        keys = [_token_key(k) for e in entries for k in e]
+        vocab = 1 + max(keys, default=0)
         z = np.full((len(entries), vocab), -np.inf)
         for i, e in enumerate(entries):
-            ks = np.fromiter((int(k) for k in e), dtype=np.int64, count=len(e))
-            z[i, ks] = [v["logprob"] if isinstance(v, dict) else v for v in e.values()]
+            ks = np.fromiter((_token_key(k) for k in e), dtype=np.int64, count=len(e))
+            z[i, ks] = [_logprob(v) for v in e.values()]
         mass = np.exp(z).sum(axis=1)
         if len(mass) and mass.min() < 1 - MASS_TOL:
             raise NotConfigured(
@@ -84,3 +125,19 @@ class HTTPReplayer:
                 "so that prompt_logprobs=-1 returns the whole vocabulary (vLLM: --max-logprobs)"
             )
         return z
+
+
+def _token_key(k: object) -> int:
+    """A token id key of a returned distribution: a decimal integer in [0, MAX_VOCAB)."""
+    text = str(k).strip()
+    if not (text.isdigit() and len(text) < 10 and int(text) < MAX_VOCAB):
+        raise NotConfigured(f"replay endpoint returned {text[:40]!r} as a token id (want 0 <= id < {MAX_VOCAB})")
+    return int(text)
+
+
+def _logprob(v: object) -> float:
+    """The log-prob of a returned entry (a number, or {"logprob": number}): at most 0, -inf allowed."""
+    x = v.get("logprob") if isinstance(v, dict) else v
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or np.isnan(x) or x > 1e-6:
+        raise NotConfigured(f"replay endpoint returned {x!r} as a log-prob (want a number <= 0)")
+    return float(x)

@@ -28,7 +28,13 @@ def load_replayer(cfg: Any) -> Replayer:
     if cfg.replay_endpoints:
         from .http import HTTPReplayer
 
-        return HTTPReplayer(dict(cfg.replay_endpoints), batch_size=cfg.replay_batch_size)
+        return HTTPReplayer(
+            dict(cfg.replay_endpoints),
+            batch_size=cfg.replay_batch_size,
+            timeout=cfg.replay_timeout,
+            connect_timeout=cfg.replay_connect_timeout,
+            max_bytes=cfg.replay_max_response_bytes,
+        )
     if cfg.replay_checkpoints:
         from .hf import HFReplayer
 

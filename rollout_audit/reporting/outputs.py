@@ -4,7 +4,9 @@ or a bind mount cannot make a report (or a broken copy) land on or inside the lo
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -57,6 +59,43 @@ def check_output(output: str | os.PathLike, inputs: Iterable[str | os.PathLike],
                 raise UsageError(f"{output}: lies inside the audited log {raw} (the tool never writes to its input)")
         if writes_log and out in src.parents:
             raise UsageError(f"{output}: contains the audited log {raw} (the tool never writes to its input)")
+        if out_id is not None and src.is_dir() and out_id in _file_idents(src):
+            raise UsageError(
+                f"{output}: is a hard link to a file of the audited log {raw} (the tool never writes to its input)"
+            )
+
+
+def _file_idents(root: Path) -> set[_Ident]:
+    """Device and inode of every file under `root` (a hard link to one has the same pair)."""
+    out: set[_Ident] = set()
+    for d, _, names in os.walk(root, onerror=lambda e: None):
+        for n in names:
+            i = _ident(Path(d) / n)
+            if i is not None:
+                out.add(i)
+    return out
+
+
+def write_atomic(output: str | os.PathLike, text: str) -> None:
+    """Write `text` to a new file next to `output` and rename it over `output`: an existing file there
+    (or a hard link to one elsewhere) is replaced, never written through, and a reader never sees half."""
+    out = Path(output)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent if str(out.parent) else ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, out)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _check_remote(output: str | os.PathLike, inputs: Iterable[str | os.PathLike]) -> list[str | os.PathLike]:

@@ -92,6 +92,8 @@ def render_text(
             out.append([(f"  ... {grp.height - limit} more (use --show-all or --format json)", None)])
     if not quiet:
         out += [[(line, None)] for line in _coda(rep, show_not_run)]
+        if rep.unusable is None and rep.summary.get("configuration"):
+            out.append([(f"configuration: {printable(rep.summary['configuration'])}", None)])
         if rep.unusable is None:
             v = verdict(rep, strict)
             line = verdict_line(rep, strict)
@@ -103,7 +105,11 @@ def _coda(rep: Report, show_not_run: bool = True) -> list[str]:
     """What follows the findings: why nothing was audited, or not-run (one line naming them unless
     `show_not_run`), partial and crashed checks."""
     if rep.unusable is not None:
-        return [f"error: nothing to audit: {printable(rep.unusable)}"]
+        conf = rep.summary.get("configuration")
+        return [
+            f"error: nothing to audit: {printable(rep.unusable)}"
+            + (f" (configuration: {printable(conf)})" if conf else "")
+        ]
     out = _policy_lines(rep)
     if rep.not_run and show_not_run:
         out.append("not run:")

@@ -14,6 +14,7 @@ import polars as pl
 import pyarrow as pa
 
 from ..contract.config import Config, find_config
+from ..reading import storage
 from ..reading.batches import why_unusable
 from ..reading.io import Discovery, discover
 from ..reading.read import memory_file, read_updates
@@ -28,7 +29,7 @@ from .runner import Runner, plan
 def run_audit(disc: Discovery, cfg: Config | None = None, options: Options | None = None, **fields: Any) -> Report:
     """Audit the files of `disc` (Parquet files, or in-memory tables held by `LogFile`s) as
     `options` say (keyword `fields` of Options replace its values; see Options)."""
-    cfg = cfg or Config()
+    cfg = cfg or Config().with_source("defaults")
     opts = replace(options, **fields) if options is not None else Options(**fields)
     run = executor(opts.executor_name, **opts.executor_options)
     if opts.tune:
@@ -47,8 +48,8 @@ def run_audit(disc: Discovery, cfg: Config | None = None, options: Options | Non
         broken,
         updates,
         tune=opts.tune,
-        select=opts.select or None,
-        ignore=opts.ignore or None,
+        select=tuple(opts.select) or None,
+        ignore=tuple(opts.ignore) or None,
         rules=opts.rules,
     )
     done = run.run(work)
@@ -118,7 +119,7 @@ def audit(
     """
     from ..reading.log import Log
 
-    opts = Options(select=tuple(select or ()), ignore=tuple(ignore or ()), ray=ray, executor=executor, workers=workers)
+    opts = Options(select=select or (), ignore=ignore or (), ray=ray, executor=executor, workers=workers)
     if isinstance(source, Log):
         return run_audit(source.discovery, config, opts)
     if isinstance(source, (str, os.PathLike)) or (
@@ -127,5 +128,6 @@ def audit(
         paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
         if config is None:
             config = find_config(None, start=os.fspath(paths[0]))[0]
+        storage.set_timeouts(config.storage_connect_timeout, config.storage_request_timeout)
         return run_audit(discover(paths), config, opts)
     return run_audit(memory_discovery(source, updates), config, opts)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..contract.errors import ConfigError
 from ..contract.registry import Rule
 
 
@@ -19,8 +20,8 @@ class Options:
     address. `tune`: change glibc's process-wide allocator settings for speed (the CLI sets it).
     `rules`: replaces the catalogue."""
 
-    select: tuple[str, ...] = ()
-    ignore: tuple[str, ...] = ()
+    select: Sequence[str] = ()  # kept as a tuple
+    ignore: Sequence[str] = ()  # kept as a tuple
     batch_rows: int = 2048
     workers: int = 1
     executor: Any = "threads"
@@ -31,6 +32,8 @@ class Options:
     def __post_init__(self) -> None:
         for name in ("select", "ignore"):  # lists and None from callers, kept as tuples
             value: Sequence[str] | None = getattr(self, name)
+            if isinstance(value, str):  # tuple("R409") would be four one-letter prefixes
+                raise ConfigError(f"{name}: a list of codes, not the string {value!r} (write [{value!r}])")
             object.__setattr__(self, name, tuple(value or ()))
 
     @property

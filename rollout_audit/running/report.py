@@ -158,6 +158,7 @@ def build_report(runner: Runner, *, rows: int, tokens: int, stats: dict, cfg, un
         "checks_not_run": sorted(not_run),
         "checks_crashed": sorted(runner.crash_counts),
         "statistics": stats,
+        "configuration": cfg.source,
     }
     unfulfilled = runner.unfulfilled() if unusable is None else {}
     return Report(findings, not_run, summary, runner.rules, partial, crashes, unusable, unfulfilled)

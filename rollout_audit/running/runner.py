@@ -18,7 +18,7 @@ import polars as pl
 
 from ..checks import all_rules
 from ..contract import schema as S
-from ..contract.config import Config
+from ..contract.config import Config, ConfigError
 from ..contract.registry import NotRun, Rule, Unmet, selected
 from ..frames.batch import SUMMARY_INPUTS, TOKEN_LISTS, Batch, contract_names
 from ..frames.views import BatchView, ConfigView, LogCheckView, LogView
@@ -102,6 +102,21 @@ def _absent(missing: list[str], declared: dict[str, str] | None = None) -> str:
     return f"{'column' if len(named) == 1 else 'columns'} {', '.join(named)} absent"
 
 
+def _codes(what: str, codes: Sequence[str] | None, pool: dict[str, Rule]) -> list[str]:
+    """`codes` checked against the catalogue: a string (not a list), an empty prefix or a code that
+    matches no check would silently select or skip the wrong checks, so each is a ConfigError."""
+    if isinstance(codes, str):
+        raise ConfigError(f"{what}: a list of codes, not the string {codes!r} (write [{codes!r}])")
+    out = []
+    for c in codes or []:
+        if not isinstance(c, str) or not c.strip():
+            raise ConfigError(f"{what}: {c!r} is not a check code or prefix (an empty one matches every check)")
+        if not any(k.startswith(c.strip().upper()) for k in pool):
+            raise ConfigError(f"{what}: unknown check code or prefix {c!r}; see `rollout-audit explain --list`")
+        out.append(c.strip())
+    return out
+
+
 class Runner:
     """The selected rules of one audit, and what happened when each one ran.
 
@@ -116,9 +131,9 @@ class Runner:
         rules: dict[str, Rule] | None = None,
     ) -> None:
         self.cfg = cfg
-        sel = list(select or []) or list(cfg.select)
-        ign = list(ignore or []) + list(cfg.ignore)
         pool = all_rules() if rules is None else rules
+        sel = _codes("select", select, pool) or _codes(f"{cfg.source}: select", cfg.select, pool)
+        ign = _codes("ignore", ignore, pool) + _codes(f"{cfg.source}: ignore", cfg.ignore, pool)
         self.rules = {c: r for c, r in pool.items() if selected(c, sel, ign)}
         # checks the user named by their full code: one that cannot run makes the audit incomplete
         self.named = sorted(c for c in self.rules if c in {s.upper() for s in sel})
