@@ -19,6 +19,7 @@ from .base import AdapterError, contract_table, need, origin
 from .steps import (
     Call,
     engine_context,
+    episode_rows,
     finish_reason,
     guarded,
     identity,
@@ -110,19 +111,9 @@ def _trajectories(episode: Mapping[str, Any], n: int, context: Mapping[str, Any]
         where = f"episode {eid} trajectory {name}"
         calls = [c for i, s in enumerate(need(traj, "steps", where)) if (c := _call(s, f"{where} step {i}", context))]
         segments = merge(calls, where)
-        for j, seg in enumerate(segments):
-            out.append(
-                {
-                    "trajectory_id": f"{eid}/{name}" + (f"#{j}" if len(segments) > 1 else ""),
-                    "task_id": task_id,
-                    "group_id": f"{task_id}:{name}",
-                    **identity(context),
-                    **seg.columns(),
-                    **stop,
-                    "reward": traj.get("reward"),
-                    "verifier_success": bool(episode.get("is_correct")),
-                }
-            )
+        common = {"task_id": task_id, "group_id": f"{task_id}:{name}", **identity(context)}
+        outcome = {**stop, "reward": traj.get("reward"), "verifier_success": bool(episode.get("is_correct"))}
+        out += [{**common, **row} for row in episode_rows(f"{eid}/{name}", segments, outcome)]
     return out
 
 

@@ -45,7 +45,15 @@ ADVANTAGE_INPUTS = (
     "updates.advantage_estimator",
     "updates.window_trajectory_ids",
 )
-EXCLUSION_INPUTS = (*_MEMBERSHIP, "reward", "truncated", "infra_error", "stop_reason")
+EXCLUSION_INPUTS = (
+    *_MEMBERSHIP,
+    "reward",
+    "truncated",
+    "infra_error",
+    "stop_reason",
+    "loss_excluded",
+    "split_continues",
+)
 
 
 @derived("n_turns_trainable", ("turns", "loss_mask", "token_turn"))
@@ -95,6 +103,8 @@ def _traj(log) -> pl.DataFrame:
         "truncated": pl.Boolean,
         "infra_error": pl.Boolean,
         "stop_reason": pl.String,
+        "loss_excluded": pl.Boolean,
+        "split_continues": pl.Boolean,
         "n_trainable": pl.Int64,
         "n_tokens": pl.Int64,
         "n_policy": pl.Int64,
@@ -243,8 +253,10 @@ def denominator(log, cfg) -> pl.DataFrame | None:
     and turn reductions. A token denominator that also
     counts tokens the policy did not sample raises U602 as well, which names the dilution
     factor: both are the same defect seen from two sides (wrong value, and in which
-    direction). Fix the trainer to divide by the count of its declared reduction, or declare
-    the reduction it actually uses.
+    direction). A token or token_window denominator recorded as s·1 where the count is 0 is
+    accepted: trainers clamp the count to at least 1 on a window with no trainable token (TRL
+    `clamp(min=1.0)`), and the loss is 0 either way. Fix the trainer to divide by the count of
+    its declared reduction, or declare the reduction it actually uses.
     """
     u = _per_update(log)
     d = pl.col("loss_denominator")
@@ -299,7 +311,8 @@ def denominator(log, cfg) -> pl.DataFrame | None:
     bad_constant = (red == "constant").fill_null(False) & (not_finite | ~(d > 0).fill_null(False))
     unknown = red.is_null() | ~red.is_in(REDUCTIONS).fill_null(False)
     no_window = (red == "token_window").fill_null(False) & pl.col("W").is_null() & pl.col("window_tokens").is_null()
-    mismatch = counted & pl.col("_rc") & _differs(d, pl.col("_exp"), cfg)
+    clamped = red.is_in(("token", "token_window")).fill_null(False) & (pl.col("_exp") == 0) & (d == sc)
+    mismatch = counted & pl.col("_rc") & _differs(d, pl.col("_exp"), cfg) & ~clamped.fill_null(False)
     factor = pl.when(pl.col("_exp") > 0).then(
         pl.format(" (recorded/expected = {})", num((d / pl.col("_exp")).round(3)))
     )
@@ -655,12 +668,16 @@ def excluded_member(log, cfg) -> pl.DataFrame | None:
     appears in no update, and an infra_error episode never does. A trainer that fills the null
     reward with 0 turns the cut into a failure signal. T303 also reports infra_error episodes
     used in updates. Fix the trainer's batch filter to drop these episodes (and retry or
-    bootstrap them as the truncation policy says).
+    bootstrap them as the truncation policy says). An episode excluded from the loss but kept
+    in its group's statistics (loss_excluded, contract 1.2) may be named: nothing of it is
+    trained (M109 checks); so may a segment that does not end its split episode
+    (split_continues), whose reward is carried by the episode's last segment.
     """
     m = members(log).filter(pl.col("_in_log"))
     infra = pl.col("infra_error").fill_null(False)
-    trunc = pl.col("truncated").fill_null(False) & (cfg.truncation == "exclude")
-    null_r = pl.col("reward").is_null()
+    kept = ~pl.col("loss_excluded").fill_null(False)
+    trunc = pl.col("truncated").fill_null(False) & (cfg.truncation == "exclude") & kept
+    null_r = pl.col("reward").is_null() & ~pl.col("split_continues").fill_null(False)
     bad = m.filter(infra | trunc | null_r)
     if bad.is_empty():
         return None
