@@ -12,6 +12,8 @@ def log_stats(log: Log) -> dict:
     """Counts, trainable share, stop causes, rewards, groups and policy versions, as a dict."""
     lf = log.trajectories
     names = lf.collect_schema().names()
+    if "reward" not in names:  # no episode was rewarded (a producer leaves the column out)
+        lf = lf.with_columns(pl.lit(None, pl.Float64).alias("reward"))
     out: dict = {}
     # a split episode's outcome is on its last segment: the others are not counted as episodes
     ends = ~pl.col("split_continues").fill_null(False) if "split_continues" in names else pl.lit(True)
