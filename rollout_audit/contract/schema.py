@@ -137,6 +137,11 @@ def _vkey(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split("."))
 
 
+def newer(a: str, b: str) -> bool:
+    """Contract version `a` is later than `b`."""
+    return _vkey(a) > _vkey(b)
+
+
 def version_for(table: str, names: Iterable[str]) -> str:
     """The contract version a file with these columns needs: the newest `since` among them."""
     have = set(names)

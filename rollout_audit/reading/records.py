@@ -14,8 +14,9 @@ def _meta(kind: str, fields: Sequence[pa.Field] = (), found: Mapping[bytes, byte
     """File metadata: kind, the contract version its columns need, and a producer's
     `not_recorded`, `tokenizer` and `reward_components` declarations carried over from the table being written."""
     version = S.version_for(kind, (f.name for f in fields))
-    if (found or {}).get(S.META_VERSION) == S.CONTRACT_VERSION.encode():  # the producer says it uses 1.1
-        version = S.CONTRACT_VERSION
+    stated = (found or {}).get(S.META_VERSION, b"").decode("utf-8", "replace")
+    if stated in S.contract()["versions"] and S.newer(stated, version):  # the producer states a later version
+        version = stated
     meta = {S.META_VERSION: version.encode(), S.META_KIND: kind.encode()}
     declared = S.not_recorded(found)
     if declared:
