@@ -147,9 +147,8 @@ def test_a_context_that_does_not_extend_the_session_is_m108_counted_once(model_d
     one the server returned (the loop writes its canonical end-of-turn id, or the server returned a
     wrong one): the session is split where the trainer splits it, each split is M108 naming the position
     and both ids, and each episode's outcome counts once."""
+    from tinyserver import serve
     from transformers import AutoTokenizer
-
-    from tests.tinyserver import serve
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompt, obs = tok("you are an agent in a room")["input_ids"], tok("<obs> the door is stuck </obs>")["input_ids"]

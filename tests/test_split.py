@@ -10,14 +10,14 @@ import json
 from pathlib import Path
 
 import polars as pl
+from adapterhelp import IDENTITY, cli, fixture, opts
+from frameworks import rllm as rllm_fx
 
 import rollout_audit as ra
 from rollout_audit.adapters import openai, rllm
 from rollout_audit.adapters.base import read_dump
 from rollout_audit.adapters.steps import Call, divergence, merge
 from rollout_audit.contract.config import Config
-from tests.adapterhelp import IDENTITY, cli, fixture, opts
-from tests.frameworks import rllm as rllm_fx
 
 CONTEXT = dict(kv.split("=") for kv in IDENTITY)
 
