@@ -124,3 +124,35 @@ def test_rllm_episode_split_by_its_transform_is_m108_and_counted_once():
 def test_m108_is_silent_on_a_log_without_splits(records):
     rep = ra.audit(*records)
     assert "M108" in rep.summary["checks_run"] and rep.findings.filter(pl.col("code") == "M108").is_empty()
+
+
+def test_segments_of_a_split_episode_are_one_group_member_trained_with_its_advantage():
+    """rLLM trains every segment with the episode's advantage: the group holds the episode once (its
+    last segment's reward), and each segment's recorded advantage is recomputed from it (U603)."""
+    eps = rllm_fx.compliant()[:2]  # solved (1.0) and failed (0.0)
+    step = eps[0]["trajectories"][0]["steps"][1]
+    at = len(rllm_fx.SYSTEM_USER) + 2
+    step["model_output"]["prompt_ids"] = step["prompt_ids"] = [
+        *step["prompt_ids"][:at],
+        53,
+        *step["prompt_ids"][at + 1 :],
+    ]
+    table = rllm.to_contract(eps, **CONTEXT)
+    ids = table.column("trajectory_id").to_pylist()
+    assert ids == ["task-7:0/solver#0", "task-7:0/solver#1", "task-7:1/solver"]
+    adv = 0.5 / (2**-0.5 + 1e-6)  # grpo over rewards (1, 0): one member per episode
+    update = {
+        "update_step": 0,
+        "trainer_version": 3,
+        "trajectory_ids": ids,
+        "reduction": "trajectory",
+        "loss_denominator": 3.0,
+        "advantages": [adv, adv, -adv],
+        "advantage_estimator": "grpo",
+        "max_policy_lag": 0,
+    }
+    rep = ra.audit(table, [update])
+    assert not rep.codes("error") and "U603" in rep.summary["checks_run"], rep.render()
+    # counted as two members (1.0 twice against 0.0) the advantages would be others: U603 recomputes
+    wrong = dict(update, advantages=[2 / 3 / 0.57735, 2 / 3 / 0.57735, -4 / 3 / 0.57735])
+    assert "U603" in ra.audit(table, [wrong]).codes("error")

@@ -105,6 +105,7 @@ def _traj(log) -> pl.DataFrame:
         "stop_reason": pl.String,
         "loss_excluded": pl.Boolean,
         "split_continues": pl.Boolean,
+        "split_from": pl.String,
         "n_trainable": pl.Int64,
         "n_tokens": pl.Int64,
         "n_policy": pl.Int64,
@@ -119,6 +120,20 @@ def _traj(log) -> pl.DataFrame:
         turns_trainable = pl.col("n_turns_trainable").fill_null(pl.when(pl.col("n_turns") == 0).then(0))
     else:
         turns_trainable = pl.col("n_turns_trainable")
+    t = t.with_columns(pl.col("split_from").cast(pl.String), pl.col("split_continues").cast(pl.Boolean))
+    # a segment that does not end its split episode is trained with the episode's reward, which its
+    # last segment carries (contract 1.2): read it there
+    last = (
+        t.filter(pl.col("split_from").is_not_null() & ~pl.col("split_continues").fill_null(False))
+        .unique("split_from", keep="first")
+        .select("split_from", pl.col("reward").cast(pl.Float64).alias("_episode_reward"))
+    )
+    t = t.join(last, on="split_from", how="left", maintain_order="left").with_columns(
+        pl.when(pl.col("split_continues").fill_null(False))
+        .then(pl.col("_episode_reward"))
+        .otherwise(pl.col("reward").cast(pl.Float64))
+        .alias("reward")
+    )
     return (
         t.filter(pl.col("trajectory_id").is_not_null())
         .unique("trajectory_id", keep="first", maintain_order=True)
@@ -436,10 +451,13 @@ def _group_stats(log, m: pl.DataFrame) -> pl.DataFrame:
         .explode("trajectory_id")
         .filter(pl.col("trajectory_id").is_not_null())
         .join(
-            _traj(log).select("trajectory_id", "reward", pl.coalesce("group_id", "task_id").alias("_g")),
+            _traj(log).select(
+                "trajectory_id", "reward", "split_continues", pl.coalesce("group_id", "task_id").alias("_g")
+            ),
             on="trajectory_id",
             how="left",
         )
+        .filter(~pl.col("split_continues").fill_null(False))  # a split episode is one member, its last segment
     )
     r = pl.col("reward")
     stats = pool.group_by("_u", "_g").agg(
@@ -670,14 +688,14 @@ def excluded_member(log, cfg) -> pl.DataFrame | None:
     used in updates. Fix the trainer's batch filter to drop these episodes (and retry or
     bootstrap them as the truncation policy says). An episode excluded from the loss but kept
     in its group's statistics (loss_excluded, contract 1.2) may be named: nothing of it is
-    trained (M109 checks); so may a segment that does not end its split episode
-    (split_continues), whose reward is carried by the episode's last segment.
+    trained (M109 checks). A segment that does not end its split episode (split_continues) is
+    judged by the episode's outcome, on its last segment.
     """
     m = members(log).filter(pl.col("_in_log"))
     infra = pl.col("infra_error").fill_null(False)
     kept = ~pl.col("loss_excluded").fill_null(False)
     trunc = pl.col("truncated").fill_null(False) & (cfg.truncation == "exclude") & kept
-    null_r = pl.col("reward").is_null() & ~pl.col("split_continues").fill_null(False)
+    null_r = pl.col("reward").is_null()
     bad = m.filter(infra | trunc | null_r)
     if bad.is_empty():
         return None

@@ -109,4 +109,3 @@ def masked_truncation_not_applied(ctx: Ctx) -> list[str]:
     t = ctx.pick(lambda t: any(t["loss_mask"]), "trajectory with trainable tokens")
     t["loss_excluded"] = True
     return [t["trajectory_id"]]
-
