@@ -156,3 +156,13 @@ def test_segments_of_a_split_episode_are_one_group_member_trained_with_its_advan
     # counted as two members (1.0 twice against 0.0) the advantages would be others: U603 recomputes
     wrong = dict(update, advantages=[2 / 3 / 0.57735, 2 / 3 / 0.57735, -4 / 3 / 0.57735])
     assert "U603" in ra.audit(table, [wrong]).codes("error")
+
+
+def test_m108_on_hostile_split_evidence_names_it_without_crashing():
+    table = openai.to_contract(read_dump(fixture("openai", "retokenized")), **CONTEXT)
+    recs = table.to_pylist()
+    recs[1]["split_position"] = 10**6
+    recs[1]["split_sequence_id"] = None
+    f = ra.audit(recs, None).findings.filter(pl.col("code") == "M108").row(0, named=True)
+    assert f["position"] is None and "split_position lies outside the trajectory's tokens" in f["message"]
+    assert "had id (not recorded)" in f["message"]

@@ -486,7 +486,7 @@ def split_episode(b: BatchView, cfg) -> pl.DataFrame | None:
         return None
     t = b.tokens
     at = b.col("split_position")
-    rows = np.flatnonzero(at.is_valid().to_numpy(zero_copy_only=False))
+    rows = np.flatnonzero(at.is_valid().to_numpy(zero_copy_only=False) & b.ok)  # malformed rows: S003
     pos = at.cast(pa.int64()).fill_null(-1).to_numpy(zero_copy_only=False)
     n_tok = t.n_tok[rows]
     p = pos[rows]
@@ -517,7 +517,7 @@ def split_episode(b: BatchView, cfg) -> pl.DataFrame | None:
             "had": had,
             "ctx": ctx,
             "got": got,
-            "ok": b.ok[rows] & (p >= 0) & (p <= n_tok),
+            "ok": (p >= 0) & (p <= n_tok),
         }
     )
     claim = pl.format(
