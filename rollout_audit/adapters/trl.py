@@ -21,6 +21,20 @@ import pyarrow as pa
 
 from ..contract import schema as S
 
+# the fields of TRL's own classes the converter and the guard read (tests/test_framework_drift.py)
+READS = {
+    "trl.GRPOConfig": {
+        "mask_truncated_completions",
+        "loss_type",
+        "num_generations",
+        "steps_per_generation",
+        "scale_rewards",
+        "max_completion_length",
+        "temperature",
+        "top_p",
+    },
+}
+
 # Why each column is absent from a TRL record (keys: contract column or turns.field).
 TRL_LACKS = {
     "behavior_logprobs": "TRL does not record behaviour log-probs on this path: the batch has no "
