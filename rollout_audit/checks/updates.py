@@ -44,6 +44,8 @@ ADVANTAGE_INPUTS = (
     "updates.advantages",
     "updates.advantage_estimator",
     "updates.window_trajectory_ids",
+    "split_continues",
+    "split_from",
 )
 EXCLUSION_INPUTS = (
     *_MEMBERSHIP,
@@ -53,6 +55,7 @@ EXCLUSION_INPUTS = (
     "stop_reason",
     "loss_excluded",
     "split_continues",
+    "split_from",
 )
 
 
