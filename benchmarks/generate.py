@@ -331,6 +331,20 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
         num_trainable[fault == 3] += 3
         stop_idx[fault == 4] = 4  # max_tokens on a terminated episode
 
+    # ---- contract 1.2 loss evidence: the outcome on the last policy token, a KL penalty on policy
+    # tokens only, and the reward-to-go over the policy tokens of each episode
+    pidx = np.flatnonzero(pol)
+    prow = row[pidx]
+    ends = np.r_[prow[1:] != prow[:-1], True] if pidx.size else np.zeros(0, bool)
+    tok_reward = np.zeros(ntok, np.float32)
+    tok_reward[pidx[ends]] = np.where(term, outcome, 0.0)[prow[ends]]
+    tok_kl = np.zeros(ntok, np.float32)
+    tok_kl[pidx] = np.float32(0.01) * np.abs(lp32[pidx])
+    step = tok_reward[pidx].astype(np.float64) - tok_kl[pidx]
+    csum = np.cumsum(step)
+    tok_ret = np.zeros(ntok, np.float32)
+    tok_ret[pidx] = (csum[ends][np.cumsum(np.r_[True, ends[:-1]]) - 1] - csum + step) if pidx.size else 0.0
+
     # ---- arrays
     comp_keys = pa.array(np.tile(np.array(["outcome", "format"], object), nT), pa.string())
     comp_vals = np.stack([r, np.zeros(nT)], axis=1).reshape(-1)
@@ -397,6 +411,9 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
         "final_value": pa.array(final_value),
         "num_trainable_tokens": pa.array(num_trainable.astype(np.int32)),
         "wall_clock_s": pa.array(np.round(0.1 + np.bincount(t_row, weights=latency + tool_latency, minlength=n), 4)),
+        "token_reward": _list(tok_start, pa.array(tok_reward)),
+        "token_kl": _list(tok_start, pa.array(tok_kl)),
+        "token_returns": _list(tok_start, pa.array(tok_ret)),
     }
     schema = file_schema(plan.shape)
     turn_type = schema.field("turns").type.value_type
@@ -409,7 +426,7 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
 def file_schema(shape: Shape) -> pa.Schema:
     """The trajectories schema a shape writes: every column, or only required and conditional
     columns and turn fields."""
-    full = S.arrow_schema("trajectories")
+    full = S.arrow_schema("trajectories", S.CONTRACT_VERSION)
     if shape.optional:
         return full
     # group_id stays: the updates' GRPO advantages are computed per group
@@ -447,8 +464,12 @@ def make_updates(plan: Plan, trainable: np.ndarray) -> pa.Table:
         "advantages": _list(offs, pa.array(adv)),
         "advantage_estimator": _take_str(["grpo"], np.zeros(nu, np.int32)),
         "max_policy_lag": pa.array(np.zeros(nu, np.int64)),
+        "numerator_tokens": _list(offs, pa.array(trainable[keep])),  # the policy tokens each loss sums
+        "stat_trajectory_ids": _list(offs, _fmt(len(keep), "t", (keep, 9))),  # statistics among the trained
     }
-    schema = S.arrow_schema("updates")
+    v1 = S.arrow_schema("updates")
+    evidence = [pa.field(c, S.column("updates", c).arrow_type) for c in ("numerator_tokens", "stat_trajectory_ids")]
+    schema = pa.schema([*v1, *evidence], metadata={**v1.metadata, S.META_VERSION: b"1.2"})
     return pa.Table.from_arrays([cols[f.name].cast(f.type) for f in schema], schema=schema)
 
 

@@ -118,7 +118,7 @@ def _imports(pandera: bool = True) -> float:
     before any clock starts); the peak RSS so far."""
     import rollout_audit  # noqa: F401
     from rollout_audit import cli  # noqa: F401  (what `rollout-audit check` imports)
-    from rollout_audit.contract.registry import all_rules
+    from rollout_audit.checks import all_rules
 
     if pandera:
         from rollout_audit.contract import models  # noqa: F401

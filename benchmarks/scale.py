@@ -6,7 +6,7 @@ Each configuration runs in a fresh subprocess (imports and, for Ray, `ray.init` 
 the clock starts; one warm-up audit, then the median of `--repeat` timed ones):
 
 - local 1 / local 2: `run_audit(discover(path), workers=N, tune=True)` (the CLI's path);
-- ray 1 / ray 2: `ray.init(num_cpus=N)`, then `run_audit_ray(...)` with shares of
+- ray 1 / ray 2: `ray.init(num_cpus=N)`, then `run_audit(..., executor=RayExecutor(...))` with shares of
   `--rows-per-share` rows; the warm-up run also starts the worker processes.
 
 Peak RSS is VmHWM from /proc: of the process for local runs; for Ray of the driver, and of the
@@ -75,14 +75,14 @@ def child(path: str, mode: str, workers: int, repeat: int, rows_per_share: int) 
     if mode == "ray":
         import ray
 
-        from rollout_audit.running.distributed import run_audit_ray
+        from rollout_audit.running.distributed import RayExecutor
 
         t0 = time.perf_counter()
         ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
         init = time.perf_counter() - t0
 
         def once():
-            return run_audit_ray(discover([path]), Config(), rows_per_share=rows_per_share)
+            return run_audit(discover([path]), Config(), executor=RayExecutor(rows_per_share=rows_per_share))
     else:
 
         def once():
@@ -135,15 +135,16 @@ def costs(path: str, rows_per_share: int) -> dict:
 
     from rollout_audit.contract.config import Config
     from rollout_audit.frames.views import LogView
+    from rollout_audit.reading.batches import shares
     from rollout_audit.reading.io import discover
-    from rollout_audit.running.distributed import PARTITIONED, Job, _columns, check_partition, check_share, shares
+    from rollout_audit.running.distributed import Job, _columns, check_partition, check_share
     from rollout_audit.running.runner import Runner, plan
 
     disc = discover([path])
     cfg = Config()
     runner = Runner(cfg)
-    kept = [r for r in runner.log_rules if r.code not in PARTITIONED]
-    part = tuple(r.code for r in runner.log_rules if r.code in PARTITIONED)
+    kept = [r for r in runner.log_rules if not r.partition]
+    part = tuple(r.code for r in runner.log_rules if r.partition)
     job = Job(cfg, None, None, None, {}, plan(runner), 2048, frozenset(q for r in kept for q in r.reads), part, 1)
     units = shares(disc.of_kind("trajectories"), rows_per_share, cfg.max_row_group_bytes)
     check_share(job, units[0])  # warm-up (imports, first polars plans)

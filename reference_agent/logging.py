@@ -81,10 +81,13 @@ UPDATE_SCHEMA = pa.schema(
         ("advantages", pa.list_(pa.float64())),
         ("advantage_estimator", pa.string()),
         ("max_policy_lag", pa.int64()),
+        ("numerator_tokens", pa.list_(pa.int64())),
+        ("stat_trajectory_ids", pa.list_(pa.string())),
     ]
 )
 
 SCHEMAS = {"trajectories": TRAJECTORY_SCHEMA, "updates": UPDATE_SCHEMA}
+VERSIONS = {"trajectories": "1", "updates": "1.2"}  # the contract version each file's columns need
 # How the environment pays each reward component (file metadata `rollout_log.reward_components`):
 # the sparse outcome is paid once, when the episode ends, so R408 checks it without configuration.
 REWARD_COMPONENTS = {"outcome": "terminal"}
@@ -93,7 +96,7 @@ REWARD_COMPONENTS = {"outcome": "terminal"}
 def to_table(records: list[dict[str, Any]], kind: str) -> pa.Table:
     """Records (column-name dicts; turns as lists of dicts) → an Arrow table with the contract types."""
     table = pa.Table.from_pylist(records, schema=SCHEMAS[kind])
-    return table.replace_schema_metadata({"rollout_log.schema_version": "1", "rollout_log.kind": kind})
+    return table.replace_schema_metadata({"rollout_log.schema_version": VERSIONS[kind], "rollout_log.kind": kind})
 
 
 class _ArrowWriter:
@@ -101,7 +104,7 @@ class _ArrowWriter:
 
     def __init__(self, path: str | Path, kind: str, tokenizer: dict[str, Any] | None = None) -> None:
         self.path, self.kind = Path(path), kind
-        self.meta = {"rollout_log.schema_version": "1", "rollout_log.kind": kind}
+        self.meta = {"rollout_log.schema_version": VERSIONS[kind], "rollout_log.kind": kind}
         if tokenizer is not None:
             self.meta["rollout_log.tokenizer"] = json.dumps(tokenizer)
         self.tmp = self.path.with_name(self.path.name + ".tmp")

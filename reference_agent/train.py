@@ -377,6 +377,9 @@ def update(
         "advantages": [float(a) for a in advantages],
         "advantage_estimator": "grpo",
         "max_policy_lag": cfg.epochs - 1,
+        # the group statistics are formed among exactly the trained members (groups of one left out)
+        "stat_trajectory_ids": [r["trajectory_id"] for r in batch],
+        "numerator_tokens": [],
     }
     if not batch:
         return record
@@ -413,6 +416,7 @@ def update(
                 f"update {step}: recomputed log-probs differ from behaviour log-probs by {drift:.2e}", stacklevel=2
             )
     denominator = float(sum(r["num_trainable_tokens"] for r in batch))  # loss-mask tokens in the batch
+    record["numerator_tokens"] = np.bincount(rows, minlength=len(batch)).tolist()  # the terms summed, per episode
     adv_t = torch.tensor(advs, dtype=torch.float32)
     ratio = torch.exp(logp_a - beh_t)
     surrogate = torch.minimum(ratio * adv_t, torch.clamp(ratio, 1 - cfg.clip, 1 + cfg.clip) * adv_t)
@@ -622,10 +626,43 @@ def run_profile(profile: str, out_dir: str | Path, seed: int = 0, progress: bool
     }
 
 
+POLICY_LABELS = {
+    "trained": "trained (GRU memory)",
+    "untrained": "untrained (v0)",
+    "no_memory": "trained, no memory (state reset each turn)",
+}
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """Plain-text table: greedy success on red and blue tasks for each policy (mean ± std for `full`)."""
+    summary = result.get("summary")
+    lines = [
+        f"profile {result.get('profile')}  train {result['train_seconds']:.1f}s  "
+        f"total {result['total_seconds']:.1f}s  out {result.get('out_dir')}",
+        f"{'policy':<44}{'red':>16}{'blue':>16}",
+    ]
+    for key, label in POLICY_LABELS.items():
+        cells = []
+        for colour in ("red", "blue"):
+            if summary:
+                s = summary[f"{key}/{colour}"]
+                cells.append(f"{s['mean']:.3f} ± {s['std']:.3f}")
+            else:
+                cells.append(f"{result['evaluation'][key][colour]:.3f}")
+        lines.append(f"{label:<44}{cells[0]:>16}{cells[1]:>16}")
+    for run in result.get("runs", []):  # full profile: every seed, so a failed seed is visible
+        ev = run["evaluation"]
+        lines.append(
+            f"  seed {run['seed']}: trained red {ev['trained']['red']:.2f} blue {ev['trained']['blue']:.2f}, "
+            f"no-memory red {ev['no_memory']['red']:.2f} blue {ev['no_memory']['blue']:.2f}"
+        )
+    if "stop_reasons" in result:
+        lines.append("stop reasons: " + ", ".join(f"{k}={v}" for k, v in sorted(result["stop_reasons"].items())))
+    return "\n".join(lines)
+
+
 def main() -> None:
     """CLI entry: train a profile and print the evaluation table."""
-    from reference_agent.demo import format_table
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", choices=sorted(PROFILES), default="smoke")
     parser.add_argument("--out", default="out")

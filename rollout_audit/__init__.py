@@ -18,15 +18,21 @@ _EXPORTS = {
     "load_config": "contract.config",
     "audit": "running.engine",
     "audit_tables": "running.engine",
+    "Options": "running.options",
     "RolloutWriter": "writer",
-    "UsageError": "reading.io",
+    "UsageError": "contract.errors",
     "Log": "reading.log",
     "scan": "reading.log",
-    "RULES": "contract.registry",
-    "all_rules": "contract.registry",
-    "ConfigError": "contract.config",
+    "RULES": "checks",
+    "all_rules": "checks",
+    "ConfigError": "contract.errors",
+    "RolloutAuditError": "contract.errors",
+    "InputError": "contract.errors",
+    "AdapterError": "contract.errors",
+    "ReplayError": "contract.errors",
+    "AuditFailed": "contract.errors",
     "records_to_table": "reading.records",
-    "Report": "reporting.report",
+    "Report": "running.report",
     "models": "contract.models",
 }
 __all__ = sorted(_EXPORTS)
@@ -34,6 +40,8 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name: str):
     if name in _EXPORTS:
+        if _EXPORTS[name].startswith("running"):
+            importlib.import_module(".reporting", __name__)  # registers the report's output formats
         mod = importlib.import_module(f".{_EXPORTS[name]}", __name__)
         return mod if name == _EXPORTS[name].rpartition(".")[2] else getattr(mod, name)
     raise AttributeError(f"module 'rollout_audit' has no attribute {name!r}")

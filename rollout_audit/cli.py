@@ -9,6 +9,8 @@ from typing import NoReturn
 
 import click
 
+from .contract.errors import RolloutAuditError, UsageError
+
 FORMATS = ("text", "concise", "json", "github", "junit")
 
 
@@ -56,11 +58,9 @@ class _Group(click.Group):
             sys.stderr.close()
             sys.exit(0)
         except BaseException as e:  # noqa: BLE001 - native panics too: a message, never a traceback
-            from polars.exceptions import ComputeError
-
-            from .reading.io import UsageError
-
-            if isinstance(e, (UsageError, ValueError, OSError, ComputeError)):  # bad input: one line
+            if isinstance(e, RolloutAuditError):  # a message for the user: one line
+                _fail(_first_line(e))
+            if isinstance(e, OSError):  # the system refused a path (absent, unreadable, full): its message names it
                 _fail(_first_line(e))
             _fail(f"internal error: {type(e).__name__}: {_first_line(e)} (please report this)")
 
@@ -149,7 +149,7 @@ def main() -> None:
     "replay",
     type=click.IntRange(0),
     default=None,
-    help="Replay N trajectories stratified by policy version (L205-L207; needs a configured replayer).",
+    help="Replay N trajectories stratified by policy version (L205-L207, L209; needs a configured replayer).",
 )
 @click.option(
     "--ray",
@@ -193,8 +193,8 @@ def check(
     training. 2: the audit could not be completed (a check crashed, no usable input, bad
     configuration).
     """
+    from .checks import all_rules
     from .contract.config import find_config
-    from .contract.registry import all_rules
     from .reporting.outputs import check_output
 
     if show_settings:
@@ -209,13 +209,18 @@ def check(
             _fail(f"unknown check code or prefix {c!r}; see `rollout-audit explain --list`")
     if output:
         check_output(output, paths)
+    from .running.options import Options
+
     ray = None if ray_address is None else (True if ray_address == "local" else ray_address)
+    opts = Options(select=tuple(sel), ignore=tuple(ign), workers=workers, ray=ray, tune=True)
     logs = [list(paths)] if merge or framework or len(paths) == 1 else [[p] for p in paths]
-    done = [(log, *_audit_one(log, config_path, replay, sel, ign, workers, framework, context, ray)) for log in logs]
+    done = [(log, *_audit_one(log, config_path, replay, opts, framework, context)) for log in logs]
     reports = [(log, rep) for log, rep, _ in done]
     painted = fmt == "text" and not output and (_tty_colour() if color is None else color)
     limit = None if show_all else done[0][2]
-    text = _render_all(reports, fmt, limit=limit, color=painted, strict=strict, quiet=quiet)
+    from .reporting.report import render_logs
+
+    text = render_logs(reports, fmt, limit=limit, color=painted, strict=strict, quiet=quiet)
     if output:
         with open(output, "w") as fh:
             fh.write(text + "\n")
@@ -232,7 +237,7 @@ def _with_replay(cfg, replay):
     return cfg if replay is None else cfg.model_copy(update={"replay": replay})
 
 
-def _audit_one(paths, config_path, replay, sel, ign, workers, framework, context, ray=None):
+def _audit_one(paths, config_path, replay, opts, framework, context):
     """The report of one log (a list of paths audited together), configured from next to it, and
     the number of findings per code its configuration shows in text. A framework's dump
     (`--from`) is converted and audited as a log of files that is removed afterwards."""
@@ -242,58 +247,18 @@ def _audit_one(paths, config_path, replay, sel, ign, workers, framework, context
 
     cfg = _with_replay(find_config(config_path, start=paths[0])[0], replay)
     if not framework:
-        return run_audit(
-            discover(paths), cfg, sel or None, ign or None, tune=True, workers=workers, ray=ray
-        ), cfg.max_examples
+        return run_audit(discover(paths), cfg, opts), cfg.max_examples
     from .adapters.convert import as_log, convert, relabel
 
     conv = convert(framework, paths, _context(context))
     with as_log(conv) as root:
-        rep = run_audit(discover([root]), cfg, sel or None, ign or None, tune=True, workers=workers, ray=ray)
+        rep = run_audit(discover([root]), cfg, opts)
         return relabel(rep, conv, root), cfg.max_examples
 
 
 def _tty_colour() -> bool:
     """Colour by default only on a terminal, and never when NO_COLOR is set (no-color.org)."""
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-
-
-def _render_all(reports, fmt: str, **kw) -> str:
-    """One report as `Report.render` gives it; several, each under its path (JSON: a list)."""
-    from .reporting.report import printable, render_concise
-
-    if len(reports) == 1:
-        return reports[0][1].render(fmt, **kw)
-    if fmt == "json":
-        return json.dumps({"logs": [{"path": str(p[0]), **r.to_dict()} for p, r in reports]}, indent=1, default=str)
-    if fmt == "junit":
-        suites = [r.render("junit").split("\n", 1)[1] for _, r in reports]
-        named = [
-            x.replace('name="rollout-audit"', f'name="rollout-audit {_xml(str(p[0]))}"', 1)
-            for (p, _), x in zip(reports, suites)
-        ]
-        return '<?xml version="1.0" encoding="utf-8"?>\n<testsuites>\n' + "\n".join(named) + "\n</testsuites>"
-    if fmt == "github":
-        return "\n".join(x for x in (r.render(fmt) for _, r in reports) if x)
-    if fmt == "concise":  # no headers: every line stays one finding, or one log's verdict after its path
-        bodies = (
-            render_concise(r, strict=kw["strict"], quiet=kw["quiet"], label=f"{printable(p[0])}: ") for p, r in reports
-        )
-        return "\n".join(b for b in bodies if b)
-    parts = []
-    for p, r in reports:
-        body = r.render(fmt, **kw)
-        if body:
-            parts.append(f"== {printable(p[0])} ==\n{body}")
-    return "\n\n".join(parts)
-
-
-def _xml(s: str) -> str:
-    from xml.sax.saxutils import escape
-
-    from .reporting.report import printable
-
-    return escape(printable(s), {'"': "&quot;"})
 
 
 def _context(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -320,7 +285,8 @@ def _say_incomplete(rep) -> None:
 @click.option("--list", "list_all", is_flag=True, help="List every check code, by family.")
 def explain(code, list_all) -> None:
     """Explain a check: the rule, the lesson it comes from, what to fix (a family letter: its checks)."""
-    from .contract.registry import FAMILIES, all_rules
+    from .checks import all_rules
+    from .contract.registry import FAMILIES
 
     rules = all_rules()
     want = (code or "").upper()
@@ -546,7 +512,10 @@ def faults_apply(name, src, dst, seed) -> None:
         _fail(f"unknown fault {name!r}; see `rollout-audit faults --list`")
     check_output(dst, [src], writes_log=True)
     check_new_directory(dst)
-    (t, u), touched = apply(name, *read_records(src), seed=seed)
+    try:
+        (t, u), touched = apply(name, *read_records(src), seed=seed)
+    except ValueError as e:  # the log has nothing this fault can break, or cannot be read
+        raise UsageError(f"{src}: {_first_line(e)}") from None
     declared = declared_components(src) | FAULTS[name].declares  # the producer's declaration, carried over
     write_records(dst, t, u, corrupt=FAULTS[name].file_level, reward_components=declared)
     click.echo(

@@ -196,3 +196,39 @@ def make_log(
 
 def nan_safe(x: float | None) -> bool:
     return x is not None and not math.isnan(x)
+
+
+def record_loss_evidence(trajs: list[dict], updates: list[dict], kl_coef: float = 0.01) -> None:
+    """Fill, in place, the contract 1.2 evidence of what a compliant trainer built its loss from:
+    per token, the episode reward placed on the last policy token (`token_reward`), a KL penalty
+    on policy tokens only (`token_kl`, kl_coef·|behaviour log-prob|) and the reward-to-go over
+    the policy tokens (`token_returns`); per update, the tokens summed in the loss
+    (`numerator_tokens`, the trainable ones) and the trajectories of the group statistics
+    (`stat_trajectory_ids`, the batch or its window). Columns already recorded are kept."""
+    for t in trajs:
+        src = t["token_source"]
+        pol = [i for i, s in enumerate(src) if s == 2]
+        if "token_reward" not in t:
+            placed = [0.0] * len(src)
+            if pol and t.get("reward"):
+                placed[pol[-1]] = float(t["reward"])
+            t["token_reward"] = placed
+        if "token_kl" not in t:
+            lps = t.get("behavior_logprobs") or [None] * len(src)
+            t["token_kl"] = [
+                float(np.float32(kl_coef * abs(lp if lp is not None else 1.0))) if s == 2 else 0.0
+                for s, lp in zip(src, lps)
+            ]
+        if "token_returns" not in t:
+            ret = [0.0] * len(src)
+            acc = 0.0
+            for i in reversed(pol):
+                acc += (t["token_reward"][i] or 0.0) - (t["token_kl"][i] or 0.0)
+                ret[i] = acc
+            t["token_returns"] = ret
+    by_id = {t["trajectory_id"]: t for t in trajs}
+    for u in updates:
+        if "numerator_tokens" not in u:
+            u["numerator_tokens"] = [int(sum(by_id[i]["loss_mask"])) if i in by_id else 0 for i in u["trajectory_ids"]]
+        if "stat_trajectory_ids" not in u:
+            u["stat_trajectory_ids"] = list(u.get("window_trajectory_ids") or u["trajectory_ids"])

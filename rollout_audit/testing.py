@@ -1,5 +1,5 @@
-"""Audit a log in your own test suite: `assert_clean(path_or_tables)` raises AssertionError with
-the findings in a readable form, like `rollout-audit check` would print them.
+"""Audit a log in your own test suite: `assert_clean(path_or_tables)` raises `AuditFailed` (an
+AssertionError, so pytest shows a failure) with the findings in a readable form, like `rollout-audit check` would print them.
 
     from rollout_audit.testing import assert_clean
 
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .contract.config import Config
+from .contract.errors import AuditFailed
 from .reporting.report import Report, _coda, verdict_line
 from .running.engine import audit
 
@@ -33,11 +34,11 @@ def assert_clean(
     strict: bool = False,
 ) -> Report:
     """Audit `source` (a path, a list of paths, a scanned Log, or in-memory trajectory records or
-    tables with `updates`) and return the report; raise AssertionError when the audit would exit
+    tables with `updates`) and return the report; raise AuditFailed (`.report` holds it) when the audit would exit
     non-zero: error findings (warnings too with `strict`), a crashed check, or nothing to audit."""
     rep = audit(source, updates, config=config, select=select, ignore=ignore)
     if rep.exit_code(strict):
-        raise AssertionError(failure_message(rep, strict))
+        raise AuditFailed(failure_message(rep, strict), rep)
     return rep
 
 

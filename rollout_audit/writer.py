@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from .contract import schema as S
 from .contract.config import Config
+from .contract.errors import InputError
 from .frames.batch import Batch
 from .reading.io import one_line
 from .reading.read import cast, memory_file, schema_plan
@@ -49,12 +50,12 @@ class RolloutWriter:
         """`tokenizer`, when given, is declared in the file metadata `rollout_log.tokenizer` so that
         `rollout-audit show` can decode the ids: {"name": str, "vocabulary": [text of each id]}, either key optional."""
         if kind not in ("trajectories", "updates"):
-            raise ValueError(f"kind must be 'trajectories' or 'updates', not {kind!r}")
+            raise InputError(f"kind must be 'trajectories' or 'updates', not {kind!r}")
         # the writer's declarations, written into the file metadata (they win over ones a table carries)
         self._meta = {S.META_TOKENIZER: _tokenizer_meta(tokenizer)} if tokenizer is not None else {}
         bad = {k: v for k, v in (reward_components or {}).items() if v not in S.PAYMENTS}
         if bad:
-            raise ValueError(f"reward_components: {bad} not one of {', '.join(S.PAYMENTS)}")
+            raise InputError(f"reward_components: {bad} not one of {', '.join(S.PAYMENTS)}")
         if reward_components:
             self._meta[S.META_REWARD_COMPONENTS] = json.dumps(dict(reward_components), sort_keys=True).encode()
         self.path = Path(path)
@@ -81,7 +82,7 @@ class RolloutWriter:
         if self.validate:
             problems = contract_problems(table, self.kind)
             if problems:
-                raise ValueError(
+                raise InputError(
                     f"{self.path}: record refused: {problems[0]}"
                     + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
                 )
@@ -96,7 +97,7 @@ class RolloutWriter:
     def close(self) -> Path:
         """Finish the file and move it to its final name."""
         if self._writer is None:
-            raise ValueError(f"{self.path}: nothing was written; refusing to publish an empty log")
+            raise InputError(f"{self.path}: nothing was written; refusing to publish an empty log")
         self._writer.close()
         self._writer = None
         _fsync_path(self._tmp)  # the data is on disk before the name points at it
@@ -117,19 +118,19 @@ class RolloutWriter:
         if not isinstance(records, pa.Table):
             records = list(records)
             if not records:
-                raise ValueError("write() got no records")
+                raise InputError("write() got no records")
             if self._schema is None:
                 self._schema = schema_for_records(records, self.kind)
             try:
                 records = pa.Table.from_pylist(records, schema=self._schema)
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
-                raise ValueError(f"{self.path}: record refused: {one_line(e)}") from None
+                raise InputError(f"{self.path}: record refused: {one_line(e)}") from None
         if self._schema is None:
             self._schema = canonical_schema(records.schema, self.kind)
         try:
             return records.select(self._schema.names).cast(self._schema)
         except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-            raise ValueError(f"{self.path}: batch does not match the file's schema: {one_line(e)}") from None
+            raise InputError(f"{self.path}: batch does not match the file's schema: {one_line(e)}") from None
 
 
 def _tokenizer_meta(tokenizer: Mapping) -> bytes:
@@ -137,11 +138,11 @@ def _tokenizer_meta(tokenizer: Mapping) -> bytes:
     unknown = set(tokenizer) - {"name", "vocabulary"}
     name, vocab = tokenizer.get("name"), tokenizer.get("vocabulary")
     if unknown or (name is not None and not isinstance(name, str)):
-        raise ValueError(
+        raise InputError(
             f"tokenizer must be {{'name': str, 'vocabulary': [str]}}; got keys {sorted(map(str, tokenizer))}"
         )
     if vocab is not None and not (isinstance(vocab, (list, tuple)) and all(isinstance(w, str) for w in vocab)):
-        raise ValueError("tokenizer['vocabulary'] must be a list of strings, the text of each token id")
+        raise InputError("tokenizer['vocabulary'] must be a list of strings, the text of each token id")
     d = {k: (list(v) if k == "vocabulary" else v) for k, v in tokenizer.items() if v is not None}
     return json.dumps(d, ensure_ascii=False).encode()
 

@@ -139,7 +139,10 @@ def test_check_from_replays_and_names_the_dump_records(model_dir: str, tmp_path:
 def test_check_from_with_replay_and_no_replayer_exits_2(tmp_path: Path) -> None:
     res = cli("check", fixture("openai", "compliant"), "--from", "openai", *opts(IDENTITY), "--replay", "8")
     assert res.exit_code == 2, res.output + res.stderr
-    assert "error: L205, L206, L207: replay of 8 trajectories was asked for and did not run: no replayer" in res.output
+    assert (
+        "error: L205, L206, L207, L209: replay of 8 trajectories was asked for and did not run: no replayer"
+        in res.output
+    )
 
 
 def test_a_context_that_does_not_extend_the_session_is_m108_counted_once(model_dir: str, tmp_path: Path) -> None:

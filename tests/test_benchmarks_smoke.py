@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` liv
 import rollout_audit
 from benchmarks.generate import FAULTS, generate
 from benchmarks.run import naive_audit
+from rollout_audit.checks import all_rules
 from rollout_audit.contract import schema as S
-from rollout_audit.contract.registry import all_rules
 
 
 @pytest.fixture(scope="module")
@@ -32,14 +32,15 @@ def test_generated_log_has_the_full_contract(clean):
     for name in info["files"]:
         pf = pq.ParquetFile(clean / name)
         meta = pf.schema_arrow.metadata
-        assert meta[S.META_VERSION] == b"1" and meta[S.META_KIND] == b"trajectories"
+        assert meta[S.META_VERSION] == b"1.2" and meta[S.META_KIND] == b"trajectories"
         assert pf.metadata.num_row_groups >= 1
         assert pf.schema_arrow.names == [c.name for c in S.columns("trajectories") if c.since == "1"]  # a v1 file
         turn_fields = [f.name for f in pf.schema_arrow.field("turns").type.value_type]
         assert turn_fields == [c.name for c in S.columns("turn")]
     upd = pq.ParquetFile(clean / "updates" / "updates.parquet")
     assert upd.schema_arrow.metadata[S.META_KIND] == b"updates"
-    assert upd.schema_arrow.names == S.arrow_schema("updates").names  # the v1 contract, every column
+    # the v1 contract, every column, and the contract 1.2 loss evidence
+    assert upd.schema_arrow.names == [*S.arrow_schema("updates").names, "numerator_tokens", "stat_trajectory_ids"]
     t = pq.read_table(clean / info["files"][0])
     assert t.column("truncated").to_numpy().any()
     assert t.column("reward").null_count > 0

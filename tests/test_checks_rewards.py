@@ -357,3 +357,97 @@ def test_r410_same_result_from_files(tmp_path, records, parts):
     assert blocking(rep) == {"R410"}
     assert sorted(rows(rep, "R410")["trajectory_id"]) == sorted([s["trajectory_id"], f["trajectory_id"]])
     assert all(x.endswith(".parquet") for x in rows(rep, "R410")["file"])
+
+
+# ---------------------------------------------------------------- R411-R413 (contract 1.2 evidence)
+
+
+def evidenced(records):
+    from rollout_audit.synth import record_loss_evidence
+
+    trajs, ups = records
+    record_loss_evidence(trajs, ups)
+    return trajs, ups
+
+
+def rewarded(trajs):
+    return next(t for t in trajs if t["reward"] and len(t["turns"]) >= 2)
+
+
+def policy_positions(t):
+    return [i for i, s in enumerate(t["token_source"]) if s == 2]
+
+
+def returns_to_go(t, over):
+    acc, out = 0.0, [0.0] * len(t["token_ids"])
+    for i in reversed(over):
+        acc += t["token_reward"][i] - t["token_kl"][i]
+        out[i] = acc
+    return out
+
+
+def test_r411_r413_silent_on_compliant_evidence_and_not_run_without_it(records):
+    rep = audit(*evidenced(records))
+    assert not blocking(rep) and not {"R411", "R412", "R413"} & set(rep.not_run)
+    plain = audit(*make_plain(records))
+    assert {"R411", "R412", "R413"} <= set(plain.not_run)
+
+
+def make_plain(records):
+    trajs, ups = records
+    return [{k: v for k, v in t.items() if not k.startswith("token_r") and k != "token_kl"} for t in trajs], ups
+
+
+def test_r411_reward_on_the_token_after_the_last_action(records):
+    trajs, ups = evidenced(records)
+    t = rewarded(trajs)
+    last = policy_positions(t)[-1]
+    t["token_reward"][last], t["token_reward"][last + 1] = 0.0, t["reward"]
+    t["token_returns"] = returns_to_go(t, range(len(t["token_ids"])))
+    rep = audit(trajs, ups)
+    f = rows(rep, "R411")
+    assert blocking(rep) == {"R411", "R413"} and f["trajectory_id"].to_list() == [t["trajectory_id"]]
+    assert f["position"][0] == last + 1 and "a template token the policy did not sample" in f["message"][0]
+
+
+def test_r411_mid_turn_and_lost_rewards_and_a_list_of_another_length(records):
+    trajs, ups = evidenced(records)
+    t = rewarded(trajs)
+    first_turn = [i for i in policy_positions(t) if t["token_turn"][i] == 0]
+    t["token_reward"] = [0.0] * len(t["token_ids"])
+    if len(first_turn) >= 2:
+        t["token_reward"][first_turn[0]] = 0.5
+    other = next(o for o in trajs if o["reward"] and o is not t)
+    other["token_reward"] = [0.0] * len(other["token_ids"])
+    third = next(o for o in trajs if o is not t and o is not other)
+    third["token_reward"] = third["token_reward"][:-1]
+    f = rows(audit(trajs, ups, select=["R411"]), "R411")
+    msgs = dict(zip(f["trajectory_id"].to_list(), f["message"].to_list()))
+    if len(first_turn) >= 2:
+        assert "a policy token that is not the last of its turn" in msgs[t["trajectory_id"]]
+    assert "placed on no token" in msgs[other["trajectory_id"]]
+    assert "token_reward has" in msgs[third["trajectory_id"]] and "it is not read" in msgs[third["trajectory_id"]]
+
+
+def test_r412_r413_kl_of_tool_tokens_accumulated_into_the_returns(records):
+    trajs, ups = evidenced(records)
+    t = rewarded(trajs)
+    t["token_kl"] = [k if s == 2 else 0.02 for s, k in zip(t["token_source"], t["token_kl"])]
+    t["token_returns"] = returns_to_go(t, range(len(t["token_ids"])))
+    rep = audit(trajs, ups)
+    assert blocking(rep) == {"R412", "R413"}
+    assert "KL penalty on" in rows(rep, "R412")["message"][0]
+    assert "the sum over every token" in rows(rep, "R413")["message"][0]
+
+
+def test_r413_returns_restarted_at_each_turn(records):
+    trajs, ups = evidenced(records)
+    t = rewarded(trajs)
+    pol = policy_positions(t)
+    for k in set(t["token_turn"][i] for i in pol):
+        part = returns_to_go(t, [i for i in pol if t["token_turn"][i] == k])
+        for i in pol:
+            if t["token_turn"][i] == k:
+                t["token_returns"][i] = part[i]
+    f = rows(audit(trajs, ups), "R413")
+    assert f["trajectory_id"].to_list() == [t["trajectory_id"]] and "the sum over every token" not in f["message"][0]

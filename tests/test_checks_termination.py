@@ -249,3 +249,51 @@ def test_t306_silent_below_the_budget_and_on_truncated_episodes(records):
 def test_t306_not_run_without_a_budget(records):
     rep = audit(*records)
     assert "max_response_tokens" in rep.not_run["T306"]
+
+
+# ---------------------------------------------------------------- T307
+
+
+def paid_truncation(trajs):
+    """A truncated episode of a task with a failure, paid the success reward 1.0."""
+    failed = {t["task_id"] for t in trajs if t["stop_reason"] == "failure"}
+    t = next(t for t in trajs if t["truncated"] and t["task_id"] in failed)
+    t["reward"] = 1.0
+    return t["trajectory_id"]
+
+
+def test_t307_truncated_episode_paid_as_a_success_under_penalize(records):
+    trajs, ups = records
+    tid = paid_truncation(trajs)
+    rep = audit(trajs, ups, truncation="penalize")
+    f = rows(rep, "T307")
+    assert (
+        f["trajectory_id"].to_list() == [tid] and "expected at most 0.0, the failure reward of task" in f["message"][0]
+    )
+    assert (
+        rows(audit(trajs, ups, truncation="penalize", truncation_penalty=-0.5), "T307")["message"]
+        .str.contains("expected at most -0.5, the configured truncation_penalty")
+        .all()
+    )
+    assert rows(audit(trajs, ups, truncation="penalize", truncation_penalty=1.0), "T307").is_empty()
+
+
+def test_t307_silent_when_paid_the_penalty_and_under_other_policies(records):
+    trajs, ups = records
+    for t in trajs:
+        if t["truncated"]:
+            t["reward"] = 0.0
+    rep = audit(trajs, ups, truncation="penalize")
+    assert "T307" not in rep.codes() and "T307" not in rep.not_run
+    paid_truncation(trajs)
+    assert "T307" not in audit(trajs, ups, truncation="exclude").codes()  # T304 speaks there
+
+
+def test_t307_not_run_when_nothing_bounds_the_reward(records):
+    trajs, ups = records
+    paid_truncation(trajs)
+    for t in trajs:
+        if t["stop_reason"] == "failure":
+            t["stop_reason"] = "task_budget"
+    rep = audit(trajs, ups, truncation="penalize")
+    assert "needs truncation_penalty" in rep.not_run["T307"]

@@ -467,3 +467,71 @@ def test_v1_update_audits_unchanged(records, tmp_path):
 
 def num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
+
+
+# ---------------------------------------------------------------- U607, U608 (contract 1.2 evidence)
+
+
+def evidenced(records):
+    from rollout_audit.synth import record_loss_evidence
+
+    trajs, ups = records
+    record_loss_evidence(trajs, ups)
+    return trajs, ups
+
+
+def test_u607_u608_silent_on_compliant_evidence_and_not_run_without_it(records):
+    rep = ra.audit(*evidenced(records))
+    assert not blocking(rep) and not {"U607", "U608"} & set(rep.not_run)
+    bare = ra.audit(*make_bare(records))
+    assert {"U607", "U608"} <= set(bare.not_run)
+
+
+def make_bare(records):
+    trajs, ups = records
+    return trajs, [{k: v for k, v in u.items() if k not in ("numerator_tokens", "stat_trajectory_ids")} for u in ups]
+
+
+def test_u607_numerator_summing_every_token(records):
+    trajs, ups = evidenced(records)
+    tid = ups[0]["trajectory_ids"][2]
+    t = by_id(trajs)[tid]
+    ups[0]["numerator_tokens"][2] = len(t["token_ids"])
+    rep = ra.audit(trajs, ups)
+    f = of(rep, "U607")
+    assert blocking(rep) == {"U607"} and f["trajectory_id"].to_list() == [tid]
+    outside = len(t["token_ids"]) - sum(t["loss_mask"])
+    assert (
+        f"expected {sum(t['loss_mask'])}" in f["message"][0]
+        and f"{outside} token(s) outside the loss mask" in f["message"][0]
+    )
+
+
+def test_u607_missing_trainable_tokens_and_misaligned_list(records):
+    trajs, ups = evidenced(records)
+    ups[0]["numerator_tokens"][0] -= 1
+    ups[1]["numerator_tokens"] = ups[1]["numerator_tokens"][:-1]
+    f = of(ra.audit(trajs, ups), "U607")
+    assert "1 trainable token(s) are missing" in f.filter(pl.col("trajectory_id").is_not_null())["message"][0]
+    assert f.filter(pl.col("trajectory_id").is_null())["message"].str.contains("must be aligned").all()
+
+
+def test_u608_excluded_episode_in_the_group_statistics(records):
+    trajs, ups = evidenced(records)
+    excluded = next(t for t in trajs if t["reward"] is None)["trajectory_id"]
+    ups[0]["stat_trajectory_ids"].append(excluded)
+    rep = ra.audit(trajs, ups)
+    f = of(rep, "U608")
+    assert blocking(rep) == {"U608"} and f["trajectory_id"].to_list() == [excluded]
+    assert "collector-truncated episode" in f["message"][0] and "stat_trajectory_ids" in f["message"][0]
+
+
+def test_u608_allows_a_valid_episode_counted_but_not_trained(records):
+    """An episode in the statistics but masked out of the loss is a trainer's choice (TRL's masked
+    truncation, SkyRL's overlong filtering), not an exclusion."""
+    trajs, ups = evidenced(records)
+    ups[0]["trajectory_ids"] = ups[0]["trajectory_ids"][1:]
+    for c in ("advantages", "numerator_tokens"):
+        ups[0][c] = ups[0][c][1:]
+    ups[0]["loss_denominator"] = float(trainable(trajs, ups[0]["trajectory_ids"]))
+    assert not {"U606", "U608"} & blocking(ra.audit(trajs, ups))

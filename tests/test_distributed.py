@@ -20,7 +20,7 @@ from click.testing import CliRunner  # noqa: E402
 from rollout_audit.cli import main  # noqa: E402
 from rollout_audit.contract.config import Config  # noqa: E402
 from rollout_audit.reading.io import discover  # noqa: E402
-from rollout_audit.running.distributed import run_audit_ray  # noqa: E402
+from rollout_audit.running.distributed import RayExecutor  # noqa: E402
 from rollout_audit.running.engine import run_audit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def _same(local, remote) -> None:
 def test_ray_audit_of_a_faulted_log_is_the_local_audit(cluster, faulted):
     disc = discover([faulted])
     local = run_audit(disc)
-    remote = run_audit_ray(disc, Config(), rows_per_share=50, partitions=3)  # shares of 2 row groups
+    remote = run_audit(disc, Config(), executor=RayExecutor(rows_per_share=50, partitions=3))  # shares of 2 row groups
     _same(local, remote)
     codes = set(local.findings["code"])
     assert {"M101", "L202", "M103", "T302", "S002", "E802"} <= codes

@@ -12,6 +12,8 @@ import rollout_audit as ra
 from rollout_audit.faults import FAULTS, detect, read_records, write_records
 from rollout_audit.synth import make_log
 
+EVIDENCE = {"R411", "R412", "R413", "U607", "U608"}  # what the contract 1.2 loss evidence feeds
+
 
 @pytest.fixture(scope="module")
 def base():
@@ -47,8 +49,9 @@ def test_compliant_log_is_clean_in_one_file_and_in_partitions(base, tmp_path):
         rep = ra.audit(tmp_path / f"p{parts}")
         bad = rep.findings.filter(pl.col("severity") != "info")
         assert bad.is_empty(), bad
-        # configuration needed (R408, T306), no template render (M107); replay is off by default
-        assert set(rep.not_run) == {"R408", "T306", "M107", "L205", "L206", "L207"}
+        # configuration needed (R408, T306), no template render (M107); replay is off by default;
+        # no contract 1.2 loss evidence (R411-R413, U607, U608)
+        assert set(rep.not_run) == {"R408", "T306", "M107", "L205", "L206", "L207", "L209"} | EVIDENCE
 
 
 def test_every_error_and_warning_code_has_a_fault():

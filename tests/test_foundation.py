@@ -106,8 +106,12 @@ def test_missing_required_column_s001_and_checks_not_run(tmp_path, records):
     assert {c: w for c, w in rep.not_run.items() if c in readers} == {c: "column loss_mask absent" for c in readers}
     no_updates = {c for c, r in ra.all_rules().items() if any(q.startswith("updates") for q in r.requires)}
     assert all(rep.not_run[c] == "the log has no update records" for c in no_updates)
-    # configuration needed (R408, T306), no template render (M107); replay is off by default
-    assert set(rep.not_run) - readers == {"R408", "T306", "M107", "L205", "L206", "L207"} | no_updates
+    # configuration needed (R408, T306), no template render (M107); replay is off by default; no
+    # per-token loss evidence (contract 1.2: R411-R413)
+    evidence = {"R411", "R412", "R413"}
+    assert (
+        set(rep.not_run) - readers == {"R408", "T306", "M107", "L205", "L206", "L207", "L209"} | no_updates | evidence
+    )
 
 
 def test_token_ids_as_floats_is_s001(tmp_path, records):

@@ -22,7 +22,7 @@ trl = pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
 import rollout_audit as ra
-from rollout_audit.integrations.trl import AuditedGRPOTrainer, AuditError, AuditSettings
+from rollout_audit.integrations.trl import AuditedGRPOTrainer, AuditSettings
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -286,7 +286,7 @@ def test_default_path_log_audits_with_window_denominator(default_run):
     # the log carries the policy TRL follows: audited as it is found, it is clean
     assert 'truncation = "penalize"' in (log / "pyproject.toml").read_text()
     assert ra.audit(log).codes("error") == set()
-    assert pq.read_schema(next((log / "trajectories").iterdir())).metadata[b"rollout_log.schema_version"] == b"1.1"
+    assert pq.read_schema(next((log / "trajectories").iterdir())).metadata[b"rollout_log.schema_version"] == b"1.2"
 
 
 def _factor(message: str) -> float:
@@ -346,7 +346,7 @@ def test_raise_policy_stops_before_the_first_step(tmp_path):
 
     trainer = _trainer(tmp_path, n_prompts=4, audit=_settings(policy="raise"), rollout_func=always_bad, max_steps=1)
     before = [p.detach().clone() for p in trainer.model.parameters()]
-    with pytest.raises(AuditError, match="M101"):
+    with pytest.raises(ra.AuditFailed, match="M101"):
         _train(trainer)
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
 

@@ -60,12 +60,14 @@ NEEDS: dict[str, set[str]] = {
     "T304": {"truncated", "reward"},
     "T305": {"terminated", "turns.finish_reason"},
     "T306": {"terminated", "token_turn", "max_response_tokens (configuration)"},
+    "T307": {"trajectory_id", "task_id", "truncated", "terminated", "reward", "stop_reason"},
     "L201": {"loss_mask", "behavior_logprobs", "token_source"},
     "L202": {"turns.logprob", "behavior_logprobs", "token_source", "token_turn"},
     "L203": {"behavior_logprobs", "token_source"},
     "L205": {"replay (configuration)"},
     "L206": {"replay (configuration)"},
     "L207": {"replay (configuration)"},
+    "L209": {"replay (configuration)"},
     "L208": {"loss_mask", "behavior_logprobs", "token_source", "token_turn", "turns.temperature", "turns.top_p"},
     "L204": {"turns.temperature", "turns.top_p"},
     "M101": {"loss_mask", "token_source"},
@@ -93,6 +95,9 @@ NEEDS: dict[str, set[str]] = {
     "R408": {"first_visit_components (configuration)"},
     "R409": {"turns.parsed_action"},
     "R410": {"task_id", "reward", "verifier_success"},
+    "R411": {"token_reward", "token_source", "token_turn"},
+    "R412": {"token_kl", "token_source"},
+    "R413": {"token_returns", "token_reward", "token_source"},
     "E801": {"trajectory_id"},
     "E802": {"trajectory_id", "initial_state_checksum", "environment_id", "environment_version", "reset_seed"},
     "G701": {"task_id", "reward"},
@@ -107,7 +112,11 @@ NEEDS: dict[str, set[str]] = {
     "U604": {"updates", "trajectory_id", "task_id", "reward"},
     "U605": {"updates"},
     "U606": {"updates", "trajectory_id", "reward", "truncated", "infra_error"},
+    "U607": {"updates", "updates.numerator_tokens", "trajectory_id", "loss_mask"},
+    "U608": {"updates", "updates.stat_trajectory_ids", "trajectory_id", "reward"},
 }
+# the contract 1.2 loss evidence, which synthetic logs do not record
+EVIDENCE = {"token_reward", "token_kl", "token_returns", "updates.numerator_tokens", "updates.stat_trajectory_ids"}
 ALL_COLUMNS = [c.name for c in S.columns("trajectories")]
 ALL_TURN_FIELDS = [c.name for c in S.columns("turn")]
 
@@ -134,6 +143,7 @@ def expected_not_run(drop: set[str], drop_turn: set[str], with_updates: bool) ->
         "max_response_tokens (configuration)",
     }
     absent |= {"turns.template_context_length", "turns.template_context_sha256"}  # no template render in synth logs
+    absent |= EVIDENCE
     return {code for code, needs in NEEDS.items() if needs & absent}
 
 

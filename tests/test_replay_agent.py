@@ -1,5 +1,6 @@
-"""Replay checks (L205-L207) on the reference agent's log: clean when the log is right, each producer bug
-caught (base softmax at T=0.7, v-1 log-probs, top-p ignored, stale checkpoint mapping), clear not-run reasons."""
+"""Replay checks (L205-L207, L209) on the reference agent's log: clean when the log is right, each producer bug
+caught (base softmax at T=0.7, v-1 log-probs, top-p ignored, stale checkpoint mapping, a version stamped at
+completion), clear not-run reasons."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from reference_agent.train import PROFILES, train
 from rollout_audit.cli import main
 from rollout_audit.contract.config import Config
 
-REPLAY = ("L205", "L206", "L207")
+REPLAY = ("L205", "L206", "L207", "L209")
 CFG = replace(PROFILES["tiny"], temperature=0.7, top_p=0.7, infra_failure_rate=0.0)
 
 
@@ -72,6 +73,31 @@ def test_replay_faults_are_caught(run: Path, fault: str, tmp_path: Path) -> None
         assert "policy version 0:" not in " ".join(rep.findings["message"].to_list())
 
 
+def test_version_stamped_at_completion_is_named_with_the_version_that_sampled(run: Path, tmp_path: Path) -> None:
+    """rllm-org/rllm#622: every turn of the episodes of the first two rounds is stamped with the next
+    round's version (the weights live when the generation completed), tokens and log-probs unchanged.
+    The second round's episodes (sampled by v1, stamped v2) are named by L209 with both versions; the first
+    round's (sampled by v0, stamped v1) have no earlier version left in the log to be explained by: L205 only."""
+    v = [it * CFG.epochs for it in range(CFG.iterations)]
+    later = {v[0]: v[1], v[1]: v[2]}
+    rows = pq.read_table(run / "trajectories" / "part-0000.parquet").to_pylist()
+    moved: dict[str, int] = {}
+    for r in rows:
+        if r["turns"] and int(r["turns"][0]["policy_version"]) in later:
+            moved[r["trajectory_id"]] = int(r["turns"][0]["policy_version"])
+            for t in r["turns"]:
+                t["policy_version"] = later[int(t["policy_version"])]
+    (tmp_path / "trajectories").mkdir()
+    pq.write_table(to_table(rows, "trajectories"), tmp_path / "trajectories" / "part-0000.parquet")
+    codes, rep = _codes(tmp_path, _cfg(run, replay=len(rows)))
+    assert {"L205", "L209"} <= codes, rep.render()
+    named = rep.findings.filter(pl.col("code") == "L209")
+    assert named.height and {moved.get(t) for t in named["trajectory_id"].to_list()} == {v[1]}, rep.render()
+    assert all(
+        f"policy version {v[1]} reproduces and the logged version {v[2]} does not" in m for m in named["message"]
+    )
+
+
 def test_stale_checkpoint_mapping_is_caught(run: Path) -> None:
     versions = range(0, CFG.iterations * CFG.epochs, CFG.epochs)
     stale = {str(v): str(run / "checkpoints" / f"v{max(v - 1, 0)}.safetensors") for v in versions}
@@ -114,7 +140,7 @@ def test_cli_replay_option(run: Path, tmp_path: Path) -> None:
         f'replay_checkpoints = "{run / "checkpoints" / "v{version}.safetensors"}"\n'
     )
     ok = CliRunner().invoke(main, ["check", str(run), "--select", "L2", "--replay", "16", "--config", str(conf)])
-    assert ok.exit_code == 0 and "8 checks run, 0 partially run, 0 not run" in ok.output, ok.output
+    assert ok.exit_code == 0 and "9 checks run, 0 partially run, 0 not run" in ok.output, ok.output
     bad = CliRunner().invoke(
         main,
         [
@@ -175,7 +201,7 @@ def test_a_replay_asked_for_that_cannot_run_exits_2_saying_why(
     assert res.exit_code == 2, res.output
     errors = [x for x in res.stderr.splitlines() if x.startswith("rollout-audit: error: ")]
     assert len(errors) == 1 and reason.format(missing=tmp_path / "nowhere", run=run) in errors[0], res.stderr
-    assert "L205, L206, L207: replay of 16 trajectories was asked for" in errors[0]
+    assert "L205, L206, L207, L209: replay of 16 trajectories was asked for" in errors[0]
 
 
 def test_a_check_selected_by_code_that_cannot_run_exits_2(run: Path) -> None:

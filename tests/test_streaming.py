@@ -9,6 +9,7 @@ import math
 import faultgroups
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -117,7 +118,7 @@ def test_one_file_per_trajectory_finds_what_one_file_finds(group, base, tmp_path
 def test_batches_are_bounded_by_tokens_and_find_the_same(base, tmp_path, monkeypatch):
     """Long episodes in row groups sized for short ones: batches are cut by tokens too (memory
     follows tokens), and the findings do not depend on where the cuts fall."""
-    from rollout_audit.running import engine
+    from rollout_audit.reading import batches as pipeline
     from rollout_audit.running.runner import Runner, plan
 
     for group in faultgroups.RECORD_GROUPS[:3]:
@@ -125,10 +126,13 @@ def test_batches_are_bounded_by_tokens_and_find_the_same(base, tmp_path, monkeyp
         faultgroups.write_group(root, group, *base, parts=2)
         cfg = faultgroups.config(group)
         ref = _norm(run_audit(discover([root]), cfg))
-        monkeypatch.setattr(engine, "BATCH_TOKENS", 150)
+        monkeypatch.setattr(pipeline, "BATCH_TOKENS", 150)
         files = discover([root]).of_kind("trajectories")
-        batches = list(engine._batches(files, plan(Runner(cfg)), 2048, [], cfg))
-        sizes = [(b.n, int(b.lengths["token_source"].clip(0).sum())) for b in batches]
-        assert len(batches) > len(files) and all(k <= 150 or n == 1 for n, k in sizes), sizes
+        parts = list(pipeline.batches(files, plan(Runner(cfg)).columns, 2048, [], cfg))
+        sizes = [
+            (p.table.num_rows, int(pc.sum(pc.list_value_length(p.table.column("token_source"))).as_py() or 0))
+            for p in parts
+        ]
+        assert len(parts) > len(files) and all(k <= 150 or n == 1 for n, k in sizes), sizes
         assert ref.equals(_norm(run_audit(discover([root]), cfg))), group
-        monkeypatch.setattr(engine, "BATCH_TOKENS", 1 << 21)
+        monkeypatch.setattr(pipeline, "BATCH_TOKENS", 1 << 21)

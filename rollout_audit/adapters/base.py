@@ -12,11 +12,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..contract.errors import AdapterError
+
 _MISSING = object()
-
-
-class AdapterError(ValueError):
-    """A framework's records lack what the adapter needs: one line naming the field and record."""
 
 
 def need(record: Mapping[str, Any], field: str, where: str) -> Any:
@@ -243,6 +241,18 @@ def lacks(framework: str) -> dict[str, str]:
         "turns.parsed_action": f"{framework} does not record parsed actions",
         "turns.template_context_length": f"{framework} does not record the chat template's render of each turn's context",
         "turns.template_context_sha256": f"{framework} does not record the chat template's render of each turn's context",
+        **loss_evidence_lacks(framework),
+    }
+
+
+def loss_evidence_lacks(framework: str) -> dict[str, str]:
+    """Why the contract 1.2 per-token loss evidence is absent from a rollout dump: the trainer builds
+    token rewards, KL and returns after the rollout, from the sample's one reward."""
+    why = f"{framework}'s rollout dump holds one reward per sample; its trainer builds the token-level {{}} later"
+    return {
+        "token_reward": why.format("rewards"),
+        "token_kl": why.format("KL penalty"),
+        "token_returns": why.format("returns"),
     }
 
 

@@ -305,9 +305,8 @@ def _table(cols: dict[str, pa.Array]) -> pa.Table:
     lacks = {
         k: v for k, v in TRL_LACKS.items() if (k[6:] not in turn_fields if k.startswith("turns.") else k not in cols)
     }
-    version = S.version_for("trajectories", cols)
     meta = {
-        S.META_VERSION: (version if S.newer(version, "1.1") else "1.1").encode(),  # not_recorded is 1.1
+        S.META_VERSION: S.CONTRACT_VERSION.encode(),
         S.META_KIND: b"trajectories",
         S.META_NOT_RECORDED: json.dumps(lacks, sort_keys=True).encode(),
     }

@@ -1,4 +1,4 @@
-"""Replay (L205-L207): the recorded behaviour log-probs against a recomputation under the checkpoint of
+"""Replay (L205-L207, L209): the recorded behaviour log-probs against a recomputation under the checkpoint of
 the logged policy version and the logged decoding parameters (lessons “Log-probabilities must be captured at every turn” and “Token-level and sequence-level probability ratios”). Off unless
 `replay` (`check --replay N`) and a replayer are configured; L207 also runs on a second log-prob column."""
 
@@ -11,7 +11,7 @@ import polars as pl
 
 from ..contract.registry import NotRun, Unmet, rule
 from ..replay import NotConfigured, load_replayer, replay_frame
-from ..replay.run import second_frame
+from ..replay.run import neighbour_frame, second_frame
 
 if TYPE_CHECKING:
     from ..frames.views import LogCheckView as LogView
@@ -34,20 +34,24 @@ _REPLAY_CONFIG = ("replay", "replayer", "replay_checkpoints", "replay_endpoints"
 def _replayed(log: LogView, cfg) -> pl.DataFrame:
     """The replayed token frame, computed once per audit and shared by L205-L207. NotRun when replay
     is off; Unmet (the audit is incomplete) when replay was asked for and could not run."""
-    if "replay" not in log.cache:
-        if cfg.replay <= 0:
-            log.cache["replay"] = NotRun("replay is off: run with --replay N (or `replay = N` in the configuration)")
-        else:
-            try:
-                log.cache["replay"] = replay_frame(log.traj, int(cfg.replay), load_replayer(cfg))
-            except (NotConfigured, ValueError) as e:
-                log.cache["replay"] = Unmet(f"replay of {cfg.replay} trajectories was asked for and did not run: {e}")
-            except Exception as e:  # noqa: BLE001 - a replayer failing on this log (e.g. ids beyond its vocabulary)
-                first = str(e).splitlines()[0] if str(e) else ""
-                log.cache["replay"] = Unmet(
-                    f"replay of {cfg.replay} trajectories was asked for and failed: {type(e).__name__}: {first}"
-                )
-    out = log.cache["replay"]
+    if "replay" not in log.cache and cfg.replay <= 0:
+        log.cache["replay"] = NotRun("replay is off: run with --replay N (or `replay = N` in the configuration)")
+    what = f"replay of {cfg.replay} trajectories was asked for and"
+    return _cached(log, "replay", lambda: replay_frame(log.traj, int(cfg.replay), load_replayer(cfg)), what)
+
+
+def _cached(log: LogView, key: str, make, what: str) -> pl.DataFrame:
+    """`make()` once per audit under `key`; a replay that cannot run or fails is kept as Unmet (the
+    audit is incomplete, the reason begins with `what`) and raised to every check that asks."""
+    if key not in log.cache:
+        try:
+            log.cache[key] = make()
+        except (NotConfigured, ValueError) as e:
+            log.cache[key] = Unmet(f"{what} did not run: {e}")
+        except Exception as e:  # noqa: BLE001 - a replayer failing on this log (e.g. ids beyond its vocabulary)
+            first = str(e).splitlines()[0] if str(e) else ""
+            log.cache[key] = Unmet(f"{what} failed: {type(e).__name__}: {first}")
+    out = log.cache[key]
     if isinstance(out, NotRun):
         raise type(out)(str(out))
     return out
@@ -246,5 +250,101 @@ def extreme_ratio(log: LogView, cfg) -> pl.DataFrame | None:
             "k",
             pl.col("lr").exp().round_sig_figs(4),
             pl.col("lr").round_sig_figs(4),
+        ).alias("message"),
+    )
+
+
+def _neighbours(log: LogView, cfg) -> pl.DataFrame:
+    """The replayed tokens also scored under the neighbouring policy versions (once per audit)."""
+    _replayed(log, cfg)  # the same sample; raises NotRun / Unmet as L205 does
+    make = lambda: neighbour_frame(log.traj, int(cfg.replay), load_replayer(cfg))
+    return _cached(log, "neighbours", make, "replay under the neighbouring versions")
+
+
+@rule(
+    "L209",
+    "a neighbouring policy version explains a turn's tokens, the logged one does not",
+    "error",
+    requires=_TOKEN_REQS,
+    scope="log",
+    optional=_READS,
+    config=_REPLAY_CONFIG + ("replay_atol", "rtol", "replay_max_share"),
+)
+def neighbour_version(log: LogView, cfg) -> pl.DataFrame | None:
+    """A replayed turn's recorded log-probs are reproduced by the checkpoint of a neighbouring
+    policy version (the one before or after the logged version among the versions of the
+    replayed sample: the weights the engine was given before and after) and
+    not by the logged version's: within the turn, at most `replay_max_share` of the tokens differ
+    by more than `replay_atol` + rtol·|recorded| under the neighbour, more under the logged one.
+
+    Lesson “Log-probabilities must be captured at every turn”: the importance ratio needs the
+    distribution the token was drawn from, and the staleness bound needs the version that drew
+    it. A version stamped when the generation completes rather than when it was dispatched
+    (rllm-org/rllm#622: a weight sync during the request) leaves a record that is consistent
+    with itself: only replay can tell which weights sampled the tokens. L205 says the logged
+    version does not reproduce the log-probs; this check says which version does, naming the
+    logged and the explaining version and the gap between their mean |Δ| (one finding per
+    trajectory, at its first such turn, with the number of such turns). A turn the logged
+    version reproduces never fires, whatever its neighbours do. Each replayed trajectory is
+    scored twice more (a version without a checkpoint is skipped). Fix the producer to stamp
+    the version when the request is dispatched (and to split or drop a generation that spans
+    a weight update).
+    """
+    df = _neighbours(log, cfg)
+    logged = _replayed(log, cfg).select("file", "trajectory_id", "position", "sampled")
+    df = df.join(logged, on=["file", "trajectory_id", "position"], how="inner")
+    rec = pl.col("recorded")
+
+    def over(col: str) -> pl.Expr:
+        d = (pl.col(col) - rec).abs()
+        return (~(d <= cfg.replay_atol + cfg.rtol * rec.abs())).fill_null(True)
+
+    per = df.group_by("file", "trajectory_id", "turn").agg(
+        pl.col("policy_version").first(),
+        pl.col("position").min(),
+        pl.len().alias("n"),
+        *[
+            e
+            for side in ("sampled", "sampled_prev", "sampled_next")
+            for e in (over(side).mean().alias(f"{side}_share"), (pl.col(side) - rec).abs().mean().alias(f"{side}_d"))
+        ],
+        pl.col("prev_version").first(),
+        pl.col("next_version").first(),
+    )
+    explains = lambda side: (pl.col(f"{side}_share") <= cfg.replay_max_share) & pl.col(f"{side}_d").is_finite()
+    side = pl.when(explains("sampled_prev")).then(pl.lit("prev")).when(explains("sampled_next")).then(pl.lit("next"))
+    per = per.with_columns(side.alias("_side")).filter(
+        (pl.col("sampled_share") > cfg.replay_max_share) & pl.col("_side").is_not_null()
+    )
+    if per.is_empty():
+        return None
+    prev = pl.col("_side") == "prev"
+    per = per.with_columns(
+        pl.when(prev).then(pl.col("prev_version")).otherwise(pl.col("next_version")).cast(pl.Int64).alias("_v"),
+        pl.when(prev).then(pl.col("sampled_prev_d")).otherwise(pl.col("sampled_next_d")).alias("_d"),
+    )
+    first = (
+        per.sort("file", "trajectory_id", "turn")
+        .group_by("file", "trajectory_id", maintain_order=True)
+        .agg(pl.all().first(), pl.len().alias("n_turns"))
+    )
+    return first.select(
+        "file",
+        "trajectory_id",
+        "turn",
+        "position",
+        pl.format(
+            "{} turn(s) whose log-probs policy version {} reproduces and the logged version {} does not; "
+            "the first: turn {} ({} token(s)), mean |Δ| {} under version {}, {} under version {} (gap {})",
+            "n_turns",
+            "_v",
+            "policy_version",
+            "turn",
+            "n",
+            pl.col("_d").round_sig_figs(3),
+            "_v",
+            pl.col("sampled_d").round_sig_figs(3),
+            "policy_version",
+            (pl.col("sampled_d") - pl.col("_d")).round_sig_figs(3),
         ).alias("message"),
     )

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..contract import schema as S
 from ..contract.registry import NotRun, rule
@@ -552,3 +554,237 @@ def reward_vs_verifier(log, cfg) -> pl.DataFrame | None:
         )
     )
     return bad.rechunk().select("trajectory_id", "file", msg.alias("message"))
+
+
+# ------------------------------------------------------------------ R411-R413: per-token rewards, KL and returns
+
+
+class _List:
+    """A per-token list column aligned with the batch's token arrays: `values` in float64 (NaN
+    where null or where the row's list does not line up), `present` per token, `fits` per row
+    (the list is there and as long as the row's tokens), `broken` per row (there, but of
+    another length) and `bad`, a finding for each broken row."""
+
+    def __init__(self, b: BatchView, name: str) -> None:
+        t = b.tokens
+        a = b.col(name)
+        lens = pc.list_value_length(a).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        self.fits = b.ok & (lens >= 0) & (lens == t.n_tok)
+        self.broken = b.ok & (lens >= 0) & (lens != t.n_tok)
+        whole = bool(self.fits.all())  # the usual case: no take, and the values come out in token order
+        flat = (a if whole else a.take(pa.array(np.flatnonzero(self.fits)))).flatten()
+        if not (pa.types.is_float32(flat.type) or pa.types.is_float64(flat.type)):
+            flat = flat.cast(pa.float64())
+        vals = flat.to_numpy(zero_copy_only=False)  # NaN under a null
+        valid = pc.is_valid(flat).to_numpy(zero_copy_only=False) if flat.null_count else np.ones(len(flat), bool)
+        if whole:
+            self.values, self.present = vals.astype(np.float64), valid
+        else:
+            have = self.fits[t.row]
+            self.values = np.full(t.row.size, np.nan)
+            self.values[have] = vals
+            self.present = np.zeros(t.row.size, bool)
+            self.present[have] = valid
+        off = np.flatnonzero(self.broken)
+        self.bad = pl.DataFrame(
+            {"trajectory_id": b.ids.gather(off), "_n": lens[off], "_k": t.n_tok[off].astype(np.int64)},
+            schema={"trajectory_id": pl.String, "_n": pl.Int64, "_k": pl.Int64},
+        ).select(
+            "trajectory_id",
+            pl.format(f"{name} has {{}} entries for {{}} tokens; it is not read", "_n", "_k").alias("message"),
+        )
+
+
+def _findings(*parts: pl.DataFrame | None) -> pl.DataFrame | None:
+    kept = [d for d in parts if d is not None and d.height]
+    return pl.concat(kept, how="diagonal_relaxed") if kept else None
+
+
+def _first(b: BatchView, where: np.ndarray, **per_token: np.ndarray) -> pl.DataFrame:
+    """`b.locate(where)` with the first offending token's `_src` and each of `per_token` at it."""
+    loc = b.locate(where)
+    idx = b.tokens.starts[loc["_row"].to_numpy()] + loc["position"].to_numpy()
+    extra = {"_src": b.tokens.source[idx].astype(np.int64), **{k: v[idx] for k, v in per_token.items()}}
+    return loc.with_columns(pl.Series(k, v) for k, v in extra.items())
+
+
+def _source_name() -> pl.Expr:
+    names = {**S.SOURCE_NAMES, 5: "invalid source"}
+    return pl.col("_src").replace_strict(list(names), list(names.values()), default="invalid source")
+
+
+def _to_go(v: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """Per element: the sum of v over it and every later element of the same row (`row` sorted)."""
+    if not v.size:
+        return v
+    c = np.cumsum(v)
+    new = np.r_[True, row[1:] != row[:-1]]
+    last = np.r_[row[1:] != row[:-1], True]
+    return c[last][np.cumsum(new) - 1] - c + v
+
+
+@rule(
+    "R411",
+    "reward placed on a token other than the last policy token of its turn",
+    requires=("token_reward", "token_source", "token_turn"),
+    optional=("reward",),
+)
+def reward_placement(b: BatchView, cfg) -> pl.DataFrame | None:
+    """A non-zero token_reward (the task reward as the trainer placed it on tokens) sits on a
+    token that is not the last policy token of its turn, or a non-zero episode reward is placed
+    on no token at all.
+
+    Lesson “What one outcome reward provides” gives the estimator R(τ)·Σ_t ∇log π(a_t | h_t): the
+    outcome weighs the actions the policy took. The lesson is silent on tokens; the rule comes
+    from huggingface/trl#3750, where the PPO score sat on the first padding token instead of the
+    EOS: a token-level trainer must put the reward on the last token the policy sampled in the
+    episode (a turn reward on the last one of its turn), from where the returns carry it back to
+    the earlier actions. A reward on a token the policy never sampled, or in the middle of a
+    turn, is credited through the value function to the wrong position, and a reward placed
+    nowhere is lost. The last policy token of a turn is the last token with token_source 2 and
+    that token_turn; a trainer that places only the episode reward uses the last one of the
+    episode, which is also allowed here. A NaN placement is always a finding. Fix the index the
+    trainer writes the score at (the position of the last sampled token, before padding), or
+    record the placement it uses.
+    """
+    lst = _List(b, "token_reward")
+    t = b.tokens
+    p = np.flatnonzero(t.policy)
+    last = np.zeros(t.row.size, bool)
+    if p.size:
+        rp, kp = t.row[p], t.turn[p]
+        last[p] = np.r_[(rp[1:] != rp[:-1]) | (kp[1:] != kp[:-1]), True]
+    placed = lst.present & ~(lst.values == 0)
+    wrong = placed & ~last
+    off = None
+    if wrong.any():
+        what = (
+            pl.when(pl.col("_src") == S.POLICY)
+            .then(pl.lit("a policy token that is not the last of its turn"))
+            .otherwise(pl.format("a {} token the policy did not sample", _source_name()))
+        )
+        off = _first(b, wrong, _v=lst.values).select(
+            "trajectory_id",
+            "turn",
+            "position",
+            pl.format(
+                "{} reward(s) placed off the last policy token of their turn; the first, {}, on {}",
+                "n",
+                rounded(pl.col("_v")),
+                what,
+            ).alias("message"),
+        )
+    lost = None
+    if "reward" in b.traj.columns:
+        rows = b.traj["_row"].to_numpy()
+        n_placed = np.bincount(t.row[placed], minlength=b.n)[rows]
+        lost = (
+            b.traj.with_columns(pl.Series("_np", n_placed), pl.Series("_fits", lst.fits[rows]))
+            .filter(pl.col("_fits") & (pl.col("_np") == 0) & ~(pl.col("reward").cast(pl.Float64) == 0).fill_null(True))
+            .select(
+                "trajectory_id",
+                pl.format(
+                    "episode reward {} is placed on no token (token_reward is 0 everywhere)", rounded(pl.col("reward"))
+                ).alias("message"),
+            )
+        )
+    return _findings(lst.bad, off, lost)
+
+
+@rule(
+    "R412",
+    "KL penalty on a token the policy did not sample",
+    requires=("token_kl", "token_source"),
+    optional=("token_turn",),
+)
+def kl_on_non_policy(b: BatchView, cfg) -> pl.DataFrame | None:
+    """token_kl (the per-token KL penalty the trainer subtracted from the reward) is non-zero on
+    a token the policy did not sample (system, user, tool/observation or template token).
+
+    Lesson “Trainable-token masks and signal dilution”: tokens the policy did not choose carry
+    no log-ratio between policy and reference that the policy could change; a KL term on them
+    is noise the returns then accumulate (THUDM/slime#1370: the KL of observation tokens
+    summed into the returns of the policy tokens before them). The finding counts the tokens
+    and names the source of the first. A NaN is a finding too. Fix the trainer to multiply the
+    KL by the loss mask before it enters the reward (or record the KL it really used).
+    """
+    lst = _List(b, "token_kl")
+    wrong = lst.present & ~(lst.values == 0) & ~b.tokens.policy
+    off = None
+    if wrong.any():
+        off = _first(b, wrong, _v=lst.values).select(
+            "trajectory_id",
+            "turn",
+            "position",
+            pl.format(
+                "KL penalty on {} token(s) the policy did not sample; the first, {}, on a {} token",
+                "n",
+                rounded(pl.col("_v")),
+                _source_name(),
+            ).alias("message"),
+        )
+    return _findings(lst.bad, off)
+
+
+@rule(
+    "R413",
+    "per-token returns do not telescope over the policy tokens",
+    requires=("token_returns", "token_reward", "token_source"),
+    optional=("token_kl", "token_turn"),
+    config=("atol", "rtol"),
+)
+def token_returns(b: BatchView, cfg) -> pl.DataFrame | None:
+    """On a policy token, the recorded token_returns differs from the reward-to-go over the
+    policy tokens: G_k = Σ_{j ≥ k, token_source_j = 2} (token_reward_j − token_kl_j).
+
+    Lesson “What one outcome reward provides”: a return is the sum of the rewards of this and
+    the later actions; only policy tokens are actions, so the returns telescope over them
+    (G_k − G_next = r_k, with next the following policy token, and G = r on the last one),
+    and a token the policy did not sample contributes nothing. A trainer that runs the
+    return recursion over every position (THUDM/slime#1370: KL of tool tokens accumulated into
+    the returns) or restarts it at a turn boundary gives returns that do not telescope; the
+    finding names the first policy token that differs, and says when the recorded value is the
+    sum over every token instead. token_kl counts 0 where null or absent; returns on other
+    tokens are not read; rows whose lists do not line up with their tokens are not compared.
+    Compared within atol + rtol·|G|. Fix the return computation to skip (mask) the tokens the
+    policy did not sample.
+    """
+    ret, rew = _List(b, "token_returns"), _List(b, "token_reward")
+    rows = ret.fits & rew.fits
+    term = np.where(rew.present, rew.values, 0.0)
+    kl_bad = None
+    if b.has("token_kl"):
+        kl = _List(b, "token_kl")
+        rows &= ~kl.broken
+        term = term - np.where(kl.present, kl.values, 0.0)
+        kl_bad = kl.bad
+    t = b.tokens
+    use = rows[t.row]
+    pol = np.flatnonzero(use & t.policy)
+    every = np.flatnonzero(use)
+    expected = np.full(t.row.size, np.nan)
+    expected[pol] = _to_go(term[pol], t.row[pol])
+    summed = np.full(t.row.size, np.nan)
+    summed[every] = _to_go(term[every], t.row[every])
+    g = ret.values
+    within = lambda e: np.abs(g - e) <= cfg.atol + cfg.rtol * np.abs(e)
+    wrong = np.zeros(t.row.size, bool)
+    wrong[pol] = ret.present[pol] & ~within(expected)[pol]
+    off = None
+    if wrong.any():
+        off = _first(b, wrong, _g=g, _e=expected, _all=within(summed)).select(
+            "trajectory_id",
+            "turn",
+            "position",
+            pl.format(
+                "token_returns differ from the reward-to-go over the policy tokens on {} policy token(s); "
+                "the first is {}, expected {}{}",
+                "n",
+                rounded(pl.col("_g")),
+                rounded(pl.col("_e")),
+                pl.when(pl.col("_all"))
+                .then(pl.lit(": it is the sum over every token, the ones the policy did not sample included"))
+                .otherwise(pl.lit("")),
+            ).alias("message"),
+        )
+    return _findings(ret.bad, rew.bad, kl_bad, off)

@@ -280,3 +280,64 @@ def budget_filled_not_truncated(b: BatchView, cfg) -> pl.DataFrame | None:
             pl.col("stop_reason").fill_null("null"),
         ).alias("message"),
     )
+
+
+@rule(
+    "T307",
+    "truncated episode paid more than the truncation penalty",
+    scope="log",
+    requires=("trajectory_id", "task_id", "truncated", "terminated", "reward", "stop_reason"),
+    config=("truncation", "truncation_penalty", "atol"),
+)
+def truncation_penalty(log, cfg) -> pl.DataFrame | None:
+    """Under truncation = "penalize", a collector-truncated episode's reward exceeds the penalty:
+    the configured `truncation_penalty`, or, when none is configured, the failure reward of its
+    task (the largest reward among the task's terminated episodes with stop_reason failure).
+
+    Lesson “Success, termination, truncation, and infrastructure failure”: a collector limit is
+    not a task outcome; the `penalize` policy deliberately pays it like a failure (or worse) so
+    that the policy learns to finish within the limit. An episode cut at the generation limit
+    whose environment still paid the success reward (SkyRL at max_generate_length: the reward
+    is computed on the partial transcript) teaches the opposite: running into the limit is as
+    good as solving the task. Under the other policies T304 bounds the reward and this check
+    has nothing to compare. Without a configured penalty, episodes of a task with no recorded
+    failure cannot be bounded and are counted in the statistics, not passed. Fix the trainer to
+    overwrite a truncated episode's reward with the penalty (SkyRL: zero_reward_on_non_stop),
+    or configure the penalty you actually pay.
+    """
+    if cfg.truncation != "penalize":
+        return None
+    t = log.traj
+    r = pl.col("reward").cast(pl.Float64)
+    failure = pl.col("terminated").fill_null(False) & (pl.col("stop_reason") == "failure") & r.is_not_null()
+    fail = t.filter(failure).group_by("task_id").agg(r.max().alias("_fail"))
+    cut = t.filter(pl.col("truncated").fill_null(False) & r.is_not_null()).join(fail, on="task_id", how="left")
+    if cfg.truncation_penalty is not None:
+        cut = cut.with_columns(
+            pl.lit(float(cfg.truncation_penalty)).alias("_bound"),
+            pl.lit("the configured truncation_penalty").alias("_what"),
+        )
+    else:
+        cut = cut.with_columns(
+            pl.col("_fail").alias("_bound"), pl.format("the failure reward of task {}", "task_id").alias("_what")
+        )
+    log.stats["T307"] = {"truncated_rewarded": cut.height, "unbounded": int(cut["_bound"].is_null().sum())}
+    if cut.height and cut["_bound"].is_null().all():
+        raise NotRun(
+            "needs truncation_penalty in the configuration, or a failure (terminated, stop_reason failure) "
+            "of the truncated episodes' tasks to bound their reward"
+        )
+    bad = cut.filter(pl.col("_bound").is_not_null() & ~(r <= pl.col("_bound") + cfg.atol).fill_null(True))
+    if bad.is_empty():
+        return None
+    return bad.select(
+        "trajectory_id",
+        "file",
+        pl.format(
+            "truncated episode (stop_reason {}) has reward {} under truncation = penalize; expected at most {}, {}",
+            pl.col("stop_reason").fill_null("null"),
+            rounded(r),
+            rounded(pl.col("_bound")),
+            "_what",
+        ).alias("message"),
+    )

@@ -695,13 +695,19 @@ def excluded_member(log, cfg) -> pl.DataFrame | None:
     judged by the episode's outcome, on its last segment.
     """
     m = members(log).filter(pl.col("_in_log"))
-    infra = pl.col("infra_error").fill_null(False)
-    kept = ~pl.col("loss_excluded").fill_null(False)
-    trunc = pl.col("truncated").fill_null(False) & (cfg.truncation == "exclude") & kept
-    null_r = pl.col("reward").is_null()
-    bad = m.filter(infra | trunc | null_r)
+    excluded, why = _excluded(cfg)
+    bad = m.filter(excluded)
     if bad.is_empty():
         return None
+    return bad.select("file", "trajectory_id", pl.format("{} uses {}", _step(), why).alias("message"))
+
+
+def _excluded(cfg) -> tuple[pl.Expr, pl.Expr]:
+    """Whether a trajectory must be excluded from training (null reward, infra_error, truncated
+    under truncation = exclude), and why, for a message."""
+    infra = pl.col("infra_error").fill_null(False)
+    kept = ~pl.col("loss_excluded").fill_null(False)  # out of the loss, in the group statistics (1.2)
+    trunc = pl.col("truncated").fill_null(False) & (cfg.truncation == "exclude") & kept
     stop = pl.col("stop_reason").fill_null("null")
     why = (
         pl.when(infra)
@@ -710,4 +716,136 @@ def excluded_member(log, cfg) -> pl.DataFrame | None:
         .then(pl.format("a collector-truncated episode (stop_reason {}) under truncation = exclude", stop))
         .otherwise(pl.lit("an episode with a null reward (excluded from training)"))
     )
-    return bad.select("file", "trajectory_id", pl.format("{} uses {}", _step(), why).alias("message"))
+    return infra | trunc | pl.col("reward").is_null(), why
+
+
+# ------------------------------------------------------------------ U607, U608: what the loss and the statistics were built from
+
+
+def _named(log, column: str) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The update records' list `column` exploded: one row per entry with `_u`, `_k`,
+    update_step, file, trajectory_id (the entry itself, or for `numerator_tokens` the id at the
+    same index of trajectory_ids) and `_v` (the entry); and the records whose `numerator_tokens`
+    is not aligned with trajectory_ids (not exploded)."""
+    u = log.updates.with_row_index("_u").with_columns(pl.col("_u").cast(pl.Int64))
+    if "file" not in u.columns:
+        u = u.with_columns(pl.lit(None, dtype=pl.String).alias("file"))
+    u = u.filter(pl.col(column).is_not_null())
+    if column == "numerator_tokens":
+        ids = pl.col("trajectory_ids").fill_null(pl.lit([], dtype=pl.List(pl.String)))
+        aligned = pl.col(column).list.len() == ids.list.len()
+        lists = [ids.alias("trajectory_id"), pl.col(column).alias("_v")]
+    else:
+        aligned = pl.lit(True)
+        lists = [pl.col(column).alias("trajectory_id")]
+    ex = u.select(
+        "_u",
+        "update_step",
+        "file",
+        aligned.alias("_aligned"),
+        *lists,
+        pl.int_ranges(0, pl.col(column).list.len()).alias("_k"),
+    )
+    exploded = (
+        ex.filter(pl.col("_aligned"))
+        .explode([c for c in ("trajectory_id", "_v", "_k") if c in ex.columns])
+        .filter(pl.col("_k").is_not_null())
+    )
+    return exploded, ex.filter(~pl.col("_aligned"))
+
+
+@rule(
+    "U607",
+    "the loss numerator sums tokens other than the trainable ones",
+    scope="log",
+    requires=("updates.numerator_tokens", "updates.trajectory_ids", "trajectory_id", "n_trainable", "ok"),
+    optional=("updates.update_step",),
+)
+def numerator_tokens(log, cfg) -> pl.DataFrame | None:
+    """A trajectory's numerator_tokens (how many of its tokens entered the update's summed loss)
+    differs from its trainable count |I_i|, the loss_mask-true tokens.
+
+    Lesson “Trainable-token masks and signal dilution”: L = −(1/Σ_k m_k) Σ_k m_k Â log π(z_k),
+    the mask m in the numerator (no gradient on tokens the policy did not choose) and in the
+    denominator (the normalisation). U601 and U602 check the denominator; this check reads the
+    numerator. A token-mean loss that divides by the masked
+    count but sums every token's loss (alibaba/ROLL#444: the mask applied to the denominator
+    only) trains on prompt, tool and padding tokens with a weight the denominator hides: the
+    finding names both counts and the tokens outside the mask that entered. A numerator list
+    whose length differs from trajectory_ids is a finding on the update (its members cannot be
+    matched). Trajectories missing from the log (U605) or with malformed token lists (S003)
+    are not compared. Fix the loss to multiply every per-token loss by the mask before summing
+    (`(loss * mask).sum()`), not only to count the mask.
+    """
+    members, bad_len = _named(log, "numerator_tokens")
+    t = _traj(log).select("trajectory_id", "n_trainable", "ok")
+    m = members.join(t, on="trajectory_id", how="inner").filter(pl.col("ok").fill_null(False))
+    diff = m.filter(pl.col("_v").is_null() | (pl.col("_v") != pl.col("n_trainable")))
+    extra = pl.col("_v") - pl.col("n_trainable")
+    how = (
+        pl.when(pl.col("_v").is_null())
+        .then(pl.lit("the count is null"))
+        .when(extra > 0)
+        .then(pl.format("{} token(s) outside the loss mask entered the summed loss", extra))
+        .otherwise(pl.format("{} trainable token(s) are missing from the summed loss", -extra))
+    )
+    per = diff.select(
+        "file",
+        "trajectory_id",
+        pl.format(
+            "{}: numerator_tokens {} recorded, expected {} (the trainable tokens): {}",
+            _step(),
+            pl.col("_v").cast(pl.String).fill_null("null"),
+            "n_trainable",
+            how,
+        ).alias("message"),
+    )
+    upd = bad_len.select(
+        "file",
+        pl.format(
+            "{}: {} numerator_tokens for {} trajectory_ids (they must be aligned)",
+            _step(),
+            pl.col("_v").list.len(),
+            pl.col("trajectory_id").list.len(),
+        ).alias("message"),
+    )
+    out = pl.concat([upd, per], how="diagonal_relaxed")
+    return out if out.height else None
+
+
+@rule(
+    "U608",
+    "excluded trajectory entered the group statistics",
+    scope="log",
+    requires=("updates.stat_trajectory_ids", "trajectory_id", "reward"),
+    optional=("updates.update_step", "truncated", "infra_error", "stop_reason"),
+    config=("truncation",),
+)
+def excluded_in_statistics(log, cfg) -> pl.DataFrame | None:
+    """An update's stat_trajectory_ids (the trajectories whose rewards formed the group mean and
+    std of its advantages) names a trajectory that must be excluded: a null reward, an
+    infra_error episode, or a collector-truncated one under truncation = exclude (the flags are
+    read when the log has them: a framework that records no stop cause is checked on rewards).
+
+    Lessons “Success, termination, truncation, and infrastructure failure” and “When a rollout
+    group contains no relative signal”: an excluded episode is evidence about nothing, so it
+    belongs neither in the loss (U606) nor in the baseline its group is compared against. A
+    trainer that drops rejected responses from the batch but computes the GRPO mean and std
+    before the rejection (verl-project/verl#6452) shifts every surviving member's advantage by
+    a reward that was never earned, usually the 0 the filter wrote. A trajectory counted in the
+    statistics but not trained (a masked but valid episode) is allowed; a trajectory named
+    there that is missing from the log is U605's concern. Fix the trainer to apply the
+    rejection before the group statistics (or record the statistics it really used).
+    """
+    members, _ = _named(log, "stat_trajectory_ids")
+    t = _traj(log).select("trajectory_id", "reward", "truncated", "infra_error", "stop_reason")
+    m = members.join(t, on="trajectory_id", how="inner")
+    excluded, why = _excluded(cfg)
+    bad = m.filter(excluded)
+    if bad.is_empty():
+        return None
+    return bad.select(
+        "file",
+        "trajectory_id",
+        pl.format("{} counts {} in its group statistics (stat_trajectory_ids)", _step(), why).alias("message"),
+    )

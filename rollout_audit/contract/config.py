@@ -12,14 +12,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .errors import ConfigError
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
-
-
-class ConfigError(ValueError):
-    """The configuration cannot be used (exit code 2): names the file, key and what was expected."""
 
 
 class Config(BaseModel):
@@ -33,6 +31,9 @@ class Config(BaseModel):
     rtol: float = Field(1e-5, ge=0)
     logprob_atol: float = Field(1e-3, ge=0, description="L202: float32 token log-probs summed in float64")
     truncation: Literal["exclude", "bootstrap", "penalize"] = "exclude"
+    truncation_penalty: float | None = Field(
+        None, description="T307: under truncation = penalize, the most a truncated episode may be paid"
+    )
     extra_stop_reasons: dict[str, str] = Field(default_factory=dict, description="stop_reason -> its stop flag")
     first_visit_components: list[str] = Field(default_factory=list)
     loop_length: int = Field(4, ge=2)
@@ -49,7 +50,7 @@ class Config(BaseModel):
     # is not read (S005); a trajectory with more tokens is not audited (S001)
     max_row_group_bytes: int = Field(2 * 2**30, ge=1)
     max_tokens_per_trajectory: int = Field(1_000_000, ge=1)
-    # Replay (L205-L207): trajectories replayed, stratified by policy version; 0 = off (`check --replay N`)
+    # Replay (L205-L207, L209): trajectories replayed, stratified by policy version; 0 = off (`check --replay N`)
     replay: int = Field(0, ge=0)
     replayer: str | None = None  # "module:factory" returning a replayer, e.g. "reference_agent.replay:replayer"
     # version -> local checkpoint (a {"3": "ckpt/step-3"} table, or a template "ckpt/step-{version}")
@@ -69,6 +70,7 @@ class Config(BaseModel):
         "replay_atol",
         "replay_max_share",
         "max_turn_log_ratio",
+        "truncation_penalty",
         mode="before",
     )
     @classmethod

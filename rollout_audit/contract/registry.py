@@ -31,6 +31,10 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from .config import Config
 
+from .errors import NotRun, UndeclaredInput, Unmet
+
+__all__ = ["FAMILIES", "RULES", "NotRun", "Rule", "UndeclaredInput", "Unmet", "registered", "rule", "selected"]
+
 Severity = Literal["error", "warning", "info"]
 Scope = Literal["batch", "log"]
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
@@ -87,20 +91,6 @@ FAMILIES = {
 }
 
 
-class NotRun(Exception):
-    """Raised by a check that cannot run on this input; the message is the reason shown
-    under `not_run` (e.g. "needs first_visit_components in the configuration")."""
-
-
-class Unmet(NotRun):
-    """Raised by a check that cannot run although the user explicitly asked for what it needs
-    (`--replay N`): the check is not run, and the audit is incomplete (exit 2)."""
-
-
-class UndeclaredInput(Exception):
-    """A check read an input it did not declare: a defect of the check, reported as a crash."""
-
-
 def rule(
     code: str,
     name: str,
@@ -154,8 +144,6 @@ def selected(code: str, select: list[str] | tuple[str, ...] = (), ignore: list[s
     return not any(code.startswith(i.upper()) for i in ignore)
 
 
-def all_rules() -> dict[str, Rule]:
-    """Every registered rule, importing the check modules on first use."""
-    from .. import checks  # noqa: F401  (registration happens at import)
-
+def registered() -> dict[str, Rule]:
+    """The rules registered so far, by code (the full catalogue: `checks.all_rules`)."""
     return dict(sorted(RULES.items()))

@@ -28,6 +28,8 @@ META_REWARD_COMPONENTS = b"rollout_log.reward_components"  # JSON {component: ho
 PAYMENTS = ("first_visit", "terminal", "per_step")
 PAID_ONCE = ("first_visit", "terminal")
 
+# the per-token lists of a trajectory, aligned one entry per token
+TOKEN_LISTS = ("token_ids", "token_source", "loss_mask", "behavior_logprobs", "token_turn")
 POLICY = 2  # token_source value of a token sampled by the behaviour policy
 SOURCE_NAMES = {0: "system", 1: "user", 2: "policy", 3: "observation", 4: "template"}
 
@@ -138,7 +140,7 @@ def _vkey(version: str) -> tuple[int, ...]:
 
 
 def newer(a: str, b: str) -> bool:
-    """Contract version `a` is later than `b`."""
+    """True when contract version `a` is later than `b`."""
     return _vkey(a) > _vkey(b)
 
 

@@ -5,8 +5,9 @@ declarations). `python -m rollout_audit.dev generate` writes them with every oth
 
 from __future__ import annotations
 
+from ..checks import all_rules
 from ..contract import schema as S
-from ..contract.registry import FAMILIES, Rule, all_rules
+from ..contract.registry import FAMILIES, Rule
 
 
 def _cell(text: str) -> str:
@@ -42,6 +43,8 @@ def contract_markdown() -> str:
     for key in ("finish_reasons", "reductions", "advantage_estimators"):
         out += ["", f"## {key.replace('_', ' ').capitalize()}", ""]
         out += [f"- {_item(x)}" for x in doc[key]]
+    out += ["", "## Truncation policies (configuration `truncation`)", ""]
+    out += [f"- `{k}`: {v}" for k, v in doc["truncation_policies"].items()]
     out += ["", "## File metadata", ""]
     out += [f"- `{k}`: {_item(v)}" for k, v in doc["metadata"].items()]
     return "\n".join(out) + "\n"

@@ -30,7 +30,8 @@ import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..contract.registry import FAMILIES, all_rules
+from ..checks import all_rules
+from ..contract.registry import FAMILIES
 from .docs import checks_markdown, contract_markdown
 
 ROOT = Path(__file__).resolve().parent.parent.parent

@@ -115,7 +115,26 @@ def n_trainable(t: dict) -> int:
 
 
 def sync_denominator(ctx: Ctx, tid: str) -> None:
-    """A pipeline that changed the mask also counted it: keep token denominators consistent."""
+    """A pipeline that changed the mask also counted it and summed its loss under it: keep token
+    denominators (and recorded numerator counts) consistent."""
     for u in ctx.updates:
         if tid in u["trajectory_ids"] and u["reduction"] == "token":
             u["loss_denominator"] = float(sum(n_trainable(ctx.by_id[i]) for i in u["trajectory_ids"]))
+        if tid in u["trajectory_ids"] and u.get("numerator_tokens") is not None:
+            u["numerator_tokens"][u["trajectory_ids"].index(tid)] = n_trainable(ctx.by_id[tid])
+
+
+def append_member(u: dict, tid: str, trainable: int) -> None:
+    """An update that trains on one more trajectory: its advantage (0) and its numerator count."""
+    u["trajectory_ids"].append(tid)
+    if u.get("advantages") is not None:
+        u["advantages"].append(0.0)
+    if u.get("numerator_tokens") is not None:
+        u["numerator_tokens"].append(trainable)
+
+
+def loss_evidence(ctx: Ctx) -> None:
+    """Record the contract 1.2 loss evidence a compliant trainer would write, where the log lacks it."""
+    from ..synth import record_loss_evidence
+
+    record_loss_evidence(ctx.trajs, ctx.updates)

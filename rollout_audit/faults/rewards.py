@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .base import Ctx, fault, rederive_returns
+from .base import Ctx, fault, loss_evidence, policy_positions, rederive_returns
 
 
 @fault("reward_components_mismatch", {"R401"}, group="episodes-1")
@@ -123,3 +123,46 @@ def verifier_inverted(ctx: Ctx) -> list[str]:
     f = ctx.pick(lambda t: t["task_id"] == s["task_id"] and t["reward"] is not None and not t["verifier_success"])
     s["verifier_success"], f["verifier_success"] = False, True
     return [s["trajectory_id"], f["trajectory_id"]]
+
+
+def _returns_over_every_token(t: dict) -> None:
+    """The return recursion of a trainer that runs it over every position, masked or not."""
+    acc, ret = 0.0, [0.0] * len(t["token_ids"])
+    for i in reversed(range(len(ret))):
+        acc += t["token_reward"][i] - t["token_kl"][i]
+        ret[i] = acc
+    t["token_returns"] = ret
+
+
+PAD = 0  # the padding id of a right-padded batch
+
+
+@fault("reward_on_padding_token", {"R411", "R413"}, group="evidence-1")
+def reward_on_padding_token(ctx: Ctx) -> list[str]:
+    """The PPO score is written at the first token after the end-of-sequence token (the first
+    padding position of the right-padded batch) instead of on the last sampled token, and the
+    returns carry it from there (huggingface/trl#3750)."""
+    loss_evidence(ctx)
+    t = ctx.pick(lambda t: bool(t.get("reward")) and bool(policy_positions(t)), "rewarded trajectory with an action")
+    i = policy_positions(t)[-1] + 1
+    if i == len(t["token_ids"]):  # the sequence ends on its last action: the batch pads it
+        pad: dict[str, object] = {"token_ids": PAD, "token_source": 4, "loss_mask": False, "behavior_logprobs": None}
+        pad |= {"token_turn": t["token_turn"][-1], "token_reward": 0.0, "token_kl": 0.0, "token_returns": 0.0}
+        for c, v in pad.items():
+            t[c].append(v)
+    t["token_reward"] = [0.0] * len(t["token_ids"])
+    t["token_reward"][i] = float(t["reward"])
+    _returns_over_every_token(t)
+    return [t["trajectory_id"]]
+
+
+@fault("kl_accumulated_over_tool_tokens", {"R412", "R413"}, group="evidence-2")
+def kl_accumulated_over_tool_tokens(ctx: Ctx) -> list[str]:
+    """The KL penalty is computed on every token, tool observations included, and the return
+    recursion runs over every position, so the observations' KL flows into the returns of the
+    actions before them (THUDM/slime#1370)."""
+    loss_evidence(ctx)
+    t = ctx.pick(lambda t: 3 in t["token_source"] and 2 in t["token_source"], "trajectory with a tool observation")
+    t["token_kl"] = [v if s == 2 else 0.02 for s, v in zip(t["token_source"], t["token_kl"])]
+    _returns_over_every_token(t)
+    return [t["trajectory_id"]]

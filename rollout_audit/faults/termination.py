@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Ctx, fault
+from .base import Ctx, fault, loss_evidence
 
 
 @fault("two_stop_flags", {"T301", "R405"}, group="episodes-1")
@@ -25,9 +25,11 @@ def stop_reason_contradicts_flag(ctx: Ctx) -> list[str]:
     return [t["trajectory_id"]]
 
 
-@fault("engine_crash_scored_zero", {"T303", "U606"}, group="episodes-1")
+@fault("engine_crash_scored_zero", {"T303", "U606", "U608"}, group="episodes-1")
 def engine_crash_scored_zero(ctx: Ctx) -> list[str]:
-    """An engine crash was scored 0 and trained on, masquerading as a task failure."""
+    """An engine crash was scored 0 and trained on, masquerading as a task failure; its 0 also
+    entered its group's statistics."""
+    loss_evidence(ctx)
     t = ctx.pick(
         lambda t: t["trajectory_id"] in ctx.used() and t["reward"] == 0.0 and not t["verifier_success"],
         "failed trajectory used in an update",
@@ -61,3 +63,22 @@ def budget_cut_logged_as_terminated(ctx: Ctx) -> list[str]:
     if not cut:
         raise ValueError("the log has no terminated trajectory of 40 response tokens this fault can break")
     return cut
+
+
+@fault("truncation_paid_as_success", {"T307"}, config={"truncation": "penalize"}, group="evidence-2")
+def truncation_paid_as_success(ctx: Ctx) -> list[str]:
+    """Under truncation = penalize, an episode cut at the generation limit is paid the success
+    reward: the environment scored the partial transcript (SkyRL at max_generate_length)."""
+    done = [o for o in ctx.trajs if o["terminated"] and o["reward"] is not None]
+    success = max((o["reward"] for o in done if o["stop_reason"] == "success"), default=None)
+    failure: dict[str, float] = {}
+    for o in done:
+        if o["stop_reason"] == "failure":
+            failure[o["task_id"]] = max(failure.get(o["task_id"], o["reward"]), o["reward"])
+
+    def pays_more(t: dict) -> bool:
+        return t["truncated"] and success is not None and t["task_id"] in failure and success > failure[t["task_id"]]
+
+    t = ctx.pick(pays_more, "truncated episode of a task with a failure, in a log with a success")
+    t["reward"] = float(success)  # type: ignore[arg-type]
+    return [t["trajectory_id"]]

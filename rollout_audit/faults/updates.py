@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Ctx, fault, sync_denominator
+from .base import Ctx, append_member, fault, loss_evidence, n_trainable, sync_denominator
 
 
 @fault("denominator_batch_size_for_token_reduction", {"U601"}, group="episodes-3")
@@ -65,10 +65,7 @@ def advantages_on_degenerate_group(ctx: Ctx) -> list[str]:
 @fault("update_names_missing_trajectory", {"U605"}, group="episodes-3")
 def update_names_missing_trajectory(ctx: Ctx) -> list[str]:
     """An update names a trajectory whose shard never reached the log."""
-    u = ctx.updates[-1]
-    u["trajectory_ids"].append("ghost-000")
-    if u.get("advantages") is not None:
-        u["advantages"].append(0.0)
+    append_member(ctx.updates[-1], "ghost-000", 0)
     return ["ghost-000"]
 
 
@@ -78,8 +75,46 @@ def excluded_trajectory_trained(ctx: Ctx) -> list[str]:
     t = ctx.pick(lambda t: t["reward"] is None and t["truncated"], "excluded trajectory")
     v = t["turns"][0]["policy_version"]
     u = next((u for u in ctx.updates if u["trainer_version"] == v), ctx.updates[0])
-    u["trajectory_ids"].append(t["trajectory_id"])
-    if u.get("advantages") is not None:
-        u["advantages"].append(0.0)
+    append_member(u, t["trajectory_id"], n_trainable(t))
     sync_denominator(ctx, t["trajectory_id"])
     return [t["trajectory_id"]]
+
+
+@fault("masked_tokens_in_numerator", {"U607"}, group="evidence-1")
+def masked_tokens_in_numerator(ctx: Ctx) -> list[str]:
+    """The token-mean loss sums every token's loss but divides by the masked count: prompt,
+    template and tool tokens enter the numerator (alibaba/ROLL#444)."""
+    loss_evidence(ctx)
+    u = next((u for u in ctx.updates if u["trajectory_ids"]), None)
+    if u is None:
+        raise ValueError("the log has no update with a batch this fault can break")
+    k = ctx.rng.randrange(len(u["trajectory_ids"]))
+    tid = u["trajectory_ids"][k]
+    u["numerator_tokens"][k] = len(ctx.by_id[tid]["token_ids"])
+    return [tid]
+
+
+@fault("rejected_in_group_statistics", {"U608", "U603"}, group="evidence-1")
+def rejected_in_group_statistics(ctx: Ctx) -> list[str]:
+    """A rejected episode (reward null: truncated under exclude, or an infrastructure failure)
+    is dropped from the batch, but its reward, filled with 0, still enters its group's GRPO
+    mean and std, shifting every trained member's advantage (verl-project/verl#6452)."""
+    loss_evidence(ctx)
+    key = lambda t: t.get("group_id") or t["task_id"]
+    for t in ctx.trajs:
+        if t["reward"] is not None:
+            continue
+        for u in ctx.updates:
+            if u.get("advantages") is None or u.get("advantage_estimator") != "grpo" or u.get("window_trajectory_ids"):
+                continue
+            idx = [k for k, i in enumerate(u["trajectory_ids"]) if i in ctx.by_id and key(ctx.by_id[i]) == key(t)]
+            r = np.array([ctx.by_id[u["trajectory_ids"][k]]["reward"] for k in idx], dtype=float)
+            if len(idx) < 2 or not np.isfinite(r).all() or np.ptp(r) == 0:
+                continue
+            with_zero = np.append(r, 0.0)
+            adv = (r - with_zero.mean()) / (with_zero.std(ddof=1) + 1e-6)
+            for k, a in zip(idx, adv):
+                u["advantages"][k] = float(a)
+            u["stat_trajectory_ids"].append(t["trajectory_id"])
+            return [t["trajectory_id"]] + [u["trajectory_ids"][k] for k in idx]
+    raise ValueError("the log has no excluded episode whose group is trained with GRPO advantages")

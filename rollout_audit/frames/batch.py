@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from ..contract import schema as S
 
-TOKEN_LISTS = ("token_ids", "token_source", "loss_mask", "behavior_logprobs", "token_turn")
+TOKEN_LISTS = S.TOKEN_LISTS
 _NSRC = 6  # token_source 0..4, and 5 for any out-of-range value
 _NLP = 3  # 0 null, 1 valid (finite, <= 0), 2 invalid (NaN, inf, > 0)
 _SRC = (0, 1, 3, 4, 5)

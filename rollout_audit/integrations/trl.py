@@ -28,6 +28,7 @@ from ..adapters.trl import (
     update_from_step,
 )
 from ..contract.config import Config
+from ..contract.errors import AuditFailed
 from ..reading.records import records_to_table
 from ..reporting.report import Report
 from ..running.engine import audit_tables
@@ -36,7 +37,7 @@ from ..writer import RolloutWriter
 Policy = Literal["warn", "raise", "skip"]
 __all__ = [
     "TRL_LACKS",
-    "AuditError",
+    "AuditFailed",
     "AuditSettings",
     "AuditedGRPOTrainer",
     "advantage_estimator",
@@ -47,14 +48,6 @@ __all__ = [
 
 
 # ---------------------------------------------------------------- the guard
-
-
-class AuditError(RuntimeError):
-    """Raised by the guard under policy `raise`; `.report` holds the findings."""
-
-    def __init__(self, message: str, report: Report) -> None:
-        super().__init__(message)
-        self.report = report
 
 
 @dataclass
@@ -83,7 +76,7 @@ def _summary(what: str, report: Report) -> str:
 class AuditedGRPOTrainer(GRPOTrainer):
     """`GRPOTrainer` that audits every generation batch and every micro-batch update before
     the optimizer step. `audit=AuditSettings(policy=...)`: `warn` (default), `raise`
-    (AuditError), or `skip` (the loss mask of trajectories with an error finding is zeroed,
+    (AuditFailed), or `skip` (the loss mask of trajectories with an error finding is zeroed,
     all of them when a finding names none; a failing update trains with a zero loss).
     The truncation policy is the one the trainer's `GRPOConfig` follows (`trainer_policy`),
     stated once as a warning, unless `audit.config` sets `truncation` itself.
@@ -168,7 +161,7 @@ class AuditedGRPOTrainer(GRPOTrainer):
         """Apply the policy; under `skip`, the rows to exclude."""
         msg = _summary(what, report)
         if self.audit.policy == "raise":
-            raise AuditError(msg, report)
+            raise AuditFailed(msg, report)
         warnings.warn(msg, stacklevel=3)
         if self.audit.policy != "skip":
             return None

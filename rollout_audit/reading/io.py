@@ -12,13 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..contract import schema as S
+from ..contract.errors import UsageError
 from . import storage
 from .sanitize import duplicate_columns
 from .storage import is_writer_temp as _is_writer_temp
-
-
-class UsageError(Exception):
-    """The input cannot be audited at all (exit code 2)."""
 
 
 @dataclass

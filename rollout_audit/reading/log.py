@@ -9,6 +9,7 @@ from functools import cached_property
 
 import polars as pl
 
+from ..contract.errors import UsageError
 from .io import Discovery, discover
 
 _TOKEN_LISTS = ["token_ids", "token_source", "loss_mask", "behavior_logprobs", "token_turn"]
@@ -46,7 +47,7 @@ class Log:
         lf = self._scan("trajectories")
         if lf is None:
             n = len(self.broken)
-            raise ValueError(
+            raise UsageError(
                 f"no readable trajectory file ({n} file{'s' * (n != 1)} unreadable: {self.broken[0][0]})"
                 if n
                 else "the log holds no trajectory files"

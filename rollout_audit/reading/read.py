@@ -96,6 +96,8 @@ class Part:
     file: str
     first_row: int
     problems: list[Problem]
+    # several small files in one part: (file, first row in it, rows) of each, in order
+    sources: list[tuple[str, int, int]] | None = None
 
 
 def parts(

@@ -8,15 +8,16 @@ from collections.abc import Mapping, Sequence
 import pyarrow as pa
 
 from ..contract import schema as S
+from ..contract.errors import InputError
 
 
 def _meta(kind: str, fields: Sequence[pa.Field] = (), found: Mapping[bytes, bytes] | None = None) -> dict[bytes, bytes]:
     """File metadata: kind, the contract version its columns need, and a producer's
     `not_recorded`, `tokenizer` and `reward_components` declarations carried over from the table being written."""
     version = S.version_for(kind, (f.name for f in fields))
-    stated = (found or {}).get(S.META_VERSION, b"").decode("utf-8", "replace")
-    if stated in S.contract()["versions"] and S.newer(stated, version):  # the producer states a later version
-        version = stated
+    said = (found or {}).get(S.META_VERSION, b"").decode("utf-8", "replace")
+    if said in S.contract()["versions"] and S.newer(said, version):  # the producer states a later version it uses
+        version = said
     meta = {S.META_VERSION: version.encode(), S.META_KIND: kind.encode()}
     declared = S.not_recorded(found)
     if declared:
@@ -39,7 +40,7 @@ def schema_for_records(records: list[Mapping], kind: str) -> pa.Schema:
     present = set().union(*(r.keys() for r in records))
     unknown = sorted(present - {c.name for c in S.columns(kind)})
     if unknown:
-        raise ValueError(f"unknown column(s) {unknown} for {kind}; see `rollout-audit schema`")
+        raise InputError(f"unknown column(s) {unknown} for {kind}; see `rollout-audit schema`")
     fields = []
     for c in S.columns(kind):
         if c.name not in present:
@@ -52,7 +53,7 @@ def schema_for_records(records: list[Mapping], kind: str) -> pa.Schema:
             tf = [pa.field(tc.name, tc.arrow_type) for tc in S.columns("turn") if tc.name in keys]
             bad = sorted(keys - {tc.name for tc in S.columns("turn")})
             if bad:
-                raise ValueError(f"unknown turn field(s) {bad}; see `rollout-audit schema`")
+                raise InputError(f"unknown turn field(s) {bad}; see `rollout-audit schema`")
             fields.append(pa.field("turns", pa.list_(pa.struct(tf))))
         else:
             fields.append(pa.field(c.name, c.arrow_type))
@@ -65,7 +66,7 @@ def canonical_schema(found: pa.Schema, kind: str) -> pa.Schema:
     fields = []
     for f in found:
         if f.name not in spec:
-            raise ValueError(f"unknown column {f.name!r} for {kind}; see `rollout-audit schema`")
+            raise InputError(f"unknown column {f.name!r} for {kind}; see `rollout-audit schema`")
         if f.name == "turns" and pa.types.is_list(f.type) and pa.types.is_struct(f.type.value_type):
             tspec = {c.name: c for c in S.columns("turn")}
             tf = [pa.field(x.name, tspec[x.name].arrow_type) for x in f.type.value_type if x.name in tspec]

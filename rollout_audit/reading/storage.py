@@ -18,6 +18,8 @@ from urllib.parse import unquote, urlsplit
 
 import pyarrow.fs as pafs
 
+from ..contract.errors import UsageError
+
 REMOTE = ("s3", "gs", "gcs")  # schemes read through pyarrow's object-store clients
 _FILESYSTEMS: dict[tuple[str, str], pafs.FileSystem] = {}  # (scheme, bucket) -> client, one per process
 _LOCK = threading.Lock()
@@ -33,7 +35,7 @@ def local_path(path: str | os.PathLike) -> str | os.PathLike:
     if isinstance(path, str) and path.lower().startswith("file://"):
         parts = urlsplit(path)
         if parts.netloc not in ("", "localhost"):
-            raise ValueError(f"{path}: a file:// URI names a host; only local files can be read")
+            raise UsageError(f"{path}: a file:// URI names a host; only local files can be read")
         return unquote(parts.path)
     return path
 

@@ -10,9 +10,7 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 
-
-class NotConfigured(Exception):
-    """Replay cannot run: no replayer, or no checkpoint for a version. The message is the not-run reason."""
+from ..contract.errors import NotConfigured
 
 
 @dataclass(frozen=True)

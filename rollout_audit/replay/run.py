@@ -3,6 +3,7 @@ tokens version by version, return one row per token with the recorded and the re
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,28 @@ def replay_frame(traj: pl.DataFrame, n: int, replayer: Replayer) -> pl.DataFrame
     return with_ids(tokens, rows).with_columns(pl.Series("sampled", sampled), pl.Series("base", base))
 
 
+def neighbour_frame(traj: pl.DataFrame, n: int, replayer: Replayer) -> pl.DataFrame:
+    """The tokens `replay_frame` scores (the same sample), each also scored under the policy
+    versions before and after its own among the versions of the sample: `prev_version`,
+    `sampled_prev`, `next_version`, `sampled_next` (NaN where that version has no checkpoint)."""
+    rows = sampled_rows(traj, n)
+    tokens = token_frame(rows)
+    versions = sorted(int(v) for v in tokens["policy_version"].unique().to_list())
+    out = {k: np.full(tokens.height, np.nan) for k in ("prev_version", "sampled_prev", "next_version", "sampled_next")}
+    for j, version in enumerate(versions):
+        req, idx = _request(rows, tokens, version)
+        for side, k in (("prev", j - 1), ("next", j + 1)):
+            if not 0 <= k < len(versions):
+                continue
+            try:
+                res = replayer.replay(replace(req, version=versions[k]))
+            except NotConfigured:  # no checkpoint for that neighbour: its column stays NaN
+                continue
+            out[f"{side}_version"][idx] = versions[k]
+            out[f"sampled_{side}"][idx] = res.sampled
+    return with_ids(tokens, rows).with_columns(pl.Series(k, v) for k, v in out.items())
+
+
 def with_ids(tokens: pl.DataFrame, rows: pa.Table) -> pl.DataFrame:
     """Attach trajectory_id and file to a token frame (by its `_row`)."""
     ids = pl.DataFrame(
@@ -88,4 +111,4 @@ def second_frame(traj: pl.DataFrame, column: str, n: int | None) -> pl.DataFrame
     return with_ids(token_frame(rows, column), rows)
 
 
-__all__: list[Any] = ["replay_frame", "sampled_rows", "second_frame"]
+__all__: list[Any] = ["neighbour_frame", "replay_frame", "sampled_rows", "second_frame"]

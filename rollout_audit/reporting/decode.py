@@ -9,12 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from ..contract import schema as S
+from ..contract.errors import DecodeError
 
 MAX_VOCABULARY = 1_000_000  # entries of a declared vocabulary; a larger one is ignored, not loaded
-
-
-class DecodeError(ValueError):
-    """The tokenizer cannot be loaded: the message is one line for the user."""
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..contract.errors import UsageError
 from ..reading import storage
-from ..reading.io import UsageError
 
 _Ident = tuple[int, int]  # (st_dev, st_ino)
 

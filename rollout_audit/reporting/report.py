@@ -1,25 +1,24 @@
-"""The audit report: findings as a polars DataFrame, checks not run, a summary, and the
-output formats (text, json, github, junit). The JSON shape is a stable interface."""
+"""The output formats of a report (text, concise, json, github, junit), registered with
+`running.report` so that `Report.render(fmt)` finds them. The JSON shape is a stable interface."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
-from dataclasses import dataclass, field
+from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
 import polars as pl
 
-from ..contract.registry import SEVERITY_ORDER, Rule
-from ..running.runner import FINDING_SCHEMA, Runner
+from ..running.report import MAX_CHARS, Report, plural, register_format, verdict, verdict_line
 
-__all__ = ["FINDING_ORDER", "FINDING_SCHEMA", "FORMATS", "Report", "build_report", "sort_findings"]
+__all__ = ["FORMATS", "MAX_CHARS", "Report", "num", "printable", "render_logs", "verdict", "verdict_line"]
 # Characters a log string must not bring to a terminal, a CI log or an XML file: C0/C1 controls
 # (escape sequences, newlines that start a forged `::error` line), DEL, bidirectional overrides,
 # line/paragraph separators, surrogates and the non-characters U+FFFE/U+FFFF (illegal in XML).
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff\ufffe\uffff]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-MAX_CHARS = 500  # a finding's message, file or trajectory id is cut to this many characters
 
 
 def printable(value: object) -> str:
@@ -27,135 +26,25 @@ def printable(value: object) -> str:
     return _UNPRINTABLE.sub(_escape_char, str(value))
 
 
+def num(v: object, digits: int = 4) -> str:
+    """A number for a person, the one way every output writes one: integers in full (no '.0'),
+    other floats to `digits` significant figures, a missing value (None, NaN) as `n/a`;
+    anything else as printable text."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return printable(v)
+    if float(v).is_integer() and abs(v) < 1e15:
+        return str(int(v))
+    return f"{v:.{digits}g}"
+
+
 def _escape_char(m: re.Match) -> str:
     c = m.group()
     return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
 
 
-def _truncate(name: str, limit: int = MAX_CHARS) -> pl.Expr:
-    """A string column cut to `limit` characters, with the full length stated when cut."""
-    c = pl.col(name)
-    n = c.str.len_chars()
-    cut = pl.concat_str(
-        [c.str.slice(0, limit), pl.lit(f"… (cut to {limit} of "), n.cast(pl.String), pl.lit(" characters)")]
-    )
-    return pl.when(n > limit).then(cut).otherwise(c).alias(name)
-
-
 FORMATS = ("text", "concise", "json", "github", "junit")
-# The one order of findings in every output (text, concise, JSON, GitHub, JUnit, HTML): severity,
-# then these columns, nulls last; rows equal on all of them keep the order the checks found them in.
-FINDING_ORDER = ("code", "file", "trajectory_id", "turn", "position", "message")
-
-
-@dataclass(repr=False)
-class Report:
-    """Result of an audit. `findings` has one row per finding (columns of FINDING_SCHEMA)."""
-
-    findings: pl.DataFrame
-    not_run: dict[str, str]
-    summary: dict
-    rules: dict[str, Rule] = field(default_factory=dict, repr=False)
-    partial: dict[str, str] = field(default_factory=dict)  # code -> "ran on 812 of 1000 trajectories; ..."
-    crashes: list[dict] = field(default_factory=list)  # checks that raised: code, error, file, rows
-    unusable: str | None = None  # why no trajectory row could be audited (exit 2)
-    # what the user asked for that did not happen (a check named by its code, a replay): exit 2
-    unfulfilled: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def complete(self) -> bool:
-        """True when every selected check that had its inputs ran to the end (no crash), some
-        input was usable, some check ran, and everything the user asked for happened: only then
-        can "ok" be trusted."""
-        return not self.crashes and self.unusable is None and not self.unfulfilled and bool(self.summary["checks_run"])
-
-    @property
-    def ok(self) -> bool:
-        """True exactly when the exit code is 0: the audit completed and no error finding blocks training."""
-        return self.exit_code() == 0
-
-    def count(self, severity: str) -> int:
-        return int((self.findings["severity"] == severity).sum())
-
-    def codes(self, severity: str | None = None) -> set[str]:
-        f = self.findings if severity is None else self.findings.filter(pl.col("severity") == severity)
-        return set(f["code"].to_list())
-
-    def __repr__(self) -> str:
-        return f"<Report {verdict_line(self)}>"
-
-    def exit_code(self, strict: bool = False) -> int:
-        """0 clean, 1 findings that block training, 2 the audit could not be completed."""
-        if not self.complete:
-            return 2
-        if self.count("error") or (strict and self.count("warning")):
-            return 1
-        return 0
-
-    def to_dict(self, limit: int | None = None) -> dict:
-        f = self.findings if limit is None else self.findings.group_by("code", maintain_order=True).head(limit)
-        return {
-            "findings": f.to_dicts(),
-            "not_run": [{"code": c, "reason": r} for c, r in sorted(self.not_run.items())],
-            "partially_run": [{"code": c, "coverage": r} for c, r in sorted(self.partial.items())],
-            "check_errors": self.crashes,
-            "unusable": self.unusable,
-            "unfulfilled": [{"code": c, "reason": r} for c, r in sorted(self.unfulfilled.items())],
-            "summary": self.summary,
-        }
-
-    def render(
-        self,
-        fmt: str = "text",
-        *,
-        limit: int | None = 20,
-        color: bool = False,
-        strict: bool = False,
-        quiet: bool = False,
-    ) -> str:
-        """The report in `fmt`. `quiet` (text, concise): findings only, nothing when there are none;
-        `strict` makes warnings fail the verdict line as they fail the exit code."""
-        if fmt == "json":
-            return json.dumps(self.to_dict(), indent=1, default=str)
-        if fmt == "github":
-            return render_github(self)
-        if fmt == "junit":
-            return render_junit(self)
-        if fmt == "concise":
-            return render_concise(self, strict=strict, quiet=quiet)
-        return render_text(self, limit=limit, color=color, strict=strict, quiet=quiet)
-
-
-def sort_findings(findings: pl.DataFrame) -> pl.DataFrame:
-    """Findings in the report's one order: severity (error first), then FINDING_ORDER, nulls last."""
-    return (
-        findings.with_columns(pl.col("severity").replace_strict(SEVERITY_ORDER, return_dtype=pl.Int8).alias("_s"))
-        .sort(["_s", *FINDING_ORDER], nulls_last=True, maintain_order=True)
-        .drop("_s")
-    )
-
-
-def build_report(runner: Runner, *, rows: int, tokens: int, stats: dict, cfg, unusable: str | None = None) -> Report:
-    """The report of a finished run: sorted findings, not-run and partial coverage, crashes."""
-    findings = sort_findings(runner.findings_frame()).with_columns(
-        _truncate("message"), _truncate("file"), _truncate("trajectory_id")
-    )
-    not_run, partial = runner.not_run(), runner.partial(rows)
-    crashes = [{**c.to_dict(), "times": runner.crash_counts[c.code]} for c in runner.crashes]
-    per_code = findings.group_by("code", "severity").len().sort("code").to_dicts()
-    summary = {
-        "rows_read": rows,
-        "tokens_read": tokens,
-        "counts": {d["code"]: d["len"] for d in per_code},
-        "by_severity": {s: int((findings["severity"] == s).sum()) for s in SEVERITY_ORDER},
-        "checks_run": sorted(c for c in runner.rules if c not in not_run and c not in runner.crash_counts),
-        "checks_partially_run": sorted(partial),
-        "checks_not_run": sorted(not_run),
-        "checks_crashed": sorted(runner.crash_counts),
-        "statistics": stats,
-    }
-    unfulfilled = runner.unfulfilled() if unusable is None else {}
-    return Report(findings, not_run, summary, runner.rules, partial, crashes, unusable, unfulfilled)
 
 
 def _where(r: dict) -> str:
@@ -175,7 +64,7 @@ _STYLE = {"error": "bold red", "warning": "yellow", "info": "blue", "where": "cy
 
 
 def render_text(
-    rep: Report, limit: int | None = 20, *, color: bool = False, strict: bool = False, quiet: bool = False
+    rep: Report, limit: int | None = 20, *, color: bool = False, strict: bool = False, quiet: bool = False, **_: object
 ) -> str:
     """Findings grouped by code, a bounded sample each, then not-run checks and a summary line.
     `quiet`: the findings alone (nothing when there are none). `color`: ANSI styles (rich)."""
@@ -183,7 +72,7 @@ def render_text(
     for (code,), grp in rep.findings.group_by("code", maintain_order=True):
         sev = grp["severity"][0]
         name = rep.rules[code].name if code in rep.rules else ""
-        out.append([(f"{code} [{sev}]", _STYLE[sev]), (f" {name}: {_n(grp.height, 'finding')}", None)])
+        out.append([(f"{code} [{sev}]", _STYLE[sev]), (f" {name}: {plural(grp.height, 'finding')}", None)])
         shown = grp if limit is None else grp.head(limit)
         for r in shown.iter_rows(named=True):
             where = _where(r)
@@ -264,30 +153,7 @@ def _join(lines: list[list[tuple[str, str | None]]], color: bool) -> str:
     return buf.getvalue().rstrip("\n")
 
 
-def verdict(rep: Report, strict: bool = False) -> str:
-    """INCOMPLETE (exit 2), FAIL (exit 1) or ok (exit 0), as the exit code under `strict` says."""
-    return {0: "ok", 1: "FAIL", 2: "INCOMPLETE"}[rep.exit_code(strict)]
-
-
-def verdict_line(rep: Report, strict: bool = False) -> str:
-    """'FAIL: 2 errors, 0 warnings, 0 info; 44 checks run, …; 128 trajectories, 9354 tokens read'."""
-    s = rep.summary
-    by = s["by_severity"]
-    return (
-        f"{verdict(rep, strict)}: {_n(by['error'], 'error')}, {_n(by['warning'], 'warning')}, {by['info']} info; "
-        f"{_n(len(s['checks_run']), 'check')} run, {len(rep.partial)} partially run, "
-        f"{len(rep.not_run)} not run"
-        + (f", {len(s['checks_crashed'])} crashed" if rep.crashes else "")
-        + f"; {_n(s['rows_read'], 'trajectory', 'trajectories')}, {_n(s['tokens_read'], 'token')} read"
-    )
-
-
-def _n(k: int, one: str, many: str | None = None) -> str:
-    """'1 error', '2 errors'."""
-    return f"{k} {one if k == 1 else (many or one + 's')}"
-
-
-def render_concise(rep: Report, *, strict: bool = False, quiet: bool = False, label: str = "") -> str:
+def render_concise(rep: Report, *, strict: bool = False, quiet: bool = False, label: str = "", **_: object) -> str:
     """One finding per line, `file:trajectory:turn:position: CODE message` (grep and editors);
     absent parts are empty, `:` in a trajectory id is escaped (`\\x3a`). Then the verdict line."""
     lines = []
@@ -302,7 +168,7 @@ def render_concise(rep: Report, *, strict: bool = False, quiet: bool = False, la
     return "\n".join(lines)
 
 
-def render_github(rep: Report) -> str:
+def render_github(rep: Report, **_: object) -> str:
     """GitHub Actions workflow commands, one annotation per finding."""
     level = {"error": "error", "warning": "warning", "info": "notice"}
     lines = []
@@ -338,7 +204,7 @@ def _gh_property(s: str) -> str:
     return _gh_data(s).replace(":", "%3A").replace(",", "%2C")
 
 
-def render_junit(rep: Report) -> str:
+def render_junit(rep: Report, **_: object) -> str:
     """JUnit XML: one test case per check code; error findings fail it, not-run skips it."""
     cases = []
     failures = skipped = 0
@@ -357,7 +223,7 @@ def render_junit(rep: Report) -> str:
             body = f"<skipped message={quoteattr(printable(rep.not_run[code]))}/>"
             skipped += 1
         elif grp.height and rule.severity == "error":
-            body = f"<failure message={quoteattr(_n(grp.height, 'finding'))}>{escape(text)}</failure>"
+            body = f"<failure message={quoteattr(plural(grp.height, 'finding'))}>{escape(text)}</failure>"
             failures += 1
         elif grp.height:
             body = f"<system-out>{escape(text)}</system-out>"
@@ -367,3 +233,50 @@ def render_junit(rep: Report) -> str:
         f'failures="{failures}" skipped="{skipped}">'
     )
     return "\n".join([head, *cases, "</testsuite>"])
+
+
+def render_logs(reports: list[tuple[list, Report]], fmt: str, **kw: Any) -> str:
+    """The reports of several logs, each `(paths, report)`: one report as `Report.render` gives
+    it; several, each under its (first) path: a `== PATH ==` header (text), the path before each
+    verdict line (concise), one JSON object `{"logs": [...]}`, one JUnit `<testsuites>`."""
+    if len(reports) == 1:
+        return reports[0][1].render(fmt, **kw)
+    if fmt == "json":
+        return json.dumps({"logs": [{"path": str(p[0]), **r.to_dict()} for p, r in reports]}, indent=1, default=str)
+    if fmt == "junit":
+        suites = [r.render("junit").split("\n", 1)[1] for _, r in reports]
+        named = [
+            x.replace('name="rollout-audit"', f'name="rollout-audit {_xml(str(p[0]))}"', 1)
+            for (p, _), x in zip(reports, suites)
+        ]
+        return '<?xml version="1.0" encoding="utf-8"?>\n<testsuites>\n' + "\n".join(named) + "\n</testsuites>"
+    if fmt == "github":
+        return "\n".join(x for x in (r.render(fmt) for _, r in reports) if x)
+    if fmt == "concise":  # no headers: every line stays one finding, or one log's verdict after its path
+        bodies = (
+            render_concise(r, strict=kw["strict"], quiet=kw["quiet"], label=f"{printable(p[0])}: ") for p, r in reports
+        )
+        return "\n".join(b for b in bodies if b)
+    parts = []
+    for p, r in reports:
+        body = r.render(fmt, **kw)
+        if body:
+            parts.append(f"== {printable(p[0])} ==\n{body}")
+    return "\n\n".join(parts)
+
+
+def _xml(s: str) -> str:
+    """`s` as an XML attribute value (printable, quotes escaped)."""
+    return escape(printable(s), {'"': "&quot;"})
+
+
+def render_json(rep: Report, **_: object) -> str:
+    """The report as JSON (`Report.to_dict`): findings, not run, partially run, crashes, summary."""
+    return json.dumps(rep.to_dict(), indent=1, default=str)
+
+
+register_format("text", render_text)
+register_format("concise", render_concise)
+register_format("json", render_json)
+register_format("github", render_github)
+register_format("junit", render_junit)

@@ -18,7 +18,7 @@ from ..contract.config import Config
 from ..contract.schema import POLICY, SOURCE_NAMES
 from ..reading.log import Log
 from .decode import Decoder, declared, from_declaration
-from .report import MAX_CHARS, printable
+from .report import MAX_CHARS, num, printable
 
 _STYLE = {0: "magenta", 1: "cyan", 2: "green", 3: "yellow", 4: "bright_black"}
 TRAINED = "underline"
@@ -145,7 +145,7 @@ def _tokens(grp: pl.DataFrame, pieces: list[str] | None, marks: dict[int, list[s
         line.append(text, style=style)
         lp = r.get("behavior_logprobs") if has_lp else None
         if ids and lp is not None:
-            line.append(f"({lp:.3g})", style="dim")
+            line.append(f"({num(lp, 3)})", style="dim")
         for code in marks.get(r["position"], []):
             line.append(f"⟨{code}⟩", style="bold red")
         line.append(" ")
@@ -214,9 +214,9 @@ def _print_trajectory_findings(con: Console, findings: pl.DataFrame | None) -> N
 
 
 def _num(v: object) -> str:
-    """A number to 4 significant digits (log-probs, rewards); other values as text."""
+    """A number as every output writes one (log-probs, rewards); other values as text."""
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return num(v)
     return _v(v)
 
 

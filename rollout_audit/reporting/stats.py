@@ -6,6 +6,7 @@ import polars as pl
 
 from ..contract.schema import SOURCE_NAMES
 from ..reading.log import Log
+from .report import num
 
 
 def log_stats(log: Log) -> dict:
@@ -84,17 +85,17 @@ def render_stats(d: dict) -> str:
         lines.append(f"split episodes: {d['split_episodes']} (each counted once, by its last segment)")
     rm = d["reward_mean"]
     lines.append(
-        f"reward: mean {rm:.4g}, std {(d['reward_std'] or 0):.4g}, null {d['reward_null']}"
+        f"reward: mean {num(rm)}, std {num(d['reward_std'] or 0)}, null {d['reward_null']}"
         if rm is not None
         else f"reward: all null ({d['reward_null']})"
     )
     if "success_rate" in d and d["success_rate"] is not None:
-        lines.append(f"verifier success rate: {d['success_rate']:.3f}")
+        lines.append(f"verifier success rate: {num(d['success_rate'])}")
     g = d["groups"]
     if g["count"]:
         lines.append(
-            f"groups ({g['key']}): {g['count']}, mean size {g['mean_size']:.2f}, "
-            f"degenerate share {g['degenerate_share']:.3f}"
+            f"groups ({g['key']}): {g['count']}, mean size {num(g['mean_size'])}, "
+            f"degenerate share {num(g['degenerate_share'])}"
         )
     lines.append("turns by policy version: " + _versions(d["turns_by_policy_version"]))
     if "updates" in d:

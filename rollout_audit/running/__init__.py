@@ -1,1 +1,2 @@
-"""Running the checks: runner, engine, executors, memory and progress; imports contract, reading, frames and checks."""
+"""Running the checks: runner, engine, executors, options, the report's data, memory and progress;
+imports contract, reading, frames, replay and checks."""

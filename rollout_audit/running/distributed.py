@@ -13,56 +13,20 @@ gathered on the driver. Findings, coverage and the report are those of the local
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
 import polars as pl
 
 from ..contract.config import Config
+from ..contract.errors import UsageError
 from ..contract.registry import NotRun, Rule
 from ..frames.views import LogCheckView, LogView
-from ..reading.io import Discovery, LogFile, UsageError
-from ..reading.read import read_updates
-from ..reading.sanitize import row_group_too_large
-from ..reporting.report import Report, build_report
-from .runner import MAX_CRASHES_KEPT, Plan, Runner, plan
+from ..reading.batches import Share, batches, shares
+from .executors import Done, Work, register_executor
+from .runner import MAX_CRASHES_KEPT, Plan, Runner
 
 _KEEP = ("trajectory_id", "file", "_row")  # columns every summary piece carries
-
-
-@dataclass(frozen=True)
-class Share:
-    """Row groups [start, stop) of one trajectory file, starting at `first_row` of the file."""
-
-    file: LogFile
-    start: int
-    stop: int
-    first_row: int
-
-
-def shares(files: Sequence[LogFile], rows_per_share: int, max_row_group_bytes: int) -> list[Share]:
-    """Cut every file into runs of row groups of about `rows_per_share` rows (a file too large
-    to read, or held in memory, is one share: its task reports it as the local audit does)."""
-    import pyarrow.parquet as pq
-
-    from ..reading.io import source
-
-    out: list[Share] = []
-    for f in files:
-        if f.table is not None or row_group_too_large(f.largest_row_group, max_row_group_bytes) or f.num_row_groups < 2:
-            out.append(Share(f, 0, f.num_row_groups, 0))
-            continue
-        md = pq.ParquetFile(source(f.path)).metadata
-        sizes = np.array([md.row_group(i).num_rows for i in range(md.num_row_groups)], dtype=np.int64)
-        starts = np.concatenate([[0], np.cumsum(sizes)])
-        start = 0
-        for i in range(1, len(sizes) + 1):
-            if i == len(sizes) or starts[i] - starts[start] >= rows_per_share:
-                out.append(Share(f, start, i, int(starts[start])))
-                start = i
-    return out
 
 
 # ---------------------------------------------------------------- what a task returns
@@ -139,24 +103,16 @@ class Job:
 def check_share(job: Job, share: Share) -> tuple[Any, ...]:
     """Ray task: read one share's row groups, run the batch checks, and hand on (bookkeeping,
     the gathered summary columns, then `n_parts` summary pieces per partitioned log check)."""
-    from .engine import _batches
-
     runner = job.runner()
     broken: list[tuple[str, str]] = []
-    f = share.file
-    if f.table is None:
-        f = replace(f, row_groups=(share.start, share.stop), first_row=share.first_row)
     rows = tokens = 0
     summaries: list[pl.DataFrame] = []
-    for b in _batches([f], job.plan, job.batch_rows, broken, job.cfg):
-        runner.note_batch(b)
-        for r in runner.batch_rules:
-            runner.apply_batch(r, b)
-        rows += b.n
-        tokens += int(np.clip(b.lengths["token_source"], 0, None).sum()) if "token_source" in b.columns else 0
-        if runner.log_rules:
-            summaries.append(b.summary(job.plan.summary))
-        b.release()
+    for part in batches([share.opened()], job.plan.columns, job.batch_rows, broken, job.cfg):
+        done = runner.check_batch(part, job.plan)
+        rows += done.rows
+        tokens += done.tokens
+        if done.summary is not None:
+            summaries.append(done.summary)
     summary = pl.concat(summaries, how="diagonal_relaxed") if summaries else pl.DataFrame()
     head = {"state": _state(runner), "rows": rows, "tokens": tokens, "broken": broken, "schema": dict(summary.schema)}
     out: list[Any] = [head, _columns(summary, job.gather) if job.gather is not None else None]
@@ -209,57 +165,47 @@ def _connect(address: str | None, num_cpus: int | None) -> tuple[Any, bool]:
     return ray, True
 
 
-def run_audit_ray(
-    disc: Discovery,
-    cfg: Config,
-    select: Sequence[str] | None = None,
-    ignore: Sequence[str] | None = None,
-    batch_rows: int = 2048,
-    *,
-    address: str | None = None,
-    num_cpus: int | None = None,
-    rules: dict[str, Rule] | None = None,
-    rows_per_share: int = 65536,
-    partitions: int | None = None,
-) -> Report:
-    """`run_audit` on a Ray cluster: the same findings and report, computed by tasks."""
-    ray, started = _connect(address, num_cpus)
-    try:
-        return _run(ray, disc, cfg, select, ignore, batch_rows, rules, rows_per_share, partitions)
-    finally:
-        if started:
-            ray.shutdown()
+class RayExecutor:
+    """Batch checks as Ray tasks, one per share of a file; log checks partitioned by key where
+    their findings allow it, the rest on the driver (see the module's docstring). `address`: a
+    running cluster (None or "local": start one here, of `num_cpus` CPUs, and shut it down)."""
+
+    def __init__(
+        self,
+        address: str | None = None,
+        num_cpus: int | None = None,
+        rows_per_share: int = 65536,
+        partitions: int | None = None,
+        **_: Any,
+    ) -> None:
+        self.address, self.num_cpus = address, num_cpus
+        self.rows_per_share, self.partitions = rows_per_share, partitions
+
+    def run(self, work: Work) -> Done:
+        ray, started = _connect(self.address, self.num_cpus)
+        try:
+            return _run(ray, work, self.rows_per_share, self.partitions)
+        finally:
+            if started:
+                ray.shutdown()
 
 
-def _run(
-    ray: Any,
-    disc: Discovery,
-    cfg: Config,
-    select: Sequence[str] | None,
-    ignore: Sequence[str] | None,
-    batch_rows: int,
-    rules: dict[str, Rule] | None,
-    rows_per_share: int,
-    partitions: int | None,
-) -> Report:
-    from .engine import _why_unusable
+register_executor("ray", RayExecutor)
 
-    runner = Runner(cfg, select, ignore, rules=rules)
-    for f in disc.files:
-        runner.declare(f.schema.metadata)
-    broken = list(disc.broken)
-    updates = read_updates(disc.of_kind("updates"), broken, cfg.max_row_group_bytes)
+
+def _run(ray: Any, work: Work, rows_per_share: int, partitions: int | None) -> Done:
+    runner, cfg, disc = work.runner, work.cfg, work.disc
     part = tuple(r.code for r in runner.log_rules if r.partition)
     kept = [r for r in runner.log_rules if not r.partition]
     n_parts = partitions or max(1, int(ray.cluster_resources().get("CPU", 1)))
     job = Job(
         runner.cfg,  # with what the files declare (e.g. reward components paid once)
-        tuple(select) if select else None,
-        tuple(ignore) if ignore else None,
-        rules,
+        work.select,
+        work.ignore,
+        work.rules,
         dict(runner.declared),
-        plan(runner),
-        batch_rows,
+        work.plan,
+        work.batch_rows,
         frozenset(q for r in kept for q in r.reads) if kept else None,
         part,
         n_parts,
@@ -275,22 +221,18 @@ def _run(
         _merge(runner, head["state"])
         rows += head["rows"]
         tokens += head["tokens"]
-        broken += head["broken"]
+        work.broken += head["broken"]
         for name, dtype in head["schema"].items():
             schema.setdefault(name, dtype)
     gathered = [g for g in ray.get([r[1] for r in refs]) if g is not None and g.height] if kept else []
     traj = pl.concat(gathered, how="diagonal_relaxed", rechunk=True) if gathered else pl.DataFrame()
     del gathered
     cols = {c: t for c, t in schema.items() if job.gather is not None and (c in job.gather or c in _KEEP)}
-    view = LogView(_align(traj, cols), updates, broken, [f.path for f in disc.of_kind("updates")], {})
+    view = work.log_view(_align(traj, cols))
     outcomes = _partitioned(ray, job_ref, runner, part, n_parts, refs, schema)
-    for r in runner.log_rules:
-        if r.code in outcomes:
-            runner.apply_log(_replayed(r, outcomes[r.code]), _sized(view, rows))
-        else:
-            runner.apply_log(r, view)
-    usable = None if rows else _why_unusable(disc, broken)
-    return build_report(runner, rows=rows, tokens=tokens, stats=view.stats, cfg=cfg, unusable=usable)
+    swap = {code: (_replayed(runner.rules[code], o), _sized(view, rows)) for code, o in outcomes.items()}
+    runner.check_log(view, unusable=not rows, swap=swap)
+    return Done(rows, tokens, view.stats)
 
 
 def _partitioned(

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import polars as pl
 
+from ..checks import all_rules
 from ..contract import schema as S
 from ..contract.config import Config
-from ..contract.registry import NotRun, Rule, Unmet, all_rules, selected
+from ..contract.registry import NotRun, Rule, Unmet, selected
 from ..frames.batch import SUMMARY_INPUTS, TOKEN_LISTS, Batch
 from ..frames.views import BatchView, ConfigView, LogCheckView, LogView
 from ..reading.io import one_line
+from ..reading.read import Part
 
 FINDING_SCHEMA: dict[str, Any] = {
     "code": pl.String,
@@ -180,6 +183,48 @@ class Runner:
                     if update:
                         self.cfg = self.cfg.model_copy(update=update)
 
+    def check_batch(self, part: Part, p: Plan) -> Checked:
+        """Every batch rule on one part of the log (read by `reading.batches`): the per-batch
+        step of every executor. Returns the rows and tokens read and, when log rules are
+        selected, the part's per-trajectory summary; the batch's buffers are released."""
+        b = Batch(part.table, part.file, part.first_row, part.problems, p.turn_fields, part.sources)
+        self.note_batch(b)
+        for r in self.batch_rules:
+            self.apply_batch(r, b)
+        k = int(np.clip(b.lengths["token_source"], 0, None).sum()) if "token_source" in b.columns else 0
+        n = b.n
+        summary = b.summary(p.summary) if any(r.scope == "log" for r in self.rules.values()) else None
+        b.release()
+        return Checked(n, k, summary)
+
+    def check_log(
+        self,
+        view: LogView,
+        *,
+        unusable: bool,
+        swap: dict[str, tuple[Rule, LogView]] | None = None,
+        release: Callable[[], None] | None = None,
+    ) -> None:
+        """Every log rule on the log's summary `view`. Rules that read the same inputs share
+        cached frames and run one after the other; the frames are dropped (then `release`
+        called) after the last of them, so the log phase holds one set at a time. When no
+        trajectory was read (`unusable`) and no file was unreadable, only rules that require
+        nothing run (not one U605 per batch member). `swap` runs a rule as another rule on
+        another view (an executor that ran it elsewhere hands back its outcome)."""
+        swap = swap or {}
+        rules = self.log_rules
+        first = {frozenset(r.reads): i for i, r in reversed(list(enumerate(rules)))}
+        rules = sorted(rules, key=lambda r: first[frozenset(r.reads)])
+        last_reader = {frozenset(r.reads): i for i, r in enumerate(rules)}
+        for i, r in enumerate(rules):
+            if not unusable or view.broken or not r.requires:
+                rule, on = swap.get(r.code, (r, view))
+                self.apply_log(rule, on)
+            if last_reader[frozenset(r.reads)] == i:
+                view.cache.pop(frozenset(r.reads), None)
+                if release is not None:
+                    release()
+
     def note_batch(self, b: Batch) -> None:
         """Remember which inputs this batch's file has (for the coverage of log checks)."""
         have = frozenset(b.columns) | {f"turns.{f}" for f in b.turn_fields}
@@ -283,6 +328,15 @@ class Runner:
 
     def findings_frame(self) -> pl.DataFrame:
         return pl.concat(self.findings) if self.findings else pl.DataFrame(schema=FINDING_SCHEMA)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What one batch step hands on: rows and tokens read, and the part's summary for log rules."""
+
+    rows: int
+    tokens: int
+    summary: pl.DataFrame | None
 
 
 @dataclass(frozen=True)

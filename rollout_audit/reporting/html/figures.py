@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from html import escape
 
-from ..report import Report, printable
-from .svg import BAD, GOOD, PALETTE, bars, boxes, dots, num, scatter, stacked
+from ..report import Report, num, printable
+from .svg import BAD, GOOD, PALETTE, bars, boxes, dots, scatter, stacked
 
 MAX_BARS = 12
 

@@ -7,21 +7,12 @@ import math
 from collections.abc import Callable, Sequence
 from html import escape
 
-from ..report import printable
+from ..report import num, printable
 
 CHAR_W = 7.4  # width of one character of the 12px monospace font used for every label
 ROW_H = 20
 PALETTE = ("#4a7bd0", "#d0704a", "#3c9a5f", "#9b59b6", "#c9a227", "#6c7a89", "#d04a7b", "#2bb0b0")
 BAD, GOOD = "#c0392b", "#2e86c1"
-
-
-def num(v: float | None) -> str:
-    """A number for a label: 4 significant digits, integers in full."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "n/a"
-    if float(v).is_integer() and abs(v) < 1e15:
-        return str(int(v))
-    return f"{v:.4g}"
 
 
 def _label(s: object, limit: int = 28) -> str:
