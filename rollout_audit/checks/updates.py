@@ -818,7 +818,7 @@ def numerator_tokens(log, cfg) -> pl.DataFrame | None:
     "excluded trajectory entered the group statistics",
     scope="log",
     requires=("updates.stat_trajectory_ids", "trajectory_id", "reward"),
-    optional=("updates.update_step", "truncated", "infra_error", "stop_reason"),
+    optional=("updates.update_step", "truncated", "infra_error", "stop_reason", "loss_excluded"),
     config=("truncation",),
 )
 def excluded_in_statistics(log, cfg) -> pl.DataFrame | None:
@@ -838,7 +838,7 @@ def excluded_in_statistics(log, cfg) -> pl.DataFrame | None:
     rejection before the group statistics (or record the statistics it really used).
     """
     members, _ = _named(log, "stat_trajectory_ids")
-    t = _traj(log).select("trajectory_id", "reward", "truncated", "infra_error", "stop_reason")
+    t = _traj(log).select("trajectory_id", "reward", "truncated", "infra_error", "stop_reason", "loss_excluded")
     m = members.join(t, on="trajectory_id", how="inner")
     excluded, why = _excluded(cfg)
     bad = m.filter(excluded)
