@@ -6,6 +6,7 @@ the not-run list docs/frameworks/openai.md predicts."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,42 @@ def test_check_from_with_replay_and_no_replayer_exits_2(tmp_path: Path) -> None:
         "error: L205, L206, L207, L209: replay of 8 trajectories was asked for and did not run: no replayer"
         in res.output
     )
+
+
+def test_a_context_that_does_not_extend_the_session_is_m108_counted_once(model_dir: str, tmp_path: Path) -> None:
+    """A real agent loop whose next context holds another id for the turn's last control token than the
+    one the server returned (the loop writes its canonical end-of-turn id, or the server returned a
+    wrong one): the session is split where the trainer splits it, each split is M108 naming the position
+    and both ids, and each episode's outcome counts once."""
+    from tinyserver import serve
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    prompt, obs = tok("you are an agent in a room")["input_ids"], tok("<obs> the door is stuck </obs>")["input_ids"]
+    _, url = serve(model_dir, "processed_logprobs")
+    path, sessions, expected, stops = tmp_path / "dump" / "sessions.jsonl", 3, {}, Counter()
+    for n in range(sessions):
+        rec = SessionRecorder(url, path, f"s{n}", logprobs_mode="processed_logprobs")
+        sampled = rec.complete(prompt, temperature=0.7, top_p=1.0, max_tokens=4, seed=n)["choices"][0]["token_ids"]
+        end_id = 0 if sampled[-1] != 0 else 1  # the id the loop writes instead of the one the server returned
+        last = rec.complete(prompt + sampled[:-1] + [end_id] + obs, temperature=0.7, top_p=1.0, max_tokens=4, seed=n)
+        stop = "max_tokens" if last["choices"][0]["finish_reason"] == "length" else "success"
+        rec.end(stop_reason=stop, reward=None if stop == "max_tokens" else 1.0, policy_version=0)
+        stops[stop] += 1
+        expected[f"s{n}#1"] = (len(prompt) + len(sampled) - 1, sampled[-1], end_id)
+    out = tmp_path / "log"
+    assert cli("convert", "--from", "openai", path, out, *opts(IDENTITY)).exit_code == 0
+    rep = ra.audit(str(out))
+    assert rep.findings.filter(rep.findings["severity"] == "error").is_empty(), rep.render()
+    m108 = {r["trajectory_id"]: r for r in rep.findings.filter(rep.findings["code"] == "M108").to_dicts()}
+    assert set(m108) == set(expected)
+    for tid, (pos, had, got) in expected.items():
+        assert m108[tid]["position"] == pos
+        assert (
+            f"at position {pos}: the sequence so far had id {had}, the next engine context had id {got}"
+            in (m108[tid]["message"])
+        )
+    res = cli("stats", out, "--format", "json")
+    assert res.exit_code == 0, res.output
+    stats = json.loads(res.stdout)
+    assert stats["stop_reasons"] == dict(stops) and stats["split_episodes"] == sessions

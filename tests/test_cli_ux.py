@@ -230,6 +230,8 @@ def test_explain_lists_by_family_and_explains_a_family():
         "M105",
         "M106",
         "M107",
+        "M108",
+        "M109",
     ]
 
 

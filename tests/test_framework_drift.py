@@ -94,3 +94,8 @@ def test_fields_of_reads_dataclasses_and_typeddicts():
 
     assert fields_of(Sample) == {"tokens", "reward"}
     assert fields_of(Output) == {"response_ids", "stop_reasons"}
+
+
+def test_trl_fields_the_converter_reads_exist():
+    pytest.importorskip("trl")
+    assert missing(_reads("rollout_audit.adapters.trl")) == []

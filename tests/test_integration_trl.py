@@ -212,6 +212,29 @@ def _trainer(out: Path, *, stop_every: int | None = None, n_prompts: int = 8, au
     )
 
 
+def _policy_run(out: Path, **kw):
+    """A run whose every completion hits max_completion_length (no stop id but <|im_end|>, two
+    tokens of a 320-token vocabulary): the trainer built while recording warnings, then trained."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer = _trainer(out / "out", n_prompts=4, audit=_settings(log_dir=out / "log"), max_completion_length=2,
+                           max_steps=1, **kw)  # fmt: skip
+    stated = [str(w.message) for w in seen if str(w.message).startswith("rollout-audit:")]
+    return _train(trainer), out / "log", stated
+
+
+@pytest.fixture(scope="module")
+def capped_run(tmp_path_factory):
+    """TRL's defaults: truncated completions trained with the reward they got."""
+    return _policy_run(tmp_path_factory.mktemp("trl_capped"))
+
+
+@pytest.fixture(scope="module")
+def masked_run(tmp_path_factory):
+    """`mask_truncated_completions=True`: truncated completions out of the loss, rewards in the groups."""
+    return _policy_run(tmp_path_factory.mktemp("trl_masked"), mask_truncated_completions=True)
+
+
 def _train(trainer):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -260,6 +283,9 @@ def test_default_path_log_audits_with_window_denominator(default_run):
     # TRL rewards and trains on length-capped completions: under truncation = exclude that is reported
     truncated = pl.read_parquet(log / "trajectories")["truncated"].any()
     assert rep.codes("error") == ({"T304", "U606"} if truncated else set()), rep.render()
+    # the log carries the policy TRL follows: audited as it is found, it is clean
+    assert 'truncation = "penalize"' in (log / "pyproject.toml").read_text()
+    assert ra.audit(log).codes("error") == set()
     assert pq.read_schema(next((log / "trajectories").iterdir())).metadata[b"rollout_log.schema_version"] == b"1.2"
 
 
@@ -339,3 +365,51 @@ def test_audit_figures_arrive_in_the_trainers_log_history(tool_run):
         assert 0 < entry["audit/trainable_share"] <= 1
         assert "audit/update/errors" in entry and "audit/update/policy_lag_max" in entry
     assert logged[0]["audit/errors/M"] == 0 and logged[1]["audit/errors/M"] > 0  # the clean batch, then M101
+
+
+def _all_reports_clean(trainer) -> None:
+    for label, rep in trainer.audit_reports:
+        assert rep.codes("error") == set(), f"{label}: {rep.render()}"
+        assert not {"T304", "U606", "M102", "U601"} & rep.codes(), f"{label}: {rep.render()}"
+
+
+def test_defaults_audit_under_the_policy_trl_follows(capped_run):
+    trainer, log, stated = capped_run
+    assert trainer.audit.config.truncation == "penalize"
+    assert stated == [
+        "rollout-audit: auditing under the policy TRL follows: truncation = 'penalize' (GRPOConfig."
+        "mask_truncated_completions=False, TRL's default: a completion cut at max_completion_length is trained "
+        "with the reward it was given)"
+    ]
+    t = pl.read_parquet(log / "trajectories")
+    assert t["truncated"].all() and t["reward"].is_not_null().all() and "loss_excluded" not in t.columns
+    _all_reports_clean(trainer)
+    assert ra.audit(log).codes("error") == set()
+
+
+def test_masked_truncation_audits_as_what_it_is(masked_run):
+    trainer, log, stated = masked_run
+    assert trainer.audit.config.truncation == "exclude" and len(stated) == 1
+    assert "mask_truncated_completions=True" in stated[0] and "keeps its reward in the group statistics" in stated[0]
+    t = pl.read_parquet(log / "trajectories")
+    # every completion was cut: no token trained, every reward kept for the group statistics
+    assert t["truncated"].all() and t["loss_excluded"].all() and t["reward"].is_not_null().all()
+    assert not any(any(m) for m in t["loss_mask"].to_list())
+    ups = pl.read_parquet(log / "updates")
+    assert ups["window_tokens"].to_list() == [0.0] and ups["loss_denominator"].to_list() == [1.0]  # TRL's clamp
+    _all_reports_clean(trainer)
+    rep = ra.audit(log)
+    assert rep.codes("error") == set() and not {"T304", "M102", "U601", "U606"} & rep.codes(), rep.render()
+
+
+def test_masked_truncation_whose_mask_was_not_applied_is_m109(masked_run):
+    """The genuinely broken case: a completion declared out of the loss whose tokens are trained."""
+    _, log, _ = masked_run
+    table = pq.read_table(log / "trajectories")
+    t = table.to_pylist()
+    src = t[0]["token_source"]
+    t[0]["loss_mask"] = [s == 2 for s in src]
+    rep = ra.audit(t, pl.read_parquet(log / "updates").to_dicts(), config=ra.Config(grpo_epsilon=1e-4))
+    m109 = rep.findings.filter(pl.col("code") == "M109")
+    assert m109["trajectory_id"].to_list() == [t[0]["trajectory_id"]] and "error" in m109["severity"].to_list()
+    assert "U601" in rep.codes("error")  # the recorded clamp no longer matches: a token is trainable now

@@ -83,6 +83,8 @@ NEEDS: dict[str, set[str]] = {
         "turns.template_context_sha256",
     },
     "M106": {"token_ids", "token_source", "token_turn", "turns.sampled_token_ids"},
+    "M108": {"token_ids"},
+    "M109": {"loss_mask"},
     "R401": {"turns.reward", "turns.reward_components"},
     "R402": {"turns.shaping", "turns.potential_before", "turns.potential_after"},
     "R403": {"turns.potential_before", "turns.potential_after"},

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-from rollout_audit.integrations.trl import records_from_batch, update_from_step
+from rollout_audit.adapters.trl import records_from_batch, update_from_step
 
 PAD, EOS = 0, 9
 TOK = SimpleNamespace(pad_token_id=PAD, eos_token_id=EOS, name_or_path="tiny", chat_template="{{ x }}")

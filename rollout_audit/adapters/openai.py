@@ -22,6 +22,7 @@ from .base import AdapterError, at_record, context_values, contract_table, need,
 from .steps import (
     Call,
     engine_context,
+    episode_rows,
     finish_reason,
     guarded,
     identity,
@@ -126,17 +127,12 @@ def _episode(sid: str, pairs: list[dict], end: Mapping[str, Any], context: Mappi
     extra: dict[str, Any] = {} if stop is None else stop_columns(S.stop_reasons().get(stop), stop)
     extra |= {} if reward is None else {"reward": reward}
     group = end.get("group_id", option(context, "group_id"))
-    return [
-        {
-            "trajectory_id": sid + (f"#{j}" if len(segments) > 1 else ""),
-            "task_id": end.get("task_id", option(context, "task_id") or sid),
-            **({"group_id": group} if group is not None else {}),
-            **identity(context),
-            **seg.columns(),
-            **extra,
-        }
-        for j, seg in enumerate(segments)
-    ]
+    common = {
+        "task_id": end.get("task_id", option(context, "task_id") or sid),
+        **({"group_id": group} if group is not None else {}),
+        **identity(context),
+    }
+    return [{**common, **row} for row in episode_rows(sid, segments, extra)]
 
 
 @guarded("openai")

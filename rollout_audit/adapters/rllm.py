@@ -32,6 +32,7 @@ from .base import AdapterError, at_record, context_values, contract_table, need,
 from .steps import (
     Call,
     engine_context,
+    episode_rows,
     finish_reason,
     guarded,
     identity,
@@ -189,19 +190,10 @@ def _trajectories(episode: Mapping[str, Any], n: int, context: Mapping[str, Any]
         where = f"episode {eid} trajectory {name}"
         calls = [c for i, s in enumerate(need(traj, "steps", where)) if (c := _call(s, f"{where} step {i}", context))]
         segments = merge(calls, where)
-        for j, seg in enumerate(segments):
-            out.append(
-                {
-                    "trajectory_id": f"{at}{eid}/{name}" + (f"#{j}" if len(segments) > 1 else ""),
-                    "task_id": task_id,
-                    "group_id": f"{at}{task_id}:{name}",
-                    **identity(context),
-                    **seg.columns(),
-                    **stop,
-                    "reward": None if dropped else traj.get("reward"),
-                    "verifier_success": bool(episode.get("is_correct")),
-                }
-            )
+        common = {"task_id": task_id, "group_id": f"{at}{task_id}:{name}", **identity(context)}
+        reward = None if dropped else traj.get("reward")
+        outcome = {**stop, "reward": reward, "verifier_success": bool(episode.get("is_correct"))}
+        out += [{**common, **row} for row in episode_rows(f"{at}{eid}/{name}", segments, outcome)]
     return out
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from ..contract import schema as S
@@ -50,6 +51,7 @@ class Segment:
     token_turn: list[int] = field(default_factory=list)
     turns: list[dict[str, Any]] = field(default_factory=list)
     loss_mask: list[bool] = field(default_factory=list)
+    split: dict[str, Any] = field(default_factory=dict)  # where this segment's first context left the previous one
 
     def add(
         self,
@@ -89,10 +91,25 @@ def recorded_logprobs(call: Call, where: str) -> list[float | None]:
     return lps + [None] * (n - len(lps))
 
 
+def divergence(sequence: Sequence[int], context: Sequence[int]) -> dict[str, Any]:
+    """Where `context` first differs from `sequence` (contract 1.2 split columns): the position, the id
+    the sequence had there and the id the context had (None when the context ended there)."""
+    n = min(len(sequence), len(context))
+    a, b = np.asarray(sequence[:n], np.int64), np.asarray(context[:n], np.int64)
+    differ = np.flatnonzero(a != b)
+    pos = int(differ[0]) if differ.size else n
+    return {
+        "split_position": pos,
+        "split_sequence_id": int(sequence[pos]),
+        "split_context_id": int(context[pos]) if pos < len(context) else None,
+    }
+
+
 def merge(calls: Sequence[Call], where: str) -> list[Segment]:
     """Cumulative merge as rLLM's and prime-rl's trainers do it: a call whose prompt extends the running
     sequence adds its new prompt tokens (observation, source 3) and its sampled ids (policy, source 2);
-    any other call starts a new segment whose prompt is user context (source 1)."""
+    any other call starts a new segment whose prompt is user context (source 1), and the segment keeps
+    where that prompt left the running sequence (`Segment.split`)."""
     segments: list[Segment] = []
     seg: Segment | None = None
     for n, call in enumerate(calls):
@@ -100,7 +117,8 @@ def merge(calls: Sequence[Call], where: str) -> list[Segment]:
         if seg is not None and prompt[: len(seg.token_ids)] == seg.token_ids:
             delta, source = prompt[len(seg.token_ids) :], 3
         else:
-            seg = Segment()
+            split = divergence(seg.token_ids, prompt) if seg is not None else {}
+            seg = Segment(split=split)
             segments.append(seg)
             delta, source = prompt, 1
         seg.add(delta, source)  # tagged with the previous turn (-1 before the first)
@@ -113,6 +131,27 @@ def merge(calls: Sequence[Call], where: str) -> list[Segment]:
         mask = None if call.mask is None else flags(call.mask, "completion_mask", f"{where} call {n}")
         seg.add(completion, S.POLICY, recorded_logprobs(call, f"{where} call {n}"), mask)
     return segments
+
+
+def episode_rows(episode_id: str, segments: Sequence[Segment], outcome: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per segment of an episode: `{episode_id}#{j}` when the trainer split it, with the split
+    evidence (contract 1.2: split_from, split_position and the two ids) and the episode's outcome
+    (stop flags, stop_reason, reward, verdict) on the last segment only: the others are `split_continues`, their outcome null,
+    so that a split episode's reward, stop cause and verdict count once."""
+    if len(segments) == 1:
+        return [{"trajectory_id": episode_id, **segments[0].columns(), **outcome}]
+    last = len(segments) - 1
+    return [
+        {
+            "trajectory_id": f"{episode_id}#{j}",
+            **seg.columns(),
+            "split_from": episode_id,
+            "split_continues": j < last,
+            **seg.split,
+            **(outcome if j == last else dict.fromkeys(outcome)),
+        }
+        for j, seg in enumerate(segments)
+    ]
 
 
 def guarded(framework: str) -> Callable[[Callable[..., pa.Table]], Callable[..., pa.Table]]:

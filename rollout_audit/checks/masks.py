@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..contract.registry import rule
-from ..frames.batch import hex_digests, hex_matrix
+from ..frames.batch import _bools, hex_digests, hex_matrix
 from ..frames.views import BatchView
 from .common import NON_POLICY, ragged_index, source_breakdown, where_first
 
@@ -58,7 +58,7 @@ def mask_on_non_policy(b: BatchView, cfg) -> pl.DataFrame | None:
     "policy-sampled token outside the loss mask",
     "warning",
     requires=("loss_mask", "token_source"),
-    optional=("token_turn", "turns.finish_reason"),
+    optional=("token_turn", "turns.finish_reason", "loss_excluded"),
     config=("masked_ok_reasons",),
 )
 def policy_not_masked(b: BatchView, cfg) -> pl.DataFrame | None:
@@ -70,12 +70,15 @@ def policy_not_masked(b: BatchView, cfg) -> pl.DataFrame | None:
     pipelines mask policy tokens on purpose, e.g. turns cut by the engine
     (finish_reason `length` or `abort`): declare those finish reasons in the configuration
     `masked_ok_reasons` and the turns are not reported. Otherwise set loss_mask true on every
-    token with token_source = 2.
+    token with token_source = 2. An episode the trainer excludes from the loss as a whole
+    (loss_excluded, contract 1.2: TRL's masked truncated completions) is not reported.
     """
     if not b.ok.any() or not b.any_count("n_policy_unmasked"):
         return None
     t = b.tokens
     bad = t.policy & ~t.mask
+    if "loss_excluded" in b.columns:
+        bad &= ~_bools(b.col("loss_excluded"))[t.row]
     if not bad.any():
         return None
     tr = b.turns
@@ -451,5 +454,137 @@ def template_context(b: BatchView, cfg) -> pl.DataFrame | None:
         .otherwise(
             pl.format("the trainer's context before this turn has the template's {} tokens but other ids", "pos")
         )
+        .alias("message"),
+    )
+
+
+@rule(
+    "M108",
+    "episode split: an engine context did not extend the sequence so far",
+    "warning",
+    requires=("token_ids",),
+    optional=("token_source", "split_from", "split_position", "split_sequence_id", "split_context_id"),
+)
+def split_episode(b: BatchView, cfg) -> pl.DataFrame | None:
+    """The trainer split an episode: an engine call's context did not extend the sequence built
+    so far, so a new segment (this trajectory) starts with that context (contract 1.2 split
+    columns: split_position, where the context first differs, and the id each side has there).
+
+    Lesson “Log-probabilities must be captured at every turn” (token in, token out): when an agent
+    loop re-renders the conversation as text and the server tokenizes it again, the ids of an
+    earlier turn change (retokenization drift), or a server returns a wrong id for a control
+    token that the next context then corrects. A trainer that concatenates turns cannot put the
+    new context after the old sequence; rLLM and prime-rl start a new sequence. That is faithful,
+    but the behaviour log-probs of the earlier turns were taken under a context the policy will
+    not see again, and the episode's credit is split across sequences. Recomputed from the
+    segment: split_context_id is this trajectory's token_ids[split_position] (null when its first
+    context ends there) and differs from split_sequence_id; evidence that does not hold is named.
+    Keep the engine's ids from one turn to the next (pass the previous prompt and completion ids
+    back instead of the text), or accept the split as the trainer's policy (ignore M108).
+    """
+    if "split_position" not in b.columns or b.col("split_position").null_count == b.n:
+        return None
+    t = b.tokens
+    at = b.col("split_position")
+    rows = np.flatnonzero(at.is_valid().to_numpy(zero_copy_only=False) & b.ok)  # malformed rows: S003
+    pos = at.cast(pa.int64()).fill_null(-1).to_numpy(zero_copy_only=False)
+    n_tok = t.n_tok[rows]
+    p = pos[rows]
+    # the first context of the segment: its tokens before the first policy token
+    if "token_source" in b.lists:
+        first_pol = np.full(b.n, -1, np.int64)
+        fr, fp = b.first_position(t.policy)
+        first_pol[fr] = fp
+        ctx_len = np.where(first_pol[rows] >= 0, first_pol[rows], n_tok)
+    else:
+        ctx_len = n_tok
+    inside = (p >= 0) & (p < ctx_len)
+    got = np.full(rows.size, -1, np.int64)
+    got[inside] = t.ids[t.starts[rows[inside]] + p[inside]]
+
+    def ids(name: str) -> np.ndarray:
+        if name not in b.columns:
+            return np.full(rows.size, -1, np.int64)
+        return b.col(name).cast(pa.int64()).fill_null(-1).to_numpy(zero_copy_only=False)[rows]
+
+    had, ctx = ids("split_sequence_id"), ids("split_context_id")
+    frm = b.col("split_from").cast(pa.string()).take(pa.array(rows)) if "split_from" in b.columns else None
+    df = pl.DataFrame(
+        {
+            "trajectory_id": b.ids.gather(rows),
+            "split_from": pl.Series(frm if frm is not None else [None] * rows.size, dtype=pl.String),
+            "position": p,
+            "had": had,
+            "ctx": ctx,
+            "got": got,
+            "ok": (p >= 0) & (p <= n_tok),
+        }
+    )
+    claim = pl.format(
+        "split from {} at position {}: the sequence so far had id {}, the next engine context had {}",
+        pl.col("split_from").fill_null("(not named)"),
+        "position",
+        pl.when(pl.col("had") >= 0).then(pl.col("had").cast(pl.String)).otherwise(pl.lit("(not recorded)")),
+        pl.when(pl.col("ctx") >= 0)
+        .then(pl.format("id {}", pl.col("ctx").cast(pl.String)))
+        .otherwise(pl.lit("ended there")),
+    )
+    wrong = (
+        pl.when(~pl.col("ok"))
+        .then(pl.lit("; split_position lies outside the trajectory's tokens"))
+        .when(pl.col("got") != pl.col("ctx"))
+        .then(
+            pl.format(
+                "; but this segment's context has {} there",
+                pl.when(pl.col("got") >= 0)
+                .then(pl.format("id {}", pl.col("got").cast(pl.String)))
+                .otherwise(pl.lit("no token")),
+            )
+        )
+        .when(pl.col("had") == pl.col("ctx"))
+        .then(pl.lit("; but both ids are the same: the contexts do not differ there"))
+        .otherwise(pl.lit(""))
+    )
+    return df.select(
+        "trajectory_id",
+        pl.when(pl.col("ok")).then("position").alias("position"),
+        pl.concat_str([claim, wrong]).alias("message"),
+    )
+
+
+@rule(
+    "M109",
+    "episode excluded from the loss has trainable tokens",
+    "error",
+    requires=("loss_mask",),
+    optional=("loss_excluded", "token_turn"),
+)
+def excluded_but_trained(b: BatchView, cfg) -> pl.DataFrame | None:
+    """An episode recorded as excluded from the loss (loss_excluded, contract 1.2) has tokens
+    with loss_mask true.
+
+    Lesson “Success, termination, truncation, and infrastructure failure”: a trainer may keep an
+    episode's reward in its group's statistics and train none of its tokens (TRL's
+    mask_truncated_completions, SkyRL's overlong filtering, slime's removed samples); the
+    audit then accepts its reward (T304) and its use in an update (U606) because nothing of it
+    is trained. When its tokens still reach the loss, the cut-off completion is trained with a
+    reward it did not earn. Zero the whole completion's mask where the exclusion is decided
+    (after every later edit of the mask), or do not declare the episode excluded.
+    """
+    if "loss_excluded" not in b.columns:
+        return None
+    excluded = _bools(b.col("loss_excluded"))
+    if not b.ok.any() or not excluded.any():
+        return None
+    t = b.tokens
+    bad = t.mask & excluded[t.row]
+    if not bad.any():
+        return None
+    return b.locate(bad).select(
+        "trajectory_id",
+        "turn",
+        "position",
+        pl.format("loss_excluded is true, but loss_mask is true on {} token(s); expected none; first at ", "n")
+        .add(where_first())
         .alias("message"),
     )

@@ -7,7 +7,7 @@ import polars as pl
 
 from ..contract import schema as S
 from ..contract.registry import RULES, rule
-from ..frames.batch import TOKEN_LISTS
+from ..frames.batch import TOKEN_LISTS, _bools
 from ..frames.views import BatchView
 
 # a null reward is the contract's mark of an excluded episode (docs/contract.md, stop causes)
@@ -24,6 +24,9 @@ def _null_reported_elsewhere() -> set[str]:
 REQUIRED_AND_DOMAIN = tuple(
     dict.fromkeys((*S.required("trajectories"), *S.domains("trajectories"), *(f"turns.{f}" for f in S.domains("turn"))))
 )
+REQUIRED_AND_DOMAIN = (*REQUIRED_AND_DOMAIN, "split_continues")
+# the episode's outcome: null on a segment of a split episode that does not end it (contract 1.2)
+_OUTCOME = frozenset({"terminated", "truncated", "infra_error", "stop_reason"})
 
 
 @rule("S001", "column missing, of the wrong type, or out of its domain", optional=REQUIRED_AND_DOMAIN)
@@ -35,16 +38,21 @@ def required_columns(b: BatchView, cfg) -> pl.DataFrame | None:
     Every check reads columns by the contract of `schemas/rollout_log_v1.json`
     (`rollout-audit schema`); a missing or mistyped column means the checks that need it
     cannot run (they are listed as not run). Integer and float widths are accepted and cast;
-    a float where an integer is expected (token_ids as floats) is not. Fix the producer so
+    a float where an integer is expected (token_ids as floats) is not. A segment that does not
+    end its split episode (split_continues, contract 1.2) carries no outcome: its null stop flags
+    and stop_reason are expected. Fix the producer so
     that it writes the contract's types, e.g. with `rollout_audit.RolloutWriter`.
     """
     rows = [{"message": f"{c}: {p}"} for c, p in b.schema_problems]
     elsewhere = _null_reported_elsewhere()
+    continues = _bools(b.col("split_continues")) if "split_continues" in b.columns else None
     for name in S.required("trajectories"):
         if name in b.columns and name not in elsewhere:
             nulls = b.col(name).null_count
             if nulls:
                 mask = b.col(name).is_null().to_numpy(zero_copy_only=False)
+                if continues is not None and name in _OUTCOME:
+                    mask &= ~continues
                 ids = b.ids.filter(pl.Series(mask))
                 rows += [{"trajectory_id": i, "message": f"{name}: required value is null"} for i in ids.head(50)]
     out = [pl.DataFrame(rows, schema={"trajectory_id": pl.String, "message": pl.String})] if rows else []

@@ -25,10 +25,16 @@ def _n_true() -> pl.Expr:
     return pl.sum_horizontal([pl.col(f).fill_null(False).cast(pl.Int8) for f in S.STOP_FLAGS])
 
 
-@rule("T301", "not exactly one of terminated / truncated / infra_error", requires=S.STOP_FLAGS)
+@rule(
+    "T301",
+    "not exactly one of terminated / truncated / infra_error",
+    requires=S.STOP_FLAGS,
+    optional=("split_continues",),
+)
 def one_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     """Exactly one of `terminated`, `truncated` and `infra_error` must be true (a null
-    flag counts as not set).
+    flag counts as not set); none on a segment that does not end its split episode
+    (split_continues, contract 1.2: the episode's last segment carries its outcome, once).
 
     Lesson “Success, termination, truncation, and infrastructure failure” separates the stop causes because each one is trained on differently: a
     terminated episode is a task outcome, a collector-truncated one is not (it is excluded,
@@ -36,12 +42,26 @@ def one_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     With no flag or several flags set, the trainer picks one by accident of code order.
     Set exactly one flag per episode, from the same place that sets stop_reason.
     """
-    bad = b.traj.filter(_n_true() != 1)
+    t = b.traj
+    cont = pl.col("split_continues").fill_null(False) if "split_continues" in t.columns else pl.lit(False)
+    bad = t.filter(_n_true() != pl.when(cont).then(0).otherwise(1))
     return bad.rechunk().select(
         "trajectory_id",
-        pl.format(
-            "{} of terminated/truncated/infra_error are true, expected exactly 1 ({})", _n_true(), _flag_text()
-        ).alias("message"),
+        pl.when(cont)
+        .then(
+            pl.format(
+                "{} of terminated/truncated/infra_error are true on a segment that does not end its split episode "
+                "(split_continues), expected none: the last segment carries the outcome ({})",
+                _n_true(),
+                _flag_text(),
+            )
+        )
+        .otherwise(
+            pl.format(
+                "{} of terminated/truncated/infra_error are true, expected exactly 1 ({})", _n_true(), _flag_text()
+            )
+        )
+        .alias("message"),
     )
 
 
@@ -137,7 +157,7 @@ def infra_error_scored(log, cfg) -> pl.DataFrame | None:
     "T304",
     "truncated episode rewarded against the truncation policy",
     requires=("truncated", "reward"),
-    optional=("stop_reason", "final_value"),
+    optional=("stop_reason", "final_value", "loss_excluded"),
     config=("truncation",),
 )
 def truncated_reward(b: BatchView, cfg) -> pl.DataFrame | None:
@@ -149,12 +169,16 @@ def truncated_reward(b: BatchView, cfg) -> pl.DataFrame | None:
     project's policy (docs/contract.md, stop causes): `exclude` (default) — the reward is null (U606 checks that
     no update uses the episode); `bootstrap` — a reward is allowed only with the critic's
     final_value V(h_T) to bootstrap from; `penalize` — a numeric reward is a deliberate
-    choice and accepted. Fix the collector to write the reward the policy prescribes, or
-    state the policy you actually use in configuration.
+    choice and accepted. Under `exclude`, an episode the trainer excludes from the loss but keeps
+    in its group's statistics (loss_excluded, contract 1.2: TRL's mask_truncated_completions)
+    may keep its reward: it trains nothing of it (M109 checks). Fix the collector to write the
+    reward the policy prescribes, or state the policy you actually use in configuration.
     """
     if cfg.truncation == "penalize":
         return None
     t = b.traj.filter(pl.col("truncated").fill_null(False) & pl.col("reward").is_not_null())
+    if cfg.truncation == "exclude" and "loss_excluded" in t.columns:
+        t = t.filter(~pl.col("loss_excluded").fill_null(False))
     if "stop_reason" not in t.columns:
         t = t.with_columns(pl.lit(None, dtype=pl.String).alias("stop_reason"))
     if cfg.truncation == "bootstrap":

@@ -44,8 +44,19 @@ ADVANTAGE_INPUTS = (
     "updates.advantages",
     "updates.advantage_estimator",
     "updates.window_trajectory_ids",
+    "split_continues",
+    "split_from",
 )
-EXCLUSION_INPUTS = (*_MEMBERSHIP, "reward", "truncated", "infra_error", "stop_reason")
+EXCLUSION_INPUTS = (
+    *_MEMBERSHIP,
+    "reward",
+    "truncated",
+    "infra_error",
+    "stop_reason",
+    "loss_excluded",
+    "split_continues",
+    "split_from",
+)
 
 
 @derived("n_turns_trainable", ("turns", "loss_mask", "token_turn"))
@@ -96,6 +107,9 @@ def _traj(log) -> pl.DataFrame:
         "truncated": pl.Boolean,
         "infra_error": pl.Boolean,
         "stop_reason": pl.String,
+        "loss_excluded": pl.Boolean,
+        "split_continues": pl.Boolean,
+        "split_from": pl.String,
         "n_trainable": pl.Int64,
         "n_tokens": pl.Int64,
         "n_policy": pl.Int64,
@@ -110,6 +124,20 @@ def _traj(log) -> pl.DataFrame:
         turns_trainable = pl.col("n_turns_trainable").fill_null(pl.when(pl.col("n_turns") == 0).then(0))
     else:
         turns_trainable = pl.col("n_turns_trainable")
+    t = t.with_columns(pl.col("split_from").cast(pl.String), pl.col("split_continues").cast(pl.Boolean))
+    # a segment that does not end its split episode is trained with the episode's reward, which its
+    # last segment carries (contract 1.2): read it there
+    last = (
+        t.filter(pl.col("split_from").is_not_null() & ~pl.col("split_continues").fill_null(False))
+        .unique("split_from", keep="first")
+        .select("split_from", pl.col("reward").cast(pl.Float64).alias("_episode_reward"))
+    )
+    t = t.join(last, on="split_from", how="left", maintain_order="left").with_columns(
+        pl.when(pl.col("split_continues").fill_null(False))
+        .then(pl.col("_episode_reward"))
+        .otherwise(pl.col("reward").cast(pl.Float64))
+        .alias("reward")
+    )
     return (
         t.filter(pl.col("trajectory_id").is_not_null())
         .unique("trajectory_id", keep="first", maintain_order=True)
@@ -244,8 +272,10 @@ def denominator(log, cfg) -> pl.DataFrame | None:
     and turn reductions. A token denominator that also
     counts tokens the policy did not sample raises U602 as well, which names the dilution
     factor: both are the same defect seen from two sides (wrong value, and in which
-    direction). Fix the trainer to divide by the count of its declared reduction, or declare
-    the reduction it actually uses.
+    direction). A token or token_window denominator recorded as s·1 where the count is 0 is
+    accepted: trainers clamp the count to at least 1 on a window with no trainable token (TRL
+    `clamp(min=1.0)`), and the loss is 0 either way. Fix the trainer to divide by the count of
+    its declared reduction, or declare the reduction it actually uses.
     """
     u = _per_update(log)
     d = pl.col("loss_denominator")
@@ -300,7 +330,8 @@ def denominator(log, cfg) -> pl.DataFrame | None:
     bad_constant = (red == "constant").fill_null(False) & (not_finite | ~(d > 0).fill_null(False))
     unknown = red.is_null() | ~red.is_in(REDUCTIONS).fill_null(False)
     no_window = (red == "token_window").fill_null(False) & pl.col("W").is_null() & pl.col("window_tokens").is_null()
-    mismatch = counted & pl.col("_rc") & _differs(d, pl.col("_exp"), cfg)
+    clamped = red.is_in(("token", "token_window")).fill_null(False) & (pl.col("_exp") == 0) & (d == sc)
+    mismatch = counted & pl.col("_rc") & _differs(d, pl.col("_exp"), cfg) & ~clamped.fill_null(False)
     factor = pl.when(pl.col("_exp") > 0).then(
         pl.format(" (recorded/expected = {})", num((d / pl.col("_exp")).round(3)))
     )
@@ -424,10 +455,13 @@ def _group_stats(log, m: pl.DataFrame) -> pl.DataFrame:
         .explode("trajectory_id")
         .filter(pl.col("trajectory_id").is_not_null())
         .join(
-            _traj(log).select("trajectory_id", "reward", pl.coalesce("group_id", "task_id").alias("_g")),
+            _traj(log).select(
+                "trajectory_id", "reward", "split_continues", pl.coalesce("group_id", "task_id").alias("_g")
+            ),
             on="trajectory_id",
             how="left",
         )
+        .filter(~pl.col("split_continues").fill_null(False))  # a split episode is one member, its last segment
     )
     r = pl.col("reward")
     stats = pool.group_by("_u", "_g").agg(
@@ -656,7 +690,10 @@ def excluded_member(log, cfg) -> pl.DataFrame | None:
     appears in no update, and an infra_error episode never does. A trainer that fills the null
     reward with 0 turns the cut into a failure signal. T303 also reports infra_error episodes
     used in updates. Fix the trainer's batch filter to drop these episodes (and retry or
-    bootstrap them as the truncation policy says).
+    bootstrap them as the truncation policy says). An episode excluded from the loss but kept
+    in its group's statistics (loss_excluded, contract 1.2) may be named: nothing of it is
+    trained (M109 checks). A segment that does not end its split episode (split_continues) is
+    judged by the episode's outcome, on its last segment.
     """
     m = members(log).filter(pl.col("_in_log"))
     excluded, why = _excluded(cfg)
@@ -670,7 +707,8 @@ def _excluded(cfg) -> tuple[pl.Expr, pl.Expr]:
     """Whether a trajectory must be excluded from training (null reward, infra_error, truncated
     under truncation = exclude), and why, for a message."""
     infra = pl.col("infra_error").fill_null(False)
-    trunc = pl.col("truncated").fill_null(False) & (cfg.truncation == "exclude")
+    kept = ~pl.col("loss_excluded").fill_null(False)  # out of the loss, in the group statistics (1.2)
+    trunc = pl.col("truncated").fill_null(False) & (cfg.truncation == "exclude") & kept
     stop = pl.col("stop_reason").fill_null("null")
     why = (
         pl.when(infra)
@@ -781,7 +819,7 @@ def numerator_tokens(log, cfg) -> pl.DataFrame | None:
     "excluded trajectory entered the group statistics",
     scope="log",
     requires=("updates.stat_trajectory_ids", "trajectory_id", "reward"),
-    optional=("updates.update_step", "truncated", "infra_error", "stop_reason"),
+    optional=("updates.update_step", "truncated", "infra_error", "stop_reason", "loss_excluded"),
     config=("truncation",),
 )
 def excluded_in_statistics(log, cfg) -> pl.DataFrame | None:
@@ -801,7 +839,7 @@ def excluded_in_statistics(log, cfg) -> pl.DataFrame | None:
     rejection before the group statistics (or record the statistics it really used).
     """
     members, _ = _named(log, "stat_trajectory_ids")
-    t = _traj(log).select("trajectory_id", "reward", "truncated", "infra_error", "stop_reason")
+    t = _traj(log).select("trajectory_id", "reward", "truncated", "infra_error", "stop_reason", "loss_excluded")
     m = members.join(t, on="trajectory_id", how="inner")
     excluded, why = _excluded(cfg)
     bad = m.filter(excluded)

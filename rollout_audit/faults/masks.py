@@ -84,3 +84,28 @@ def retokenized_from_text(ctx: Ctx) -> list[str]:
     for i in policy_positions(t, turn=0):
         t["token_ids"][i] += 1
     return [t["trajectory_id"]]
+
+
+@fault("retokenization_split", {"M108"}, group="splits")
+def retokenization_split(ctx: Ctx) -> list[str]:
+    """Retokenization drift: the agent loop sent the conversation back as text, the server tokenized
+    an earlier action differently, and the trainer started a new sequence at the second turn (this
+    trajectory, the segment it starts; the episode's outcome on it, once)."""
+    t = ctx.pick(lambda t: len(t["turns"]) >= 2, "trajectory with two turns")
+    at = policy_positions(t, turn=0)[0]
+    t["split_from"] = t["trajectory_id"] + "@episode"
+    t["split_continues"] = False
+    t["split_position"] = at
+    t["split_sequence_id"] = t["token_ids"][at] + 1  # the id the earlier segment had sampled there
+    t["split_context_id"] = t["token_ids"][at]
+    return [t["trajectory_id"]]
+
+
+@fault("masked_truncation_not_applied", {"M109"}, group="splits")
+def masked_truncation_not_applied(ctx: Ctx) -> list[str]:
+    """A truncated completion is declared excluded from the loss (TRL mask_truncated_completions)
+    but its mask was never zeroed: its tokens are trained with a reward that was kept only for the
+    group statistics."""
+    t = ctx.pick(lambda t: any(t["loss_mask"]), "trajectory with trainable tokens")
+    t["loss_excluded"] = True
+    return [t["trajectory_id"]]

@@ -13,14 +13,18 @@ def log_stats(log: Log) -> dict:
     """Counts, trainable share, stop causes, rewards, groups and policy versions, as a dict."""
     lf = log.trajectories
     names = lf.collect_schema().names()
+    if "reward" not in names:  # no episode was rewarded (a producer leaves the column out)
+        lf = lf.with_columns(pl.lit(None, pl.Float64).alias("reward"))
     out: dict = {}
+    # a split episode's outcome is on its last segment: the others are not counted as episodes
+    ends = ~pl.col("split_continues").fill_null(False) if "split_continues" in names else pl.lit(True)
     base = (
         lf.select(
             pl.len().alias("trajectories"),
             pl.col("token_ids").list.len().sum().alias("tokens"),
             pl.col("loss_mask").list.sum().sum().alias("trainable_tokens"),
             pl.col("turns").list.len().sum().alias("turns"),
-            pl.col("reward").is_null().sum().alias("reward_null"),
+            pl.col("reward").filter(ends).is_null().sum().alias("reward_null"),
             pl.col("reward").mean().alias("reward_mean"),
             pl.col("reward").std().alias("reward_std"),
         )
@@ -31,9 +35,14 @@ def log_stats(log: Log) -> dict:
     out.update(base)
     src = lf.select(pl.col("token_source").explode()).group_by("token_source").len().sort("token_source").collect()
     out["tokens_by_source"] = {SOURCE_NAMES.get(s, str(s)): n for s, n in src.iter_rows()}
-    out["stop_reasons"] = dict(lf.group_by("stop_reason").len().sort("len", descending=True).collect().iter_rows())
+    episodes = lf.filter(ends)
+    out["stop_reasons"] = dict(
+        episodes.group_by("stop_reason").len().sort("len", descending=True).collect().iter_rows()
+    )
+    if "split_from" in names:
+        out["split_episodes"] = lf.select(pl.col("split_from").drop_nulls().n_unique()).collect().item()
     if "verifier_success" in names:
-        out["success_rate"] = lf.select(pl.col("verifier_success").mean()).collect().item()
+        out["success_rate"] = episodes.select(pl.col("verifier_success").mean()).collect().item()
     key = "group_id" if "group_id" in names else "task_id"
     g = (
         lf.filter(pl.col("reward").is_not_null())
@@ -72,6 +81,8 @@ def render_stats(d: dict) -> str:
     ]
     lines.append("tokens by source: " + ", ".join(f"{k} {v}" for k, v in d["tokens_by_source"].items()))
     lines.append("stop reasons: " + ", ".join(f"{k} {v}" for k, v in d["stop_reasons"].items()))
+    if d.get("split_episodes"):
+        lines.append(f"split episodes: {d['split_episodes']} (each counted once, by its last segment)")
     rm = d["reward_mean"]
     lines.append(
         f"reward: mean {num(rm)}, std {num(d['reward_std'] or 0)}, null {d['reward_null']}"

@@ -66,5 +66,21 @@ def _session(n: int, reward: float) -> list[dict]:
     ]  # fmt: skip
 
 
+def retokenized() -> list[dict]:
+    """Retokenization drift (vLLM blog 2025-10-22, "No More Retokenization Drift"): the agent loop sends
+    the conversation back as text, and the server tokenizes turn 0's action `51 2` as `52 2` (a merge
+    across the boundary). The second prompt no longer extends the first turn's sequence: the trainer
+    starts a new sequence there (M108), and the episode's success still counts once."""
+    sid = "episode-0"
+    a0, a1 = [50, 51, 2], [60, 61, 62, 2]
+    p1 = P0 + [50, 52, 2] + TOOL + HEADER
+    return [
+        _pair(sid, 0, P0, a0, [-0.5, -0.25, -0.125], "tool_calls"),
+        _pair(sid, 1, p1, a1, [-0.75, -0.375, -0.0625, -0.03125], "stop"),
+        {"session": sid, "end": {"stop_reason": "success", "reward": 1.0, "policy_version": 5, "task_id": "door-3",
+                                 "group_id": "door-3"}},
+    ]  # fmt: skip
+
+
 def cases() -> dict[str, list[dict]]:
-    return {"compliant": _session(0, 1.0) + _session(1, 0.0)}
+    return {"compliant": _session(0, 1.0) + _session(1, 0.0), "retokenized": retokenized()}
