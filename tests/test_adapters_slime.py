@@ -95,11 +95,15 @@ def test_versions_per_call_are_placed_on_turns_only_where_the_list_fixes_them(ca
 
 
 def test_removed_sample_is_out_of_the_loss_and_audits_without_error():
+    """The removed sample is declared out of the loss but in its group's statistics (loss_excluded), so
+    its untrained policy tokens raise no M102 and nothing else fires."""
     rep = audit("slime", "removed_sample", max_response_tokens=BUDGET)
-    assert rep.codes("error") == set(), rep.render()
+    assert rep.codes("error") == set() and "M102" not in rep.codes(), rep.render()
     table = load("slime").to_contract(read_dump(fixture("slime", "removed_sample")), **CONTEXT)
-    rows = {r["trajectory_id"]: r for r in table.select(["trajectory_id", "loss_mask", "token_source"]).to_pylist()}
-    assert not any(rows["2"]["loss_mask"]) and 2 in rows["2"]["token_source"]
+    cols = ["trajectory_id", "loss_mask", "token_source", "loss_excluded"]
+    rows = {r["trajectory_id"]: r for r in table.select(cols).to_pylist()}
+    assert not any(rows["2"]["loss_mask"]) and 2 in rows["2"]["token_source"] and rows["2"]["loss_excluded"]
+    assert not any(r["loss_excluded"] for k, r in rows.items() if k != "2")
 
 
 def test_rollout_denominators_are_recomputed_from_the_rollout_ids(tmp_path):

@@ -148,6 +148,8 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
         "stop_reason": stop,
         "reward": _reward(need(rec, "reward", where), where, ctx.get("reward_key")),
     }
+    if removed:  # out of the loss, still in its group's reward normalisation (contract 1.2)
+        out["loss_excluded"] = True
     versions = _versions(rec, len(turns), where)
     if versions is not None:
         for t, v in zip(out["turns"], versions):
