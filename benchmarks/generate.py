@@ -423,10 +423,17 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
     return table, true_trainable
 
 
+# what a generated run has none of (no episode is split, none is kept out of the loss): absent columns
+NOT_GENERATED = frozenset(
+    {"split_from", "split_continues", "split_position", "split_sequence_id", "split_context_id", "loss_excluded"}
+)
+
+
 def file_schema(shape: Shape) -> pa.Schema:
     """The trajectories schema a shape writes: every column, or only required and conditional
     columns and turn fields."""
     full = S.arrow_schema("trajectories", S.CONTRACT_VERSION)
+    full = pa.schema([f for f in full if f.name not in NOT_GENERATED], metadata=full.metadata)
     if shape.optional:
         return full
     # group_id stays: the updates' GRPO advantages are computed per group
