@@ -57,7 +57,7 @@ def _same(local, remote) -> None:
 
 def test_ray_audit_of_a_faulted_log_is_the_local_audit(cluster, faulted):
     disc = discover([faulted])
-    local = run_audit(disc)
+    local = run_audit(disc, Config())
     remote = run_audit(disc, Config(), executor=RayExecutor(rows_per_share=50, partitions=3))  # shares of 2 row groups
     _same(local, remote)
     codes = set(local.findings["code"])
