@@ -260,3 +260,12 @@ def test_verl_classes_through_the_hook_audit_clean(tmp_path):
     rep = ra.audit_tables(table)
     assert rep.findings.select("code", "severity").unique().rows() == [("P504", "info")], rep.render()
     assert not {"M105", "M106", "P501", "P502", "T301", "T304"} & set(rep.not_run)
+
+
+def test_the_documented_command_audits_a_fully_async_run_with_length_cuts_clean():
+    """verl trains a response cut at response_length with the score it got: the adapter states that
+    policy (truncation = penalize), so the page's command, with no configuration, gives no error."""
+    res = cli("check", "--from", "verl", fixture("verl", "fully_async"), *context_args(), "--context", "top_k=-1",
+              "--context", "response_length=64", "--format", "json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "truncation = 'penalize'" in res.stderr

@@ -102,7 +102,7 @@ def test_r402_gamma_defaults_to_one_when_absent(records):
     for t in trajs:
         del t["gamma"]
     rep = audit(trajs, ups, select=["R402"])
-    assert rep.codes() == {"R402"}  # synth shapes with γ = 0.99, the audit now assumes 1.0
+    assert rep.codes() == {"R402"}  # synth shapes with γ = 0.99; without a gamma column the audit assumes 1.0
     assert "R402" not in rep.not_run
 
 

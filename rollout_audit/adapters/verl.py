@@ -37,6 +37,7 @@ from .base import (
     runs,
     token_columns,
     with_context,
+    with_policy,
 )
 
 # What the hook and this adapter read from verl's own classes (verl 0.9.1; tests/test_framework_drift.py
@@ -202,6 +203,14 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
     return with_context(out, ctx)
 
 
+# verl's agent loop keeps a sample cut at response_length with the score the reward function gave
+# it, and trains its tokens: nothing drops or re-scores a truncation
+POLICY = (
+    "verl trains a response cut at response_length with the reward it was scored: truncation = 'penalize' "
+    "(set `truncation` in [tool.rollout-audit] if your reward function or filter says otherwise)"
+)
+
+
 def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table:
     """verl agent-loop records as contract trajectories."""
     ctx = context_values(context, allowed=OWN_CONTEXT)
@@ -210,4 +219,5 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
             f"context top_k={ctx['top_k']}: the contract records no top-k cutoff, so replay (L205-L207) would "
             "score the log-probs without it; only -1 or 0 (off, verl's default) can be audited"
         )
-    return contract_table(rows_of(records, row, ctx), LACKS)
+    table = contract_table(rows_of(records, row, ctx), LACKS)
+    return with_policy(table, POLICY, truncation="penalize")
