@@ -111,3 +111,23 @@ def test_a_bad_flag_value_exits_2_naming_it():
         "check", "--from", "skyrl", fixture("skyrl", "compliant"), "--context", "apply_overlong_filtering=maybe"
     )
     assert result.exit_code == 2 and "apply_overlong_filtering" in result.stderr
+
+
+def test_an_overlong_filtered_sample_is_loss_excluded_and_a_trained_one_is_m109(tmp_path):
+    """Under apply_overlong_filtering the sample that did not stop is out of the loss with its reward
+    kept (contract 1.2 `loss_excluded`); a dump that still trains one of its tokens contradicts the
+    flag it was run with, and M109 says so."""
+    recs = records("skyrl", "multi_step")
+    cut = next(i for i, r in enumerate(recs) if r["stop_reasons"] == "length")
+    table = load("skyrl").to_contract(recs, **CONTEXT, apply_overlong_filtering=True)
+    excluded = table["loss_excluded"].to_pylist()
+    assert excluded[cut] is True and not any(excluded[:cut] + excluded[cut + 1 :])
+    plain = load("skyrl").to_contract(recs, **CONTEXT)
+    assert "loss_excluded" not in plain.column_names or not any(plain["loss_excluded"].to_pylist())
+
+    recs[cut]["loss_masks"][0] = 1
+    dump = tmp_path / "dump.jsonl"
+    dump.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res, rep = _check(dump, extra=("--context", "apply_overlong_filtering=true"))
+    assert res.exit_code == 1, res.output
+    assert {f["code"] for f in rep["findings"] if f["severity"] == "error"} == {"M109"}

@@ -142,6 +142,9 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
             raise AdapterError(f"{where}: stop_reasons {stop!r} is not one SkyRL writes ({', '.join(STOPS)})")
         flag, out["stop_reason"] = STOPS[stop]
         out.update({f: f == flag for f in STOP_FLAGS})
+        if ctx.get("apply_overlong_filtering") and stop != "stop":
+            # the generator zeroed every loss mask and kept the reward in the group statistics
+            out["loss_excluded"] = True
     return with_context(out, ctx)
 
 
@@ -149,5 +152,5 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
     """SkyRL per-sample records as contract trajectories (context: the generator's
     zero_reward_on_non_stop and apply_overlong_filtering, which the dump does not carry)."""
     ctx = context_values(context, CONTEXT)
-    table = contract_table(rows_of(records, row, {k: v for k, v in ctx.items() if k not in CONTEXT}), LACKS)
+    table = contract_table(rows_of(records, row, ctx), LACKS)
     return with_policy(table, policy(ctx), truncation="penalize")
