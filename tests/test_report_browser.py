@@ -49,7 +49,8 @@ class _Quiet(SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Iterator[str]:
-    """The report of the compliant fixture and of one broken fixture, served on 127.0.0.1."""
+    """The reports of the compliant fixture, of broken ones, of a log with an inverted task, and a page of
+    plots at their widest labels, served on 127.0.0.1."""
     root = tmp_path_factory.mktemp("site")
     trajs, ups = make_log(seed=1)
     scored = [t for t in trajs if t["reward"] is not None]
