@@ -432,6 +432,13 @@ def filter_cmd(log, out, select, config_path) -> None:
     default=None,
     help="Append one JSON line of audit figures per step (errors and warnings by family, trainable share, lag).",
 )
+@click.option(
+    "--tensorboard",
+    "tensorboard",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Write the same figures as scalars to a TensorBoard event file in this directory (step = step index).",
+)
 @click.option("--fail-fast", is_flag=True, help="Stop at the first step that does not pass, with its exit code.")
 @click.option("--interval", type=click.FloatRange(0.01), default=1.0, show_default=True, help="Seconds between polls.")
 @click.option(
@@ -441,22 +448,30 @@ def filter_cmd(log, out, select, config_path) -> None:
     help="Stop after this many seconds without a new step (default: never).",
 )
 @click.option("--max-steps", type=click.IntRange(1), default=None, help="Stop after this many steps.")
-def watch(directory, framework, context, config_path, status, metrics, fail_fast, interval, idle, max_steps) -> None:
+def watch(
+    directory, framework, context, config_path, status, metrics, tensorboard, fail_fast, interval, idle, max_steps
+) -> None:
     """Follow DIRECTORY as a trainer writes it, and audit each new step's file once it is complete
     (moved in by a rename, or its size unchanged since the last poll). One line per step; exit with
     the worst step's exit code (0 when every step passed)."""
     from pathlib import Path
 
+    from .workflow.events import EventFile
     from .workflow.watch import Watcher, step_auditor
 
     root = Path(directory).resolve()
     ctx = _context(context) if framework else {}
+    try:
+        events = EventFile(Path(tensorboard)) if tensorboard else None
+    except OSError as e:
+        _fail(f"--tensorboard {tensorboard}: cannot write an event file there ({e.strerror or e})")
     w = Watcher(
         root,
         step_auditor(config_path, root, framework, ctx),
         Path(status) if status else None,
         Path(metrics) if metrics else None,
-        ignore={Path(p).resolve() for p in (status, metrics) if p},
+        events,
+        ignore={Path(p).resolve() for p in (status, metrics, events and events.path) if p},
     )
     try:
         code = w.follow(

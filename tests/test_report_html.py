@@ -13,7 +13,7 @@ from rollout_audit.cli import main
 from rollout_audit.synth import make_log
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-BAD_DOT = 'fill="#c0392b"'
+BAD_DOT = 'fill="#c0392b" opacity=".7" class="fault"'  # a point off the diagonal, not the legend's swatch
 
 
 def report(tmp_path: Path, log: Path, name: str = "r.html") -> str:

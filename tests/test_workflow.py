@@ -294,6 +294,55 @@ def test_watch_fail_fast_stops_at_the_first_failing_step(logs, tmp_path):
     assert status["state"] == "stopped" and status["steps"][-1]["codes"] == ["M101"]
 
 
+def _scalars(logdir: Path) -> dict[str, list]:
+    """Every scalar of the event files in `logdir`, as TensorBoard itself reads them: tag -> events."""
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    acc = accumulator.EventAccumulator(str(logdir), size_guidance={accumulator.SCALARS: 0})
+    acc.Reload()
+    return {tag: acc.Scalars(tag) for tag in acc.Tags()["scalars"]}
+
+
+def test_watch_writes_its_figures_to_a_tensorboard_event_file(logs, tmp_path):
+    good = str(COMPLIANT / "trajectories" / "part-0000.parquet")
+    bad = str(next((logs / "one" / "trajectories").glob("*.parquet")))  # rows 96-127 hold the M101 fault
+    plan = [f"ok:{good}", f"ok:{good}", f"ok:{good}", f"bad:{bad}"]
+    wrc, rc, lines, err, d = _watch(tmp_path, plan, "--tensorboard", tmp_path / "tb")
+    assert wrc == 0 and rc == 1 and len(lines) == 4, (lines, err)
+    metrics = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    files = list((tmp_path / "tb").iterdir())
+    assert len(files) == 1 and files[0].name.startswith("events.out.tfevents.")
+    scalars = _scalars(tmp_path / "tb")
+    assert set(scalars) == set(metrics[0]) - {"step", "index"} and "audit/trainable_share" in scalars
+    for tag, events in scalars.items():  # the JSON Lines figures, step by step (TensorBoard keeps float32)
+        assert [e.step for e in events] == [m["index"] for m in metrics] == [0, 1, 2, 3]
+        assert [e.value for e in events] == pytest.approx([m[tag] for m in metrics], rel=1e-6), tag
+    assert [e.value for e in scalars["audit/errors/M"]] == [0, 0, 0, 1]
+    assert [e.value for e in scalars["audit/exit_code"]] == [0, 0, 0, 1]
+
+
+def test_event_file_reads_back_in_tensorboard_up_to_a_record_cut_short(tmp_path):
+    from rollout_audit.workflow.events import EventFile
+
+    f = EventFile(tmp_path / "tb")
+    f.add(0, {"audit/errors": 3.0, "audit/trainable_share": 0.3125}, wall_time=1000.0)
+    f.add(2**40 + 7, {"audit/errors": 0.0, "audit/policy_lag_max": 1e300, "audit/ошибки": -2.5}, wall_time=1001.0)
+    f.add(5, {"audit/errors": 9.0}, wall_time=1002.0)
+    data = f.path.read_bytes()
+    f.path.write_bytes(data[:-7])  # the last record cut short, as by a writer killed mid-write
+    scalars = _scalars(tmp_path / "tb")
+    assert [(e.step, e.value, e.wall_time) for e in scalars["audit/errors"]] == [(0, 3, 1000), (2**40 + 7, 0, 1001)]
+    assert [e.value for e in scalars["audit/trainable_share"]] == [0.3125]
+    assert [e.value for e in scalars["audit/policy_lag_max"]] == [float("inf")]  # beyond float32: infinite
+    assert [e.value for e in scalars["audit/ошибки"]] == [-2.5]
+
+
+def test_watch_refuses_a_tensorboard_directory_it_cannot_write(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "file").write_text("")
+    res = cli("watch", tmp_path / "run", "--tensorboard", tmp_path / "file" / "tb", "--max-steps", "1")
+    assert res.exit_code == 2 and "--tensorboard" in res.output and "Traceback" not in res.output
+
+
 def test_watch_from_a_framework_dump(tmp_path):
     import os
     import shutil

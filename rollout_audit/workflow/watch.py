@@ -3,8 +3,9 @@ step's file once it is complete: never a writer's temporary file (hidden, or `.t
 once its size and modification time held across two polls (a file moved in by an atomic rename
 holds at once; one written in place holds when its writer stops, finished or killed).
 
-One line per step; a JSON status file rewritten (atomically) after each step; optionally one
-JSON line of figures per step (`audit/...`, as the TRL guard logs them)."""
+One line per step; a JSON status file rewritten (atomically) after each step; optionally the
+step's figures (`audit/...`, as the TRL guard logs them) as one JSON line, and as scalars in a
+TensorBoard event file (step = the step's index)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..reporting.report import Report, incomplete, printable, verdict_line
+from .events import EventFile
 
 _DATA = (".parquet", ".jsonl", ".json")
 
@@ -40,6 +42,7 @@ class Watcher:
     audit_step: Callable[[Path], tuple[Report, dict]]
     status_path: Path | None = None
     metrics_path: Path | None = None
+    events: EventFile | None = None  # the figures as TensorBoard scalars
     ignore: set[Path] = field(default_factory=set)  # our own outputs, when they sit under root
     seen: dict[Path, tuple[int, int]] = field(default_factory=dict)  # size, mtime at the last poll
     done: set[Path] = field(default_factory=set)
@@ -84,6 +87,8 @@ class Watcher:
         if self.metrics_path is not None and entry["figures"]:
             with open(self.metrics_path, "a") as fh:
                 fh.write(json.dumps({"step": name, "index": len(self.steps) - 1, **entry["figures"]}) + "\n")
+        if self.events is not None and entry["figures"]:
+            self.events.add(len(self.steps) - 1, entry["figures"])
         return entry
 
     def write_status(self, state: str) -> None:

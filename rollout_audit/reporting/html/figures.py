@@ -8,7 +8,7 @@ from collections.abc import Callable
 from html import escape
 
 from ..report import Report, num, printable
-from .svg import BAD, GOOD, PALETTE, bars, boxes, dots, scatter, stacked
+from .svg import FAULT, HELD, NEUTRAL, PALETTE, REWARD_FAILURE, REWARD_SUCCESS, bars, boxes, dots, scatter, stacked
 
 MAX_BARS = 12
 
@@ -39,7 +39,7 @@ def _trainable(rows: list[dict]) -> str:
         (
             r["source"],
             r["trainable"] / r["tokens"] if r["tokens"] else 0.0,
-            GOOD if r["source"] == "policy" else (BAD if r["trainable"] else PALETTE[5]),
+            HELD if r["source"] == "policy" else (FAULT if r["trainable"] else NEUTRAL),
         )
         for r in rows
     ]
@@ -50,7 +50,12 @@ def _trainable(rows: list[dict]) -> str:
         fmt=lambda v: f"{v:.1%}",
         note="in the loss / all tokens of that source: "
         + "; ".join(f"{k} {a} of {b}" for k, (a, b) in counts.items())
-        + ". Red: a source other than the policy is trained on (M101).",
+        + ".",
+        legend=[
+            ("box", HELD, "policy"),
+            ("box", NEUTRAL, "other source, not trained"),
+            ("box", FAULT, "other source trained on (M101)"),
+        ],
     )
 
 
@@ -59,15 +64,17 @@ def _logprobs(rows: list[dict]) -> str:
     box_rows = []
     for r in rows:
         q = {k: r.get(k) for k in ("min", "q05", "q25", "q50", "q75", "q95", "max", "n")}
-        q["colour"] = GOOD if r["source"] == "policy" else PALETTE[5]
+        q["colour"] = HELD if r["source"] == "policy" else NEUTRAL
         if r.get("positive"):
-            q["colour"] = BAD
+            q["colour"] = FAULT
         box_rows.append((r["source"], q))
     recorded = "; ".join(f"{r['source']} {r.get('n', 0)} recorded, {r.get('positive', 0)} > 0" for r in rows)
     return boxes(
         "behaviour log-prob by token source",
         box_rows,
-        note=f"{recorded}. A log-prob must be ≤ 0 (red line at 0) and belong to policy tokens only.",
+        note=f"{recorded}. A log-prob must be ≤ 0 and belong to policy tokens only.",
+        zero="0: no log-prob lies above it",
+        legend=[("box", HELD, "policy"), ("box", NEUTRAL, "other source"), ("box", FAULT, "a log-prob > 0")],
     )
 
 
@@ -99,19 +106,23 @@ def _lag(rep: Report, checks: dict) -> str:
     if len(lags) > MAX_BARS:  # keep the first lags, pool the long tail
         head, tail = lags[: MAX_BARS - 1], lags[MAX_BARS - 1 :]
         items = [(f"lag {k}", float(v), _lag_colour(k)) for k, v in head]
-        items.append((f"lag {tail[0][0]}–{tail[-1][0]}", float(sum(v for _, v in tail)), BAD))
+        items.append((f"lag {tail[0][0]}–{tail[-1][0]}", float(sum(v for _, v in tail)), _lag_colour(tail[0][0])))
     else:
         items = [(f"lag {k}", float(v), _lag_colour(k)) for k, v in lags]
     note = printable(p.get("note", "")) if isinstance(p, dict) else ""
     return bars(
         "policy lag of trained trajectories (P503)",
         items,
-        note=f"trajectory uses by updates; max lag {num(p.get('max_lag'))}. Negative lags are red. {note}",
+        note=f"trajectory uses by updates; max lag {num(p.get('max_lag'))}. {note}".strip(),
+        legend=[
+            ("box", PALETTE[0], "trajectory uses"),
+            ("box", FAULT, "negative lag: weights newer than the trainer's"),
+        ],
     )
 
 
 def _lag_colour(k: int) -> str:
-    return BAD if k < 0 else PALETTE[0]
+    return FAULT if k < 0 else PALETTE[0]
 
 
 def _tasks(rows: list[dict]) -> str:
@@ -120,6 +131,7 @@ def _tasks(rows: list[dict]) -> str:
         (
             f"{r['task']} (n={r['episodes']})",
             {"reward | success": r.get("reward_success"), "reward | failure": r.get("reward_failure")},
+            _gt(r.get("reward_failure"), r.get("reward_success")),
         )
         for r in rows
     ]
@@ -128,8 +140,9 @@ def _tasks(rows: list[dict]) -> str:
     return dots(
         "reward vs verifier success per task",
         data,
-        {"reward | success": GOOD, "reward | failure": BAD},
+        {"reward | success": REWARD_SUCCESS, "reward | failure": REWARD_FAILURE},
         note=note or "Successes are paid more than failures in every task.",
+        flagged="task whose failures are paid more",
     )
 
 

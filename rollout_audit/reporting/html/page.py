@@ -19,11 +19,11 @@ td.num{text-align:right;white-space:nowrap}td.where{white-space:nowrap;width:1%}
 .verdict.fail{background:#fdecea;border:1px solid #c0392b}.verdict.ok{background:#eafaf1;border:1px solid #2e8b57}
 .verdict.incomplete{background:#fff4e5;border:1px solid #e67e22}
 .status{font-weight:bold;white-space:nowrap}.fail{color:#b00020}.warn{color:#a15c00}.pass{color:#1b7a1b}
-.partial{color:#8e44ad}.notrun{color:#666}.crashed{color:#b00020;text-decoration:underline}
+.partial{color:#8e44ad}.notrun{color:#666}.crashed{color:#a15c00;text-decoration:underline}
 details pre{white-space:pre-wrap;font-size:.95em;background:#fafafa;padding:.5em;margin:.3em 0}
 summary{cursor:pointer}.plots{display:flex;flex-wrap:wrap;gap:1.5em 2.5em}
 figure.plot{margin:0}figcaption.note{font-size:.8em;color:#555;max-width:420px}
-.sev-error{color:#b00020}.sev-warning{color:#a15c00}.sev-info{color:#555}"""
+.sev-error{color:#b00020}.sev-warning{color:#a15c00}.sev-info,.sev-quiet{color:#555}"""
 
 EXAMPLES = 20  # findings shown per code; the JSON format has them all
 _STATUS = {  # status -> (label, css class, sort order)
@@ -49,8 +49,9 @@ def render_html(rep: Report, stats: dict | None, title: str) -> str:
             "<h2>Findings</h2>",
             _findings(rep),
             "<h2>Distributions</h2>",
-            '<p class="note">Where the catalogued faults show: a blue dot lies on the recomputed value, a red one '
-            "does not.</p>",
+            '<p class="note">Where the catalogued faults show. Red marks only what the audit found at fault (a '
+            "value off its recomputation, a source trained on that must not be, an impossible value); blue a value "
+            "recomputed that held; grey a value shown, not judged. Each plot's legend names its colours.</p>",
             f'<div class="plots">{"".join(figures(rep, stats or {}))}</div>',
             "</body></html>",
         ]
@@ -90,6 +91,7 @@ def _verdict(rep: Report) -> str:
 def check_status(rep: Report) -> pl.DataFrame:
     """One row per selected check: code, name, severity, status, findings, reason (why not run / coverage)."""
     counts = rep.summary["counts"]
+    failing = rep.codes("error")
     crashed = {c["code"]: printable(c["error"]) for c in rep.crashes}
     rows = []
     for code, rule in rep.rules.items():
@@ -98,7 +100,7 @@ def check_status(rep: Report) -> pl.DataFrame:
             status, why = "crashed", crashed[code]
         elif code in rep.not_run:
             status, why = "notrun", rep.not_run[code]
-        elif n and rule.severity == "error":
+        elif code in failing:
             status, why = "fail", rep.partial.get(code, "")
         elif n:
             status, why = "warn", rep.partial.get(code, "")
@@ -138,7 +140,7 @@ def _check_table(rep: Report) -> str:
         body.append(
             f'<tr id="check-{r["code"]}" data-status="{r["status"]}"><td>{_code_link(r["code"], r["findings"])}</td>'
             f'<td class="status {cls}">{label}</td><td class="num">{r["findings"]}</td>'
-            f'<td class="sev-{rule.severity}">{rule.severity}</td>'
+            f'<td class="{_severity_class(r["status"], rule.severity)}">{rule.severity}</td>'
             f"<td><details><summary>{escape(rule.name)}</summary><pre>{escape(rule.explanation)}</pre></details></td>"
             f"<td>{escape(printable(r['reason']))}</td></tr>"
         )
@@ -146,6 +148,16 @@ def _check_table(rep: Report) -> str:
         '<table id="checks"><tr><th>code</th><th>status</th><th>findings</th><th>severity</th>'
         f"<th>rule (click for the explanation)</th><th>reason / coverage</th></tr>{''.join(body)}</table>"
     )
+
+
+def _severity_class(status: str, severity: str) -> str:
+    """A check's severity in its colour only when the check found something: a check that passed
+    (or did not run) shows its severity neutrally, so red stays the colour of error findings."""
+    if status == "fail":
+        return "sev-error"
+    if status == "warn":  # findings below error (a warning rule, or an error rule's tolerated share)
+        return "sev-info" if severity == "info" else "sev-warning"
+    return "sev-quiet"
 
 
 def _code_link(code: str, findings: int) -> str:

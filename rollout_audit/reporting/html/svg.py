@@ -11,8 +11,13 @@ from ..report import num, printable
 
 CHAR_W = 7.4  # width of one character of the 12px monospace font used for every label
 ROW_H = 20
-PALETTE = ("#4a7bd0", "#d0704a", "#3c9a5f", "#9b59b6", "#c9a227", "#6c7a89", "#d04a7b", "#2bb0b0")
-BAD, GOOD = "#c0392b", "#2e86c1"
+# One meaning per colour across the report: red marks a value the audit found at fault (a mismatch,
+# a source trained on that must not be, an impossible value) and nothing else; blue a value that was
+# recomputed and held; grey a value shown, not judged. Categories (stop causes, reward series) take
+# the other hues, never red, and every plot says in its legend what its colours mean.
+FAULT, HELD, NEUTRAL = "#c0392b", "#2e86c1", "#7f8c8d"
+PALETTE = ("#4a7bd0", "#2bb0b0", "#c9a227", "#9b59b6", "#5d6d7e", "#3c9a5f", "#8d6e63", "#1f3a93")
+REWARD_SUCCESS, REWARD_FAILURE = "#1b9e77", "#7570b3"  # a reward series, not a judgement: no red, no blue
 
 
 def _label(s: object, limit: int = 28) -> str:
@@ -25,8 +30,14 @@ def _w(text: str) -> float:
     return len(text) * CHAR_W + 6
 
 
+def _fault(colour: str | None) -> str:
+    """The class of a mark: `fault` when it is drawn in the fault colour."""
+    return ' class="fault"' if colour == FAULT else ""
+
+
 def _frame(title: str, width: float, height: float, body: str, note: str = "") -> str:
-    """An SVG figure with its title and an optional note under it."""
+    """An SVG figure with its title and an optional note under it; wide enough for its title."""
+    width = max(width, len(title) * 8.0 + 4)
     cap = f'<figcaption class="note">{escape(note)}</figcaption>' if note else ""
     return (
         f'<figure class="plot"><svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
@@ -36,10 +47,39 @@ def _frame(title: str, width: float, height: float, body: str, note: str = "") -
     )
 
 
+def _legend(entries: Sequence[tuple[str, str, str]], y: float, width: float) -> tuple[str, float, float]:
+    """A legend of (shape: dot, box or dash; colour; text) entries from (0, y), wrapped at `width`;
+    returns (svg, y below it, the rightmost x it reaches). A swatch says what a colour would mean:
+    it is no fault itself."""
+    parts, x, right = [], 0.0, 0.0
+    for shape, colour, text in entries:
+        label = _label(text, 48)
+        w = 18 + _w(label)
+        if x and x + w > width:
+            x, y = 0.0, y + ROW_H - 4
+        if shape == "dot":
+            mark = f'<circle cx="{x + 5:.1f}" cy="{y - 4}" r="5" fill="{colour}"/>'
+        elif shape == "dash":
+            mark = f'<line x1="{x:.1f}" y1="{y - 4}" x2="{x + 10:.1f}" y2="{y - 4}" stroke="{colour}" stroke-dasharray="3"/>'
+        else:
+            mark = f'<rect x="{x:.1f}" y="{y - 9}" width="10" height="10" fill="{colour}"/>'
+        parts.append(f'<g class="legend">{mark}<text x="{x + 14:.1f}" y="{y}">{label}</text></g>')
+        right = max(right, x + w)
+        x += w + 6
+    return "".join(parts), y + 8, right
+
+
 def bars(
-    title: str, items: Sequence[tuple[str, float, str | None]], *, fmt=num, plot_w: float = 260, note: str = ""
+    title: str,
+    items: Sequence[tuple[str, float, str | None]],
+    *,
+    fmt=num,
+    plot_w: float = 260,
+    note: str = "",
+    legend: Sequence[tuple[str, str, str]] = (),
 ) -> str:
-    """Horizontal bars (label, value, colour or None); each value is written after its bar."""
+    """Horizontal bars (label, value, colour or None); each value is written after its bar. A bar in
+    the fault colour has its label and value in that colour too (it stands out even when thin)."""
     if not items:
         return ""
     lw = max(_w(_label(lab)) for lab, _, _ in items)
@@ -49,36 +89,51 @@ def bars(
     for i, (lab, v, colour) in enumerate(items):
         y = 26 + ROW_H * i
         w = plot_w * abs(v) / top
-        alarm = (
-            ' fill="#b00020" font-weight="bold"' if colour == BAD else ""
-        )  # a faulty row stands out even when its bar is thin
+        alarm = f' fill="{FAULT}" font-weight="bold" class="fault"' if colour == FAULT else ""
         rows.append(
             f'<text x="0" y="{y + 13}"{alarm}>{_label(lab)}</text>'
-            f'<rect x="{lw:.1f}" y="{y + 2}" width="{max(w, 2.0 if colour == BAD and v else 0):.1f}" '
-            f'height="{ROW_H - 5}" fill="{colour or PALETTE[0]}"/>'
+            f'<rect x="{lw:.1f}" y="{y + 2}" width="{max(w, 2.0 if colour == FAULT and v else 0):.1f}" '
+            f'height="{ROW_H - 5}" fill="{colour or PALETTE[0]}"{_fault(colour)}/>'
             f'<text x="{lw + w + 4:.1f}" y="{y + 13}"{alarm}>{escape(fmt(v))}</text>'
         )
-    return _frame(title, lw + plot_w + vw + 8, 32 + ROW_H * len(items), "".join(rows), note)
+    width = lw + plot_w + vw + 8
+    key, bottom, right = _legend(legend, 42 + ROW_H * len(items), width) if legend else ("", 32 + ROW_H * len(items), 0)
+    return _frame(title, max(width, right), bottom, "".join(rows) + key, note)
 
 
-def _axis(lo: float, hi: float, x0: float, w: float, y: float) -> tuple[str, Callable[[float], float]]:
-    """A horizontal axis from lo to hi with 5 ticks; returns (svg, value -> x)."""
+def _axis(lo: float, hi: float, x0: float, w: float, y: float) -> tuple[str, Callable[[float], float], float]:
+    """A horizontal axis from lo to hi with 5 ticks, fewer when their labels would touch; returns
+    (svg, value -> x, the rightmost x its labels reach)."""
     if hi <= lo:
         lo, hi = lo - 1, hi + 1
 
     def sx(v: float) -> float:
         return x0 + w * (v - lo) / (hi - lo)
 
-    ticks = "".join(
+    for k in (4, 2, 1):
+        ticks = [lo + (hi - lo) * i / k for i in range(k + 1)]
+        widest = max(_w(num(t)) for t in ticks)
+        if widest + 4 <= w / k:
+            break
+    svg = "".join(
         f'<line x1="{sx(t):.1f}" y1="{y}" x2="{sx(t):.1f}" y2="{y + 4}" stroke="#888"/>'
         f'<text x="{sx(t):.1f}" y="{y + 16}" text-anchor="middle">{escape(num(t))}</text>'
-        for t in (lo + (hi - lo) * k / 4 for k in range(5))
+        for t in ticks
     )
-    return f'<line x1="{x0}" y1="{y}" x2="{x0 + w}" y2="{y}" stroke="#888"/>{ticks}', sx
+    return f'<line x1="{x0}" y1="{y}" x2="{x0 + w}" y2="{y}" stroke="#888"/>{svg}', sx, x0 + w + widest / 2
 
 
-def boxes(title: str, rows: Sequence[tuple[str, dict]], *, plot_w: float = 300, note: str = "") -> str:
-    """Box plots on a shared axis; each row's dict holds min, q05, q25, q50, q75, q95, max and `n`."""
+def boxes(
+    title: str,
+    rows: Sequence[tuple[str, dict]],
+    *,
+    plot_w: float = 300,
+    note: str = "",
+    zero: str = "",
+    legend: Sequence[tuple[str, str, str]] = (),
+) -> str:
+    """Box plots on a shared axis; each row's dict holds min, q05, q25, q50, q75, q95, max, `n` and
+    optionally `colour`. `zero` names a dashed line drawn at 0 (in the legend) when 0 is in range."""
     rows = [(lab, q) for lab, q in rows if q.get("n") and q.get("min") is not None]
     if not rows:
         return ""
@@ -86,26 +141,31 @@ def boxes(title: str, rows: Sequence[tuple[str, dict]], *, plot_w: float = 300, 
     lo = min(q["min"] for _, q in rows)
     hi = max(q["max"] for _, q in rows)
     ax_y = 26 + ROW_H * len(rows) + 4
-    axis, sx = _axis(lo, hi, lw + 20, plot_w, ax_y)
+    axis, sx, right = _axis(lo, hi, lw + 20, plot_w, ax_y)
     parts = [axis]
-    if lo < 0 < hi:
+    key = list(legend)
+    if zero and lo < 0 < hi:
         parts.append(
-            f'<line x1="{sx(0):.1f}" y1="22" x2="{sx(0):.1f}" y2="{ax_y}" stroke="{BAD}" stroke-dasharray="3"/>'
+            f'<line x1="{sx(0):.1f}" y1="22" x2="{sx(0):.1f}" y2="{ax_y}" stroke="#333" stroke-dasharray="3"/>'
         )
+        key.append(("dash", "#333", zero))
     for i, (lab, q) in enumerate(rows):
         y = 26 + ROW_H * i
         m = y + ROW_H / 2 - 2
+        colour = q.get("colour") or PALETTE[0]
         parts.append(
-            f'<text x="0" y="{y + 13}">{_label(lab)}</text>'
+            f'<g><text x="0" y="{y + 13}">{_label(lab)}</text>'
             f'<line x1="{sx(q["min"]):.1f}" y1="{m}" x2="{sx(q["max"]):.1f}" y2="{m}" stroke="#999"/>'
             f'<line x1="{sx(q["q05"]):.1f}" y1="{m}" x2="{sx(q["q95"]):.1f}" y2="{m}" stroke="#333" stroke-width="2"/>'
             f'<rect x="{sx(q["q25"]):.1f}" y="{y + 3}" width="{max(sx(q["q75"]) - sx(q["q25"]), 1.5):.1f}" '
-            f'height="{ROW_H - 9}" fill="{q.get("colour") or PALETTE[0]}" opacity=".8"/>'
+            f'height="{ROW_H - 9}" fill="{colour}" opacity=".8"{_fault(colour)}/>'
             f'<line x1="{sx(q["q50"]):.1f}" y1="{y + 2}" x2="{sx(q["q50"]):.1f}" y2="{y + ROW_H - 5}" stroke="#000" '
             f'stroke-width="2"/><title>{_label(lab)}: n {q["n"]}, min {num(q["min"])}, median {num(q["q50"])}, '
-            f"max {num(q['max'])}</title>"
+            f"max {num(q['max'])}</title></g>"
         )
-    return _frame(title, lw + plot_w + 60, ax_y + 24, "".join(parts), note)
+    width = max(lw + plot_w + 60, right + 4)
+    legend_svg, bottom, right = _legend(key, ax_y + 40, width) if key else ("", ax_y + 24, 0)
+    return _frame(title, max(width, right), bottom, "".join(parts) + legend_svg, note)
 
 
 def scatter(
@@ -117,7 +177,9 @@ def scatter(
     size: float = 260,
     note: str = "",
 ) -> str:
-    """Recorded (y) against recomputed (x) with the y = x diagonal; points off it are drawn in red."""
+    """Recorded (y) against recomputed (x) with the y = x diagonal; points off it are drawn in the
+    fault colour, and a legend says so. The left margin fits the widest y tick label beside the
+    y-axis title, so neither covers the other."""
     pts = [(float(x), float(y)) for x, y in points if x is not None and y is not None and _finite(x) and _finite(y)]
     if not pts:
         return ""
@@ -125,7 +187,9 @@ def scatter(
     hi = max(max(x, y) for x, y in pts)
     if hi <= lo:
         lo, hi = lo - 1, hi + 1
-    x0, y0 = 60.0, 28.0
+    ticks = (lo, (lo + hi) / 2, hi)
+    tick_w = max(_w(num(t)) for t in ticks)
+    x0, y0 = 24.0 + tick_w, 28.0  # the rotated y title takes x 0–18, the tick labels end at x0 - 4
 
     def sx(v: float) -> float:
         return x0 + size * (v - lo) / (hi - lo)
@@ -134,26 +198,33 @@ def scatter(
         return y0 + size * (hi - v) / (hi - lo)
 
     tol = 1e-6 * (hi - lo) + 1e-9
+    colours = [FAULT if abs(x - y) > tol else HELD for x, y in pts]
     dots = "".join(
-        f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{BAD if abs(x - y) > tol else GOOD}" opacity=".7"/>'
-        for x, y in pts
+        f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{c}" opacity=".7"{_fault(c)}/>'
+        for (x, y), c in zip(pts, colours)
     )
-    ticks = "".join(
-        f'<text x="{sx(t):.1f}" y="{y0 + size + 16}" text-anchor="middle">{escape(num(t))}</text>'
-        f'<text x="{x0 - 4}" y="{sy(t) + 4:.1f}" text-anchor="end">{escape(num(t))}</text>'
-        for t in (lo, (lo + hi) / 2, hi)
+    marks = "".join(
+        f'<text x="{sx(t):.1f}" y="{y0 + size + 22}" text-anchor="middle">{escape(num(t))}</text>'
+        f'<text x="{x0 - 4:.1f}" y="{sy(t) + 4:.1f}" text-anchor="end">{escape(num(t))}</text>'
+        for t in ticks
     )
-    off = sum(abs(x - y) > tol for x, y in pts)
+    off = colours.count(FAULT)
+    width = x0 + size + max(20.0, tick_w / 2 + 4)
+    key, bottom, right = _legend(
+        [("dot", HELD, "recorded = recomputed"), ("dot", FAULT, "recorded ≠ recomputed (mismatch)")],
+        y0 + size + 60,
+        width,
+    )
     body = (
-        f'<rect x="{x0}" y="{y0}" width="{size}" height="{size}" fill="none" stroke="#ccc"/>'
+        f'<rect x="{x0:.1f}" y="{y0}" width="{size}" height="{size}" fill="none" stroke="#ccc"/>'
         f'<line x1="{sx(lo):.1f}" y1="{sy(lo):.1f}" x2="{sx(hi):.1f}" y2="{sy(hi):.1f}" stroke="#888" '
-        f'stroke-dasharray="4"/>{dots}{ticks}'
-        f'<text x="{x0 + size / 2}" y="{y0 + size + 32}" text-anchor="middle">{escape(xlabel)}</text>'
-        f'<text x="12" y="{y0 + size / 2}" transform="rotate(-90 12 {y0 + size / 2})" text-anchor="middle">'
-        f"{escape(ylabel)}</text>"
+        f'stroke-dasharray="4"/>{dots}{marks}'
+        f'<text x="{x0 + size / 2:.1f}" y="{y0 + size + 40}" text-anchor="middle">{_label(xlabel, int(size // CHAR_W))}</text>'
+        f'<text x="13" y="{y0 + size / 2}" transform="rotate(-90 13 {y0 + size / 2})" text-anchor="middle">'
+        f"{_label(ylabel, int(size // CHAR_W))}</text>{key}"
     )
     summary = f"{len(pts)} points, {off} off the diagonal"
-    return _frame(title, x0 + size + 20, y0 + size + 40, body, f"{summary}. {note}".strip())
+    return _frame(title, max(width, right), bottom, body, f"{summary}. {note}".strip())
 
 
 def _finite(v: object) -> bool:
@@ -182,37 +253,34 @@ def stacked(title: str, rows: Sequence[tuple[str, dict[str, int]]], *, plot_w: f
                 )
             x += w
         parts.append(f'<text x="{lw + plot_w + 4:.1f}" y="{y + 13}">n={total}</text>')
-    ly = 32 + ROW_H * len(rows)
-    legend, x = [], 0.0
-    for c in cats:
-        legend.append(
-            f'<rect x="{x:.1f}" y="{ly}" width="10" height="10" fill="{colour[c]}"/>'
-            f'<text x="{x + 14:.1f}" y="{ly + 10}">{_label(c, 20)}</text>'
-        )
-        x += 24 + _w(_label(c, 20))
-    width = max(lw + plot_w + 70, x)
-    return _frame(title, width, ly + 20, "".join(parts + legend), note)
+    width = lw + plot_w + 70
+    key, bottom, right = _legend([("box", colour[c], c) for c in cats], 42 + ROW_H * len(rows), width)
+    return _frame(title, max(width, right), bottom, "".join(parts) + key, note)
 
 
 def dots(
     title: str,
-    rows: Sequence[tuple[str, dict[str, float | None]]],
+    rows: Sequence[tuple[str, dict[str, float | None], bool]],
     series: dict[str, str],
     *,
     plot_w: float = 300,
     note: str = "",
+    flagged: str = "",
 ) -> str:
-    """A dot plot on a shared axis: per row, one dot per series (series name -> colour), with a legend."""
-    vals = [float(v) for _, d in rows for v in d.values() if v is not None and _finite(v)]
+    """A dot plot on a shared axis: per row (label, series -> value, at fault), one dot per series
+    (series name -> colour), with a legend. A row at fault has its label in the fault colour, and
+    `flagged` says in the legend what that means."""
+    vals = [float(v) for _, d, _ in rows for v in d.values() if v is not None and _finite(v)]
     if not vals:
         return ""
-    lw = max(_w(_label(lab)) for lab, _ in rows) + 4
+    lw = max(_w(_label(lab)) for lab, _, _ in rows) + 4
     ax_y = 26 + ROW_H * len(rows) + 4
-    axis, sx = _axis(min(vals), max(vals), lw + 10, plot_w, ax_y)
+    axis, sx, right = _axis(min(vals), max(vals), lw + 10, plot_w, ax_y)
     parts = [axis]
-    for i, (lab, d) in enumerate(rows):
+    for i, (lab, d, bad) in enumerate(rows):
         y = 26 + ROW_H * i + ROW_H / 2 - 2
-        parts.append(f'<text x="0" y="{y + 4}">{_label(lab)}</text>')
+        alarm = f' fill="{FAULT}" font-weight="bold" class="fault"' if bad else ""
+        parts.append(f'<text x="0" y="{y + 4}"{alarm}>{_label(lab)}</text>')
         parts.append(f'<line x1="{lw + 10}" y1="{y}" x2="{lw + 10 + plot_w}" y2="{y}" stroke="#eee"/>')
         for s, colour in series.items():
             v = d.get(s)
@@ -221,11 +289,9 @@ def dots(
                     f'<circle cx="{sx(v):.1f}" cy="{y}" r="5" fill="{colour}" opacity=".85">'
                     f"<title>{_label(lab)} {escape(s)}: {num(v)}</title></circle>"
                 )
-    x = 0.0
-    for s, colour in series.items():
-        parts.append(
-            f'<circle cx="{x + 5:.1f}" cy="{ax_y + 30}" r="5" fill="{colour}"/>'
-            f'<text x="{x + 14:.1f}" y="{ax_y + 34}">{escape(s)}</text>'
-        )
-        x += 30 + _w(s)
-    return _frame(title, max(lw + plot_w + 40, x), ax_y + 44, "".join(parts), note)
+    width = max(lw + plot_w + 40, right + 4)
+    entries = [("dot", colour, s) for s, colour in series.items()]
+    if flagged and any(bad for _, _, bad in rows):
+        entries.append(("box", FAULT, flagged))
+    key, bottom, right = _legend(entries, ax_y + 40, width)
+    return _frame(title, max(width, right), bottom, "".join(parts) + key, note)
