@@ -47,19 +47,26 @@ def run_demo(out_dir: str, profile: str = "smoke", seed: int = 0, progress: bool
 def write_configurations(run_dir: Path, max_response_tokens: int) -> None:
     """Write run_dir/pyproject.toml (the collector's settings) and run_dir/rollout-audit.toml (the
     same with the replayer and the checkpoints, as an absolute template: it works from any directory)."""
-    settings = {"max_response_tokens": max_response_tokens}
+    settings = write_collector_settings(run_dir, max_response_tokens)
     checkpoints = str(run_dir.resolve() / "checkpoints" / "v{version}.safetensors")
     replay = {**settings, "replayer": REPLAYER, "replay_checkpoints": checkpoints}
-    (run_dir / "pyproject.toml").write_text(
-        "# The reference agent's collector settings, for any audit of log/ (written by `rollout-audit demo`)\n"
-        + _table(settings)
-    )
     (run_dir / CONFIG).write_text(
         "# The audit of log/ with replay (written by `rollout-audit demo`), named on the command line:\n"
         f"#   rollout-audit check {run_dir / LOG} --config {run_dir / CONFIG} --replay {REPLAY}\n"
         "# The replayer is code the audit imports and runs: it is taken from a file named with --config,\n"
         "# never from a configuration found next to the audited log.\n" + _table(replay)
     )
+
+
+def write_collector_settings(directory: Path, max_response_tokens: int) -> dict[str, Any]:
+    """Write directory/pyproject.toml: what the agent's collector was set up with (its response
+    budget, for T306), where the audit finds it for any log at or below `directory`; returns the settings."""
+    settings = {"max_response_tokens": max_response_tokens}
+    (directory / "pyproject.toml").write_text(
+        "# The reference agent's collector settings, for any audit of the log here (T306: its response budget)\n"
+        + _table(settings)
+    )
+    return settings
 
 
 def _table(settings: dict[str, Any]) -> str:

@@ -72,7 +72,7 @@ class TrainConfig:
     top_p: float = 0.999
     max_turns: int = 4  # collector limit: only inspect + a stuck door reaches it (no action can repeat 4 times)
     # the collector's response budget (tokens from the first turn on, observations included): a turn starts
-    # only when the budget can hold it whole, else the episode is cut (truncated, max_tokens); at 4 turns of at
+    # only when it cannot fill the budget, else the episode is cut (truncated, max_tokens); with 4 turns of at
     # most TURN_TOKENS the turn limit binds first
     max_response_tokens: int = 48
     eval_budget: int = 5
@@ -161,8 +161,9 @@ def run_episode(
 
     The sequence is built by appending each party's tokens; each turn also logs the chat template's
     render of the conversation so far (Tokenizer.render), which that sequence must equal. A turn
-    starts only when `max_response_tokens` (when given) can hold it whole; otherwise the episode is
-    cut there (truncated, stop_reason max_tokens), so no episode that ends on its own fills the budget.
+    starts only when it cannot fill `max_response_tokens` (when given), even at its longest; otherwise
+    the episode is cut there (truncated, stop_reason max_tokens): no episode that ends on its own
+    fills the budget.
 
     memory=False resets the GRU state at each turn (it then reads only the latest observation and the
     scaffold): the ablation showing the clue must be carried in the recurrent state.
@@ -184,8 +185,8 @@ def run_episode(
     terminated = truncated = infra_error = False
     stop_reason = ""
     for t in range(max_turns):
-        if max_response_tokens is not None and len(tr.ids) - response_start + TURN_TOKENS > max_response_tokens:
-            truncated, stop_reason = True, "max_tokens"  # the budget cannot hold another turn
+        if max_response_tokens is not None and len(tr.ids) - response_start + TURN_TOKENS >= max_response_tokens:
+            truncated, stop_reason = True, "max_tokens"  # another turn could fill the budget
             break
         t_gen = time.perf_counter()
         template = tok.render(messages)  # what the chat template gives a deployed agent before this turn
