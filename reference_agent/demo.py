@@ -52,7 +52,7 @@ def write_configurations(run_dir: Path, max_response_tokens: int) -> None:
     replay = {**settings, "replayer": REPLAYER, "replay_checkpoints": checkpoints}
     (run_dir / CONFIG).write_text(
         "# The audit of log/ with replay (written by `rollout-audit demo`), named on the command line:\n"
-        f"#   rollout-audit check {run_dir / LOG} --config {run_dir / CONFIG} --replay {REPLAY}\n"
+        f"#   rollout-audit check {run_dir.resolve() / LOG} --config {run_dir.resolve() / CONFIG} --replay {REPLAY}\n"
         "# The replayer is code the audit imports and runs: it is taken from a file named with --config,\n"
         "# never from a configuration found next to the audited log.\n" + _table(replay)
     )
