@@ -28,7 +28,9 @@ FLOAT_TOL = 1e-4  # about 20x the largest difference measured across CPU instruc
 
 
 def agent_log(out: Path) -> None:
-    """Train the reference agent's fixture profile into `out` (trajectories/, updates/)."""
+    """Train the reference agent's fixture profile into `out` (trajectories/, updates/, and the
+    collector's settings in pyproject.toml, as `rollout-audit demo` writes them next to its log)."""
+    from .demo import write_collector_settings
     from .train import PROFILES, train
 
     work = Path(tempfile.mkdtemp())
@@ -36,6 +38,7 @@ def agent_log(out: Path) -> None:
         train(replace(PROFILES["fixture"], seed=FIXTURE_SEED), work)
         for sub in ("trajectories", "updates"):
             shutil.copytree(work / sub, out / sub)
+        write_collector_settings(out, PROFILES["fixture"].max_response_tokens)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

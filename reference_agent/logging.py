@@ -35,6 +35,8 @@ TURN_TYPE = pa.struct(
         ("sampled_token_ids", pa.list_(pa.int32())),
         ("context_length", pa.int32()),
         ("context_sha256", pa.string()),
+        ("template_context_length", pa.int32()),
+        ("template_context_sha256", pa.string()),
     ]
 )
 
@@ -87,7 +89,7 @@ UPDATE_SCHEMA = pa.schema(
 )
 
 SCHEMAS = {"trajectories": TRAJECTORY_SCHEMA, "updates": UPDATE_SCHEMA}
-VERSIONS = {"trajectories": "1", "updates": "1.2"}  # the contract version each file's columns need
+VERSIONS = {"trajectories": "1.1", "updates": "1.2"}  # the contract version each file's columns need
 # How the environment pays each reward component (file metadata `rollout_log.reward_components`):
 # the sparse outcome is paid once, when the episode ends, so R408 checks it without configuration.
 REWARD_COMPONENTS = {"outcome": "terminal"}

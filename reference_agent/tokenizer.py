@@ -63,6 +63,24 @@ class Tokenizer:
         `rollout_log.tokenizer` (each id's text; decoded text joins them with single spaces)."""
         return {"name": self.tokenizer_id, "vocabulary": list(self.vocab)}
 
+    def render(self, messages: list[tuple[str, str]], generation_prompt: bool = True) -> list[int]:
+        """The chat template: ids of a conversation of (role, text) messages, rendered whole.
+
+        system → <sys> … </sys>, user → <user> … </user>, tool → <obs> … </obs>, assistant →
+        <call> action </call> (a `finish` call closes the episode: <call> finish <eos>); with
+        `generation_prompt`, the <call> that opens the next assistant turn. The collector builds its
+        sequence token by token; this render is the context a deployed agent is given, logged per
+        turn (template_context_length / template_context_sha256) so the audit can compare the two.
+        """
+        out: list[int] = []
+        for role, text in messages:
+            if role == "assistant":
+                out += [self.id("<call>"), *self.encode(text), self.id("<eos>" if text == "finish" else "</call>")]
+            else:
+                opening = {"system": "<sys>", "user": "<user>", "tool": "<obs>"}[role]
+                out += [self.id(opening), *self.encode(text), self.id("</" + opening[1:])]
+        return out + [self.id("<call>")] if generation_prompt else out
+
     def id(self, token: str) -> int:
         """Id of one token."""
         return self.token_to_id[token]

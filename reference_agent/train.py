@@ -30,6 +30,7 @@ import torch
 
 from reference_agent.env import (
     ACTIONS,
+    ALL_OBSERVATIONS,
     COLOURS,
     ENVIRONMENT_ID,
     ENVIRONMENT_VERSION,
@@ -52,6 +53,8 @@ from reference_agent.policy import (
 from reference_agent.tokenizer import SYSTEM_PROMPT, TASK_STATEMENT, Tokenizer
 
 SRC_SYSTEM, SRC_USER, SRC_POLICY, SRC_OBS, SRC_TEMPLATE = 0, 1, 2, 3, 4
+# the most tokens one turn adds: <call> action </call> <obs> observation </obs>
+TURN_TOKENS = 5 + max(len(o.split()) for o in ALL_OBSERVATIONS[1:])
 GRPO_EPS = 1e-6
 
 
@@ -68,6 +71,10 @@ class TrainConfig:
     temperature: float = 1.2
     top_p: float = 0.999
     max_turns: int = 4  # collector limit: only inspect + a stuck door reaches it (no action can repeat 4 times)
+    # the collector's response budget (tokens from the first turn on, observations included): a turn starts
+    # only when it cannot fill the budget, else the episode is cut (truncated, max_tokens); with 4 turns of at
+    # most TURN_TOKENS the turn limit binds first
+    max_response_tokens: int = 48
     eval_budget: int = 5
     infra_failure_rate: float = 0.01
     value_coef: float = 0.5
@@ -148,8 +155,15 @@ def run_episode(
     options: dict[str, Any] | None = None,
     memory: bool = True,
     greedy: bool = False,
+    max_response_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Play one episode token by token and return its contract record (docs/contract.md, token lists).
+
+    The sequence is built by appending each party's tokens; each turn also logs the chat template's
+    render of the conversation so far (Tokenizer.render), which that sequence must equal. A turn
+    starts only when it cannot fill `max_response_tokens` (when given), even at its longest; otherwise
+    the episode is cut there (truncated, stop_reason max_tokens): no episode that ends on its own
+    fills the budget.
 
     memory=False resets the GRU state at each turn (it then reads only the latest observation and the
     scaffold): the ablation showing the clue must be carried in the recurrent state.
@@ -163,13 +177,19 @@ def run_episode(
     last_obs_start = len(tr.ids)
     tr.emit([tok.id("<obs>"), *tok.encode(obs), tok.id("</obs>")], SRC_OBS, -1)
     observations = [obs]
+    messages = [("system", SYSTEM_PROMPT), ("user", TASK_STATEMENT), ("tool", obs)]
+    response_start = len(tr.ids)  # the response: every token from the first turn on
     h: torch.Tensor | None = None
     fed = 0
     steps: list[dict[str, Any]] = []
     terminated = truncated = infra_error = False
     stop_reason = ""
     for t in range(max_turns):
+        if max_response_tokens is not None and len(tr.ids) - response_start + TURN_TOKENS >= max_response_tokens:
+            truncated, stop_reason = True, "max_tokens"  # another turn could fill the budget
+            break
         t_gen = time.perf_counter()
+        template = tok.render(messages)  # what the chat template gives a deployed agent before this turn
         tr.emit([tok.id("<call>")], SRC_TEMPLATE, t)  # the controller's tool-call scaffold
         ctx_len = len(tr.ids)
         if memory:
@@ -206,8 +226,11 @@ def run_episode(
             "tool_status": info["tool_status"],
             "observation": obs,
             "finish_reason": "stop" if action == "finish" else "tool_calls",
+            "template_length": len(template),
+            "template_sha256": context_sha256(template, len(template)),
         }
         steps.append(step)
+        messages.append(("assistant", action))
         phi = info["potential"]
         if info["tool_status"] == "timeout":  # infrastructure failure: not a task outcome
             tr.emit([tok.id("</call>")], SRC_TEMPLATE, t)
@@ -220,6 +243,7 @@ def run_episode(
             last_obs_start = len(tr.ids)
             tr.emit([tok.id("<obs>"), *tok.encode(obs), tok.id("</obs>")], SRC_OBS, t)
             observations.append(obs)
+            messages.append(("tool", obs))
         if terminated:
             stop_reason = info["stop_reason"]
             break
@@ -301,6 +325,8 @@ def _record(
                 "sampled_token_ids": [s["action_id"]],
                 "context_length": s["context_length"],
                 "context_sha256": context_sha256(tr.ids, s["context_length"]),
+                "template_context_length": s["template_length"],
+                "template_context_sha256": s["template_sha256"],
             }
         )
     target = env.state.target
@@ -502,9 +528,11 @@ def _progress_bar(enabled: bool, total: int, label: str, console: Any = None) ->
     return running()
 
 
-def train(cfg: TrainConfig, out_dir: str | Path, verbose: bool = False, progress: bool = False) -> dict[str, Any]:
-    """Train one run: logs in out/trajectories and out/updates, a checkpoint per version, eval table.
-    `progress`: a bar of the collection rounds on stderr."""
+def train(
+    cfg: TrainConfig, out_dir: str | Path, verbose: bool = False, progress: bool = False, log_dir: str = ""
+) -> dict[str, Any]:
+    """Train one run: logs in out/`log_dir`/trajectories and …/updates, a checkpoint per version in
+    out/checkpoints, eval table. `progress`: a bar of the collection rounds on stderr."""
     t0 = time.perf_counter()
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -517,8 +545,8 @@ def train(cfg: TrainConfig, out_dir: str | Path, verbose: bool = False, progress
     save_checkpoint(policy, out / "checkpoints" / "v0.safetensors", 0, tok.tokenizer_id)
     stops: dict[str, int] = {}
     with (
-        open_writer(out / "trajectories" / "part-0000.parquet", "trajectories", tok.declaration()) as traj_w,
-        open_writer(out / "updates" / "part-0000.parquet", "updates") as upd_w,
+        open_writer(out / log_dir / "trajectories" / "part-0000.parquet", "trajectories", tok.declaration()) as traj_w,
+        open_writer(out / log_dir / "updates" / "part-0000.parquet", "updates") as upd_w,
         _progress_bar(progress, cfg.iterations, f"training seed {cfg.seed}") as advance,
     ):
         for it in range(cfg.iterations):
@@ -541,6 +569,7 @@ def train(cfg: TrainConfig, out_dir: str | Path, verbose: bool = False, progress
                         max_turns=cfg.max_turns,
                         gamma=cfg.gamma,
                         options={"fault_seed": k},
+                        max_response_tokens=cfg.max_response_tokens,
                     )
                     rec["trajectory_id"], rec["group_id"] = f"{group_id}-e{k}", group_id
                     batch.append(rec)
@@ -595,14 +624,19 @@ def train(cfg: TrainConfig, out_dir: str | Path, verbose: bool = False, progress
     }
 
 
-def run_profile(profile: str, out_dir: str | Path, seed: int = 0, progress: bool = False) -> dict[str, Any]:
-    """smoke/tiny: one run; full: one run per seed in FULL_SEEDS under out/seed{s}, with mean and spread."""
+def run_profile(
+    profile: str, out_dir: str | Path, seed: int = 0, progress: bool = False, log_dir: str = ""
+) -> dict[str, Any]:
+    """smoke/tiny: one run; full: one run per seed in FULL_SEEDS under out/seed{s}, with mean and spread
+    (`log_dir`: where in each run's directory the log goes, as in `train`)."""
     cfg = PROFILES[profile]
     if profile != "full":
-        result = train(replace(cfg, seed=seed), out_dir, progress=progress)
+        result = train(replace(cfg, seed=seed), out_dir, progress=progress, log_dir=log_dir)
         result["profile"] = profile
         return result
-    runs = [train(replace(cfg, seed=s), Path(out_dir) / f"seed{s}", progress=progress) for s in FULL_SEEDS]
+    runs = [
+        train(replace(cfg, seed=s), Path(out_dir) / f"seed{s}", progress=progress, log_dir=log_dir) for s in FULL_SEEDS
+    ]
     summary = {}
     for policy_name in ("trained", "untrained", "no_memory"):
         for colour in COLOURS:

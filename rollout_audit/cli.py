@@ -664,14 +664,20 @@ def report(paths, output, config_path) -> None:
     "--progress/--no-progress", default=None, help="A training progress bar on stderr (default: when it is a terminal)."
 )
 def demo(out, profile, seed, progress) -> None:
-    """Train the key-and-door reference agent on CPU, write its log to OUT, audit it.
+    """Train the key-and-door reference agent on CPU, write its log to OUT/log, audit it with replay.
 
-    Needs the agent extra: pip install 'rollout-audit[agent]'.
+    OUT also holds the checkpoints, a pyproject.toml with the collector's settings (found by any
+    `check OUT/log`) and OUT/rollout-audit.toml, which adds the agent's replayer:
+    `rollout-audit check OUT/log --config OUT/rollout-audit.toml --replay 64`. Needs the agent
+    extra: pip install 'rollout-audit[agent]'.
     """
+    from pathlib import Path
+
+    from .contract.config import load_config
     from .reporting.outputs import check_new_directory
 
     try:
-        from reference_agent.demo import format_table, run_demo
+        from reference_agent.demo import CONFIG, LOG, REPLAY, format_table, next_steps, replay_summary, run_demo
     except ImportError as e:
         _fail(f"the reference agent needs torch: pip install -e '.[agent]' ({e})")
     check_new_directory(out)
@@ -682,10 +688,17 @@ def demo(out, profile, seed, progress) -> None:
     click.echo(format_table(result))
     from .running.engine import audit
 
-    rep = audit(str(out))
-    click.echo("\naudit of the log it wrote:")
-    click.echo(rep.render("text"))
-    sys.exit(rep.exit_code())
+    code = 0
+    for run in result["run_dirs"]:  # each run apart: the checkpoints of one run's versions replay only its log
+        cfg = load_config(Path(run) / CONFIG)
+        cfg.replay = REPLAY
+        rep = audit(str(Path(run) / LOG), config=cfg.with_source(f"{Path(run) / CONFIG} with replay = {REPLAY}"))
+        click.echo(f"\naudit of the log it wrote, {Path(run) / LOG}:")
+        click.echo(replay_summary(rep.summary))
+        click.echo(rep.render("text"))
+        click.echo(next_steps(run))
+        code = max(code, rep.exit_code())
+    sys.exit(code)
 
 
 @main.group(invoke_without_command=True)

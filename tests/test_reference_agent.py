@@ -190,7 +190,8 @@ def _updates(out: Path) -> list[dict]:
 
 def test_log_files_checkpoints_and_metadata(run_dir: Path) -> None:
     meta = pq.read_schema(run_dir / "trajectories" / "part-0000.parquet").metadata
-    assert meta[b"rollout_log.schema_version"] == b"1" and meta[b"rollout_log.kind"] == b"trajectories"
+    # contract 1.1: the turns carry the chat template's render (template_context_length / _sha256)
+    assert meta[b"rollout_log.schema_version"] == b"1.1" and meta[b"rollout_log.kind"] == b"trajectories"
     n = TEST_CFG.iterations * TEST_CFG.epochs + 1
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == sorted(f"v{i}.safetensors" for i in range(n))
     assert load_checkpoint(run_dir / "checkpoints" / f"v{n - 1}.safetensors").cfg.vocab_size == Tokenizer().vocab_size
@@ -212,6 +213,8 @@ def test_token_provenance_mask_and_context(run_dir: Path) -> None:
             assert turn["sampled_token_ids"] == [row["token_ids"][pos]]
             expected = hashlib.sha256(np.asarray(row["token_ids"][:pos], dtype="<i4").tobytes()).hexdigest()
             assert turn["context_sha256"] == expected
+            # the chat template's render of the messages so far is the sequence built token by token
+            assert (turn["template_context_length"], turn["template_context_sha256"]) == (pos, expected)
             assert turn["logprob"] == pytest.approx(row["behavior_logprobs"][pos], abs=1e-12)
             assert json.loads(turn["parsed_action"]) == {"action": turn["action_text"]}
             assert turn["finish_reason"] == ("stop" if turn["action_text"] == "finish" else "tool_calls")

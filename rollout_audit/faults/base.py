@@ -95,6 +95,19 @@ def policy_positions(t: dict, turn: int | None = None) -> list[int]:
     ]
 
 
+def template_follows(t: dict) -> None:
+    """The producer's chat template renders what the trainer's sequence now holds (a trainer that
+    re-applied it, or re-tokenized the text as the template does): each turn's recorded render,
+    where the log has one, follows the sequence up to the turn's first policy token."""
+    from ..contract.schema import context_sha256
+
+    for k, tr in enumerate(t["turns"]):
+        pos = policy_positions(t, turn=k)
+        if tr.get("template_context_length") is not None and pos:
+            tr["template_context_length"] = pos[0]
+            tr["template_context_sha256"] = context_sha256(t["token_ids"], pos[0])
+
+
 def rederive_returns(t: dict) -> None:
     """Recompute td_residual and discounted_return from rewards, shaping and values."""
     g = t.get("gamma") or 1.0

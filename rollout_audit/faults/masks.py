@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import SEPARATOR, Ctx, drop_token, fault, n_trainable, policy_positions, sync_denominator
+from .base import SEPARATOR, Ctx, drop_token, fault, n_trainable, policy_positions, sync_denominator, template_follows
 
 
 @fault("tool_tokens_trained", {"M101"}, group="tokens-2")
@@ -55,6 +55,7 @@ def template_reapplied_drops_separator(ctx: Ctx) -> list[str]:
     t = ctx.pick(lambda t: len(t["turns"]) >= 2, "trajectory with two turns")
     first = policy_positions(t, turn=1)[0]
     drop_token(t, first - 1)  # the template token just before turn 1's action
+    template_follows(t)  # the re-applied template is the trainer's own: its render is the new sequence
     # context_length / context_sha256 keep what the engine saw: that is the point
     return [t["trajectory_id"]]
 
@@ -83,6 +84,7 @@ def retokenized_from_text(ctx: Ctx) -> list[str]:
     t = ctx.pick(lambda t: len(t["turns"]) >= 2, "trajectory with two turns")
     for i in policy_positions(t, turn=0):
         t["token_ids"][i] += 1
+    template_follows(t)  # the template tokenizes the text as the trainer did
     return [t["trajectory_id"]]
 
 
