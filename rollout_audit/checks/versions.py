@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from ..contract.registry import NotRun, rule
+from ..contract.registry import BY_UPDATE, NotRun, rule
 from ..frames.views import BatchView
 
 
@@ -89,6 +89,8 @@ def version_decreasing(b: BatchView, cfg) -> pl.DataFrame | None:
     requires=("updates", "updates.trainer_version", "updates.trajectory_ids", "pv_min"),
     optional=("pv_max", "updates.max_policy_lag", "updates.update_step"),
     config=("max_policy_lag",),
+    partition=BY_UPDATE,
+    merge=lambda parts, whys, findings: _merge_lag(parts, whys, findings),
 )
 def policy_lag(log, cfg) -> pl.DataFrame | None:
     """An update trains on a trajectory whose oldest turn was sampled more than the allowed
@@ -110,11 +112,8 @@ def policy_lag(log, cfg) -> pl.DataFrame | None:
         bound = bound.fill_null(pl.lit(int(cfg.max_policy_lag), pl.Int64))
     u = u.select("update_step", "trainer_version", "trajectory_ids", bound.alias("bound"))
     n_bounded = int(u["bound"].is_not_null().sum())
-    stats = log.stats.setdefault("P503", {})
-    if not n_bounded:
-        stats["note"] = "no lag bound declared (neither max_policy_lag in updates nor in the configuration)"
-    elif n_bounded < u.height:
-        stats["note"] = f"{u.height - n_bounded} of {u.height} updates declare no lag bound"
+    stats = log.stats.setdefault("P503", {"updates": u.height, "bounded_updates": n_bounded})
+    _note(stats)
     traj = (
         log.traj.select("trajectory_id", "file", "pv_min", "pv_max")
         .filter(pl.col("trajectory_id").is_not_null() & pl.col("pv_min").is_not_null())
@@ -168,6 +167,35 @@ def policy_lag(log, cfg) -> pl.DataFrame | None:
         )
         .alias("message"),
     )
+
+
+def _note(stats: dict) -> None:
+    n, bounded = stats["updates"], stats["bounded_updates"]
+    if not bounded:
+        stats["note"] = "no lag bound declared (neither max_policy_lag in updates nor in the configuration)"
+    elif bounded < n:
+        stats["note"] = f"{n - bounded} of {n} updates declare no lag bound"
+
+
+def _merge_lag(parts: list, whys: list, findings):
+    """P503 over partitions of the update records: counts and histograms add up; the check did
+    not run when no partition could (no update declares a bound, and no negative lag)."""
+    parts = [p for p in parts if p]
+    stats: dict = {
+        "updates": sum(p["updates"] for p in parts),
+        "bounded_updates": sum(p["bounded_updates"] for p in parts),
+    }
+    _note(stats)
+    hist: dict[str, int] = {}
+    for p in parts:
+        for k, v in p.get("lag_histogram", {}).items():
+            hist[k] = hist.get(k, 0) + v
+    stats["lag_histogram"] = {k: hist[k] for k in sorted(hist, key=int)}
+    lags = [p["max_lag"] for p in parts if "max_lag" in p]
+    if lags:
+        stats["max_lag"] = max(lags)
+    why = next((w for w in whys if w), None) if findings is None and all(whys) else None
+    return stats, why, findings
 
 
 @rule(

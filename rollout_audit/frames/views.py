@@ -219,6 +219,7 @@ class LogView:
     update_files: list[str] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
     cache: dict[Any, dict[str, Any]] = field(default_factory=dict)
+    part: bool = False  # one partition of the log: a check's statistics may keep what its `merge` needs
 
     def has(self, req: str) -> bool:
         if req == "updates":
@@ -262,6 +263,10 @@ class LogCheckView:
     @property
     def stats(self) -> dict[str, Any]:
         return self.log.stats
+
+    @property
+    def part(self) -> bool:
+        return self.log.part
 
     @property
     def cache(self) -> dict[str, Any]:
