@@ -112,6 +112,7 @@ def stop_reason_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     scope="log",
     requires=("trajectory_id", "infra_error", "reward"),
     optional=("updates.trajectory_ids", "updates.update_step"),
+    partition=("trajectory_id",),
 )
 def infra_error_scored(log, cfg) -> pl.DataFrame | None:
     """An episode with infra_error = true has a non-null reward, or an update trains on it.

@@ -16,7 +16,7 @@ def _histogram(s: pl.Series) -> dict[int, int]:
     return {int(k): int(v) for k, v in zip(vc[s.name].to_list(), vc["count"].to_list())}
 
 
-def _fmt_hist(h: dict[int, int]) -> str:
+def _fmt_hist(h: dict) -> str:
     return ", ".join(f"{k}: {v}" for k, v in h.items())
 
 
@@ -186,11 +186,7 @@ def _merge_lag(parts: list, whys: list, findings):
         "bounded_updates": sum(p["bounded_updates"] for p in parts),
     }
     _note(stats)
-    hist: dict[str, int] = {}
-    for p in parts:
-        for k, v in p.get("lag_histogram", {}).items():
-            hist[k] = hist.get(k, 0) + v
-    stats["lag_histogram"] = {k: hist[k] for k in sorted(hist, key=int)}
+    stats["lag_histogram"] = _add([p.get("lag_histogram", {}) for p in parts])
     lags = [p["max_lag"] for p in parts if "max_lag" in p]
     if lags:
         stats["max_lag"] = max(lags)
@@ -205,6 +201,8 @@ def _merge_lag(parts: list, whys: list, findings):
     scope="log",
     requires=("pv_min", "pv_max"),
     optional=("n_versions",),
+    partition=("trajectory_id",),
+    merge=lambda parts, whys, findings: _merge_versions(parts, whys, findings),
 )
 def versions_per_episode(log, cfg) -> pl.DataFrame | None:
     """Statistics: episodes whose turns were sampled by more than one policy version, with the
@@ -232,14 +230,47 @@ def versions_per_episode(log, cfg) -> pl.DataFrame | None:
     if multi.is_empty():
         return None
     widest = multi.sort("span", descending=True, maintain_order=True).row(0, named=True)
+    if log.part:  # the partitions' widest episodes, for the merge to pick the log's
+        log.stats["P504"]["_widest"] = widest
+    return _widest(log.stats["P504"], widest)
+
+
+def _widest(st: dict, widest: dict) -> pl.DataFrame:
+    """P504's finding: the counts of the statistics `st`, and the widest episode."""
     return pl.DataFrame(
         {
             "trajectory_id": [widest["trajectory_id"]],
             "file": [widest["file"]],
             "message": [
-                f"{multi.height} of {t.height} episodes were sampled by several policy versions; versions per episode "
-                f"{{{_fmt_hist(counts)}}}; version span {{{_fmt_hist(spans)}}}; widest here (versions "
-                f"{widest['pv_min']}..{widest['pv_max']})"
+                f"{st['multi_version_episodes']} of {st['episodes']} episodes were sampled by several policy versions; "
+                f"versions per episode {{{_fmt_hist(st['versions_per_episode'])}}}; version span "
+                f"{{{_fmt_hist(st['version_span'])}}}; widest here (versions {widest['pv_min']}..{widest['pv_max']})"
             ],
         }
     )
+
+
+def _add(hists: list[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for h in hists:
+        for k, v in h.items():
+            out[k] = out.get(k, 0) + v
+    return {k: out[k] for k in sorted(out, key=int)}
+
+
+def _merge_versions(parts: list, whys: list, findings):
+    """P504 over partitions: the counts and histograms add up; the widest episode is the widest
+    of the partitions' (the first in the log among equals)."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return None, None, None
+    st = {
+        "episodes": sum(p["episodes"] for p in parts),
+        "multi_version_episodes": sum(p["multi_version_episodes"] for p in parts),
+        "versions_per_episode": _add([p["versions_per_episode"] for p in parts]),
+        "version_span": _add([p["version_span"] for p in parts]),
+    }
+    wide = [p["_widest"] for p in parts if "_widest" in p]
+    if not wide:
+        return st, None, None
+    return st, None, _widest(st, min(wide, key=lambda w: (-w["span"], w["_ord"])))

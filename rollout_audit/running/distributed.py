@@ -122,6 +122,7 @@ class Job:
     keyed: tuple[Keyed, ...]  # log checks run per key partition (BY_UPDATE ones: by trajectory id, then routed)
     by_update: tuple[str, ...]  # codes of the log checks run per partition of the update records
     n_parts: int
+    routed: tuple[str, ...] = ()  # checks by trajectory id that read the update records: run where members are routed
 
     def runner(self) -> Runner:
         r = Runner(self.cfg, self.select, self.ignore, rules=self.rules)
@@ -136,7 +137,10 @@ class Job:
 
 def _keyed(runner: Runner) -> tuple[tuple[Keyed, ...], tuple[str, ...]]:
     """The partitioned log checks grouped by key; the update-partitioned ones read their rows
-    from the pieces by trajectory id (with what the rows of a split episode need)."""
+    from the pieces by trajectory id (with what the rows of a split episode need). A check by
+    trajectory id that reads the update records sees, in its partition, the records' batch
+    members that are the partition's trajectories (`updates.trajectory_ids` and
+    `updates.update_step` only)."""
     groups: dict[tuple[str, ...], tuple[list[str], set[str]]] = {}
     by_update = []
     for r in runner.log_rules:
@@ -210,13 +214,15 @@ def split_members(updates: pl.DataFrame, offset: int, n: int) -> Any:
     the log's update records, from `offset`), cut into `n` pieces by trajectory id as the rows are."""
     u = updates.with_row_index("_u", offset).with_columns(pl.col("_u").cast(pl.Int64))
     named = [
-        u.select("_u", pl.col(c).cast(pl.List(pl.String)).alias("trajectory_id")).explode("trajectory_id")
+        u.select("_u", pl.col(c).cast(pl.List(pl.String)).alias("trajectory_id"), pl.lit(c).alias("_named")).explode(
+            "trajectory_id"
+        )
         for c in _NAMED
         if c in u.columns
     ]
     m = _concat(named)
     if m.height:
-        m = m.drop_nulls("trajectory_id").unique()
+        m = m.drop_nulls("trajectory_id").unique(maintain_order=True)
     return _returns(_partition(m, _ID, n))
 
 
@@ -225,16 +231,31 @@ def _returns(frames: list[pl.DataFrame]) -> Any:
     return frames[0] if len(frames) == 1 else frames
 
 
-def route(job: Job, n_rows: int, *pieces: pl.DataFrame) -> Any:
+def route(job: Job, schema: dict[str, pl.DataType], steps: pl.DataFrame, n_rows: int, *pieces: pl.DataFrame) -> Any:
     """Ray task: the rows of one trajectory partition (`n_rows` pieces, then the batch members
-    of the same partition), each sent to the partition of every update that names it."""
+    of the same partition), each sent to the partition of every update that names it; last,
+    the outcomes of the checks by trajectory id that read the update records (`job.routed`:
+    they see the records' `trajectory_ids` cut to this partition, `steps` gives each record's
+    update_step)."""
     rows, members = _concat(pieces[:n_rows]), _concat(pieces[n_rows:])
     n = job.n_parts
-    if not rows.height or not members.height:
-        return _returns([pl.DataFrame()] * n)
-    rows = rows.with_columns(pl.col("trajectory_id").cast(pl.String))
-    named = members.join(rows, on="trajectory_id", how="inner").with_columns((pl.col("_u") % n).alias("_part"))
-    return _returns([named.filter(pl.col("_part") == j).drop("_u", "_part").unique("_ord") for j in range(n)])
+    out = [pl.DataFrame()] * n
+    if rows.height:
+        rows = rows.with_columns(pl.col("trajectory_id").cast(pl.String))
+    if rows.height and members.height and job.by_update:
+        pairs = members.select("_u", "trajectory_id").unique()
+        named = pairs.join(rows, on="trajectory_id", how="inner").with_columns((pl.col("_u") % n).alias("_part"))
+        out = [named.filter(pl.col("_part") == j).drop("_u", "_part").unique("_ord") for j in range(n)]
+    outcomes = None
+    if job.routed and rows.height:
+        listed = members.filter(pl.col("_named") == "trajectory_ids") if members.height else members
+        if "trajectory_ids" in steps.columns:  # the column as the records have it, cut to this partition
+            per = listed.group_by("_u").agg(pl.col("trajectory_id").alias("trajectory_ids"))
+            steps = steps.drop("trajectory_ids").join(per, on="_u", how="inner")
+        runner = job.runner()
+        view = LogView(_align(rows, schema), steps.sort("_u").drop("_u"), [], part=True)
+        outcomes = {code: _outcome(runner, runner.rules[code], view) for code in job.routed}
+    return [*out, outcomes]
 
 
 def check_updates(
@@ -321,8 +342,11 @@ UPDATES_PER_TASK = 4096  # update records whose batch members one task cuts by t
 def _run(ray: Any, work: Work, rows_per_share: int, partitions: int | None) -> Done:
     runner, cfg, disc = work.runner, work.cfg, work.disc
     keyed, by_update = _keyed(runner)
+    routed: tuple[str, ...] = ()
     if work.updates is None:
         by_update = ()  # the update checks lack their input: the runner says so
+    else:
+        routed = tuple(c for k in keyed if k.key == _ID for c in k.codes if _reads_updates(runner.rules[c]))
     kept = [r for r in runner.log_rules if not r.partition]
     n_parts = partitions or max(1, int(ray.cluster_resources().get("CPU", 1)))
     job = Job(
@@ -337,6 +361,7 @@ def _run(ray: Any, work: Work, rows_per_share: int, partitions: int | None) -> D
         keyed,
         by_update,
         n_parts,
+        routed,
     )
     job_ref = ray.put(job)
     per_share = 3 + len(keyed) * n_parts
@@ -352,15 +377,19 @@ def _run(ray: Any, work: Work, rows_per_share: int, partitions: int | None) -> D
         work.broken += head["broken"]
         for name, dtype in head["schema"].items():
             schema.setdefault(name, dtype)
-    traj = _concat(ray.get([r[1] for r in refs])) if kept else pl.DataFrame()
     cols = {c: t for c, t in schema.items() if job.gather is not None and (c in job.gather or c in _KEEP)}
-    view = work.log_view(_align(traj, cols))
+    base = work.log_view(pl.DataFrame())
+    view = _Gathered(base, lambda: _align(_concat(ray.get([r[1] for r in refs])), cols), rows) if kept else base
     outcomes = _keyed_stage(ray, job_ref, job, refs, schema)
-    if by_update:
+    if by_update or routed:
         outcomes.update(_update_stage(ray, job_ref, job, refs, schema, work))
-    swap = {code: (_replayed(runner.rules[code], o), _sized(view, rows)) for code, o in outcomes.items()}
+    swap = {code: (_replayed(runner.rules[code], o), _sized(base, rows)) for code, o in outcomes.items()}
     runner.check_log(view, unusable=not rows, swap=swap)
     return Done(rows, tokens, view.stats)
+
+
+def _reads_updates(rule: Rule) -> bool:
+    return any(q.startswith("updates") for q in rule.reads)
 
 
 def _sub(schema: dict[str, pl.DataType], reads: frozenset[str]) -> dict[str, pl.DataType]:
@@ -372,6 +401,7 @@ def _keyed_stage(ray: Any, job_ref: Any, job: Job, refs: list[Any], schema: dict
     task = ray.remote(check_partition)
     pending = []
     for g, k in enumerate(job.keyed):
+        k = replace(k, codes=tuple(c for c in k.codes if c not in job.routed))
         if not k.codes:
             continue
         base = 2 + g * job.n_parts
@@ -397,30 +427,41 @@ def _update_stage(ray: Any, job_ref: Any, job: Job, refs: list[Any], schema: dic
         got = split.remote(updates.slice(lo, UPDATES_PER_TASK), lo, n)
         members.append(got if n > 1 else [got])
     base = 2 + job.route * n
-    router = ray.remote(route).options(num_returns=n)
-    routed = []
-    for i in range(n):
-        got = router.remote(job_ref, len(refs), *[r[base + i] for r in refs], *[m[i] for m in members])
-        routed.append(got if n > 1 else [got])
-    last = [r[2 + len(job.keyed) * n] for r in refs]
+    router = ray.remote(route).options(num_returns=n + 1)
     sub = _sub(schema, job.keyed[job.route].reads)
     idx = pl.int_range(pl.len(), dtype=pl.Int64)
+    cols = [idx.alias("_u"), (pl.col("update_step") if "update_step" in updates.columns else idx).alias("update_step")]
+    if "trajectory_ids" in updates.columns:
+        cols.append(pl.lit(None, pl.List(pl.String)).alias("trajectory_ids"))
+    steps = updates.select(cols)
+    routed = [
+        router.remote(job_ref, sub, steps, len(refs), *[r[base + i] for r in refs], *[m[i] for m in members])
+        for i in range(n)
+    ]
+    last = [r[2 + len(job.keyed) * n] for r in refs]
     env = {"broken": list(work.broken), "update_files": [f.path for f in work.disc.of_kind("updates")]}
     task = ray.remote(check_updates)
-    pending = [
-        task.remote(
-            job_ref,
-            j,
-            sub,
-            {**env, "updates": updates.filter(idx % n == j)},
-            len(last),
-            *last,
-            *[routed[i][j] for i in range(n)],
-        )
-        for j in range(n)
-    ]
-    got = ray.get(pending)
-    return {code: [o[code] for o in got if o is not None] for code in job.by_update}
+    pending = (
+        []
+        if not job.by_update
+        else [
+            task.remote(
+                job_ref,
+                j,
+                sub,
+                {**env, "updates": updates.filter(idx % n == j)},
+                len(last),
+                *last,
+                *[routed[i][j] for i in range(n)],
+            )
+            for j in range(n)
+        ]
+    )
+    got = ray.get(pending) if job.by_update else []
+    out = {code: [o[code] for o in got if o is not None] for code in job.by_update}
+    near = ray.get([r[n] for r in routed])
+    out.update({code: [o[code] for o in near if o is not None] for code in job.routed})
+    return out
 
 
 def _replayed(rule: Rule, outcomes: list[dict[str, Any]]) -> Rule:
@@ -447,6 +488,27 @@ def _replayed(rule: Rule, outcomes: list[dict[str, Any]]) -> Rule:
         return found
 
     return replace(rule, func=func)
+
+
+class _Gathered(LogView):
+    """The driver's view of the log: the summary columns of the log checks that are not
+    partitioned are fetched from the share tasks when a check first reads them (a check that
+    does not run, e.g. replay when it is off, costs the driver nothing)."""
+
+    def __init__(self, base: LogView, fetch: Any, rows: int) -> None:
+        self.__dict__.update({k: v for k, v in base.__dict__.items() if k != "traj"})
+        self._fetch, self._rows = fetch, rows
+        self._traj: pl.DataFrame | None = None
+
+    @property
+    def traj(self) -> pl.DataFrame:  # type: ignore[override]
+        if self._traj is None:
+            self._traj = self._fetch()
+        return self._traj
+
+    @property
+    def height(self) -> int:
+        return self._rows
 
 
 def _sized(view: LogView, rows: int) -> LogView:
