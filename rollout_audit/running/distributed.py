@@ -86,6 +86,28 @@ def _partition(frame: pl.DataFrame, key: tuple[str, ...], n: int) -> list[pl.Dat
     return [tagged.filter(pl.col("_part") == i).drop("_part") for i in range(n)]
 
 
+def _put(frames: list[pl.DataFrame]) -> list[Any]:
+    """In a Ray task: the pieces a task hands on, put in the object store of its node, so that
+    what the task returns (and the driver, which owns the returns, holds) is their references,
+    never their rows (Ray keeps small returns in the owner's memory). Outside Ray: the pieces."""
+    import ray
+
+    return [ray.put(f) for f in frames] if ray.is_initialized() else frames
+
+
+def _got(pieces: Any) -> list[pl.DataFrame]:
+    """The pieces a task was handed: those passed as references (see `_put`) fetched."""
+    refs = [i for i, x in enumerate(pieces) if not isinstance(x, pl.DataFrame)]
+    if not refs:
+        return list(pieces)
+    import ray
+
+    out = list(pieces)
+    for i, x in zip(refs, ray.get([pieces[i] for i in refs])):
+        out[i] = x
+    return out
+
+
 def _columns(frame: pl.DataFrame, reads: frozenset[str]) -> pl.DataFrame:
     """The summary columns a set of log checks declared, with the row's identity."""
     return frame.select([c for c in frame.columns if c in reads or c in _KEEP])
@@ -178,12 +200,12 @@ def check_share(job: Job, share: Share, index: int) -> tuple[Any, ...]:
     head = {"state": _state(runner), "rows": rows, "tokens": tokens, "broken": broken, "schema": dict(summary.schema)}
     out: list[Any] = [head, _columns(summary, job.gather) if job.gather is not None else None]
     for k in job.keyed:
-        out += _partition(_columns(summary, k.reads), k.key, job.n_parts)
+        out += _put(_partition(_columns(summary, k.reads), k.key, job.n_parts))
     last = pl.DataFrame()
     if job.by_update and "split_from" in summary.columns:
         ends = pl.col("split_from").is_not_null() & ~pl.col("split_continues").fill_null(False)
         last = _columns(summary, job.keyed[job.route].reads).filter(ends)
-    out.append(last)
+    out += _put([last])
     return tuple(out)
 
 
@@ -201,7 +223,7 @@ def check_partition(
 ) -> dict[str, dict[str, Any]] | None:
     """Ray task: the log checks of one key on the rows of one partition (every share's piece
     of it); their outcomes by code, None when the partition holds no row."""
-    traj = _concat(pieces)
+    traj = _concat(_got(pieces))
     if not traj.height:
         return None
     runner = job.runner()
@@ -223,7 +245,7 @@ def split_members(updates: pl.DataFrame, offset: int, n: int) -> Any:
     m = _concat(named)
     if m.height:
         m = m.drop_nulls("trajectory_id").unique(maintain_order=True)
-    return _returns(_partition(m, _ID, n))
+    return _returns(_put(_partition(m, _ID, n)))
 
 
 def _returns(frames: list[pl.DataFrame]) -> Any:
@@ -237,6 +259,7 @@ def route(job: Job, schema: dict[str, pl.DataType], steps: pl.DataFrame, n_rows:
     the outcomes of the checks by trajectory id that read the update records (`job.routed`:
     they see the records' `trajectory_ids` cut to this partition, `steps` gives each record's
     update_step)."""
+    pieces = tuple(_got(pieces))
     rows, members = _concat(pieces[:n_rows]), _concat(pieces[n_rows:])
     n = job.n_parts
     out = [pl.DataFrame()] * n
@@ -255,7 +278,7 @@ def route(job: Job, schema: dict[str, pl.DataType], steps: pl.DataFrame, n_rows:
         runner = job.runner()
         view = LogView(_align(rows, schema), steps.sort("_u").drop("_u"), [], part=True)
         outcomes = {code: _outcome(runner, runner.rules[code], view) for code in job.routed}
-    return [*out, outcomes]
+    return [*_put(out), outcomes]
 
 
 def check_updates(
@@ -267,6 +290,7 @@ def check_updates(
     updates: pl.DataFrame = env["updates"]
     if not updates.height and j:
         return None
+    pieces = tuple(_got(pieces))
     traj = _concat(pieces[n_last:])
     if traj.height and "split_continues" in traj.columns and traj["split_continues"].fill_null(False).any():
         wanted = traj.filter(pl.col("split_continues").fill_null(False))["split_from"].drop_nulls().unique()
@@ -336,6 +360,9 @@ class RayExecutor:
 
 register_executor("ray", RayExecutor)
 
+# partitions by default: one per CPU, at most this many (the driver holds shares × keys ×
+# partitions references, and the update stage partitions² of them)
+MAX_PARTS = 256
 UPDATES_PER_TASK = 4096  # update records whose batch members one task cuts by trajectory id
 
 
@@ -348,7 +375,7 @@ def _run(ray: Any, work: Work, rows_per_share: int, partitions: int | None) -> D
     else:
         routed = tuple(c for k in keyed if k.key == _ID for c in k.codes if _reads_updates(runner.rules[c]))
     kept = [r for r in runner.log_rules if not r.partition]
-    n_parts = partitions or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    n_parts = partitions or min(MAX_PARTS, max(1, int(ray.cluster_resources().get("CPU", 1))))
     job = Job(
         runner.cfg,  # with what the files declare (e.g. reward components paid once)
         work.select,
