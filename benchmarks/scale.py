@@ -308,7 +308,8 @@ def model(c1: dict, cp: dict, overhead_s: float, ref_bytes: float, base_mb: floa
         + ", ".join(f"{k} {f * 1e3:.1f} ms + {r * 1e6:.2f} µs/row" for k, (f, r) in stages.items())
         + f"; member split {c['split_cpu_s_per_mmember']:.2f} s per million members); {tok_per_traj:.0f} tokens and "
         f"{c['members'] / c['rows']:.2f} update members per trajectory as in the benchmark log; shares of 65536 rows, or "
-        f"fewer so that there are 4 per core; partitions: one per core, at most {MAX_PARTS}; the driver pays the "
+        f"fewer so that there are 4 per core; partitions: one per core, at most {MAX_PARTS} (the default), or at most 32 "
+        "(`partitions=32`); the driver pays the "
         f"measured {overhead_s * 1e3:.1f} ms per task (submit, schedule, get), {c['driver_merge_cpu_s_per_part'] * 1e3:.1f} "
         f"ms per partition to merge the outcomes, reads the update records ({c['update_bytes_per_row']:.0f} B per "
         f"trajectory, {c['update_read_cpu_s_per_mb']:.3f} s per MB) and holds {ref_bytes:.0f} B per object reference "
@@ -319,9 +320,9 @@ def model(c1: dict, cp: dict, overhead_s: float, ref_bytes: float, base_mb: floa
         "| driver | total | driver share | driver memory (base + update records + references) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for nodes in (8, 64, 256):
+    for nodes, cap in ((8, MAX_PARTS), (64, MAX_PARTS), (256, MAX_PARTS), (8, 32), (64, 32), (256, 32)):
         cores = nodes * CORES
-        parts = min(cores, MAX_PARTS)
+        parts = min(cores, cap)
         rows_per_share = min(65536, max(1, trajs / (4 * cores)))
         shares = trajs / rows_per_share
         batch = tokens / 1e6 * c["share_cpu_s_per_mtok"] / cores
