@@ -28,9 +28,12 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
+
+from rollout_audit.frames.views import LogView
 
 from .run import dataset
 
@@ -65,7 +68,7 @@ def _findings(rep) -> list[dict]:
     return sorted(rep.findings.to_dicts(), key=json.dumps)
 
 
-def child(path: str, mode: str, workers: int, repeat: int, rows_per_share: int) -> dict:
+def child(path: str, mode: str, workers: int, repeat: int, rows_per_share: int, parts: int | None = None) -> dict:
     """One configuration, in this (fresh) process: warm-up, timed runs, peak RSS, findings."""
     from rollout_audit.contract.config import Config
     from rollout_audit.reading.io import discover
@@ -82,7 +85,9 @@ def child(path: str, mode: str, workers: int, repeat: int, rows_per_share: int) 
         init = time.perf_counter() - t0
 
         def once():
-            return run_audit(discover([path]), Config(), executor=RayExecutor(rows_per_share=rows_per_share))
+            return run_audit(
+                discover([path]), Config(), executor=RayExecutor(rows_per_share=rows_per_share, partitions=parts)
+            )
     else:
 
         def once():
@@ -99,6 +104,7 @@ def child(path: str, mode: str, workers: int, repeat: int, rows_per_share: int) 
     out = {
         "mode": mode,
         "workers": workers,
+        "parts": parts,
         "init_s": round(init, 2),
         "first_s": round(cold, 2),
         "median_s": round(statistics.median(times), 2),
@@ -128,59 +134,129 @@ def _task_overhead(n: int = 200) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def costs(path: str, rows_per_share: int) -> dict:
-    """Per-task costs of one share, of the partitioned checks and of the driver's log checks,
-    measured in this process without Ray (the work a task and the driver do, minus transport)."""
+def costs(path: str, rows_per_share: int, parts: int = 8) -> dict:
+    """CPU seconds of each kind of task of a Ray audit, measured in this process without Ray (the
+    work a task does, minus transport), in process CPU time (`time.process_time`: all threads,
+    so other jobs on a shared machine do not inflate it), the least of three passes; the
+    driver's own work on the outcomes; and the bytes each stage hands on. `parts` partitions."""
     import polars as pl
 
     from rollout_audit.contract.config import Config
-    from rollout_audit.frames.views import LogView
     from rollout_audit.reading.batches import shares
     from rollout_audit.reading.io import discover
-    from rollout_audit.running.distributed import Job, _columns, check_partition, check_share
+    from rollout_audit.reading.read import read_updates
+    from rollout_audit.running import distributed as D
     from rollout_audit.running.runner import Runner, plan
 
     disc = discover([path])
     cfg = Config()
     runner = Runner(cfg)
+    for f in disc.files:
+        runner.declare(f.schema.metadata)
+    keyed, by_update = D._keyed(runner)
+    routed = tuple(c for k in keyed if k.key == D._ID for c in k.codes if D._reads_updates(runner.rules[c]))
     kept = [r for r in runner.log_rules if not r.partition]
-    part = tuple(r.code for r in runner.log_rules if r.partition)
-    job = Job(cfg, None, None, None, {}, plan(runner), 2048, frozenset(q for r in kept for q in r.reads), part, 1)
+    gather = frozenset(q for r in kept for q in r.reads) if kept else None
+    job = D.Job(
+        cfg, None, None, None, dict(runner.declared), plan(runner), 2048, gather, keyed, by_update, parts, routed
+    )
     units = shares(disc.of_kind("trajectories"), rows_per_share, cfg.max_row_group_bytes)
-    check_share(job, units[0])  # warm-up (imports, first polars plans)
-    t_share = float("inf")
-    for _ in range(3):  # the least disturbed of three passes: the machine is shared
-        t0 = time.perf_counter()
-        results = [check_share(job, u) for u in units]
-        t_share = min(t_share, time.perf_counter() - t0)
+
+    def best(fn):
+        out, t = None, float("inf")
+        for _ in range(3):
+            t0 = time.process_time()
+            out = fn()
+            t = min(t, time.process_time() - t0)
+        return out, t
+
+    updates, t_updates = best(lambda: read_updates(disc.of_kind("updates"), [], cfg.max_row_group_bytes))
+    assert updates is not None
+
+    D.check_share(job, units[0], 0)  # warm-up (imports, first polars plans)
+    results, t_share = best(lambda: [D.check_share(job, u, i) for i, u in enumerate(units)])
     rows = sum(r[0]["rows"] for r in results)
     tokens = sum(r[0]["tokens"] for r in results)
-    read = _bytes_read(disc.of_kind("trajectories"), job.plan.columns)
-    gathered = pl.concat([r[1] for r in results], how="diagonal_relaxed", rechunk=True)
+    schema: dict = {}
+    for r in results:
+        schema.update({k: v for k, v in r[0]["schema"].items() if k not in schema})
     out: dict = {
         "shares": len(units),
         "rows": rows,
         "tokens": tokens,
-        "share_s_per_mtok": t_share / tokens * 1e6,
-        "read_bytes_per_token": read / tokens,
-        "gathered_bytes_per_row": gathered.estimated_size() / rows,
+        "parts": parts,
+        "updates": updates.height,
+        "members": int(updates["trajectory_ids"].list.len().sum()),
+        "share_cpu_s_per_mtok": t_share / tokens * 1e6,
+        "read_bytes_per_token": _bytes_read(disc.of_kind("trajectories"), job.plan.columns) / tokens,
+        "update_bytes_per_row": updates.estimated_size() / rows,
+        "update_read_cpu_s_per_mb": t_updates / updates.estimated_size() * 1e6,
+        "groups": sum(1 for k in job.keyed if any(c not in routed for c in k.codes)),
     }
-    schema = dict(gathered.schema)
-    for k, code in enumerate(part):
-        pieces = [r[2 + k] for r in results]
-        sub = {c: t for c, t in schema.items() if c in pieces[0].columns}
-        t0 = time.perf_counter()
-        check_partition(job, code, sub, *pieces)
-        out[f"{code}_s_per_mrow"] = (time.perf_counter() - t0) / rows * 1e6
-        out[f"{code}_bytes_per_row"] = sum(p.estimated_size() for p in pieces) / rows
-    from rollout_audit.reading.read import read_updates
+    outcomes: dict = {}
+    keyed_cpu = 0.0
+    for g, k in enumerate(job.keyed):
+        pieces = [[r[2 + g * parts + i] for r in results] for i in range(parts)]
+        out[f"key_{'+'.join(k.key)}_bytes_per_row"] = sum(x.estimated_size() for p in pieces for x in p) / rows
+        codes = tuple(c for c in k.codes if c not in routed)
+        if not codes:
+            continue
+        kk = replace(k, codes=codes)
+        sub = D._sub(schema, k.reads)
+        got, t = best(lambda kk=kk, sub=sub, pieces=pieces: [D.check_partition(job, kk, sub, *p) for p in pieces])
+        keyed_cpu += t
+        for code in codes:
+            outcomes[code] = [o[code] for o in got if o is not None]
+    out["keyed_cpu_s_per_mrow"] = keyed_cpu / rows * 1e6
+    chunks = range(0, updates.height, D.UPDATES_PER_TASK)
+    members, t = best(lambda: [D.split_members(updates.slice(lo, D.UPDATES_PER_TASK), lo, parts) for lo in chunks])
+    members = [m if isinstance(m, list) else [m] for m in members]
+    out["split_cpu_s_per_mmember"] = t / out["members"] * 1e6
+    idx = pl.int_range(pl.len(), dtype=pl.Int64)
+    steps = updates.select(idx.alias("_u"), "update_step", pl.lit(None, pl.List(pl.String)).alias("trajectory_ids"))
+    route = job.keyed[job.route]
+    sub = D._sub(schema, route.reads)
+    base = 2 + job.route * parts
+    routed_out, t = best(
+        lambda: [
+            D.route(job, sub, steps, len(results), *[r[base + i] for r in results], *[m[i] for m in members])
+            for i in range(parts)
+        ]
+    )
+    out["route_cpu_s_per_mrow"] = t / rows * 1e6
+    for code in routed:
+        outcomes[code] = [o[-1][code] for o in routed_out if o[-1] is not None]
+    last = [r[2 + len(job.keyed) * parts] for r in results]
+    env = {"broken": [], "update_files": []}
+    got, t = best(
+        lambda: [
+            D.check_updates(
+                job, j, sub, {**env, "updates": updates.filter(idx % parts == j)}, len(last), *last,
+                *[routed_out[i][j] for i in range(parts)],
+            )
+            for j in range(parts)
+        ]
+    )  # fmt: skip
+    out["updates_cpu_s_per_mrow"] = t / rows * 1e6
+    out["routed_bytes_per_row"] = (
+        sum(routed_out[i][j].estimated_size() for i in range(parts) for j in range(parts)) / rows
+    )
+    for code in by_update:
+        outcomes[code] = [o[code] for o in got if o is not None]
 
-    updates = read_updates(disc.of_kind("updates"), [], cfg.max_row_group_bytes)
-    view = LogView(_columns(gathered, job.gather or frozenset()), updates, [])
-    t0 = time.perf_counter()
-    for r in kept:
-        runner.apply_log(r, view)
-    out["driver_log_s_per_mrow"] = (time.perf_counter() - t0) / rows * 1e6
+    def driver():  # what the driver does with the outcomes: merge them, account for every check
+        r = Runner(cfg)
+        base_view = LogView(pl.DataFrame(), updates, [])
+        swap = {c: (D._replayed(r.rules[c], o), D._sized(base_view, rows)) for c, o in outcomes.items()}
+        r.file_inputs = dict(runner_files)
+        r.check_log(base_view, unusable=False, swap=swap)
+        return r
+
+    runner_files = {}
+    for res in results:
+        runner_files.update(res[0]["state"]["file_inputs"])
+    _, t = best(driver)
+    out["driver_merge_cpu_s_per_part"] = t / parts
     return out
 
 
@@ -198,34 +274,73 @@ def _bytes_read(files, columns) -> int:
     return total
 
 
-def model(c: dict, overhead_s: float, tokens: float = 10e9) -> str:
-    """A 10B-token log on 8 and 64 nodes of `CORES` cores, from the measured per-task costs."""
+def _fit(c1: dict, cp: dict, key: str) -> tuple[float, float]:
+    """(CPU s per task, CPU s per row) of a stage, from its total CPU at 1 and at `cp["parts"]` partitions."""
+    rows = c1["rows"]
+    t1, tp = c1[key] * rows / 1e6, cp[key] * rows / 1e6
+    fixed = max(0.0, (tp - t1) / (cp["parts"] - 1))
+    return fixed, max(0.0, t1 - fixed) / rows
+
+
+def refs(shares: float, groups: int, parts: int, splits: float) -> float:
+    """Object references the driver owns in one audit: each share's returns, each member split's,
+    each routing task's, and one per partition task."""
+    return shares * (3 + (groups + 1) * parts) + splits * parts + parts * (parts + 1) + parts * (groups + 1)
+
+
+def model(c1: dict, cp: dict, overhead_s: float, ref_bytes: float, base_mb: float, tokens: float = 10e9) -> str:
+    """A 10B-token log on 8, 64 and 256 nodes of `CORES` cores, from the measured per-task CPU costs."""
+    from rollout_audit.running.distributed import MAX_PARTS, UPDATES_PER_TASK
+
+    c = cp
     tok_per_traj = c["tokens"] / c["rows"]
     trajs = tokens / tok_per_traj
-    share_tokens = c["tokens"] / c["shares"]
-    tasks = tokens / share_tokens
+    members = c["members"] / c["rows"] * trajs
+    updates = c["updates"] / c["rows"] * trajs
+    splits = max(1.0, updates / UPDATES_PER_TASK)
+    stages = {k: _fit(c1, cp, f"{k}_cpu_s_per_mrow") for k in ("keyed", "route", "updates")}
+    g = c["groups"]
     lines = [
-        f"Assumptions: nodes of {CORES} cores, each core as fast as one of this machine's, auditing at the measured "
-        f"{c['share_s_per_mtok']:.3f} s per million tokens (batch checks of one share, in-process); "
-        f"{tok_per_traj:.0f} tokens per trajectory as in the benchmark log; {tasks:.0f} shares of "
-        f"{share_tokens / 1e6:.2f}M tokens, each with the measured {overhead_s * 1e3:.1f} ms Ray task overhead; "
-        "reading at the measured in-process speed (no network cap: see the limits below).",
+        f"Assumptions: nodes of {CORES} cores, each core as fast as one of this machine's; CPU seconds per task "
+        f"as measured (batch checks {c['share_cpu_s_per_mtok']:.3f} s per million tokens; per stage a cost per task "
+        "and per row, fitted from 1 and "
+        f"{cp['parts']} partitions: "
+        + ", ".join(f"{k} {f * 1e3:.1f} ms + {r * 1e6:.2f} µs/row" for k, (f, r) in stages.items())
+        + f"; member split {c['split_cpu_s_per_mmember']:.2f} s per million members); {tok_per_traj:.0f} tokens and "
+        f"{c['members'] / c['rows']:.2f} update members per trajectory as in the benchmark log; shares of 65536 rows, or "
+        f"fewer so that there are 4 per core; partitions: one per core, at most {MAX_PARTS} (the default), or at most 32 "
+        "(`partitions=32`); the driver pays the "
+        f"measured {overhead_s * 1e3:.1f} ms per task (submit, schedule, get), {c['driver_merge_cpu_s_per_part'] * 1e3:.1f} "
+        f"ms per partition to merge the outcomes, reads the update records ({c['update_bytes_per_row']:.0f} B per "
+        f"trajectory, {c['update_read_cpu_s_per_mb']:.3f} s per MB) and holds {ref_bytes:.0f} B per object reference "
+        f"above a {base_mb:.0f} MB base. Every phase is counted one after the other (an upper bound: share "
+        "submission overlaps the batch phase).",
         "",
-        "| nodes | cores | batch phase | partitioned log checks | driver log checks | total | data read per worker | memory per worker | driver memory |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| nodes | cores | shares | partitions | batch phase | log checks by key | update stage (split, route, checks) "
+        "| driver | total | driver share | driver memory (base + update records + references) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    part_codes = [k[: -len("_s_per_mrow")] for k in c if k.endswith("_s_per_mrow") and not k.startswith("driver")]
-    for nodes in (8, 64):
+    for nodes, cap in ((8, MAX_PARTS), (64, MAX_PARTS), (256, MAX_PARTS), (8, 32), (64, 32), (256, 32)):
         cores = nodes * CORES
-        batch = (tokens / 1e6 * c["share_s_per_mtok"] + tasks * overhead_s) / cores
-        part = sum(c[f"{k}_s_per_mrow"] for k in part_codes) * trajs / 1e6 / cores
-        driver = c["driver_log_s_per_mrow"] * trajs / 1e6
-        read_gb = c["read_bytes_per_token"] * tokens / cores / 1e9
-        part_mb = sum(c[f"{k}_bytes_per_row"] for k in part_codes) * trajs / cores / 1e6
-        drv_gb = c["gathered_bytes_per_row"] * trajs / 1e9
+        parts = min(cores, cap)
+        rows_per_share = min(65536, max(1, trajs / (4 * cores)))
+        shares = trajs / rows_per_share
+        batch = tokens / 1e6 * c["share_cpu_s_per_mtok"] / cores
+        kf, kr = stages["keyed"]
+        keyed = (g * parts * kf + trajs * kr) / min(cores, g * parts) if g else 0.0
+        rf, rr = stages["route"]
+        uf, ur = stages["updates"]
+        split = members / 1e6 * c["split_cpu_s_per_mmember"] / min(cores, splits)
+        upd = split + (parts * rf + trajs * rr) / min(cores, parts) + (parts * uf + trajs * ur) / min(cores, parts)
+        tasks = shares + g * parts + splits + 2 * parts
+        upd_mb = c["update_bytes_per_row"] * trajs / 1e6
+        driver = tasks * overhead_s + parts * c["driver_merge_cpu_s_per_part"] + upd_mb * c["update_read_cpu_s_per_mb"]
+        total = batch + keyed + upd + driver
+        ref_mb = refs(shares, g, parts, splits) * ref_bytes / 1e6
         lines.append(
-            f"| {nodes} | {cores} | {batch:.0f} s | {part:.1f} s | {driver:.0f} s | {batch + part + driver:.0f} s "
-            f"| {read_gb:.2f} GB | {WORKER_MB:.0f} MB + {part_mb:.0f} MB of partition | {drv_gb:.1f} GB |"
+            f"| {nodes} | {cores} | {shares:.0f} | {parts} | {batch:.1f} s | {keyed:.2f} s | {upd:.2f} s | {driver:.1f} s "
+            f"| {total:.1f} s | {driver / total:.0%} | {base_mb + upd_mb + ref_mb:.0f} MB ({base_mb:.0f} + {upd_mb:.0f} + "
+            f"{ref_mb:.0f}) |"
         )
     return "\n".join(lines)
 
@@ -241,48 +356,44 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fault-share", type=float, default=0.01)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--rows-per-share", type=int, default=4096)
-    ap.add_argument("--child", nargs=2, metavar=("MODE", "WORKERS"), help=argparse.SUPPRESS)
+    ap.add_argument("--parts", type=int, default=8, help="partitions of the per-task cost measurement")
+    ap.add_argument("--child", nargs=3, metavar=("MODE", "WORKERS", "PARTS"), help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
-    ap.add_argument("--costs", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--costs", type=int, metavar="PARTS", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
-        print(json.dumps(child(a.path, a.child[0], int(a.child[1]), a.repeat, a.rows_per_share)))
+        parts = int(a.child[2]) or None
+        print(json.dumps(child(a.path, a.child[0], int(a.child[1]), a.repeat, a.rows_per_share, parts)))
         return
     if a.costs:
-        print(json.dumps(costs(a.path, a.rows_per_share)))
+        print(json.dumps(costs(a.path, a.rows_per_share, a.costs)))
         return
     path = str(dataset(a.size, a.fault_share))
     rows = []
-    for mode, n in (("local", 1), ("local", 2), ("ray", 1), ("ray", 2)):
+    for mode, n, parts in (("local", 1, 0), ("local", 2, 0), ("ray", 1, 0), ("ray", 2, 0), ("ray", 2, 64)):
         cmd = [sys.executable, "-m", "benchmarks.scale", "--path", path, "--repeat", str(a.repeat)]
-        cmd += ["--rows-per-share", str(a.rows_per_share), "--child", mode, str(n)]
+        cmd += ["--rows-per-share", str(a.rows_per_share), "--child", mode, str(n), str(parts)]
         r = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=HERE.parent)
         rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
-        print(f"{mode} {n}: {rows[-1]['median_s']} s", file=sys.stderr, flush=True)
+        print(f"{mode} {n} ({parts or 'default'} partitions): {rows[-1]['median_s']} s", file=sys.stderr, flush=True)
     ref = rows[0]["findings"]
     for r in rows:
         if r["findings"] != ref:
             raise AssertionError(f"{r['mode']} {r['workers']}: findings differ from local 1")
-    cmd = [
-        sys.executable,
-        "-m",
-        "benchmarks.scale",
-        "--path",
-        path,
-        "--costs",
-        "--rows-per-share",
-        str(a.rows_per_share),
-    ]
-    c = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=HERE.parent).stdout)
+    cs = []
+    for parts in (1, a.parts):
+        cmd = [sys.executable, "-m", "benchmarks.scale", "--path", path, "--costs", str(parts)]
+        cmd += ["--rows-per-share", str(a.rows_per_share)]
+        cs.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=HERE.parent).stdout))
     WORKER_MB = max(r.get("worker_rss_mb", 0) for r in rows)
-    print(report(a, path, rows, c))
+    print(report(a, path, rows, cs))
 
 
-def report(a, path: str, rows: list[dict], c: dict) -> str:
-    r0 = rows[0]
+def report(a, path: str, rows: list[dict], cs: list[dict]) -> str:
+    r0, c = rows[0], cs[-1]
     head = (
         f"{Path(path).name}: {r0['rows']} trajectories, {r0['tokens'] / 1e6:.1f}M tokens, "
-        f"{len(r0['findings'])} findings, identical in all four configurations; "
+        f"{len(r0['findings'])} findings, identical in all {len(rows)} configurations; "
         f"{c['shares']} shares of {a.rows_per_share} rows; {os.cpu_count()} cores, "
         f"load average {os.getloadavg()[0]:.1f} at the end."
     )
@@ -293,12 +404,28 @@ def report(a, path: str, rows: list[dict], c: dict) -> str:
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        name = f"{r['mode']} {r['workers']}" + (f", {r['parts']} partitions" if r.get("parts") else "")
         lines.append(
-            f"| {r['mode']} {r['workers']} | {r['median_s']} | {r['first_s']} | {r['init_s'] or '-'} | {r['rss_mb']} "
+            f"| {name} | {r['median_s']} | {r['first_s']} | {r['init_s'] or '-'} | {r['rss_mb']} "
             f"| {r.get('worker_rss_mb', '-')} |"
         )
-    lines += ["", "Measured per-task costs: " + json.dumps({k: round(v, 4) for k, v in c.items()}), ""]
-    lines.append(model(c, max(r.get("task_overhead_ms", 0) for r in rows) / 1e3))
+    # the driver's bytes per object reference: its peak with 64 partitions against 2, per reference more
+    two, many = rows[3], rows[4]
+    splits = max(1.0, c["updates"] / 4096)
+    extra = refs(c["shares"], c["groups"], 64, splits) - refs(c["shares"], c["groups"], 2, splits)
+    ref_bytes = max(0.0, (many["rss_mb"] - two["rss_mb"]) * 1e6 / extra)
+    lines += [
+        "",
+        f"Driver: {two['rss_mb']} MB at its peak with 2 partitions, {many['rss_mb']} MB with 64: "
+        f"{ref_bytes:.0f} B per object reference it owns.",
+        "",
+    ]
+    for cc in cs:
+        lines.append(
+            f"Measured CPU costs, {cc['parts']} partitions: " + json.dumps({k: round(v, 4) for k, v in cc.items()})
+        )
+    lines.append("")
+    lines.append(model(cs[0], cs[-1], max(r.get("task_overhead_ms", 0) for r in rows) / 1e3, ref_bytes, two["rss_mb"]))
     return "\n".join(lines)
 
 

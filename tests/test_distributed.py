@@ -1,6 +1,7 @@
 """The audit on a local Ray cluster (2 CPUs, started by the test) finds exactly what the local
-audit finds: on the compliant fixture and on a generated log with injected faults, duplicated
-ids across files and a reset key with two initial states, cut into shares of a few row groups."""
+audit finds, with the same statistics: on the compliant fixture, on every broken fixture, and on
+a generated log with injected faults, duplicated ids across files and a reset key with two
+initial states, cut into shares of a few row groups and the log checks into partitions."""
 
 from __future__ import annotations
 
@@ -15,13 +16,18 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from adapterhelp import IDENTITY, fixture  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
+import rollout_audit as ra  # noqa: E402
+from rollout_audit.adapters import openai  # noqa: E402
+from rollout_audit.adapters.base import read_dump  # noqa: E402
 from rollout_audit.cli import main  # noqa: E402
 from rollout_audit.contract.config import Config  # noqa: E402
 from rollout_audit.reading.io import discover  # noqa: E402
 from rollout_audit.running.distributed import RayExecutor  # noqa: E402
-from rollout_audit.running.engine import run_audit  # noqa: E402
+from rollout_audit.running.engine import memory_discovery, run_audit  # noqa: E402
+from rollout_audit.running.runner import Runner  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `benchmarks` lives at the repo root
@@ -61,7 +67,7 @@ def test_ray_audit_of_a_faulted_log_is_the_local_audit(cluster, faulted):
     remote = run_audit(disc, Config(), executor=RayExecutor(rows_per_share=50, partitions=3))  # shares of 2 row groups
     _same(local, remote)
     codes = set(local.findings["code"])
-    assert {"M101", "L202", "M103", "T302", "S002", "E802"} <= codes
+    assert {"M101", "L202", "M103", "T302", "S002", "E802", "U601"} <= codes
     s002 = local.findings.filter(local.findings["code"] == "S002")
     assert (
         s002.height == pq.read_metadata(faulted / "part-00000.parquet").num_rows
@@ -80,3 +86,44 @@ def test_selected_checks_and_a_broken_file(cluster):
     path = ROOT / "fixtures/broken/corrupt_file"
     for sel in (None, ["S"]):
         _same(run_audit(discover([path]), select=sel), run_audit(discover([path]), select=sel, ray=True))
+
+
+MANIFEST = json.loads((ROOT / "fixtures/manifest.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(MANIFEST["faults"]))
+def test_every_broken_fixture_audits_alike_on_ray(cluster, name):
+    """Each fixture's findings, statistics and coverage, with the log checks cut into three
+    partitions (by key, and the update checks by update record) and shares of one row group."""
+    path, cfg = ROOT / "fixtures/broken" / name, Config.from_mapping(MANIFEST["faults"][name]["config"])
+    local = run_audit(discover([path]), cfg)
+    _same(local, run_audit(discover([path]), cfg, executor=RayExecutor(rows_per_share=1, partitions=3)))
+    assert set(MANIFEST["faults"][name]["codes"]) <= set(local.findings["code"])
+
+
+def test_a_split_episode_trained_in_two_updates_of_two_partitions(cluster):
+    """A continuing segment is trained with its episode's reward, which the last segment carries:
+    with the two segments named by updates of different partitions, the update checks still
+    read it there (else U606 would call the continuing segment's null reward excluded)."""
+    table = openai.to_contract(read_dump(fixture("openai", "retokenized")), **dict(kv.split("=") for kv in IDENTITY))
+    assert table.column("split_continues").to_pylist() == [True, False] and table.column("reward")[0].as_py() is None
+    updates = [
+        {
+            "update_step": k,
+            "trainer_version": 0,
+            "trajectory_ids": [t],
+            "reduction": "trajectory",
+            "loss_denominator": 1.0,
+        }
+        for k, t in enumerate(table.column("trajectory_id").to_pylist())
+    ]
+    local = ra.audit(table, updates)
+    _same(local, run_audit(memory_discovery(table, updates), executor=RayExecutor(partitions=2)))
+    assert {"U601", "U606", "T303"} <= set(local.summary["checks_run"]) and "U606" not in local.codes()
+
+
+def test_only_checks_that_need_the_whole_log_stay_on_the_driver():
+    """Every default log check is partitioned but S005 (it reads no summary) and the replay
+    checks (they sample the whole log, and only when replay is on)."""
+    kept = sorted(r.code for r in Runner(Config()).log_rules if not r.partition)
+    assert kept == ["L205", "L206", "L207", "L209", "S005"]

@@ -29,6 +29,7 @@ def _with(t: pl.DataFrame, names, dtype=pl.String) -> pl.DataFrame:
     requires=("trajectory_id",),
     optional=("environment_version", "verifier_version", "reset_seed", "initial_state_id"),
     nulls=(*VERSIONS, "reset_seed"),
+    partition=("file",),
 )
 def identity_missing(log, cfg) -> pl.DataFrame | None:
     """An episode does not record its environment_version, its verifier_version, or how its

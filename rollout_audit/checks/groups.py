@@ -32,6 +32,11 @@ def _scored(log, cfg) -> pl.DataFrame:
     )
 
 
+def _task_order(row: dict) -> tuple:
+    """The order of G701's per-task table (polars sorts null task ids first)."""
+    return (row["task_id"] is not None, row["task_id"] or "")
+
+
 def _per_task(log, cfg) -> pl.DataFrame:
     """Per task: trajectories, groups, median group size G, success estimate p, P_info,
     expected groups to one informative comparison, observed and expected degenerate shares."""
@@ -80,6 +85,8 @@ def _per_task(log, cfg) -> pl.DataFrame:
     requires=("task_id", "reward"),
     optional=("infra_error", "verifier_success", "group_id"),
     config=("atol",),
+    partition=("task_id",),
+    merge=lambda parts, whys, findings: (sorted((r for p in parts if p for r in p), key=_task_order), None, findings),
 )
 def degenerate_groups(log, cfg) -> pl.DataFrame | None:
     """Share of degenerate groups per task, with the success estimate p, the group size G,
@@ -134,6 +141,8 @@ def degenerate_groups(log, cfg) -> pl.DataFrame | None:
     requires=("task_id", "reward"),
     optional=("infra_error", "verifier_success", "group_id"),
     config=("difficulty_band",),
+    partition=("task_id",),
+    merge=lambda parts, whys, findings: _merge_band(parts),
 )
 def difficulty_band(log, cfg) -> pl.DataFrame | None:
     """A global success rate inside the difficulty band hides a majority of tasks that are
@@ -151,23 +160,27 @@ def difficulty_band(log, cfg) -> pl.DataFrame | None:
     low, high = cfg.difficulty_band
     t = _scored(log, cfg)
     per = t.group_by("task_id").agg(pl.col("_success").mean().alias("p"))
-    n_tasks = per.height
-    if not n_tasks:
+    if not per.height:
         return None
-    rate = float(t["_success"].mean() or 0.0)  # type: ignore[arg-type]
-    near0 = int((per["p"] < low).sum())
-    near1 = int((per["p"] > high).sum())
+    log.stats["G702"] = {
+        "scored": t.height,
+        "successes": float(t["_success"].sum()),
+        "band": [low, high],
+        "tasks": per.height,
+        "tasks_below_band": int((per["p"] < low).sum()),
+        "tasks_above_band": int((per["p"] > high).sum()),
+    }
+    return _band(log.stats["G702"])
+
+
+def _band(st: dict) -> pl.DataFrame | None:
+    """G702's statistics completed from the counts, and its finding when it fires."""
+    (low, high), n_tasks = st["band"], st["tasks"]
+    near0, near1 = st["tasks_below_band"], st["tasks_above_band"]
+    rate = st["successes"] / st["scored"] if st["scored"] else 0.0
     share = (near0 + near1) / n_tasks
     fires = share > OUTSIDE_SHARE and low <= rate <= high
-    log.stats["G702"] = {
-        "global_success_rate": rate,
-        "band": [low, high],
-        "tasks": n_tasks,
-        "tasks_below_band": near0,
-        "tasks_above_band": near1,
-        "share_outside_band": share,
-        "hidden_by_global_rate": fires,
-    }
+    st.update(global_success_rate=rate, share_outside_band=share, hidden_by_global_rate=fires)
     if not fires:
         return None
     return pl.DataFrame(
@@ -179,3 +192,13 @@ def difficulty_band(log, cfg) -> pl.DataFrame | None:
             ]
         }
     )
+
+
+def _merge_band(parts: list) -> tuple:
+    """G702 over partitions by task: the counts add up, then the rate and the finding follow."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return None, None, None
+    st = {k: sum(p[k] for p in parts) for k in ("scored", "successes", "tasks", "tasks_below_band", "tasks_above_band")}
+    st["band"] = parts[0]["band"]
+    return st, None, _band(st)

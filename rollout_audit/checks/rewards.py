@@ -480,6 +480,7 @@ def action_loop(b: BatchView, cfg) -> pl.DataFrame | None:
     scope="log",
     requires=("task_id", "reward", "verifier_success"),
     config=("reward_rule", "atol", "rtol"),
+    partition=("task_id",),
 )
 def reward_vs_verifier(log, cfg) -> pl.DataFrame | None:
     """The episode reward contradicts the verifier's verdict under the configured reward rule.

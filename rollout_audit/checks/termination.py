@@ -112,6 +112,7 @@ def stop_reason_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     scope="log",
     requires=("trajectory_id", "infra_error", "reward"),
     optional=("updates.trajectory_ids", "updates.update_step"),
+    partition=("trajectory_id",),
 )
 def infra_error_scored(log, cfg) -> pl.DataFrame | None:
     """An episode with infra_error = true has a non-null reward, or an update trains on it.
@@ -282,12 +283,34 @@ def budget_filled_not_truncated(b: BatchView, cfg) -> pl.DataFrame | None:
     )
 
 
+_UNBOUNDED = (
+    "needs truncation_penalty in the configuration, or a failure (terminated, stop_reason failure) "
+    "of the truncated episodes' tasks to bound their reward"
+)
+
+
+def _unbounded(st: dict) -> bool:
+    """No rewarded truncated episode could be bounded (and there is one)."""
+    return bool(st["truncated_rewarded"]) and st["unbounded"] == st["truncated_rewarded"]
+
+
+def _merge_penalty(parts: list, whys: list, findings):
+    """T307 over partitions by task: the counts add up; it did not run when none could be bounded."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return None, None, findings
+    st = {k: sum(p[k] for p in parts) for k in ("truncated_rewarded", "unbounded")}
+    return st, _UNBOUNDED if _unbounded(st) else None, findings
+
+
 @rule(
     "T307",
     "truncated episode paid more than the truncation penalty",
     scope="log",
     requires=("trajectory_id", "task_id", "truncated", "terminated", "reward", "stop_reason"),
     config=("truncation", "truncation_penalty", "atol"),
+    partition=("task_id",),
+    merge=lambda parts, whys, findings: _merge_penalty(parts, whys, findings),
 )
 def truncation_penalty(log, cfg) -> pl.DataFrame | None:
     """Under truncation = "penalize", a collector-truncated episode's reward exceeds the penalty:
@@ -322,11 +345,8 @@ def truncation_penalty(log, cfg) -> pl.DataFrame | None:
             pl.col("_fail").alias("_bound"), pl.format("the failure reward of task {}", "task_id").alias("_what")
         )
     log.stats["T307"] = {"truncated_rewarded": cut.height, "unbounded": int(cut["_bound"].is_null().sum())}
-    if cut.height and cut["_bound"].is_null().all():
-        raise NotRun(
-            "needs truncation_penalty in the configuration, or a failure (terminated, stop_reason failure) "
-            "of the truncated episodes' tasks to bound their reward"
-        )
+    if _unbounded(log.stats["T307"]):
+        raise NotRun(_UNBOUNDED)
     bad = cut.filter(pl.col("_bound").is_not_null() & ~(r <= pl.col("_bound") + cfg.atol).fill_null(True))
     if bad.is_empty():
         return None

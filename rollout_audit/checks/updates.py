@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from ..contract.registry import rule
+from ..contract.registry import BY_UPDATE, rule
 from ..frames.batch import derived
 from .common import num
 
@@ -237,6 +237,16 @@ def _sample(df: pl.DataFrame, limit: int = 200) -> list[dict]:
     return df.gather_every(max(1, -(-df.height // limit))).to_dicts()
 
 
+def merge_samples(parts: list, whys: list, findings):
+    """The samples of the partitions of the update records as one: in update order (steps kept
+    in their record order), thinned to about the same size as one audit's sample."""
+    rows = pl.DataFrame([r for p in parts if p for r in p], infer_schema_length=None)
+    if not rows.height:
+        return [], None, findings
+    rows = rows.sort("update_step", nulls_last=True, maintain_order=True)
+    return _sample(rows), None, findings
+
+
 def _differs(found: pl.Expr, expected: pl.Expr, cfg) -> pl.Expr:
     """True where found is not within tolerance of expected (NaN and null found count as different)."""
     return ~((found - expected).abs() <= cfg.atol + cfg.rtol * expected.abs()).fill_null(False)
@@ -252,6 +262,8 @@ def _differs(found: pl.Expr, expected: pl.Expr, cfg) -> pl.Expr:
     requires=("updates", "trajectory_id", "updates.reduction", "updates.loss_denominator"),
     optional=DENOMINATOR_INPUTS,
     config=("atol", "rtol"),
+    partition=BY_UPDATE,
+    merge=merge_samples,
 )
 def denominator(log, cfg) -> pl.DataFrame | None:
     """An update's loss_denominator differs from the one recomputed for its declared reduction.
@@ -379,6 +391,7 @@ def denominator(log, cfg) -> pl.DataFrame | None:
     requires=("updates", "trajectory_id", "updates.reduction", "updates.loss_denominator"),
     optional=DENOMINATOR_INPUTS,
     config=("atol", "rtol"),
+    partition=BY_UPDATE,
 )
 def diluted_denominator(log, cfg) -> pl.DataFrame | None:
     """A token-reduced update divides by more tokens than the policy sampled: the denominator
@@ -482,6 +495,8 @@ def _group_stats(log, m: pl.DataFrame) -> pl.DataFrame:
     requires=("updates.advantages", "updates.advantage_estimator", "trajectory_id", "task_id", "reward"),
     optional=ADVANTAGE_INPUTS,
     config=("atol", "rtol", "grpo_epsilon"),
+    partition=BY_UPDATE,
+    merge=merge_samples,
 )
 def advantages(log, cfg) -> pl.DataFrame | None:
     """An update's advantages differ from the ones recomputed for its declared estimator and groups.
@@ -585,6 +600,7 @@ def advantages(log, cfg) -> pl.DataFrame | None:
     requires=("updates.advantages", "trajectory_id", "task_id", "reward"),
     optional=ADVANTAGE_INPUTS,
     config=("atol",),
+    partition=BY_UPDATE,
 )
 def degenerate_advantages(log, cfg) -> pl.DataFrame | None:
     """A group in which every reward is equal (no relative signal) carries non-zero advantages.
@@ -626,7 +642,32 @@ def degenerate_advantages(log, cfg) -> pl.DataFrame | None:
 # ------------------------------------------------------------------ U605, U606: batch membership
 
 
-@rule("U605", "update names a trajectory not in the log", scope="log", requires=("updates",), optional=_MEMBERSHIP)
+def _merge_lost(parts: list, whys: list, findings):
+    """U605 over partitions of the update records: the folded findings (unreadable files) as one."""
+    folded = [p for p in parts if p]
+    if not folded or findings is None:
+        return None, None, findings
+    files = [p["update_file"] for p in folded if p["update_file"] is not None]
+    merged = {k: v for k, v in folded[0].items() if k != "_ids"}
+    merged |= {
+        "missing_trajectory_ids": pl.concat([p["_ids"] for p in folded]).n_unique(),
+        "updates": sum(p["updates"] for p in folded),  # each update is in one partition
+        "update_file": min(files) if files else None,  # update files are read in path order
+    }
+    one = _lost_message(merged)
+    rest = findings.filter(~pl.col("message").str.contains("(S005) likely holds them", literal=True))
+    return merged, None, pl.concat([one, rest], how="diagonal_relaxed")
+
+
+@rule(
+    "U605",
+    "update names a trajectory not in the log",
+    scope="log",
+    requires=("updates",),
+    optional=_MEMBERSHIP,
+    partition=BY_UPDATE,
+    merge=_merge_lost,
+)
 def unknown_member(log, cfg) -> pl.DataFrame | None:
     """An update's trajectory_ids names a trajectory that is not in the log (or a null id).
 
@@ -643,7 +684,7 @@ def unknown_member(log, cfg) -> pl.DataFrame | None:
     folded = None
     if log.broken:  # one cause, one finding: the unreadable files (S005) likely hold these trajectories
         each, lost = m.filter(pl.col("trajectory_id").is_null()), m.filter(pl.col("trajectory_id").is_not_null())
-        folded = _lost_to_broken(lost, log.broken) if lost.height else None
+        folded = _lost_to_broken(lost, log) if lost.height else None
     per_member = each.select(
         "file",
         "trajectory_id",
@@ -657,18 +698,33 @@ def unknown_member(log, cfg) -> pl.DataFrame | None:
     return pl.concat([folded, per_member], how="diagonal_relaxed") if folded is not None else per_member
 
 
-def _lost_to_broken(lost: pl.DataFrame, broken: list[tuple[str, str]]) -> pl.DataFrame:
-    """One U605 finding for every batch member missing from a log that has unreadable files."""
-    ids, ups = lost["trajectory_id"].n_unique(), lost["_u"].n_unique()
-    first = broken[0][0]
-    more = f" and {len(broken) - 1} more" if len(broken) > 1 else ""
+def _lost_to_broken(lost: pl.DataFrame, log) -> pl.DataFrame:
+    """One U605 finding for every batch member missing from a log that has unreadable files
+    (its counts are also kept in the statistics; a partition of the update records keeps the
+    ids too, since one id may be named by updates of several partitions)."""
+    ids, ups, broken = lost["trajectory_id"].n_unique(), lost["_u"].n_unique(), log.broken
+    log.stats["U605"] = {
+        "missing_trajectory_ids": ids,
+        "updates": ups,
+        "update_file": lost["file"][0],
+        "unreadable_files": len(broken),
+        "first_unreadable": broken[0][0],
+    }
+    if log.part:
+        log.stats["U605"]["_ids"] = lost["trajectory_id"].unique()
+    return _lost_message(log.stats["U605"])
+
+
+def _lost_message(s: dict) -> pl.DataFrame:
+    ids, ups, first = s["missing_trajectory_ids"], s["updates"], s["first_unreadable"]
+    more = f" and {s['unreadable_files'] - 1} more" if s["unreadable_files"] > 1 else ""
     msg = (
         f"{ids} trajectory id{'s' * (ids != 1)} named by {ups} update{'s' * (ups != 1)} "
         f"{'are' if ids != 1 else 'is'} not in the log; the unreadable file {first}{more} (S005) "
         "likely holds them: repair or re-export it and audit again"
     )
     return pl.DataFrame(
-        {"file": [lost["file"][0]], "trajectory_id": [None], "message": [msg]},
+        {"file": [s["update_file"]], "trajectory_id": [None], "message": [msg]},
         schema_overrides={"file": pl.String, "trajectory_id": pl.String},
     )
 
@@ -680,6 +736,7 @@ def _lost_to_broken(lost: pl.DataFrame, broken: list[tuple[str, str]]) -> pl.Dat
     requires=("updates", "trajectory_id", "reward", "truncated", "infra_error"),
     optional=EXCLUSION_INPUTS,
     config=("truncation",),
+    partition=BY_UPDATE,
 )
 def excluded_member(log, cfg) -> pl.DataFrame | None:
     """An update trains on a trajectory that must be excluded: its reward is null, it is an
@@ -761,6 +818,7 @@ def _named(log, column: str) -> tuple[pl.DataFrame, pl.DataFrame]:
     scope="log",
     requires=("updates.numerator_tokens", "updates.trajectory_ids", "trajectory_id", "n_trainable", "ok"),
     optional=("updates.update_step",),
+    partition=BY_UPDATE,
 )
 def numerator_tokens(log, cfg) -> pl.DataFrame | None:
     """A trajectory's numerator_tokens (how many of its tokens entered the update's summed loss)
@@ -821,6 +879,7 @@ def numerator_tokens(log, cfg) -> pl.DataFrame | None:
     requires=("updates.stat_trajectory_ids", "trajectory_id", "reward"),
     optional=("updates.update_step", "truncated", "infra_error", "stop_reason", "loss_excluded"),
     config=("truncation",),
+    partition=BY_UPDATE,
 )
 def excluded_in_statistics(log, cfg) -> pl.DataFrame | None:
     """An update's stat_trajectory_ids (the trajectories whose rewards formed the group mean and

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from ..contract.registry import NotRun, rule
+from ..contract.registry import BY_UPDATE, NotRun, rule
 from ..frames.views import BatchView
 
 
@@ -16,7 +16,7 @@ def _histogram(s: pl.Series) -> dict[int, int]:
     return {int(k): int(v) for k, v in zip(vc[s.name].to_list(), vc["count"].to_list())}
 
 
-def _fmt_hist(h: dict[int, int]) -> str:
+def _fmt_hist(h: dict) -> str:
     return ", ".join(f"{k}: {v}" for k, v in h.items())
 
 
@@ -89,6 +89,8 @@ def version_decreasing(b: BatchView, cfg) -> pl.DataFrame | None:
     requires=("updates", "updates.trainer_version", "updates.trajectory_ids", "pv_min"),
     optional=("pv_max", "updates.max_policy_lag", "updates.update_step"),
     config=("max_policy_lag",),
+    partition=BY_UPDATE,
+    merge=lambda parts, whys, findings: _merge_lag(parts, whys, findings),
 )
 def policy_lag(log, cfg) -> pl.DataFrame | None:
     """An update trains on a trajectory whose oldest turn was sampled more than the allowed
@@ -110,11 +112,8 @@ def policy_lag(log, cfg) -> pl.DataFrame | None:
         bound = bound.fill_null(pl.lit(int(cfg.max_policy_lag), pl.Int64))
     u = u.select("update_step", "trainer_version", "trajectory_ids", bound.alias("bound"))
     n_bounded = int(u["bound"].is_not_null().sum())
-    stats = log.stats.setdefault("P503", {})
-    if not n_bounded:
-        stats["note"] = "no lag bound declared (neither max_policy_lag in updates nor in the configuration)"
-    elif n_bounded < u.height:
-        stats["note"] = f"{u.height - n_bounded} of {u.height} updates declare no lag bound"
+    stats = log.stats.setdefault("P503", {"updates": u.height, "bounded_updates": n_bounded})
+    _note(stats)
     traj = (
         log.traj.select("trajectory_id", "file", "pv_min", "pv_max")
         .filter(pl.col("trajectory_id").is_not_null() & pl.col("pv_min").is_not_null())
@@ -170,6 +169,31 @@ def policy_lag(log, cfg) -> pl.DataFrame | None:
     )
 
 
+def _note(stats: dict) -> None:
+    n, bounded = stats["updates"], stats["bounded_updates"]
+    if not bounded:
+        stats["note"] = "no lag bound declared (neither max_policy_lag in updates nor in the configuration)"
+    elif bounded < n:
+        stats["note"] = f"{n - bounded} of {n} updates declare no lag bound"
+
+
+def _merge_lag(parts: list, whys: list, findings):
+    """P503 over partitions of the update records: counts and histograms add up; the check did
+    not run when no partition could (no update declares a bound, and no negative lag)."""
+    parts = [p for p in parts if p]
+    stats: dict = {
+        "updates": sum(p["updates"] for p in parts),
+        "bounded_updates": sum(p["bounded_updates"] for p in parts),
+    }
+    _note(stats)
+    stats["lag_histogram"] = _add([p.get("lag_histogram", {}) for p in parts])
+    lags = [p["max_lag"] for p in parts if "max_lag" in p]
+    if lags:
+        stats["max_lag"] = max(lags)
+    why = next((w for w in whys if w), None) if findings is None and all(whys) else None
+    return stats, why, findings
+
+
 @rule(
     "P504",
     "several policy versions inside one episode",
@@ -177,6 +201,8 @@ def policy_lag(log, cfg) -> pl.DataFrame | None:
     scope="log",
     requires=("pv_min", "pv_max"),
     optional=("n_versions",),
+    partition=("trajectory_id",),
+    merge=lambda parts, whys, findings: _merge_versions(parts, whys, findings),
 )
 def versions_per_episode(log, cfg) -> pl.DataFrame | None:
     """Statistics: episodes whose turns were sampled by more than one policy version, with the
@@ -204,14 +230,47 @@ def versions_per_episode(log, cfg) -> pl.DataFrame | None:
     if multi.is_empty():
         return None
     widest = multi.sort("span", descending=True, maintain_order=True).row(0, named=True)
+    if log.part:  # the partitions' widest episodes, for the merge to pick the log's
+        log.stats["P504"]["_widest"] = widest
+    return _widest(log.stats["P504"], widest)
+
+
+def _widest(st: dict, widest: dict) -> pl.DataFrame:
+    """P504's finding: the counts of the statistics `st`, and the widest episode."""
     return pl.DataFrame(
         {
             "trajectory_id": [widest["trajectory_id"]],
             "file": [widest["file"]],
             "message": [
-                f"{multi.height} of {t.height} episodes were sampled by several policy versions; versions per episode "
-                f"{{{_fmt_hist(counts)}}}; version span {{{_fmt_hist(spans)}}}; widest here (versions "
-                f"{widest['pv_min']}..{widest['pv_max']})"
+                f"{st['multi_version_episodes']} of {st['episodes']} episodes were sampled by several policy versions; "
+                f"versions per episode {{{_fmt_hist(st['versions_per_episode'])}}}; version span "
+                f"{{{_fmt_hist(st['version_span'])}}}; widest here (versions {widest['pv_min']}..{widest['pv_max']})"
             ],
         }
     )
+
+
+def _add(hists: list[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for h in hists:
+        for k, v in h.items():
+            out[k] = out.get(k, 0) + v
+    return {k: out[k] for k in sorted(out, key=int)}
+
+
+def _merge_versions(parts: list, whys: list, findings):
+    """P504 over partitions: the counts and histograms add up; the widest episode is the widest
+    of the partitions' (the first in the log among equals)."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return None, None, None
+    st = {
+        "episodes": sum(p["episodes"] for p in parts),
+        "multi_version_episodes": sum(p["multi_version_episodes"] for p in parts),
+        "versions_per_episode": _add([p["versions_per_episode"] for p in parts]),
+        "version_span": _add([p["version_span"] for p in parts]),
+    }
+    wide = [p["_widest"] for p in parts if "_widest" in p]
+    if not wide:
+        return st, None, None
+    return st, None, _widest(st, min(wide, key=lambda w: (-w["span"], w["_ord"])))

@@ -10,6 +10,11 @@ declarations alone:
 - `config`: configuration keys read;
 - `partition`: for a log check whose findings on a log are the union of its findings on the
   partitions of the log by these columns (the distributed engine runs it one task per partition);
+  `BY_UPDATE` partitions the update records instead, each part with the summary rows of the
+  trajectories its records name (and, for a segment of a split episode, the episode's last one);
+- `merge`: for a partitioned check that writes statistics, how the partitions' statistics make
+  the log's, whether the check ran, and its findings (`Merge`); without it, the findings are the
+  partitions' and the check did not run when no partition ran it;
 - `nulls`: required columns whose null values this check reports (S001 leaves them to it);
 - `declare`: a hook that derives configuration from a file's metadata (`Declare`), called by
   the runner for every file it reads.
@@ -33,13 +38,29 @@ if TYPE_CHECKING:
 
 from .errors import NotRun, UndeclaredInput, Unmet
 
-__all__ = ["FAMILIES", "RULES", "NotRun", "Rule", "UndeclaredInput", "Unmet", "registered", "rule", "selected"]
+__all__ = [
+    "BY_UPDATE",
+    "FAMILIES",
+    "RULES",
+    "NotRun",
+    "Rule",
+    "UndeclaredInput",
+    "Unmet",
+    "registered",
+    "rule",
+    "selected",
+]
 
 Severity = Literal["error", "warning", "info"]
 Scope = Literal["batch", "log"]
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 # (configuration so far, file metadata, keys the user's configuration set) -> configuration updates
 Declare = Callable[["Config", "dict[bytes, bytes] | None", frozenset[str]], dict[str, Any]]
+# (the statistics each partition wrote, None where it wrote none; why each partition did not run
+# the check, None where it ran; the partitions' findings, None for none) -> (the log's statistics,
+# None for none; why the check did not run on the log, None when it ran; the log's findings)
+Merge = Callable[[list[Any], list["str | None"], Any], tuple[Any, "str | None", Any]]
+BY_UPDATE = ("updates",)  # `partition=`: by update record (see the module's docstring)
 
 
 @dataclass(frozen=True)
@@ -57,6 +78,7 @@ class Rule:
     partition: tuple[str, ...] = ()
     nulls: tuple[str, ...] = ()
     declare: Declare | None = None
+    merge: Merge | None = None
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -103,6 +125,7 @@ def rule(
     partition: tuple[str, ...] = (),
     nulls: tuple[str, ...] = (),
     declare: Declare | None = None,
+    merge: Merge | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a check function under `code`.
 
@@ -131,6 +154,7 @@ def rule(
             tuple(partition),
             tuple(nulls),
             declare,
+            merge,
         )
         return func
 

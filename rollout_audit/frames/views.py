@@ -219,6 +219,12 @@ class LogView:
     update_files: list[str] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
     cache: dict[Any, dict[str, Any]] = field(default_factory=dict)
+    part: bool = False  # one partition of the log: a check's statistics may keep what its `merge` needs
+
+    @property
+    def height(self) -> int:
+        """Trajectory rows of the log."""
+        return self.traj.height
 
     def has(self, req: str) -> bool:
         if req == "updates":
@@ -238,7 +244,7 @@ class LogCheckView:
     @property
     def traj(self) -> pl.DataFrame:
         t = self.log.traj
-        keep = set(self.rule.reads) | {"trajectory_id", "file", "_row"}
+        keep = set(self.rule.reads) | {"trajectory_id", "file", "_row", "_ord"}  # `_ord`: log order, in a partition
         return t.select([c for c in t.columns if c in keep])
 
     @property
@@ -262,6 +268,10 @@ class LogCheckView:
     @property
     def stats(self) -> dict[str, Any]:
         return self.log.stats
+
+    @property
+    def part(self) -> bool:
+        return self.log.part
 
     @property
     def cache(self) -> dict[str, Any]:

@@ -288,7 +288,7 @@ class Runner:
         """Run one log rule on the whole log."""
         cov = self.coverage[rule.code]
         missing = [q for q in rule.requires if not self._log_has(log, q)]
-        total = log.traj.height
+        total = log.height
         if missing:
             no_updates = log.updates is None and any(q.startswith("updates") for q in missing)
             cov.lack(_absent(["updates"] if no_updates else missing, self.declared), max(total, 1))
