@@ -298,20 +298,101 @@ def test_row_group_cap_makes_a_file_a_finding(tmp_path, small_records):
     assert any("max_row_group_bytes" in f["message"] for f in json.loads(r.stdout)["findings"] if f["code"] == "S005")
 
 
-def test_constant_token_bomb_is_bounded(tmp_path, small_records):
-    t = make_log(n_tasks=1, group_size=1, n_versions=1, seed=1)[0][0]
-    n = 2_000_000  # compresses to a few KB; the default cap is 1M tokens per trajectory
-    bomb = dict(
-        t,
-        token_ids=[7] * n,
-        token_source=[0] * n,
-        loss_mask=[False] * n,
-        behavior_logprobs=[None] * n,
-        token_turn=[-1] * n,
-    )
-    r = cli("check", str(write(tmp_path / "log", [bomb, t])), "--format", "json")
+def long_row(record: dict, n: int) -> pa.Table:
+    """`record` as a one-row table whose token lists hold `n` zeros each: a few KB once
+    compressed, whatever `n` (a compression bomb)."""
+    from rollout_audit.reading.records import records_to_table
+
+    table = records_to_table([record])
+    cols = []
+    for name in table.column_names:
+        col = table.column(name).combine_chunks()
+        if name in ("token_ids", "token_source", "loss_mask", "behavior_logprobs", "token_turn"):
+            vt = col.type.value_type
+            zeros = np.zeros(n, dtype=bool if pa.types.is_boolean(vt) else vt.to_pandas_dtype())
+            col = pa.ListArray.from_arrays(pa.array([0, n], pa.int32()), pa.array(zeros).cast(vt))
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=table.schema)
+
+
+def write_groups(path: Path, groups: list[pa.Table]) -> Path:
+    """One Parquet file with each table as a row group (zstd, as writers use)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with pq.ParquetWriter(path, groups[0].schema, compression="zstd") as w:
+        for g in groups:
+            w.write_table(g.cast(groups[0].schema))
+    return path
+
+
+def test_compression_bomb_is_refused_before_decoding(tmp_path, small_records):
+    t = small_records[0]
+    from rollout_audit.reading.records import records_to_table
+
+    normal = records_to_table(t[:2])
+    bomb = long_row(dict(t[2], trajectory_id="bomb"), 20_000_000)  # 20M tokens in one row
+    f = write_groups(tmp_path / "log" / "trajectories" / "part-0.parquet", [normal, bomb])
+    assert f.stat().st_size < 200_000
+    r = run_cli(["check", str(tmp_path / "log"), "--format", "json"], tmp_path)
+    assert r.exit == 1, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert r.peak_mb < 800, r.peak_mb  # decoding the row alone takes about 1 GB
+    report = json.loads(r.stdout)
+    (found,) = [x for x in report["findings"] if "max_tokens_per_trajectory" in x["message"]]
+    assert found["code"] == "S001" and found["file"] == str(f)
+    assert "row 2 (trajectory bomb): 20,000,000 tokens" in found["message"]
+    assert report["summary"]["rows_read"] == 2  # the rows of the other row group are audited
+
+
+def test_a_long_trajectory_leaves_its_row_group_unread_and_says_so(tmp_path, small_records):
+    t = small_records[0]
+    from rollout_audit.reading.records import records_to_table
+
+    lists = ("token_ids", "token_source", "loss_mask", "behavior_logprobs", "token_turn")
+    groups = [records_to_table(t[:2]), records_to_table([t[2], dict(t[3], **{c: t[3][c] * 3 for c in lists})])]
+    longest = len(t[3]["token_ids"]) * 3
+    f = write_groups(tmp_path / "log" / "trajectories" / "part-0.parquet", groups)
+    limit = max(len(x["token_ids"]) for x in t)  # every other trajectory fits
+    (tmp_path / "pyproject.toml").write_text(f"[tool.rollout-audit]\nmax_tokens_per_trajectory = {limit}\n")
+    r = cli("check", str(tmp_path / "log"), "--format", "json", cwd=tmp_path)
     assert_clean_exit(r, (1,))
-    assert "max_tokens_per_trajectory" in r.stdout
+    report = json.loads(r.stdout)
+    (found,) = [x for x in report["findings"] if "max_tokens_per_trajectory" in x["message"]]
+    assert found["file"] == str(f) and found["code"] == "S001"
+    assert f"row 3 (trajectory {t[3]['trajectory_id']}): {longest:,} tokens" in found["message"]
+    assert "row group 1 is not read, so its 1 other trajectories (rows 2-3)" in found["message"]
+    assert report["summary"]["rows_read"] == 2
+
+
+def test_a_row_group_over_the_byte_bound_is_s005_and_the_rest_is_audited(tmp_path, small_records):
+    t = small_records[0]
+    from rollout_audit.reading.io import discover
+    from rollout_audit.reading.records import records_to_table
+
+    groups = [records_to_table(t[:2]), long_row(dict(t[2], trajectory_id="wide"), 200_000)]
+    f = write_groups(tmp_path / "log" / "trajectories" / "part-0.parquet", groups)
+    sizes = discover([tmp_path / "log"]).files[0].groups
+    assert sizes[1].tokens == 200_000 and sizes[1].decoded > 200_000 * 17  # four 32-bit lists and a mask
+    assert sizes[0].decoded < 10**6
+    (tmp_path / "pyproject.toml").write_text("[tool.rollout-audit]\nmax_row_group_bytes = 1000000\n")
+    r = cli("check", str(tmp_path / "log"), "--format", "json", cwd=tmp_path)
+    assert_clean_exit(r, (1,))
+    report = json.loads(r.stdout)
+    (found,) = [x for x in report["findings"] if x["code"] == "S005"]
+    assert found["file"] == str(f)
+    assert "row group 1 (rows 2-2) decodes to" in found["message"] and "max_row_group_bytes" in found["message"]
+    assert report["summary"]["rows_read"] == 2
+
+
+def test_large_row_groups_are_decoded_in_slices(tmp_path, small_records, monkeypatch):
+    from rollout_audit.reading import io
+
+    t = small_records[0]
+    write(tmp_path / "log", t)
+    whole = audit(tmp_path / "log")
+    monkeypatch.setattr(io, "SLICE_BYTES", 1)  # every row group is larger: read a row at a time
+    sliced = audit(tmp_path / "log")
+    assert sliced.findings.select("code", "trajectory_id").rows() == whole.findings.select("code", "trajectory_id").rows()
+    assert sliced.summary["rows_read"] == whole.summary["rows_read"] == len(t)
 
 
 # ---------------------------------------------------------------- 6. discovery and the writer
