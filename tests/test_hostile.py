@@ -391,7 +391,9 @@ def test_large_row_groups_are_decoded_in_slices(tmp_path, small_records, monkeyp
     whole = audit(tmp_path / "log")
     monkeypatch.setattr(io, "SLICE_BYTES", 1)  # every row group is larger: read a row at a time
     sliced = audit(tmp_path / "log")
-    assert sliced.findings.select("code", "trajectory_id").rows() == whole.findings.select("code", "trajectory_id").rows()
+    assert (
+        sliced.findings.select("code", "trajectory_id").rows() == whole.findings.select("code", "trajectory_id").rows()
+    )
     assert sliced.summary["rows_read"] == whole.summary["rows_read"] == len(t)
 
 

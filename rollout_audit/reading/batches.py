@@ -33,7 +33,8 @@ def batches(
     cfg = cfg or Config()
     pending: list[Part] = []
     rows = tokens = 0
-    read = parts(files, columns, batch_rows, broken, cfg.max_row_group_bytes, cfg.max_tokens_per_trajectory)
+    limits = (cfg.max_row_group_bytes, cfg.max_tokens_per_trajectory)
+    read = parts(files, columns, batch_rows, broken, *limits, run_tokens=BATCH_TOKENS // 2)
     for part, k in (piece for whole in read for piece in _by_tokens(whole)):
         n = part.table.num_rows
         small = not part.problems and part.sources is None and 0 < n <= batch_rows // 2 and k <= BATCH_TOKENS // 2

@@ -104,7 +104,6 @@ class Part:
 
 
 SMALL_FILE_BYTES = 2**20  # a file of one row group that decodes to at most this is read with its neighbours
-_RUN_TOKENS = 2**20  # tokens of such a run at most (below the batches' token bound: a run is never cut)
 
 
 def parts(
@@ -114,13 +113,15 @@ def parts(
     broken: list[Problem],
     max_row_group_bytes: int,
     max_tokens: int,
+    run_tokens: int = 0,
 ) -> Iterator[Part]:
     """Batches of `columns` (those a file has) from every trajectory file, validated (strings
     and lists in full, before anything reaches polars), capped and cast to the contract. A file
     that fails while being read goes to `broken`, and so does a row group too large to decode.
 
-    Consecutive small files of one schema are read as a run and sanitized together, one part
-    listing them in `sources`: per file, only the Parquet read is paid."""
+    Consecutive small files of one schema, up to `batch_rows` rows and `run_tokens` tokens, are
+    read as a run and sanitized together, one part listing them in `sources`: per file, only the
+    Parquet read is paid."""
     last: tuple[pa.Schema | None, tuple[dict[str, pa.DataType], list[Problem]]] = (None, ({}, []))
     run: list[LogFile] = []
     run_plan = last[1]
@@ -130,12 +131,12 @@ def parts(
         if last[0] is None or not f.schema.equals(last[0]):  # consecutive files mostly share a schema
             last = (f.schema, schema_plan(f))
         plan = last[1]
-        small = _small(f, plan, limits)
+        small = _small(f, plan, limits) and f.groups[0].tokens <= run_tokens
         if run and (
             not small
             or f.schema is not run[0].schema
             or rows + f.groups[0].rows > batch_rows
-            or tokens + f.groups[0].tokens > _RUN_TOKENS
+            or tokens + f.groups[0].tokens > run_tokens
         ):
             yield from _run(run, columns, run_plan, batch_rows, broken, limits)
             run, rows, tokens = [], 0, 0
