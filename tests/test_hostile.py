@@ -762,6 +762,16 @@ class _Hostile:
                 if mode == "huge":
                     self._send(b"", length=1 << 40)
                     return
+                if mode == "slow-headers":  # a status line and headers that never end, a byte a second
+                    for byte in b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Slow: " + b"a" * 10**6:
+                        if outer.stop.wait(1.0):
+                            return
+                        try:
+                            self.wfile.write(bytes([byte]))
+                            self.wfile.flush()
+                        except OSError:
+                            return
+                    return
                 lp = {"nan": float("nan"), "negative": -0.5, "big-key": -0.5}[mode]
                 key = {"negative": "-1", "big-key": "9" * 12}.get(mode, "1")
                 dist = {key: {"logprob": lp}, "0": {"logprob": -1.0}}
@@ -800,6 +810,7 @@ def _request():
     [
         ("silent", "within"),
         ("drip", "within 2 s"),
+        ("slow-headers", "within 2 s"),
         ("huge", "bytes"),
         ("nan", "nan as a log-prob"),
         ("negative", "'-1' as a token id"),
@@ -827,6 +838,20 @@ def test_asked_for_replay_against_a_silent_server_is_exit_2_with_the_configured_
         cfg.write_text(f'replay_endpoints = {{"0" = "{srv.url}"}}\nreplay_timeout = 2\nreplay_connect_timeout = 1\n')
         r = child("check", str(log), "--config", str(cfg), "--replay", "2", timeout=60)
         assert r.returncode == 2 and "L205" in r.stdout and "timed out" in r.stdout + r.stderr, (r.stdout, r.stderr)
+    finally:
+        srv.close()
+
+
+def test_asked_for_replay_against_a_server_dripping_its_headers_ends_at_the_total_deadline(tmp_path, log):
+    srv = _Hostile("slow-headers")
+    try:
+        cfg = tmp_path / "c.toml"
+        cfg.write_text(f'replay_endpoints = {{"0" = "{srv.url}"}}\nreplay_timeout = 3\nreplay_connect_timeout = 2\n')
+        r = child("check", str(log), "--config", str(cfg), "--replay", "2", timeout=90)  # None: it never ended
+        out = r.stdout + r.stderr
+        assert r.returncode == 2, (r.returncode, out[-2000:])
+        assert f"replay endpoint {srv.url}/completions did not answer within 3 s" in out, out[-2000:]
+        assert "Traceback" not in out
     finally:
         srv.close()
 
