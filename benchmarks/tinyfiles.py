@@ -2,10 +2,10 @@
 
     python -m benchmarks.tinyfiles [--files 3000] [--out /tmp/tinyfiles] [--repeat 1] [--profile] [--reuse]
 
-Writes a compliant `rollout_audit.synth.make_log` log twice under `--out`: `many/` with one
-trajectory per file (`--files` files, written with `RolloutWriter`) and `one/` with the same
-trajectories in one file; both share one update file. Then times `rollout-audit check DIR` on
-each in a fresh subprocess (wall clock, the median of `--repeat`), and checks that both audits
+Writes a compliant `rollout_audit.synth.make_log` log twice under `--out`: `one/` with every
+trajectory in one file (written with `RolloutWriter`) and `many/` with one trajectory per file
+(the rows of `one/`, one per file, with its schema and metadata); both share one update file.
+Then times `rollout-audit check DIR` on each in a fresh subprocess (wall clock, the median of `--repeat`), and checks that both audits
 give the same findings (the file names aside). `--profile` prints a cProfile of the audit of
 `many/` instead (the top 40 functions by cumulative time).
 """
