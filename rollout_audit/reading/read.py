@@ -127,6 +127,7 @@ def parts(
     run_plan = last[1]
     rows = tokens = 0
     limits = (max_row_group_bytes, max_tokens)
+    job = _Job(columns, batch_rows, broken, limits)
     for f in files:
         if last[0] is None or not f.schema.equals(last[0]):  # consecutive files mostly share a schema
             last = (f.schema, schema_plan(f))
@@ -138,14 +139,14 @@ def parts(
             or rows + f.groups[0].rows > batch_rows
             or tokens + f.groups[0].tokens > run_tokens
         ):
-            yield from _run(run, columns, run_plan, batch_rows, broken, limits)
+            yield from _run(run, run_plan, job)
             run, rows, tokens = [], 0, 0
         if small:
             run.append(f)
             run_plan, rows, tokens = plan, rows + f.groups[0].rows, tokens + f.groups[0].tokens
         else:
-            yield from _file_parts(f, columns, plan, batch_rows, broken, limits)
-    yield from _run(run, columns, run_plan, batch_rows, broken, limits)
+            yield from _file_parts(f, plan, job)
+    yield from _run(run, run_plan, job)
 
 
 def _small(f: LogFile, plan: tuple[dict[str, pa.DataType], list[Problem]], limits: tuple[int, int]) -> bool:
@@ -157,33 +158,38 @@ def _small(f: LogFile, plan: tuple[dict[str, pa.DataType], list[Problem]], limit
     return small and not plan[1]
 
 
-def _run(
-    run: list[LogFile],
-    columns: Sequence[str],
-    plan: tuple[dict[str, pa.DataType], list[Problem]],
-    batch_rows: int,
-    broken: list[Problem],
-    limits: tuple[int, int],
-) -> Iterator[Part]:
+@dataclass(frozen=True)
+class _Job:
+    """What every file of one `parts` call is read with."""
+
+    columns: Sequence[str]
+    batch_rows: int
+    broken: list[Problem]
+    limits: tuple[int, int]  # (max_row_group_bytes, max_tokens)
+
+
+def _run(run: list[LogFile], plan: tuple[dict[str, pa.DataType], list[Problem]], job: _Job) -> Iterator[Part]:
     """One part of the run's files, sanitized at once; when that finds a problem (or trajectory
     ids repeat across files, which attribute findings to files), each file on its own."""
     if len(run) > 1:
         targets = plan[0]
-        cols = [c for c in columns if c in targets]
+        cols = [c for c in job.columns if c in targets]
         try:
             table = _read_run(run, cols)
             part, bad = drop_invalid(table)
-            part, long = cap_tokens(part, limits[1])
+            part, long = cap_tokens(part, job.limits[1])
             part, cast_problems = cast(part, targets)
             ids = part.column("trajectory_id") if "trajectory_id" in part.column_names else None
             unique = ids is not None and not ids.null_count and pc.count_distinct(ids).as_py() == part.num_rows
-        except (OSError, pa.ArrowException, pl.exceptions.PolarsError):
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException:  # noqa: BLE001 - any failure of the run's reader, a Rust panic included
             bad, unique = [("", "")], False  # read each file alone: the reader names the one that fails
         if unique and not (bad or long or cast_problems):
             yield Part(part, run[0].path, 0, [], [(f.path, 0, f.num_rows) for f in run])
             return
     for f in run:
-        yield from _file_parts(f, columns, plan, batch_rows, broken, limits)
+        yield from _file_parts(f, plan, job)
 
 
 def _read_run(run: list[LogFile], cols: list[str]) -> pa.Table:
@@ -196,31 +202,24 @@ def _read_run(run: list[LogFile], cols: list[str]) -> pa.Table:
     return df.to_arrow()
 
 
-def _file_parts(
-    f: LogFile,
-    columns: Sequence[str],
-    plan: tuple[dict[str, pa.DataType], list[Problem]],
-    batch_rows: int,
-    broken: list[Problem],
-    limits: tuple[int, int],
-) -> Iterator[Part]:
+def _file_parts(f: LogFile, plan: tuple[dict[str, pa.DataType], list[Problem]], job: _Job) -> Iterator[Part]:
     """The parts of one file (or of its share of row groups)."""
     targets, problems = plan
-    cols = [c for c in columns if c in targets]
+    cols = [c for c in job.columns if c in targets]
     first = not f.row_groups or f.row_groups[0] == 0  # a share of a file: its rows
     yielded = False
     try:
-        groups, pending = readable_groups(f, *limits, broken)
+        groups, pending = readable_groups(f, *job.limits, job.broken)
         pending = (problems if first else []) + pending
-        for offset, raw in iter_batches(f, cols, batch_rows, groups):
+        for offset, raw in iter_batches(f, cols, job.batch_rows, groups):
             have = set(raw.column_names)
             part, bad = drop_invalid(raw.select([c for c in cols if c in have]), offset)
-            part, long = cap_tokens(part, limits[1], offset)
+            part, long = cap_tokens(part, job.limits[1], offset)
             part, cast_problems = cast(part, targets)
             yield Part(part, f.path, offset, pending + bad + long + cast_problems)
             pending, yielded = [], True
     except (OSError, pa.ArrowException) as e:
-        broken.append((f.path, one_line(e)))
+        job.broken.append((f.path, one_line(e)))
         return
     if not yielded and (first or pending):  # an empty file, or nothing readable: still report its problems
         yield Part(pa.table({c: pa.array([], targets[c]) for c in cols}), f.path, 0, pending)
