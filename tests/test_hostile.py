@@ -383,6 +383,22 @@ def test_a_row_group_over_the_byte_bound_is_s005_and_the_rest_is_audited(tmp_pat
     assert report["summary"]["rows_read"] == 2
 
 
+def test_the_default_bounds_pass_long_real_shapes(tmp_path, small_records):
+    """The defaults never fire on real shapes: 128 episodes of 19k tokens in one row group (the
+    benchmark's long shape) and a 1M-token agent episode; the row lengths are not even read."""
+    from rollout_audit.contract.config import Config
+    from rollout_audit.reading.io import discover
+    from rollout_audit.reading.read import readable_groups
+
+    t = small_records[0][0]
+    long_shape = pa.concat_tables([long_row(dict(t, trajectory_id=f"e{i}"), 19_000) for i in range(128)])
+    write_groups(tmp_path / "log" / "trajectories" / "part-0.parquet", [long_shape, long_row(t, 1_000_000)])
+    (f,) = discover([tmp_path / "log"]).files
+    cfg, broken = Config(), []
+    assert readable_groups(f, cfg.max_row_group_bytes, cfg.max_tokens_per_trajectory, broken) == ([0, 1], [])
+    assert not broken and f.groups[0].tokens == 128 * 19_000
+
+
 def test_large_row_groups_are_decoded_in_slices(tmp_path, small_records, monkeypatch):
     from rollout_audit.reading import io
 
