@@ -298,20 +298,119 @@ def test_row_group_cap_makes_a_file_a_finding(tmp_path, small_records):
     assert any("max_row_group_bytes" in f["message"] for f in json.loads(r.stdout)["findings"] if f["code"] == "S005")
 
 
-def test_constant_token_bomb_is_bounded(tmp_path, small_records):
-    t = make_log(n_tasks=1, group_size=1, n_versions=1, seed=1)[0][0]
-    n = 2_000_000  # compresses to a few KB; the default cap is 1M tokens per trajectory
-    bomb = dict(
-        t,
-        token_ids=[7] * n,
-        token_source=[0] * n,
-        loss_mask=[False] * n,
-        behavior_logprobs=[None] * n,
-        token_turn=[-1] * n,
-    )
-    r = cli("check", str(write(tmp_path / "log", [bomb, t])), "--format", "json")
+def long_row(record: dict, n: int) -> pa.Table:
+    """`record` as a one-row table whose token lists hold `n` zeros each: a few KB once
+    compressed, whatever `n` (a compression bomb)."""
+    from rollout_audit.reading.records import records_to_table
+
+    table = records_to_table([record])
+    cols = []
+    for name in table.column_names:
+        col = table.column(name).combine_chunks()
+        if name in ("token_ids", "token_source", "loss_mask", "behavior_logprobs", "token_turn"):
+            vt = col.type.value_type
+            zeros = np.zeros(n, dtype=bool if pa.types.is_boolean(vt) else vt.to_pandas_dtype())
+            col = pa.ListArray.from_arrays(pa.array([0, n], pa.int32()), pa.array(zeros).cast(vt))
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=table.schema)
+
+
+def write_groups(path: Path, groups: list[pa.Table]) -> Path:
+    """One Parquet file with each table as a row group (zstd, as writers use)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with pq.ParquetWriter(path, groups[0].schema, compression="zstd") as w:
+        for g in groups:
+            w.write_table(g.cast(groups[0].schema))
+    return path
+
+
+def test_compression_bomb_is_refused_before_decoding(tmp_path, small_records):
+    t = small_records[0]
+    from rollout_audit.reading.records import records_to_table
+
+    normal = records_to_table(t[:2])
+    bomb = long_row(dict(t[2], trajectory_id="bomb"), 20_000_000)  # 20M tokens in one row
+    f = write_groups(tmp_path / "log" / "trajectories" / "part-0.parquet", [normal, bomb])
+    assert f.stat().st_size < 200_000
+    r = run_cli(["check", str(tmp_path / "log"), "--format", "json"], tmp_path)
+    assert r.exit == 1, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    assert r.peak_mb < 800, r.peak_mb  # decoding the row alone takes about 1 GB
+    report = json.loads(r.stdout)
+    (found,) = [x for x in report["findings"] if "max_tokens_per_trajectory" in x["message"]]
+    assert found["code"] == "S001" and found["file"] == str(f)
+    assert "row 2 (trajectory bomb): 20,000,000 tokens" in found["message"]
+    assert report["summary"]["rows_read"] == 2  # the rows of the other row group are audited
+
+
+def test_a_long_trajectory_leaves_its_row_group_unread_and_says_so(tmp_path, small_records):
+    t = small_records[0]
+    from rollout_audit.reading.records import records_to_table
+
+    lists = ("token_ids", "token_source", "loss_mask", "behavior_logprobs", "token_turn")
+    groups = [records_to_table(t[:2]), records_to_table([t[2], dict(t[3], **{c: t[3][c] * 3 for c in lists})])]
+    longest = len(t[3]["token_ids"]) * 3
+    f = write_groups(tmp_path / "log" / "trajectories" / "part-0.parquet", groups)
+    limit = max(len(x["token_ids"]) for x in t)  # every other trajectory fits
+    (tmp_path / "pyproject.toml").write_text(f"[tool.rollout-audit]\nmax_tokens_per_trajectory = {limit}\n")
+    r = cli("check", str(tmp_path / "log"), "--format", "json", cwd=tmp_path)
     assert_clean_exit(r, (1,))
-    assert "max_tokens_per_trajectory" in r.stdout
+    report = json.loads(r.stdout)
+    (found,) = [x for x in report["findings"] if "max_tokens_per_trajectory" in x["message"]]
+    assert found["file"] == str(f) and found["code"] == "S001"
+    assert f"row 3 (trajectory {t[3]['trajectory_id']}): {longest:,} tokens" in found["message"]
+    assert "row group 1 is not read, so its 1 other trajectories (rows 2-3)" in found["message"]
+    assert report["summary"]["rows_read"] == 2
+
+
+def test_a_row_group_over_the_byte_bound_is_s005_and_the_rest_is_audited(tmp_path, small_records):
+    t = small_records[0]
+    from rollout_audit.reading.io import discover
+    from rollout_audit.reading.records import records_to_table
+
+    groups = [records_to_table(t[:2]), long_row(dict(t[2], trajectory_id="wide"), 200_000)]
+    f = write_groups(tmp_path / "log" / "trajectories" / "part-0.parquet", groups)
+    sizes = discover([tmp_path / "log"]).files[0].groups
+    assert sizes[1].tokens == 200_000 and sizes[1].decoded > 200_000 * 17  # four 32-bit lists and a mask
+    assert sizes[0].decoded < 10**6
+    (tmp_path / "pyproject.toml").write_text("[tool.rollout-audit]\nmax_row_group_bytes = 1000000\n")
+    r = cli("check", str(tmp_path / "log"), "--format", "json", cwd=tmp_path)
+    assert_clean_exit(r, (1,))
+    report = json.loads(r.stdout)
+    (found,) = [x for x in report["findings"] if x["code"] == "S005"]
+    assert found["file"] == str(f)
+    assert "row group 1 (rows 2-2) decodes to" in found["message"] and "max_row_group_bytes" in found["message"]
+    assert report["summary"]["rows_read"] == 2
+
+
+def test_the_default_bounds_pass_long_real_shapes(tmp_path, small_records):
+    """The defaults never fire on real shapes: 128 episodes of 19k tokens in one row group (the
+    benchmark's long shape) and a 1M-token agent episode; the row lengths are not even read."""
+    from rollout_audit.contract.config import Config
+    from rollout_audit.reading.io import discover
+    from rollout_audit.reading.read import readable_groups
+
+    t = small_records[0][0]
+    long_shape = pa.concat_tables([long_row(dict(t, trajectory_id=f"e{i}"), 19_000) for i in range(128)])
+    write_groups(tmp_path / "log" / "trajectories" / "part-0.parquet", [long_shape, long_row(t, 1_000_000)])
+    (f,) = discover([tmp_path / "log"]).files
+    cfg, broken = Config(), []
+    assert readable_groups(f, cfg.max_row_group_bytes, cfg.max_tokens_per_trajectory, broken) == ([0, 1], [])
+    assert not broken and f.groups[0].tokens == 128 * 19_000
+
+
+def test_large_row_groups_are_decoded_in_slices(tmp_path, small_records, monkeypatch):
+    from rollout_audit.reading import io
+
+    t = small_records[0]
+    write(tmp_path / "log", t)
+    whole = audit(tmp_path / "log")
+    monkeypatch.setattr(io, "SLICE_BYTES", 1)  # every row group is larger: read a row at a time
+    sliced = audit(tmp_path / "log")
+    assert (
+        sliced.findings.select("code", "trajectory_id").rows() == whole.findings.select("code", "trajectory_id").rows()
+    )
+    assert sliced.summary["rows_read"] == whole.summary["rows_read"] == len(t)
 
 
 # ---------------------------------------------------------------- 6. discovery and the writer
@@ -638,13 +737,14 @@ def test_bad_token_ids_and_masks_in_a_dump_are_refused_naming_record_and_field(t
 class _Hostile:
     """A real HTTP server on 127.0.0.1 whose /v1/completions answer is `mode`'s (GET /v1/models is sane)."""
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, interval: float = 0.25) -> None:
         import http.server
         import threading
         import time
 
         outer = self
         self.stop = threading.Event()
+        self.interval = interval  # seconds between the bytes a dripping server sends
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def log_message(self, *a):  # quiet
@@ -678,6 +778,16 @@ class _Hostile:
                     return
                 if mode == "huge":
                     self._send(b"", length=1 << 40)
+                    return
+                if mode == "slow-headers":  # a status line and headers that never end, a byte a second
+                    for byte in b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Slow: " + b"a" * 10**6:
+                        if outer.stop.wait(outer.interval):
+                            return
+                        try:
+                            self.wfile.write(bytes([byte]))
+                            self.wfile.flush()
+                        except OSError:
+                            return
                     return
                 lp = {"nan": float("nan"), "negative": -0.5, "big-key": -0.5}[mode]
                 key = {"negative": "-1", "big-key": "9" * 12}.get(mode, "1")
@@ -717,6 +827,7 @@ def _request():
     [
         ("silent", "within"),
         ("drip", "within 2 s"),
+        ("slow-headers", "within 2 s"),
         ("huge", "bytes"),
         ("nan", "nan as a log-prob"),
         ("negative", "'-1' as a token id"),
@@ -732,7 +843,10 @@ def test_http_replay_against_a_hostile_server_fails_in_bounded_time(mode, says):
         rp = HTTPReplayer({"0": srv.url}, timeout=2.0, connect_timeout=1.0, max_bytes=1 << 20)
         with pytest.raises(NotConfigured) as e:
             rp.replay(_request())
-        assert says in str(e.value) or (mode == "silent" and "timed out" in str(e.value)), str(e.value)
+        silence = mode in ("silent", "slow-headers") and "timed out" in str(
+            e.value
+        )  # a byte later than 1 s, under load
+        assert says in str(e.value) or silence, str(e.value)
     finally:
         srv.close()
 
@@ -744,6 +858,20 @@ def test_asked_for_replay_against_a_silent_server_is_exit_2_with_the_configured_
         cfg.write_text(f'replay_endpoints = {{"0" = "{srv.url}"}}\nreplay_timeout = 2\nreplay_connect_timeout = 1\n')
         r = child("check", str(log), "--config", str(cfg), "--replay", "2", timeout=60)
         assert r.returncode == 2 and "L205" in r.stdout and "timed out" in r.stdout + r.stderr, (r.stdout, r.stderr)
+    finally:
+        srv.close()
+
+
+def test_asked_for_replay_against_a_server_dripping_its_headers_ends_at_the_total_deadline(tmp_path, log):
+    srv = _Hostile("slow-headers", interval=1.0)
+    try:
+        cfg = tmp_path / "c.toml"  # a byte a second never trips the 10 s silence bound: only the total deadline ends it
+        cfg.write_text(f'replay_endpoints = {{"0" = "{srv.url}"}}\nreplay_timeout = 3\nreplay_connect_timeout = 10\n')
+        r = child("check", str(log), "--config", str(cfg), "--replay", "2", timeout=90)  # None: it never ended
+        out = r.stdout + r.stderr
+        assert r.returncode == 2, (r.returncode, out[-2000:])
+        assert f"replay endpoint {srv.url}/completions did not answer within 3 s" in out, out[-2000:]
+        assert "Traceback" not in out
     finally:
         srv.close()
 

@@ -111,3 +111,45 @@ def test_show_decodes_the_reference_agent_fixture_without_a_tokenizer_option():
     tid = ra.scan(fixture).trajectories.select(pl.col("trajectory_id").first()).collect().item()
     out = run("show", fixture, tid, "--no-color", "--width", 120).output
     assert "declares (keydoor-words-v1-" in out and "<sys>" in out and "observation: " in out
+
+
+def test_a_tokenizer_whose_regex_backtracks_is_one_line_not_a_rust_panic(tmp_path, records):
+    """A tokenizer.json whose regular expressions backtrack past the regex engine's limit on one of
+    its own vocabulary entries: the Rust library panics (and prints a backtrace to the process's
+    stderr); `show` exits 2 with one line naming the file, and no panic text, even under RUST_BACKTRACE=1."""
+    pytest.importorskip("transformers")
+    import json
+    import os
+    import subprocess
+
+    from benchmarks.tinylm import tokenizer
+
+    tok = tokenizer()
+    tok.save_pretrained(tmp_path / "tok")
+    trajs = _with_words(records[0], len(tok))
+    t = trajs[0]
+    spec = json.loads((tmp_path / "tok" / "tokenizer.json").read_text())
+    backtracks = {"Regex": "(a|aa)+(a|aa)+(a|aa)+(a|aa)+b"}  # exponential on a run of a's with no b
+    long_word = "a" * 60 + "c"
+    spec["model"]["vocab"] = {long_word if i == t["token_ids"][0] else w: i for w, i in spec["model"]["vocab"].items()}
+    spec["pre_tokenizer"] = {"type": "Split", "pattern": backtracks, "behavior": "Isolated", "invert": False}
+    spec["decoder"] = {"type": "Replace", "pattern": backtracks, "content": ""}
+    (tmp_path / "tok" / "tokenizer.json").write_text(json.dumps(spec))
+    root = write_log(tmp_path / "log", trajs)
+    cmd = [
+        sys.executable,
+        "-m",
+        "rollout_audit.cli",
+        "show",
+        str(root),
+        t["trajectory_id"],
+        "--tokenizer",
+        str(tmp_path / "tok"),
+    ]
+    env = {**os.environ, "RUST_BACKTRACE": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 2, (r.returncode, r.stderr[-3000:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr[-3000:]
+    assert str(tmp_path / "tok" / "tokenizer.json") in lines[0] and "backtracks" in lines[0], lines[0]
+    assert "panicked" not in r.stderr and "Traceback" not in r.stderr

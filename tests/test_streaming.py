@@ -136,3 +136,54 @@ def test_batches_are_bounded_by_tokens_and_find_the_same(base, tmp_path, monkeyp
         assert len(parts) > len(files) and all(k <= 150 or n == 1 for n, k in sizes), sizes
         assert ref.equals(_norm(run_audit(discover([root]), cfg))), group
         monkeypatch.setattr(pipeline, "BATCH_TOKENS", 1 << 21)
+
+
+def test_three_hundred_tiny_files_find_what_one_file_finds(tmp_path):
+    """One trajectory per file, through the CLI: small files are read as runs and sanitized
+    together, and the findings are those of the same rows in one file, each naming the file
+    that holds its trajectory."""
+    import json
+    import subprocess
+    import sys
+
+    from rollout_audit import RolloutWriter
+
+    trajs, ups = make_log(n_tasks=75, group_size=4, n_versions=1, seed=5)
+    trajs = [dict(t) for t in trajs]
+    trajs[3]["num_trainable_tokens"] += 3  # M103
+    trajs[150]["gamma"] = 1.5  # S001
+    for name in ("one", "many"):
+        with RolloutWriter(tmp_path / name / "updates" / "updates.parquet", kind="updates") as w:
+            w.write(ups)
+    with RolloutWriter(tmp_path / "one" / "trajectories" / "part-00000.parquet", validate=False) as w:
+        w.write(trajs)
+    table = pq.read_table(tmp_path / "one" / "trajectories" / "part-00000.parquet")
+    (tmp_path / "many" / "trajectories").mkdir()
+    for i in range(table.num_rows):  # the writer's schema and metadata, one row per file
+        pq.write_table(table.slice(i, 1), tmp_path / "many" / "trajectories" / f"part-{i:05d}.parquet")
+
+    def check(name: str) -> list[dict]:
+        cmd = [sys.executable, "-m", "rollout_audit.cli", "check", str(tmp_path / name), "--format", "json"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 1, r.stderr[-2000:]
+        return json.loads(r.stdout)["findings"]
+
+    from rollout_audit.reading.batches import batches
+
+    files = discover([tmp_path / "many"]).of_kind("trajectories")
+    (run,) = batches(files, ["trajectory_id", "token_ids"], 2048, [], Config())
+    assert run.sources is not None and len(run.sources) == 300  # one run, sanitized once
+    one, many = check("one"), check("many")
+    key = lambda f: (
+        f["code"],
+        f["trajectory_id"] or "",
+        f["turn"] or -1,
+        f["position"] or -1,
+        f["message"].split(" (in ")[0],
+    )
+    assert sorted(map(key, one)) == sorted(map(key, many))
+    assert {"M103", "S001"} <= {f["code"] for f in one}
+    holder = {t: f"part-{i:05d}.parquet" for i, t in enumerate(table["trajectory_id"].to_pylist())}
+    for f in many:
+        if f["trajectory_id"] and "trajectories" in f["file"]:
+            assert f["file"].endswith(holder[f["trajectory_id"]]), f

@@ -57,10 +57,11 @@ class Config(BaseModel):
     difficulty_band: tuple[float, float] = (0.05, 0.95)
     max_examples: int = Field(20, ge=0, description="findings shown per code in text output")
     masked_ok_reasons: list[str] = Field(default_factory=list, description="M102: finish reasons that may mask")
-    # resource caps against hostile files: a row group whose footer states more uncompressed bytes
-    # is not read (S005); a trajectory with more tokens is not audited (S001)
-    max_row_group_bytes: int = Field(2 * 2**30, ge=1)
-    max_tokens_per_trajectory: int = Field(1_000_000, ge=1)
+    # resource caps against hostile files, judged from the footer before anything is decoded: a row
+    # group that decodes to more bytes (values × width) is not read (S005); a trajectory with more
+    # tokens is not audited (S001), nor the rest of its row group
+    max_row_group_bytes: int = Field(4 * 2**30, ge=1)
+    max_tokens_per_trajectory: int = Field(8_000_000, ge=1)
     # object storage (s3://): seconds to connect, and per request, before the audit gives up (exit 2)
     storage_connect_timeout: float = Field(10.0, gt=0)
     storage_request_timeout: float = Field(30.0, gt=0)

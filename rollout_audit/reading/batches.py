@@ -18,9 +18,8 @@ import pyarrow.compute as pc
 
 from ..contract.config import Config
 from ..contract.schema import TOKEN_LISTS
-from .io import Discovery, LogFile, source
+from .io import Discovery, LogFile
 from .read import Part, Problem, parts
-from .sanitize import row_group_too_large
 
 BATCH_TOKENS = 1 << 21  # tokens per batch at most (one trajectory may exceed it alone)
 
@@ -34,10 +33,11 @@ def batches(
     cfg = cfg or Config()
     pending: list[Part] = []
     rows = tokens = 0
-    read = parts(files, columns, batch_rows, broken, cfg.max_row_group_bytes, cfg.max_tokens_per_trajectory)
+    limits = (cfg.max_row_group_bytes, cfg.max_tokens_per_trajectory)
+    read = parts(files, columns, batch_rows, broken, *limits, run_tokens=BATCH_TOKENS // 2)
     for part, k in (piece for whole in read for piece in _by_tokens(whole)):
         n = part.table.num_rows
-        small = not part.problems and 0 < n <= batch_rows // 2 and k <= BATCH_TOKENS // 2
+        small = not part.problems and part.sources is None and 0 < n <= batch_rows // 2 and k <= BATCH_TOKENS // 2
         if pending and (not small or rows + n > batch_rows or tokens + k > BATCH_TOKENS or not _same(pending[0], part)):
             yield from _merged(pending)
             pending, rows, tokens = [], 0, 0
@@ -75,17 +75,15 @@ class Share:
 
 
 def shares(files: Sequence[LogFile], rows_per_share: int, max_row_group_bytes: int) -> list[Share]:
-    """Cut every file into runs of row groups of about `rows_per_share` rows (a file too large
-    to read, or held in memory, is one share: its reader reports it as a whole file)."""
-    import pyarrow.parquet as pq
-
+    """Cut every file into runs of row groups of about `rows_per_share` rows (a file held in
+    memory is one share). A row group too large to decode (`max_row_group_bytes`) is reported
+    by the reader of its share."""
     out: list[Share] = []
     for f in files:
-        if f.table is not None or row_group_too_large(f.largest_row_group, max_row_group_bytes) or f.num_row_groups < 2:
+        if f.table is not None or f.num_row_groups < 2 or len(f.groups) != f.num_row_groups:
             out.append(Share(f, 0, f.num_row_groups, 0))
             continue
-        md = pq.ParquetFile(source(f.path)).metadata
-        sizes = np.array([md.row_group(i).num_rows for i in range(md.num_row_groups)], dtype=np.int64)
+        sizes = np.array([g.rows for g in f.groups], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(sizes)])
         start = 0
         for i in range(1, len(sizes) + 1):
@@ -108,7 +106,7 @@ def _by_tokens(part: Part) -> Iterator[tuple[Part, int]]:
     each with its token count; the file's problems go with the first slice."""
     lengths = _token_lengths(part.table)
     total = 0 if lengths is None else int(lengths.sum())
-    if lengths is None or total <= BATCH_TOKENS:
+    if lengths is None or total <= BATCH_TOKENS or part.sources is not None:  # a run of files stays whole
         yield part, total
         return
     ends = np.cumsum(lengths)

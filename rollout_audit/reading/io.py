@@ -18,6 +18,20 @@ from .sanitize import duplicate_columns
 from .storage import is_writer_temp as _is_writer_temp
 
 
+@dataclass(frozen=True)
+class GroupSize:
+    """What a row group's footer says it holds, read before any value is decoded: a run of
+    equal values compresses to a few bytes but decodes to its full length, so the size that
+    counts is values × width, not the stored bytes."""
+
+    first_row: int  # the file row at which the group starts
+    rows: int
+    decoded: int  # bytes it decodes to, at least (values × width of every column, or the stored size if larger)
+    tokens: int  # values of its longest token list: no trajectory of the group holds more tokens
+    widest: str  # the column with the most values, and how many: what a message names
+    widest_values: int
+
+
 @dataclass
 class LogFile:
     """One Parquet file of a log, with what its footer says."""
@@ -28,7 +42,8 @@ class LogFile:
     num_rows: int
     num_row_groups: int
     table: pa.Table | None = None  # an in-memory table audited like a file (path is its name)
-    largest_row_group: int = 0  # uncompressed bytes of the largest row group, as the footer states
+    largest_row_group: int = 0  # decoded bytes of the largest row group, as the footer states (GroupSize.decoded)
+    groups: tuple[GroupSize, ...] = ()  # each row group's sizes (empty for a table held in memory)
     row_groups: tuple[int, int] | None = None  # read only row groups [start, stop) (a distributed task's share)
     first_row: int = 0  # the file row at which those row groups start
 
@@ -128,6 +143,15 @@ def _kind_of(path: PurePath, pschema: pa.Schema) -> str:
     return "trajectories" if share["trajectories"] >= 0.5 else "unknown"
 
 
+class _Footer(pq.ParquetFile):
+    """A Parquet file opened for its footer: the map of nested column paths that ParquetFile
+    builds for reading columns by name (a Python loop over every leaf, the larger part of
+    opening a small file) is not built."""
+
+    def _build_nested_paths(self) -> dict:
+        return {}
+
+
 def discover(paths: Sequence[str | os.PathLike], follow_symlinks: bool = False) -> Discovery:
     """Find every Parquet file under `paths`; open each footer once. What cannot be read
     (corrupt footers, unlistable directories, writer temp files, duplicated column names,
@@ -144,14 +168,21 @@ def discover(paths: Sequence[str | os.PathLike], follow_symlinks: bool = False) 
             raise UsageError(f"{raw}: no *.parquet files found")
         out.broken += skipped
         last: tuple[pa.Schema | None, list[str]] = (None, [])  # files of a log mostly share one schema
+        footer: tuple[Any, _Layout] = (None, _Layout(0, ()))  # the previous file's footer, and its layout
         for f in files:
             try:
                 if isinstance(f, Path) and not f.is_file():
                     raise UsageError("not a regular file")
-                pf = pq.ParquetFile(source(f))
-                sch = pf.schema_arrow
-                if last[0] is None or not sch.equals(last[0], check_metadata=True):
-                    last = (sch, duplicate_columns(sch))
+                pf = _Footer(source(f))
+                md = pf.metadata
+                same = (
+                    footer[0] is not None and md.schema.equals(footer[0].schema) and md.metadata == footer[0].metadata
+                )
+                if not same:  # the Arrow schema follows from the Parquet schema and the key-value metadata
+                    sch = pf.schema_arrow
+                    if last[0] is None or not sch.equals(last[0], check_metadata=True):
+                        last = (sch, duplicate_columns(sch))
+                    footer = (md, _layout(md.schema))
                 sch, dups = last  # one schema object shared by the files that have it
                 if dups:
                     out.broken.append(
@@ -172,14 +203,79 @@ def discover(paths: Sequence[str | os.PathLike], follow_symlinks: bool = False) 
                         )
                     )
                     continue
-                md = pf.metadata
-                largest = max((md.row_group(i).total_byte_size for i in range(md.num_row_groups)), default=0)
-                out.files.append(LogFile(str(f), kind, sch, md.num_rows, md.num_row_groups, largest_row_group=largest))
+                groups = group_sizes(md, footer[1])
+                largest = max((g.decoded for g in groups), default=0)
+                out.files.append(
+                    LogFile(
+                        str(f),
+                        kind,
+                        sch,
+                        md.num_rows,
+                        md.num_row_groups,
+                        largest_row_group=largest,
+                        groups=groups,
+                    )
+                )
             except Exception as e:  # noqa: BLE001 - any footer error means the file is unusable
                 if str(f) == str(raw) and not str(raw).endswith(".parquet"):  # named on the command line: no log
                     raise UsageError(f"{raw}: not a Parquet file ({one_line(e)})") from None
                 out.broken.append((str(f), one_line(e)))
     return out
+
+
+def row_group_too_large(size: GroupSize, index: int, limit: int) -> str | None:
+    """Why row group `index`, of the given footer sizes, is not read, or None."""
+    if size.decoded <= limit:
+        return None
+    detail = f" ({size.widest}: {size.widest_values:,} values)" if size.widest else ""
+    return (
+        f"row group {index} (rows {size.first_row}-{size.first_row + size.rows - 1}) decodes to "
+        f"{size.decoded:,} bytes or more{detail}, above max_row_group_bytes ({limit:,}); "
+        "not read (raise the limit to audit it)"
+    )
+
+
+_WIDTH = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8, "BYTE_ARRAY": 4}
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A Parquet schema's leaf columns as the size estimate needs them."""
+
+    flat: int  # bytes per row of the columns that hold one value per row
+    repeated: tuple[tuple[int, int, str], ...]  # (leaf index, bytes per value, top-level column) of list leaves
+
+
+def _layout(schema: pq.ParquetSchema) -> _Layout:
+    flat, repeated = 0, []
+    for j in range(len(schema)):
+        c = schema.column(j)
+        width = c.length if c.physical_type == "FIXED_LEN_BYTE_ARRAY" else _WIDTH.get(c.physical_type, 8)
+        if c.max_repetition_level == 0:
+            flat += width
+        else:
+            repeated.append((j, width, c.path.split(".")[0]))
+    return _Layout(flat, tuple(repeated))
+
+
+def group_sizes(md: pq.FileMetaData, layout: _Layout | None = None) -> tuple[GroupSize, ...]:
+    """Each row group's decoded size and longest token list, from the footer alone. A list
+    leaf's value count is what its pages decode to (a string counts its stored bytes at least)."""
+    layout = layout or _layout(md.schema)
+    out, first = [], 0
+    for i in range(md.num_row_groups):
+        rg = md.row_group(i)
+        decoded, tokens, widest = rg.num_rows * layout.flat, 0, ("", 0)
+        for j, width, top in layout.repeated:
+            values = rg.column(j).num_values
+            decoded += values * width
+            if top in S.TOKEN_LISTS:
+                tokens = max(tokens, values)
+            if values > widest[1]:
+                widest = (top, values)
+        out.append(GroupSize(first, rg.num_rows, max(decoded, rg.total_byte_size), tokens, *widest))
+        first += rg.num_rows
+    return tuple(out)
 
 
 def _listing(raw: str | os.PathLike, follow_symlinks: bool) -> tuple[Sequence[Path | str], list[tuple[str, str]]]:
@@ -205,25 +301,50 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg[0] if msg else ''}".strip()
 
 
-_SMALL_ROW_GROUP = 8 * 2**20  # uncompressed bytes
+_SMALL_ROW_GROUP = 8 * 2**20  # decoded bytes
+SLICE_BYTES = 256 * 2**20  # a row group that decodes to more is read in slices of about this size
 
 
-def iter_batches(f: LogFile, columns: Sequence[str], batch_rows: int = 4096) -> Iterator[pa.Table]:
-    """Row-group-bounded batches of the given columns (those present in the file)."""
+def share_groups(f: LogFile) -> range:
+    """The row groups `f` reads: its share's, or all."""
+    return range(*f.row_groups) if f.row_groups else range(f.num_row_groups)
+
+
+def iter_batches(
+    f: LogFile, columns: Sequence[str], batch_rows: int = 4096, groups: Iterable[int] | None = None
+) -> Iterator[tuple[int, pa.Table]]:
+    """(file row of its first row, table) batches of the given columns (those present in the
+    file) from the row groups `groups` (default: the file's share). A row group that decodes to
+    more than SLICE_BYTES is decoded a slice of rows at a time."""
     names = set(f.schema.names)
     cols = [c for c in columns if c in names]
     if f.table is not None:
-        groups: Iterable[pa.Table] = [f.table.select(cols)]
+        tables: Iterable[tuple[int, pa.Table]] = [(0, f.table.select(cols))]
     else:
         small = f.largest_row_group < _SMALL_ROW_GROUP  # Arrow's read-ahead and threads cost more than they save
         pf = pq.ParquetFile(source(f.path), pre_buffer=not small or storage.is_remote(f.path))
-        share = range(*f.row_groups) if f.row_groups else range(f.num_row_groups)
-        groups = (pf.read_row_group(rg, columns=cols, use_threads=not small) for rg in share)
-    for t in groups:
+        tables = _groups(pf, f, cols, share_groups(f) if groups is None else groups, batch_rows, not small)
+    for first, t in tables:
         for off in range(0, max(t.num_rows, 1), batch_rows):
             part = t.slice(off, batch_rows)
             if part.num_rows:
-                yield part
+                yield first + off, part
+
+
+def _groups(
+    pf: pq.ParquetFile, f: LogFile, cols: list[str], groups: Iterable[int], batch_rows: int, threads: bool
+) -> Iterator[tuple[int, pa.Table]]:
+    sizes = f.groups or group_sizes(pf.metadata)
+    for rg in groups:
+        size = sizes[rg]
+        if size.decoded <= SLICE_BYTES:
+            yield size.first_row, pf.read_row_group(rg, columns=cols, use_threads=threads)
+            continue
+        rows = max(1, min(batch_rows, size.rows * SLICE_BYTES // size.decoded))
+        first = size.first_row
+        for b in pf.iter_batches(batch_size=rows, row_groups=[rg], columns=cols, use_threads=threads):
+            yield first, pa.Table.from_batches([b])
+            first += b.num_rows
 
 
 def read_table(f: LogFile, columns: Sequence[str] | None = None) -> pa.Table:

@@ -9,10 +9,13 @@ from dataclasses import dataclass
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from ..contract import schema as S
-from .io import LogFile, iter_batches, one_line
-from .sanitize import cap_tokens, drop_invalid, duplicate_columns, row_group_too_large
+from . import storage
+from .io import LogFile, iter_batches, one_line, row_group_too_large, share_groups, source
+from .sanitize import cap_tokens, drop_invalid, duplicate_columns, over_tokens
 
 Problem = tuple[str, str]  # (column, what is wrong)
 
@@ -100,60 +103,209 @@ class Part:
     sources: list[tuple[str, int, int]] | None = None
 
 
+SMALL_FILE_BYTES = 2**20  # a file of one row group that decodes to at most this is read with its neighbours
+
+
 def parts(
     files: Sequence[LogFile],
     columns: Sequence[str],
     batch_rows: int,
     broken: list[Problem],
-    max_row_group_bytes: int = 2 * 2**30,
-    max_tokens: int = 1_000_000,
+    max_row_group_bytes: int,
+    max_tokens: int,
+    run_tokens: int = 0,
 ) -> Iterator[Part]:
     """Batches of `columns` (those a file has) from every trajectory file, validated (strings
     and lists in full, before anything reaches polars), capped and cast to the contract. A file
-    that fails while being read, or whose row groups are too large, goes to `broken`."""
+    that fails while being read goes to `broken`, and so does a row group too large to decode.
+
+    Consecutive small files of one schema, up to `batch_rows` rows and `run_tokens` tokens, are
+    read as a run and sanitized together, one part listing them in `sources`: per file, only the
+    Parquet read is paid."""
     last: tuple[pa.Schema | None, tuple[dict[str, pa.DataType], list[Problem]]] = (None, ({}, []))
+    run: list[LogFile] = []
+    run_plan = last[1]
+    rows = tokens = 0
+    limits = (max_row_group_bytes, max_tokens)
+    job = _Job(columns, batch_rows, broken, limits)
     for f in files:
-        if too_large := row_group_too_large(f.largest_row_group, max_row_group_bytes):
-            broken.append((f.path, too_large))
-            continue
         if last[0] is None or not f.schema.equals(last[0]):  # consecutive files mostly share a schema
             last = (f.schema, schema_plan(f))
-        targets, problems = last[1]
-        cols = [c for c in columns if c in targets]
-        first, offset = not f.row_groups or f.row_groups[0] == 0, f.first_row  # a share of a file: its rows
+        plan = last[1]
+        small = _small(f, plan, limits) and f.groups[0].tokens <= run_tokens
+        if run and (
+            not small
+            or f.schema is not run[0].schema
+            or rows + f.groups[0].rows > batch_rows
+            or tokens + f.groups[0].tokens > run_tokens
+        ):
+            yield from _run(run, run_plan, job)
+            run, rows, tokens = [], 0, 0
+        if small:
+            run.append(f)
+            run_plan, rows, tokens = plan, rows + f.groups[0].rows, tokens + f.groups[0].tokens
+        else:
+            yield from _file_parts(f, plan, job)
+    yield from _run(run, run_plan, job)
+
+
+def _small(f: LogFile, plan: tuple[dict[str, pa.DataType], list[Problem]], limits: tuple[int, int]) -> bool:
+    """Whether `f` may be read in a run: one non-empty row group within the limits, a schema without problems."""
+    if f.table is not None or f.num_row_groups != 1 or len(f.groups) != 1 or f.row_groups not in (None, (0, 1)):
+        return False
+    size = f.groups[0]
+    small = 0 < size.rows and size.decoded <= min(SMALL_FILE_BYTES, limits[0]) and size.tokens <= limits[1]
+    return small and not plan[1]
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every file of one `parts` call is read with."""
+
+    columns: Sequence[str]
+    batch_rows: int
+    broken: list[Problem]
+    limits: tuple[int, int]  # (max_row_group_bytes, max_tokens)
+
+
+def _run(run: list[LogFile], plan: tuple[dict[str, pa.DataType], list[Problem]], job: _Job) -> Iterator[Part]:
+    """One part of the run's files, sanitized at once; when that finds a problem (or trajectory
+    ids repeat across files, which attribute findings to files), each file on its own."""
+    if len(run) > 1:
+        targets = plan[0]
+        cols = [c for c in job.columns if c in targets]
         try:
-            for raw in iter_batches(f, cols, batch_rows):
-                n_read = raw.num_rows
-                have = set(raw.column_names)
-                part, bad = drop_invalid(raw.select([c for c in cols if c in have]), offset)
-                part, long = cap_tokens(part, max_tokens, offset)
-                part, cast_problems = cast(part, targets)
-                yield Part(part, f.path, offset, (problems if first else []) + bad + long + cast_problems)
-                first = False
-                offset += n_read
-        except (OSError, pa.ArrowException) as e:
-            broken.append((f.path, one_line(e)))
-            continue
-        if first:  # an empty file: still report its schema problems
-            yield Part(pa.table({c: pa.array([], targets[c]) for c in cols}), f.path, 0, problems)
+            table = _read_run(run, cols)
+            part, bad = drop_invalid(table)
+            part, long = cap_tokens(part, job.limits[1])
+            part, cast_problems = cast(part, targets)
+            ids = part.column("trajectory_id") if "trajectory_id" in part.column_names else None
+            unique = ids is not None and not ids.null_count and pc.count_distinct(ids).as_py() == part.num_rows
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException:  # noqa: BLE001 - any failure of the run's reader, a Rust panic included
+            bad, unique = [("", "")], False  # read each file alone: the reader names the one that fails
+        if unique and not (bad or long or cast_problems):
+            yield Part(part, run[0].path, 0, [], [(f.path, 0, f.num_rows) for f in run])
+            return
+    for f in run:
+        yield from _file_parts(f, plan, job)
 
 
-def read_updates(
-    files: Sequence[LogFile], broken: list[Problem], max_row_group_bytes: int = 2 * 2**30
-) -> pl.DataFrame | None:
+def _read_run(run: list[LogFile], cols: list[str]) -> pa.Table:
+    """The rows of a run of small local files of one schema, in order. Polars' reader opens the
+    files on its threads at about a third of the CPU pyarrow spends per file; what it returns is
+    validated and cast like any other table (its strings are checked as UTF-8 while decoding)."""
+    if any(storage.is_remote(f.path) for f in run):
+        return pa.concat_tables([t for f in run for _, t in iter_batches(f, cols, 1 << 30)])
+    df = pl.read_parquet([f.path for f in run], columns=cols, use_pyarrow=False)
+    return df.to_arrow()
+
+
+def _file_parts(f: LogFile, plan: tuple[dict[str, pa.DataType], list[Problem]], job: _Job) -> Iterator[Part]:
+    """The parts of one file (or of its share of row groups)."""
+    targets, problems = plan
+    cols = [c for c in job.columns if c in targets]
+    first = not f.row_groups or f.row_groups[0] == 0  # a share of a file: its rows
+    yielded = False
+    try:
+        groups, pending = readable_groups(f, *job.limits, job.broken)
+        pending = (problems if first else []) + pending
+        for offset, raw in iter_batches(f, cols, job.batch_rows, groups):
+            have = set(raw.column_names)
+            part, bad = drop_invalid(raw.select([c for c in cols if c in have]), offset)
+            part, long = cap_tokens(part, job.limits[1], offset)
+            part, cast_problems = cast(part, targets)
+            yield Part(part, f.path, offset, pending + bad + long + cast_problems)
+            pending, yielded = [], True
+    except (OSError, pa.ArrowException) as e:
+        job.broken.append((f.path, one_line(e)))
+        return
+    if not yielded and (first or pending):  # an empty file, or nothing readable: still report its problems
+        yield Part(pa.table({c: pa.array([], targets[c]) for c in cols}), f.path, 0, pending)
+
+
+def readable_groups(
+    f: LogFile, max_bytes: int, max_tokens: int, broken: list[Problem]
+) -> tuple[list[int] | None, list[Problem]]:
+    """The row groups of `f`'s share that may be decoded, judged before decoding: a group whose
+    footer says it decodes to more than `max_bytes` goes to `broken` (S005); a group holding a
+    trajectory of more than `max_tokens` tokens is left out, each such trajectory a problem
+    (S001). None: every group (a table held in memory)."""
+    if f.table is not None or not f.groups:
+        return None, []
+    keep: list[int] = []
+    problems: list[Problem] = []
+    for rg in share_groups(f):
+        size = f.groups[rg]
+        if too_large := row_group_too_large(size, rg, max_bytes):
+            broken.append((f.path, too_large))
+        elif size.tokens > max_tokens and (long := _long_rows(f, rg, max_tokens)):
+            problems += long
+        else:
+            keep.append(rg)
+    return keep, problems
+
+
+# token lists by the bytes a value decodes to: the first one present gives a group's row lengths
+_NARROWEST = ("loss_mask", "token_source", "token_turn", "token_ids", "behavior_logprobs")
+
+
+def _long_rows(f: LogFile, rg: int, limit: int) -> list[Problem]:
+    """The trajectories of row group `rg` over `limit` tokens, from the row lengths of one token
+    list (a boolean mask decodes to a bit per token): the group's other columns, where a long
+    list would take gigabytes, are not decoded. Lists of unequal lengths (a file whose token lists
+    disagree) are all measured."""
+    size = f.groups[rg]
+    lists = [
+        c
+        for c in _NARROWEST
+        if c in f.schema.names
+        and (pa.types.is_list(f.schema.field(c).type) or pa.types.is_large_list(f.schema.field(c).type))
+    ]
+    ids = ["trajectory_id"] if "trajectory_id" in f.schema.names else []
+    pf = pq.ParquetFile(source(f.path))
+    lengths: pa.Array | None = None
+    id_col: pa.Array | None = None
+    for name in lists:
+        t = pf.read_row_group(rg, columns=[name, *ids])
+        n = pc.fill_null(pc.list_value_length(t.column(name)), 0).combine_chunks()
+        lengths = n if lengths is None else pc.max_element_wise(lengths, n)
+        if ids:
+            id_col, ids = t.column("trajectory_id").combine_chunks(), []
+        del t
+        if (
+            pc.sum(n).as_py() or 0
+        ) + size.rows >= size.tokens:  # the group's longest list (an empty one is a value too)
+            break
+    if lengths is None:
+        return []
+    rest = size.rows - int(pc.sum(pc.greater(lengths, limit)).as_py() or 0)
+    also = (
+        f"; row group {rg} is not read, so its {rest} other trajectories (rows {size.first_row}-"
+        f"{size.first_row + size.rows - 1}) are not audited either"
+        if rest
+        else ""
+    )
+    return over_tokens(lengths, id_col, limit, size.first_row, also)[1]
+
+
+def read_updates(files: Sequence[LogFile], broken: list[Problem], max_row_group_bytes: int) -> pl.DataFrame | None:
     """Every update record, cast to the contract, with its `file`. A file with schema
-    problems is left out; a column whose values do not fit is dropped; both go to `broken`."""
+    problems, or a row group too large to decode, is left out; a column whose values do not
+    fit is dropped; all go to `broken`."""
     frames = []
     for f in files:
-        if too_large := row_group_too_large(f.largest_row_group, max_row_group_bytes):
-            broken.append((f.path, too_large))
+        too_large = [why for rg, g in enumerate(f.groups) if (why := row_group_too_large(g, rg, max_row_group_bytes))]
+        if too_large:
+            broken.append((f.path, "update records: " + "; ".join(too_large)))
             continue
         targets, problems = schema_plan(f, "updates")
         if problems:
             broken.append((f.path, "update records: " + "; ".join(f"{c}: {p}" for c, p in problems)))
             continue
         try:
-            pieces = list(iter_batches(f, list(targets), 1 << 30))
+            pieces = [t for _, t in iter_batches(f, list(targets), 1 << 30)]
             t = pa.concat_tables(pieces) if pieces else pa.table({c: pa.array([], targets[c]) for c in targets})
             t, bad = drop_invalid(t)
             if bad:

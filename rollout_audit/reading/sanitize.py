@@ -106,14 +106,27 @@ def _where(row: int | None, first_row: int, n: int) -> str:
     return f"row {first_row + row}"
 
 
-def row_group_too_large(largest: int, limit: int) -> str | None:
-    """Why a file whose largest row group decompresses to `largest` bytes is not read, or None."""
-    if largest <= limit:
-        return None
-    return (
-        f"a row group decompresses to {largest:,} bytes, above max_row_group_bytes ({limit:,}); "
-        "not read (raise the limit to audit it)"
-    )
+def over_tokens(
+    lengths: pa.Array, ids: pa.Array | None, limit: int, first_row: int = 0, also: str = ""
+) -> tuple[pa.Array, list[tuple[str, str]]]:
+    """(rows over, problems): which rows hold more than `limit` tokens, and one (column, problem)
+    per such row (up to 20 named; the rest counted); `also` ends each problem."""
+    over = pc.fill_null(pc.greater(lengths, limit), False)
+    rows = pc.indices_nonzero(over).to_pylist()
+    if not rows:
+        return over, []
+    named = ids.take(rows[:20]).to_pylist() if ids is not None else [None] * len(rows[:20])
+    tail = f"above max_tokens_per_trajectory ({limit:,}); trajectory not audited{also}"
+    problems = [
+        (
+            "token_ids",
+            f"row {first_row + r}{'' if i is None else f' (trajectory {i})'}: {lengths[r].as_py():,} tokens, {tail}",
+        )
+        for r, i in zip(rows, named, strict=False)
+    ]
+    if len(rows) > 20:
+        problems.append(("token_ids", f"{len(rows) - 20} more trajectories above max_tokens_per_trajectory"))
+    return over, problems
 
 
 def cap_tokens(table: pa.Table, limit: int, first_row: int = 0) -> tuple[pa.Table, list[tuple[str, str]]]:
@@ -127,19 +140,8 @@ def cap_tokens(table: pa.Table, limit: int, first_row: int = 0) -> tuple[pa.Tabl
     lengths = pc.fill_null(pc.list_value_length(col), 0)
     if (pc.max(lengths).as_py() or 0) <= limit:
         return table, []  # the common case
-    over = pc.greater(lengths, limit)
-    if not pc.any(over).as_py():
-        return table, []
-    rows = pc.indices_nonzero(over).to_pylist()
-    ids = table.column("trajectory_id").take(rows[:20]).to_pylist() if "trajectory_id" in table.column_names else []
-    where = [
-        f"row {first_row + r}" + (f" (trajectory {i})" if i is not None else "")
-        for r, i in zip(rows[:20], ids or [None] * 20, strict=False)
-    ]
-    over_by = f"above max_tokens_per_trajectory ({limit:,}); trajectory not audited"
-    problems = [
-        ("token_ids", f"{w}: {lengths[r].as_py():,} tokens, {over_by}") for w, r in zip(where, rows, strict=False)
-    ]
-    if len(rows) > 20:
-        problems.append(("token_ids", f"{len(rows) - 20} more trajectories above max_tokens_per_trajectory"))
+    ids = table.column("trajectory_id") if "trajectory_id" in table.column_names else None
+    over, problems = over_tokens(
+        lengths.combine_chunks(), None if ids is None else ids.combine_chunks(), limit, first_row
+    )
     return table.filter(pc.invert(over)), problems

@@ -3,7 +3,10 @@ token ids in, the log-prob of every prompt token out. Standard library only (url
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -45,8 +48,9 @@ class HTTPReplayer:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
         deadline = time.monotonic() + self.timeout
+        watch = _Watch(self.timeout)
         try:
-            with urllib.request.urlopen(req, timeout=min(self.connect_timeout, self.timeout)) as resp:
+            with watch.opener.open(req, timeout=min(self.connect_timeout, self.timeout)) as resp:
                 size = int(resp.headers.get("Content-Length") or 0)
                 if size > self.max_bytes:
                     raise NotConfigured(f"replay endpoint {url} answered {size} bytes, over {self.max_bytes}")
@@ -66,8 +70,12 @@ class HTTPReplayer:
             raise
         except RecursionError:
             raise NotConfigured(f"replay endpoint {url} answered JSON nested too deeply") from None
-        except (urllib.error.URLError, OSError, ValueError) as e:
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as e:
+            if watch.fired.is_set():
+                raise NotConfigured(f"replay endpoint {url} did not answer within {self.timeout:g} s") from None
             raise NotConfigured(f"replay endpoint {url} failed: {e}") from e
+        finally:
+            watch.cancel()
 
     def _post(self, url: str, body: dict) -> dict:
         """POST JSON, return JSON; a connection or HTTP error becomes NotConfigured with the URL."""
@@ -125,6 +133,50 @@ class HTTPReplayer:
                 "so that prompt_logprobs=-1 returns the whole vocabulary (vLLM: --max-logprobs)"
             )
         return z
+
+
+class _Watch:
+    """The total deadline of one request, status line and headers included: a per-read timeout
+    never fires on a server that sends a byte a second, so at the deadline the connection's
+    socket is shut down, which ends the read blocked on it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.fired = threading.Event()
+        self._conns: list[http.client.HTTPConnection] = []
+        self._timer = threading.Timer(seconds, self._cut)
+        self._timer.daemon = True
+        self._timer.start()
+        watch = self
+
+        def keep(cls: type[http.client.HTTPConnection]):
+            def make(host: str, **kw) -> http.client.HTTPConnection:
+                conn = cls(host, **kw)
+                watch._conns.append(conn)
+                return conn
+
+            return make
+
+        class Plain(urllib.request.HTTPHandler):
+            def http_open(self, req):
+                return self.do_open(keep(http.client.HTTPConnection), req)
+
+        class Secure(urllib.request.HTTPSHandler):
+            def https_open(self, req):
+                return self.do_open(keep(http.client.HTTPSConnection), req)  # the default context: certificates checked
+
+        self.opener = urllib.request.build_opener(Plain(), Secure())
+
+    def _cut(self) -> None:
+        self.fired.set()
+        for conn in self._conns:
+            if conn.sock is not None:
+                try:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass  # already closed
+
+    def cancel(self) -> None:
+        self._timer.cancel()
 
 
 def _token_key(k: object) -> int:
