@@ -160,7 +160,7 @@ def costs(path: str, rows_per_share: int, parts: int = 8) -> dict:
     job = D.Job(
         cfg, None, None, None, dict(runner.declared), plan(runner), 2048, gather, keyed, by_update, parts, routed
     )
-    units = shares(disc.of_kind("trajectories"), rows_per_share, cfg.max_row_group_bytes)
+    units = shares(disc.of_kind("trajectories"), rows_per_share)
 
     def best(fn):
         out, t = None, float("inf")

@@ -74,10 +74,9 @@ class Share:
         return f if f.table is not None else replace(f, row_groups=(self.start, self.stop), first_row=self.first_row)
 
 
-def shares(files: Sequence[LogFile], rows_per_share: int, max_row_group_bytes: int) -> list[Share]:
+def shares(files: Sequence[LogFile], rows_per_share: int) -> list[Share]:
     """Cut every file into runs of row groups of about `rows_per_share` rows (a file held in
-    memory is one share). A row group too large to decode (`max_row_group_bytes`) is reported
-    by the reader of its share."""
+    memory is one share). A row group too large to decode is reported by the reader of its share."""
     out: list[Share] = []
     for f in files:
         if f.table is not None or f.num_row_groups < 2 or len(f.groups) != f.num_row_groups:

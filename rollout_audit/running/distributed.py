@@ -367,7 +367,7 @@ UPDATES_PER_TASK = 4096  # update records whose batch members one task cuts by t
 
 
 def _run(ray: Any, work: Work, rows_per_share: int, partitions: int | None) -> Done:
-    runner, cfg, disc = work.runner, work.cfg, work.disc
+    runner, disc = work.runner, work.disc
     keyed, by_update = _keyed(runner)
     routed: tuple[str, ...] = ()
     if work.updates is None:
@@ -393,7 +393,7 @@ def _run(ray: Any, work: Work, rows_per_share: int, partitions: int | None) -> D
     job_ref = ray.put(job)
     per_share = 3 + len(keyed) * n_parts
     task = ray.remote(check_share).options(num_returns=per_share)
-    units = shares(disc.of_kind("trajectories"), rows_per_share, cfg.max_row_group_bytes)
+    units = shares(disc.of_kind("trajectories"), rows_per_share)
     refs = [task.remote(job_ref, s, i) for i, s in enumerate(units)]
     rows = tokens = 0
     schema: dict[str, pl.DataType] = {}
