@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .api import audit
 from .contract.config import Config
 from .contract.errors import AuditFailed
 from .reporting.report import Report, _coda, verdict_line
-from .running.engine import audit
 
 __all__ = ["assert_clean"]
 EXAMPLES = 5  # findings shown per code in the failure message
