@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, NoReturn
 
 import click
@@ -238,7 +239,8 @@ def check(
     ray = None if ray_address is None else (True if ray_address == "local" else ray_address)
     opts = Options(select=tuple(sel), ignore=tuple(ign), workers=workers, ray=ray, tune=True)
     logs = [list(paths)] if merge or framework or len(paths) == 1 else [[p] for p in paths]
-    done = [(log, _audit_one(log, config_path, replay, opts, framework, context)) for log in logs]
+    with _quiet_ray(opts) if quiet else contextlib.nullcontext():
+        done = [(log, _audit_one(log, config_path, replay, opts, framework, context)) for log in logs]
     reports = _settled(done, baseline, write_baseline)
     painted = fmt == "text" and not output and (_tty_colour() if color is None else color)
     limit = None if show_all else done[0][1].cfg.max_examples
@@ -314,6 +316,39 @@ def _audit_one(paths, config_path, replay, opts, framework, context) -> _Audited
     with as_log(conv) as root:
         rep = relabel(run_audit(discover([root]), cfg, opts), conv, root)
     return _Audited(rep, cfg, config_file, lambda: table_ids(conv.trajectories))
+
+
+@contextlib.contextmanager
+def _quiet_ray(opts) -> Iterator[None]:
+    """`--ray` with `-q`: Ray started (or joined) here without its own log lines (the token notice,
+    "Started a local Ray instance", its workers' output), so that only the findings are printed;
+    the executor runs on this connection, which ends with the command. Without Ray installed, the
+    executor says so as usual."""
+    if not opts.ray:
+        yield
+        return
+    try:
+        import ray
+    except ImportError:
+        yield
+        return
+    if ray.is_initialized():
+        yield
+        return
+    import logging
+
+    where = opts.executor_options
+    own = logging.getLogger("ray")
+    level = own.level
+    if where["address"]:
+        ray.init(address=where["address"], log_to_driver=False, logging_level=logging.ERROR)
+    else:
+        ray.init(num_cpus=where["num_cpus"], include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        own.setLevel(level)  # the process's logging as it was (the command may run inside a test)
 
 
 def _tty_colour() -> bool:

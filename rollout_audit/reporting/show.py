@@ -24,6 +24,7 @@ TRAINED = "underline"
 WRONG = "bold white on red"  # a token in the loss that the policy did not sample
 WRONG_MARK = "!"
 INDENT = 2
+_TOKEN_FIELDS = {"token_source": pl.Int8, "loss_mask": pl.Boolean, "token_turn": pl.Int32}
 
 
 @dataclass
@@ -45,6 +46,9 @@ def transcript(log: Log, trajectory_id: str, findings: pl.DataFrame | None = Non
     if row.height == 0:
         raise KeyError(f"trajectory {trajectory_id!r} is not in the log")
     toks = log.tokens.filter(pl.col("trajectory_id") == trajectory_id).collect()
+    toks = toks.with_columns(  # a list the log lacks (S001 says so) is shown as unknown, never a crash
+        pl.lit(None, dtype).alias(name) for name, dtype in _TOKEN_FIELDS.items() if name not in toks.columns
+    )
     turns = log.turns.filter(pl.col("trajectory_id") == trajectory_id).collect()
     scalars = {k: v for k, v in row.row(0, named=True).items() if not isinstance(v, list)}
     meta = pq.read_schema(scalars["file"]).metadata or {} if scalars.get("file") else {}
