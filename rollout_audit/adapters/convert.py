@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 import pyarrow as pa
 
-from . import load
 from ..checks.environment import VERSIONS
+from . import load
 from .base import META_ORIGINS, META_POLICY, read_dump
 
 IDENTITY = (*VERSIONS, "reset_seed")  # what E801 asks for: each one a context key of every adapter
