@@ -57,6 +57,25 @@ def faulted(tmp_path_factory):
     return out
 
 
+def test_quiet_check_on_a_local_cluster_prints_the_findings_only():
+    """`check --ray -q` in a process of its own starts a local Ray cluster: Ray's startup lines (its
+    token notice, "Started a local Ray instance") reach neither stream; stdout holds what `-q`
+    prints without Ray, and stderr nothing. (First in this file: no other cluster is up yet.)"""
+    path = str(ROOT / "fixtures/broken/first_visit_paid_twice")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a cluster of its own, not the module's
+    res = subprocess.run(
+        [sys.executable, "-m", "rollout_audit.cli", "check", path, "--ray", "-q"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    local = CliRunner().invoke(main, ["check", path, "-q"])
+    assert res.returncode == local.exit_code == 1, res.stderr
+    assert res.stderr == ""
+    assert res.stdout == local.stdout and res.stdout.startswith("R408 [error]")
+
+
 def _same(local, remote) -> None:
     assert sorted(remote.findings.to_dicts(), key=json.dumps) == sorted(local.findings.to_dicts(), key=json.dumps)
     assert remote.summary == local.summary
@@ -129,22 +148,3 @@ def test_only_checks_that_need_the_whole_log_stay_on_the_driver():
     checks (they sample the whole log, and only when replay is on)."""
     kept = sorted(r.code for r in Runner(Config()).log_rules if not r.partition)
     assert kept == ["L205", "L206", "L207", "L209", "S005"]
-
-
-def test_quiet_check_on_a_local_cluster_prints_the_findings_only():
-    """`check --ray -q` in a process of its own starts a local Ray cluster: Ray's startup lines (its
-    token notice, "Started a local Ray instance") reach neither stream; stdout holds what `-q`
-    prints without Ray, and stderr nothing."""
-    path = str(ROOT / "fixtures/broken/first_visit_paid_twice")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a cluster of its own, not the module's
-    res = subprocess.run(
-        [sys.executable, "-m", "rollout_audit.cli", "check", path, "--ray", "-q"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
-    local = CliRunner().invoke(main, ["check", path, "-q"])
-    assert res.returncode == local.exit_code == 1, res.stderr
-    assert res.stderr == ""
-    assert res.stdout == local.stdout and res.stdout.startswith("R408 [error]")
