@@ -62,7 +62,7 @@ def test_quiet_check_on_a_local_cluster_prints_the_findings_only():
     token notice, "Started a local Ray instance") reach neither stream; stdout holds what `-q`
     prints without Ray, and stderr nothing. (First in this file: no other cluster is up yet.)"""
     path = str(ROOT / "fixtures/broken/first_visit_paid_twice")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a cluster of its own, not the module's
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a local cluster of its own, never a named one
     res = subprocess.run(
         [sys.executable, "-m", "rollout_audit.cli", "check", path, "--ray", "-q"],
         capture_output=True,
