@@ -396,14 +396,13 @@ def diff_cmd(a, b, fmt, config_path, z_noise, every) -> None:
     from .running.options import Options
     from .workflow.diff import diff, render_diff
 
-    reps = [_audit_one([p], config_path, None, Options(), None, ()).report for p in (a, b)]
-    for p, r in zip((a, b), reps):
-        if r.unusable is not None:
-            _fail(f"{p}: nothing to audit: {r.unusable}")
-    from .contract.config import load_config
+    done = [_audit_one([p], config_path, None, Options(), None, ()) for p in (a, b)]
+    for p, x in zip((a, b), done):
+        if x.report.unusable is not None:
+            _fail(f"{p}: nothing to audit: {x.report.unusable}")
     from .workflow.policy import apply_tolerated
 
-    reps = [apply_tolerated(r, load_config(config_path, start=p).tolerated_share) for p, r in zip((a, b), reps)]
+    reps = [apply_tolerated(x.report, x.cfg.tolerated_share) for x in done]
     d = diff([a], [b], reps[0], reps[1], z_noise=z_noise)
     click.echo(json.dumps(d, indent=1, default=str) if fmt == "json" else render_diff(d, every))
     sys.exit(1 if d["new_errors"] else 0)

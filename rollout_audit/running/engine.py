@@ -5,7 +5,6 @@ check, and none of any particular executor."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -79,17 +78,3 @@ def memory_discovery(trajectories: Any = None, updates: Any = None) -> Discovery
         if t is not None:
             disc.files.append(memory_file(t, kind))
     return disc
-
-
-def audit_tables(
-    trajectories: Any = None,
-    updates: Any = None,
-    *,
-    config: Config | None = None,
-    select: Sequence[str] | None = None,
-    ignore: Sequence[str] | None = None,
-) -> Report:
-    """Audit in-memory tables (pyarrow Tables, polars DataFrames, or lists of dicts): the checks
-    alone, as an in-loop guard runs them (the library's `audit_tables`, in rollout_audit.api, also
-    applies the configuration's tolerated rates and baseline)."""
-    return run_audit(memory_discovery(trajectories, updates), config, select=select, ignore=ignore)
