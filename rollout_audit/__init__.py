@@ -16,8 +16,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Config": "contract.config",
     "load_config": "contract.config",
-    "audit": "running.engine",
-    "audit_tables": "running.engine",
+    "audit": "api",
+    "audit_tables": "api",
     "Options": "running.options",
     "RolloutWriter": "writer",
     "UsageError": "contract.errors",
@@ -45,7 +45,7 @@ def __dir__() -> list[str]:
 
 def __getattr__(name: str):
     if name in _EXPORTS:
-        if _EXPORTS[name].startswith("running"):
+        if _EXPORTS[name].startswith(("running", "api")):
             importlib.import_module(".reporting", __name__)  # registers the report's output formats
         mod = importlib.import_module(f".{_EXPORTS[name]}", __name__)
         return mod if name == _EXPORTS[name].rpartition(".")[2] else getattr(mod, name)

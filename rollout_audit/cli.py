@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
-from typing import NoReturn
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple, NoReturn
 
 import click
 
@@ -237,10 +239,11 @@ def check(
     ray = None if ray_address is None else (True if ray_address == "local" else ray_address)
     opts = Options(select=tuple(sel), ignore=tuple(ign), workers=workers, ray=ray, tune=True)
     logs = [list(paths)] if merge or framework or len(paths) == 1 else [[p] for p in paths]
-    done = [(log, *_audit_one(log, config_path, replay, opts, framework, context)) for log in logs]
-    reports = _settled(done, config_path, baseline, write_baseline, framework, context)
+    with _quiet_ray(opts) if quiet else contextlib.nullcontext():
+        done = [(log, _audit_one(log, config_path, replay, opts, framework, context)) for log in logs]
+    reports = _settled(done, baseline, write_baseline)
     painted = fmt == "text" and not output and (_tty_colour() if color is None else color)
-    limit = None if show_all else done[0][2]
+    limit = None if show_all else done[0][1].cfg.max_examples
     from .reporting.report import render_logs
 
     text = render_logs(reports, fmt, limit=limit, color=painted, strict=strict, quiet=quiet, show_not_run=show_not_run)
@@ -254,24 +257,23 @@ def check(
     sys.exit(max(rep.exit_code(strict) for _, rep in reports))
 
 
-def _settled(done, config_path, baseline, write_baseline, framework, context):
+def _settled(done, baseline, write_baseline):
     """Each log's report after the tolerated rates and the baseline of its configuration;
     with `write_baseline`, the findings are recorded there instead and the command ends."""
     from .workflow import policy
 
     if (baseline or write_baseline) and len(done) > 1:
         _fail("a baseline belongs to one log: give one PATH, or --merge")
-    ctx = _context(context) if framework else None
     if write_baseline:
-        log, rep, _ = done[0]
-        if not rep.complete:
-            _say_incomplete(rep)
+        a = done[0][1]
+        if not a.report.complete:
+            _say_incomplete(a.report)
             _fail(f"the audit is incomplete: no baseline written to {write_baseline}")
-        rep = policy.apply_tolerated(rep, policy.find_config(config_path, start=log[0])[0].tolerated_share)
-        n = policy.write_baseline(write_baseline, rep, policy.log_ids(log, framework, ctx))
+        rep = policy.apply_tolerated(a.report, a.cfg.tolerated_share)
+        n = policy.write_baseline(write_baseline, rep, a.ids())
         click.echo(f"wrote baseline {write_baseline}: {n} finding{'s' if n != 1 else ''} recorded")
         sys.exit(0)
-    return [(log, policy.settle(rep, log, config_path, baseline, framework, ctx)) for log, rep, _ in done]
+    return [(log, policy.settle(a.report, a.cfg, a.config_file, a.ids, baseline)) for log, a in done]
 
 
 def _with_replay(cfg, replay):
@@ -279,20 +281,32 @@ def _with_replay(cfg, replay):
     return cfg if replay is None else cfg.model_copy(update={"replay": replay})
 
 
-def _audit_one(paths, config_path, replay, opts, framework, context):
-    """The report of one log (a list of paths audited together), configured from next to it, and
-    the number of findings per code its configuration shows in text. A framework's dump
-    (`--from`) is converted and audited as a log of files that is removed afterwards."""
+class _Audited(NamedTuple):
+    """One log's report as the checks left it, the configuration it ran under, the file that
+    configuration came from, and the log's trajectory ids (read when a baseline needs them)."""
+
+    report: Any
+    cfg: Any
+    config_file: str | None
+    ids: Callable[[], Any]
+
+
+def _audit_one(paths, config_path, replay, opts, framework, context) -> _Audited:
+    """The audit of one log (a list of paths audited together), configured from next to it. A
+    framework's dump (`--from`) is converted and audited as a log of files that is removed afterwards."""
     from .contract.config import find_config
     from .reading.io import discover
     from .running.engine import run_audit
+    from .workflow.policy import table_ids, trajectory_ids
 
-    cfg = _with_replay(find_config(config_path, start=paths[0])[0], replay)
+    found, config_file = find_config(config_path, start=paths[0])
+    cfg = _with_replay(found, replay)
     from .reading import storage
 
     storage.set_timeouts(cfg.storage_connect_timeout, cfg.storage_request_timeout)
     if not framework:
-        return run_audit(discover(paths), cfg, opts), cfg.max_examples
+        disc = discover(paths)
+        return _Audited(run_audit(disc, cfg, opts), cfg, config_file, lambda: trajectory_ids(disc))
     from .adapters.convert import as_log, convert, relabel
 
     conv = convert(framework, paths, _context(context))
@@ -300,8 +314,41 @@ def _audit_one(paths, config_path, replay, opts, framework, context):
     if conv.policy:  # the trainer's own policy, as the adapter derived it from its configuration
         click.echo(f"rollout-audit: note: {conv.policy}", err=True)
     with as_log(conv) as root:
-        rep = run_audit(discover([root]), cfg, opts)
-        return relabel(rep, conv, root), cfg.max_examples
+        rep = relabel(run_audit(discover([root]), cfg, opts), conv, root)
+    return _Audited(rep, cfg, config_file, lambda: table_ids(conv.trajectories))
+
+
+@contextlib.contextmanager
+def _quiet_ray(opts) -> Iterator[None]:
+    """`--ray` with `-q`: Ray started (or joined) here without its own log lines (the token notice,
+    "Started a local Ray instance", its workers' output), so that only the findings are printed;
+    the executor runs on this connection, which ends with the command. Without Ray installed, the
+    executor says so as usual."""
+    if not opts.ray:
+        yield
+        return
+    try:
+        import ray
+    except ImportError:
+        yield
+        return
+    if ray.is_initialized():
+        yield
+        return
+    import logging
+
+    where = opts.executor_options
+    own = logging.getLogger("ray")
+    level = own.level
+    if where["address"]:
+        ray.init(address=where["address"], log_to_driver=False, logging_level=logging.ERROR)
+    else:
+        ray.init(num_cpus=where["num_cpus"], include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        own.setLevel(level)  # the process's logging as it was (the command may run inside a test)
 
 
 def _tty_colour() -> bool:
@@ -349,14 +396,13 @@ def diff_cmd(a, b, fmt, config_path, z_noise, every) -> None:
     from .running.options import Options
     from .workflow.diff import diff, render_diff
 
-    reps = [_audit_one([p], config_path, None, Options(), None, ())[0] for p in (a, b)]
-    for p, r in zip((a, b), reps):
-        if r.unusable is not None:
-            _fail(f"{p}: nothing to audit: {r.unusable}")
-    from .contract.config import load_config
+    done = [_audit_one([p], config_path, None, Options(), None, ()) for p in (a, b)]
+    for p, x in zip((a, b), done):
+        if x.report.unusable is not None:
+            _fail(f"{p}: nothing to audit: {x.report.unusable}")
     from .workflow.policy import apply_tolerated
 
-    reps = [apply_tolerated(r, load_config(config_path, start=p).tolerated_share) for p, r in zip((a, b), reps)]
+    reps = [apply_tolerated(x.report, x.cfg.tolerated_share) for x in done]
     d = diff([a], [b], reps[0], reps[1], z_noise=z_noise)
     click.echo(json.dumps(d, indent=1, default=str) if fmt == "json" else render_diff(d, every))
     sys.exit(1 if d["new_errors"] else 0)
@@ -386,7 +432,7 @@ def filter_cmd(log, out, select, config_path) -> None:
             _fail(f"unknown check code or prefix {c!r}; see `rollout-audit explain --list`")
     check_output(out, [log], writes_log=True)
     check_new_directory(out)
-    rep = _audit_one([log], config_path, None, Options(select=tuple(sel)), None, ())[0]
+    rep = _audit_one([log], config_path, None, Options(select=tuple(sel)), None, ()).report
     if not rep.complete:
         _say_incomplete(rep)
         _fail(f"the audit of {log} is incomplete: nothing written")
@@ -576,13 +622,16 @@ def _warn_unreadable(broken: list[tuple[str, str]]) -> None:
 @click.option("--width", type=click.IntRange(40, 1000), default=None, help="Columns (default: the terminal's).")
 def show(path, trajectory_id, color, tokenizer_dir, ids, width) -> None:
     """Print one trajectory turn by turn: decoded text coloured by provenance, trained tokens underlined,
-    trained non-policy tokens flagged with !, findings' codes next to their tokens, observations and rewards."""
+    trained non-policy tokens flagged with !, findings' codes next to their tokens, observations and rewards.
+    The findings are those `rollout-audit check PATH` reports on this trajectory."""
     import shutil
 
-    from .contract.config import load_config
+    import polars as pl
+
     from .reading.log import scan
     from .reporting.decode import DecodeError, from_directory
     from .reporting.show import render, transcript
+    from .running.options import Options
 
     log = scan(path)
     _warn_unreadable(log.broken)
@@ -590,8 +639,12 @@ def show(path, trajectory_id, color, tokenizer_dir, ids, width) -> None:
         dec = from_directory(tokenizer_dir) if tokenizer_dir else None
     except DecodeError as e:
         _fail(str(e))
+    if log.trajectories.filter(pl.col("trajectory_id") == trajectory_id).select(pl.len()).collect().item() == 0:
+        _fail(f"trajectory {trajectory_id!r} is not in the log")
+    # the findings `rollout-audit check PATH` reports: the same audit, settled by the same configuration
+    ((_, rep),) = _settled([([path], _audit_one([path], None, None, Options(tune=True), None, ()))], None, None)
     try:
-        t = transcript(log, trajectory_id, load_config(start=path))
+        t = transcript(log, trajectory_id, rep.findings)
     except KeyError as e:
         _fail(str(e.args[0]))
     cols = width or shutil.get_terminal_size((100, 24)).columns
@@ -686,7 +739,7 @@ def demo(out, profile, seed, progress) -> None:
         str(out), profile=profile, seed=seed, progress=sys.stderr.isatty() if progress is None else progress
     )
     click.echo(format_table(result))
-    from .running.engine import audit
+    from .api import audit
 
     code = 0
     for run in result["run_dirs"]:  # each run apart: the checkpoints of one run's versions replay only its log

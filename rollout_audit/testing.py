@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .api import audit
 from .contract.config import Config
 from .contract.errors import AuditFailed
 from .reporting.report import Report, _coda, verdict_line
-from .running.engine import audit
 
 __all__ = ["assert_clean"]
 EXAMPLES = 5  # findings shown per code in the failure message
@@ -35,7 +35,8 @@ def assert_clean(
 ) -> Report:
     """Audit `source` (a path, a list of paths, a scanned Log, or in-memory trajectory records or
     tables with `updates`) and return the report; raise AuditFailed (`.report` holds it) when the audit would exit
-    non-zero: error findings (warnings too with `strict`), a crashed check, or nothing to audit."""
+    non-zero: error findings (warnings too with `strict`), a crashed check, or nothing to audit. The
+    configuration's tolerated rates and baseline apply, as in `rollout-audit check`."""
     __tracebackhide__ = True  # pytest shows the caller's line and the message, not this library's frames
     rep = audit(source, updates, config=config, select=select, ignore=ignore)
     if rep.exit_code(strict):

@@ -4,6 +4,8 @@ key, whichever framework converts the dump."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from adapterhelp import cli, fixture
 
@@ -47,3 +49,20 @@ def test_values_arrive_in_their_types(context, allowed, expected):
 def test_bad_values_name_their_key(context, allowed):
     with pytest.raises(AdapterError, match=next(iter(context))):
         context_values(context, allowed)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_e801_on_a_dump_names_the_context_that_supplies_the_missing_identity(name):
+    """A dump that records no environment identity: E801 says which `--context KEY=VALUE` gives each
+    missing one, and with those options the same dump passes E801."""
+    res = cli("check", "--from", name, fixture(name, "compliant"), "--select", "E801", "--format", "json")
+    assert res.exit_code == 1, res.output
+
+    (found,) = json.loads(res.stdout)["findings"]
+    hint = "pass --context environment_version=... --context verifier_version=... --context reset_seed=..."
+    assert found["code"] == "E801" and found["message"].endswith(hint), found
+    given = ["--context", "environment_version=1", "--context", "verifier_version=2", "--context", "reset_seed=0"]
+    res = cli("check", "--from", name, fixture(name, "compliant"), "--select", "E801", *given)
+    assert res.exit_code == 0, res.output
+    res = cli("check", "--from", name, fixture(name, "compliant"), "--select", "E801", *given[:4])
+    assert res.exit_code == 1 and res.stdout.count("--context") == 1 and "--context reset_seed=..." in res.stdout

@@ -6,7 +6,9 @@ initial states, cut into shares of a few row groups and the log checks into part
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -53,6 +55,25 @@ def faulted(tmp_path_factory):
     i = t.schema.get_field_index("initial_state_checksum")
     pq.write_table(t.set_column(i, "initial_state_checksum", pa.array(["f" * 64] * 10)), out / "part-00091.parquet")
     return out
+
+
+def test_quiet_check_on_a_local_cluster_prints_the_findings_only():
+    """`check --ray -q` in a process of its own starts a local Ray cluster: Ray's startup lines (its
+    token notice, "Started a local Ray instance") reach neither stream; stdout holds what `-q`
+    prints without Ray, and stderr nothing. (First in this file: no other cluster is up yet.)"""
+    path = str(ROOT / "fixtures/broken/first_visit_paid_twice")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a local cluster of its own, never a named one
+    res = subprocess.run(
+        [sys.executable, "-m", "rollout_audit.cli", "check", path, "--ray", "-q"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    local = CliRunner().invoke(main, ["check", path, "-q"])
+    assert res.returncode == local.exit_code == 1, res.stderr
+    assert res.stderr == ""
+    assert res.stdout == local.stdout and res.stdout.startswith("R408 [error]")
 
 
 def _same(local, remote) -> None:

@@ -7,6 +7,7 @@ import json
 
 import polars as pl
 import pytest
+from test_show import assert_show_marks_what_check_reports, checked
 
 import rollout_audit as ra
 from reference_agent.fixtures import FIXTURES, generate
@@ -29,16 +30,21 @@ def test_compliant_agent_log_is_clean():
     assert set(rep.not_run) == {"L205", "L206", "L207", "L209", "R411", "R412", "R413"}
     assert rep.summary["configuration"].endswith("compliant/pyproject.toml [tool.rollout-audit]")
     assert rep.summary["rows_read"] > 100
+    assert_show_marks_what_check_reports(FIXTURES / "compliant", *checked(FIXTURES / "compliant"))
 
 
 @pytest.mark.parametrize("name", sorted(MANIFEST["faults"]))
 def test_broken_fixture_raises_its_codes(name):
+    """`check --format json`, as a user runs it (the fixture's configuration found next to it), raises
+    exactly the manifest's codes on the trajectories the fault touched; and `show` marks on a
+    trajectory exactly the codes that report names on it."""
     entry = MANIFEST["faults"][name]
-    rep = ra.audit(FIXTURES / "broken" / name, config=Config.from_mapping(entry["config"]))
-    found = serious(rep)
-    assert set(found["code"].to_list()) == set(entry["codes"]), rep.render()
-    named = set(found.filter(pl.col("code").is_in(entry["codes"]))["trajectory_id"].drop_nulls().to_list())
+    doc, code = checked(FIXTURES / "broken" / name)
+    found = [f for f in doc["findings"] if f["severity"] in ("error", "warning")]
+    assert {f["code"] for f in found} == set(entry["codes"]), doc
+    named = {f["trajectory_id"] for f in found if f["code"] in entry["codes"] and f["trajectory_id"] is not None}
     assert set(entry["touched"]) <= named
+    assert_show_marks_what_check_reports(FIXTURES / "broken" / name, doc, code)
 
 
 def test_every_fault_has_a_fixture():

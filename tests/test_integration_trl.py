@@ -413,3 +413,17 @@ def test_masked_truncation_whose_mask_was_not_applied_is_m109(masked_run):
     m109 = rep.findings.filter(pl.col("code") == "M109")
     assert m109["trajectory_id"].to_list() == [t[0]["trajectory_id"]] and "error" in m109["severity"].to_list()
     assert "U601" in rep.codes("error")  # the recorded clamp no longer matches: a token is trainable now
+
+
+def test_show_on_the_guards_log_marks_what_check_reports(default_run):
+    """`show` on the log the guard wrote reads `check`'s audit of it: no S001 for the behaviour
+    log-probs TRL does not record (the file declares them not recorded), the same codes as check."""
+    from test_show import checked, per_trajectory, shown_codes
+
+    _, log = default_run
+    doc, code = checked(log)
+    per = per_trajectory(doc)
+    assert code in (0, 1) and not any("S001" in codes for codes in per.values())
+    ids = pl.read_parquet(log / "trajectories", columns=["trajectory_id"])["trajectory_id"].to_list()
+    for tid in ids[:2]:
+        assert shown_codes(log, tid) == per.get(tid, set())

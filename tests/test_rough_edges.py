@@ -105,7 +105,9 @@ def test_assert_clean_failure_shows_no_frame_of_the_library(tmp_path):
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+        # the user's own pytest, without the plugins of this environment (torch, hypothesis...): a
+        # failure's frames are pytest's doing and the library's, never a plugin's
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
         timeout=300,
     )
     assert res.returncode == 1 and "the rollout log is not clean" in res.stdout and "M101" in res.stdout

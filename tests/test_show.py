@@ -153,3 +153,74 @@ def test_a_tokenizer_whose_regex_backtracks_is_one_line_not_a_rust_panic(tmp_pat
     assert len(lines) == 1, r.stderr[-3000:]
     assert str(tmp_path / "tok" / "tokenizer.json") in lines[0] and "backtracks" in lines[0], lines[0]
     assert "panicked" not in r.stderr and "Traceback" not in r.stderr
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+MARK = re.compile(r"⟨([A-Z]\d{3})⟩")  # a finding's code as show prints it (the legend's ⟨CODE⟩ is not one)
+
+
+def shown_codes(log, trajectory_id) -> set[str]:
+    """The codes `show` prints for one trajectory: at tokens, at turns, and for the whole of it."""
+    res = run("show", log, trajectory_id, "--no-color", "--width", 1000)
+    assert res.exit_code == 0, res.output
+    return set(MARK.findall(res.stdout))
+
+
+def checked(log) -> tuple[dict, int]:
+    """`check --format json` on the log: its report, and its exit code."""
+    import json
+
+    res = run("check", log, "--format", "json")
+    return json.loads(res.stdout), res.exit_code
+
+
+def per_trajectory(doc: dict) -> dict[str, set[str]]:
+    """The codes a check report names on each trajectory."""
+    per: dict[str, set[str]] = {}
+    for f in doc["findings"]:
+        if f["trajectory_id"] is not None:
+            per.setdefault(f["trajectory_id"], set()).add(f["code"])
+    return per
+
+
+def assert_show_marks_what_check_reports(log, doc: dict, code: int) -> None:
+    """On the trajectory of the log the check report `doc` names most codes on (on a clean log: its
+    first), `show` prints exactly those codes; on a log check cannot read, show exits 2 too."""
+    import rollout_audit as ra
+
+    if code == 2 and doc["unusable"] is not None:
+        assert run("show", log, "any").exit_code == 2
+        return
+    per = per_trajectory(doc)
+    ids = ra.scan(log).trajectories.select("trajectory_id").collect()["trajectory_id"].to_list()
+    present = [t for t in per if t in set(ids)]  # a finding may name a trajectory the log lacks (U605)
+    tid = min(present, key=lambda t: (-len(per[t]), t)) if present else ids[0]
+    assert shown_codes(log, tid) == per.get(tid, set()), (log, tid)
+
+
+def test_show_on_a_trl_log_marks_what_check_reports(tmp_path):
+    """A log as the TRL guard writes it: TRL does not record behaviour log-probs, and the file says so
+    (rollout_log.not_recorded); `check` reports no S001 for it, and neither does `show`."""
+    import numpy as np
+
+    from rollout_audit.adapters.trl import records_from_batch
+
+    tok = type("Tok", (), {"pad_token_id": 0, "eos_token_id": 9, "name_or_path": "tiny", "chat_template": "{{ x }}"})
+    batch = {
+        "prompt_ids": np.array([[0, 5, 6], [7, 8, 6]]),
+        "prompt_mask": np.array([[0, 1, 1], [1, 1, 1]]),
+        "completion_ids": np.array([[11, 12, 40, 41, 13, 9], [21, 22, 23, 24, 25, 26]]),
+        "completion_mask": np.ones((2, 6), dtype=np.int64),
+        "tool_mask": np.array([[1, 1, 0, 0, 1, 1], [1, 1, 1, 1, 1, 1]]),
+        "advantages": np.array([0.5, -0.5]),
+    }
+    table = records_from_batch(batch, tokenizer=tok, policy_version=0, batch_id="gen00000", group_size=2,
+                               rewards=[1.0, 0.0], temperature=0.7, top_p=1.0)  # fmt: skip
+    assert "behavior_logprobs" not in table.column_names
+    with RolloutWriter(tmp_path / "log" / "trajectories" / "gen00000.parquet", validate=False) as w:
+        w.write(table)
+    doc, code = checked(tmp_path / "log")
+    per = per_trajectory(doc)
+    assert code in (0, 1) and not any("S001" in codes for codes in per.values())
+    for tid in ("gen00000/0", "gen00000/1"):
+        assert shown_codes(tmp_path / "log", tid) == per.get(tid, set())

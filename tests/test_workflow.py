@@ -128,6 +128,68 @@ def test_a_bad_tolerated_share_is_exit_2(logs, tmp_path, table, why):
     assert res.exit_code == 2 and why in res.output
 
 
+# ---------------------------------------------------------------- the library reads the same configuration
+
+
+def _project(logs, tmp_path, table: str) -> Path:
+    """A copy of the log `one` (one M101 error) in a project whose pyproject.toml holds `table`."""
+    import shutil
+
+    shutil.copytree(logs / "one", tmp_path / "proj" / "one")
+    (tmp_path / "proj" / "pyproject.toml").write_text(f"[tool.rollout-audit]\n{table}\n")
+    return tmp_path / "proj" / "one"
+
+
+def _verdict(rep: dict) -> list:
+    return [(f["code"], f["severity"], f["trajectory_id"], f["message"]) for f in rep["findings"]]
+
+
+def test_the_library_applies_a_configured_tolerated_share_as_check_does(logs, tmp_path, rollout_audit_clean):
+    import rollout_audit as ra
+
+    log = _project(logs, tmp_path, "tolerated_share = {M101 = 0.01}")
+    res = cli("check", log, "--format", "json")
+    assert res.exit_code == 0, res.output
+    rep = ra.audit(log)
+    assert rep.ok and rep.summary["tolerated"]["M101"]["within"] is True
+    assert _verdict(json.loads(rep.render("json"))) == _verdict(json.loads(res.stdout))
+    assert rollout_audit_clean(log).findings["severity"].to_list() == ["warning"]
+    with pytest.raises(AssertionError, match="M101 \\[warning\\]"):
+        rollout_audit_clean(log, strict=True)
+    # a Config made in code, and in-memory tables, carry the same setting
+    assert ra.audit(logs / "one", config=ra.Config(tolerated_share={"M101": 0.01})).ok
+    assert not ra.audit(logs / "one", config=ra.Config(tolerated_share={"M101": 0.001})).ok
+    from rollout_audit.faults import read_records
+
+    trajs, ups = read_records(logs / "one")
+    assert ra.audit(trajs, ups, config=ra.Config(tolerated_share={"M101": 0.01})).ok
+    assert not ra.audit(trajs, ups).ok
+
+
+def test_the_library_applies_a_configured_baseline_as_check_does(logs, tmp_path, rollout_audit_clean):
+    import rollout_audit as ra
+
+    log = _project(logs, tmp_path, 'baseline = "accepted.json"')
+    with pytest.raises(ra.UsageError, match="accepted.json: no such file"):
+        ra.audit(log)  # a configured baseline that is absent is refused, as by check (exit 2)
+    assert cli("check", log, "--write-baseline", tmp_path / "proj" / "accepted.json").exit_code == 0
+    res = cli("check", log, "--format", "json")
+    assert res.exit_code == 0, res.output
+    rep = ra.audit(log)
+    assert rep.ok and rep.summary["baseline"]["seen"] == 1 and rep.findings.is_empty()
+    assert _verdict(json.loads(rep.render("json"))) == _verdict(json.loads(res.stdout))
+    assert rollout_audit_clean(log).summary["baseline"]["recorded"] == 1
+    # what the baseline did not record still fails, in the library as in check
+    two = tmp_path / "proj" / "two"
+    assert cli("faults", "apply", "positive_logprob", log, two).exit_code == 0
+    with pytest.raises(AssertionError, match="L201 \\[error\\]") as e:
+        rollout_audit_clean(two)
+    assert "M101" not in str(e.value)
+    assert cli("check", two).exit_code == 1
+    # `baseline=` replaces the configured one, as `check --baseline FILE` does
+    assert ra.audit(logs / "one", baseline=tmp_path / "proj" / "accepted.json").ok
+
+
 # ---------------------------------------------------------------- diff
 
 

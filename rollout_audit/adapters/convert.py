@@ -18,8 +18,11 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 import pyarrow as pa
 
+from ..checks.environment import VERSIONS
 from . import load
 from .base import META_ORIGINS, META_POLICY, read_dump
+
+IDENTITY = (*VERSIONS, "reset_seed")  # what E801 asks for: each one a context key of every adapter
 
 if TYPE_CHECKING:
     from ..contract.config import Config
@@ -100,9 +103,11 @@ def relabel(rep: Report, conv: Converted, root: str) -> Report:
         if f.height
         else f.with_columns(pl.lit(None, pl.String).alias("_origin"))
     )
-    rep.findings = named.with_columns(
-        pl.when(inside).then(pl.coalesce("_origin", pl.lit(dump))).otherwise(pl.col("file")).alias("file")
-    ).drop("_origin")
+    rep.findings = _context_hint(
+        named.with_columns(
+            pl.when(inside).then(pl.coalesce("_origin", pl.lit(dump))).otherwise(pl.col("file")).alias("file")
+        ).drop("_origin")
+    )
 
     def text(s: Any) -> Any:
         return s.replace(root, dump) if isinstance(s, str) else s
@@ -117,6 +122,24 @@ def relabel(rep: Report, conv: Converted, root: str) -> Report:
         rep.summary["trainer_policy"] = conv.policy
         rep.summary["trainer_policy_settings"] = dict(conv.settings)
     return rep
+
+
+def _context_hint(findings: pl.DataFrame) -> pl.DataFrame:
+    """E801 on a dump names the `--context KEY=VALUE` that supplies each identity it found missing:
+    a trainer's dump seldom records them, and the context is how the audit is told."""
+    if findings.is_empty():
+        return findings
+    said = [
+        pl.when(pl.col("message").str.contains(key, literal=True)).then(pl.lit(f"--context {key}=..."))
+        for key in IDENTITY
+    ]
+    hint = pl.concat_str(said, separator=" ", ignore_nulls=True)
+    return findings.with_columns(
+        pl.when((pl.col("code") == "E801") & (hint != ""))
+        .then(pl.concat_str([pl.col("message"), pl.lit("; pass "), hint]))
+        .otherwise(pl.col("message"))
+        .alias("message")
+    )
 
 
 __all__ = ["Converted", "as_log", "convert", "relabel"]

@@ -152,7 +152,7 @@ def detect(name: str, trajs: list[dict], updates: list[dict], workdir, *, seed: 
     """Apply one fault, write the broken log under `workdir`, audit it, compare codes."""
     import polars as pl
 
-    from ..running.engine import audit
+    from ..api import audit
 
     f = FAULTS[name]
     (bt, bu), touched = apply(name, trajs, updates, seed)

@@ -27,11 +27,11 @@ from ..adapters.trl import (
     trainer_policy,
     update_from_step,
 )
+from ..api import audit_tables
 from ..contract.config import Config
 from ..contract.errors import AuditFailed
 from ..reading.records import records_to_table
 from ..reporting.report import Report
-from ..running.engine import audit_tables
 from ..writer import RolloutWriter
 
 Policy = Literal["warn", "raise", "skip"]

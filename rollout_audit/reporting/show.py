@@ -14,7 +14,6 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from ..contract.config import Config
 from ..contract.schema import POLICY, SOURCE_NAMES
 from ..reading.log import Log
 from .decode import Decoder, declared, from_declaration
@@ -25,6 +24,7 @@ TRAINED = "underline"
 WRONG = "bold white on red"  # a token in the loss that the policy did not sample
 WRONG_MARK = "!"
 INDENT = 2
+_TOKEN_FIELDS = {"token_source": pl.Int8, "loss_mask": pl.Boolean, "token_turn": pl.Int32}
 
 
 @dataclass
@@ -39,28 +39,25 @@ class Transcript:
     findings: pl.DataFrame | None = None
 
 
-def transcript(log: Log, trajectory_id: str, config: Config | None = None) -> Transcript:
-    """The trajectory's rows, its file's metadata and the findings of auditing it under `config`;
-    KeyError when it is not in the log."""
+def transcript(log: Log, trajectory_id: str, findings: pl.DataFrame | None = None) -> Transcript:
+    """The trajectory's rows, its file's metadata and, of an audit's `findings` (those of the whole
+    log, as `check` reports them), the ones that name this trajectory; KeyError when it is not in the log."""
     row = log.trajectories.filter(pl.col("trajectory_id") == trajectory_id).collect()
     if row.height == 0:
         raise KeyError(f"trajectory {trajectory_id!r} is not in the log")
     toks = log.tokens.filter(pl.col("trajectory_id") == trajectory_id).collect()
+    toks = toks.with_columns(  # a list the log lacks (S001 says so) is shown as unknown, never a crash
+        pl.lit(None, dtype).alias(name) for name, dtype in _TOKEN_FIELDS.items() if name not in toks.columns
+    )
     turns = log.turns.filter(pl.col("trajectory_id") == trajectory_id).collect()
     scalars = {k: v for k, v in row.row(0, named=True).items() if not isinstance(v, list)}
     meta = pq.read_schema(scalars["file"]).metadata or {} if scalars.get("file") else {}
-    return Transcript(scalars, toks, turns, meta, _findings(row.drop("file"), config))
-
-
-def _findings(row: pl.DataFrame, config: Config | None) -> pl.DataFrame | None:
-    """Findings of an audit of this one trajectory (checks over groups or updates cannot run on one)."""
-    from ..running.engine import audit_tables
-
-    try:
-        rep = audit_tables(row.to_arrow(), config=config)
-    except Exception:  # noqa: BLE001 - the marks are a courtesy: the transcript is shown without them
-        return None
-    return rep.findings.select("code", "severity", "turn", "position", "message")
+    mine = None
+    if findings is not None:
+        mine = findings.filter(pl.col("trajectory_id") == trajectory_id).select(
+            "code", "severity", "turn", "position", "message"
+        )
+    return Transcript(scalars, toks, turns, meta, mine)
 
 
 def decoder_for(t: Transcript, given: Decoder | None) -> tuple[Decoder | None, str]:

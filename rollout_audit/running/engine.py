@@ -5,18 +5,15 @@ check, and none of any particular executor."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 import polars as pl
 import pyarrow as pa
 
-from ..contract.config import Config, find_config
-from ..reading import storage
+from ..contract.config import Config
 from ..reading.batches import why_unusable
-from ..reading.io import Discovery, discover
+from ..reading.io import Discovery
 from ..reading.read import memory_file, read_updates
 from . import distributed  # noqa: F401  (registers the `ray` executor)
 from .executors import Work, executor
@@ -81,53 +78,3 @@ def memory_discovery(trajectories: Any = None, updates: Any = None) -> Discovery
         if t is not None:
             disc.files.append(memory_file(t, kind))
     return disc
-
-
-def audit_tables(
-    trajectories: Any = None,
-    updates: Any = None,
-    *,
-    config: Config | None = None,
-    select: Sequence[str] | None = None,
-    ignore: Sequence[str] | None = None,
-) -> Report:
-    """Audit in-memory tables (pyarrow Tables, polars DataFrames, or lists of dicts)."""
-    return run_audit(memory_discovery(trajectories, updates), config, select=select, ignore=ignore)
-
-
-def audit(
-    source: Any,
-    updates: Any = None,
-    *,
-    config: Config | None = None,
-    select: Sequence[str] | None = None,
-    ignore: Sequence[str] | None = None,
-    ray: str | bool | None = None,
-    executor: Any = "threads",
-    workers: int = 1,
-) -> Report:
-    """Audit a path (file or directory, local or `s3://`, `gs://`), a list of paths, a scanned
-    `Log`, or in-memory tables. `executor` names where the checks run (`threads`, with `workers`
-    batches at once; `ray`; or an executor object: see running.executors); `ray=True` (or a
-    cluster address) is short for the `ray` executor.
-
-    The configuration of a path is found as `rollout-audit check` finds it: the nearest
-    `pyproject.toml` with a `[tool.rollout-audit]` table at or above the (first) path. `config=`
-    replaces it. In-memory tables use `config=` or the defaults.
-
-    A training loop can call `audit(batch_table, update_table)` before the optimizer step.
-    """
-    from ..reading.log import Log
-
-    opts = Options(select=select or (), ignore=ignore or (), ray=ray, executor=executor, workers=workers)
-    if isinstance(source, Log):
-        return run_audit(source.discovery, config, opts)
-    if isinstance(source, (str, os.PathLike)) or (
-        isinstance(source, (list, tuple)) and source and all(isinstance(s, (str, os.PathLike)) for s in source)
-    ):
-        paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
-        if config is None:
-            config = find_config(None, start=os.fspath(paths[0]))[0]
-        storage.set_timeouts(config.storage_connect_timeout, config.storage_request_timeout)
-        return run_audit(discover(paths), config, opts)
-    return run_audit(memory_discovery(source, updates), config, opts)

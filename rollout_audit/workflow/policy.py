@@ -9,15 +9,19 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 
 from .. import __version__
 from ..checks import all_rules
-from ..contract.config import find_config
+from ..contract.config import Config
 from ..contract.errors import UsageError
 from ..contract.registry import SEVERITY_ORDER
+from ..reading.io import Discovery
+from ..reading.log import Log
 from ..running.report import Report, sort_findings
 
 BASELINE_FORMAT = 1
@@ -175,45 +179,46 @@ def apply_baseline(rep: Report, path: str | Path, ids: pl.Series) -> Report:
     return _with_findings(rep, kept, baseline=info)
 
 
-# ---------------------------------------------------------------- the command line's use of both
+# ---------------------------------------------------------------- one log's settled report
 
 
-def log_ids(paths: list, framework: str | None = None, context: dict | None = None) -> pl.Series:
-    """The trajectory ids of the log at `paths` (a framework's dump: after conversion)."""
-    if framework:
-        from ..adapters.convert import convert
-
-        table = convert(framework, paths, context or {}).tables()[0]
-        return pl.Series("trajectory_id", table.column("trajectory_id").to_pylist(), pl.String)
-    from ..reading.log import scan
-
-    return scan(paths).trajectories.select(pl.col("trajectory_id").cast(pl.String)).collect()["trajectory_id"]
+def table_ids(table: pa.Table) -> pl.Series:
+    """The trajectory ids of an in-memory trajectory table (none when it has no such column)."""
+    ids = table.column("trajectory_id").to_pylist() if "trajectory_id" in table.column_names else []
+    return pl.Series("trajectory_id", ids, pl.String)
 
 
-def configured_baseline(config_path: str | None, start: str) -> Path | None:
-    """`baseline = "…"` of the configuration in use, read from the configuration file's directory."""
-    cfg, source = find_config(config_path, start=start)
+def trajectory_ids(disc: Discovery) -> pl.Series:
+    """The trajectory ids of the log `disc` discovered: its in-memory tables, else its files."""
+    tables = [f.table for f in disc.of_kind("trajectories") if f.table is not None]
+    if tables:
+        return pl.concat([table_ids(t) for t in tables])
+    return Log(disc).trajectories.select(pl.col("trajectory_id").cast(pl.String)).collect()["trajectory_id"]
+
+
+def configured_baseline(cfg: Config, config_file: str | None) -> Path | None:
+    """`baseline = "…"` of the configuration, a relative path read from the directory of the
+    file it came from (a Config made in code: from the working directory)."""
     if cfg.baseline is None:
         return None
     p = Path(cfg.baseline)
-    return p if p.is_absolute() else Path(source).parent / p
+    return p if p.is_absolute() or config_file is None else Path(config_file).parent / p
 
 
 def settle(
     rep: Report,
-    paths: list,
-    config_path: str | None,
-    baseline: str | None,
-    framework: str | None = None,
-    context: dict | None = None,
+    cfg: Config,
+    config_file: str | None,
+    ids: Callable[[], pl.Series],
+    baseline: str | Path | None = None,
 ) -> Report:
-    """The report of one log after its configuration's tolerated rates and its baseline
-    (`baseline`, else `baseline = "…"` of the configuration)."""
-    cfg = find_config(config_path, start=paths[0])[0]
+    """The report of one log after the tolerated rates of `cfg` and its baseline (`baseline`, else
+    `baseline = "…"` of `cfg`, found from `config_file`); `ids()` gives the log's trajectory ids
+    when a baseline applies. `rollout-audit check` and the library's `audit` both end here."""
     rep = apply_tolerated(rep, cfg.tolerated_share)
-    where = Path(baseline) if baseline else configured_baseline(config_path, paths[0])
+    where = Path(baseline) if baseline else configured_baseline(cfg, config_file)
     if where is None or rep.unusable is not None:
         return rep
     if not where.is_file():
         raise BaselineError(f"baseline {where}: no such file (write one with `check --write-baseline {where}`)")
-    return apply_baseline(rep, where, log_ids(paths, framework, context))
+    return apply_baseline(rep, where, ids())
