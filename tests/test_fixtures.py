@@ -33,18 +33,26 @@ def test_compliant_agent_log_is_clean():
     assert_show_marks_what_check_reports(FIXTURES / "compliant", *checked(FIXTURES / "compliant"))
 
 
+# `show` runs check's whole audit again: compared on one broken fixture per check family
+SHOWN = {
+    min(n for n, e in MANIFEST["faults"].items() if e["codes"][0][0] == fam)
+    for fam in {e["codes"][0][0] for e in MANIFEST["faults"].values()}
+}
+
+
 @pytest.mark.parametrize("name", sorted(MANIFEST["faults"]))
 def test_broken_fixture_raises_its_codes(name):
     """`check --format json`, as a user runs it (the fixture's configuration found next to it), raises
-    exactly the manifest's codes on the trajectories the fault touched; and `show` marks on a
-    trajectory exactly the codes that report names on it."""
+    exactly the manifest's codes on the trajectories the fault touched; and (one fixture per family)
+    `show` marks on a trajectory exactly the codes that report names on it."""
     entry = MANIFEST["faults"][name]
     doc, code = checked(FIXTURES / "broken" / name)
     found = [f for f in doc["findings"] if f["severity"] in ("error", "warning")]
     assert {f["code"] for f in found} == set(entry["codes"]), doc
     named = {f["trajectory_id"] for f in found if f["code"] in entry["codes"] and f["trajectory_id"] is not None}
     assert set(entry["touched"]) <= named
-    assert_show_marks_what_check_reports(FIXTURES / "broken" / name, doc, code)
+    if name in SHOWN:
+        assert_show_marks_what_check_reports(FIXTURES / "broken" / name, doc, code)
 
 
 def test_every_fault_has_a_fixture():
