@@ -615,13 +615,13 @@ def _source_name() -> pl.Expr:
 
 
 def _to_go(v: np.ndarray, row: np.ndarray) -> np.ndarray:
-    """Per element: the sum of v over it and every later element of the same row (`row` sorted)."""
+    """Per element: the sum of v over it and every later element of the same row (`row` sorted,
+    non-negative): the running sum at its row's last element, less the running sum before it."""
     if not v.size:
         return v
     c = np.cumsum(v)
-    new = np.r_[True, row[1:] != row[:-1]]
-    last = np.r_[row[1:] != row[:-1], True]
-    return c[last][np.cumsum(new) - 1] - c + v
+    last = np.cumsum(np.bincount(row)) - 1  # by row number: the index of its last element
+    return c[last[row]] - c + v
 
 
 @rule(
@@ -752,28 +752,30 @@ def token_returns(b: BatchView, cfg) -> pl.DataFrame | None:
     """
     ret, rew = _List(b, "token_returns"), _List(b, "token_reward")
     rows = ret.fits & rew.fits
-    term = np.where(rew.present, rew.values, 0.0)
-    kl_bad = None
-    if b.has("token_kl"):
-        kl = _List(b, "token_kl")
+    kl = _List(b, "token_kl") if b.has("token_kl") else None
+    if kl is not None:
         rows &= ~kl.broken
-        term = term - np.where(kl.present, kl.values, 0.0)
-        kl_bad = kl.bad
+
+    def term(at: np.ndarray) -> np.ndarray:
+        """reward − KL at the token indices `at` (a null counts 0)."""
+        out = np.where(rew.present[at], rew.values[at], 0.0)
+        return out if kl is None else out - np.where(kl.present[at], kl.values[at], 0.0)
+
     t = b.tokens
     use = rows[t.row]
     pol = np.flatnonzero(use & t.policy)
-    every = np.flatnonzero(use)
-    expected = np.full(t.row.size, np.nan)
-    expected[pol] = _to_go(term[pol], t.row[pol])
-    summed = np.full(t.row.size, np.nan)
-    summed[every] = _to_go(term[every], t.row[every])
     g = ret.values
-    within = lambda e: np.abs(g - e) <= cfg.atol + cfg.rtol * np.abs(e)
-    wrong = np.zeros(t.row.size, bool)
-    wrong[pol] = ret.present[pol] & ~within(expected)[pol]
+    within = lambda e, at: np.abs(g[at] - e) <= cfg.atol + cfg.rtol * np.abs(e)
+    expected = _to_go(term(pol), t.row[pol])
+    bad = ret.present[pol] & ~within(expected, pol)
     off = None
-    if wrong.any():
-        off = _first(b, wrong, _g=g, _e=expected, _all=within(summed)).select(
+    if bad.any():
+        # the return over every token (the finding says when that is what was recorded), on the
+        # rows with a differing token only
+        every = np.flatnonzero(use & np.isin(t.row, t.row[pol[bad]]))
+        e, summed, wrong = np.full(t.row.size, np.nan), np.zeros(t.row.size, bool), np.zeros(t.row.size, bool)
+        e[pol], summed[every], wrong[pol[bad]] = expected, within(_to_go(term(every), t.row[every]), every), True
+        off = _first(b, wrong, _g=g, _e=e, _all=summed).select(
             "trajectory_id",
             "turn",
             "position",
@@ -788,4 +790,4 @@ def token_returns(b: BatchView, cfg) -> pl.DataFrame | None:
                 .otherwise(pl.lit("")),
             ).alias("message"),
         )
-    return _findings(ret.bad, rew.bad, kl_bad, off)
+    return _findings(ret.bad, rew.bad, None if kl is None else kl.bad, off)
