@@ -19,6 +19,7 @@ from click.testing import CliRunner  # noqa: E402
 
 from rollout_audit import audit  # noqa: E402
 from rollout_audit.cli import main  # noqa: E402
+from rollout_audit.contract.config import load_config  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LOGS = ("compliant", "broken/duplicate_shard_row", "broken/loss_over_whole_transcript", "broken/corrupt_file")
@@ -73,7 +74,10 @@ def _on_s3(rep) -> list[dict]:
 
 @pytest.mark.parametrize("name", LOGS)
 def test_s3_log_has_the_findings_of_the_same_files_on_disk(s3, name):
-    local, remote = audit(FIXTURES / name), audit(f"s3://logs/{name}/")
+    # an object store holds no configuration beside the log: the one found next to the files on
+    # disk is given to the remote audit, as a user passes --config
+    local = audit(FIXTURES / name)
+    remote = audit(f"s3://logs/{name}/", config=load_config(start=FIXTURES / name))
     assert remote.findings.height == local.findings.height
     assert sorted(remote.findings.to_dicts(), key=json.dumps) == _on_s3(local)
     assert (remote.summary["counts"], remote.not_run, remote.partial) == (
