@@ -4,6 +4,7 @@ each through the command line a user would type."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -422,3 +423,41 @@ def test_watch_from_a_framework_dump(tmp_path):
     assert lines[0].startswith("step-0.jsonl: ok: 0 errors, 0 warnings")
     assert lines[1].startswith("step-1.jsonl: ok: 0 errors, 1 warning")  # the EOS placeholder log-prob
     assert res.exit_code == 0
+
+
+DIR_WRITER = r"""
+import os, shutil, sys, time
+src, dst = sys.argv[1], sys.argv[2]
+for i, log in enumerate(src.split(",")):
+    time.sleep(0.6)
+    tmp = os.path.join(dst, f".step-{i}.tmp")
+    shutil.copytree(log, tmp)  # a whole log: its trajectory and update files
+    os.replace(tmp, os.path.join(dst, f"step-{i}"))
+"""
+
+
+def test_watch_audits_a_log_directory_moved_in_whole_as_one_step(tmp_path):
+    """A trainer that writes each step as a log directory (trajectories/ and updates/) and moves it
+    in by a rename: one step per directory, its update records audited with its trajectories (an
+    update file alone has no trajectory to check)."""
+    import subprocess
+    import sys
+
+    d = tmp_path / "run"
+    d.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "rollout_audit.cli", "watch", d, "--interval", "0.2", "--idle", "4",
+         "--status", tmp_path / "status.json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    (tmp_path / "writer.py").write_text(DIR_WRITER)
+    logs = f"{COMPLIANT},{ROOT / 'fixtures' / 'broken' / 'tool_tokens_trained'}"
+    subprocess.run([sys.executable, tmp_path / "writer.py", logs, d], env=env, timeout=120, check=True)
+    out, err = watcher.communicate(timeout=180)
+    lines = out.strip().splitlines()
+    assert [x.split(":")[0] for x in lines] == ["step-0", "step-1"], (lines, err)
+    assert lines[0].startswith("step-0: ok: 0 errors") and lines[1].startswith("step-1: FAIL: 1 error"), lines
+    assert watcher.returncode == 1
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert [s["codes"] for s in status["steps"]] == [[], ["M101"]]

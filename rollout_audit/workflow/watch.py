@@ -1,5 +1,6 @@
 """`rollout-audit watch DIR`: follow a directory a trainer writes into, and audit each new
-step's file once it is complete: never a writer's temporary file (hidden, or `.tmp`), and only
+step once it is complete (a file, or a log directory moved in whole: its trajectory and update
+files together): never a writer's temporary file (hidden, or `.tmp`), and only
 once its size and modification time held across two polls (a file moved in by an atomic rename
 holds at once; one written in place holds when its writer stops, finished or killed).
 
@@ -49,24 +50,35 @@ class Watcher:
     steps: list[dict] = field(default_factory=list)
     worst: int = 0
 
+    def step_of(self, p: Path) -> Path:
+        """The step a file belongs to: a log directory moved in whole (a child of the root that
+        holds a `trajectories` folder: its trajectory and update files) is one step; any other
+        file is a step of its own."""
+        top = p.relative_to(self.root).parts[0]
+        return self.root / top if top != p.name and (self.root / top / "trajectories").is_dir() else p
+
     def complete_files(self) -> list[Path]:
-        """Files not yet audited whose size and mtime held since the last poll, in name order."""
-        ready = []
+        """Steps not yet audited whose every file's size and mtime held since the last poll, in
+        name order."""
+        held: dict[Path, bool] = {}
         for p in sorted(self.root.rglob("*")):
-            if p in self.done or p in self.ignore or not p.is_file() or not _is_candidate(p, self.root):
+            if p in self.ignore or not p.is_file() or not _is_candidate(p, self.root):
+                continue
+            step = self.step_of(p)
+            if step in self.done:
                 continue
             try:
                 st = p.stat()
             except OSError:  # renamed or removed between listing and stat
                 continue
             now = (st.st_size, st.st_mtime_ns)
-            if self.seen.get(p) == now and st.st_size > 0:
-                ready.append(p)
+            held[step] = held.get(step, True) and self.seen.get(p) == now and st.st_size > 0
             self.seen[p] = now
-        return ready
+        return [step for step, ok in held.items() if ok]
 
     def run_step(self, path: Path) -> dict:
-        """Audit one complete file; its status entry (also when the file could not be audited)."""
+        """Audit one complete step (a file, or a log directory); its status entry (also when it
+        could not be audited)."""
         name = str(path.relative_to(self.root))
         entry: dict[str, Any]
         try:
