@@ -184,7 +184,7 @@ def updates(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table | 
     for n, rec in enumerate(records, 1):
         if not all(k in rec for k in TRAIN_DATA):
             continue
-        where = f"train data record {n}"
+        where = f"{getattr(rec, 'origin', None) or f'record {n}'}: train data record"
         index, rid, sums = (ints(rec, k, where) for k in TRAIN_DATA)
         if not len(index) == len(rid) == len(sums):
             raise AdapterError(f"{where}: sample_indices, rollout_ids and rollout_mask_sums differ in length")

@@ -92,7 +92,7 @@ def _sampling(rollout: Mapping[str, Any], context: Mapping[str, Any]) -> dict[st
     out = {}
     for k in ("temperature", "top_p"):
         v = args.get(k) if isinstance(args, Mapping) else None
-        v = option({k: v}, k) if v is not None else option(context, k)
+        v = option({k: v}, k, "sampling_args") if v is not None else option(context, k)
         if v is not None:
             out[k] = v
     return out

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..contract import schema as S
-from .base import AdapterError, flags, need, wholes
+from .base import AdapterError, flags, mapping, need, objects, wholes
 from .steps import Call, Segment, finish_reason, identity, option, recorded_logprobs, stop_columns
 
 ROLE_SOURCE = {"system": 0, "user": 1, "tool": 3, "assistant": 1}
@@ -108,16 +108,16 @@ def _segment(trace: Mapping[str, Any], path: list[int], where: str, context: Map
         ids, mask = wholes(need(node, "token_ids", at), "token_ids", at), flags(need(node, "mask", at), "mask", at)
         if len(mask) != len(ids):
             raise AdapterError(f"{at}: a mask of {len(mask)} for {len(ids)} token ids")
-        role = str((node.get("message") or {}).get("role"))
+        role = str(mapping(node.get("message"), "message", at).get("role"))
         if not node.get("sampled"):
             seg.add(ids, ROLE_SOURCE.get(role, 1), mask=mask)
             continue
         sampled = [i for i, m in zip(ids, mask) if m]
         call = calls.get(nid) or {}
-        sampling = call.get("sampling") or {}
+        sampling = mapping(call.get("sampling"), "sampling", f"{at} call")
         turn = {"turn_id": len(seg.turns), "sampled_token_ids": sampled}
         turn["finish_reason"] = finish_reason(call.get("finish_reason"))
-        turn |= {k: option(sampling, k) for k in ("temperature", "top_p") if sampling.get(k) is not None}
+        turn |= {k: option(sampling, k, f"{at} sampling") for k in ("temperature", "top_p") if sampling.get(k) is not None}
         turn |= {k: option(context, k) for k in ("temperature", "top_p", "policy_version") if k not in turn}
         start = mask.index(True) if True in mask else len(ids)
         seg.add(ids[:start], 4)  # the generation prompt: template, before the turn's sampled span
@@ -133,7 +133,7 @@ def trajectories(trace: Mapping[str, Any], n: int, context: Mapping[str, Any]) -
     tid = str(trace.get("id") or f"trace-{n}")
     task = trace.get("task") or {}
     key = str(task.get("key") or task.get("hash") or tid)
-    paths = _paths(need(trace, "nodes", f"trace {tid}"))
+    paths = _paths(objects(need(trace, "nodes", f"trace {tid}"), "nodes", f"trace {tid}"))
     stop, reward = _stop(trace), _reward(trace)
     return [
         {
