@@ -751,8 +751,8 @@ def run_in_process(args: list[str], work: Path) -> Outcome:
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(f, fd)
         os.close(f)
-    sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 - restored below
-    sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", closefd=False)
     cwd, env = os.getcwd(), dict(os.environ)
     code: int | None = 0
     try:

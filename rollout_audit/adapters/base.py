@@ -298,7 +298,9 @@ def _misfit(rows: Sequence[Mapping[str, Any]], origins: Sequence[str | None], fr
                 continue
             if f.name != "turns":
                 if not _fits(row[f.name], f.type):
-                    return f"{where}: {f.name}: expected {f.type}, got {type(row[f.name]).__name__} {short(row[f.name])}"
+                    return (
+                        f"{where}: {f.name}: expected {f.type}, got {type(row[f.name]).__name__} {short(row[f.name])}"
+                    )
                 continue
             for k, turn in enumerate(row["turns"] or ()):
                 for tf in f.type.value_type:

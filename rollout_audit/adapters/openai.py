@@ -95,7 +95,8 @@ def _call(line: Mapping[str, Any], where: str, version: int | None) -> Call:
     turn = {
         "finish_reason": finish_reason(choice.get("finish_reason")),
         "sampled_token_ids": list(sampled),
-        "action_text": choice.get("text") or mapping(choice.get("message"), "message", f"{where}.response.choices[0]").get("content"),
+        "action_text": choice.get("text")
+        or mapping(choice.get("message"), "message", f"{where}.response.choices[0]").get("content"),
         **engine_context(prompt),
         **{k: option(request, k, f"{where}.request") for k in ("temperature", "top_p") if request.get(k) is not None},
         **({"policy_version": version} if version is not None else {}),

@@ -196,7 +196,9 @@ def _trajectories(episode: Mapping[str, Any], n: int, context: Mapping[str, Any]
     stop = _stop(episode)
     dropped = str(episode.get("termination_reason") or "unknown") in filtered(context)
     out = []
-    for k, traj in enumerate(objects(need(episode, "trajectories", f"episode {eid}"), "trajectories", f"episode {eid}")):
+    for k, traj in enumerate(
+        objects(need(episode, "trajectories", f"episode {eid}"), "trajectories", f"episode {eid}")
+    ):
         name = str(traj.get("name", k))
         where = f"episode {eid} trajectory {name}"
         calls = [c for i, s in enumerate(need(traj, "steps", where)) if (c := _call(s, f"{where} step {i}", context))]

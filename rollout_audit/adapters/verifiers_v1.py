@@ -117,7 +117,9 @@ def _segment(trace: Mapping[str, Any], path: list[int], where: str, context: Map
         sampling = mapping(call.get("sampling"), "sampling", f"{at} call")
         turn = {"turn_id": len(seg.turns), "sampled_token_ids": sampled}
         turn["finish_reason"] = finish_reason(call.get("finish_reason"))
-        turn |= {k: option(sampling, k, f"{at} sampling") for k in ("temperature", "top_p") if sampling.get(k) is not None}
+        turn |= {
+            k: option(sampling, k, f"{at} sampling") for k in ("temperature", "top_p") if sampling.get(k) is not None
+        }
         turn |= {k: option(context, k) for k in ("temperature", "top_p", "policy_version") if k not in turn}
         start = mask.index(True) if True in mask else len(ids)
         seg.add(ids[:start], 4)  # the generation prompt: template, before the turn's sampled span
