@@ -690,6 +690,10 @@ def digests(paths: list[Path]) -> dict[str, str]:
     return out
 
 
+# what a refusal says when the code did not foresee the shape: it names the record but not the field
+UNNAMED = ("a field has the wrong shape", "malformed record", "do not fit the contract's types")
+
+
 def judge(case: Case, out: Outcome, before: dict[str, str]) -> list[str]:
     """What makes the case a failure: the outcome's problems, an input written, or a refusal that
     names none of the inputs (a dump refused must name the file and its line)."""
@@ -701,6 +705,8 @@ def judge(case: Case, out: Outcome, before: dict[str, str]) -> list[str]:
         named = [str(p) for p in case.inputs]
         if not any(n in message for n in named):
             problems.append("exit 2 names no input")
+        if any(g in message for g in UNNAMED):
+            problems.append("exit 2 names no field")
     return problems
 
 

@@ -83,7 +83,7 @@ def step_of(record: Mapping[str, Any], fields: Sequence[str], name: re.Pattern[s
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise AdapterError(f"{where}: {key} must be an integer")
-            return value
+            return whole(value, key, where)
     file = (getattr(record, "origin", None) or "").rsplit(":", 1)[0]
     found = name.search(Path(file).name) if file else None
     return int(found.group(1)) if found else None

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..contract import schema as S
-from .base import AdapterError, at_record, context_values, contract_table, mapping, need, origin, wholes
+from .base import AdapterError, at_record, context_values, contract_table, mapping, need, origin, short, wholes
 from .steps import (
     Call,
     engine_context,
@@ -83,8 +83,10 @@ def _call(line: Mapping[str, Any], where: str, version: int | None) -> Call:
     if not isinstance(request, Mapping) or not isinstance(response, Mapping):
         raise AdapterError(f"{where}: request and response must be objects")
     choices = need(response, "choices", f"{where}.response")
-    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], Mapping):
-        raise AdapterError(f"{where}: expected exactly one choice (n=1), found {len(choices or [])}")
+    if not isinstance(choices, list):
+        raise AdapterError(f"{where}.response: choices must be a list, got {type(choices).__name__}")
+    if len(choices) != 1 or not isinstance(choices[0], Mapping):
+        raise AdapterError(f"{where}: expected exactly one choice (n=1), found {len(choices)}")
     choice = choices[0]
     prompt = response.get("prompt_token_ids", choice.get("prompt_token_ids"))
     if prompt is None:
@@ -114,9 +116,10 @@ def _sessions(records: Iterable[dict]) -> dict[str, tuple[list[dict], dict[str, 
         sid = str(need(rec, "session", where))
         pairs, end = out.setdefault(sid, ([], {}))
         if "end" in rec:
-            if not isinstance(rec["end"], Mapping):
-                raise AdapterError(f"{where}: end is not an object")
-            end.update({k: option(rec["end"], k, f"{where}: end") for k in END_FIELDS if rec["end"].get(k) is not None})
+            fields = rec["end"]
+            if not isinstance(fields, Mapping):
+                raise AdapterError(f"{where}: end: expected an object, got {type(fields).__name__} {short(fields)}")
+            end.update({k: option(fields, k, f"{where}: end") for k in END_FIELDS if fields.get(k) is not None})
         else:
             pairs.append(rec)
     return out

@@ -201,7 +201,8 @@ def _trajectories(episode: Mapping[str, Any], n: int, context: Mapping[str, Any]
     ):
         name = str(traj.get("name", k))
         where = f"episode {eid} trajectory {name}"
-        calls = [c for i, s in enumerate(need(traj, "steps", where)) if (c := _call(s, f"{where} step {i}", context))]
+        steps = objects(need(traj, "steps", where), "steps", where)
+        calls = [c for i, s in enumerate(steps) if (c := _call(s, f"{where} step {i}", context))]
         segments = merge(calls, where)
         common = {"task_id": task_id, "group_id": f"{at}{task_id}:{name}", **identity(context)}
         reward = None if dropped else traj.get("reward")

@@ -123,12 +123,10 @@ def merge(calls: Sequence[Call], where: str) -> list[Segment]:
             delta, source = prompt, 1
         seg.add(delta, source)  # tagged with the previous turn (-1 before the first)
         seg.turns.append({"turn_id": len(seg.turns), **call.turn})
-        if call.mask is not None and len(call.mask) != len(call.completion_ids):
-            raise AdapterError(
-                f"{where} call {n}: a mask of {len(call.mask)} for {len(call.completion_ids)} sampled ids"
-            )
         completion = wholes(call.completion_ids, "completion_ids", f"{where} call {n}")
         mask = None if call.mask is None else flags(call.mask, "completion_mask", f"{where} call {n}")
+        if mask is not None and len(mask) != len(completion):
+            raise AdapterError(f"{where} call {n}: a mask of {len(mask)} for {len(completion)} sampled ids")
         seg.add(completion, S.POLICY, recorded_logprobs(call, f"{where} call {n}"), mask)
     return segments
 

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from . import verifiers_v1 as v1
-from .base import AdapterError, at_record, context_values, contract_table, need, origin
+from .base import AdapterError, at_record, context_values, contract_table, need, objects, origin
 from .steps import (
     Call,
     engine_context,
@@ -131,7 +131,8 @@ def _trajectories(rollout: Mapping[str, Any], n: int, context: Mapping[str, Any]
     turn: dict[str, Any] = _sampling(rollout, context)
     if context.get("policy_version") is not None:
         turn["policy_version"] = option(context, "policy_version")
-    calls = [_call(s, f"{where} step {i}", turn) for i, s in enumerate(need(rollout, "trajectory", where))]
+    steps = objects(need(rollout, "trajectory", where), "trajectory", where)
+    calls = [_call(s, f"{where} step {i}", turn) for i, s in enumerate(steps)]
     segments = merge(calls, where)
     stop = _stop(rollout)
     return [

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..contract import schema as S
-from .base import AdapterError, flags, mapping, need, objects, wholes
+from .base import AdapterError, flags, mapping, need, objects, short, wholes
 from .steps import Call, Segment, finish_reason, identity, option, recorded_logprobs, stop_columns
 
 ROLE_SOURCE = {"system": 0, "user": 1, "tool": 3, "assistant": 1}
@@ -51,6 +51,12 @@ ERROR_REASON = {"provider_error": "engine_error", "toolset_error": "tool_error"}
 
 def _paths(nodes: Sequence[Mapping[str, Any]]) -> list[list[int]]:
     """Root-to-leaf node indices of every leaf (a node no other node names as parent)."""
+    for i, n in enumerate(nodes):
+        parent = n.get("parent")
+        if parent is not None and (isinstance(parent, bool) or not isinstance(parent, int)):
+            raise AdapterError(
+                f"nodes[{i}]: parent: expected a node index, got {type(parent).__name__} {short(parent)}"
+            )
     parents = {n.get("parent") for n in nodes}
     out: list[list[int]] = []
     for leaf in (i for i in range(len(nodes)) if i not in parents):
@@ -133,7 +139,7 @@ def _segment(trace: Mapping[str, Any], path: list[int], where: str, context: Map
 def trajectories(trace: Mapping[str, Any], n: int, context: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Contract records of one v1 trace: one per branch."""
     tid = str(trace.get("id") or f"trace-{n}")
-    task = trace.get("task") or {}
+    task = mapping(trace.get("task"), "task", f"trace {tid}")
     key = str(task.get("key") or task.get("hash") or tid)
     paths = _paths(objects(need(trace, "nodes", f"trace {tid}"), "nodes", f"trace {tid}"))
     stop, reward = _stop(trace), _reward(trace)
