@@ -134,19 +134,20 @@ def _worker(conn, kind: str, memory_mb: int, timeout: int) -> None:
             continue
         before = digests(case.inputs)
         tempfile.tempdir = str(temp)
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         peak_reset()
         signal.alarm(timeout)
         out = run_in_process(case.args, work)
         signal.alarm(0)
         out.peak_mb = peak_mb()
         seconds = time.perf_counter() - t
+        cpu = time.process_time() - cpu
         tempfile.tempdir = None
         problems = judge(case, out, before)
         if any(temp.iterdir()):
             problems.append("temporary files left")
         shutil.rmtree(work, ignore_errors=True)
-        conn.send(_row(case, out, problems, seconds))
+        conn.send({**_row(case, out, problems, seconds), "cpu_seconds": round(cpu, 3)})
 
 
 class Worker:
@@ -270,6 +271,8 @@ def summary(path: str, seconds: float = 0.0) -> dict:
         "problems": dict(collections.Counter(p for r in rows for p in r["problems"])),
         "failing_seeds": [r["seed"] for r in rows if r["problems"]][:50],
         "max_seconds": max((r.get("seconds", 0) for r in rows), default=0),
+        "max_cpu_seconds": max((r.get("cpu_seconds", 0) for r in rows), default=0),
+        "median_seconds": sorted(r.get("seconds", 0) for r in rows)[len(rows) // 2] if rows else 0,
         "slowest_seed": max(rows, key=lambda r: r.get("seconds", 0))["seed"] if rows else None,
         "max_peak_mb": max((r.get("peak_mb", 0) for r in rows), default=0),
     }

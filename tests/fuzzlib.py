@@ -436,6 +436,14 @@ def _set(doc, path: tuple, value, op: str) -> None:
         parent[key] = value
 
 
+# cases the long campaign found failing, fixed since (tests/test_fuzz.py replays them): dumps 341, 887
+# (an int64 overflow, an infinite session id), 153 (a list where a weight version is), 262 (a number
+# where a node's message is), 353 (text where a choice's message is), 773 (an object among log-probs),
+# 1450 (an object as a node's parent), 1669 (a step past int64, Parquet), 2091 (a number as the steps);
+# configurations 404 (a 400-digit atol)
+REGRESSION_SEEDS = {"dumps": [341, 887, 153, 262, 353, 773, 1450, 1669, 2091], "configs": [404]}
+
+
 def _dump_base(seed: int) -> tuple[str, Path, str]:
     """The framework, the fixture a dump case mutates, and how it is stored ("jsonl" or "parquet").
     Drawn from a stream of its own, so a case on the compliant JSON Lines fixture is the same bytes
