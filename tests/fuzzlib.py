@@ -436,12 +436,13 @@ def _set(doc, path: tuple, value, op: str) -> None:
         parent[key] = value
 
 
-# cases the long campaign found failing, fixed since (tests/test_fuzz.py replays them): dumps 341, 887
-# (an int64 overflow, an infinite session id), 153 (a list where a weight version is), 262 (a number
+# cases the long campaign found failing, fixed since (tests/test_fuzz.py replays them): dumps 341 (a
+# policy version of 1e30), 887 (a prompt token id below int64), 153 (a list where a weight version is), 262 (a number
 # where a node's message is), 353 (text where a choice's message is), 773 (an object among log-probs),
-# 1450 (an object as a node's parent), 1669 (a step past int64, Parquet), 2091 (a number as the steps);
+# 1450 (an object as a node's parent), 1669 (a step past int64, Parquet), 2091 (a number as the steps),
+# 4264 (a number as a response's choices);
 # configurations 404 (a 400-digit atol)
-REGRESSION_SEEDS = {"dumps": [341, 887, 153, 262, 353, 773, 1450, 1669, 2091], "configs": [404]}
+REGRESSION_SEEDS = {"dumps": [341, 887, 153, 262, 353, 773, 1450, 1669, 2091, 4264], "configs": [404]}
 
 
 def _dump_base(seed: int) -> tuple[str, Path, str]:
@@ -710,7 +711,7 @@ def judge(case: Case, out: Outcome, before: dict[str, str]) -> list[str]:
         problems.append("input written")
     if out.exit == 2 and out.stderr.strip():
         message = out.stderr.strip().splitlines()[-1]
-        named = [str(p) for p in case.inputs]
+        named = [n for p in case.inputs for n in (str(p), os.path.relpath(p))]  # as given, or from the directory
         if not any(n in message for n in named):
             problems.append("exit 2 names no input")
         if any(g in message for g in UNNAMED):

@@ -107,9 +107,10 @@ def _call(step: Mapping[str, Any], where: str, turn: dict[str, Any]) -> Call:
     raw = step.get("response")
     response: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
     choices = response.get("choices") or [{}]
+    first = choices[0] if isinstance(choices, list) and isinstance(choices[0], Mapping) else {}
     turn = {
         **turn,
-        "finish_reason": finish_reason(choices[0].get("finish_reason") if isinstance(choices[0], Mapping) else None),
+        "finish_reason": finish_reason(first.get("finish_reason")),
         "sampled_token_ids": list(sampled),
         "reward": step.get("reward"),
         **engine_context(response.get("prompt_token_ids")),
