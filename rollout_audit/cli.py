@@ -269,7 +269,7 @@ def _settled(done, baseline, write_baseline):
         if not a.report.complete:
             _say_incomplete(a.report, log)
             _fail(f"the audit is incomplete: no baseline written to {write_baseline}")
-        rep = policy.apply_tolerated(a.report, a.cfg.tolerated_share)
+        rep = policy.apply_tolerated(a.report, a.cfg.tolerated_share, a.cfg.source)
         n = policy.write_baseline(write_baseline, rep, a.ids())
         click.echo(f"wrote baseline {write_baseline}: {n} finding{'s' if n != 1 else ''} recorded")
         sys.exit(0)
@@ -403,7 +403,7 @@ def diff_cmd(a, b, fmt, config_path, z_noise, every) -> None:
             _fail(f"{p}: nothing to audit: {x.report.unusable}")
     from .workflow.policy import apply_tolerated
 
-    reps = [apply_tolerated(x.report, x.cfg.tolerated_share) for x in done]
+    reps = [apply_tolerated(x.report, x.cfg.tolerated_share, x.cfg.source) for x in done]
     d = diff([a], [b], reps[0], reps[1], z_noise=z_noise)
     click.echo(json.dumps(d, indent=1, default=str) if fmt == "json" else render_diff(d, every))
     sys.exit(1 if d["new_errors"] else 0)

@@ -558,6 +558,9 @@ def config_case(seed: int) -> tuple[str, bytes]:
     rng = random.Random(seed)
     where = rng.choice(["explicit", "log"])
     body = "".join(f"{rng.choice(CONFIG_KEYS)} = {rng.choice(CONFIG_VALUES)}\n" for _ in range(rng.randint(1, 3)))
+    typed = _typed_settings(seed)
+    if typed:  # settings of the right type at their extremes: the audit runs under them
+        return where, ("[tool.rollout-audit]\n" + typed).encode()
     head = rng.choice(["[tool.rollout-audit]\n", "[tool.rollout-audit]\n", "[tool]\nrollout-audit = 5\n", ""])
     if where == "log" and not head:
         head = "[tool.rollout-audit]\n"
@@ -608,6 +611,47 @@ EXTRA_CONFIG_VALUES = [
     '"binary"',
     '"penalize"',
 ]
+
+
+# values of each setting's own type, at the edges of what it accepts (and a little past them)
+TYPED_VALUES = {
+    "select": ['["M"]', '["M101", "L2"]', '["S"]', "[]"],
+    "ignore": ['["M"]', '["S001"]', "[]"],
+    "atol": ["0", "1e308", "5e-324"],
+    "rtol": ["0", "1e308"],
+    "logprob_atol": ["0", "1e300"],
+    "truncation": ['"exclude"', '"bootstrap"', '"penalize"'],
+    "truncation_penalty": ["-1e308", "0", "1e308"],
+    "extra_stop_reasons": ['{"x" = "truncated"}', '{"" = "terminated"}', '{"stop" = "infra_error"}'],
+    "first_visit_components": ['["x"]', "[]"],
+    "loop_length": ["2", "1000000000"],
+    "max_response_tokens": ["1", "0", "9223372036854775807"],
+    "max_policy_lag": ["0", "9223372036854775807"],
+    "reward_rule": ['"binary"', '"monotone"'],
+    "grpo_epsilon": ["0", "1e308"],
+    "difficulty_band": ["[0.0, 0.0]", "[1.0, 0.0]", "[0.0, 1.0]"],
+    "max_examples": ["0", "1000000"],
+    "masked_ok_reasons": ['["stop"]', '[""]'],
+    "max_row_group_bytes": ["1", "9223372036854775807"],
+    "max_tokens_per_trajectory": ["1", "9223372036854775807"],
+    "replay_max_share": ["0", "1"],
+    "max_turn_log_ratio": ["1e-300", "1e308"],
+    "tolerated_share": ['{"M101" = 1.0}', '{"S" = 0.0}', '{"E801" = 1e-300}'],
+    "storage_connect_timeout": ["1e-9", "1e308"],
+    "baseline": ['"missing.json"', '"/dev/zero"', '"."'],
+    "compare_logprobs": ['"behavior_logprobs"', '"nope"'],
+}
+
+
+def _typed_settings(seed: int) -> str:
+    """For 4 cases in 10 (a stream of their own), 1 to 4 settings with values of their own type."""
+    import random
+
+    rng = random.Random(f"config-typed:{seed}")
+    if rng.random() >= 0.4:
+        return ""
+    keys = rng.sample(sorted(TYPED_VALUES), rng.randint(1, 4))
+    return "".join(f"{k} = {rng.choice(TYPED_VALUES[k])}\n" for k in keys)
 
 
 def _config_extra(seed: int, head: str) -> bytes:

@@ -39,10 +39,12 @@ from .base import (
     lacks,
     logprobs_column,
     need,
+    numbers,
     rows_of,
     runs,
     step_of,
     token_columns,
+    whole,
     with_context,
     with_policy,
 )
@@ -129,12 +131,13 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
         "turns": [{"turn_id": t} for t in range(len(turns))],
         "reward": _reward(need(rec, "rewards", where), where),
     }
-    version = rec.get("global_step_when_scheduled", rec.get("global_step"))
-    if version is not None:
+    key = "global_step_when_scheduled" if rec.get("global_step_when_scheduled") is not None else "global_step"
+    if rec.get(key) is not None:
+        version = whole(rec[key], key, where)
         for t in out["turns"]:
-            t["policy_version"] = int(version)
+            t["policy_version"] = version
     if rec.get("rollout_logprobs") is not None:
-        lp = aligned(rec, "rollout_logprobs", mask, where)
+        lp = numbers(aligned(rec, "rollout_logprobs", mask, where), "rollout_logprobs", where)
         out["behavior_logprobs"] = logprobs_column(len(prompt), lp, mask)
     if rec.get("stop_reasons") is not None:
         stop = rec["stop_reasons"]

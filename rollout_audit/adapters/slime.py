@@ -46,9 +46,11 @@ from .base import (
     lacks,
     logprobs_column,
     need,
+    numbers,
     rows_of,
     runs,
     token_columns,
+    whole,
     with_context,
 )
 
@@ -93,10 +95,15 @@ def _versions(rec: Mapping[str, Any], n_turns: int, where: str) -> list[int | No
         return None
     if not isinstance(wv, list):
         raise AdapterError(f"{where}: weight_versions must be a list")
-    try:
-        calls = [int(v) for v in wv]
-    except (TypeError, ValueError):
-        return [None] * n_turns  # SGLang's version is a free string: not a number the audit can order
+    calls = []
+    for v in wv:
+        if isinstance(v, (int, float)):  # a number is a whole one within int64 (bools and 2.5 refused)
+            calls.append(whole(v, "weight_versions", where))
+            continue
+        try:
+            calls.append(int(v))
+        except (TypeError, ValueError):
+            return [None] * n_turns  # SGLang's version is a free string: not a number the audit can order
     if n_turns == 0:
         return []
     if len(set(calls)) == 1:
@@ -133,7 +140,7 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
         raise AdapterError(f"{where}: remove_sample must be true or false")
     turns = runs(sampled)
     status = need(rec, "status", where)
-    if status not in STATUS:
+    if not isinstance(status, str) or status not in STATUS:
         raise AdapterError(f"{where}: status {status!r} is not a finished sample ({', '.join(STATUS)})")
     flag, stop = STATUS[status]
     out: dict[str, Any] = {
@@ -155,7 +162,7 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
         for t, v in zip(out["turns"], versions):
             t["policy_version"] = v
     if rec.get("rollout_log_probs") is not None:
-        lp = aligned(rec, "rollout_log_probs", mask, where)
+        lp = numbers(aligned(rec, "rollout_log_probs", mask, where), "rollout_log_probs", where)
         out["behavior_logprobs"] = logprobs_column(n_prompt, lp, sampled)
     return with_context(out, ctx)
 
