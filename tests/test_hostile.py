@@ -778,6 +778,8 @@ WRONG_TYPES = [
     ("slime", "compliant", 0, ("rollout_log_probs", 1), '""', "rollout_log_probs"),
     ("slime", "compliant", 0, ("weight_versions", 0), "Infinity", "weight_versions"),
     ("slime", "compliant", 0, ("status",), "{}", "status"),
+    ("verl", "compliant", 1, ("reward_score",), '"x"', "reward_score"),
+    ("verifiers", "v1_compliant", 0, ("rewards",), "[1]", "rewards"),
 ]
 
 

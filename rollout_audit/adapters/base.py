@@ -428,17 +428,23 @@ def wholes(values: Any, field: str, where: str) -> list[int]:
     return [whole(v, field, where) for v in values]
 
 
+def number(value: Any, field: str, where: str) -> float:
+    """`value` as a float: an int or a float (NaN and infinities kept, for the checks to judge); a
+    boolean, a string, a container or an integer past float's range is an AdapterError naming the field."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise AdapterError(f"{where}: {field}: expected a number, got {type(value).__name__} {short(value)}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise AdapterError(f"{where}: {field}: {short(value)} is outside the range of a number") from None
+
+
 def numbers(values: Any, field: str, where: str) -> list[float | None]:
     """A list of numbers or nulls (log-probs as a trainer records them), as floats; a string, a
     boolean or a container in it is an AdapterError naming the field and record."""
     if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
         raise AdapterError(f"{where}: {field} must be a list of numbers, got {type(values).__name__}")
-    out: list[float | None] = []
-    for v in values:
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise AdapterError(f"{where}: {field}: expected a number, got {type(v).__name__} {short(v)}")
-        out.append(None if v is None else float(v))
-    return out
+    return [None if v is None else number(v, field, where) for v in values]
 
 
 def flags(values: Any, field: str, where: str) -> list[bool]:

@@ -39,6 +39,7 @@ from .base import (
     lacks,
     logprobs_column,
     need,
+    number,
     numbers,
     rows_of,
     runs,
@@ -108,10 +109,10 @@ def _reward(value: Any, where: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, list):
-        return float(sum(value))
-    if not isinstance(value, (int, float)):
+        return float(sum(number(v, "rewards", where) for v in value))
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise AdapterError(f"{where}: rewards must be a number or a list of numbers")
-    return float(value)
+    return number(value, "rewards", where)
 
 
 def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any]:

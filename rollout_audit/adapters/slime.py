@@ -46,6 +46,7 @@ from .base import (
     lacks,
     logprobs_column,
     need,
+    number,
     numbers,
     rows_of,
     runs,
@@ -82,9 +83,9 @@ def _reward(value: Any, where: str, key: str | None) -> float | None:
         if key is None:
             raise AdapterError(f"{where}: reward is a dict; pass --context reward_key=KEY (slime's --reward-key)")
         value = need(value, key, f"{where} reward")
-    if value is not None and not isinstance(value, (int, float)):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise AdapterError(f"{where}: reward must be a number, not {type(value).__name__}")
-    return None if value is None else float(value)
+    return None if value is None else number(value, "reward", where)
 
 
 def _versions(rec: Mapping[str, Any], n_turns: int, where: str) -> list[int | None] | None:

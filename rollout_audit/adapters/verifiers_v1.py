@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..contract import schema as S
-from .base import AdapterError, flags, mapping, need, objects, short, wholes
+from .base import AdapterError, flags, mapping, need, number, objects, short, wholes
 from .steps import Call, Segment, finish_reason, identity, option, recorded_logprobs, stop_columns
 
 ROLE_SOURCE = {"system": 0, "user": 1, "tool": 3, "assistant": 1}
@@ -101,8 +101,15 @@ def _stop(trace: Mapping[str, Any]) -> dict[str, Any]:
 
 def _reward(trace: Mapping[str, Any]) -> float | None:
     """`Trace.reward`: Σ score × weight of the rewards scored; null when none was (scoring did not run)."""
-    scored = [r for r in (trace.get("rewards") or {}).values() if isinstance(r, Mapping)]
-    return sum(float(r["score"]) * float(r.get("weight", 1.0)) for r in scored) if scored else None
+    where = f"trace {trace.get('id')}"
+    scored = [(k, r) for k, r in mapping(trace.get("rewards"), "rewards", where).items() if isinstance(r, Mapping)]
+    if not scored:
+        return None
+    return sum(
+        number(need(r, "score", f"{where} rewards.{k}"), "score", f"{where} rewards.{k}")
+        * number(r.get("weight", 1.0), "weight", f"{where} rewards.{k}")
+        for k, r in scored
+    )
 
 
 def _segment(trace: Mapping[str, Any], path: list[int], where: str, context: Mapping[str, Any]) -> Segment:

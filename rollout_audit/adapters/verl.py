@@ -33,6 +33,7 @@ from .base import (
     lacks,
     logprobs_column,
     need,
+    number,
     numbers,
     rows_of,
     runs,
@@ -201,7 +202,7 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
         lp = numbers(aligned(rec, "response_logprobs", resp, where), "response_logprobs", where)
         out["behavior_logprobs"] = logprobs_column(len(prompt), lp, sampled)
     if rec.get("reward_score") is not None:
-        out["reward"] = float(rec["reward_score"])
+        out["reward"] = number(rec["reward_score"], "reward_score", where)
     out |= _stop(turns[-1].get("finish_reason") if turns else None, len(turns), len(resp), ctx)
     return with_context(out, ctx)
 
