@@ -254,16 +254,21 @@ def _context() -> mp.context.ForkServerContext:
     return _CTX
 
 
-def _child(args: list[str], out: str, err: str) -> None:
-    """Run `rollout-audit ARGS` as a user would, stdout/stderr to files; exit with its code."""
-    os.environ.pop("ROLLOUT_AUDIT_DEBUG", None)
-    os.environ["ROLLOUT_AUDIT_NO_PROGRESS"] = "1"
+def _to_files(out: str, err: str) -> None:
+    """File descriptors 1 and 2 (native writes too) and sys.stdout/sys.stderr onto the files `out`, `err`."""
     for fd, path in ((1, out), (2, err)):
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(f, fd)
         os.close(f)
     sys.stdout = open(1, "w", closefd=False)
     sys.stderr = open(2, "w", closefd=False)
+
+
+def _child(args: list[str], out: str, err: str) -> None:
+    """Run `rollout-audit ARGS` as a user would, stdout/stderr to files; exit with its code."""
+    os.environ.pop("ROLLOUT_AUDIT_DEBUG", None)
+    os.environ["ROLLOUT_AUDIT_NO_PROGRESS"] = "1"
+    _to_files(out, err)
     code = 1
     try:
         from rollout_audit.cli import main
@@ -806,12 +811,7 @@ def run_in_process(args: list[str], work: Path) -> Outcome:
     out_path, err_path = work / "stdout.txt", work / "stderr.txt"
     saved = [os.dup(1), os.dup(2)]
     streams = (sys.stdout, sys.stderr)
-    for fd, path in ((1, out_path), (2, err_path)):
-        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(f, fd)
-        os.close(f)
-    sys.stdout = open(1, "w", closefd=False)
-    sys.stderr = open(2, "w", closefd=False)
+    _to_files(str(out_path), str(err_path))
     cwd, env = os.getcwd(), dict(os.environ)
     code: int | None = 0
     try:

@@ -773,6 +773,7 @@ WRONG_TYPES = [
     ("slime", "removed_sample_in_denominator", 4, ("rollout_ids", 3), "Infinity", "rollout_ids"),
     ("skyrl", "compliant", 1, ("global_step",), str(2**63), "global_step"),
     ("skyrl", "compliant", 0, ("rollout_logprobs", 1), '"x"', "rollout_logprobs"),
+    ("skyrl", "compliant", 0, ("stop_reasons",), '["stop"]', "stop_reasons"),
     ("verl", "compliant", 0, ("response_logprobs", 1), "{}", "response_logprobs"),
     ("verl", "compliant", 0, ("engine_calls",), "1.5", "engine_calls"),
     ("slime", "compliant", 0, ("rollout_log_probs", 1), '""', "rollout_log_probs"),

@@ -43,6 +43,7 @@ from .base import (
     numbers,
     rows_of,
     runs,
+    short,
     step_of,
     token_columns,
     whole,
@@ -142,8 +143,8 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
         out["behavior_logprobs"] = logprobs_column(len(prompt), lp, mask)
     if rec.get("stop_reasons") is not None:
         stop = rec["stop_reasons"]
-        if stop not in STOPS:
-            raise AdapterError(f"{where}: stop_reasons {stop!r} is not one SkyRL writes ({', '.join(STOPS)})")
+        if not isinstance(stop, str) or stop not in STOPS:
+            raise AdapterError(f"{where}: stop_reasons {short(stop)} is not one SkyRL writes ({', '.join(STOPS)})")
         flag, out["stop_reason"] = STOPS[stop]
         out.update({f: f == flag for f in STOP_FLAGS})
         if ctx.get("apply_overlong_filtering") and stop != "stop":
