@@ -445,9 +445,13 @@ def _set(doc, path: tuple, value, op: str) -> None:
 # policy version of 1e30), 887 (a prompt token id below int64), 153 (a list where a weight version is), 262 (a number
 # where a node's message is), 353 (text where a choice's message is), 773 (an object among log-probs),
 # 1450 (an object as a node's parent), 1669 (a step past int64, Parquet), 2091 (a number as the steps),
-# 4264 (a number as a response's choices);
-# configurations 404 (a 400-digit atol)
-REGRESSION_SEEDS = {"dumps": [341, 887, 153, 262, 353, 773, 1450, 1669, 2091, 4264], "configs": [404]}
+# 4264 (a number as a response's choices), 416 (an infinite weight version), 3745 (a list as a stop reason);
+# configurations 404 (a 400-digit atol), 48 (/dev/zero as the baseline), 83 (a family in tolerated_share),
+# 162 (a directory as the baseline)
+REGRESSION_SEEDS = {
+    "dumps": [341, 887, 153, 262, 353, 773, 1450, 1669, 2091, 4264, 416, 3745],
+    "configs": [404, 48, 83, 162],
+}
 
 
 def _dump_base(seed: int) -> tuple[str, Path, str]:
