@@ -355,7 +355,7 @@ def reward_lacks(framework: str) -> dict[str, str]:
     return {**{f"turns.{f}": why for f in fields}, "final_value": why, "discounted_return": why}
 
 
-def logprobs_column(n_prompt: int, values: Sequence[float], sampled: Sequence[bool]) -> list[float | None]:
+def logprobs_column(n_prompt: int, values: Sequence[float | None], sampled: Sequence[bool]) -> list[float | None]:
     """behavior_logprobs: null over the prompt and wherever the policy did not sample the token
     (the frameworks' 0.0 placeholder on observation tokens is not a log-prob)."""
     return [None] * n_prompt + [float(v) if k and v is not None else None for v, k in zip(values, sampled)]
