@@ -1,14 +1,29 @@
-"""The long fuzz campaign (outside CI): N mutated logs, each audited by the CLI's `main` in a
-worker process; a worker that dies (signal) or stalls is a crash or a hang, and is replaced.
+"""The long fuzz campaign (outside CI): mutated logs, trainer dumps or configuration files, each
+audited through the CLI's `main` as a user's `rollout-audit check` runs it.
 
-    python benchmarks/fuzz_campaign.py --cases 5000 --workers 2 --out fuzz.jsonl
-    python benchmarks/fuzz_campaign.py --kind dumps --cases 5000 --workers 2 --out dumps.jsonl
-    python benchmarks/fuzz_campaign.py --kind configs --cases 1000 --workers 2 --out configs.jsonl
+    nice -n 19 python benchmarks/fuzz_campaign.py --kind dumps --cases 5000 --out dumps.jsonl
+    nice -n 19 python benchmarks/fuzz_campaign.py --kind configs --cases 1000 --out configs.jsonl
+    nice -n 19 python benchmarks/fuzz_campaign.py --kind logs --cases 1000 --out logs.jsonl
+    python benchmarks/fuzz_campaign.py --kind dumps --isolate --seeds 341,887   # confirm a finding
+    python benchmarks/fuzz_campaign.py --kind dumps --write 341 /tmp/case       # the case's files and command
 
-`--kind dumps` converts mutated trainer dumps (`check --from`, the six adapters in turn) and
-`--kind configs` audits a log under mutated configuration files (inside the log, or `--config`);
-each of those cases runs in a fresh process forked from a preloaded server, so its peak memory is
-its own: a case over 60 s is a hang, over 2 GB a failure.
+`--kind dumps` converts a mutated trainer dump (`check --from`; the six adapters in turn, from
+their fixtures, as JSON Lines or Parquet); `--kind configs` audits a small log under a mutated
+configuration (inside the log, or `--config`); `--kind logs` audits a log with Arrow-level
+mutations. A case is a seed: the same seed is the same files.
+
+By default a long-lived worker process runs the cases one after another in-process (the imports
+are paid once), each with file descriptors 1 and 2 sent to files, its peak resident memory measured
+on its own (`/proc/self/clear_refs`), its address space capped (`--memory-mb` above what the warm
+worker already maps) and an alarm at `--timeout` seconds whose default action ends the worker.
+The parent restarts a worker that dies or stops answering and records that case as a failure.
+`--isolate` runs each case in a fresh process forked from a preloaded server instead (the mode of
+the tests), to confirm a finding.
+
+A case fails on: a traceback, an "internal error", an exit outside {0, 1, 2}, a hang, a peak over
+2 GB, an input whose bytes changed, a temporary file left behind, JSON output that does not parse,
+or an exit 2 whose message is not one line naming the input (the dump file; the configuration
+file or the log). One JSON line per case goes to `--out`; the summary to stdout.
 """
 
 from __future__ import annotations
@@ -18,6 +33,9 @@ import collections
 import json
 import multiprocessing as mp
 import os
+import resource
+import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -25,161 +43,239 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+PEAK_LIMIT_MB = 2048
 
-def _worker(conn) -> None:
-    """Audit the cases the parent sends, in this process, as a user's `rollout-audit check`."""
+
+def _vm_size() -> int:
+    """This process's mapped address space, bytes."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class _Cases:
+    """Writes the case of a seed under a directory (what a case needs is built once per worker)."""
+
+    def __init__(self, kind: str, scratch: Path) -> None:
+        self.kind = kind
+        self.records = self.log = None
+        if kind in ("logs", "configs"):
+            from rollout_audit.synth import make_log
+
+            if kind == "logs":
+                self.records = make_log(n_tasks=2, group_size=2, n_versions=2, seed=5)
+            else:
+                from rollout_audit.faults import write_records
+
+                self.log = scratch / "base-log"
+                write_records(self.log, *make_log(n_tasks=2, group_size=2, n_versions=1, seed=3))
+
+    def write(self, seed: int, work: Path):
+        from fuzzlib import prepare_config, prepare_dump, prepare_log
+
+        if self.kind == "dumps":
+            return prepare_dump(seed, work)
+        if self.kind == "configs":
+            return prepare_config(seed, work, self.log)
+        return prepare_log(seed, work, self.records)
+
+
+def label(kind: str, seed: int) -> str:
+    """The case's adapter, configuration place or output format, without writing it."""
+    from fuzzlib import FRAMEWORKS, config_case, random_case
+
+    if kind == "dumps":
+        return FRAMEWORKS[seed % len(FRAMEWORKS)]
+    return config_case(seed)[0] if kind == "configs" else random_case(seed)[3]
+
+
+def _row(case, out, problems: list[str], seconds: float) -> dict:
+    first = out.stderr.strip().splitlines()
+    return {
+        "seed": case.seed,
+        "kind": case.kind,
+        "label": case.label,
+        "exit": out.exit,
+        "problems": problems,
+        "seconds": round(seconds, 3),
+        "peak_mb": round(out.peak_mb, 1),
+        "message": first[-1][:300] if out.exit == 2 and first else "",
+        "stderr": out.stderr[-2000:] if problems else "",
+    }
+
+
+def _worker(conn, kind: str, memory_mb: int, timeout: int) -> None:
+    """Run the seeds the parent sends, one at a time, in this process; answer one row per seed."""
     os.environ.pop("ROLLOUT_AUDIT_DEBUG", None)
     os.environ["ROLLOUT_AUDIT_NO_PROGRESS"] = "1"
-    from click.testing import CliRunner
-    from fuzzlib import Outcome, build_log, digest, random_case
+    from fuzzlib import digests, judge, peak_mb, peak_reset, run_in_process
 
-    from rollout_audit.cli import main
-    from rollout_audit.synth import make_log
-
-    records = make_log(n_tasks=2, group_size=2, n_versions=2, seed=5)
+    scratch = Path(tempfile.mkdtemp(prefix="fuzz-worker-"))
+    os.chdir(scratch)  # no project configuration of the caller's directory applies
+    cases = _Cases(kind, scratch)
+    with tempfile.TemporaryDirectory(dir=scratch) as tmp:  # the lazy imports, before the limit
+        run_in_process(cases.write(0, Path(tmp)).args, Path(tmp))
+    limit = _vm_size() + memory_mb * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)  # an alarm ends this process: the parent records a hang
+    conn.send({"ready": True})
     while True:
         seed = conn.recv()
-        traj, upd, how, fmt = random_case(seed)
-        with tempfile.TemporaryDirectory() as tmp:
-            try:
-                log = build_log(Path(tmp) / "log", records, traj, upd, how)
-            except Exception as e:  # noqa: BLE001 - a harness bug, counted apart from the auditor's
-                conn.send({"seed": seed, "exit": None, "fmt": fmt, "problems": ["generator error"], "stderr": repr(e)})
-                continue
-            before = digest(log)
-            r = CliRunner().invoke(main, ["check", str(log), "--format", fmt])
-            tb = "" if r.exception is None or isinstance(r.exception, SystemExit) else f"Traceback {r.exception!r}"
-            out = Outcome(r.exit_code, r.stdout, r.stderr + tb)
-            problems = [p for p in out.problems if fmt == "json" or p != "unparseable JSON"]
-            if digest(log) != before:
-                problems.append("input written")
-        conn.send(
-            {
-                "seed": seed,
-                "exit": r.exit_code,
-                "fmt": fmt,
-                "problems": problems,
-                "stderr": out.stderr[-300:] if problems else "",
-            }
-        )
+        work = scratch / f"case-{seed}"
+        work.mkdir()
+        temp = work / "tmp"  # the audit's temporary files, which must be gone when it returns
+        temp.mkdir()
+        try:
+            case = cases.write(seed, work)
+        except Exception as e:  # noqa: BLE001 - a harness bug, counted apart from the auditor's
+            conn.send({"seed": seed, "kind": kind, "exit": None, "problems": ["generator error"], "stderr": repr(e)})
+            continue
+        before = digests(case.inputs)
+        tempfile.tempdir = str(temp)
+        t, cpu = time.perf_counter(), time.process_time()
+        peak_reset()
+        signal.alarm(timeout)
+        out = run_in_process(case.args, work)
+        signal.alarm(0)
+        out.peak_mb = peak_mb()
+        seconds = time.perf_counter() - t
+        cpu = time.process_time() - cpu
+        tempfile.tempdir = None
+        problems = judge(case, out, before)
+        if any(temp.iterdir()):
+            problems.append("temporary files left")
+        shutil.rmtree(work, ignore_errors=True)
+        conn.send({**_row(case, out, problems, seconds), "cpu_seconds": round(cpu, 3)})
 
 
 class Worker:
-    def __init__(self, ctx) -> None:
+    def __init__(self, ctx, kind: str, memory_mb: int, timeout: int) -> None:
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker, args=(child,), daemon=True)
+        self.proc = ctx.Process(target=_worker, args=(child, kind, memory_mb, timeout), daemon=True)
         self.proc.start()
+        child.close()
+        if not self.conn.poll(300):
+            raise SystemExit("the fuzz worker did not start within 300 s")
+        self.conn.recv()
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.join()
 
 
-def _files_campaign(kind: str, seeds: range, workers: int, timeout: float, fh) -> None:
-    """Dumps or configuration files: `workers` cases at once, each in its own forked process."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from fuzzlib import run_config_case, run_dump_case
-
-    from rollout_audit.faults import write_records
-    from rollout_audit.synth import make_log
-
-    base = Path(tempfile.mkdtemp(prefix="fuzz-configs-"))
-    log = base / "log"
-    write_records(log, *make_log(n_tasks=2, group_size=2, n_versions=1, seed=3))
-
-    def one(seed: int) -> dict:
-        with tempfile.TemporaryDirectory() as tmp:
-            t = time.time()
-            if kind == "dumps":
-                out, problems = run_dump_case(seed, Path(tmp), timeout)
-            else:
-                out, problems = run_config_case(seed, Path(tmp), log, timeout)
-            return {
+def _in_process(kind: str, seeds: list[int], a, emit) -> None:
+    """The cases in one long-lived worker, replaced when it dies or stops answering."""
+    ctx = mp.get_context("spawn")
+    worker = Worker(ctx, kind, a.memory_mb, a.timeout)
+    for seed in seeds:
+        worker.conn.send(seed)
+        t = time.perf_counter()
+        failure = None
+        if worker.conn.poll(a.timeout + 30):
+            try:
+                emit(worker.conn.recv())
+                continue
+            except EOFError:
+                pass
+        else:
+            failure = "hang"
+        worker.proc.join(5)
+        if failure is None:
+            code = worker.proc.exitcode
+            failure = "hang" if code == -signal.SIGALRM else f"worker died ({code})"
+        worker.stop()
+        emit(
+            {
                 "seed": seed,
-                "exit": out.exit,
-                "problems": problems,
-                "seconds": round(time.time() - t, 2),
-                "peak_mb": round(out.peak_mb),
-                "stderr": out.stderr[-300:] if problems else "",
+                "kind": kind,
+                "label": label(kind, seed),
+                "exit": None,
+                "problems": [failure],
+                "seconds": round(time.perf_counter() - t, 3),
             }
+        )
+        worker = Worker(ctx, kind, a.memory_mb, a.timeout)
+    worker.stop()
 
-    with ThreadPoolExecutor(workers) as pool:
-        for row in pool.map(one, seeds):
-            fh.write(json.dumps(row) + "\n")
-            fh.flush()
+
+def _isolated(kind: str, seeds: list[int], a, emit) -> None:
+    """Each case in its own process forked from the preloaded server (the tests' mode)."""
+    from fuzzlib import run_case
+
+    scratch = Path(tempfile.mkdtemp(prefix="fuzz-isolated-"))
+    os.chdir(scratch)
+    cases = _Cases(kind, scratch)
+    for seed in seeds:
+        with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+            case = cases.write(seed, Path(tmp))
+            t = time.perf_counter()
+            out, problems = run_case(case, Path(tmp), a.timeout)
+            emit(_row(case, out, problems, time.perf_counter() - t))
+
+
+def _write(kind: str, seed: int, where: str) -> None:
+    """The files of one case under `where`, and the command that audits them."""
+    import shlex
+
+    path = Path(where).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    case = _Cases(kind, path).write(seed, path)
+    print(shlex.join(["rollout-audit", *case.args]))
+
+
+def _seeds(text: str) -> list[int]:
+    return [int(s) for s in text.split(",") if s.strip()]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kind", choices=["logs", "dumps", "configs"], default="logs")
     ap.add_argument("--cases", type=int, default=5000)
     ap.add_argument("--first-seed", type=int, default=0)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=120)
+    ap.add_argument("--seeds", type=_seeds, help="these seeds instead of --first-seed/--cases (comma-separated)")
+    ap.add_argument("--timeout", type=int, default=60, help="seconds a case may take (default 60)")
+    ap.add_argument("--memory-mb", type=int, default=PEAK_LIMIT_MB, help="address space a case may add (default 2048)")
+    ap.add_argument("--isolate", action="store_true", help="each case in its own process (confirms a finding)")
+    ap.add_argument("--write", nargs=2, metavar=("SEED", "DIR"), help="write one case's files and print its command")
     ap.add_argument("--out", default="fuzz.jsonl")
     a = ap.parse_args()
-    if a.kind != "logs":
-        t0 = time.time()
-        with open(a.out, "w") as fh:
-            _files_campaign(a.kind, range(a.first_seed, a.first_seed + a.cases), a.workers, min(a.timeout, 60), fh)
-        _summary(a.out, t0)
+    if a.write:
+        _write(a.kind, int(a.write[0]), a.write[1])
         return
-    ctx = mp.get_context("spawn")
-    workers = [Worker(ctx) for _ in range(a.workers)]
-    seeds = iter(range(a.first_seed, a.first_seed + a.cases))
-    busy: dict[int, tuple[int, float]] = {}  # worker index -> (seed, start)
+    seeds = a.seeds or list(range(a.first_seed, a.first_seed + a.cases))
     t0 = time.time()
-    done = 0
     with open(a.out, "w") as fh:
 
-        def record(row: dict) -> None:
-            nonlocal done
+        def emit(row: dict) -> None:
             fh.write(json.dumps(row) + "\n")
-            done += 1
+            fh.flush()
+            if row["problems"]:
+                print(f"seed {row['seed']}: {', '.join(row['problems'])}", file=sys.stderr, flush=True)
 
-        while True:
-            for i, w in enumerate(workers):
-                if i not in busy:
-                    s = next(seeds, None)
-                    if s is not None:
-                        w.conn.send(s)
-                        busy[i] = (s, time.time())
-            if not busy:
-                break
-            for i in list(busy):
-                w, (s, start) = workers[i], busy[i]
-                if w.conn.poll(0.05):
-                    try:
-                        record(w.conn.recv())
-                    except EOFError:  # died while answering
-                        record({"seed": s, "exit": w.proc.exitcode, "problems": ["crash"]})
-                        workers[i] = Worker(ctx)
-                    del busy[i]
-                elif not w.proc.is_alive():
-                    record({"seed": s, "exit": w.proc.exitcode, "problems": ["crash"]})
-                    workers[i] = Worker(ctx)
-                    del busy[i]
-                elif time.time() - start > a.timeout:
-                    w.proc.kill()
-                    record({"seed": s, "exit": None, "problems": ["hang"]})
-                    workers[i] = Worker(ctx)
-                    del busy[i]
-    _summary(a.out, t0)
+        (_isolated if a.isolate else _in_process)(a.kind, seeds, a, emit)
+    print(json.dumps(summary(a.out, time.time() - t0), indent=1))
 
 
-def _summary(path: str, t0: float) -> None:
+def summary(path: str, seconds: float = 0.0) -> dict:
+    """The campaign's figures from its JSON lines."""
     rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
-    problems = collections.Counter(p for r in rows for p in r["problems"])
-    print(
-        json.dumps(
-            {
-                "cases": len(rows),
-                "seconds": round(time.time() - t0, 1),
-                "exits": dict(collections.Counter(str(r["exit"]) for r in rows)),
-                "problems": dict(problems),
-                "failing_seeds": [r["seed"] for r in rows if r["problems"]][:20],
-                "max_seconds": max((r.get("seconds", 0) for r in rows), default=0),
-                "max_peak_mb": max((r.get("peak_mb", 0) for r in rows), default=0),
-            }
-        )
-    )
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "cases": len(rows),
+        "wall_seconds": round(seconds, 1),
+        "cpu_seconds_workers": round(kids.ru_utime + kids.ru_stime, 1),
+        "per_label": dict(collections.Counter(r.get("label", "?") for r in rows)),
+        "exits": dict(collections.Counter(str(r["exit"]) for r in rows)),
+        "problems": dict(collections.Counter(p for r in rows for p in r["problems"])),
+        "failing_seeds": [r["seed"] for r in rows if r["problems"]][:50],
+        "max_seconds": max((r.get("seconds", 0) for r in rows), default=0),
+        "max_cpu_seconds": max((r.get("cpu_seconds", 0) for r in rows), default=0),
+        "median_seconds": sorted(r.get("seconds", 0) for r in rows)[len(rows) // 2] if rows else 0,
+        "slowest_seed": max(rows, key=lambda r: r.get("seconds", 0))["seed"] if rows else None,
+        "max_peak_mb": max((r.get("peak_mb", 0) for r in rows), default=0),
+    }
 
 
 if __name__ == "__main__":

@@ -251,9 +251,9 @@ def check(
         write_atomic(output, text + "\n")
     elif text:
         click.echo(text, color=painted)  # click strips styles off a non-terminal unless told
-    for _, rep in reports:
+    for log, rep in reports:
         if fmt != "text" or output or quiet:  # the report is elsewhere or cut short: say why on stderr too
-            _say_incomplete(rep)
+            _say_incomplete(rep, log)
     sys.exit(max(rep.exit_code(strict) for _, rep in reports))
 
 
@@ -265,11 +265,11 @@ def _settled(done, baseline, write_baseline):
     if (baseline or write_baseline) and len(done) > 1:
         _fail("a baseline belongs to one log: give one PATH, or --merge")
     if write_baseline:
-        a = done[0][1]
+        log, a = done[0]
         if not a.report.complete:
-            _say_incomplete(a.report)
+            _say_incomplete(a.report, log)
             _fail(f"the audit is incomplete: no baseline written to {write_baseline}")
-        rep = policy.apply_tolerated(a.report, a.cfg.tolerated_share)
+        rep = policy.apply_tolerated(a.report, a.cfg.tolerated_share, a.cfg.source)
         n = policy.write_baseline(write_baseline, rep, a.ids())
         click.echo(f"wrote baseline {write_baseline}: {n} finding{'s' if n != 1 else ''} recorded")
         sys.exit(0)
@@ -367,12 +367,13 @@ def _context(pairs: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
-def _say_incomplete(rep) -> None:
-    """One line on stderr per reason the audit could not be completed (exit 2)."""
+def _say_incomplete(rep, paths) -> None:
+    """One line on stderr per reason the audit of the log at `paths` could not be completed (exit 2),
+    naming the log."""
     from .reporting.report import incomplete
 
     for line in incomplete(rep):
-        click.echo(f"rollout-audit: error: {line}", err=True)
+        click.echo(f"rollout-audit: error: {', '.join(map(str, paths))}: {line}", err=True)
 
 
 @main.command("diff")
@@ -402,7 +403,7 @@ def diff_cmd(a, b, fmt, config_path, z_noise, every) -> None:
             _fail(f"{p}: nothing to audit: {x.report.unusable}")
     from .workflow.policy import apply_tolerated
 
-    reps = [apply_tolerated(x.report, x.cfg.tolerated_share) for x in done]
+    reps = [apply_tolerated(x.report, x.cfg.tolerated_share, x.cfg.source) for x in done]
     d = diff([a], [b], reps[0], reps[1], z_noise=z_noise)
     click.echo(json.dumps(d, indent=1, default=str) if fmt == "json" else render_diff(d, every))
     sys.exit(1 if d["new_errors"] else 0)
@@ -434,7 +435,7 @@ def filter_cmd(log, out, select, config_path) -> None:
     check_new_directory(out)
     rep = _audit_one([log], config_path, None, Options(select=tuple(sel)), None, ()).report
     if not rep.complete:
-        _say_incomplete(rep)
+        _say_incomplete(rep, [log])
         _fail(f"the audit of {log} is incomplete: nothing written")
     import polars as pl
 

@@ -254,16 +254,21 @@ def _context() -> mp.context.ForkServerContext:
     return _CTX
 
 
-def _child(args: list[str], out: str, err: str) -> None:
-    """Run `rollout-audit ARGS` as a user would, stdout/stderr to files; exit with its code."""
-    os.environ.pop("ROLLOUT_AUDIT_DEBUG", None)
-    os.environ["ROLLOUT_AUDIT_NO_PROGRESS"] = "1"
+def _to_files(out: str, err: str) -> None:
+    """File descriptors 1 and 2 (native writes too) and sys.stdout/sys.stderr onto the files `out`, `err`."""
     for fd, path in ((1, out), (2, err)):
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(f, fd)
         os.close(f)
     sys.stdout = open(1, "w", closefd=False)
     sys.stderr = open(2, "w", closefd=False)
+
+
+def _child(args: list[str], out: str, err: str) -> None:
+    """Run `rollout-audit ARGS` as a user would, stdout/stderr to files; exit with its code."""
+    os.environ.pop("ROLLOUT_AUDIT_DEBUG", None)
+    os.environ["ROLLOUT_AUDIT_NO_PROGRESS"] = "1"
+    _to_files(out, err)
     code = 1
     try:
         from rollout_audit.cli import main
@@ -436,13 +441,41 @@ def _set(doc, path: tuple, value, op: str) -> None:
         parent[key] = value
 
 
+# cases the long campaign found failing, fixed since (tests/test_fuzz.py replays them): dumps 341 (a
+# policy version of 1e30), 887 (a prompt token id below int64), 153 (a list where a weight version is), 262 (a number
+# where a node's message is), 353 (text where a choice's message is), 773 (an object among log-probs),
+# 1450 (an object as a node's parent), 1669 (a step past int64, Parquet), 2091 (a number as the steps),
+# 4264 (a number as a response's choices), 416 (an infinite weight version), 3745 (a list as a stop reason);
+# configurations 404 (a 400-digit atol), 48 (/dev/zero as the baseline), 83 (a family in tolerated_share),
+# 162 (a directory as the baseline)
+REGRESSION_SEEDS = {
+    "dumps": [341, 887, 153, 262, 353, 773, 1450, 1669, 2091, 4264, 416, 3745],
+    "configs": [404, 48, 83, 162],
+}
+
+
+def _dump_base(seed: int) -> tuple[str, Path, str]:
+    """The framework, the fixture a dump case mutates, and how it is stored ("jsonl" or "parquet").
+    Drawn from a stream of its own, so a case on the compliant JSON Lines fixture is the same bytes
+    as when it was the only base."""
+    import random
+
+    fw = FRAMEWORKS[seed % len(FRAMEWORKS)]
+    rng = random.Random(f"dump-origin:{seed}")
+    others = sorted(p for p in (DUMP_ROOT / fw).glob("*.jsonl") if p.name != "compliant.jsonl")
+    base = DUMP_ROOT / fw / "compliant.jsonl"
+    if others and rng.random() < 0.5:
+        base = rng.choice(others)
+    return fw, base, "parquet" if rng.random() < 0.15 else "jsonl"
+
+
 def dump_case(seed: int) -> tuple[str, bytes]:
-    """A framework and the bytes of a mutated JSON Lines dump of its compliant fixture."""
+    """A framework and the bytes of a mutated JSON Lines dump of one of its fixtures."""
     import random
 
     rng = random.Random(seed)
-    fw = FRAMEWORKS[seed % len(FRAMEWORKS)]
-    lines = [json.loads(x) for x in (DUMP_ROOT / fw / "compliant.jsonl").read_text().splitlines() if x.strip()]
+    fw, base, _ = _dump_base(seed)
+    lines = [json.loads(x) for x in base.read_text().splitlines() if x.strip()]
     raws: list[str] = []
     for _ in range(rng.randint(1, 3)):
         rec = rng.choice(lines)
@@ -534,6 +567,9 @@ def config_case(seed: int) -> tuple[str, bytes]:
     rng = random.Random(seed)
     where = rng.choice(["explicit", "log"])
     body = "".join(f"{rng.choice(CONFIG_KEYS)} = {rng.choice(CONFIG_VALUES)}\n" for _ in range(rng.randint(1, 3)))
+    typed = _typed_settings(seed)
+    if typed:  # settings of the right type at their extremes: the audit runs under them
+        return where, ("[tool.rollout-audit]\n" + typed).encode()
     head = rng.choice(["[tool.rollout-audit]\n", "[tool.rollout-audit]\n", "[tool]\nrollout-audit = 5\n", ""])
     if where == "log" and not head:
         head = "[tool.rollout-audit]\n"
@@ -547,25 +583,149 @@ def config_case(seed: int) -> tuple[str, bytes]:
         data += data
     elif kind == "nested":
         data += b"deep = " + b"{a = " * 5000 + b"1" + b"}" * 5000 + b"\n"
-    return where, data
+    return where, data + _config_extra(seed, head)
 
 
-def run_dump_case(seed: int, work: Path, timeout: float = 60) -> tuple[Outcome, list[str]]:
-    """Audit the mutated dump of `seed` with `check --from`; the outcome and its problems (the
-    dump's bytes must be unchanged)."""
+EXTRA_CONFIG_KEYS = [
+    "logprob_atol",
+    "truncation_penalty",
+    "first_visit_components",
+    "max_policy_lag",
+    "reward_rule",
+    "grpo_epsilon",
+    "masked_ok_reasons",
+    "storage_connect_timeout",
+    "storage_request_timeout",
+    "replay_connect_timeout",
+    "replay_timeout",
+    "replay_max_response_bytes",
+    "replay_atol",
+    "replay_max_share",
+    "max_turn_log_ratio",
+    "baseline",
+    "tolerated_share",
+]
+EXTRA_CONFIG_VALUES = [
+    '{"M101" = 0.5}',
+    '{"Z999" = 2}',
+    '{"" = 0.1}',
+    '{"M" = 1.5}',
+    '"/dev/zero"',
+    '"missing.json"',
+    '"."',
+    "-0.0",
+    "1e-320",
+    "[[1]]",
+    "'''multi\nline'''",
+    '"binary"',
+    '"penalize"',
+]
+
+
+# values of each setting's own type, at the edges of what it accepts (and a little past them)
+TYPED_VALUES = {
+    "select": ['["M"]', '["M101", "L2"]', '["S"]', "[]"],
+    "ignore": ['["M"]', '["S001"]', "[]"],
+    "atol": ["0", "1e308", "5e-324"],
+    "rtol": ["0", "1e308"],
+    "logprob_atol": ["0", "1e300"],
+    "truncation": ['"exclude"', '"bootstrap"', '"penalize"'],
+    "truncation_penalty": ["-1e308", "0", "1e308"],
+    "extra_stop_reasons": ['{"x" = "truncated"}', '{"" = "terminated"}', '{"stop" = "infra_error"}'],
+    "first_visit_components": ['["x"]', "[]"],
+    "loop_length": ["2", "1000000000"],
+    "max_response_tokens": ["1", "0", "9223372036854775807"],
+    "max_policy_lag": ["0", "9223372036854775807"],
+    "reward_rule": ['"binary"', '"monotone"'],
+    "grpo_epsilon": ["0", "1e308"],
+    "difficulty_band": ["[0.0, 0.0]", "[1.0, 0.0]", "[0.0, 1.0]"],
+    "max_examples": ["0", "1000000"],
+    "masked_ok_reasons": ['["stop"]', '[""]'],
+    "max_row_group_bytes": ["1", "9223372036854775807"],
+    "max_tokens_per_trajectory": ["1", "9223372036854775807"],
+    "replay_max_share": ["0", "1"],
+    "max_turn_log_ratio": ["1e-300", "1e308"],
+    "tolerated_share": ['{"M101" = 1.0}', '{"S" = 0.0}', '{"E801" = 1e-300}'],
+    "storage_connect_timeout": ["1e-9", "1e308"],
+    "baseline": ['"missing.json"', '"/dev/zero"', '"."'],
+    "compare_logprobs": ['"behavior_logprobs"', '"nope"'],
+}
+
+
+def _typed_settings(seed: int) -> str:
+    """For 4 cases in 10 (a stream of their own), 1 to 4 settings with values of their own type."""
+    import random
+
+    rng = random.Random(f"config-typed:{seed}")
+    if rng.random() >= 0.4:
+        return ""
+    keys = rng.sample(sorted(TYPED_VALUES), rng.randint(1, 4))
+    return "".join(f"{k} = {rng.choice(TYPED_VALUES[k])}\n" for k in keys)
+
+
+def _config_extra(seed: int, head: str) -> bytes:
+    """Settings added to half the configuration cases, from a stream of their own (so the rest of a
+    case is the same bytes as before these keys were fuzzed): the keys above, with values from both lists."""
+    import random
+
+    rng = random.Random(f"config-extra:{seed}")
+    if rng.random() < 0.5:
+        return b""
+    lines = [
+        f"{rng.choice(EXTRA_CONFIG_KEYS)} = {rng.choice(CONFIG_VALUES + EXTRA_CONFIG_VALUES)}\n"
+        for _ in range(rng.randint(1, 2))
+    ]
+    return ((head if head.startswith("[tool.rollout-audit]") else "") + "".join(lines)).encode()
+
+
+@dataclass
+class Case:
+    """One campaign case, written to disk: the CLI arguments, and the inputs (files or log
+    directories) that the audit must leave unchanged and that a refusal (exit 2) must name."""
+
+    kind: str  # "logs", "dumps" or "configs"
+    seed: int
+    args: list[str]
+    inputs: list[Path]
+    label: str  # the adapter (dumps), where the configuration is (configs), the output format (logs)
+    fmt: str = "json"
+
+
+def _dump_file(seed: int, work: Path) -> tuple[str, Path]:
+    """The mutated dump of `seed` written under `work`: JSON Lines, or (for some cases) the records
+    that still parse as one Parquet file; the framework and the path."""
     fw, data = dump_case(seed)
+    _, _, store = _dump_base(seed)
+    if store == "parquet":
+        records = []
+        for line in data.splitlines():
+            try:
+                rec = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(rec, dict):
+                records.append(rec)
+        dump = work / "dump.parquet"
+        try:
+            pq.write_table(pa.Table.from_pylist(records), dump)
+            return fw, dump
+        except (pa.ArrowException, ValueError, TypeError, OverflowError):
+            dump.unlink(missing_ok=True)  # records Parquet cannot hold in one schema stay JSON Lines
     dump = work / "dump.jsonl"
     dump.write_bytes(data)
+    return fw, dump
+
+
+def prepare_dump(seed: int, work: Path) -> Case:
+    """`check --from FRAMEWORK DUMP` on the mutated dump of `seed`."""
+    fw, dump = _dump_file(seed, work)
     ctx = [x for kv in DUMP_CONTEXT for x in ("--context", kv)]
-    out = run_cli(["check", "--from", fw, str(dump), *ctx, "--format", "json"], work, timeout)
-    problems = out.problems
-    if dump.read_bytes() != data:
-        problems.append("input written")
-    return out, problems
+    return Case("dumps", seed, ["check", "--from", fw, str(dump), *ctx, "--format", "json"], [dump], fw)
 
 
-def run_config_case(seed: int, work: Path, log: Path, timeout: float = 60) -> tuple[Outcome, list[str]]:
-    """Audit a copy of `log` under the mutated configuration of `seed` (inside the log, or `--config`)."""
+def prepare_config(seed: int, work: Path, log: Path) -> Case:
+    """`check LOG` on a copy of `log` under the mutated configuration of `seed` (a pyproject.toml
+    inside the log, or `--config FILE`)."""
     import shutil
 
     where, data = config_case(seed)
@@ -573,10 +733,110 @@ def run_config_case(seed: int, work: Path, log: Path, timeout: float = 60) -> tu
     shutil.copytree(log, target)
     cfg = target / "pyproject.toml" if where == "log" else work / "c.toml"
     cfg.write_bytes(data)
-    before = digest(target)
     args = ["check", str(target), "--format", "json"] + (["--config", str(cfg)] if where == "explicit" else [])
-    out = run_cli(args, work, timeout)
-    problems = out.problems
-    if digest(target) != before:
+    return Case("configs", seed, args, [target, cfg] if where == "explicit" else [target], where)
+
+
+def prepare_log(seed: int, work: Path, records) -> Case:
+    """`check LOG` on a log with the Arrow-level mutations of `seed` (`random_case`)."""
+    traj, upd, how, fmt = random_case(seed)
+    log = build_log(work / "log", records, traj, upd, how)
+    return Case("logs", seed, ["check", str(log), "--format", fmt], [log], fmt, fmt)
+
+
+def digests(paths: list[Path]) -> dict[str, str]:
+    """The SHA-256 of every file of `paths` (a file, or a directory's files)."""
+    out: dict[str, str] = {}
+    for p in paths:
+        out.update(digest(p) if p.is_dir() else {str(p): hashlib.sha256(p.read_bytes()).hexdigest()})
+    return out
+
+
+# what a refusal says when the code did not foresee the shape: it names the record but not the field
+UNNAMED = ("a field has the wrong shape", "malformed record", "do not fit the contract's types")
+
+
+def judge(case: Case, out: Outcome, before: dict[str, str]) -> list[str]:
+    """What makes the case a failure: the outcome's problems, an input written, or a refusal that
+    names none of the inputs (a dump refused must name the file and its line)."""
+    problems = [p for p in out.problems if case.fmt == "json" or p != "unparseable JSON"]
+    if digests(case.inputs) != before:
         problems.append("input written")
-    return out, problems
+    if out.exit == 2 and out.stderr.strip():
+        message = out.stderr.strip().splitlines()[-1]
+        named = [n for p in case.inputs for n in (str(p), os.path.relpath(p))]  # as given, or from the directory
+        if not any(n in message for n in named):
+            problems.append("exit 2 names no input")
+        if any(g in message for g in UNNAMED):
+            problems.append("exit 2 names no field")
+    return problems
+
+
+def run_case(case: Case, work: Path, timeout: float = 60) -> tuple[Outcome, list[str]]:
+    """`case` in a fresh process forked from the preloaded server (the mode that confirms a finding)."""
+    before = digests(case.inputs)
+    out = run_cli(case.args, work, timeout)
+    return out, judge(case, out, before)
+
+
+def run_dump_case(seed: int, work: Path, timeout: float = 60) -> tuple[Outcome, list[str]]:
+    """Audit the mutated dump of `seed` with `check --from` in its own process; the outcome and its problems."""
+    return run_case(prepare_dump(seed, work), work, timeout)
+
+
+def run_config_case(seed: int, work: Path, log: Path, timeout: float = 60) -> tuple[Outcome, list[str]]:
+    """Audit a copy of `log` under the mutated configuration of `seed` in its own process."""
+    return run_case(prepare_config(seed, work, log), work, timeout)
+
+
+def peak_reset() -> None:
+    """Reset this process's peak resident memory (Linux), so that `peak_mb` is one case's."""
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+
+
+def peak_mb() -> float:
+    """This process's peak resident memory since the last `peak_reset`, MB."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def run_in_process(args: list[str], work: Path) -> Outcome:
+    """`rollout-audit ARGS` in this process, through the entry point a user's command runs (click's
+    `main` in standalone mode): file descriptors 1 and 2 go to files for the call (native writes
+    included), the exit code is the SystemExit's; an exception that escapes is a traceback."""
+    import traceback
+
+    from rollout_audit.cli import main
+
+    out_path, err_path = work / "stdout.txt", work / "stderr.txt"
+    saved = [os.dup(1), os.dup(2)]
+    streams = (sys.stdout, sys.stderr)
+    _to_files(str(out_path), str(err_path))
+    cwd, env = os.getcwd(), dict(os.environ)
+    code: int | None = 0
+    try:
+        main(args, prog_name="rollout-audit", standalone_mode=True)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:  # noqa: BLE001 - what escaped the CLI is the failure being looked for
+        code = 1
+        with open(2, "w", closefd=False) as fh:
+            fh.write(traceback.format_exc())
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        sys.stdout, sys.stderr = streams
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+        os.chdir(cwd)  # what one case changed in the process does not reach the next
+        os.environ.clear()
+        os.environ.update(env)
+    return Outcome(code, out_path.read_text(errors="replace"), err_path.read_text(errors="replace"))

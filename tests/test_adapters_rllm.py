@@ -101,7 +101,7 @@ def test_missing_field_exits_2_naming_it(tmp_path: Path) -> None:
 
 
 def test_records_of_the_wrong_shape_exit_2_in_one_line(tmp_path: Path) -> None:
-    fails_naming("rllm", [{"id": "t:0", "trajectories": 5}], "malformed record", tmp_path)
+    fails_naming("rllm", [{"id": "t:0", "trajectories": 5}], "dump.jsonl:1: episode t:0: trajectories", tmp_path)
 
 
 def test_per_token_advantages_that_differ_exit_2_naming_the_trajectory(tmp_path: Path) -> None:

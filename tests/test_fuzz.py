@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from fuzzlib import FILE_DAMAGE, TRAJ_COLUMNS, UPDATE_COLUMNS, build_log, digest, ops, run_cli
+from fuzzlib import FILE_DAMAGE, REGRESSION_SEEDS, TRAJ_COLUMNS, UPDATE_COLUMNS, build_log, digest, ops, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -76,7 +76,7 @@ DUMP_EXAMPLES = int(os.environ.get("RA_DUMP_EXAMPLES", "6"))
 CONFIG_EXAMPLES = int(os.environ.get("RA_CONFIG_EXAMPLES", "4"))
 
 
-@pytest.mark.parametrize("seed", [*range(DUMP_EXAMPLES), 341, 887])  # and seeds the long campaign found
+@pytest.mark.parametrize("seed", [*range(DUMP_EXAMPLES), *REGRESSION_SEEDS["dumps"]])  # and what the campaign found
 def test_mutated_dump_never_crashes(tmp_path, seed):
     from fuzzlib import run_dump_case
 
@@ -93,7 +93,7 @@ def small_log(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("seed", [*range(CONFIG_EXAMPLES), 404])
+@pytest.mark.parametrize("seed", [*range(CONFIG_EXAMPLES), *REGRESSION_SEEDS["configs"]])
 def test_mutated_config_never_crashes(tmp_path, small_log, seed):
     from fuzzlib import run_config_case
 

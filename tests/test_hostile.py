@@ -627,6 +627,24 @@ def test_odd_toml_is_exit_2_with_the_file(tmp_path, log, text):
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+@pytest.mark.parametrize(
+    "setting, says",
+    [
+        ('baseline = "/dev/zero"', "baseline /dev/zero: not a regular file (baseline = '/dev/zero' in "),
+        ('baseline = "."', ": not a regular file (baseline = '.' in "),
+        ('baseline = "missing.json"', "missing.json: no such file (baseline = 'missing.json' in "),
+        ('tolerated_share = {"S" = 0.0}', "tolerated_share: unknown check code 'S'"),
+    ],
+    ids=["device", "directory", "missing", "unknown-code"],
+)
+def test_a_setting_that_cannot_be_used_is_exit_2_naming_the_configuration(tmp_path, log, setting, says):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"[tool.rollout-audit]\n{setting}\n")
+    r = cli("check", str(log), "--config", str(cfg), "--format", "json")
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and says in lines[0] and str(cfg) in lines[0], r.stderr
+
+
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "symlink-to-dev-zero", "too-large"])
 def test_config_that_is_not_a_small_regular_file_is_refused(tmp_path, log, kind):
     cfg = tmp_path / "c.toml"
@@ -729,6 +747,82 @@ def test_bad_token_ids_and_masks_in_a_dump_are_refused_naming_record_and_field(t
         r = cli("check", "--from", fw, str(dump), *[x for kv in FROM_CONTEXT for x in ("--context", kv)])
         assert r.returncode == 2 and "internal error" not in r.stderr and "Traceback" not in r.stderr, (raw, r.stderr)
         assert "dump.jsonl:1" in r.stderr and field in r.stderr, (raw, r.stderr)
+
+
+# values of the wrong type anywhere in a dump record (found by the fuzz campaign): exit 2 with one line
+# naming the dump file and line and the field, whichever adapter reads it
+WRONG_TYPES = [
+    # framework, fixture, 0-based line, path to the value, raw JSON put there, what the message must name
+    ("rllm", "logprobs_missing", 1, ("trajectories", 0, "steps", 1, "weight_version"), "[null]", "policy_version"),
+    ("rllm", "compliant", 1, ("trajectories", 0, "reward"), '"x"', "reward"),
+    ("rllm", "compliant", 1, ("trajectories", 0, "steps", 1, "model_response"), "NaN", "action_text"),
+    ("rllm", "compliant", 0, ("trajectories", 0, "steps"), "0", "steps"),
+    ("rllm", "compliant", 0, ("trajectories", 0, "steps", 1, "model_output", "completion_ids"), "0", "completion_ids"),
+    ("rllm", "compact_filtering", 5, ("trajectories", 0), '"1"', "trajectories[0]"),
+    ("verifiers", "v1_truncation_scored", 1, ("nodes", 2, "message"), "Infinity", "message"),
+    ("verifiers", "v1_compliant", 0, ("task",), "true", "task"),
+    ("verifiers", "v1_compliant", 0, ("nodes", 1, "parent"), "{}", "parent"),
+    ("verifiers", "v1_stop_conditions", 4, ("calls", 0, "sampling"), "Infinity", "sampling"),
+    ("verifiers", "compliant", 0, ("trajectory", 0, "tokens", "completion_mask"), "NaN", "completion_mask"),
+    ("openai", "compliant", 2, ("end",), "-1", "end"),
+    ("openai", "compliant", 2, ("end", "reward"), "[null]", "reward"),
+    ("openai", "compliant", 2, ("end", "policy_version"), "1e30", "policy_version"),
+    ("openai", "compliant", 0, ("response", "choices", 0, "message"), '"x"', "message"),
+    ("openai", "compliant", 1, ("response", "choices"), "1.5", "choices"),
+    ("openai", "retokenized", 1, ("response", "choices", 0, "logprobs", "content", 0, "logprob"), "{}", "logprobs"),
+    ("slime", "removed_sample_in_denominator", 4, ("rollout_ids", 3), "Infinity", "rollout_ids"),
+    ("skyrl", "compliant", 1, ("global_step",), str(2**63), "global_step"),
+    ("skyrl", "compliant", 0, ("rollout_logprobs", 1), '"x"', "rollout_logprobs"),
+    ("skyrl", "compliant", 0, ("stop_reasons",), '["stop"]', "stop_reasons"),
+    ("verl", "compliant", 0, ("response_logprobs", 1), "{}", "response_logprobs"),
+    ("verl", "compliant", 0, ("engine_calls",), "1.5", "engine_calls"),
+    ("slime", "compliant", 0, ("rollout_log_probs", 1), '""', "rollout_log_probs"),
+    ("slime", "compliant", 0, ("weight_versions", 0), "Infinity", "weight_versions"),
+    ("slime", "compliant", 0, ("status",), "{}", "status"),
+    ("verl", "compliant", 1, ("reward_score",), '"x"', "reward_score"),
+    ("verifiers", "v1_compliant", 0, ("rewards",), "[1]", "rewards"),
+]
+
+
+def _set_raw(rec: dict, path: tuple, raw: str) -> str:
+    """The record as a JSON line with the value at `path` replaced by raw JSON text."""
+    marker = "\x00bad\x00"
+    node = rec
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = marker
+    return json.dumps(rec).replace(json.dumps(marker), raw)
+
+
+@pytest.mark.parametrize(
+    "fw, fixture, line, path, raw, field",
+    WRONG_TYPES,
+    ids=[f"{c[0]}-{'.'.join(map(str, c[3]))}={c[4]}" for c in WRONG_TYPES],
+)
+def test_a_value_of_the_wrong_type_in_a_dump_is_refused_naming_line_and_field(
+    tmp_path, fw, fixture, line, path, raw, field
+):
+    lines = (FRAMEWORK_DUMPS / fw / f"{fixture}.jsonl").read_text().splitlines()
+    lines[line] = _set_raw(json.loads(lines[line]), path, raw)
+    dump = tmp_path / "dump.jsonl"
+    dump.write_text("\n".join(lines) + "\n")
+    r = cli("check", "--from", fw, str(dump), *[x for kv in FROM_CONTEXT for x in ("--context", kv)])
+    message = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(message) == 1, r.stderr
+    assert f"dump.jsonl:{line + 1}: " in message[0], message[0]
+    assert f" {field}" in message[0].split("dump.jsonl:", 1)[1], message[0]
+    assert "wrong shape" not in message[0] and "internal error" not in message[0], message[0]
+
+
+@pytest.mark.parametrize("fw", ["verl", "skyrl", "slime", "rllm", "verifiers", "openai"])
+def test_a_dump_with_no_record_is_refused_naming_the_file(tmp_path, fw):
+    dump = tmp_path / "dump.jsonl"
+    dump.write_text("\n \n")
+    r = cli("check", "--from", fw, str(dump), *[x for kv in FROM_CONTEXT for x in ("--context", kv)])
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"rollout-audit: error: {dump}: {'' if fw in ('verl', 'skyrl', 'slime') else {'rllm': 'rLLM: '}.get(fw, fw + ': ')}"
+        "no trajectories in the records"
+    ], r.stderr
 
 
 # ---------------------------------------------------------------- 9. replay against a hostile server (loopback)

@@ -354,8 +354,9 @@ def _findings(log: Path, cfg, rules) -> pl.DataFrame:
 
 
 def test_an_incomplete_audit_in_a_machine_format_says_why_on_stderr():
-    res = CliRunner().invoke(main, ["check", str(FIXTURES / "compliant" / "updates"), "--format", "github"])
+    target = FIXTURES / "compliant" / "updates"
+    res = CliRunner().invoke(main, ["check", str(target), "--format", "github"])
     assert res.exit_code == 2
     assert res.stderr.strip().splitlines() == [
-        "rollout-audit: error: nothing to audit: the log holds no trajectory records"
+        f"rollout-audit: error: {target}: nothing to audit: the log holds no trajectory records"
     ], res.stderr

@@ -83,7 +83,7 @@ def step_of(record: Mapping[str, Any], fields: Sequence[str], name: re.Pattern[s
         if value is not None:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise AdapterError(f"{where}: {key} must be an integer")
-            return value
+            return whole(value, key, where)
     file = (getattr(record, "origin", None) or "").rsplit(":", 1)[0]
     found = name.search(Path(file).name) if file else None
     return int(found.group(1)) if found else None
@@ -261,7 +261,10 @@ def contract_table(rows: Sequence[Mapping[str, Any]], lacks: Mapping[str, str], 
         raise AdapterError(f"{framework + ': ' if framework else ''}no trajectories in the records")
     origins = [r.get(ORIGIN) for r in rows]
     mapped: list[Mapping] = [{k: v for k, v in r.items() if k != ORIGIN} if ORIGIN in r else r for r in rows]
-    table = records_to_table(mapped)
+    try:
+        table = records_to_table(mapped)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+        raise AdapterError(_misfit(mapped, origins, framework, e)) from None
     have = set(table.column_names)
     turn_fields = {f.name for f in table.schema.field("turns").type.value_type} if "turns" in have else set()
     absent = {k: v for k, v in lacks.items() if (k[6:] not in turn_fields if k.startswith("turns.") else k not in have)}
@@ -271,6 +274,40 @@ def contract_table(rows: Sequence[Mapping[str, Any]], lacks: Mapping[str, str], 
     if any(origins):
         meta[META_ORIGINS] = json.dumps(origins).encode()
     return table.replace_schema_metadata(meta)
+
+
+def _fits(value: Any, typ: pa.DataType) -> bool:
+    try:
+        pa.array([value], typ)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        return False
+    return True
+
+
+def _misfit(rows: Sequence[Mapping[str, Any]], origins: Sequence[str | None], framework: str, e: Exception) -> str:
+    """Which row and field hold a value the contract's type cannot take (a value an adapter carries
+    over from the dump as it is), as `FILE:LINE: trajectory ID: field: expected TYPE, got VALUE`;
+    only looked for when building the table failed."""
+    from ..reading.records import schema_for_records
+
+    schema = schema_for_records(list(rows), "trajectories")
+    for row, at in zip(rows, origins):
+        where = f"{at + ': ' if at else ''}trajectory {short(row.get('trajectory_id'))}"
+        for f in schema:
+            if f.name not in row:
+                continue
+            if f.name != "turns":
+                if not _fits(row[f.name], f.type):
+                    return (
+                        f"{where}: {f.name}: expected {f.type}, got {type(row[f.name]).__name__} {short(row[f.name])}"
+                    )
+                continue
+            for k, turn in enumerate(row["turns"] or ()):
+                for tf in f.type.value_type:
+                    if tf.name in turn and not _fits(turn[tf.name], tf.type):
+                        value = turn[tf.name]
+                        return f"{where}: turn {k}: {tf.name}: expected {tf.type}, got {type(value).__name__} {short(value)}"
+    return f"{framework + ': ' if framework else ''}the records do not fit the contract's types ({e})"
 
 
 def with_context(row: dict[str, Any], context: Mapping[str, Any]) -> dict[str, Any]:
@@ -318,10 +355,10 @@ def reward_lacks(framework: str) -> dict[str, str]:
     return {**{f"turns.{f}": why for f in fields}, "final_value": why, "discounted_return": why}
 
 
-def logprobs_column(n_prompt: int, values: Sequence[float], sampled: Sequence[bool]) -> list[float | None]:
+def logprobs_column(n_prompt: int, values: Sequence[float | None], sampled: Sequence[bool]) -> list[float | None]:
     """behavior_logprobs: null over the prompt and wherever the policy did not sample the token
     (the frameworks' 0.0 placeholder on observation tokens is not a log-prob)."""
-    return [None] * n_prompt + [float(v) if k else None for v, k in zip(values, sampled)]
+    return [None] * n_prompt + [float(v) if k and v is not None else None for v, k in zip(values, sampled)]
 
 
 def lacks(framework: str) -> dict[str, str]:
@@ -376,11 +413,11 @@ def whole(value: Any, field: str, where: str) -> int:
     print 3.0 for 3); a fraction (4975.7), a bool, a string, an infinity or a value past int64 is an
     AdapterError naming the field and record, never rounded or left to overflow later."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise AdapterError(f"{where}: {field}: expected an integer, got {type(value).__name__} {_short(value)}")
+        raise AdapterError(f"{where}: {field}: expected an integer, got {type(value).__name__} {short(value)}")
     if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
         raise AdapterError(f"{where}: {field}: expected an integer, got {value!r}")
     if not -_INT64 <= value < _INT64:
-        raise AdapterError(f"{where}: {field}: {_short(value)} is outside the 64-bit integer range")
+        raise AdapterError(f"{where}: {field}: {short(value)} is outside the 64-bit integer range")
     return int(value)
 
 
@@ -389,6 +426,25 @@ def wholes(values: Any, field: str, where: str) -> list[int]:
     if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
         raise AdapterError(f"{where}: {field} must be a list of integers, got {type(values).__name__}")
     return [whole(v, field, where) for v in values]
+
+
+def number(value: Any, field: str, where: str) -> float:
+    """`value` as a float: an int or a float (NaN and infinities kept, for the checks to judge); a
+    boolean, a string, a container or an integer past float's range is an AdapterError naming the field."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise AdapterError(f"{where}: {field}: expected a number, got {type(value).__name__} {short(value)}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise AdapterError(f"{where}: {field}: {short(value)} is outside the range of a number") from None
+
+
+def numbers(values: Any, field: str, where: str) -> list[float | None]:
+    """A list of numbers or nulls (log-probs as a trainer records them), as floats; a string, a
+    boolean or a container in it is an AdapterError naming the field and record."""
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise AdapterError(f"{where}: {field} must be a list of numbers, got {type(values).__name__}")
+    return [None if v is None else number(v, field, where) for v in values]
 
 
 def flags(values: Any, field: str, where: str) -> list[bool]:
@@ -401,11 +457,11 @@ def flags(values: Any, field: str, where: str) -> list[bool]:
         if isinstance(v, bool) or (isinstance(v, (int, float)) and v in (0, 1)):
             out.append(bool(v))
         else:
-            raise AdapterError(f"{where}: {field}: expected 0, 1, true or false, got {type(v).__name__} {_short(v)}")
+            raise AdapterError(f"{where}: {field}: expected 0, 1, true or false, got {type(v).__name__} {short(v)}")
     return out
 
 
-def _short(value: Any) -> str:
+def short(value: Any) -> str:
     """A value as shown in a message, cut (a 5,000-digit integer is not printed whole)."""
     text = (
         repr(value)
@@ -413,6 +469,27 @@ def _short(value: Any) -> str:
         else f"an integer of {len(str(abs(value)))} digits"
     )
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def mapping(value: Any, field: str, where: str) -> Mapping[str, Any]:
+    """An optional object of a record: `value` when it is one, {} when absent (None); anything else
+    is an AdapterError naming the field and record."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise AdapterError(f"{where}: {field}: expected an object, got {type(value).__name__} {short(value)}")
+    return value
+
+
+def objects(values: Any, field: str, where: str) -> list[Mapping[str, Any]]:
+    """A list of objects (a record's steps, nodes, trajectories), or AdapterError naming the field,
+    the position and the record."""
+    if not isinstance(values, list):
+        raise AdapterError(f"{where}: {field} must be a list of objects, got {type(values).__name__}")
+    for i, v in enumerate(values):
+        if not isinstance(v, Mapping):
+            raise AdapterError(f"{where}: {field}[{i}]: expected an object, got {type(v).__name__} {short(v)}")
+    return values
 
 
 def ints(record: Mapping[str, Any], field: str, where: str) -> list[int]:
@@ -426,22 +503,30 @@ def integer(record: Mapping[str, Any], field: str, where: str) -> int:
     if isinstance(value, str):
         text = value.strip()
         if not (text.lstrip("+-").isdigit() and len(text) <= 20):
-            raise AdapterError(f"{where}: {field}: expected an integer, got {_short(value)}")
+            raise AdapterError(f"{where}: {field}: expected an integer, got {short(value)}")
         value = int(text)
     return whole(value, field, where)
+
+
+# what a value of an unforeseen type raises inside an adapter (a float where an object is, a list where a number is)
+SHAPE_ERRORS = (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError)
 
 
 def at_record(record: Any, fn: Callable[..., Any], *args: Any) -> Any:
     """`fn(*args)` (its rows as a list when it yields them), with an AdapterError prefixed by the
     record's origin (FILE:LINE), so the message says where the bad value is."""
+    at = getattr(record, "origin", None)
     try:
         out = fn(*args)
         return list(out) if isinstance(out, Iterator) else out
     except AdapterError as e:
-        at = getattr(record, "origin", None)
         if at and not str(e).startswith(at):
             raise AdapterError(f"{at}: {e}") from None
         raise
+    except SHAPE_ERRORS as e:  # a shape the adapter did not foresee: still the record that has it
+        if not at:
+            raise
+        raise AdapterError(f"{at}: a field has the wrong shape ({type(e).__name__}: {e})") from None
 
 
 def rows_of(records: Iterable[Mapping[str, Any]], row: Callable[..., dict[str, Any]], ctx: Mapping[str, Any]) -> list:
@@ -453,7 +538,7 @@ def rows_of(records: Iterable[Mapping[str, Any]], row: Callable[..., dict[str, A
             out.append({**at_record(rec, row, rec, n, ctx), **origin(rec)})
         except AdapterError:
             raise
-        except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as e:
+        except SHAPE_ERRORS as e:
             at = getattr(rec, "origin", None) or f"record {n}"
             raise AdapterError(f"{at}: a field has the wrong shape ({type(e).__name__}: {e})") from None
     return out

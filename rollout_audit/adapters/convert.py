@@ -19,6 +19,7 @@ import polars as pl
 import pyarrow as pa
 
 from ..checks.environment import VERSIONS
+from ..contract.errors import AdapterError
 from . import load
 from .base import META_ORIGINS, META_POLICY, read_dump
 
@@ -59,9 +60,14 @@ def convert(framework: str, paths: Sequence[str | os.PathLike], context: Mapping
     """The dump files at `paths` as contract tables, through the adapter of `framework`."""
     adapter = load(framework)
     records = [r for p in paths for r in read_dump(p)]
-    trajectories = adapter.to_contract(records, **context)
-    upd = getattr(adapter, "updates", None)
-    updates = upd(records, **context) if upd else None
+    try:
+        trajectories = adapter.to_contract(records, **context)
+        upd = getattr(adapter, "updates", None)
+        updates = upd(records, **context) if upd else None
+    except AdapterError as e:  # a message that names no dump file names the one(s) converted
+        if any(str(p) in str(e) for p in paths):
+            raise
+        raise AdapterError(f"{', '.join(str(p) for p in paths)}: {e}") from None
     raw = (trajectories.schema.metadata or {}).get(META_ORIGINS)
     origins = json.loads(raw) if raw else [None] * trajectories.num_rows
     policy = json.loads((trajectories.schema.metadata or {}).get(META_POLICY) or b"{}")

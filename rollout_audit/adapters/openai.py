@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..contract import schema as S
-from .base import AdapterError, at_record, context_values, contract_table, need, origin, wholes
+from .base import AdapterError, at_record, context_values, contract_table, mapping, need, origin, short, wholes
 from .steps import (
     Call,
     engine_context,
@@ -29,6 +29,7 @@ from .steps import (
     identity_lacks,
     merge,
     option,
+    recorded_logprobs,
     stop_columns,
 )
 
@@ -82,8 +83,10 @@ def _call(line: Mapping[str, Any], where: str, version: int | None) -> Call:
     if not isinstance(request, Mapping) or not isinstance(response, Mapping):
         raise AdapterError(f"{where}: request and response must be objects")
     choices = need(response, "choices", f"{where}.response")
-    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], Mapping):
-        raise AdapterError(f"{where}: expected exactly one choice (n=1), found {len(choices or [])}")
+    if not isinstance(choices, list):
+        raise AdapterError(f"{where}.response: choices must be a list, got {type(choices).__name__}")
+    if len(choices) != 1 or not isinstance(choices[0], Mapping):
+        raise AdapterError(f"{where}: expected exactly one choice (n=1), found {len(choices)}")
     choice = choices[0]
     prompt = response.get("prompt_token_ids", choice.get("prompt_token_ids"))
     if prompt is None:
@@ -94,24 +97,29 @@ def _call(line: Mapping[str, Any], where: str, version: int | None) -> Call:
     turn = {
         "finish_reason": finish_reason(choice.get("finish_reason")),
         "sampled_token_ids": list(sampled),
-        "action_text": choice.get("text") or (choice.get("message") or {}).get("content"),
+        "action_text": choice.get("text")
+        or mapping(choice.get("message"), "message", f"{where}.response.choices[0]").get("content"),
         **engine_context(prompt),
-        **{k: option(request, k) for k in ("temperature", "top_p") if request.get(k) is not None},
+        **{k: option(request, k, f"{where}.request") for k in ("temperature", "top_p") if request.get(k) is not None},
         **({"policy_version": version} if version is not None else {}),
     }
-    return Call(prompt, sampled, _logprobs(choice), turn)
+    call = Call(prompt, sampled, _logprobs(choice), turn)
+    recorded_logprobs(call, where)  # checked here, where the record is known (the session merges its calls later)
+    return call
 
 
 def _sessions(records: Iterable[dict]) -> dict[str, tuple[list[dict], dict[str, Any]]]:
     """Pairs and end record of each session, in the order first seen."""
     out: dict[str, tuple[list[dict], dict[str, Any]]] = {}
     for n, rec in enumerate(records):
-        sid = str(need(rec, "session", f"record {n}"))
+        where = getattr(rec, "origin", None) or f"record {n}"
+        sid = str(need(rec, "session", where))
         pairs, end = out.setdefault(sid, ([], {}))
         if "end" in rec:
-            if not isinstance(rec["end"], Mapping):
-                raise AdapterError(f"record {n}: end is not an object")
-            end.update({k: option(rec["end"], k) for k in END_FIELDS if rec["end"].get(k) is not None})
+            fields = rec["end"]
+            if not isinstance(fields, Mapping):
+                raise AdapterError(f"{where}: end: expected an object, got {type(fields).__name__} {short(fields)}")
+            end.update({k: option(fields, k, f"{where}: end") for k in END_FIELDS if fields.get(k) is not None})
         else:
             pairs.append(rec)
     return out

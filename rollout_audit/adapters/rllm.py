@@ -28,7 +28,18 @@ import pyarrow as pa
 
 from ..contract import schema as S
 from ..reading.records import records_to_table
-from .base import AdapterError, at_record, context_values, contract_table, need, origin, step_of, with_policy
+from .base import (
+    AdapterError,
+    at_record,
+    context_values,
+    contract_table,
+    need,
+    objects,
+    origin,
+    step_of,
+    wholes,
+    with_policy,
+)
 from .steps import (
     Call,
     engine_context,
@@ -167,7 +178,7 @@ def _call(step: Mapping[str, Any], where: str, context: Mapping[str, Any]) -> Ca
     turn = {
         "policy_version": version,
         "finish_reason": finish_reason(out.get("finish_reason")),
-        "sampled_token_ids": list(sampled),
+        "sampled_token_ids": wholes(sampled, "completion_ids", f"{where}.model_output"),
         "reward": step.get("reward"),
         "action_text": step.get("model_response"),
         "parsed_action": None if action is None else json.dumps(action, sort_keys=True),
@@ -185,10 +196,13 @@ def _trajectories(episode: Mapping[str, Any], n: int, context: Mapping[str, Any]
     stop = _stop(episode)
     dropped = str(episode.get("termination_reason") or "unknown") in filtered(context)
     out = []
-    for k, traj in enumerate(need(episode, "trajectories", f"episode {eid}")):
+    for k, traj in enumerate(
+        objects(need(episode, "trajectories", f"episode {eid}"), "trajectories", f"episode {eid}")
+    ):
         name = str(traj.get("name", k))
         where = f"episode {eid} trajectory {name}"
-        calls = [c for i, s in enumerate(need(traj, "steps", where)) if (c := _call(s, f"{where} step {i}", context))]
+        steps = objects(need(traj, "steps", where), "steps", where)
+        calls = [c for i, s in enumerate(steps) if (c := _call(s, f"{where} step {i}", context))]
         segments = merge(calls, where)
         common = {"task_id": task_id, "group_id": f"{at}{task_id}:{name}", **identity(context)}
         reward = None if dropped else traj.get("reward")

@@ -39,10 +39,14 @@ from .base import (
     lacks,
     logprobs_column,
     need,
+    number,
+    numbers,
     rows_of,
     runs,
+    short,
     step_of,
     token_columns,
+    whole,
     with_context,
     with_policy,
 )
@@ -106,10 +110,10 @@ def _reward(value: Any, where: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, list):
-        return float(sum(value))
-    if not isinstance(value, (int, float)):
+        return float(sum(number(v, "rewards", where) for v in value))
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise AdapterError(f"{where}: rewards must be a number or a list of numbers")
-    return float(value)
+    return number(value, "rewards", where)
 
 
 def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any]:
@@ -129,17 +133,18 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
         "turns": [{"turn_id": t} for t in range(len(turns))],
         "reward": _reward(need(rec, "rewards", where), where),
     }
-    version = rec.get("global_step_when_scheduled", rec.get("global_step"))
-    if version is not None:
+    key = "global_step_when_scheduled" if rec.get("global_step_when_scheduled") is not None else "global_step"
+    if rec.get(key) is not None:
+        version = whole(rec[key], key, where)
         for t in out["turns"]:
-            t["policy_version"] = int(version)
+            t["policy_version"] = version
     if rec.get("rollout_logprobs") is not None:
-        lp = aligned(rec, "rollout_logprobs", mask, where)
+        lp = numbers(aligned(rec, "rollout_logprobs", mask, where), "rollout_logprobs", where)
         out["behavior_logprobs"] = logprobs_column(len(prompt), lp, mask)
     if rec.get("stop_reasons") is not None:
         stop = rec["stop_reasons"]
-        if stop not in STOPS:
-            raise AdapterError(f"{where}: stop_reasons {stop!r} is not one SkyRL writes ({', '.join(STOPS)})")
+        if not isinstance(stop, str) or stop not in STOPS:
+            raise AdapterError(f"{where}: stop_reasons {short(stop)} is not one SkyRL writes ({', '.join(STOPS)})")
         flag, out["stop_reason"] = STOPS[stop]
         out.update({f: f == flag for f in STOP_FLAGS})
         if ctx.get("apply_overlong_filtering") and stop != "stop":

@@ -46,9 +46,12 @@ from .base import (
     lacks,
     logprobs_column,
     need,
+    number,
+    numbers,
     rows_of,
     runs,
     token_columns,
+    whole,
     with_context,
 )
 
@@ -80,9 +83,9 @@ def _reward(value: Any, where: str, key: str | None) -> float | None:
         if key is None:
             raise AdapterError(f"{where}: reward is a dict; pass --context reward_key=KEY (slime's --reward-key)")
         value = need(value, key, f"{where} reward")
-    if value is not None and not isinstance(value, (int, float)):
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
         raise AdapterError(f"{where}: reward must be a number, not {type(value).__name__}")
-    return None if value is None else float(value)
+    return None if value is None else number(value, "reward", where)
 
 
 def _versions(rec: Mapping[str, Any], n_turns: int, where: str) -> list[int | None] | None:
@@ -93,10 +96,15 @@ def _versions(rec: Mapping[str, Any], n_turns: int, where: str) -> list[int | No
         return None
     if not isinstance(wv, list):
         raise AdapterError(f"{where}: weight_versions must be a list")
-    try:
-        calls = [int(v) for v in wv]
-    except (TypeError, ValueError):
-        return [None] * n_turns  # SGLang's version is a free string: not a number the audit can order
+    calls = []
+    for v in wv:
+        if isinstance(v, (int, float)):  # a number is a whole one within int64 (bools and 2.5 refused)
+            calls.append(whole(v, "weight_versions", where))
+            continue
+        try:
+            calls.append(int(v))
+        except (TypeError, ValueError):
+            return [None] * n_turns  # SGLang's version is a free string: not a number the audit can order
     if n_turns == 0:
         return []
     if len(set(calls)) == 1:
@@ -133,7 +141,7 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
         raise AdapterError(f"{where}: remove_sample must be true or false")
     turns = runs(sampled)
     status = need(rec, "status", where)
-    if status not in STATUS:
+    if not isinstance(status, str) or status not in STATUS:
         raise AdapterError(f"{where}: status {status!r} is not a finished sample ({', '.join(STATUS)})")
     flag, stop = STATUS[status]
     out: dict[str, Any] = {
@@ -155,7 +163,7 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
         for t, v in zip(out["turns"], versions):
             t["policy_version"] = v
     if rec.get("rollout_log_probs") is not None:
-        lp = aligned(rec, "rollout_log_probs", mask, where)
+        lp = numbers(aligned(rec, "rollout_log_probs", mask, where), "rollout_log_probs", where)
         out["behavior_logprobs"] = logprobs_column(n_prompt, lp, sampled)
     return with_context(out, ctx)
 
@@ -184,7 +192,7 @@ def updates(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table | 
     for n, rec in enumerate(records, 1):
         if not all(k in rec for k in TRAIN_DATA):
             continue
-        where = f"train data record {n}"
+        where = f"{getattr(rec, 'origin', None) or f'record {n}'}: train data record"
         index, rid, sums = (ints(rec, k, where) for k in TRAIN_DATA)
         if not len(index) == len(rid) == len(sums):
             raise AdapterError(f"{where}: sample_indices, rollout_ids and rollout_mask_sums differ in length")

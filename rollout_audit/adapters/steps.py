@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..contract import schema as S
-from .base import AdapterError, flags, wholes
+from .base import AdapterError, flags, numbers, short, whole, wholes
 
 FINISH_REASONS = frozenset(S.contract()["finish_reasons"])
 IDENTITY = ("environment_id", "environment_version", "verifier_version", "reset_seed", "tokenizer_id")
@@ -85,7 +85,7 @@ def recorded_logprobs(call: Call, where: str) -> list[float | None]:
     """The call's log-probs aligned with its sampled ids: null where none was recorded (rLLM's trainer
     pads a short list with 0.0, which is not a log-prob); a longer list cannot be aligned."""
     n = len(call.completion_ids)
-    lps = [None if v is None else float(v) for v in (call.logprobs or [])]
+    lps = numbers(call.logprobs or [], "logprobs", where)
     if len(lps) > n:
         raise AdapterError(f"{where}: {len(lps)} log-probs for {n} sampled tokens")
     return lps + [None] * (n - len(lps))
@@ -123,12 +123,10 @@ def merge(calls: Sequence[Call], where: str) -> list[Segment]:
             delta, source = prompt, 1
         seg.add(delta, source)  # tagged with the previous turn (-1 before the first)
         seg.turns.append({"turn_id": len(seg.turns), **call.turn})
-        if call.mask is not None and len(call.mask) != len(call.completion_ids):
-            raise AdapterError(
-                f"{where} call {n}: a mask of {len(call.mask)} for {len(call.completion_ids)} sampled ids"
-            )
         completion = wholes(call.completion_ids, "completion_ids", f"{where} call {n}")
         mask = None if call.mask is None else flags(call.mask, "completion_mask", f"{where} call {n}")
+        if mask is not None and len(mask) != len(completion):
+            raise AdapterError(f"{where} call {n}: a mask of {len(mask)} for {len(completion)} sampled ids")
         seg.add(completion, S.POLICY, recorded_logprobs(call, f"{where} call {n}"), mask)
     return segments
 
@@ -186,15 +184,27 @@ def finish_reason(value: Any) -> str | None:
     return value if isinstance(value, str) and value in FINISH_REASONS else None
 
 
-def option(context: Mapping[str, Any], key: str) -> Any:
-    """A context option in its contract type (CLI values arrive as strings); None when not given."""
+def option(context: Mapping[str, Any], key: str, where: str | None = None) -> Any:
+    """A context option in its contract type (CLI values arrive as strings); None when not given.
+    `where` names the record the values come from (a session's `end`, a call's sampling), else they
+    are the command line's context. A number where an integer belongs must be a whole one."""
     value = context.get(key)
     if value is None or key not in _TYPES:
         return value
+    kind = _TYPES[key]
+    what = {int: "an integer", float: "a number", str: "a string"}[kind]
+    if kind is int and not isinstance(value, str):
+        return whole(value, key, where or "context")
     try:
-        return _TYPES[key](value)
+        if isinstance(value, (bool, list, Mapping)) and kind is not str:
+            raise TypeError
+        if kind is str and where is not None and (isinstance(value, bool) or not isinstance(value, (str, int))):
+            raise TypeError  # a record's identifier or reason is text (or a number), not any value shown as text
+        return kind(value)
     except (TypeError, ValueError):
-        raise AdapterError(f"context {key}={value!r} is not a {_TYPES[key].__name__}") from None
+        if where is None:
+            raise AdapterError(f"context {key}={value!r} is not a {kind.__name__}") from None
+        raise AdapterError(f"{where}: {key}: expected {what}, got {type(value).__name__} {short(value)}") from None
 
 
 def identity(context: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from . import verifiers_v1 as v1
-from .base import AdapterError, at_record, context_values, contract_table, need, origin
+from .base import AdapterError, at_record, context_values, contract_table, need, objects, origin
 from .steps import (
     Call,
     engine_context,
@@ -92,7 +92,7 @@ def _sampling(rollout: Mapping[str, Any], context: Mapping[str, Any]) -> dict[st
     out = {}
     for k in ("temperature", "top_p"):
         v = args.get(k) if isinstance(args, Mapping) else None
-        v = option({k: v}, k) if v is not None else option(context, k)
+        v = option({k: v}, k, "sampling_args") if v is not None else option(context, k)
         if v is not None:
             out[k] = v
     return out
@@ -107,9 +107,10 @@ def _call(step: Mapping[str, Any], where: str, turn: dict[str, Any]) -> Call:
     raw = step.get("response")
     response: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
     choices = response.get("choices") or [{}]
+    first = choices[0] if isinstance(choices, list) and isinstance(choices[0], Mapping) else {}
     turn = {
         **turn,
-        "finish_reason": finish_reason(choices[0].get("finish_reason") if isinstance(choices[0], Mapping) else None),
+        "finish_reason": finish_reason(first.get("finish_reason")),
         "sampled_token_ids": list(sampled),
         "reward": step.get("reward"),
         **engine_context(response.get("prompt_token_ids")),
@@ -131,7 +132,8 @@ def _trajectories(rollout: Mapping[str, Any], n: int, context: Mapping[str, Any]
     turn: dict[str, Any] = _sampling(rollout, context)
     if context.get("policy_version") is not None:
         turn["policy_version"] = option(context, "policy_version")
-    calls = [_call(s, f"{where} step {i}", turn) for i, s in enumerate(need(rollout, "trajectory", where))]
+    steps = objects(need(rollout, "trajectory", where), "trajectory", where)
+    calls = [_call(s, f"{where} step {i}", turn) for i, s in enumerate(steps)]
     segments = merge(calls, where)
     stop = _stop(rollout)
     return [

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..contract import schema as S
-from .base import AdapterError, flags, need, wholes
+from .base import AdapterError, flags, mapping, need, number, objects, short, wholes
 from .steps import Call, Segment, finish_reason, identity, option, recorded_logprobs, stop_columns
 
 ROLE_SOURCE = {"system": 0, "user": 1, "tool": 3, "assistant": 1}
@@ -51,6 +51,12 @@ ERROR_REASON = {"provider_error": "engine_error", "toolset_error": "tool_error"}
 
 def _paths(nodes: Sequence[Mapping[str, Any]]) -> list[list[int]]:
     """Root-to-leaf node indices of every leaf (a node no other node names as parent)."""
+    for i, n in enumerate(nodes):
+        parent = n.get("parent")
+        if parent is not None and (isinstance(parent, bool) or not isinstance(parent, int)):
+            raise AdapterError(
+                f"nodes[{i}]: parent: expected a node index, got {type(parent).__name__} {short(parent)}"
+            )
     parents = {n.get("parent") for n in nodes}
     out: list[list[int]] = []
     for leaf in (i for i in range(len(nodes)) if i not in parents):
@@ -95,8 +101,15 @@ def _stop(trace: Mapping[str, Any]) -> dict[str, Any]:
 
 def _reward(trace: Mapping[str, Any]) -> float | None:
     """`Trace.reward`: Σ score × weight of the rewards scored; null when none was (scoring did not run)."""
-    scored = [r for r in (trace.get("rewards") or {}).values() if isinstance(r, Mapping)]
-    return sum(float(r["score"]) * float(r.get("weight", 1.0)) for r in scored) if scored else None
+    where = f"trace {trace.get('id')}"
+    scored = [(k, r) for k, r in mapping(trace.get("rewards"), "rewards", where).items() if isinstance(r, Mapping)]
+    if not scored:
+        return None
+    return sum(
+        number(need(r, "score", f"{where} rewards.{k}"), "score", f"{where} rewards.{k}")
+        * number(r.get("weight", 1.0), "weight", f"{where} rewards.{k}")
+        for k, r in scored
+    )
 
 
 def _segment(trace: Mapping[str, Any], path: list[int], where: str, context: Mapping[str, Any]) -> Segment:
@@ -108,16 +121,18 @@ def _segment(trace: Mapping[str, Any], path: list[int], where: str, context: Map
         ids, mask = wholes(need(node, "token_ids", at), "token_ids", at), flags(need(node, "mask", at), "mask", at)
         if len(mask) != len(ids):
             raise AdapterError(f"{at}: a mask of {len(mask)} for {len(ids)} token ids")
-        role = str((node.get("message") or {}).get("role"))
+        role = str(mapping(node.get("message"), "message", at).get("role"))
         if not node.get("sampled"):
             seg.add(ids, ROLE_SOURCE.get(role, 1), mask=mask)
             continue
         sampled = [i for i, m in zip(ids, mask) if m]
         call = calls.get(nid) or {}
-        sampling = call.get("sampling") or {}
+        sampling = mapping(call.get("sampling"), "sampling", f"{at} call")
         turn = {"turn_id": len(seg.turns), "sampled_token_ids": sampled}
         turn["finish_reason"] = finish_reason(call.get("finish_reason"))
-        turn |= {k: option(sampling, k) for k in ("temperature", "top_p") if sampling.get(k) is not None}
+        turn |= {
+            k: option(sampling, k, f"{at} sampling") for k in ("temperature", "top_p") if sampling.get(k) is not None
+        }
         turn |= {k: option(context, k) for k in ("temperature", "top_p", "policy_version") if k not in turn}
         start = mask.index(True) if True in mask else len(ids)
         seg.add(ids[:start], 4)  # the generation prompt: template, before the turn's sampled span
@@ -131,9 +146,9 @@ def _segment(trace: Mapping[str, Any], path: list[int], where: str, context: Map
 def trajectories(trace: Mapping[str, Any], n: int, context: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Contract records of one v1 trace: one per branch."""
     tid = str(trace.get("id") or f"trace-{n}")
-    task = trace.get("task") or {}
+    task = mapping(trace.get("task"), "task", f"trace {tid}")
     key = str(task.get("key") or task.get("hash") or tid)
-    paths = _paths(need(trace, "nodes", f"trace {tid}"))
+    paths = _paths(objects(need(trace, "nodes", f"trace {tid}"), "nodes", f"trace {tid}"))
     stop, reward = _stop(trace), _reward(trace)
     return [
         {

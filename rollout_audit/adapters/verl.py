@@ -33,6 +33,8 @@ from .base import (
     lacks,
     logprobs_column,
     need,
+    number,
+    numbers,
     rows_of,
     runs,
     token_columns,
@@ -176,6 +178,8 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
     if uid is None:
         raise AdapterError(f"{where}: uid is null (pass the batch's uid to the hook)")
     calls = rec.get("engine_calls")
+    if calls is not None and not isinstance(calls, list):
+        raise AdapterError(f"{where}: engine_calls must be a list, got {type(calls).__name__}")
     if calls:
         edits = set(ints(rec, "boundary_ids", where)) if rec.get("boundary_ids") is not None else set()
         policy, turns = _engine_turns(calls, len(prompt), resp, mask, edits, where)
@@ -195,10 +199,10 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
         "turns": turns,
     }
     if rec.get("response_logprobs") is not None:
-        lp = aligned(rec, "response_logprobs", resp, where)
+        lp = numbers(aligned(rec, "response_logprobs", resp, where), "response_logprobs", where)
         out["behavior_logprobs"] = logprobs_column(len(prompt), lp, sampled)
     if rec.get("reward_score") is not None:
-        out["reward"] = float(rec["reward_score"])
+        out["reward"] = number(rec["reward_score"], "reward_score", where)
     out |= _stop(turns[-1].get("finish_reason") if turns else None, len(turns), len(resp), ctx)
     return with_context(out, ctx)
 

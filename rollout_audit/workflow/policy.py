@@ -49,18 +49,22 @@ def _with_findings(rep: Report, findings: pl.DataFrame, **summary) -> Report:
 # ---------------------------------------------------------------- tolerated rates
 
 
-def check_tolerated(shares: dict[str, float]) -> None:
-    """Every code named in `tolerated_share` must be a check's code."""
+def check_tolerated(shares: dict[str, float], source: str = "") -> None:
+    """Every code named in `tolerated_share` must be a check's code; an error names the configuration
+    (`source`) that set it."""
     known = all_rules()
     for code in shares:
         if code not in known:
-            raise UsageError(f"tolerated_share: unknown check code {code!r}; see `rollout-audit explain --list`")
+            raise UsageError(
+                f"{source + ': ' if source else ''}tolerated_share: unknown check code {code!r}; "
+                "see `rollout-audit explain --list`"
+            )
 
 
-def apply_tolerated(rep: Report, shares: dict[str, float]) -> Report:
+def apply_tolerated(rep: Report, shares: dict[str, float], source: str = "") -> Report:
     """Error findings of a code in `shares` become warnings when the trajectories they name are at
     most that share of the trajectories read; the share, the limit and the outcome are recorded."""
-    check_tolerated(shares)
+    check_tolerated(shares, source)
     if not shares or rep.findings.is_empty():
         return rep
     rows = rep.summary.get("rows_read") or 0
@@ -215,10 +219,13 @@ def settle(
     """The report of one log after the tolerated rates of `cfg` and its baseline (`baseline`, else
     `baseline = "…"` of `cfg`, found from `config_file`); `ids()` gives the log's trajectory ids
     when a baseline applies. `rollout-audit check` and the library's `audit` both end here."""
-    rep = apply_tolerated(rep, cfg.tolerated_share)
+    rep = apply_tolerated(rep, cfg.tolerated_share, cfg.source)
     where = Path(baseline) if baseline else configured_baseline(cfg, config_file)
     if where is None or rep.unusable is not None:
         return rep
     if not where.is_file():
-        raise BaselineError(f"baseline {where}: no such file (write one with `check --write-baseline {where}`)")
+        said = "" if baseline else f" (baseline = {cfg.baseline!r} in {cfg.source})"
+        if where.exists():
+            raise BaselineError(f"baseline {where}: not a regular file{said}")
+        raise BaselineError(f"baseline {where}: no such file{said} (write one with `check --write-baseline {where}`)")
     return apply_baseline(rep, where, ids())

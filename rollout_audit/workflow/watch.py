@@ -174,7 +174,7 @@ def step_auditor(config_path: str | None, root: Path, framework: str | None, con
             disc = discover([str(path)])
             rep = run_audit(disc, cfg)
             share = trainable_share(scan(str(path)).trajectories) if disc.of_kind("trajectories") else None
-        rep = apply_tolerated(rep, cfg.tolerated_share)
+        rep = apply_tolerated(rep, cfg.tolerated_share, cfg.source)
         return rep, audit_figures(rep, share)
 
     return audit_step
