@@ -561,8 +561,9 @@ def reward_vs_verifier(log, cfg) -> pl.DataFrame | None:
 
 
 class _List:
-    """A per-token list column aligned with the batch's token arrays: `values` in float64 (NaN
-    where null or where the row's list does not line up), `present` per token, `fits` per row
+    """A per-token list column aligned with the batch's token arrays: `values` as stored (float32
+    or float64; NaN where null or where the row's list does not line up: upcast the indices you
+    sum over), `present` per token, `fits` per row
     (the list is there and as long as the row's tokens), `broken` per row (there, but of
     another length) and `bad`, a finding for each broken row."""
 
@@ -579,10 +580,10 @@ class _List:
         vals = flat.to_numpy(zero_copy_only=False)  # NaN under a null
         valid = pc.is_valid(flat).to_numpy(zero_copy_only=False) if flat.null_count else np.ones(len(flat), bool)
         if whole:
-            self.values, self.present = vals.astype(np.float64), valid
+            self.values, self.present = vals, valid
         else:
             have = self.fits[t.row]
-            self.values = np.full(t.row.size, np.nan)
+            self.values = np.full(t.row.size, np.nan, dtype=vals.dtype)
             self.values[have] = vals
             self.present = np.zeros(t.row.size, bool)
             self.present[have] = valid
@@ -758,8 +759,8 @@ def token_returns(b: BatchView, cfg) -> pl.DataFrame | None:
 
     def term(at: np.ndarray) -> np.ndarray:
         """reward − KL at the token indices `at` (a null counts 0)."""
-        out = np.where(rew.present[at], rew.values[at], 0.0)
-        return out if kl is None else out - np.where(kl.present[at], kl.values[at], 0.0)
+        out = np.where(rew.present[at], rew.values[at].astype(np.float64), 0.0)
+        return out if kl is None else out - np.where(kl.present[at], kl.values[at].astype(np.float64), 0.0)
 
     t = b.tokens
     use = rows[t.row]
