@@ -264,7 +264,7 @@ def test_json_round_trips_hostile_strings(evil_log):
 
 
 def test_show_prints_markup_as_text(evil_log):
-    r = cli("show", str(evil_log), EVIL_ID, "--color")
+    r = cli("show", str(evil_log), EVIL_ID, "--color", "--width", "400")  # one line whatever the terminal
     assert_clean_exit(r, (0,))
     assert "[link=https://e.x]y[/]" in r.stdout and "\x1b]8;" not in r.stdout and "\x1b[2J" not in r.stdout
 
