@@ -563,7 +563,7 @@ def reward_vs_verifier(log, cfg) -> pl.DataFrame | None:
 class _List:
     """A per-token list column aligned with the batch's token arrays: `values` as stored (float32
     or float64; NaN where null or where the row's list does not line up: upcast the indices you
-    sum over), `present` per token, `fits` per row
+    sum over), `present` per token (`complete`: on every token), `fits` per row
     (the list is there and as long as the row's tokens), `broken` per row (there, but of
     another length) and `bad`, a finding for each broken row."""
 
@@ -579,6 +579,7 @@ class _List:
             flat = flat.cast(pa.float64())
         vals = flat.to_numpy(zero_copy_only=False)  # NaN under a null
         valid = pc.is_valid(flat).to_numpy(zero_copy_only=False) if flat.null_count else np.ones(len(flat), bool)
+        self.complete = whole and not flat.null_count  # a value on every token: `present` need not be read
         if whole:
             self.values, self.present = vals, valid
         else:
@@ -595,6 +596,12 @@ class _List:
             "trajectory_id",
             pl.format(f"{name} has {{}} entries for {{}} tokens; it is not read", "_n", "_k").alias("message"),
         )
+
+
+def _list(b: BatchView, name: str) -> _List:
+    """`_List(b, name)`, made once per batch for the checks that read `name` over the same token
+    lists (R411 and R413 read token_reward, R412 and R413 token_kl)."""
+    return b.shared(f"{name} over {sorted(b.lists)}", (name,), lambda: _List(b, name))
 
 
 def _findings(*parts: pl.DataFrame | None) -> pl.DataFrame | None:
@@ -616,13 +623,21 @@ def _source_name() -> pl.Expr:
 
 
 def _to_go(v: np.ndarray, row: np.ndarray) -> np.ndarray:
-    """Per element: the sum of v over it and every later element of the same row (`row` sorted,
-    non-negative): the running sum at its row's last element, less the running sum before it."""
+    """Per element: the sum of v over it and every later element of the same row (`row` sorted):
+    the running sum at its row's last element, less the running sum before it."""
     if not v.size:
         return v
     c = np.cumsum(v)
-    last = np.cumsum(np.bincount(row)) - 1  # by row number: the index of its last element
-    return c[last[row]] - c + v
+    last = np.flatnonzero(np.r_[row[1:] != row[:-1], True])  # each row's last element
+    return np.repeat(c[last], np.diff(last, prepend=-1)) - c + v
+
+
+def _at(lst: _List, at: np.ndarray) -> np.ndarray:
+    """The list's values at the token indices `at` in float64, a null read as 0."""
+    v = lst.values[at].astype(np.float64)
+    if not lst.complete:
+        v[~lst.present[at]] = 0.0
+    return v
 
 
 @rule(
@@ -649,9 +664,9 @@ def reward_placement(b: BatchView, cfg) -> pl.DataFrame | None:
     trainer writes the score at (the position of the last sampled token, before padding), or
     record the placement it uses.
     """
-    lst = _List(b, "token_reward")
+    lst = _list(b, "token_reward")
     t = b.tokens
-    p = np.flatnonzero(t.policy)
+    p = t.policy_index
     last = np.zeros(t.row.size, bool)
     if p.size:
         rp, kp = t.row[p], t.turn[p]
@@ -710,7 +725,7 @@ def kl_on_non_policy(b: BatchView, cfg) -> pl.DataFrame | None:
     and names the source of the first. A NaN is a finding too. Fix the trainer to multiply the
     KL by the loss mask before it enters the reward (or record the KL it really used).
     """
-    lst = _List(b, "token_kl")
+    lst = _list(b, "token_kl")
     wrong = lst.present & ~(lst.values == 0) & ~b.tokens.policy
     off = None
     if wrong.any():
@@ -751,29 +766,31 @@ def token_returns(b: BatchView, cfg) -> pl.DataFrame | None:
     Compared within atol + rtol·|G|. Fix the return computation to skip (mask) the tokens the
     policy did not sample.
     """
-    ret, rew = _List(b, "token_returns"), _List(b, "token_reward")
+    ret, rew = _list(b, "token_returns"), _list(b, "token_reward")
     rows = ret.fits & rew.fits
-    kl = _List(b, "token_kl") if b.has("token_kl") else None
+    kl = _list(b, "token_kl") if b.has("token_kl") else None
     if kl is not None:
         rows &= ~kl.broken
 
     def term(at: np.ndarray) -> np.ndarray:
         """reward − KL at the token indices `at` (a null counts 0)."""
-        out = np.where(rew.present[at], rew.values[at].astype(np.float64), 0.0)
-        return out if kl is None else out - np.where(kl.present[at], kl.values[at].astype(np.float64), 0.0)
+        return _at(rew, at) if kl is None else _at(rew, at) - _at(kl, at)
 
     t = b.tokens
-    use = rows[t.row]
-    pol = np.flatnonzero(use & t.policy)
+    pol = t.policy_index
+    if not rows.all():
+        pol = pol[rows[t.row[pol]]]
     g = ret.values
     within = lambda e, at: np.abs(g[at] - e) <= cfg.atol + cfg.rtol * np.abs(e)
     expected = _to_go(term(pol), t.row[pol])
-    bad = ret.present[pol] & ~within(expected, pol)
+    bad = ~within(expected, pol)
+    if not ret.complete:
+        bad &= ret.present[pol]
     off = None
     if bad.any():
         # the return over every token (the finding says when that is what was recorded), on the
         # rows with a differing token only
-        every = np.flatnonzero(use & np.isin(t.row, t.row[pol[bad]]))
+        every = np.flatnonzero(rows[t.row] & np.isin(t.row, t.row[pol[bad]]))
         e, summed, wrong = np.full(t.row.size, np.nan), np.zeros(t.row.size, bool), np.zeros(t.row.size, bool)
         e[pol], summed[every], wrong[pol[bad]] = expected, within(_to_go(term(every), t.row[every]), every), True
         off = _first(b, wrong, _g=g, _e=e, _all=summed).select(

@@ -208,6 +208,11 @@ class Tokens:
         return self.source == S.POLICY
 
     @cached_property
+    def policy_index(self) -> np.ndarray:
+        """Indices of the policy tokens, in token order."""
+        return np.flatnonzero(self.policy)
+
+    @cached_property
     def ids_le_bytes(self) -> memoryview:
         """token_ids as one buffer of little-endian int32 (4 bytes per token, aligned with the
         arrays): the bytes context_sha256 is computed over."""

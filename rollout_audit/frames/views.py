@@ -25,6 +25,7 @@ from .batch import STAT_INPUTS, TOKEN_LISTS, TURN_INPUTS, Batch, Tokens
 _TOKEN_FIELDS = {
     "source": "token_source",
     "policy": "token_source",
+    "policy_index": "token_source",
     "mask": "loss_mask",
     "lp": "behavior_logprobs",
     "lp_present": "behavior_logprobs",
