@@ -38,8 +38,8 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -377,11 +377,19 @@ def rule_times(path: Path, repeat: int = 2) -> str:
         ("  log checks", step["(log step, all)"]),
         ("  the rest (discovery, update records, report)", main - sum(step.values())),
     ]
-    out = [f"per audit of {path.name}, mean of {repeat}: wall {wall / repeat:.2f} s", "", "| what | ms | share of main |"]
+    out = [
+        f"per audit of {path.name}, mean of {repeat}: wall {wall / repeat:.2f} s",
+        "",
+        "| what | ms | share of main |",
+    ]
     out.append("|---|---:|---:|")
     out += [f"| {k} | {1000 * v / repeat:.0f} | {100 * v / main:.0f}% |" for k, v in rows]
     out += ["", "| check | ms | share of main |", "|---|---:|---:|"]
-    out += [f"| {k} | {1000 * v / repeat:.0f} | {100 * v / main:.1f}% |" for k, v in spent.most_common() if v / main >= 0.002]
+    out += [
+        f"| {k} | {1000 * v / repeat:.0f} | {100 * v / main:.1f}% |"
+        for k, v in spent.most_common()
+        if v / main >= 0.002
+    ]
     return "\n".join(out)
 
 
