@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from ..contract import schema as S
 from ..contract.registry import NotRun, rule
-from ..frames.views import BatchView
+from ..frames.views import BatchView, frame_of
 from .common import rounded
 
 _G = pl.col("_gamma")
@@ -43,9 +43,10 @@ def _turns(b: BatchView, *fields: str, traj: tuple[str, ...] = ()) -> pl.DataFra
 
     per_traj = b.shared("discount", ("gamma",) if has_gamma else (), discount)
     fields = tuple(dict.fromkeys(f for f in fields if f in b.turns.columns or f != "shaping"))
-    return b.turns.select("_row", "_t", "trajectory_id", *fields).with_columns(
-        *per_traj, *(b.traj[c].gather(rows) for c in traj)
-    )
+    cols = {c: b.turns.get_column(c) for c in ("_row", "_t", "trajectory_id", *fields)}
+    cols.update((s.name, s) for s in per_traj)
+    cols.update((c, b.traj.get_column(c).gather(rows)) for c in traj)
+    return frame_of(cols)
 
 
 def _entries(dtype: pl.DataType) -> pl.Expr:

@@ -37,6 +37,13 @@ _TOKEN_FIELDS = {
 }
 
 
+def frame_of(cols: dict[str, pl.Series]) -> pl.DataFrame:
+    """A frame of existing columns (a later one of a name replaces an earlier one), without a
+    polars query: views are built for every check of every batch, and a `select` or
+    `with_columns` costs several times more than putting the columns side by side."""
+    return pl.DataFrame(list(cols.values()))
+
+
 def _undeclared(rule: Rule, what: str) -> UndeclaredInput:
     return UndeclaredInput(f"{rule.code} reads {what} without declaring it (add it to requires or optional)")
 
@@ -179,11 +186,12 @@ class BatchView:
         """`_row`, trajectory_id, the declared scalar columns, and the counts `n_*` whose
         token lists were declared (built once per view: checks read it several times)."""
         sc = self.batch.scalars
-        df = sc.select([c for c in sc.columns if c in self.cols or c in ("_row", "trajectory_id")])
+        cols = {c: sc.get_column(c) for c in sc.columns if c in self.cols or c in ("_row", "trajectory_id")}
         derived = self._derived(STAT_INPUTS)
         if derived:
-            df = pl.concat([df, self._tok().stats.select(derived)], how="horizontal")
-        return df
+            st = self._tok().stats
+            cols.update((c, st.get_column(c)) for c in derived)
+        return frame_of(cols)
 
     @property
     def turn_counts(self) -> np.ndarray:
@@ -200,13 +208,11 @@ class BatchView:
         ts = self.batch.turn_struct
         if not len(ts.columns):
             return ts
-        df = ts.select([c for c in ts.columns if c in self.fields or c in ("_row", "_t", "trajectory_id")])
+        cols = {c: ts.get_column(c) for c in ts.columns if c in self.fields or c in ("_row", "_t", "trajectory_id")}
         derived = self._derived(TURN_INPUTS)
         if derived and self.lists:
-            rc = [s for s in self._tok().turn_values if s.name in derived]
-            if rc:
-                df = df.with_columns(rc)
-        return df
+            cols.update((s.name, s) for s in self._tok().turn_values if s.name in derived)
+        return frame_of(cols)
 
 
 @dataclass
