@@ -1035,3 +1035,17 @@ def test_an_openai_session_dump_saved_as_parquet_converts_like_its_json_lines(tm
     assert a.returncode == b.returncode and a.returncode in (0, 1), a.stderr
     key = [(f["code"], f["trajectory_id"], f["message"]) for f in json.loads(a.stdout)["findings"]]
     assert key == [(f["code"], f["trajectory_id"], f["message"]) for f in json.loads(b.stdout)["findings"]]
+
+
+def test_a_log_whose_every_row_group_is_refused_says_so(tmp_path, small_records):
+    """Every row group over the byte bound: the audit is incomplete (exit 2), and the reason says
+    the rows were refused rather than that the files hold none."""
+    t = small_records[0]
+    write_groups(
+        tmp_path / "log" / "trajectories" / "part-0.parquet", [long_row(dict(t[0], trajectory_id="w"), 200_000)]
+    )
+    (tmp_path / "pyproject.toml").write_text("[tool.rollout-audit]\nmax_row_group_bytes = 1000000\n")
+    r = cli("check", str(tmp_path / "log"), cwd=tmp_path)
+    assert_clean_exit(r, (2,))
+    assert "every row of the trajectory files was refused (1 part: see S005)" in r.stdout + r.stderr
+    assert "hold no rows" not in r.stdout + r.stderr

@@ -56,6 +56,10 @@ def why_unusable(disc: Discovery, broken: list[Problem]) -> str:
         return "the log holds no trajectory records"
     if broken and not n_traj:
         return f"no readable trajectory file ({len(broken)} file{'s' * (len(broken) != 1)} unusable: see S005)"
+    paths = {f.path for f in disc.of_kind("trajectories")}
+    refused = sum(1 for path, _ in broken if path in paths)
+    if refused:
+        return f"every row of the trajectory files was refused ({refused} part{'s' * (refused != 1)}: see S005)"
     return "the trajectory files hold no rows"
 
 
