@@ -24,6 +24,8 @@ columns gathered on the driver. Findings, coverage and the report are those of t
 
 from __future__ import annotations
 
+import time
+import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -93,53 +95,71 @@ def _partition(frame: pl.DataFrame, key: tuple[str, ...], n: int) -> list[pl.Dat
 
 
 class Store:
-    """The pieces of some partitions of one audit, as tasks push them (a Ray actor on a
-    cluster; a plain object in one process). A piece is filed under its partition, its kind (a
-    key's summary rows, batch members, update records, routed rows, split episodes' last
-    segments) and its source (the share, run of update files or partition that cut it), so a
+    """The pieces of some partitions (a Ray actor on a cluster; a plain object in one process),
+    as tasks push them, for the audits under way. A piece is filed under its audit, partition,
+    kind (a key's summary rows, batch members, update records, routed rows, split episodes'
+    last segments) and source (the share, run of update files or partition that cut it), so a
     task takes its partition's pieces in the log's order whichever task pushed first."""
 
     def __init__(self) -> None:
-        self.held: dict[tuple[int, str], dict[int, pl.DataFrame]] = {}
+        self.held: dict[tuple[str, int, str], dict[int, pl.DataFrame]] = {}
 
-    def put(self, items: list[tuple[int, str, int, pl.DataFrame]]) -> int:
+    def put(self, audit: str, items: list[tuple[int, str, int, pl.DataFrame]]) -> int:
         for part, kind, source, frame in items:
-            self.held.setdefault((part, kind), {})[source] = frame
+            self.held.setdefault((audit, part, kind), {})[source] = frame
         return len(items)
 
-    def take(self, part: int, kinds: tuple[str, ...]) -> list[list[pl.DataFrame]]:
+    def take(self, audit: str, part: int, kinds: tuple[str, ...]) -> list[list[pl.DataFrame]]:
         """The pieces of one partition, per kind, in their sources' order."""
         out = []
         for kind in kinds:
-            got = self.held.get((part, kind), {})
+            got = self.held.get((audit, part, kind), {})
             out.append([got[s] for s in sorted(got)])
         return out
 
-
-def _push(stores: list[Any], items: list[tuple[int, str, int, pl.DataFrame]]) -> None:
-    """Hand the non-empty pieces to the stores of their partitions (one call per store), and
-    wait until they hold them: the task that pushed is done only once its pieces are stored."""
-    by: dict[int, list[tuple[int, str, int, pl.DataFrame]]] = {}
-    for item in items:
-        if item[3].height:
-            by.setdefault(item[0] % len(stores), []).append(item)
-    if stores and isinstance(stores[0], Store):
-        for a, its in by.items():
-            stores[a].put(its)
-        return
-    import ray
-
-    ray.get([stores[a].put.remote(its) for a, its in by.items()])
+    def drop(self, audit: str) -> None:
+        """Forget an audit's pieces."""
+        self.held = {k: v for k, v in self.held.items() if k[0] != audit}
 
 
-def _take(stores: list[Any], part: int, kinds: tuple[str, ...]) -> list[list[pl.DataFrame]]:
-    store = stores[part % len(stores)]
-    if isinstance(store, Store):
-        return store.take(part, kinds)
-    import ray
+@dataclass(frozen=True)
+class Stores:
+    """Where one audit's partitions are held: partition `i` in `actors[i % len(actors)]`
+    (`Store` actors, or `Store` objects of this process), under the audit's name."""
 
-    got: list[list[pl.DataFrame]] = ray.get(store.take.remote(part, kinds))
-    return got
+    audit: str
+    actors: tuple[Any, ...]
+
+    def push(self, items: list[tuple[int, str, int, pl.DataFrame]]) -> None:
+        """Hand the non-empty pieces (partition, kind, source, frame) to the stores of their
+        partitions, one call per store, and wait until they hold them: a task that pushed is
+        done only once its pieces are stored."""
+        by: dict[int, list[tuple[int, str, int, pl.DataFrame]]] = {}
+        for item in items:
+            if item[3].height:
+                by.setdefault(item[0] % len(self.actors), []).append(item)
+        if isinstance(self.actors[0], Store):
+            for a, its in by.items():
+                self.actors[a].put(self.audit, its)
+            return
+        import ray
+
+        calls = [self.actors[a].put.remote(self.audit, its) for a, its in by.items()]
+        waiting = calls
+        while waiting:  # polled: a task blocked in `ray.get` lends its CPU, and Ray starts a worker to use it
+            _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=0)
+            if waiting:
+                time.sleep(0.001)
+        ray.get(calls)  # a store's error, if any
+
+    def take(self, part: int, kinds: tuple[str, ...]) -> Any:
+        """The pieces of one partition, per kind: on a cluster, the reference of the store's
+        answer, for the driver to pass to the partition's task (Ray hands the task the pieces
+        when they are there: the task never waits on a store while holding its CPU)."""
+        store = self.actors[part % len(self.actors)]
+        if isinstance(store, Store):
+            return store.take(self.audit, part, kinds)
+        return store.take.remote(self.audit, part, kinds)
 
 
 def _columns(frame: pl.DataFrame, reads: frozenset[str]) -> pl.DataFrame:
@@ -214,7 +234,7 @@ def _keyed(runner: Runner) -> tuple[tuple[Keyed, ...], tuple[str, ...]]:
     return keyed, tuple(by_update)
 
 
-def check_share(job: Job, share: Share, index: int, stores: list[Any]) -> tuple[dict[str, Any], Any]:
+def check_share(job: Job, share: Share, index: int, stores: Stores) -> tuple[dict[str, Any], Any]:
     """Ray task: read one share's row groups, run the batch checks, push `n_parts` summary
     pieces per key (and the last segments of the split episodes it holds, to every partition)
     to the stores, and return the bookkeeping and the gathered summary columns. `index` orders
@@ -241,7 +261,7 @@ def check_share(job: Job, share: Share, index: int, stores: list[Any]) -> tuple[
         ends = pl.col("split_from").is_not_null() & ~pl.col("split_continues").fill_null(False)
         last = _columns(summary, job.keyed[job.route].reads).filter(ends)
         items += [(i, "last", index, last) for i in range(job.n_parts)]
-    _push(stores, items)
+    stores.push(items)
     return head, _columns(summary, job.gather) if job.gather is not None else None
 
 
@@ -255,11 +275,11 @@ def _outcome(runner: Runner, rule: Rule, view: LogView) -> dict[str, Any]:
 
 
 def check_partition(
-    job: Job, g: int, codes: tuple[str, ...], schema: dict[str, pl.DataType], part: int, stores: list[Any]
+    job: Job, codes: tuple[str, ...], schema: dict[str, pl.DataType], taken: list[list[pl.DataFrame]]
 ) -> dict[str, dict[str, Any]] | None:
-    """Ray task: the log checks `codes` of key `g` on the rows of one partition (every share's
-    piece of it, from its store); their outcomes by code, None when the partition holds no row."""
-    (pieces,) = _take(stores, part, (f"key{g}",))
+    """Ray task: log checks `codes` of one key on the rows of one partition (`taken` from its
+    store: every share's piece of it); their outcomes by code, None when it holds no row."""
+    (pieces,) = taken
     traj = _concat(pieces)
     if not traj.height:
         return None
@@ -268,7 +288,7 @@ def check_partition(
     return {code: _outcome(runner, runner.rules[code], view) for code in codes}
 
 
-def read_updates_task(job: Job, chunk: int, files: list[tuple[int, LogFile]], stores: list[Any]) -> dict[str, Any]:
+def read_updates_task(job: Job, chunk: int, files: list[tuple[int, LogFile]], stores: Stores) -> dict[str, Any]:
     """Ray task: the update records of a run of update files, read as the local audit reads
     them (`read_update_file`). Each record gets a number `_u`, its file's index in the log's
     update files times 2³² plus its row (in the log's order, whichever files are left out), and
@@ -290,7 +310,7 @@ def read_updates_task(job: Job, chunk: int, files: list[tuple[int, LogFile]], st
         items = [(i, "members", chunk, m) for i, m in enumerate(_partition(_members(u), _ID, n))]
         if job.by_update:
             items += [(j, "updates", chunk, u.filter(pl.col("_u") % n == j).drop("_u")) for j in range(n)]
-        _push(stores, items)
+        stores.push(items)
     return {"broken": broken, "schemas": schemas, "counts": counts}
 
 
@@ -309,13 +329,16 @@ def _members(u: pl.DataFrame) -> pl.DataFrame:
     return m.drop_nulls("trajectory_id").unique(maintain_order=True) if m.height else m
 
 
-def route(job: Job, schema: dict[str, pl.DataType], steps: dict[str, Any], part: int, stores: list[Any]) -> Any:
+def route(
+    job: Job, schema: dict[str, pl.DataType], steps: dict[str, Any], part: int, stores: Stores, taken: list[Any]
+) -> Any:
     """Ray task: the rows of one trajectory partition, each pushed to the partition of every
     update that names it (by the batch members of the partition); returns the outcomes of the
     checks by trajectory id that read the update records (`job.routed`: they see the records
     that name the partition's trajectories, `trajectory_ids` cut to them). `steps` says how
-    the records' update_step reads (see `_steps`)."""
-    pieces, listed = _take(stores, part, (f"key{job.route}", "members"))
+    the records' update_step reads (see `_steps`). `taken`: the partition's rows and batch
+    members, from its store."""
+    pieces, listed = taken
     rows, members = _concat(pieces), _concat(listed)
     n = job.n_parts
     if rows.height:
@@ -323,8 +346,7 @@ def route(job: Job, schema: dict[str, pl.DataType], steps: dict[str, Any], part:
     if rows.height and members.height and job.by_update:
         pairs = members.select("_u", "trajectory_id").unique()
         named = pairs.join(rows, on="trajectory_id", how="inner").with_columns((pl.col("_u") % n).alias("_part"))
-        _push(
-            stores,
+        stores.push(
             [
                 (j, "routed", part, named.filter(pl.col("_part") == j).drop("_u", "_part").unique("_ord"))
                 for j in range(n)
@@ -361,13 +383,13 @@ def _steps(members: pl.DataFrame, steps: dict[str, Any]) -> pl.DataFrame:
 
 
 def check_updates(
-    job: Job, j: int, schema: dict[str, pl.DataType], env: dict[str, Any], stores: list[Any]
+    job: Job, j: int, schema: dict[str, pl.DataType], env: dict[str, Any], taken: list[list[pl.DataFrame]]
 ) -> dict[str, dict[str, Any]] | None:
     """Ray task: the update-partitioned log checks on one partition of the update records and
-    the rows they name (with split episodes' last segments), taken from its store; their
+    the rows they name (with split episodes' last segments), `taken` from its store; their
     outcomes by code, None when the partition holds no record. `env`: the update records'
     column types, the problems met and the update files."""
-    last_pieces, routed, records = _take(stores, j, ("last", "routed", "updates"))
+    last_pieces, routed, records = taken
     updates = _align(_concat(records), env["columns"])
     if not updates.height and j:
         return None
@@ -500,16 +522,29 @@ def _run(ray: Any, work: Work, ex: RayExecutor) -> Done:
         n_parts,
         routed,
     )
-    store = ray.remote(Store).options(num_cpus=0, scheduling_strategy="SPREAD")
-    stores = [store.remote() for _ in range(n_stores)]
+    stores = Stores(uuid.uuid4().hex, tuple(_store(ray, i) for i in range(n_stores)))
     try:
         return _stages(ray, work, ex, job, stores, kept)
     finally:
-        for s in stores:
-            ray.kill(s)
+        ray.get([s.drop.remote(stores.audit) for s in stores.actors])
 
 
-def _stages(ray: Any, work: Work, ex: RayExecutor, job: Job, stores: list[Any], kept: list[Rule]) -> Done:
+def _store(ray: Any, i: int) -> Any:
+    """Store actor `i` of this process's Ray session: started by the first audit that needs it
+    (spread over the nodes, no CPU reserved: it only holds and hands pieces), kept for the next
+    ones (a process start per audit would cost more than most of its partitions' checks)."""
+    session = (ray.get_runtime_context().get_node_id(), ray.get_runtime_context().get_job_id())
+    for old in [k for k in _KEPT if k[0] != session]:  # handles of an earlier session
+        del _KEPT[old]
+    if (session, i) not in _KEPT:  # Ray ends an actor when no handle to it is left: one is kept here
+        _KEPT[session, i] = ray.remote(Store).options(num_cpus=0, scheduling_strategy="SPREAD").remote()
+    return _KEPT[session, i]
+
+
+_KEPT: dict[tuple[tuple[str, str], int], Any] = {}  # the store actors of this process's Ray session
+
+
+def _stages(ray: Any, work: Work, ex: RayExecutor, job: Job, stores: Stores, kept: list[Rule]) -> Done:
     runner, disc = work.runner, work.disc
     job_ref = ray.put(job)
     update_files = disc.of_kind("updates")
@@ -571,7 +606,7 @@ def _sub(schema: dict[str, pl.DataType], reads: frozenset[str]) -> dict[str, pl.
     return {c: t for c, t in schema.items() if c in reads or c in _KEEP}
 
 
-def _keyed_stage(ray: Any, job_ref: Any, job: Job, schema: dict, stores: list[Any]) -> dict[str, list[Any]]:
+def _keyed_stage(ray: Any, job_ref: Any, job: Job, schema: dict, stores: Stores) -> dict[str, list[Any]]:
     """Submit the checks of each key, one task per partition: each code's tasks."""
     task = ray.remote(check_partition)
     out: dict[str, list[Any]] = {}
@@ -579,26 +614,29 @@ def _keyed_stage(ray: Any, job_ref: Any, job: Job, schema: dict, stores: list[An
         codes = tuple(c for c in k.codes if c not in job.routed)
         if codes:
             sub = _sub(schema, k.reads)
-            tasks = [task.remote(job_ref, g, codes, sub, i, stores) for i in range(job.n_parts)]
+            kinds = (f"key{g}",)
+            tasks = [task.remote(job_ref, codes, sub, stores.take(i, kinds)) for i in range(job.n_parts)]
             out.update((code, tasks) for code in codes)
     return out
 
 
 def _update_stage(
-    ray: Any, job_ref: Any, job: Job, schema: dict, stores: list[Any], env: dict, steps: dict, ex: RayExecutor
+    ray: Any, job_ref: Any, job: Job, schema: dict, stores: Stores, env: dict, steps: dict, ex: RayExecutor
 ) -> dict[str, list[Any]]:
     """Route every named row to the partitions of the updates that name it (one task per
     trajectory partition, which also runs `job.routed`), then submit the update-partitioned
     checks, one task per update partition: each code's tasks."""
     n = job.n_parts
     sub = _sub(schema, job.keyed[job.route].reads)
-    routed = [ray.remote(route).remote(job_ref, sub, steps, i, stores) for i in range(n)]
+    kinds = (f"key{job.route}", "members")
+    routed = [ray.remote(route).remote(job_ref, sub, steps, i, stores, stores.take(i, kinds)) for i in range(n)]
     out = {code: routed for code in job.routed}
     if job.by_update:
         ray.wait(routed, num_returns=n, fetch_local=False)  # every routed row is stored
         _note(ray, ex)
         task = ray.remote(check_updates)
-        tasks = [task.remote(job_ref, j, sub, env, stores) for j in range(n)]
+        held = ("last", "routed", "updates")
+        tasks = [task.remote(job_ref, j, sub, env, stores.take(j, held)) for j in range(n)]
         out.update((code, tasks) for code in job.by_update)
     return out
 
