@@ -137,9 +137,10 @@ def _task_overhead(n: int = 200) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def _push_overhead(n: int = 200) -> float:
-    """Seconds per call from a Ray task to a store actor (`Store.put` of a one-row piece, each
-    call awaited before the next)."""
+def _push_overhead(n: int = 400) -> float:
+    """Seconds a store actor takes per call (`Store.put` of a one-row piece from a Ray task;
+    the calls submitted back to back, so that the store's own service time is measured, not
+    one round trip's latency)."""
     import polars as pl
     import ray
 
@@ -150,12 +151,11 @@ def _push_overhead(n: int = 200) -> float:
 
     def pusher(store, k: int) -> float:
         t0 = time.perf_counter()
-        for i in range(k):
-            ray.get(store.put.remote("x", [(0, "x", i, piece)]))
+        ray.get([store.put.remote("x", [(0, "x", i, piece)]) for i in range(k)])
         return (time.perf_counter() - t0) / k
 
     task = ray.remote(pusher)
-    ray.get(task.remote(store, 10))
+    ray.get(task.remote(store, 20))
     out = ray.get(task.remote(store, n))
     ray.kill(store)
     return out
@@ -358,26 +358,26 @@ def model(c1: dict, cp: dict, ray_costs: dict, base_mb: float, tokens: float = 1
         f"{cp['parts']} partitions: "
         + ", ".join(f"{k} {f * 1e3:.1f} ms + {r * 1e6:.2f} µs/row" for k, (f, r) in stages.items())
         + f"); {tok_per_traj:.0f} tokens and {c['members'] / c['rows']:.2f} batch members per trajectory as in the "
-        "benchmark log; shares of 65536 rows, or fewer so that there are 4 per core; partitions: one per core, at most "
-        f"{MAX_PARTS} (the default); one store per node. Each share task pushes its pieces to every store, and each "
-        f"store takes every share task's call one after another: {push_s * 1e3:.2f} ms per call as measured (a task's "
-        "round trip to an actor, in turn); counted serially after the batch phase (an upper bound: the calls arrive "
-        f"while shares finish). The driver pays the measured {overhead_s * 1e3:.1f} ms per task (submit, schedule, "
+        "benchmark log; shares of 65536 rows, or fewer so that there are 4 per core (or 1); partitions: one per core, at most "
+        f"{MAX_PARTS} (the default); one store per node. Each share task pushes its pieces to every store (one call "
+        "each, counted in the batch phase), and each store takes every share task's, update reader's and routing task's "
+        f"call one after another: {push_s * 1e3:.2f} ms per call as measured (calls submitted back to back from a task); "
+        "counted after the batch phase (an upper bound: the calls arrive while shares finish). The driver pays the measured {overhead_s * 1e3:.1f} ms per task (submit, schedule, "
         f"get) and {c['driver_merge_cpu_s_per_part'] * 1e3:.1f} ms per partition to merge the outcomes, and holds "
         f"{task_bytes / 1e3:.1f} KB per task whose references it keeps (measured: tasks of two returns held) above a "
         f"{base_mb:.0f} MB base. Every phase is counted one after the other.",
         "",
-        "| nodes | cores | shares | partitions | batch phase | stores take the pieces | log checks by key "
+        "| nodes | cores | shares per core | shares | partitions | batch phase | stores take the pieces | log checks by key "
         "| update stage (read, route, checks) | driver | total | driver share | driver memory (base + tasks) "
         "| store memory per node |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for nodes in (8, 64, 256):
+    for per_core, nodes in ((4, 8), (4, 64), (4, 256), (1, 8), (1, 64), (1, 256)):
         cores = nodes * CORES
         parts = min(cores, MAX_PARTS)
-        rows_per_share = min(65536, max(1, trajs / (4 * cores)))
+        rows_per_share = min(65536, max(1, trajs / (per_core * cores)))
         shares = trajs / rows_per_share
-        batch = tokens / 1e6 * c["share_cpu_s_per_mtok"] / cores
+        batch = (tokens / 1e6 * c["share_cpu_s_per_mtok"] + shares * nodes * push_s) / cores
         stores = (shares + update_tasks + parts) * push_s
         kf, kr = stages["keyed"]
         keyed = (g * parts * kf + trajs * kr) / min(cores, g * parts) if g else 0.0
@@ -390,7 +390,7 @@ def model(c1: dict, cp: dict, ray_costs: dict, base_mb: float, tokens: float = 1
         total = batch + stores + keyed + upd + driver
         task_mb = tasks * task_bytes / 1e6
         lines.append(
-            f"| {nodes} | {cores} | {shares:.0f} | {parts} | {batch:.1f} s | {stores:.1f} s | {keyed:.2f} s "
+            f"| {nodes} | {cores} | {per_core} | {shares:.0f} | {parts} | {batch:.1f} s | {stores:.1f} s | {keyed:.2f} s "
             f"| {upd:.2f} s | {driver:.1f} s | {total:.1f} s | {driver / total:.0%} "
             f"| {base_mb + task_mb:.0f} MB ({base_mb:.0f} + {task_mb:.0f}) | {held * trajs / nodes / 1e6:.0f} MB |"
         )
@@ -468,7 +468,7 @@ def report(a, path: str, rows: list[dict], cs: list[dict]) -> str:
         f"Driver: {two['rss_mb']} MB at its peak with 2 partitions, {many['rss_mb']} MB with 64; object references "
         f"it held at its fullest (Ray's reference table): {two['peak_refs']} with 2 partitions, {many['peak_refs']} "
         f"with 64. Measured with Ray: {ray_costs['task_s'] * 1e3:.2f} ms per task round trip, "
-        f"{ray_costs['push_s'] * 1e3:.2f} ms per call from a task to a store, {ray_costs['task_bytes']:.0f} B of "
+        f"{ray_costs['push_s'] * 1e3:.2f} ms per call a store takes, {ray_costs['task_bytes']:.0f} B of "
         "driver memory per task held.",
         "",
     ]
