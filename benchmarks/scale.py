@@ -362,7 +362,8 @@ def model(c1: dict, cp: dict, ray_costs: dict, base_mb: float, tokens: float = 1
         f"{MAX_PARTS} (the default); one store per node. Each share task pushes its pieces to every store (one call "
         "each, counted in the batch phase), and each store takes every share task's, update reader's and routing task's "
         f"call one after another: {push_s * 1e3:.2f} ms per call as measured (calls submitted back to back from a task); "
-        "counted after the batch phase (an upper bound: the calls arrive while shares finish). The driver pays the measured {overhead_s * 1e3:.1f} ms per task (submit, schedule, "
+        "counted after the batch phase (an upper bound: the calls arrive while shares finish). The driver pays"
+        f" the measured {overhead_s * 1e3:.1f} ms per task (submit, schedule, "
         f"get) and {c['driver_merge_cpu_s_per_part'] * 1e3:.1f} ms per partition to merge the outcomes, and holds "
         f"{task_bytes / 1e3:.1f} KB per task whose references it keeps (measured: tasks of two returns held) above a "
         f"{base_mb:.0f} MB base. Every phase is counted one after the other.",

@@ -234,6 +234,16 @@ def _keyed(runner: Runner) -> tuple[tuple[Keyed, ...], tuple[str, ...]]:
     return keyed, tuple(by_update)
 
 
+def read_task(job: Job, index: int, unit: Share | list[tuple[int, LogFile]], stores: Stores) -> tuple[Any, Any]:
+    """Ray task of the first stage: a share of a trajectory file (`check_share`), or a run of
+    update files (`read_updates_task`; no second return). One function for both, so that Ray
+    leases the same workers to both (a worker leased for one function is not handed to
+    another while its queue is not empty: a new one would start)."""
+    if isinstance(unit, Share):
+        return check_share(job, unit, index, stores)
+    return read_updates_task(job, index, unit, stores), None
+
+
 def check_share(job: Job, share: Share, index: int, stores: Stores) -> tuple[dict[str, Any], Any]:
     """Ray task: read one share's row groups, run the batch checks, push `n_parts` summary
     pieces per key (and the last segments of the split episodes it holds, to every partition)
@@ -548,11 +558,10 @@ def _stages(ray: Any, work: Work, ex: RayExecutor, job: Job, stores: Stores, kep
     runner, disc = work.runner, work.disc
     job_ref = ray.put(job)
     update_files = disc.of_kind("updates")
-    reader = ray.remote(read_updates_task)
-    reads = [reader.remote(job_ref, c, files, stores) for c, files in enumerate(_chunks(update_files))]
-    task = ray.remote(check_share).options(num_returns=2)
+    task = ray.remote(read_task).options(num_returns=2)
+    reads = [task.remote(job_ref, c, files, stores)[0] for c, files in enumerate(_chunks(update_files))]
     units = shares(disc.of_kind("trajectories"), ex.rows_per_share)
-    refs = [task.remote(job_ref, s, i, stores) for i, s in enumerate(units)]
+    refs = [task.remote(job_ref, i, s, stores) for i, s in enumerate(units)]
     _note(ray, ex)
     columns: list[pl.DataFrame] = []
     first: dict[int, int] = {}
