@@ -358,7 +358,8 @@ def model(c1: dict, cp: dict, ray_costs: dict, base_mb: float, tokens: float = 1
         f"{cp['parts']} partitions: "
         + ", ".join(f"{k} {f * 1e3:.1f} ms + {r * 1e6:.2f} µs/row" for k, (f, r) in stages.items())
         + f"); {tok_per_traj:.0f} tokens and {c['members'] / c['rows']:.2f} batch members per trajectory as in the "
-        "benchmark log; shares of 65536 rows, or fewer so that there are 4 per core (or 1); partitions: one per core, at most "
+        f"benchmark log; the update records in files of at most {UPDATES_PER_TASK} records (a task reads "
+        f"{UPDATES_PER_TASK} records' worth of whole files: one larger file is one task); shares of 65536 rows, or fewer so that there are 4 per core (or 1); partitions: one per core, at most "
         f"{MAX_PARTS} (the default); one store per node. Each share task pushes its pieces to every store (one call "
         "each, counted in the batch phase), and each store takes every share task's, update reader's and routing task's "
         f"call one after another: {push_s * 1e3:.2f} ms per call as measured (calls submitted back to back from a task); "

@@ -480,7 +480,7 @@ class RayExecutor:
 register_executor("ray", RayExecutor)
 
 MAX_PARTS = 256  # partitions by default: one per CPU, at most this many
-UPDATES_PER_TASK = 4096  # update records (by the files' footers) one task reads, at least one file
+UPDATES_PER_TASK = 1024  # update records (by the files' footers) one task reads, at least one file
 
 
 def _owned(ray: Any) -> int | None:
