@@ -24,7 +24,6 @@ columns gathered on the driver. Findings, coverage and the report are those of t
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass, replace
 from typing import Any
@@ -144,18 +143,12 @@ class Stores:
             return
         import ray
 
-        calls = [self.actors[a].put.remote(self.audit, its) for a, its in by.items()]
-        waiting = calls
-        while waiting:  # polled: a task blocked in `ray.get` lends its CPU, and Ray starts a worker to use it
-            _, waiting = ray.wait(waiting, num_returns=len(waiting), timeout=0)
-            if waiting:
-                time.sleep(0.001)
-        ray.get(calls)  # a store's error, if any
+        ray.get([self.actors[a].put.remote(self.audit, its) for a, its in by.items()])
 
     def take(self, part: int, kinds: tuple[str, ...]) -> Any:
         """The pieces of one partition, per kind: on a cluster, the reference of the store's
-        answer, for the driver to pass to the partition's task (Ray hands the task the pieces
-        when they are there: the task never waits on a store while holding its CPU)."""
+        answer, for the driver to pass to the partition's task (Ray starts the task once the
+        pieces are there, so it does not wait on the store)."""
         store = self.actors[part % len(self.actors)]
         if isinstance(store, Store):
             return store.take(self.audit, part, kinds)
@@ -236,9 +229,8 @@ def _keyed(runner: Runner) -> tuple[tuple[Keyed, ...], tuple[str, ...]]:
 
 def read_task(job: Job, index: int, unit: Share | list[tuple[int, LogFile]], stores: Stores) -> tuple[Any, Any]:
     """Ray task of the first stage: a share of a trajectory file (`check_share`), or a run of
-    update files (`read_updates_task`; no second return). One function for both, so that Ray
-    leases the same workers to both (a worker leased for one function is not handed to
-    another while its queue is not empty: a new one would start)."""
+    update files (`read_updates_task`; no second return). One function for both: Ray leases
+    workers per scheduling class, which names the function, so both kinds share the workers."""
     if isinstance(unit, Share):
         return check_share(job, unit, index, stores)
     return read_updates_task(job, index, unit, stores), None
