@@ -258,11 +258,9 @@ def costs(path: str, rows_per_share: int, parts: int = 8) -> dict:
         if not codes:
             continue
         sub = D._sub(schema, k.reads)
-        got, t = best(
-            lambda g=g, codes=codes, sub=sub: [
-                D.check_partition(job, codes, sub, stores.take(i, (f"key{g}",))) for i in range(parts)
-            ]
-        )
+        kinds = (f"key{g}",)
+        taken = [stores.take(i, kinds, kinds) for i in range(parts)]  # kept: the pieces are measured again
+        got, t = best(lambda codes=codes, sub=sub, taken=taken: [D.check_partition(job, codes, sub, x) for x in taken])
         keyed_cpu += t
         for code in codes:
             outcomes[code] = [o[code] for o in got if o is not None]
@@ -270,18 +268,16 @@ def costs(path: str, rows_per_share: int, parts: int = 8) -> dict:
     out["members_bytes_per_row"] = stored("members") / rows
     steps = {"listed": "trajectory_ids" in updates.columns, "dtype": updates.schema.get("update_step"), "first": {}}
     sub = D._sub(schema, job.keyed[job.route].reads)
-    routed_out, t = best(
-        lambda: [
-            D.route(job, sub, steps, i, stores, stores.take(i, (f"key{job.route}", "members"))) for i in range(parts)
-        ]
-    )
+    kinds = (f"key{job.route}", "members")
+    taken = [stores.take(i, kinds, kinds) for i in range(parts)]
+    routed_out, t = best(lambda: [D.route(job, sub, steps, i, stores, taken[i]) for i in range(parts)])
     out["route_cpu_s_per_mrow"] = t / rows * 1e6
     for code in routed:
         outcomes[code] = [o[code] for o in routed_out if o is not None]
     env = {"columns": dict(updates.schema), "broken": [], "update_files": []}
-    got, t = best(
-        lambda: [D.check_updates(job, j, sub, env, stores.take(j, ("last", "routed", "updates"))) for j in range(parts)]
-    )
+    kinds = ("last", "routed", "updates")
+    taken = [stores.take(j, kinds, kinds) for j in range(parts)]
+    got, t = best(lambda: [D.check_updates(job, j, sub, env, taken[j]) for j in range(parts)])
     out["updates_cpu_s_per_mrow"] = t / rows * 1e6
     out["routed_bytes_per_row"] = stored("routed") / rows
     for code in by_update:
@@ -367,7 +363,9 @@ def model(c1: dict, cp: dict, ray_costs: dict, base_mb: float, tokens: float = 1
         f" the measured {overhead_s * 1e3:.1f} ms per task (submit, schedule, "
         f"get) and {c['driver_merge_cpu_s_per_part'] * 1e3:.1f} ms per partition to merge the outcomes, and holds "
         f"{task_bytes / 1e3:.1f} KB per task whose references it keeps (measured: tasks of two returns held) above a "
-        f"{base_mb:.0f} MB base. Every phase is counted one after the other.",
+        f"{base_mb:.0f} MB base. A store's memory is every piece pushed to it (an upper bound of its peak: a store "
+        "forgets a piece once its task has taken it, but the pieces by trajectory id). Every phase is counted one "
+        "after the other.",
         "",
         "| nodes | cores | shares per core | shares | partitions | batch phase | stores take the pieces | log checks by key "
         "| update stage (read, route, checks) | driver | total | driver share | driver memory (base + tasks) "

@@ -108,11 +108,14 @@ class Store:
             self.held.setdefault((audit, part, kind), {})[source] = frame
         return len(items)
 
-    def take(self, audit: str, part: int, kinds: tuple[str, ...]) -> list[list[pl.DataFrame]]:
-        """The pieces of one partition, per kind, in their sources' order."""
+    def take(
+        self, audit: str, part: int, kinds: tuple[str, ...], keep: tuple[str, ...] = ()
+    ) -> list[list[pl.DataFrame]]:
+        """The pieces of one partition, per kind, in their sources' order; forgotten here but
+        those of the kinds in `keep` (another task reads them too)."""
         out = []
         for kind in kinds:
-            got = self.held.get((audit, part, kind), {})
+            got = self.held.get((audit, part, kind), {}) if kind in keep else self.held.pop((audit, part, kind), {})
             out.append([got[s] for s in sorted(got)])
         return out
 
@@ -145,14 +148,15 @@ class Stores:
 
         ray.get([self.actors[a].put.remote(self.audit, its) for a, its in by.items()])
 
-    def take(self, part: int, kinds: tuple[str, ...]) -> Any:
+    def take(self, part: int, kinds: tuple[str, ...], keep: tuple[str, ...] = ()) -> Any:
         """The pieces of one partition, per kind: on a cluster, the reference of the store's
         answer, for the driver to pass to the partition's task (Ray starts the task once the
-        pieces are there, so it does not wait on the store)."""
+        pieces are there, so it does not wait on the store). The store forgets them, but the
+        kinds in `keep`."""
         store = self.actors[part % len(self.actors)]
         if isinstance(store, Store):
-            return store.take(self.audit, part, kinds)
-        return store.take.remote(self.audit, part, kinds)
+            return store.take(self.audit, part, kinds, keep)
+        return store.take.remote(self.audit, part, kinds, keep)
 
 
 def _columns(frame: pl.DataFrame, reads: frozenset[str]) -> pl.DataFrame:
@@ -616,7 +620,8 @@ def _keyed_stage(ray: Any, job_ref: Any, job: Job, schema: dict, stores: Stores)
         if codes:
             sub = _sub(schema, k.reads)
             kinds = (f"key{g}",)
-            tasks = [task.remote(job_ref, codes, sub, stores.take(i, kinds)) for i in range(job.n_parts)]
+            keep = kinds if k.key == _ID else ()  # the routing tasks read them too
+            tasks = [task.remote(job_ref, codes, sub, stores.take(i, kinds, keep)) for i in range(job.n_parts)]
             out.update((code, tasks) for code in codes)
     return out
 
@@ -629,8 +634,8 @@ def _update_stage(
     checks, one task per update partition: each code's tasks."""
     n = job.n_parts
     sub = _sub(schema, job.keyed[job.route].reads)
-    kinds = (f"key{job.route}", "members")
-    routed = [ray.remote(route).remote(job_ref, sub, steps, i, stores, stores.take(i, kinds)) for i in range(n)]
+    kinds, keep = (f"key{job.route}", "members"), (f"key{job.route}",)  # S002 and P504 read the rows too
+    routed = [ray.remote(route).remote(job_ref, sub, steps, i, stores, stores.take(i, kinds, keep)) for i in range(n)]
     out = {code: routed for code in job.routed}
     if job.by_update:
         ray.wait(routed, num_returns=n, fetch_local=False)  # every routed row is stored
