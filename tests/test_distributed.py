@@ -26,7 +26,9 @@ from rollout_audit.adapters import openai  # noqa: E402
 from rollout_audit.adapters.base import read_dump  # noqa: E402
 from rollout_audit.cli import main  # noqa: E402
 from rollout_audit.contract.config import Config  # noqa: E402
+from rollout_audit.reading.batches import shares  # noqa: E402
 from rollout_audit.reading.io import discover  # noqa: E402
+from rollout_audit.running import distributed  # noqa: E402
 from rollout_audit.running.distributed import RayExecutor  # noqa: E402
 from rollout_audit.running.engine import memory_discovery, run_audit  # noqa: E402
 from rollout_audit.running.runner import Runner  # noqa: E402
@@ -94,6 +96,50 @@ def test_ray_audit_of_a_faulted_log_is_the_local_audit(cluster, faulted):
         s002.height == pq.read_metadata(faulted / "part-00000.parquet").num_rows
         and s002["message"].str.contains("part-00090.parquet").all()
     )
+
+
+def test_the_driver_holds_references_per_task_not_per_piece(cluster, faulted):
+    """The driver's object references, counted in Ray's reference table of this process at its
+    fullest, grow by a few per partition (its tasks) and per share (their two returns), never
+    by shares × partitions: the pieces go from the share tasks to the partitions' stores."""
+
+    def peak(rows_per_share: int, parts: int) -> tuple[int, int]:
+        ex = RayExecutor(rows_per_share=rows_per_share, partitions=parts)
+        run_audit(discover([faulted]), Config(), executor=ex)
+        assert ex.peak_refs is not None
+        return len(shares(discover([faulted]).of_kind("trajectories"), rows_per_share)), ex.peak_refs
+
+    few, at_2 = peak(64, 2)
+    many, at_16 = peak(1, 16)
+    _, few_at_16 = peak(64, 16)
+    assert many > few >= 4
+    assert few_at_16 - at_2 <= 8 * (16 - 2)  # a task per key, per routing and per update partition
+    assert at_16 - few_at_16 <= 4 * (many - few)  # a share task's two returns and its arguments
+    assert at_16 < many * 16  # the old all-to-all held (3 + 5 × 16) per share, plus 16² for the routing
+
+
+def test_update_records_in_row_groups_of_several_files(cluster, faulted, tmp_path, monkeypatch):
+    """Update records read by tasks (two files of row groups of 5 records, runs of about 8
+    records per task), with a file left out between them (a required column missing) and a
+    record naming a trajectory not in the log: the Ray audit finds what the local one does."""
+    log = tmp_path / "log"
+    shutil.copytree(faulted, log)
+    one = pq.read_table(log / "updates" / "updates.parquet")
+    (log / "updates" / "updates.parquet").unlink()
+    rec = one.to_pylist()[0]
+    lists = [c for c, v in rec.items() if isinstance(v, list)]
+    cut = [round(k * len(rec["trajectory_ids"]) / 24) for k in range(25)]
+    recs = [{**rec, "update_step": k, **{c: rec[c][cut[k] : cut[k + 1]] for c in lists}} for k in range(24)]
+    recs[20]["trajectory_ids"] = [*recs[20]["trajectory_ids"], "nobody"]
+    pq.write_table(pa.Table.from_pylist(recs[:12], schema=one.schema), log / "updates" / "a.parquet", row_group_size=5)
+    pq.write_table(one.drop_columns(["trainer_version"]), log / "updates" / "b.parquet")
+    pq.write_table(pa.Table.from_pylist(recs[12:], schema=one.schema), log / "updates" / "c.parquet", row_group_size=5)
+    assert pq.read_metadata(log / "updates" / "a.parquet").num_row_groups == 3
+    monkeypatch.setattr(distributed, "UPDATES_PER_TASK", 8)
+    local = run_audit(discover([log]), Config())
+    _same(local, run_audit(discover([log]), Config(), executor=RayExecutor(rows_per_share=50, partitions=3, stores=2)))
+    codes = set(local.findings["code"])
+    assert {"U601", "U605", "S005"} <= codes, codes
 
 
 def test_check_ray_on_the_compliant_fixture(cluster):

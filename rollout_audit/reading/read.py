@@ -294,32 +294,35 @@ def read_updates(files: Sequence[LogFile], broken: list[Problem], max_row_group_
     """Every update record, cast to the contract, with its `file`. A file with schema
     problems, or a row group too large to decode, is left out; a column whose values do not
     fit is dropped; all go to `broken`."""
-    frames = []
-    for f in files:
-        too_large = [why for rg, g in enumerate(f.groups) if (why := row_group_too_large(g, rg, max_row_group_bytes))]
-        if too_large:
-            broken.append((f.path, "update records: " + "; ".join(too_large)))
-            continue
-        targets, problems = schema_plan(f, "updates")
-        if problems:
-            broken.append((f.path, "update records: " + "; ".join(f"{c}: {p}" for c, p in problems)))
-            continue
-        try:
-            pieces = [t for _, t in iter_batches(f, list(targets), 1 << 30)]
-            t = pa.concat_tables(pieces) if pieces else pa.table({c: pa.array([], targets[c]) for c in targets})
-            t, bad = drop_invalid(t)
-            if bad:
-                broken.append((f.path, "update records: " + "; ".join(f"{c}: {p}" for c, p in bad)))
-                continue
-            t, cast_problems = cast(t, targets)
-        except (OSError, pa.ArrowException) as e:
-            broken.append((f.path, one_line(e)))
-            continue
-        if cast_problems:
-            broken.append((f.path, "update records: " + "; ".join(f"{c}: {p}" for c, p in cast_problems)))
-        df = pl.from_arrow(t)
-        assert isinstance(df, pl.DataFrame)
-        frames.append(df.with_columns(pl.lit(f.path).alias("file")))
+    frames = [df for f in files if (df := read_update_file(f, broken, max_row_group_bytes)) is not None]
     if not frames:
         return None
     return pl.concat(frames, how="diagonal_relaxed")
+
+
+def read_update_file(f: LogFile, broken: list[Problem], max_row_group_bytes: int) -> pl.DataFrame | None:
+    """The update records of one file, as `read_updates` has them (None: the file is left out)."""
+    too_large = [why for rg, g in enumerate(f.groups) if (why := row_group_too_large(g, rg, max_row_group_bytes))]
+    if too_large:
+        broken.append((f.path, "update records: " + "; ".join(too_large)))
+        return None
+    targets, problems = schema_plan(f, "updates")
+    if problems:
+        broken.append((f.path, "update records: " + "; ".join(f"{c}: {p}" for c, p in problems)))
+        return None
+    try:
+        pieces = [t for _, t in iter_batches(f, list(targets), 1 << 30)]
+        t = pa.concat_tables(pieces) if pieces else pa.table({c: pa.array([], targets[c]) for c in targets})
+        t, bad = drop_invalid(t)
+        if bad:
+            broken.append((f.path, "update records: " + "; ".join(f"{c}: {p}" for c, p in bad)))
+            return None
+        t, cast_problems = cast(t, targets)
+    except (OSError, pa.ArrowException) as e:
+        broken.append((f.path, one_line(e)))
+        return None
+    if cast_problems:
+        broken.append((f.path, "update records: " + "; ".join(f"{c}: {p}" for c, p in cast_problems)))
+    df = pl.from_arrow(t)
+    assert isinstance(df, pl.DataFrame)
+    return df.with_columns(pl.lit(f.path).alias("file"))

@@ -35,7 +35,9 @@ def run_audit(disc: Discovery, cfg: Config | None = None, options: Options | Non
     for f in disc.files:
         runner.declare(f.schema.metadata)
     broken = list(disc.broken)
-    updates = read_updates(disc.of_kind("updates"), broken, cfg.max_row_group_bytes)
+    # an executor that reads the update records in its own tasks (`reads_updates`) gets None
+    reads = getattr(run, "reads_updates", False)
+    updates = None if reads else read_updates(disc.of_kind("updates"), broken, cfg.max_row_group_bytes)
     work = Work(
         disc,
         runner,

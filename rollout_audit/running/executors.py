@@ -73,7 +73,9 @@ class Done:
 
 
 class Executor(Protocol):
-    """Runs the checks of one audit (see the module's docstring)."""
+    """Runs the checks of one audit (see the module's docstring). An executor whose class sets
+    `reads_updates = True` reads the update records itself (`Work.updates` is then None, and
+    the problems it meets in update files go to `Work.broken` before those of trajectory files)."""
 
     def run(self, work: Work) -> Done: ...
 
