@@ -141,6 +141,29 @@ def test_batches_are_bounded_by_tokens_and_find_the_same(base, tmp_path, monkeyp
         monkeypatch.setattr(pipeline, "BATCH_TOKENS", 1 << 21)
 
 
+def test_row_groups_read_a_column_at_a_time_find_the_same(base, tmp_path, monkeypatch):
+    """A large local row group is decoded one column at a time: the same table as a whole read
+    (every column, the nested turns among them), and the same findings on named faults."""
+    from rollout_audit.reading import io
+
+    for group in faultgroups.RECORD_GROUPS[:3]:
+        root = tmp_path / faultgroups.group_id(group)
+        faultgroups.write_group(root, group, *base, parts=2)
+        cfg = faultgroups.config(group)
+        monkeypatch.setattr(io, "COLUMNWISE_BYTES", 1 << 40)  # every row group whole
+        whole = _norm(run_audit(discover([root]), cfg))
+        files = discover([root]).of_kind("trajectories")
+        tables = [t for f in files for _, t in io.iter_batches(f, f.schema.names, 1 << 20)]
+        monkeypatch.setattr(io, "COLUMNWISE_BYTES", 0)  # every row group a column at a time
+        by_column = [t for f in files for _, t in io.iter_batches(f, f.schema.names, 1 << 20)]
+        assert len(tables) == len(by_column) >= 2
+        for a, b in zip(tables, by_column):
+            assert a.schema.remove_metadata().equals(b.schema) and a.equals(
+                b.replace_schema_metadata(a.schema.metadata)
+            )
+        assert whole.height and whole.equals(_norm(run_audit(discover([root]), cfg))), group
+
+
 def test_three_hundred_tiny_files_find_what_one_file_finds(tmp_path):
     """One trajectory per file, through the CLI: small files are read as runs and sanitized
     together, and the findings are those of the same rows in one file, each naming the file
