@@ -519,6 +519,7 @@ def watch(
         Path(metrics) if metrics else None,
         events,
         ignore={Path(p).resolve() for p in (status, metrics, events and events.path) if p},
+        native=not framework,
     )
     try:
         code = w.follow(

@@ -425,6 +425,36 @@ def test_watch_from_a_framework_dump(tmp_path):
     assert res.exit_code == 0
 
 
+def test_watch_of_a_flat_log_audits_trajectory_files_and_names_the_update_files(tmp_path):
+    """The layout the TRL guard writes (trajectories/ and updates/ filled a file at a time): each
+    trajectory file is a step; an update file is no step of its own (alone it has no trajectory
+    to check, which would be exit 2 on a compliant run): one line says where its audit is, and the
+    status file lists it."""
+    import shutil
+    import subprocess
+    import sys
+
+    d = tmp_path / "run"
+    for kind in ("trajectories", "updates"):
+        (d / kind).mkdir(parents=True)
+        for i, f in enumerate(sorted((COMPLIANT / kind).glob("*.parquet"))):
+            shutil.copy(f, d / kind / f"step-{i:04d}.parquet")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run(
+        [sys.executable, "-m", "rollout_audit.cli", "watch", d, "--interval", "0.2", "--idle", "1.5",
+         "--status", tmp_path / "status.json"],
+        capture_output=True, text=True, env=env, timeout=180,
+    )  # fmt: skip
+    lines = r.stdout.strip().splitlines()
+    assert r.returncode == 0, (lines, r.stderr)
+    assert lines[0].startswith("trajectories/step-0000.parquet: ok: 0 errors"), lines
+    notes = [x for x in lines if x.startswith("updates/")]
+    assert len(notes) == 1 and f"rollout-audit check {d}" in notes[0], lines
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert [s["step"] for s in status["steps"]] == ["trajectories/step-0000.parquet"]
+    assert status["update_files_not_audited"] == ["updates/step-0000.parquet"] and status["worst_exit_code"] == 0
+
+
 DIR_WRITER = r"""
 import os, shutil, sys, time
 src, dst = sys.argv[1], sys.argv[2]

@@ -45,9 +45,11 @@ class Watcher:
     metrics_path: Path | None = None
     events: EventFile | None = None  # the figures as TensorBoard scalars
     ignore: set[Path] = field(default_factory=set)  # our own outputs, when they sit under root
+    native: bool = True  # the files are contract logs (not a framework's dumps, converted per step)
     seen: dict[Path, tuple[int, int]] = field(default_factory=dict)  # size, mtime at the last poll
     done: set[Path] = field(default_factory=set)
     steps: list[dict] = field(default_factory=list)
+    updates_alone: list[Path] = field(default_factory=list)  # update files that are not a step
     worst: int = 0
 
     def step_of(self, p: Path) -> Path:
@@ -75,6 +77,21 @@ class Watcher:
             held[step] = held.get(step, True) and self.seen.get(p) == now and st.st_size > 0
             self.seen[p] = now
         return [step for step, ok in held.items() if ok]
+
+    def updates_only(self, path: Path) -> bool:
+        """`path` is a file of update records and nothing else: in a log whose trajectories/ and
+        updates/ the trainer writes a file at a time (the TRL guard does), an update names
+        trajectories of several steps, so it is no step of its own (audited alone, it has no
+        trajectory to check against); `check` on the directory audits it with them."""
+        if not self.native or not path.is_file():
+            return False
+        from ..reading.io import discover
+
+        try:
+            disc = discover([str(path)])
+        except Exception:  # noqa: BLE001 - unreadable: the step's audit reports it
+            return False
+        return bool(disc.of_kind("updates")) and not disc.of_kind("trajectories") and not disc.broken
 
     def run_step(self, path: Path) -> dict:
         """Audit one complete step (a file, or a log directory); its status entry (also when it
@@ -113,6 +130,7 @@ class Watcher:
             "steps_audited": len(self.steps),
             "worst_exit_code": self.worst,
             "steps": self.steps,
+            "update_files_not_audited": [str(p.relative_to(self.root)) for p in self.updates_alone],
             "updated": time.time(),
         }
         tmp = self.status_path.with_name(f".{self.status_path.name}.{uuid.uuid4().hex[:8]}.tmp")
@@ -135,6 +153,15 @@ class Watcher:
         self.write_status("watching")
         while True:
             for p in self.complete_files():
+                if self.updates_only(p):
+                    self.done.add(p)
+                    self.updates_alone.append(p)
+                    if len(self.updates_alone) == 1:
+                        say(
+                            f"{p.relative_to(self.root)}: update records, not a step (an update names trajectories "
+                            f"of several steps); `rollout-audit check {self.root}` audits them with their trajectories"
+                        )
+                    continue
                 e = self.run_step(p)
                 say(f"{e['step']}: {e['verdict']}")
                 self.write_status("watching")
