@@ -218,12 +218,13 @@ def check(
     configuration).
     """
     from .checks import all_rules
-    from .contract.config import find_config
+    from .contract.config import LOG_CONTEXT, find_config
     from .reporting.outputs import check_output, write_atomic
 
     if show_settings:
         cfg, source = find_config(config_path, start=paths[0])
         click.echo(f"# configuration: {source}")
+        click.echo(f"# a configuration inside the audited directory may set only: {', '.join(LOG_CONTEXT)}")
         click.echo(json.dumps(_with_replay(cfg, replay).settings(), indent=1))
         return
     sel, ign = _codes(select), _codes(ignore)
