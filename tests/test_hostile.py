@@ -545,6 +545,11 @@ def test_the_users_own_project_config_may_set_replay(tmp_path, log, monkeypatch)
     assert audit("log").summary["configuration"] == "pyproject.toml [tool.rollout-audit]"
     r = cli("check", ".", cwd=tmp_path)  # the project's own file, but inside the audited directory
     assert r.returncode == 2 and "refused" in r.stderr
+    from rollout_audit import load_config
+
+    assert load_config().replay_checkpoints == "ckpt/step-{version}"  # no audited path: the project's own
+    with pytest.raises(ValueError, match="refused in a configuration inside the audited log"):
+        load_config(start=".")  # auditing the working directory: the file is inside it
 
 
 # a key of each kind that steers the audit rather than stating how the run was produced

@@ -287,33 +287,35 @@ def _nearest(start: Path) -> tuple[Path, Any] | None:
     return None
 
 
-def load_config(path: str | Path | None = None, start: str | Path = ".") -> Config:
+def load_config(path: str | Path | None = None, start: str | Path | None = None) -> Config:
     """Read `path` (a TOML file: a `[tool.rollout-audit]` table, or top-level keys when it has
     no `tool` table), or the nearest pyproject.toml at or above `start` (the audited path, as
-    ruff looks next to the files checked) that has the table; defaults otherwise. A broken
+    ruff looks next to the files checked) that has the table; defaults otherwise. Without
+    `start`, the project's own configuration, found from the working directory. A broken
     pyproject.toml on the way is an error, never skipped."""
     return find_config(path, start)[0]
 
 
-def find_config(path: str | Path | None = None, start: str | Path = ".") -> tuple[Config, str]:
+def find_config(path: str | Path | None = None, start: str | Path | None = None) -> tuple[Config, str]:
     """`load_config`, and where the configuration came from (a file, or "defaults").
 
     A log must not vouch for itself. A file named with `--config` (`path`) is the user's own and
-    sets anything. A found file inside the audited directory came with the log: it may set only
-    the keys of LOG_CONTEXT. A found file elsewhere sets the keys of TRUSTED_ONLY only when it is
-    the user's own (the project configuration found from the working directory). Any other key
-    is a ConfigError naming the file and the keys."""
+    sets anything, and so does the project configuration found from the working directory when
+    no audited path is given. A found file inside the audited directory came with the log: it may
+    set only the keys of LOG_CONTEXT. A found file elsewhere sets the keys of TRUSTED_ONLY only
+    when it is the user's own (the project configuration found from the working directory). Any
+    other key is a ConfigError naming the file and the keys."""
     if path is not None:
         p = Path(path)
         return Config.from_mapping(_table(_read_toml(p), explicit=True), str(p)), str(p)
-    audited = Path(start).resolve()
+    audited = Path("." if start is None else start).resolve()
     here = audited.parent if audited.is_file() else audited
     found = _nearest(here)
     if found is None:
         source = "defaults (no pyproject.toml with [tool.rollout-audit] at or above the audited path)"
         return Config().with_source(source), source
     pp, table = found
-    if isinstance(table, dict):
+    if isinstance(table, dict) and start is not None:
         _refuse(pp, [str(k) for k in table], audited)
     return Config.from_mapping(table, f"{_shown(pp)} [tool.rollout-audit]"), str(pp)
 
