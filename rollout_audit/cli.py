@@ -208,7 +208,8 @@ def check(
     gs:// or file:// URI).
 
     Each PATH is audited as a log of its own, with the configuration found next to it (the
-    nearest pyproject.toml with [tool.rollout-audit] at or above it); --merge audits all PATHS
+    nearest pyproject.toml with [tool.rollout-audit] at or above it; one inside PATH came with
+    the log and may state only how the run was produced: see --show-settings); --merge audits all PATHS
     as one log, e.g. partitions kept in separate directories. With several logs the text
     formats print a `== PATH ==` header before each report, JSON is {"logs": [{"path", ...}]},
     and the exit code is the worst of them.
