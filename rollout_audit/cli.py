@@ -208,7 +208,8 @@ def check(
     gs:// or file:// URI).
 
     Each PATH is audited as a log of its own, with the configuration found next to it (the
-    nearest pyproject.toml with [tool.rollout-audit] at or above it); --merge audits all PATHS
+    nearest pyproject.toml with [tool.rollout-audit] at or above it; one inside PATH came with
+    the log and may state only how the run was produced: see --show-settings); --merge audits all PATHS
     as one log, e.g. partitions kept in separate directories. With several logs the text
     formats print a `== PATH ==` header before each report, JSON is {"logs": [{"path", ...}]},
     and the exit code is the worst of them.
@@ -218,12 +219,13 @@ def check(
     configuration).
     """
     from .checks import all_rules
-    from .contract.config import find_config
+    from .contract.config import LOG_CONTEXT, find_config
     from .reporting.outputs import check_output, write_atomic
 
     if show_settings:
         cfg, source = find_config(config_path, start=paths[0])
         click.echo(f"# configuration: {source}")
+        click.echo(f"# a configuration inside the audited directory may set only: {', '.join(LOG_CONTEXT)}")
         click.echo(json.dumps(_with_replay(cfg, replay).settings(), indent=1))
         return
     sel, ign = _codes(select), _codes(ignore)

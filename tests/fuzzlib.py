@@ -560,8 +560,9 @@ CONFIG_VALUES = [
 
 
 def config_case(seed: int) -> tuple[str, bytes]:
-    """Where a configuration goes ("explicit": --config FILE; "log": a pyproject.toml inside the
-    audited log) and its bytes: a few settings with hostile values, or a broken document."""
+    """Where a configuration goes ("explicit": --config FILE; "log": a pyproject.toml found with the
+    audited log, in the directory that holds it, where every key but the trusted ones is read) and
+    its bytes: a few settings with hostile values, or a broken document."""
     import random
 
     rng = random.Random(seed)
@@ -725,16 +726,17 @@ def prepare_dump(seed: int, work: Path) -> Case:
 
 def prepare_config(seed: int, work: Path, log: Path) -> Case:
     """`check LOG` on a copy of `log` under the mutated configuration of `seed` (a pyproject.toml
-    inside the log, or `--config FILE`)."""
+    beside the log, or `--config FILE`). Beside, not inside: inside the log a configuration may set
+    only the run's context, and the fuzzed settings would mostly stop at that refusal."""
     import shutil
 
     where, data = config_case(seed)
-    target = work / "log"
+    target = work / "run" / "log"
     shutil.copytree(log, target)
-    cfg = target / "pyproject.toml" if where == "log" else work / "c.toml"
+    cfg = target.parent / "pyproject.toml" if where == "log" else work / "c.toml"
     cfg.write_bytes(data)
     args = ["check", str(target), "--format", "json"] + (["--config", str(cfg)] if where == "explicit" else [])
-    return Case("configs", seed, args, [target, cfg] if where == "explicit" else [target], where)
+    return Case("configs", seed, args, [target, cfg], where)
 
 
 def prepare_log(seed: int, work: Path, records) -> Case:

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 from fuzzlib import run_cli
 
-from rollout_audit import RolloutWriter, audit
+from rollout_audit import Config, RolloutWriter, audit
 from rollout_audit.reading.io import discover
 from rollout_audit.synth import make_log
 
@@ -545,22 +545,88 @@ def test_the_users_own_project_config_may_set_replay(tmp_path, log, monkeypatch)
     assert audit("log").summary["configuration"] == "pyproject.toml [tool.rollout-audit]"
     r = cli("check", ".", cwd=tmp_path)  # the project's own file, but inside the audited directory
     assert r.returncode == 2 and "refused" in r.stderr
+    from rollout_audit import load_config
+
+    assert load_config().replay_checkpoints == "ckpt/step-{version}"  # no audited path: the project's own
+    with pytest.raises(ValueError, match="refused in a configuration inside the audited log"):
+        load_config(start=".")  # auditing the working directory: the file is inside it
 
 
-def test_a_log_config_may_tune_and_the_report_names_it(tmp_path, log):
-    (log / "pyproject.toml").write_text("[tool.rollout-audit]\natol = 0.5\n")
+# a key of each kind that steers the audit rather than stating how the run was produced
+WEAKENING = {
+    "atol": "atol = 0.5",
+    "select": 'select = ["M"]',
+    "ignore": 'ignore = ["M101"]',
+    "tolerated_share": 'tolerated_share = {"M101" = 1.0}',
+    "baseline": 'baseline = "accepted.json"',
+    "max_row_group_bytes": "max-row-group-bytes = 1",
+}
+TAKEN = {"atol": 0.5, "select": ["M"], "ignore": ["M101"], "tolerated_share": {"M101": 1.0}, "max_row_group_bytes": 1}
+
+
+@pytest.mark.parametrize("key", sorted(WEAKENING))
+def test_a_log_config_cannot_weaken_the_audit(tmp_path, log, key):
+    (log / "pyproject.toml").write_text(f"[tool.rollout-audit]\nmax_response_tokens = 64\n{WEAKENING[key]}\n")
+    r = child("check", str(log), timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"{log / 'pyproject.toml'}: {WEAKENING[key].split(' =')[0]}: refused" in lines[0], lines[0]
+    assert "max_response_tokens: refused" not in lines[0] and "--config FILE" in lines[0]
+    with pytest.raises(ValueError, match="refused in a configuration inside the audited log"):
+        audit(str(log))  # the library finds the same file and refuses it
+
+
+@pytest.mark.parametrize("key", sorted(WEAKENING))
+def test_the_same_config_beside_the_log_is_read(tmp_path, log, key):
+    """Beside the log (in the directory that holds it), a configuration sets every key but those
+    that run code or reach the network; the report names it."""
+    (tmp_path / "pyproject.toml").write_text(f"[tool.rollout-audit]\n{WEAKENING[key]}\n")
+    (tmp_path / "accepted.json").write_text("not json")  # a baseline that cannot be used: exit 2 naming it
+    r = cli("check", str(log), "--format", "json")  # from this repository: not the user's own for that log
+    assert_clean_exit(r, (0, 1, 2))
+    if key == "baseline":
+        assert r.returncode == 2 and f"baseline {tmp_path / 'accepted.json'}: cannot read" in r.stderr, r.stderr
+        return
+    if key == "max_row_group_bytes":  # the cap was taken: the only file is refused
+        assert r.returncode == 2 and "max_row_group_bytes" in r.stdout, r.stdout[-2000:]
+    assert json.loads(r.stdout)["summary"]["configuration"] == f"{tmp_path / 'pyproject.toml'} [tool.rollout-audit]"
+    shown = json.loads(cli("check", str(log), "--show-settings").stdout.split("\n", 2)[2])
+    assert shown[key] == TAKEN[key] != Config().settings()[key]
+
+
+def test_a_log_config_may_state_how_the_run_was_produced_and_the_report_names_it(tmp_path, log, small_records):
+    budget = 1 + min(len(t["token_ids"]) for t in small_records[0])
+    (log / "pyproject.toml").write_text(
+        f'[tool.rollout-audit]\nmax-response-tokens = {budget}\ntruncation = "penalize"\ngrpo_epsilon = 1e-8\n'
+    )
     r = cli("check", str(log), cwd=tmp_path)
     assert_clean_exit(r, (0, 1))
     assert r.stdout.splitlines()[-2] == "configuration: log/pyproject.toml [tool.rollout-audit]"
     r = cli("check", str(log), "--format", "json", cwd=tmp_path)
     assert json.loads(r.stdout)["summary"]["configuration"] == "log/pyproject.toml [tool.rollout-audit]"
-    assert audit(str(log)).summary["configuration"].startswith(str(log / "pyproject.toml"))
+    rep = audit(str(log))
+    assert rep.summary["configuration"].startswith(str(log / "pyproject.toml"))
+    assert "T306" in rep.summary["checks_run"] and "T306" not in rep.not_run  # the budget was taken
+    shown = cli("check", str(log), "--show-settings", cwd=tmp_path).stdout.splitlines()
+    assert shown[1].startswith("# a configuration inside the audited directory may set only: truncation,")
     assert audit(None).summary["configuration"] == "defaults"
+
+
+def test_a_config_named_with_config_is_the_users_own_even_inside_the_log(tmp_path, log):
+    mine = log / "mine.toml"
+    mine.write_text(
+        "".join(f"{line}\n" for k, line in WEAKENING.items() if k not in ("baseline", "max_row_group_bytes"))
+    )
+    r = cli("check", str(log), "--config", str(mine), "--format", "json", cwd=tmp_path)
+    assert_clean_exit(r, (0, 1))
+    assert json.loads(r.stdout)["summary"]["configuration"] == str(mine)
+    shown = json.loads(cli("check", str(log), "--config", str(mine), "--show-settings").stdout.split("\n", 2)[2])
+    assert shown["atol"] == 0.5 and shown["select"] == ["M"] and shown["tolerated_share"] == {"M101": 1.0}
 
 
 @pytest.mark.parametrize("line", ['select = ["Z999"]', 'ignore = [""]', 'ignore = ["M", " "]', 'select = ["m10x"]'])
 def test_unknown_or_empty_codes_in_a_config_file_are_exit_2(tmp_path, log, line):
-    (log / "pyproject.toml").write_text(f"[tool.rollout-audit]\n{line}\n")
+    (tmp_path / "pyproject.toml").write_text(f"[tool.rollout-audit]\n{line}\n")  # beside the log: read
     r = cli("check", str(log), cwd=tmp_path)
     assert r.returncode == 2 and "pyproject.toml" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "Traceback" not in r.stderr
@@ -619,7 +685,7 @@ def test_replay_checkpoint_template_accepts_only_version(tmp_path, log, template
     ids=["huge-int-float", "huge-int-band", "scalar", "array", "deep-array", "deep-table", "not-utf8"],
 )
 def test_odd_toml_is_exit_2_with_the_file(tmp_path, log, text):
-    (log / "pyproject.toml").write_bytes(
+    (tmp_path / "pyproject.toml").write_bytes(  # beside the log, where every key is read
         text.encode("utf-8", "surrogateescape") if "\xff" not in text else text.encode("latin-1")
     )
     r = child("check", str(log), timeout=60)
@@ -643,6 +709,30 @@ def test_a_setting_that_cannot_be_used_is_exit_2_naming_the_configuration(tmp_pa
     r = cli("check", str(log), "--config", str(cfg), "--format", "json")
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and says in lines[0] and str(cfg) in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "too-large", "not-json", "deep-json"])
+def test_a_baseline_that_is_not_a_small_json_file_is_one_line_exit_2(tmp_path, log, kind):
+    """Given with --baseline, or named by a configuration: a FIFO without a writer never blocks the
+    audit, a file past MAX_BASELINE_BYTES is refused unread (a sparse file: no disk used)."""
+    from rollout_audit.workflow.policy import MAX_BASELINE_BYTES, BaselineError, read_baseline
+
+    base = tmp_path / "accepted.json"
+    if kind == "fifo":
+        os.mkfifo(base)
+    elif kind == "too-large":
+        with open(base, "wb") as fh:
+            fh.truncate(MAX_BASELINE_BYTES + 1)
+    else:
+        base.write_text("{'findings': []" if kind == "not-json" else "[" * 100_000 + "]" * 100_000)
+    says = {"fifo": "not a regular file", "too-large": "larger than"}.get(kind, "cannot read")
+    (tmp_path / "audit.toml").write_text('[tool.rollout-audit]\nbaseline = "accepted.json"\n')
+    for args in (["--baseline", str(base)], ["--config", str(tmp_path / "audit.toml")]):
+        r = child("check", str(log), *args, timeout=60)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and f"baseline {base}" in lines[0] and says in lines[0], r
+    with pytest.raises(BaselineError, match=f"baseline {base}: .*{says}"):  # the reader itself, past the CLI's checks
+        read_baseline(base, pl.Series("trajectory_id", ["a"]))
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "symlink-to-dev-zero", "too-large"])

@@ -22,8 +22,8 @@ def test_library_snippet_runs(monkeypatch):
 
 def test_config_example_loads(tmp_path):
     toml = re.search(r"```toml\n(.*?)```", README, re.S).group(1)
-    (tmp_path / "pyproject.toml").write_text(toml)
-    cfg = load_config(start=tmp_path)
+    (tmp_path / "pyproject.toml").write_text(toml)  # a project's own configuration, for the logs under it
+    cfg = load_config(start=tmp_path / "logs")
     assert cfg.ignore == ["R409"] and cfg.truncation == "exclude" and cfg.max_policy_lag == 1
 
 

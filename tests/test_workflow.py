@@ -406,6 +406,20 @@ def test_watch_refuses_a_tensorboard_directory_it_cannot_write(tmp_path):
     assert res.exit_code == 2 and "--tensorboard" in res.output and "Traceback" not in res.output
 
 
+def test_watch_follows_the_configuration_rule_of_check(tmp_path):
+    """The watched directory is the audited log: a configuration inside it states only how the
+    run was produced (the policy the TRL guard writes there is taken), and nothing else."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "pyproject.toml").write_text("[tool.rollout-audit]\natol = 0.5\n")
+    res = cli("watch", run, "--max-steps", "1", "--interval", "0.05", "--idle", "0.1")
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and f"{run / 'pyproject.toml'}: atol: refused" in lines[0], res.output
+    (run / "pyproject.toml").write_text('[tool.rollout-audit]\ntruncation = "penalize"\ngrpo_epsilon = 0.0001\n')
+    res = cli("watch", run, "--max-steps", "1", "--interval", "0.05", "--idle", "0.1")
+    assert res.exit_code == 0 and "refused" not in res.output, res.output
+
+
 def test_watch_from_a_framework_dump(tmp_path):
     import os
     import shutil

@@ -27,6 +27,26 @@ else:  # pragma: no cover
 # user sets them (command line, `--config FILE`, the project's pyproject.toml found from the working
 # directory), never a configuration that came with the audited log.
 TRUSTED_ONLY = ("replay", "replayer", "replay_checkpoints", "replay_endpoints")
+# What a configuration inside the audited directory may set: how the run was produced (the trainer's
+# truncation policy and penalty, its stop reasons, its response budget, its staleness bound, its reward
+# rule, its GRPO epsilon, the finish reasons it masks, the column of its own log-prob recomputation),
+# which the checks then verify the log against; and `max_examples`, which only changes what is shown.
+# Every other key decides which checks run, how much they tolerate, what is accepted or how much is
+# read: a log cannot vouch for itself. A list of what is allowed, so that a key added to Config is
+# refused inside a log until it is decided to be context.
+LOG_CONTEXT = (
+    "truncation",
+    "truncation_penalty",
+    "extra_stop_reasons",
+    "first_visit_components",
+    "max_response_tokens",
+    "max_policy_lag",
+    "reward_rule",
+    "grpo_epsilon",
+    "masked_ok_reasons",
+    "compare_logprobs",
+    "max_examples",
+)
 # A configuration file larger than this is refused unread (a device or a huge file never fills memory)
 MAX_CONFIG_BYTES = int(os.environ.get("ROLLOUT_AUDIT_MAX_CONFIG_BYTES", str(1 << 20)))
 
@@ -211,23 +231,33 @@ def _explain(e: ValidationError) -> str:
     return "; ".join(out)
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    """The TOML document at `path`: a regular file of at most MAX_CONFIG_BYTES (a FIFO or a device
-    would block or never end), read once through the opened descriptor."""
+def read_bounded(path: str | Path, limit: int, setting: str) -> bytes:
+    """The bytes of `path`: a regular file (a FIFO or a device would block or never end) of at most
+    `limit` bytes, the bound the environment variable `setting` changes, read once through the
+    opened descriptor. ConfigError naming the file otherwise."""
     try:
         with open(path, "rb", opener=_nonblocking) as fh:
             st = os.fstat(fh.fileno())
             if not stat.S_ISREG(st.st_mode):
                 raise ConfigError(f"{path}: not a regular file")
-            raw = fh.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes (ROLLOUT_AUDIT_MAX_CONFIG_BYTES)")
+            raw = fh.read(limit + 1) if st.st_size <= limit else b""
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e}") from None
+    if st.st_size > limit or len(raw) > limit:  # the second: a file that grew while it was read
+        raise ConfigError(f"{path}: larger than {limit} bytes ({setting})")
+    return raw
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    """The TOML document at `path`: a regular file of at most MAX_CONFIG_BYTES."""
+    raw = read_bounded(path, MAX_CONFIG_BYTES, "ROLLOUT_AUDIT_MAX_CONFIG_BYTES")
+    try:
         return tomllib.loads(raw.decode("utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: TOML syntax error: {e}") from None
     except RecursionError:
         raise ConfigError(f"{path}: TOML nested too deeply") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: cannot read: {e}") from None
 
 
@@ -257,39 +287,59 @@ def _nearest(start: Path) -> tuple[Path, Any] | None:
     return None
 
 
-def load_config(path: str | Path | None = None, start: str | Path = ".") -> Config:
+def load_config(path: str | Path | None = None, start: str | Path | None = None) -> Config:
     """Read `path` (a TOML file: a `[tool.rollout-audit]` table, or top-level keys when it has
     no `tool` table), or the nearest pyproject.toml at or above `start` (the audited path, as
-    ruff looks next to the files checked) that has the table; defaults otherwise. A broken
+    ruff looks next to the files checked) that has the table; defaults otherwise. Without
+    `start`, the project's own configuration, found from the working directory. A broken
     pyproject.toml on the way is an error, never skipped."""
     return find_config(path, start)[0]
 
 
-def find_config(path: str | Path | None = None, start: str | Path = ".") -> tuple[Config, str]:
+def find_config(path: str | Path | None = None, start: str | Path | None = None) -> tuple[Config, str]:
     """`load_config`, and where the configuration came from (a file, or "defaults").
 
-    A found file sets the settings of TRUSTED_ONLY only when it is the user's own: the project
-    configuration found from the working directory, and not inside the audited directory (a log
-    must not vouch for itself). Elsewhere those keys are a ConfigError naming the file."""
+    A log must not vouch for itself. A file named with `--config` (`path`) is the user's own and
+    sets anything, and so does the project configuration found from the working directory when
+    no audited path is given. A found file inside the audited directory came with the log: it may
+    set only the keys of LOG_CONTEXT. A found file elsewhere sets the keys of TRUSTED_ONLY only
+    when it is the user's own (the project configuration found from the working directory). Any
+    other key is a ConfigError naming the file and the keys."""
     if path is not None:
         p = Path(path)
         return Config.from_mapping(_table(_read_toml(p), explicit=True), str(p)), str(p)
-    audited = Path(start).resolve()
+    audited = Path("." if start is None else start).resolve()
     here = audited.parent if audited.is_file() else audited
     found = _nearest(here)
     if found is None:
         source = "defaults (no pyproject.toml with [tool.rollout-audit] at or above the audited path)"
         return Config().with_source(source), source
     pp, table = found
-    if isinstance(table, dict) and not _trusted(pp, audited):
-        refused = [k for k in table if str(k).replace("-", "_") in TRUSTED_ONLY]
+    if isinstance(table, dict) and start is not None:
+        _refuse(pp, [str(k) for k in table], audited)
+    return Config.from_mapping(table, f"{_shown(pp)} [tool.rollout-audit]"), str(pp)
+
+
+def _refuse(pp: Path, keys: list[str], audited: Path) -> None:
+    """ConfigError when the found file `pp` sets a key its place does not allow (`find_config`).
+    An unknown key is left to validation, which names the key it was probably meant to be."""
+    norm = {k: k.replace("-", "_") for k in keys}
+    if _inside(pp, audited):
+        refused = [k for k, n in norm.items() if n in Config.model_fields and n not in LOG_CONTEXT]
         if refused:
             raise ConfigError(
-                f"{pp}: {', '.join(map(str, refused))}: refused in a configuration found next to the audited "
+                f"{pp}: {', '.join(refused)}: refused in a configuration inside the audited log, which may "
+                f"state only how the run was produced ({', '.join(LOG_CONTEXT)}); set it on the command line, "
+                "with --config FILE, or in your own project's pyproject.toml outside the log"
+            )
+    elif not _own(pp):
+        refused = [k for k, n in norm.items() if n in TRUSTED_ONLY]
+        if refused:
+            raise ConfigError(
+                f"{pp}: {', '.join(refused)}: refused in a configuration found next to the audited "
                 "log (it runs code or sends the log over the network); set it on the command line, with "
                 "--config FILE, or in the pyproject.toml of the project you run from"
             )
-    return Config.from_mapping(table, f"{_shown(pp)} [tool.rollout-audit]"), str(pp)
 
 
 def _shown(p: Path) -> str:
@@ -300,9 +350,12 @@ def _shown(p: Path) -> str:
         return str(p)
 
 
-def _trusted(pp: Path, audited: Path) -> bool:
-    """`pp` is the user's own: the configuration found from the working directory, outside the
-    audited directory."""
+def _inside(pp: Path, audited: Path) -> bool:
+    """`pp` lies in the audited directory, or below it (a file audited alone has no directory)."""
+    return audited.is_dir() and (pp.parent == audited or audited in pp.parents)
+
+
+def _own(pp: Path) -> bool:
+    """`pp` is the user's own: the configuration found from the working directory."""
     own = _nearest(Path.cwd().resolve())
-    inside = audited.is_dir() and (pp.parent == audited or audited in pp.parents)
-    return own is not None and own[0] == pp and not inside
+    return own is not None and own[0] == pp

@@ -6,7 +6,8 @@
 
 - docs/contract.md from `schemas/`, docs/checks.md from the registered rules;
 - the README's generated regions: the check example (written by running the audit on the
-  bundled fixture), the number of checks with their code ranges, the number of faults;
+  bundled fixture), the number of checks with their code ranges, the number of faults, the
+  configuration keys a log may set and those refused inside it;
 - fixtures/broken/<fault>/ and fixtures/manifest.json, from the committed compliant agent log
   and the registered faults, and the detection matrix of fixtures/README.md (each fault
   applied, written and audited). `--fixtures` first retrains the compliant log itself
@@ -113,8 +114,32 @@ def example_block(root: Path = ROOT) -> str:
     return "\n" + "".join(f"    {line}".rstrip() + "\n" for line in lines) + "\n"
 
 
+def log_context() -> str:
+    """The keys a configuration inside the audited log may set, and the keys refused there."""
+    from ..contract.config import LOG_CONTEXT, Config
+
+    def keys(names) -> str:
+        return ", ".join(f"`{k}`" for k in names)
+
+    refused = [k for k in Config.model_fields if k not in LOG_CONTEXT]
+    lines = [
+        "- **may come with the log** (how the run was produced; `max_examples` only changes what is shown): "
+        + keys(LOG_CONTEXT)
+        + ";",
+        "- **refused inside the log** (which checks run, tolerances, shares, baselines, caps, timeouts, replay): "
+        + keys(refused)
+        + ".",
+    ]
+    return "".join(textwrap.fill(line, 100, subsequent_indent="  ", break_on_hyphens=False) + "\n" for line in lines)
+
+
 def readme(text: str, root: Path = ROOT) -> str:
-    regions = {"example": lambda: example_block(root), "checks": checks_sentence, "faults": faults_sentence}
+    regions = {
+        "example": lambda: example_block(root),
+        "checks": checks_sentence,
+        "faults": faults_sentence,
+        "log-context": log_context,
+    }
     return fill_regions(text, regions, "README.md")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,8 +18,8 @@ import pyarrow as pa
 
 from .. import __version__
 from ..checks import all_rules
-from ..contract.config import Config
-from ..contract.errors import UsageError
+from ..contract.config import Config, read_bounded
+from ..contract.errors import ConfigError, UsageError
 from ..contract.registry import SEVERITY_ORDER
 from ..reading.io import Discovery
 from ..reading.log import Log
@@ -28,6 +29,9 @@ BASELINE_FORMAT = 1
 SAMPLE_IDS = 16  # trajectory ids a baseline keeps to recognise its log
 _NUMBER = r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
 KEY = ("code", "trajectory_id", "turn", "position", "where", "digest")
+# A baseline file larger than this is refused unread (its path may come from a configuration file:
+# a device or a huge file never fills memory); about 400,000 recorded findings fit
+MAX_BASELINE_BYTES = int(os.environ.get("ROLLOUT_AUDIT_MAX_BASELINE_BYTES", str(64 << 20)))
 
 
 class BaselineError(UsageError):
@@ -131,8 +135,10 @@ def read_baseline(path: str | Path, ids: pl.Series) -> pl.DataFrame:
     """The baselined findings (KEY and count) of `path`, after checking it was written by this
     version of the tool for this log (at least half of its sample ids are in `ids`)."""
     try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        doc = json.loads(read_bounded(path, MAX_BASELINE_BYTES, "ROLLOUT_AUDIT_MAX_BASELINE_BYTES"))
+    except ConfigError as e:  # not a regular file, too large, unreadable: the message names the file
+        raise BaselineError(f"baseline {e}") from None
+    except (ValueError, RecursionError) as e:  # not UTF-8, not JSON, nested too deeply
         raise BaselineError(f"baseline {path}: cannot read: {e}") from None
     if not isinstance(doc, dict) or doc.get("rollout_audit_baseline") != BASELINE_FORMAT:
         raise BaselineError(f"baseline {path}: not a rollout-audit baseline (format {BASELINE_FORMAT})")
