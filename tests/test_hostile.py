@@ -576,6 +576,23 @@ def test_a_log_config_cannot_weaken_the_audit(tmp_path, log, key):
         audit(str(log))  # the library finds the same file and refuses it
 
 
+def test_a_file_of_the_log_audited_alone_is_still_inside_it(tmp_path, log):
+    """One trajectory file named on its own: the configuration in the log it sits in (the directory
+    whose trajectories/ holds it) came with the log; a single-file log in a project's directory
+    keeps the project's configuration."""
+    (log / "pyproject.toml").write_text("[tool.rollout-audit]\natol = 0.5\n")
+    (one,) = sorted((log / "trajectories").rglob("*.parquet"))[:1]
+    r = child("check", str(one), timeout=60)
+    assert r.returncode == 2 and f"{log / 'pyproject.toml'}: atol: refused" in r.stderr, r.stderr
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text("[tool.rollout-audit]\natol = 0.5\n")
+    single = project / "rollouts.parquet"
+    single.write_bytes(one.read_bytes())
+    r = cli("check", str(single), "--show-settings")
+    assert r.returncode == 0 and json.loads(r.stdout.split("\n", 2)[2])["atol"] == 0.5, r.stdout[:500]
+
+
 @pytest.mark.parametrize("key", sorted(WEAKENING))
 def test_the_same_config_beside_the_log_is_read(tmp_path, log, key):
     """Beside the log (in the directory that holds it), a configuration sets every key but those

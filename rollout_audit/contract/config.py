@@ -351,8 +351,16 @@ def _shown(p: Path) -> str:
 
 
 def _inside(pp: Path, audited: Path) -> bool:
-    """`pp` lies in the audited directory, or below it (a file audited alone has no directory)."""
-    return audited.is_dir() and (pp.parent == audited or audited in pp.parents)
+    """`pp` lies in the audited log, or below it. The log of a file audited alone is the directory
+    whose trajectories/ or updates/ folder holds it; a file anywhere else brings no directory (a
+    project's pyproject.toml beside a single-file log stays the project's)."""
+    if audited.is_dir():
+        root = audited
+    elif audited.parent.name in ("trajectories", "updates"):
+        root = audited.parent.parent
+    else:
+        return False
+    return pp.parent == root or root in pp.parents
 
 
 def _own(pp: Path) -> bool:
