@@ -7,6 +7,7 @@ import polars as pl
 
 from ..contract import schema as S
 from ..contract.registry import NotRun, rule
+from ..frames.batch import _bools
 from ..frames.views import BatchView
 from .common import rounded
 
@@ -23,6 +24,11 @@ def _flag_text() -> pl.Expr:
 
 def _n_true() -> pl.Expr:
     return pl.sum_horizontal([pl.col(f).fill_null(False).cast(pl.Int8) for f in S.STOP_FLAGS])
+
+
+def _flags(b: BatchView) -> np.ndarray:
+    """The stop flags as numpy, one row per flag of `S.STOP_FLAGS` (a null flag is not set)."""
+    return np.stack([_bools(b.col(f)) for f in S.STOP_FLAGS])
 
 
 @rule(
@@ -42,7 +48,11 @@ def one_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     With no flag or several flags set, the trainer picks one by accident of code order.
     Set exactly one flag per episode, from the same place that sets stop_reason.
     """
-    t = b.traj
+    ends = ~_bools(b.col("split_continues")) if "split_continues" in b.columns else np.ones(b.n, bool)
+    maybe = _flags(b).sum(axis=0) != ends
+    if not maybe.any():
+        return None
+    t = b.traj.filter(pl.Series(maybe))
     cont = pl.col("split_continues").fill_null(False) if "split_continues" in t.columns else pl.lit(False)
     bad = t.filter(_n_true() != pl.when(cont).then(0).otherwise(1))
     return bad.rechunk().select(
@@ -85,8 +95,20 @@ def stop_reason_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     or declare the project's reason in configuration.
     """
     table = {**S.stop_reasons(), **cfg.extra_stop_reasons}
+    # the rows with a reason that does not belong to a flag that is set (usually none)
+    reason = b.traj["stop_reason"]
+    maybe = reason.is_not_null().to_numpy()
+    for f, on in zip(S.STOP_FLAGS, _flags(b)):
+        if reasons := [k for k, v in table.items() if v == f]:
+            maybe &= ~(on & reason.is_in(reasons).to_numpy())
+    if not maybe.any():
+        return None
     known = pl.DataFrame({"stop_reason": list(table), "_expected_flag": list(table.values())})
-    t = b.traj.select("trajectory_id", "stop_reason", *S.STOP_FLAGS).join(known, on="stop_reason", how="left")
+    t = (
+        b.traj.filter(pl.Series(maybe))
+        .select("trajectory_id", "stop_reason", *S.STOP_FLAGS)
+        .join(known, on="stop_reason", how="left")
+    )
     true_flag = pl.coalesce([pl.when(pl.col(f).fill_null(False)).then(pl.lit(f)) for f in S.STOP_FLAGS])
     unknown = pl.col("stop_reason").is_not_null() & pl.col("_expected_flag").is_null()
     wrong = (_n_true() == 1) & pl.col("_expected_flag").is_not_null() & (pl.col("_expected_flag") != true_flag)
