@@ -50,8 +50,14 @@ def test_t301_no_flag_and_two_flags(records):
     f = rows(rep, "T301")
     assert sorted(f["trajectory_id"]) == sorted([a["trajectory_id"], b["trajectory_id"]])
     msg = dict(zip(f["trajectory_id"], f["message"]))
-    assert msg[a["trajectory_id"]].startswith("0 of") and "terminated=false" in msg[a["trajectory_id"]]
-    assert msg[b["trajectory_id"]].startswith("2 of") and "infra_error=true" in msg[b["trajectory_id"]]
+    assert msg[a["trajectory_id"]] == (
+        "0 of terminated/truncated/infra_error are true, expected exactly 1 "
+        "(terminated=false, truncated=false, infra_error=false)"
+    )
+    assert msg[b["trajectory_id"]] == (
+        "2 of terminated/truncated/infra_error are true, expected exactly 1 "
+        "(terminated=false, truncated=true, infra_error=true)"
+    )
 
 
 def test_t301_null_flag_counts_as_unset(records):
@@ -74,7 +80,7 @@ def test_t302_reason_of_another_flag(records):
     assert blocking(rep) == {"T302"}
     f = rows(rep, "T302")
     assert f["trajectory_id"].to_list() == [a["trajectory_id"]]
-    assert "belongs to truncated, but terminated is the flag set" in f["message"][0]
+    assert f["message"][0] == "stop_reason 'max_turns' belongs to truncated, but terminated is the flag set"
 
 
 def test_t302_unknown_reason_and_extra_stop_reasons(records):

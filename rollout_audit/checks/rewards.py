@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from ..contract import schema as S
 from ..contract.registry import NotRun, rule
-from ..frames.batch import _bools, _segment_sum
+from ..frames.batch import _bools, _segment_sum, _valid
 from ..frames.views import BatchView, frame_of
 from .common import may_differ, of_rows, rounded
 
@@ -79,6 +79,17 @@ def _ends(b: BatchView) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return rows, first, first + b.turn_counts[rows] - 1
 
 
+def _component_sums(b: BatchView) -> tuple[np.ndarray, np.ndarray]:
+    """Per turn, from the Arrow column: the sum of its reward_components values (NaN when one
+    is null) and the sum of their magnitudes."""
+    comp = pc.struct_field(b.col("turns").flatten(), "reward_components")
+    values = comp.items if isinstance(comp, pa.MapArray) else pc.struct_field(comp.values, "value")
+    offsets = comp.offsets.to_numpy()
+    v = values.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)[: offsets[-1]]
+    start, has = offsets[:-1], np.diff(offsets) > 0
+    return _segment_sum(v, start, has, np.float64), _segment_sum(np.abs(v), start, has, np.float64)
+
+
 def _entries(dtype: pl.DataType) -> pl.Expr:
     """reward_components as list<struct{key, value}> (polars ≥ 2 reads Arrow maps as Map)."""
     c = pl.col("reward_components")
@@ -111,9 +122,15 @@ def components_sum(b: BatchView, cfg) -> pl.DataFrame | None:
     tr = b.turns
     if tr.is_empty():
         return None
+    found, scale = _component_sums(b)
+    reward = _vals(tr["reward"])
+    maybe = may_differ(found, reward, cfg, scale + np.abs(reward))
+    if not maybe.any():
+        return None
     ent = _entries(tr.schema["reward_components"])
     df = (
-        tr.select("trajectory_id", "_t", "reward", ent.alias("_e"))
+        tr.filter(pl.Series(maybe))
+        .select("trajectory_id", "_t", "reward", ent.alias("_e"))
         .filter(pl.col("_e").is_not_null() & pl.col("reward").is_not_null())
         .with_columns(
             pl.col("_e").list.eval(pl.element().struct.field("value").fill_null(float("nan"))).list.sum().alias("_sum"),
@@ -352,7 +369,9 @@ def td_residuals(b: BatchView, cfg) -> pl.DataFrame | None:
     v_next = (
         pl.when(pl.col("_t") == pl.col("_T") - 1).then(pl.col("final_value")).otherwise(pl.col("value").shift(-1))
     )  # turns are contiguous per trajectory and in order
-    df = df.with_columns((pl.col("_r") + _G * v_next - pl.col("value")).alias("_delta"))
+    df = df.with_columns(v_next.alias("_v_next")).with_columns(
+        (pl.col("_r") + _G * pl.col("_v_next") - pl.col("value")).alias("_delta")
+    )
     per_turn = df.filter(_off(pl.col("td_residual"), pl.col("_delta"), cfg))
     out = []
     if not per_turn.is_empty():
@@ -365,7 +384,7 @@ def td_residuals(b: BatchView, cfg) -> pl.DataFrame | None:
                     rounded(pl.col("td_residual")),
                     rounded(pl.col("_r")),
                     rounded(_G),
-                    rounded(v_next),
+                    rounded(pl.col("_v_next")),
                     rounded(pl.col("value")),
                     rounded(pl.col("_delta")),
                 ).alias("message"),
@@ -524,9 +543,11 @@ def action_loop(b: BatchView, cfg) -> pl.DataFrame | None:
         return None
     # turns are contiguous per trajectory: a run starts at turn 0 or a change; the trajectories
     # with a run long enough (usually none) are found in numpy
-    act = tr["parsed_action"]
-    run = np.cumsum(~(act == act.shift(1)).fill_null(False).to_numpy() | (tr["_t"].to_numpy() == 0))
-    present = act.is_not_null().to_numpy()
+    act = tr["parsed_action"].to_arrow()
+    same = np.zeros(len(act), bool)
+    same[1:] = _bools(pc.equal(act[1:], act[:-1]))
+    run = np.cumsum(~same | (tr["_t"].to_numpy() == 0))
+    present = _valid(act)
     counts = np.bincount(run[present], minlength=run.size + 1)
     long = present & (counts[run] >= k)
     if not long.any():

@@ -227,9 +227,9 @@ def turn_numbering(b: BatchView, cfg) -> pl.DataFrame | None:
     if b.ok.any():
         t = b.tokens
         T = b.turn_counts
-        wrong = b.turn_key < 0  # token_turn is -1 or names no turn (the key of S004's cases)
-        wrong &= t.turn != -1
-        if wrong.any():
+        out_of_turns = b.turn_key < 0  # token_turn is -1 or names no turn (the key of S004's cases)
+        if np.count_nonzero(out_of_turns) > np.count_nonzero(t.turn == -1):
+            wrong = out_of_turns & (t.turn != -1)
             rows, pos = b.first_position(wrong)
             n = np.bincount(t.row[wrong], minlength=b.n)[rows]
             first_val = t.turn[t.starts[rows] + pos]

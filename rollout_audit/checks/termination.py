@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..contract import schema as S
 from ..contract.registry import NotRun, rule
-from ..frames.batch import _bools
+from ..frames.batch import _bools, _valid
 from ..frames.views import BatchView
 from .common import rounded
 
@@ -96,11 +98,11 @@ def stop_reason_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     """
     table = {**S.stop_reasons(), **cfg.extra_stop_reasons}
     # the rows with a reason that does not belong to a flag that is set (usually none)
-    reason = b.traj["stop_reason"]
-    maybe = reason.is_not_null().to_numpy()
+    reason = b.col("stop_reason")
+    maybe = _valid(reason)
     for f, on in zip(S.STOP_FLAGS, _flags(b)):
         if reasons := [k for k, v in table.items() if v == f]:
-            maybe &= ~(on & reason.is_in(reasons).to_numpy())
+            maybe &= ~(on & _bools(pc.is_in(reason, value_set=pa.array(reasons))))
     if not maybe.any():
         return None
     known = pl.DataFrame({"stop_reason": list(table), "_expected_flag": list(table.values())})
