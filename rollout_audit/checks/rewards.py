@@ -32,13 +32,13 @@ def _off(found: pl.Expr, expected: pl.Expr, cfg) -> pl.Expr:
 def _discount(b: BatchView) -> list[pl.Series]:
     """`_gamma` (1.0 when absent or null), `_T` (turns in the trajectory) and `_g_t` = γ^t per
     turn: the same for every check of the batch that reads gamma (made once per batch)."""
-    rows = b.turns["_row"]
     has_gamma = "gamma" in b.traj.columns
 
     def discount() -> list[pl.Series]:
-        gamma = b.traj["gamma"].cast(pl.Float64).fill_null(1.0) if has_gamma else pl.Series(np.ones(b.n))
-        g = gamma.gather(rows).alias("_gamma")
-        return [g, pl.Series("_T", b.turn_counts).gather(rows), g.pow(b.turns["_t"]).alias("_g_t")]
+        parent = b.turn_parent
+        gamma = pc.fill_null(b.col("gamma").cast(pa.float64()), 1.0).to_numpy() if has_gamma else np.ones(b.n)
+        g = pl.Series("_gamma", gamma[parent])
+        return [g, pl.Series("_T", b.turn_counts[parent]), g.pow(b.turns["_t"]).alias("_g_t")]
 
     return b.shared("discount", ("gamma",) if has_gamma else (), discount)
 
@@ -79,17 +79,6 @@ def _ends(b: BatchView) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return rows, first, first + b.turn_counts[rows] - 1
 
 
-def _component_sums(b: BatchView) -> tuple[np.ndarray, np.ndarray]:
-    """Per turn, from the Arrow column: the sum of its reward_components values (NaN when one
-    is null) and the sum of their magnitudes."""
-    comp = pc.struct_field(b.col("turns").flatten(), "reward_components")
-    values = comp.items if isinstance(comp, pa.MapArray) else pc.struct_field(comp.values, "value")
-    offsets = comp.offsets.to_numpy()
-    v = values.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)[: offsets[-1]]
-    start, has = offsets[:-1], np.diff(offsets) > 0
-    return _segment_sum(v, start, has, np.float64), _segment_sum(np.abs(v), start, has, np.float64)
-
-
 def _entries(dtype: pl.DataType) -> pl.Expr:
     """reward_components as list<struct{key, value}> (polars ≥ 2 reads Arrow maps as Map)."""
     c = pl.col("reward_components")
@@ -122,15 +111,9 @@ def components_sum(b: BatchView, cfg) -> pl.DataFrame | None:
     tr = b.turns
     if tr.is_empty():
         return None
-    found, scale = _component_sums(b)
-    reward = _vals(tr["reward"])
-    maybe = may_differ(found, reward, cfg, scale + np.abs(reward))
-    if not maybe.any():
-        return None
     ent = _entries(tr.schema["reward_components"])
     df = (
-        tr.filter(pl.Series(maybe))
-        .select("trajectory_id", "_t", "reward", ent.alias("_e"))
+        tr.select("trajectory_id", "_t", "reward", ent.alias("_e"))
         .filter(pl.col("_e").is_not_null() & pl.col("reward").is_not_null())
         .with_columns(
             pl.col("_e").list.eval(pl.element().struct.field("value").fill_null(float("nan"))).list.sum().alias("_sum"),
