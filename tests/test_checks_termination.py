@@ -166,7 +166,9 @@ def test_t304_exclude_policy_wants_a_null_reward(records):
     assert blocking(rep) == {"T304"}
     f = rows(rep, "T304")
     assert f["trajectory_id"].to_list() == [a["trajectory_id"]]
-    assert "expected null (truncation policy 'exclude')" in f["message"][0]
+    assert f["message"][0] == (
+        "truncated episode (stop_reason max_turns) has reward 0.0, expected null (truncation policy 'exclude')"
+    )
 
 
 def test_t304_bootstrap_needs_final_value_and_penalize_accepts(records):
@@ -178,7 +180,10 @@ def test_t304_bootstrap_needs_final_value_and_penalize_accepts(records):
     rep = audit(trajs, ups, truncation="bootstrap")
     assert blocking(rep) == {"T304"}
     assert rows(rep, "T304")["trajectory_id"].to_list() == [b["trajectory_id"]]
-    assert "no final_value to bootstrap from" in rows(rep, "T304")["message"][0]
+    assert rows(rep, "T304")["message"][0] == (
+        "truncated episode (stop_reason max_turns) has reward 0.0 but no final_value to bootstrap from "
+        "(truncation policy 'bootstrap')"
+    )
     assert not blocking(audit(trajs, ups, truncation="penalize", select=["T"]))
 
 
@@ -202,7 +207,10 @@ def test_t305_length_cut_recorded_as_terminated(records, reason):
     f = rows(rep, "T305")
     assert f["trajectory_id"].to_list() == [a["trajectory_id"]]
     assert f["turn"].to_list() == [len(a["turns"]) - 1]
-    assert f"finish_reason '{reason}'" in f["message"][0]
+    assert f["message"][0] == (
+        f"last turn ended with finish_reason '{reason}' but the episode is recorded as terminated "
+        "(stop_reason failure); expected truncated or infra_error"
+    )
 
 
 def test_t305_silent_on_earlier_turns_and_truncated_episodes(records):

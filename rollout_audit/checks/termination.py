@@ -201,7 +201,16 @@ def truncated_reward(b: BatchView, cfg) -> pl.DataFrame | None:
     """
     if cfg.truncation == "penalize":
         return None
-    t = b.traj.filter(pl.col("truncated").fill_null(False) & pl.col("reward").is_not_null())
+    # in numpy, the rows the filters below keep (usually none)
+    maybe = _bools(b.col("truncated")) & _valid(b.col("reward"))
+    if cfg.truncation == "exclude" and "loss_excluded" in b.columns:
+        maybe &= ~_bools(b.col("loss_excluded"))
+    if cfg.truncation == "bootstrap" and "final_value" in b.columns:
+        maybe &= ~_valid(b.col("final_value"))
+    if not maybe.any():
+        return None
+    t = b.traj.filter(pl.Series(maybe))
+    t = t.filter(pl.col("truncated").fill_null(False) & pl.col("reward").is_not_null())
     if cfg.truncation == "exclude" and "loss_excluded" in t.columns:
         t = t.filter(~pl.col("loss_excluded").fill_null(False))
     if "stop_reason" not in t.columns:
@@ -243,7 +252,15 @@ def laundered_truncation(b: BatchView, cfg) -> pl.DataFrame | None:
     tr = b.turns
     if tr.is_empty():
         return None
-    is_last = tr["_t"].to_numpy() == b.turn_counts[tr["_row"].to_numpy()] - 1
+    # in numpy, the last turns of terminated episodes that end in a laundered finish_reason
+    T = b.turn_counts
+    end = b.turn_start + T - 1
+    end = end[(T > 0) & _bools(b.col("terminated"))]
+    reasons = tr["finish_reason"].to_arrow().take(pa.array(end))
+    is_last = np.zeros(len(tr), bool)
+    is_last[end[_bools(pc.is_in(reasons, value_set=pa.array(LAUNDERED)))]] = True
+    if not is_last.any():
+        return None
     last = tr.filter(pl.Series(is_last) & pl.col("finish_reason").is_in(list(LAUNDERED)))
     if last.is_empty():
         return None
