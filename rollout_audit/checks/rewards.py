@@ -158,8 +158,9 @@ def shaping_form(b: BatchView, cfg) -> pl.DataFrame | None:
     if b.turns.is_empty():
         return None
     df = _turns(b, "shaping", "potential_before", "potential_after")
-    g, sh, before, after = (_vals(df[c]) for c in ("_gamma", "shaping", "potential_before", "potential_after"))
-    maybe = may_differ(sh, g * after - before, cfg, np.abs(sh) + np.abs(g * after) + np.abs(before))
+    with np.errstate(all="ignore"):  # inf and NaN are S001's findings; here they only select rows
+        g, sh, before, after = (_vals(df[c]) for c in ("_gamma", "shaping", "potential_before", "potential_after"))
+        maybe = may_differ(sh, g * after - before, cfg, np.abs(sh) + np.abs(g * after) + np.abs(before))
     if not maybe.any():
         return None
     exp = _G * pl.col("potential_after") - pl.col("potential_before")
@@ -241,14 +242,15 @@ def shaping_telescope(b: BatchView, cfg) -> pl.DataFrame | None:
     if b.turns.is_empty():
         return None
     df = _turns(b, "shaping", "potential_before", "potential_after")
-    g, g_t, sh, before, after = (
-        _vals(df[c]) for c in ("_gamma", "_g_t", "shaping", "potential_before", "potential_after")
-    )
-    rows, first, last = _ends(b)
-    found = _per_row(b, g_t * sh)[rows]
-    exp = -before[first] + g[first] ** b.turn_counts[rows] * after[last]
-    scale = _per_row(b, np.abs(g_t * sh))[rows] + np.abs(before[first]) + np.abs(exp + before[first])
-    maybe = rows[may_differ(found, exp, cfg, scale)]
+    with np.errstate(all="ignore"):
+        g, g_t, sh, before, after = (
+            _vals(df[c]) for c in ("_gamma", "_g_t", "shaping", "potential_before", "potential_after")
+        )
+        rows, first, last = _ends(b)
+        found = _per_row(b, g_t * sh)[rows]
+        exp = -before[first] + g[first] ** b.turn_counts[rows] * after[last]
+        scale = _per_row(b, np.abs(g_t * sh))[rows] + np.abs(before[first]) + np.abs(exp + before[first])
+        maybe = rows[may_differ(found, exp, cfg, scale)]
     if not maybe.size:
         return None
     df = df.filter(pl.Series(of_rows(b.turn_parent, maybe, b.n)))
@@ -334,17 +336,18 @@ def td_residuals(b: BatchView, cfg) -> pl.DataFrame | None:
     if b.turns.is_empty():
         return None
     df = _turns(b, "td_residual", "value", "reward", "shaping", traj=("final_value",))
-    g, g_t, td, value, final = (_vals(df[c]) for c in ("_gamma", "_g_t", "td_residual", "value", "final_value"))
-    r = _vals(df["reward"]) + _shaping_vals(b)
-    is_last = df["_t"].to_numpy() == df["_T"].to_numpy() - 1
-    gv_next = g * np.where(is_last, final, np.r_[value[1:], np.nan])
-    turn_maybe = may_differ(td, r + gv_next - value, cfg, np.abs(td) + np.abs(r) + np.abs(gv_next) + np.abs(value))
-    rows, first, last = _ends(b)
-    found = _per_row(b, g_t * td)[rows]
-    gv_end = g[first] ** b.turn_counts[rows] * final[first]
-    exp = _per_row(b, g_t * r)[rows] - value[first] + gv_end
-    scale = _per_row(b, np.abs(g_t * td) + np.abs(g_t * r))[rows] + np.abs(value[first]) + np.abs(gv_end)
-    row_maybe = rows[may_differ(found, exp, cfg, scale)]
+    with np.errstate(all="ignore"):
+        g, g_t, td, value, final = (_vals(df[c]) for c in ("_gamma", "_g_t", "td_residual", "value", "final_value"))
+        r = _vals(df["reward"]) + _shaping_vals(b)
+        is_last = df["_t"].to_numpy() == df["_T"].to_numpy() - 1
+        gv_next = g * np.where(is_last, final, np.r_[value[1:], np.nan])
+        turn_maybe = may_differ(td, r + gv_next - value, cfg, np.abs(td) + np.abs(r) + np.abs(gv_next) + np.abs(value))
+        rows, first, last = _ends(b)
+        found = _per_row(b, g_t * td)[rows]
+        gv_end = g[first] ** b.turn_counts[rows] * final[first]
+        exp = _per_row(b, g_t * r)[rows] - value[first] + gv_end
+        scale = _per_row(b, np.abs(g_t * td) + np.abs(g_t * r))[rows] + np.abs(value[first]) + np.abs(gv_end)
+        row_maybe = rows[may_differ(found, exp, cfg, scale)]
     if not (turn_maybe.any() or row_maybe.size):
         return None
     keep = of_rows(b.turn_parent, row_maybe, b.n) | of_rows(b.turn_parent, b.turn_parent[turn_maybe], b.n)
@@ -419,9 +422,10 @@ def discounted_return(b: BatchView, cfg) -> pl.DataFrame | None:
     if b.turns.is_empty():
         return None
     df = _turns(b, "reward", "shaping")
-    g_r = _vals(df["_g_t"]) * (_vals(df["reward"]) + _shaping_vals(b))
-    found = _vals(b.traj["discounted_return"])
-    maybe = may_differ(found, _per_row(b, g_r), cfg, np.abs(found) + _per_row(b, np.abs(g_r)))
+    with np.errstate(all="ignore"):
+        g_r = _vals(df["_g_t"]) * (_vals(df["reward"]) + _shaping_vals(b))
+        found = _vals(b.traj["discounted_return"])
+        maybe = may_differ(found, _per_row(b, g_r), cfg, np.abs(found) + _per_row(b, np.abs(g_r)))
     if not maybe.any():
         return None
     df = df.filter(pl.Series(maybe[b.turn_parent])).with_columns((pl.col("reward") + _shaping(b)).alias("_r"))
