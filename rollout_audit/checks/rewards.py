@@ -530,7 +530,7 @@ def action_loop(b: BatchView, cfg) -> pl.DataFrame | None:
         return None
     # turns are contiguous per trajectory: a run starts at turn 0 or a change; the trajectories
     # with a run long enough (usually none) are found in numpy
-    act = tr["parsed_action"].to_arrow()
+    act = pc.struct_field(b.col("turns").flatten(), "parsed_action")
     same = np.zeros(len(act), bool)
     same[1:] = _bools(pc.equal(act[1:], act[:-1]))
     run = np.cumsum(~same | (tr["_t"].to_numpy() == 0))

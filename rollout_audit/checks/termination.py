@@ -256,7 +256,7 @@ def laundered_truncation(b: BatchView, cfg) -> pl.DataFrame | None:
     T = b.turn_counts
     end = b.turn_start + T - 1
     end = end[(T > 0) & _bools(b.col("terminated"))]
-    reasons = tr["finish_reason"].to_arrow().take(pa.array(end))
+    reasons = pc.struct_field(b.col("turns").flatten(), "finish_reason").take(pa.array(end))
     is_last = np.zeros(len(tr), bool)
     is_last[end[_bools(pc.is_in(reasons, value_set=pa.array(LAUNDERED)))]] = True
     if not is_last.any():
