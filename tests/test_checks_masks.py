@@ -122,7 +122,7 @@ def test_m104_turn_policy_token_count(records):
     tr["turns"][1]["num_policy_tokens"] = n + 2
     r = only(ra.audit(trajs, ups), "M104").row(0, named=True)
     assert (r["trajectory_id"], r["turn"], r["position"]) == (tr["trajectory_id"], 1, positions(tr, 2, 1)[0])
-    assert f"num_policy_tokens is {n + 2}, but {n} token(s)" in r["message"]
+    assert r["message"] == f"num_policy_tokens is {n + 2}, but {n} token(s) have token_source policy and token_turn 1"
 
 
 def test_m104_not_run_without_field(records):

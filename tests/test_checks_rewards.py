@@ -280,7 +280,7 @@ def test_r409_loop_of_the_same_action(records):
     assert blocking(rep) == {"R409"} and rep.codes("warning") == {"R409"} and rep.ok
     f = rows(rep, "R409")
     assert f["trajectory_id"].to_list() == [a["trajectory_id"]] and f["turn"].to_list() == [1]
-    assert "repeated 4 times in a row (turns 1–4)" in f["message"][0]
+    assert f["message"][0] == f"action {same} repeated 4 times in a row (turns 1–4); loop_length is 4"
     assert not blocking(audit(trajs, ups, loop_length=5))
 
 
@@ -451,3 +451,63 @@ def test_r413_returns_restarted_at_each_turn(records):
                 t["token_returns"][i] = part[i]
     f = rows(audit(trajs, ups), "R413")
     assert f["trajectory_id"].to_list() == [t["trajectory_id"]] and "the sum over every token" not in f["message"][0]
+
+
+# ---------------------------------------------------------------- exact messages, one trajectory among compliant ones
+
+
+def flat(t, gamma, **fields):
+    """Set the trajectory's gamma and every turn's `fields` (a compliant base to break one value of)."""
+    t["gamma"] = gamma
+    for tr in t["turns"]:
+        tr.update(fields)
+
+
+def message(trajs, ups, code):
+    f = rows(audit(trajs, ups, select=[code]), code)
+    return f.select("trajectory_id", "turn", "message").rows()
+
+
+def test_r402_to_r405_messages(records):
+    trajs, ups = records
+    (a,) = pick(trajs, stop={"success", "failure"}, min_turns=3)
+    tid = a["trajectory_id"]
+    flat(a, 0.5, shaping=0.0, potential_before=0.0, potential_after=0.0)
+    a["turns"][0]["shaping"] = 0.5
+    assert message(trajs, ups, "R402") == [(tid, 0, "shaping 0.5, expected γΦ(s_t+1) − Φ(s_t) = 0.5·0.0 − 0.0 = 0.0")]
+    n = len(a["turns"])
+    expected = f"Σ γ^t shaping_t over {n} turns = 0.5, expected −Φ(s_0) + γ^T Φ(s_T) = 0.0"
+    assert message(trajs, ups, "R404") == [(tid, None, expected)]
+    a["turns"][0]["shaping"] = 0.0
+    a["turns"][1]["potential_after"] = 1.0
+    assert message(trajs, ups, "R403") == [(tid, 2, "potential_before 0.0 differs from potential_after 1.0 of turn 1")]
+    a["turns"][-1]["potential_after"] = 0.25
+    expected = "terminated episode ends with potential_after 0.25, expected 0 at a terminal state"
+    assert message(trajs, ups, "R405") == [(tid, n - 1, expected)]
+
+
+def test_r406_r407_messages(records):
+    trajs, ups = records
+    (a,) = pick(trajs, min_turns=4)
+    tid = a["trajectory_id"]
+    flat(a, 1.0, reward=0.0, shaping=0.0, value=0.0, td_residual=0.0)
+    a["final_value"] = 0.0
+    a["turns"][1]["td_residual"] = 0.25
+    expected = "td_residual 0.25, expected r' + γV(h_t+1) − V(h_t) = 0.0 + 1.0·0.0 − 0.0 = 0.0"
+    assert message(trajs, ups, "R406") == [(tid, 1, expected)]
+    flat(a, 0.5, reward=1.0, shaping=0.0)
+    a["discounted_return"] = 9.0
+    total = sum(0.5**i for i in range(len(a["turns"])))
+    expected = f"discounted_return 9.0, expected Σ γ^t (reward_t + shaping_t) = {total}"
+    assert message(trajs, ups, "R407") == [(tid, None, expected)]
+
+
+def test_r406_sum_message(records):
+    trajs, ups = records
+    (a,) = pick(trajs, min_turns=4)
+    flat(a, 1.0, reward=0.0, shaping=0.0, value=0.0, td_residual=0.0)
+    a["final_value"] = 0.0
+    for tr in a["turns"][:4]:
+        tr["td_residual"] = 5e-5  # each within atol = 1e-4, the sum is not
+    expected = "Σ γ^t td_residual_t = 0.0002, expected G_0 − V(h_0) + γ^T V(h_T) = 0.0"
+    assert message(trajs, ups, "R406") == [(a["trajectory_id"], None, expected)]

@@ -50,8 +50,14 @@ def test_t301_no_flag_and_two_flags(records):
     f = rows(rep, "T301")
     assert sorted(f["trajectory_id"]) == sorted([a["trajectory_id"], b["trajectory_id"]])
     msg = dict(zip(f["trajectory_id"], f["message"]))
-    assert msg[a["trajectory_id"]].startswith("0 of") and "terminated=false" in msg[a["trajectory_id"]]
-    assert msg[b["trajectory_id"]].startswith("2 of") and "infra_error=true" in msg[b["trajectory_id"]]
+    assert msg[a["trajectory_id"]] == (
+        "0 of terminated/truncated/infra_error are true, expected exactly 1 "
+        "(terminated=false, truncated=false, infra_error=false)"
+    )
+    assert msg[b["trajectory_id"]] == (
+        "2 of terminated/truncated/infra_error are true, expected exactly 1 "
+        "(terminated=false, truncated=true, infra_error=true)"
+    )
 
 
 def test_t301_null_flag_counts_as_unset(records):
@@ -74,7 +80,7 @@ def test_t302_reason_of_another_flag(records):
     assert blocking(rep) == {"T302"}
     f = rows(rep, "T302")
     assert f["trajectory_id"].to_list() == [a["trajectory_id"]]
-    assert "belongs to truncated, but terminated is the flag set" in f["message"][0]
+    assert f["message"][0] == "stop_reason 'max_turns' belongs to truncated, but terminated is the flag set"
 
 
 def test_t302_unknown_reason_and_extra_stop_reasons(records):
@@ -160,7 +166,9 @@ def test_t304_exclude_policy_wants_a_null_reward(records):
     assert blocking(rep) == {"T304"}
     f = rows(rep, "T304")
     assert f["trajectory_id"].to_list() == [a["trajectory_id"]]
-    assert "expected null (truncation policy 'exclude')" in f["message"][0]
+    assert f["message"][0] == (
+        "truncated episode (stop_reason max_turns) has reward 0.0, expected null (truncation policy 'exclude')"
+    )
 
 
 def test_t304_bootstrap_needs_final_value_and_penalize_accepts(records):
@@ -172,7 +180,10 @@ def test_t304_bootstrap_needs_final_value_and_penalize_accepts(records):
     rep = audit(trajs, ups, truncation="bootstrap")
     assert blocking(rep) == {"T304"}
     assert rows(rep, "T304")["trajectory_id"].to_list() == [b["trajectory_id"]]
-    assert "no final_value to bootstrap from" in rows(rep, "T304")["message"][0]
+    assert rows(rep, "T304")["message"][0] == (
+        "truncated episode (stop_reason max_turns) has reward 0.0 but no final_value to bootstrap from "
+        "(truncation policy 'bootstrap')"
+    )
     assert not blocking(audit(trajs, ups, truncation="penalize", select=["T"]))
 
 
@@ -196,7 +207,10 @@ def test_t305_length_cut_recorded_as_terminated(records, reason):
     f = rows(rep, "T305")
     assert f["trajectory_id"].to_list() == [a["trajectory_id"]]
     assert f["turn"].to_list() == [len(a["turns"]) - 1]
-    assert f"finish_reason '{reason}'" in f["message"][0]
+    assert f["message"][0] == (
+        f"last turn ended with finish_reason '{reason}' but the episode is recorded as terminated "
+        "(stop_reason failure); expected truncated or infra_error"
+    )
 
 
 def test_t305_silent_on_earlier_turns_and_truncated_episodes(records):

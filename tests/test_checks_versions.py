@@ -65,7 +65,7 @@ def test_p502_version_decreases_inside_an_episode(records):
     f = rep.findings.filter(pl.col("code") == "P502")
     r = f.row(0, named=True)
     assert f.height == 1 and (r["trajectory_id"], r["turn"]) == (tr["trajectory_id"], 3)
-    assert r["message"].startswith("policy_version 0 follows version 1")
+    assert r["message"] == "policy_version 0 follows version 1 of an earlier turn; expected non-decreasing versions"
     # and the P504 statistics see the two-version episode
     assert "P504" in rep.codes("info")
 

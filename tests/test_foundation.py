@@ -292,3 +292,22 @@ def test_value_domains_come_from_the_contract_alone():
                 df = pl.DataFrame({name: values}, schema={name: pl.Float64})
                 assert (domain_problems(model, df).height > 0) is broken, (name, values)
                 assert structure._suspect(df, fast) is broken, (name, values)
+
+
+def test_s004_misnumbered_turn_and_stray_token_turn(records):
+    trajs, ups = records
+    a, b = trajs[3], trajs[7]
+    a["turns"][1]["turn_id"] = 5
+    b["token_turn"] = [*b["token_turn"][:-1], 42]
+    rep = ra.audit(trajs, ups, select=["S004"])
+    f = rep.findings.filter(pl.col("code") == "S004").sort("trajectory_id")
+    n_turns = len(b["turns"])
+    assert f.select("trajectory_id", "turn", "position", "message").rows() == [
+        (a["trajectory_id"], 1, None, "turn at index 1 has turn_id 5"),
+        (
+            b["trajectory_id"],
+            None,
+            len(b["token_turn"]) - 1,
+            f"1 token(s) name a turn that does not exist (first: token_turn 42, the trajectory has {n_turns} turns)",
+        ),
+    ]

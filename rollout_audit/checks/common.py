@@ -47,3 +47,23 @@ def num(e: pl.Expr) -> pl.Expr:
 def rounded(expr: pl.Expr) -> pl.Expr:
     """A float for a message: rounded to 6 places, `null` when missing."""
     return expr.round(6).cast(pl.String).fill_null("null")
+
+
+def may_differ(found: np.ndarray, expected: np.ndarray, cfg, scale: np.ndarray | None = None) -> np.ndarray:
+    """Where |found − expected| may exceed atol + rtol·|expected|: the rows a check then compares
+    exactly (in polars, where its messages are built). NaN (a null read as NaN) is included.
+    Values computed in another order differ in the last bits: a margin of 1e-9 of `scale`
+    (the magnitude of what the two sides were computed from; by default |found| + |expected|)
+    keeps every row the exact comparison could flag."""
+    if scale is None:
+        scale = np.abs(found) + np.abs(expected)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return ~(np.abs(found - expected) <= cfg.atol + cfg.rtol * np.abs(expected) - 1e-9 * scale)
+
+
+def of_rows(parent: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
+    """Per turn (`parent`: its batch row): True when it belongs to a row where `rows` holds
+    (a bool per row, or the row indices), so that a check sees those trajectories whole."""
+    hit = np.zeros(n, bool)
+    hit[rows] = True
+    return hit[parent]

@@ -215,7 +215,9 @@ def placeholder_logprob(b: BatchView, cfg) -> pl.DataFrame | None:
     if not b.ok.any():
         return None
     t = b.tokens
-    zero = t.mask & t.policy & t.lp_present & (t.lp == 0.0)
+    zero = t.lp == 0.0  # rare: the other conditions are read only when some log-prob is 0.0
+    if zero.any():
+        zero &= t.mask & t.policy & t.lp_present
     if not zero.any():
         return None
     tr = b.turns

@@ -118,7 +118,11 @@ def trainable_count(b: BatchView, cfg) -> pl.DataFrame | None:
     Recompute num_trainable_tokens from the final loss_mask (after templating and truncation).
     A null count is not compared (nothing was claimed).
     """
-    bad = b.traj.filter(
+    t = b.traj
+    maybe = ~(t["num_trainable_tokens"].to_numpy() == t["n_trainable"].to_numpy())  # a null reads as NaN
+    if not maybe.any():
+        return None
+    bad = t.filter(pl.Series(maybe)).filter(
         pl.col("n_trainable").is_not_null()
         & pl.col("num_trainable_tokens").is_not_null()
         & (pl.col("num_trainable_tokens").cast(pl.Int64) != pl.col("n_trainable"))
@@ -150,7 +154,10 @@ def policy_token_count(b: BatchView, cfg) -> pl.DataFrame | None:
     tr = b.turns
     if not len(tr) or "rc_n_policy" not in tr.columns:
         return None
-    bad = tr.filter(
+    maybe = ~(tr["num_policy_tokens"].to_numpy() == tr["rc_n_policy"].to_numpy())  # a null reads as NaN
+    if not maybe.any():
+        return None
+    bad = tr.filter(pl.Series(maybe)).filter(
         pl.col("rc_n_policy").is_not_null()
         & pl.col("num_policy_tokens").is_not_null()
         & (pl.col("num_policy_tokens").cast(pl.Int64) != pl.col("rc_n_policy"))
@@ -317,12 +324,12 @@ def sampled_ids(b: BatchView, cfg) -> pl.DataFrame | None:
     samp = pc.struct_field(b.col("turns").flatten(), "sampled_token_ids")
     s_len = pc.list_value_length(samp).fill_null(-1).to_numpy().astype(np.int64)
     s_vals = samp.flatten()
-    s_flat = s_vals.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    s_flat = (s_vals.fill_null(-1) if s_vals.null_count else s_vals).to_numpy(zero_copy_only=False)
     s_start = np.concatenate([[0], np.cumsum(np.maximum(s_len, 0))])[:-1]
     t = b.tokens
     index, n_p, p_start = b.policy_by_turn
     p_ids = t.ids[index]
-    row_ok = b.ok[tr["_row"].to_numpy()]
+    row_ok = b.ok[b.turn_parent]
     cmp = row_ok & (s_len >= 0)
     same_len = np.flatnonzero(cmp & (s_len == n_p))
     aligned = same_len.size == len(tr)  # every turn comparable: both sides already line up

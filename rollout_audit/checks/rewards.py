@@ -16,8 +16,9 @@ import pyarrow.compute as pc
 
 from ..contract import schema as S
 from ..contract.registry import NotRun, rule
+from ..frames.batch import _bools, _segment_sum, _valid
 from ..frames.views import BatchView, frame_of
-from .common import rounded
+from .common import may_differ, of_rows, rounded
 
 _G = pl.col("_gamma")
 _GT = pl.col("_g_t")  # γ^t
@@ -28,25 +29,54 @@ def _off(found: pl.Expr, expected: pl.Expr, cfg) -> pl.Expr:
     return (~((found - expected).abs() <= cfg.atol + cfg.rtol * expected.abs())).fill_null(False)
 
 
-def _turns(b: BatchView, *fields: str, traj: tuple[str, ...] = ()) -> pl.DataFrame:
-    """The turn frame restricted to `fields` (`shaping` only when recorded), with `_gamma`
-    (1.0 when absent or null), `_g_t` = γ^t and `_T` (turns in the trajectory), plus
-    trajectory columns `traj` (gathered by `_row`, the turn's position in the batch)."""
-    rows = b.turns["_row"]
+def _discount(b: BatchView) -> list[pl.Series]:
+    """`_gamma` (1.0 when absent or null), `_T` (turns in the trajectory) and `_g_t` = γ^t per
+    turn: the same for every check of the batch that reads gamma (made once per batch)."""
     has_gamma = "gamma" in b.traj.columns
 
     def discount() -> list[pl.Series]:
-        """γ, T and γ^t per turn: the same for every check of the batch that reads gamma."""
-        gamma = b.traj["gamma"].cast(pl.Float64).fill_null(1.0) if has_gamma else pl.Series(np.ones(b.n))
-        g = gamma.gather(rows).alias("_gamma")
-        return [g, pl.Series("_T", b.turn_counts).gather(rows), g.pow(b.turns["_t"]).alias("_g_t")]
+        parent = b.turn_parent
+        gamma = pc.fill_null(b.col("gamma").cast(pa.float64()), 1.0).to_numpy() if has_gamma else np.ones(b.n)
+        g = pl.Series("_gamma", gamma[parent])
+        return [g, pl.Series("_T", b.turn_counts[parent]), g.pow(b.turns["_t"]).alias("_g_t")]
 
-    per_traj = b.shared("discount", ("gamma",) if has_gamma else (), discount)
+    return b.shared("discount", ("gamma",) if has_gamma else (), discount)
+
+
+def _turns(b: BatchView, *fields: str, traj: tuple[str, ...] = ()) -> pl.DataFrame:
+    """The turn frame restricted to `fields` (`shaping` only when recorded), with `_gamma`,
+    `_g_t` and `_T` (`_discount`), plus trajectory columns `traj` (gathered by `_row`, the
+    turn's position in the batch)."""
+    rows = b.turns["_row"]
     fields = tuple(dict.fromkeys(f for f in fields if f in b.turns.columns or f != "shaping"))
     cols = {c: b.turns.get_column(c) for c in ("_row", "_t", "trajectory_id", *fields)}
-    cols.update((s.name, s) for s in per_traj)
+    cols.update((s.name, s) for s in _discount(b))
     cols.update((c, b.traj.get_column(c).gather(rows)) for c in traj)
     return frame_of(cols)
+
+
+def _vals(s: pl.Series) -> np.ndarray:
+    """A numeric column as float64 numpy, NaN where null (for the numpy test that selects rows)."""
+    return s.cast(pl.Float64).to_numpy()
+
+
+def _shaping_vals(b: BatchView) -> np.ndarray:
+    """`_shaping` per turn as numpy: the recorded shaping, 0 where absent."""
+    if "shaping" not in b.turns.columns:
+        return np.zeros(len(b.turns))
+    return b.turns["shaping"].cast(pl.Float64).fill_null(0.0).to_numpy()
+
+
+def _per_row(b: BatchView, x: np.ndarray) -> np.ndarray:
+    """Per batch row: the sum of the per-turn values `x` over its turns (0 without turns)."""
+    return _segment_sum(x, b.turn_start, b.turn_counts > 0, np.float64)
+
+
+def _ends(b: BatchView) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows with turns, index of each one's first turn, of its last turn) in `turns`."""
+    rows = np.flatnonzero(b.turn_counts > 0)
+    first = b.turn_start[rows]
+    return rows, first, first + b.turn_counts[rows] - 1
 
 
 def _entries(dtype: pl.DataType) -> pl.Expr:
@@ -128,8 +158,13 @@ def shaping_form(b: BatchView, cfg) -> pl.DataFrame | None:
     if b.turns.is_empty():
         return None
     df = _turns(b, "shaping", "potential_before", "potential_after")
+    with np.errstate(all="ignore"):  # inf and NaN are S001's findings; here they only select rows
+        g, sh, before, after = (_vals(df[c]) for c in ("_gamma", "shaping", "potential_before", "potential_after"))
+        maybe = may_differ(sh, g * after - before, cfg, np.abs(sh) + np.abs(g * after) + np.abs(before))
+    if not maybe.any():
+        return None
     exp = _G * pl.col("potential_after") - pl.col("potential_before")
-    bad = df.filter(_off(pl.col("shaping"), exp, cfg))
+    bad = df.filter(pl.Series(maybe)).filter(_off(pl.col("shaping"), exp, cfg))
     return bad.rechunk().select(
         "trajectory_id",
         pl.col("_t").alias("turn"),
@@ -160,11 +195,19 @@ def potential_chain(b: BatchView, cfg) -> pl.DataFrame | None:
     before and after a state change that happens between turns. Compute Φ from the
     environment state at the turn boundary, once. The finding names turn t+1.
     """
-    if b.turns.is_empty():
+    tr = b.turns
+    if tr.is_empty():
         return None
-    # turns are contiguous per trajectory and in order: a plain shift, masked at `_t == 0`
-    df = b.turns.select("trajectory_id", "_row", "_t", "potential_before", "potential_after").with_columns(
-        pl.col("potential_after").shift(1).alias("_prev_after")
+    after = _vals(tr["potential_after"])
+    maybe = (tr["_t"].to_numpy() > 0) & may_differ(_vals(tr["potential_before"]), np.r_[np.nan, after[:-1]], cfg)
+    if not maybe.any():
+        return None
+    # turns are contiguous per trajectory and in order: a plain shift, masked at `_t == 0`, over
+    # the trajectories with a turn that may differ
+    df = (
+        tr.filter(pl.Series(of_rows(b.turn_parent, b.turn_parent[maybe], b.n)))
+        .select("trajectory_id", "_row", "_t", "potential_before", "potential_after")
+        .with_columns(pl.col("potential_after").shift(1).alias("_prev_after"))
     )
     bad = df.filter((pl.col("_t") > 0) & _off(pl.col("potential_before"), pl.col("_prev_after"), cfg))
     return bad.rechunk().select(
@@ -199,6 +242,18 @@ def shaping_telescope(b: BatchView, cfg) -> pl.DataFrame | None:
     if b.turns.is_empty():
         return None
     df = _turns(b, "shaping", "potential_before", "potential_after")
+    with np.errstate(all="ignore"):
+        g, g_t, sh, before, after = (
+            _vals(df[c]) for c in ("_gamma", "_g_t", "shaping", "potential_before", "potential_after")
+        )
+        rows, first, last = _ends(b)
+        found = _per_row(b, g_t * sh)[rows]
+        exp = -before[first] + g[first] ** b.turn_counts[rows] * after[last]
+        scale = _per_row(b, np.abs(g_t * sh))[rows] + np.abs(before[first]) + np.abs(exp + before[first])
+        maybe = rows[may_differ(found, exp, cfg, scale)]
+    if not maybe.size:
+        return None
+    df = df.filter(pl.Series(of_rows(b.turn_parent, maybe, b.n)))
     agg = df.group_by("_row", maintain_order=True).agg(
         pl.col("trajectory_id").first(),
         (_GT * pl.col("shaping")).sum().alias("_found"),
@@ -238,7 +293,14 @@ def terminal_potential(b: BatchView, cfg) -> pl.DataFrame | None:
     tr = b.turns
     if tr.is_empty():
         return None
-    last = _turns(b, "potential_after").filter(pl.col("_t") == pl.col("_T") - 1)
+    rows, _, end = _ends(b)
+    end = end[_bools(b.col("terminated"))[rows]]
+    end = end[may_differ(_vals(tr["potential_after"])[end], np.zeros(end.size), cfg)]
+    if not end.size:
+        return None
+    keep = np.zeros(len(tr), bool)
+    keep[end] = True
+    last = _turns(b, "potential_after").filter(pl.Series(keep)).filter(pl.col("_t") == pl.col("_T") - 1)
     term = b.traj.filter(pl.col("terminated").fill_null(False)).select("_row")
     bad = last.join(term, on="_row", how="semi").filter(_off(pl.col("potential_after"), pl.lit(0.0), cfg))
     return bad.rechunk().select(
@@ -273,13 +335,29 @@ def td_residuals(b: BatchView, cfg) -> pl.DataFrame | None:
     """
     if b.turns.is_empty():
         return None
-    df = _turns(b, "td_residual", "value", "reward", "shaping", traj=("final_value",)).with_columns(
-        (pl.col("reward") + _shaping(b)).alias("_r")
-    )
+    df = _turns(b, "td_residual", "value", "reward", "shaping", traj=("final_value",))
+    with np.errstate(all="ignore"):
+        g, g_t, td, value, final = (_vals(df[c]) for c in ("_gamma", "_g_t", "td_residual", "value", "final_value"))
+        r = _vals(df["reward"]) + _shaping_vals(b)
+        is_last = df["_t"].to_numpy() == df["_T"].to_numpy() - 1
+        gv_next = g * np.where(is_last, final, np.r_[value[1:], np.nan])
+        turn_maybe = may_differ(td, r + gv_next - value, cfg, np.abs(td) + np.abs(r) + np.abs(gv_next) + np.abs(value))
+        rows, first, last = _ends(b)
+        found = _per_row(b, g_t * td)[rows]
+        gv_end = g[first] ** b.turn_counts[rows] * final[first]
+        exp = _per_row(b, g_t * r)[rows] - value[first] + gv_end
+        scale = _per_row(b, np.abs(g_t * td) + np.abs(g_t * r))[rows] + np.abs(value[first]) + np.abs(gv_end)
+        row_maybe = rows[may_differ(found, exp, cfg, scale)]
+    if not (turn_maybe.any() or row_maybe.size):
+        return None
+    keep = of_rows(b.turn_parent, row_maybe, b.n) | of_rows(b.turn_parent, b.turn_parent[turn_maybe], b.n)
+    df = df.filter(pl.Series(keep)).with_columns((pl.col("reward") + _shaping(b)).alias("_r"))
     v_next = (
         pl.when(pl.col("_t") == pl.col("_T") - 1).then(pl.col("final_value")).otherwise(pl.col("value").shift(-1))
     )  # turns are contiguous per trajectory and in order
-    df = df.with_columns((pl.col("_r") + _G * v_next - pl.col("value")).alias("_delta"))
+    df = df.with_columns(v_next.alias("_v_next")).with_columns(
+        (pl.col("_r") + _G * pl.col("_v_next") - pl.col("value")).alias("_delta")
+    )
     per_turn = df.filter(_off(pl.col("td_residual"), pl.col("_delta"), cfg))
     out = []
     if not per_turn.is_empty():
@@ -292,7 +370,7 @@ def td_residuals(b: BatchView, cfg) -> pl.DataFrame | None:
                     rounded(pl.col("td_residual")),
                     rounded(pl.col("_r")),
                     rounded(_G),
-                    rounded(v_next),
+                    rounded(pl.col("_v_next")),
                     rounded(pl.col("value")),
                     rounded(pl.col("_delta")),
                 ).alias("message"),
@@ -343,10 +421,18 @@ def discounted_return(b: BatchView, cfg) -> pl.DataFrame | None:
     """
     if b.turns.is_empty():
         return None
-    df = _turns(b, "reward", "shaping").with_columns((pl.col("reward") + _shaping(b)).alias("_r"))
+    df = _turns(b, "reward", "shaping")
+    with np.errstate(all="ignore"):
+        g_r = _vals(df["_g_t"]) * (_vals(df["reward"]) + _shaping_vals(b))
+        found = _vals(b.traj["discounted_return"])
+        maybe = may_differ(found, _per_row(b, g_r), cfg, np.abs(found) + _per_row(b, np.abs(g_r)))
+    if not maybe.any():
+        return None
+    df = df.filter(pl.Series(maybe[b.turn_parent])).with_columns((pl.col("reward") + _shaping(b)).alias("_r"))
     agg = df.group_by("_row").agg((_GT * pl.col("_r")).sum().alias("_ret"), pl.col("_r").null_count().alias("_nulls"))
     t = (
-        b.traj.select("_row", "trajectory_id", "discounted_return")
+        b.traj.filter(pl.Series(maybe))
+        .select("_row", "trajectory_id", "discounted_return")
         .join(agg, on="_row", how="left")
         .with_columns(pl.col("_ret").fill_null(0.0), pl.col("_nulls").fill_null(0))
     )
@@ -442,14 +528,26 @@ def action_loop(b: BatchView, cfg) -> pl.DataFrame | None:
     tr = b.turns
     if tr.is_empty():
         return None
-    df = tr.select("_row", "_t", "trajectory_id", "parsed_action").with_columns(
-        ((pl.col("parsed_action") != pl.col("parsed_action").shift(1)).fill_null(True) | (pl.col("_t") == 0))
-        .cum_sum()
-        .alias("_run")
-    )  # turns are contiguous per trajectory: a run starts at turn 0 or a change
-    run = df["_run"].to_numpy()[df["parsed_action"].is_not_null().to_numpy()]
-    if not run.size or np.bincount(run).max() < k:  # no run long enough: the usual case, no group_by
+    # turns are contiguous per trajectory: a run starts at turn 0 or a change; the trajectories
+    # with a run long enough (usually none) are found in numpy
+    act = pc.struct_field(b.col("turns").flatten(), "parsed_action")
+    same = np.zeros(len(act), bool)
+    same[1:] = _bools(pc.equal(act[1:], act[:-1]))
+    run = np.cumsum(~same | (tr["_t"].to_numpy() == 0))
+    present = _valid(act)
+    counts = np.bincount(run[present], minlength=run.size + 1)
+    long = present & (counts[run] >= k)
+    if not long.any():
         return None
+    df = (
+        tr.filter(pl.Series(of_rows(b.turn_parent, b.turn_parent[long], b.n)))
+        .select("_row", "_t", "trajectory_id", "parsed_action")
+        .with_columns(
+            ((pl.col("parsed_action") != pl.col("parsed_action").shift(1)).fill_null(True) | (pl.col("_t") == 0))
+            .cum_sum()
+            .alias("_run")
+        )
+    )
     runs = (
         df.filter(pl.col("parsed_action").is_not_null())
         .group_by("_run", maintain_order=True)
@@ -590,6 +688,9 @@ class _List:
             self.present = np.zeros(t.row.size, bool)
             self.present[have] = valid
         off = np.flatnonzero(self.broken)
+        self.bad: pl.DataFrame | None = None
+        if not off.size:
+            return
         self.bad = pl.DataFrame(
             {"trajectory_id": b.ids.gather(off), "_n": lens[off], "_k": t.n_tok[off].astype(np.int64)},
             schema={"trajectory_id": pl.String, "_n": pl.Int64, "_k": pl.Int64},

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..contract import schema as S
 from ..contract.registry import NotRun, rule
+from ..frames.batch import _bools, _valid
 from ..frames.views import BatchView
 from .common import rounded
 
@@ -23,6 +26,11 @@ def _flag_text() -> pl.Expr:
 
 def _n_true() -> pl.Expr:
     return pl.sum_horizontal([pl.col(f).fill_null(False).cast(pl.Int8) for f in S.STOP_FLAGS])
+
+
+def _flags(b: BatchView) -> np.ndarray:
+    """The stop flags as numpy, one row per flag of `S.STOP_FLAGS` (a null flag is not set)."""
+    return np.stack([_bools(b.col(f)) for f in S.STOP_FLAGS])
 
 
 @rule(
@@ -42,7 +50,11 @@ def one_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     With no flag or several flags set, the trainer picks one by accident of code order.
     Set exactly one flag per episode, from the same place that sets stop_reason.
     """
-    t = b.traj
+    ends = ~_bools(b.col("split_continues")) if "split_continues" in b.columns else np.ones(b.n, bool)
+    maybe = _flags(b).sum(axis=0) != ends
+    if not maybe.any():
+        return None
+    t = b.traj.filter(pl.Series(maybe))
     cont = pl.col("split_continues").fill_null(False) if "split_continues" in t.columns else pl.lit(False)
     bad = t.filter(_n_true() != pl.when(cont).then(0).otherwise(1))
     return bad.rechunk().select(
@@ -85,8 +97,20 @@ def stop_reason_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     or declare the project's reason in configuration.
     """
     table = {**S.stop_reasons(), **cfg.extra_stop_reasons}
+    # the rows with a reason that does not belong to a flag that is set (usually none)
+    reason = b.col("stop_reason")
+    maybe = _valid(reason)
+    for f, on in zip(S.STOP_FLAGS, _flags(b)):
+        if reasons := [k for k, v in table.items() if v == f]:
+            maybe &= ~(on & _bools(pc.is_in(reason, value_set=pa.array(reasons))))
+    if not maybe.any():
+        return None
     known = pl.DataFrame({"stop_reason": list(table), "_expected_flag": list(table.values())})
-    t = b.traj.select("trajectory_id", "stop_reason", *S.STOP_FLAGS).join(known, on="stop_reason", how="left")
+    t = (
+        b.traj.filter(pl.Series(maybe))
+        .select("trajectory_id", "stop_reason", *S.STOP_FLAGS)
+        .join(known, on="stop_reason", how="left")
+    )
     true_flag = pl.coalesce([pl.when(pl.col(f).fill_null(False)).then(pl.lit(f)) for f in S.STOP_FLAGS])
     unknown = pl.col("stop_reason").is_not_null() & pl.col("_expected_flag").is_null()
     wrong = (_n_true() == 1) & pl.col("_expected_flag").is_not_null() & (pl.col("_expected_flag") != true_flag)
@@ -177,7 +201,16 @@ def truncated_reward(b: BatchView, cfg) -> pl.DataFrame | None:
     """
     if cfg.truncation == "penalize":
         return None
-    t = b.traj.filter(pl.col("truncated").fill_null(False) & pl.col("reward").is_not_null())
+    # in numpy, the rows the filters below keep (usually none)
+    maybe = _bools(b.col("truncated")) & _valid(b.col("reward"))
+    if cfg.truncation == "exclude" and "loss_excluded" in b.columns:
+        maybe &= ~_bools(b.col("loss_excluded"))
+    if cfg.truncation == "bootstrap" and "final_value" in b.columns:
+        maybe &= ~_valid(b.col("final_value"))
+    if not maybe.any():
+        return None
+    t = b.traj.filter(pl.Series(maybe))
+    t = t.filter(pl.col("truncated").fill_null(False) & pl.col("reward").is_not_null())
     if cfg.truncation == "exclude" and "loss_excluded" in t.columns:
         t = t.filter(~pl.col("loss_excluded").fill_null(False))
     if "stop_reason" not in t.columns:
@@ -219,7 +252,15 @@ def laundered_truncation(b: BatchView, cfg) -> pl.DataFrame | None:
     tr = b.turns
     if tr.is_empty():
         return None
-    is_last = tr["_t"].to_numpy() == b.turn_counts[tr["_row"].to_numpy()] - 1
+    # in numpy, the last turns of terminated episodes that end in a laundered finish_reason
+    T = b.turn_counts
+    end = b.turn_start + T - 1
+    end = end[(T > 0) & _bools(b.col("terminated"))]
+    reasons = pc.struct_field(b.col("turns").flatten(), "finish_reason").take(pa.array(end))
+    is_last = np.zeros(len(tr), bool)
+    is_last[end[_bools(pc.is_in(reasons, value_set=pa.array(LAUNDERED)))]] = True
+    if not is_last.any():
+        return None
     last = tr.filter(pl.Series(is_last) & pl.col("finish_reason").is_in(list(LAUNDERED)))
     if last.is_empty():
         return None

@@ -8,6 +8,7 @@ import polars as pl
 
 from ..contract.registry import BY_UPDATE, NotRun, rule
 from ..frames.views import BatchView
+from .common import of_rows
 
 
 def _histogram(s: pl.Series) -> dict[int, int]:
@@ -31,11 +32,13 @@ def version_missing(b: BatchView, cfg) -> pl.DataFrame | None:
     it sampled each turn (not the version at episode start).
     """
     tr = b.turns
-    if not len(tr):
+    if not len(tr) or not tr["policy_version"].null_count():
         return None
+    nulls = tr["policy_version"].is_null().to_numpy()
     miss = pl.col("policy_version").is_null()
     per = (
-        tr.group_by("_row", maintain_order=True)
+        tr.filter(pl.Series(of_rows(b.turn_parent, b.turn_parent[nulls], b.n)))
+        .group_by("_row", maintain_order=True)
         .agg(pl.col("trajectory_id").first(), pl.len().alias("T"), pl.col("_t").filter(miss).alias("tm"))
         .filter(pl.col("tm").list.len() > 0)
     )
@@ -65,6 +68,14 @@ def version_decreasing(b: BatchView, cfg) -> pl.DataFrame | None:
     tr = b.turns
     if not len(tr):
         return None
+    # in numpy, the turns with a lower version than the previous turn with one (usually none)
+    pv = tr["policy_version"]
+    has = pv.is_not_null().to_numpy()
+    parent, v = b.turn_parent[has], pv.drop_nulls().to_numpy()
+    lower = np.flatnonzero((parent[1:] == parent[:-1]) & (v[1:] < v[:-1]))
+    if not lower.size:
+        return None
+    tr = tr.filter(pl.Series(of_rows(b.turn_parent, parent[lower + 1], b.n)))
     # turns are contiguous per trajectory and in order: a sentinel at each turn 0 stops the forward
     # fill at the trajectory's start (a window over `_row` costs ten times more)
     start = pl.lit(np.iinfo(np.int64).min, pl.Int64)

@@ -340,9 +340,7 @@ class Tokens:
         T = self.batch.turn_counts
         n_tok = self.n_tok
         dt = np.int32 if int(T.sum()) < 2**31 else np.int64
-        base = np.zeros(self.batch.n, dt)
-        np.cumsum(T[:-1], out=base[1:])
-        key = np.repeat(base, n_tok)
+        key = np.repeat(self.batch.turn_start.astype(dt, copy=False), n_tok)
         key += self.turn
         # one unsigned comparison finds both turn < 0 and turn >= the row's turn count
         bad = self.turn.view(np.uint32) >= np.repeat(T.astype(np.uint32), n_tok)
@@ -557,6 +555,14 @@ class Batch:
         return _np(pc.list_value_length(self.col("turns")), 0).astype(np.int64)
 
     @cached_property
+    def turn_start(self) -> np.ndarray:
+        """Per row: the index of its first turn in the turns flattened over the batch."""
+        T = self.turn_counts
+        base = np.zeros(self.n, np.int64)
+        np.cumsum(T[:-1], out=base[1:])
+        return base
+
+    @cached_property
     def turn_parent(self) -> np.ndarray:
         """Per turn (flattened over the batch): its batch row."""
         return np.repeat(np.arange(self.n, dtype=np.int64), self.turn_counts)
@@ -578,9 +584,7 @@ class Batch:
             tbl = pa.table({f.name: pa.array([], f.type) for f in lst.type.value_type if f.name in want})
         T = self.turn_counts
         parent = self.turn_parent
-        base = np.zeros(self.n, np.int64)
-        np.cumsum(T[:-1], out=base[1:])
-        local = np.arange(int(T.sum()), dtype=np.int64) - np.repeat(base, T)
+        local = np.arange(int(T.sum()), dtype=np.int64) - np.repeat(self.turn_start, T)
         # `_row` is sorted by construction: flagged, group_by("_row") takes polars' sorted path
         df = pl.DataFrame([pl.Series("_row", parent).set_sorted(), pl.Series("_t", local), self.ids.gather(parent)])
         if want:

@@ -199,6 +199,20 @@ class BatchView:
             raise _undeclared(self.rule, "turns")
         return self.batch.turn_counts
 
+    @property
+    def turn_parent(self) -> np.ndarray:
+        """Per turn (flattened over the batch, the order of `turns`): its batch row."""
+        if "turns" not in self.cols:
+            raise _undeclared(self.rule, "turns")
+        return self.batch.turn_parent
+
+    @property
+    def turn_start(self) -> np.ndarray:
+        """Per row: the index in `turns` of its first turn."""
+        if "turns" not in self.cols:
+            raise _undeclared(self.rule, "turns")
+        return self.batch.turn_start
+
     @cached_property
     def turns(self) -> pl.DataFrame:
         """One row per turn: `_row`, `_t`, trajectory_id, the declared turn fields, and the
