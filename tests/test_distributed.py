@@ -18,6 +18,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+import faultgroups  # noqa: E402
 from adapterhelp import IDENTITY, fixture  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
@@ -32,6 +33,7 @@ from rollout_audit.running import distributed  # noqa: E402
 from rollout_audit.running.distributed import RayExecutor  # noqa: E402
 from rollout_audit.running.engine import memory_discovery, run_audit  # noqa: E402
 from rollout_audit.running.runner import Runner  # noqa: E402
+from rollout_audit.synth import make_log  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `benchmarks` lives at the repo root
@@ -158,17 +160,23 @@ def test_selected_checks_and_a_broken_file(cluster):
         _same(run_audit(discover([path]), select=sel), run_audit(discover([path]), select=sel, ray=True))
 
 
-MANIFEST = json.loads((ROOT / "fixtures/manifest.json").read_text())
+@pytest.fixture(scope="module")
+def base():
+    return make_log(n_tasks=4, group_size=4, n_versions=2, seed=0)
 
 
-@pytest.mark.parametrize("name", sorted(MANIFEST["faults"]))
-def test_every_broken_fixture_audits_alike_on_ray(cluster, name):
-    """Each fixture's findings, statistics and coverage, with the log checks cut into three
-    partitions (by key, and the update checks by update record) and shares of one row group."""
-    path, cfg = ROOT / "fixtures/broken" / name, Config.from_mapping(MANIFEST["faults"][name]["config"])
-    local = run_audit(discover([path]), cfg)
-    _same(local, run_audit(discover([path]), cfg, executor=RayExecutor(rows_per_share=1, partitions=3)))
-    assert set(MANIFEST["faults"][name]["codes"]) <= set(local.findings["code"])
+@pytest.mark.parametrize("group", faultgroups.RECORD_GROUPS, ids=faultgroups.group_id)
+def test_every_named_fault_audits_alike_on_ray(cluster, base, tmp_path, group):
+    """Every named fault but the truncated file (which `test_selected_checks_and_a_broken_file`
+    audits), several to a log as tests/faultgroups.py composes them, in three files: each fault
+    caught on its own trajectories, and the same findings, statistics and coverage on Ray with
+    the log checks cut into three partitions (by key, and the update checks by update record)
+    and shares of one row group."""
+    trajs, touched = faultgroups.write_group(tmp_path / "log", group, *base, parts=3)
+    cfg = faultgroups.config(group)
+    local = run_audit(discover([tmp_path / "log"]), cfg)
+    assert not faultgroups.problems(group, local.findings, trajs, touched)
+    _same(local, run_audit(discover([tmp_path / "log"]), cfg, executor=RayExecutor(rows_per_share=1, partitions=3)))
 
 
 def test_a_split_episode_trained_in_two_updates_of_two_partitions(cluster):
