@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..contract.registry import rule
-from ..frames.batch import _bools, hex_digests, hex_matrix
+from ..frames.batch import as_bools, hex_digests, hex_matrix
 from ..frames.views import BatchView
 from .common import NON_POLICY, ragged_index, source_breakdown, where_first
 
@@ -78,7 +78,7 @@ def policy_not_masked(b: BatchView, cfg) -> pl.DataFrame | None:
     t = b.tokens
     bad = t.policy & ~t.mask
     if "loss_excluded" in b.columns:
-        bad &= ~_bools(b.col("loss_excluded"))[t.row]
+        bad &= ~as_bools(b.col("loss_excluded"))[t.row]
     if not bad.any():
         return None
     tr = b.turns
@@ -580,7 +580,7 @@ def excluded_but_trained(b: BatchView, cfg) -> pl.DataFrame | None:
     """
     if "loss_excluded" not in b.columns:
         return None
-    excluded = _bools(b.col("loss_excluded"))
+    excluded = as_bools(b.col("loss_excluded"))
     if not b.ok.any() or not excluded.any():
         return None
     t = b.tokens

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from ..contract import schema as S
 from ..contract.registry import NotRun, rule
-from ..frames.batch import _bools, _segment_sum, _valid
+from ..frames.batch import as_bools, segment_sum, validity
 from ..frames.views import BatchView, frame_of
 from .common import may_differ, of_rows, rounded
 
@@ -69,7 +69,7 @@ def _shaping_vals(b: BatchView) -> np.ndarray:
 
 def _per_row(b: BatchView, x: np.ndarray) -> np.ndarray:
     """Per batch row: the sum of the per-turn values `x` over its turns (0 without turns)."""
-    return _segment_sum(x, b.turn_start, b.turn_counts > 0, np.float64)
+    return segment_sum(x, b.turn_start, b.turn_counts > 0, np.float64)
 
 
 def _ends(b: BatchView) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -294,7 +294,7 @@ def terminal_potential(b: BatchView, cfg) -> pl.DataFrame | None:
     if tr.is_empty():
         return None
     rows, _, end = _ends(b)
-    end = end[_bools(b.col("terminated"))[rows]]
+    end = end[as_bools(b.col("terminated"))[rows]]
     end = end[may_differ(_vals(tr["potential_after"])[end], np.zeros(end.size), cfg)]
     if not end.size:
         return None
@@ -532,9 +532,9 @@ def action_loop(b: BatchView, cfg) -> pl.DataFrame | None:
     # with a run long enough (usually none) are found in numpy
     act = pc.struct_field(b.col("turns").flatten(), "parsed_action")
     same = np.zeros(len(act), bool)
-    same[1:] = _bools(pc.equal(act[1:], act[:-1]))
+    same[1:] = as_bools(pc.equal(act[1:], act[:-1]))
     run = np.cumsum(~same | (tr["_t"].to_numpy() == 0))
-    present = _valid(act)
+    present = validity(act)
     counts = np.bincount(run[present], minlength=run.size + 1)
     long = present & (counts[run] >= k)
     if not long.any():

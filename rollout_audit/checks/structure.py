@@ -7,7 +7,7 @@ import polars as pl
 
 from ..contract import schema as S
 from ..contract.registry import RULES, rule
-from ..frames.batch import TOKEN_LISTS, _bools
+from ..frames.batch import TOKEN_LISTS, as_bools
 from ..frames.views import BatchView
 
 # a null reward is the contract's mark of an excluded episode (docs/contract.md, stop causes)
@@ -45,7 +45,7 @@ def required_columns(b: BatchView, cfg) -> pl.DataFrame | None:
     """
     rows = [{"message": f"{c}: {p}"} for c, p in b.schema_problems]
     elsewhere = _null_reported_elsewhere()
-    continues = _bools(b.col("split_continues")) if "split_continues" in b.columns else None
+    continues = as_bools(b.col("split_continues")) if "split_continues" in b.columns else None
     for name in S.required("trajectories"):
         if name in b.columns and name not in elsewhere:
             nulls = b.col(name).null_count

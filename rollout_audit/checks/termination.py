@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 
 from ..contract import schema as S
 from ..contract.registry import NotRun, rule
-from ..frames.batch import _bools, _valid
+from ..frames.batch import as_bools, validity
 from ..frames.views import BatchView
 from .common import rounded
 
@@ -30,7 +30,7 @@ def _n_true() -> pl.Expr:
 
 def _flags(b: BatchView) -> np.ndarray:
     """The stop flags as numpy, one row per flag of `S.STOP_FLAGS` (a null flag is not set)."""
-    return np.stack([_bools(b.col(f)) for f in S.STOP_FLAGS])
+    return np.stack([as_bools(b.col(f)) for f in S.STOP_FLAGS])
 
 
 @rule(
@@ -50,7 +50,7 @@ def one_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     With no flag or several flags set, the trainer picks one by accident of code order.
     Set exactly one flag per episode, from the same place that sets stop_reason.
     """
-    ends = ~_bools(b.col("split_continues")) if "split_continues" in b.columns else np.ones(b.n, bool)
+    ends = ~as_bools(b.col("split_continues")) if "split_continues" in b.columns else np.ones(b.n, bool)
     maybe = _flags(b).sum(axis=0) != ends
     if not maybe.any():
         return None
@@ -99,10 +99,10 @@ def stop_reason_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     table = {**S.stop_reasons(), **cfg.extra_stop_reasons}
     # the rows with a reason that does not belong to a flag that is set (usually none)
     reason = b.col("stop_reason")
-    maybe = _valid(reason)
+    maybe = validity(reason)
     for f, on in zip(S.STOP_FLAGS, _flags(b)):
         if reasons := [k for k, v in table.items() if v == f]:
-            maybe &= ~(on & _bools(pc.is_in(reason, value_set=pa.array(reasons))))
+            maybe &= ~(on & as_bools(pc.is_in(reason, value_set=pa.array(reasons))))
     if not maybe.any():
         return None
     known = pl.DataFrame({"stop_reason": list(table), "_expected_flag": list(table.values())})
@@ -202,11 +202,11 @@ def truncated_reward(b: BatchView, cfg) -> pl.DataFrame | None:
     if cfg.truncation == "penalize":
         return None
     # in numpy, the rows the filters below keep (usually none)
-    maybe = _bools(b.col("truncated")) & _valid(b.col("reward"))
+    maybe = as_bools(b.col("truncated")) & validity(b.col("reward"))
     if cfg.truncation == "exclude" and "loss_excluded" in b.columns:
-        maybe &= ~_bools(b.col("loss_excluded"))
+        maybe &= ~as_bools(b.col("loss_excluded"))
     if cfg.truncation == "bootstrap" and "final_value" in b.columns:
-        maybe &= ~_valid(b.col("final_value"))
+        maybe &= ~validity(b.col("final_value"))
     if not maybe.any():
         return None
     t = b.traj.filter(pl.Series(maybe))
@@ -255,10 +255,10 @@ def laundered_truncation(b: BatchView, cfg) -> pl.DataFrame | None:
     # in numpy, the last turns of terminated episodes that end in a laundered finish_reason
     T = b.turn_counts
     end = b.turn_start + T - 1
-    end = end[(T > 0) & _bools(b.col("terminated"))]
+    end = end[(T > 0) & as_bools(b.col("terminated"))]
     reasons = pc.struct_field(b.col("turns").flatten(), "finish_reason").take(pa.array(end))
     is_last = np.zeros(len(tr), bool)
-    is_last[end[_bools(pc.is_in(reasons, value_set=pa.array(LAUNDERED)))]] = True
+    is_last[end[as_bools(pc.is_in(reasons, value_set=pa.array(LAUNDERED)))]] = True
     if not is_last.any():
         return None
     last = tr.filter(pl.Series(is_last) & pl.col("finish_reason").is_in(list(LAUNDERED)))

@@ -99,15 +99,15 @@ def _bits(buf: pa.Buffer | None, offset: int, n: int) -> np.ndarray:
     return bits[offset % 8 : offset % 8 + n].view(bool)
 
 
-def _valid(a: pa.Array) -> np.ndarray:
+def validity(a: pa.Array) -> np.ndarray:
     """Per slot: not null."""
     return _bits(a.buffers()[0] if a.null_count else None, a.offset, len(a))
 
 
-def _bools(a: pa.Array) -> np.ndarray:
+def as_bools(a: pa.Array) -> np.ndarray:
     """A boolean array as numpy, null read as False."""
     values = _bits(a.buffers()[1], a.offset, len(a))
-    return values & _valid(a) if a.null_count else values
+    return values & validity(a) if a.null_count else values
 
 
 def _floats(a: pa.Array) -> np.ndarray:
@@ -181,12 +181,12 @@ class Tokens:
         self.row = np.repeat(np.arange(n, dtype=idx_t), n_tok)
         self.starts = starts[:-1]
         self.source = np.zeros(total, np.uint8) if "token_source" not in lists else _sources(flat("token_source"))
-        self.mask = np.zeros(total, bool) if "loss_mask" not in lists else _bools(flat("loss_mask"))
+        self.mask = np.zeros(total, bool) if "loss_mask" not in lists else as_bools(flat("loss_mask"))
         if "behavior_logprobs" in lists:
             # float32 is the contract type; every use compares or sums in float64. The values under
             # a null are undefined: every use goes through `lp_present` or `lp_state`
             lp_arr = flat("behavior_logprobs")
-            self.lp, self.lp_present = _floats(lp_arr), _valid(lp_arr)
+            self.lp, self.lp_present = _floats(lp_arr), validity(lp_arr)
         else:
             self.lp, self.lp_present = np.full(total, np.nan, np.float32), np.zeros(total, bool)
         if "token_turn" in lists:
@@ -383,8 +383,8 @@ class Tokens:
         cols = {
             "rc_n_policy": count,
             "rc_n_trainable": np.bincount(km, minlength=n_turns),
-            "rc_n_lp_valid": _segment_sum(valid.view(np.uint8), start, has, np.int64),
-            "rc_lp_sum": _segment_sum(lp, start, has, np.float64),
+            "rc_n_lp_valid": segment_sum(valid.view(np.uint8), start, has, np.int64),
+            "rc_lp_sum": segment_sum(lp, start, has, np.float64),
         }
         nulls = ~self.ok[self.batch.turn_parent]
         rc = [pl.Series(k, v) for k, v in cols.items()]
@@ -400,7 +400,7 @@ class Tokens:
         return rc
 
 
-def _segment_sum(x: np.ndarray, start: np.ndarray, has: np.ndarray, dtype: Any) -> np.ndarray:
+def segment_sum(x: np.ndarray, start: np.ndarray, has: np.ndarray, dtype: Any) -> np.ndarray:
     """Sums of consecutive segments of `x` beginning at `start` (0 where a segment is empty)."""
     out = np.zeros(start.size, dtype)
     if has.any():
