@@ -6,8 +6,8 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple, NoReturn
+from collections.abc import Iterator
+from typing import NoReturn
 
 import click
 
@@ -21,6 +21,18 @@ def _codes(values: tuple[str, ...]) -> list[str]:
     codes = [c.strip().upper() for v in values for c in v.split(",")]
     if any(not c for c in codes):
         _fail("an empty check code or prefix matches every check; remove it")
+    return codes
+
+
+def _known_codes(values: tuple[str, ...]) -> list[str]:
+    """`_codes`, each one a check's code or a prefix of one."""
+    from .checks import all_rules
+
+    codes = _codes(values)
+    known = all_rules()
+    for c in codes:
+        if not any(k.startswith(c) for k in known):
+            _fail(f"unknown check code or prefix {c!r}; see `rollout-audit explain --list`")
     return codes
 
 
@@ -218,21 +230,18 @@ def check(
     training. 2: the audit could not be completed (a check crashed, no usable input, bad
     configuration).
     """
-    from .checks import all_rules
-    from .contract.config import LOG_CONTEXT, find_config
+    from .contract.config import LOG_CONTEXT
     from .reporting.outputs import check_output, write_atomic
 
     if show_settings:
-        cfg, source = find_config(config_path, start=paths[0])
-        click.echo(f"# configuration: {source}")
+        from .session import Request, configure
+
+        cfg, file = configure(Request(source=list(paths), config_file=config_path, replay=replay))
+        click.echo(f"# configuration: {cfg.source if ', over ' in cfg.source else file or cfg.source}")
         click.echo(f"# a configuration inside the audited directory may set only: {', '.join(LOG_CONTEXT)}")
-        click.echo(json.dumps(_with_replay(cfg, replay).settings(), indent=1))
+        click.echo(json.dumps(cfg.settings(), indent=1))
         return
-    sel, ign = _codes(select), _codes(ignore)
-    known = all_rules()
-    for c in sel + ign:
-        if not any(k.startswith(c) for k in known):
-            _fail(f"unknown check code or prefix {c!r}; see `rollout-audit explain --list`")
+    sel, ign = _known_codes(select), _known_codes(ignore)
     for out in (output, write_baseline):
         if out:
             check_output(out, paths)
@@ -241,9 +250,30 @@ def check(
     ray = None if ray_address is None else (True if ray_address == "local" else ray_address)
     opts = Options(select=tuple(sel), ignore=tuple(ign), workers=workers, ray=ray, tune=True)
     logs = [list(paths)] if merge or framework or len(paths) == 1 else [[p] for p in paths]
+    if (baseline or write_baseline) and len(logs) > 1:
+        _fail("a baseline belongs to one log: give one PATH, or --merge")
+    from .session import Request, run
+
+    def request(log: list[str]) -> Request:
+        return Request(
+            source=log,
+            framework=framework,
+            context=_context(context),
+            config_file=config_path,
+            replay=replay,
+            options=opts,
+            baseline=baseline,
+            use_baseline=not write_baseline,
+        )
+
     with _quiet_ray(opts) if quiet else contextlib.nullcontext():
-        done = [(log, _audit_one(log, config_path, replay, opts, framework, context)) for log in logs]
-    reports = _settled(done, baseline, write_baseline)
+        done = [(log, run(request(log))) for log in logs]
+    for _, a in done:
+        if a.converted is not None and a.converted.policy:  # the trainer's own policy, from its configuration
+            click.echo(f"rollout-audit: note: {a.converted.policy}", err=True)
+    if write_baseline:
+        _write_baseline(done[0], write_baseline)
+    reports = [(log, a.report) for log, a in done]
     painted = fmt == "text" and not output and (_tty_colour() if color is None else color)
     limit = None if show_all else done[0][1].cfg.max_examples
     from .reporting.report import render_logs
@@ -259,65 +289,17 @@ def check(
     sys.exit(max(rep.exit_code(strict) for _, rep in reports))
 
 
-def _settled(done, baseline, write_baseline):
-    """Each log's report after the tolerated rates and the baseline of its configuration;
-    with `write_baseline`, the findings are recorded there instead and the command ends."""
+def _write_baseline(done, path) -> NoReturn:
+    """Record one log's findings (after its tolerated rates) in `path`, and end the command."""
     from .workflow import policy
 
-    if (baseline or write_baseline) and len(done) > 1:
-        _fail("a baseline belongs to one log: give one PATH, or --merge")
-    if write_baseline:
-        log, a = done[0]
-        if not a.report.complete:
-            _say_incomplete(a.report, log)
-            _fail(f"the audit is incomplete: no baseline written to {write_baseline}")
-        rep = policy.apply_tolerated(a.report, a.cfg.tolerated_share, a.cfg.source)
-        n = policy.write_baseline(write_baseline, rep, a.ids())
-        click.echo(f"wrote baseline {write_baseline}: {n} finding{'s' if n != 1 else ''} recorded")
-        sys.exit(0)
-    return [(log, policy.settle(a.report, a.cfg, a.config_file, a.ids, baseline)) for log, a in done]
-
-
-def _with_replay(cfg, replay):
-    """The configuration with `--replay N` applied."""
-    return cfg if replay is None else cfg.model_copy(update={"replay": replay})
-
-
-class _Audited(NamedTuple):
-    """One log's report as the checks left it, the configuration it ran under, the file that
-    configuration came from, and the log's trajectory ids (read when a baseline needs them)."""
-
-    report: Any
-    cfg: Any
-    config_file: str | None
-    ids: Callable[[], Any]
-
-
-def _audit_one(paths, config_path, replay, opts, framework, context) -> _Audited:
-    """The audit of one log (a list of paths audited together), configured from next to it. A
-    framework's dump (`--from`) is converted and audited as a log of files that is removed afterwards."""
-    from .contract.config import find_config
-    from .reading.io import discover
-    from .running.engine import run_audit
-    from .workflow.policy import table_ids, trajectory_ids
-
-    found, config_file = find_config(config_path, start=paths[0])
-    cfg = _with_replay(found, replay)
-    from .reading import storage
-
-    storage.set_timeouts(cfg.storage_connect_timeout, cfg.storage_request_timeout)
-    if not framework:
-        disc = discover(paths)
-        return _Audited(run_audit(disc, cfg, opts), cfg, config_file, lambda: trajectory_ids(disc))
-    from .adapters.convert import as_log, convert, relabel
-
-    conv = convert(framework, paths, _context(context))
-    cfg = conv.configured(cfg)
-    if conv.policy:  # the trainer's own policy, as the adapter derived it from its configuration
-        click.echo(f"rollout-audit: note: {conv.policy}", err=True)
-    with as_log(conv) as root:
-        rep = relabel(run_audit(discover([root]), cfg, opts), conv, root)
-    return _Audited(rep, cfg, config_file, lambda: table_ids(conv.trajectories))
+    log, a = done
+    if not a.report.complete:
+        _say_incomplete(a.report, log)
+        _fail(f"the audit is incomplete: no baseline written to {path}")
+    n = policy.write_baseline(path, a.report, a.ids())
+    click.echo(f"wrote baseline {path}: {n} finding{'s' if n != 1 else ''} recorded")
+    sys.exit(0)
 
 
 @contextlib.contextmanager
@@ -396,16 +378,14 @@ def diff_cmd(a, b, fmt, config_path, z_noise, every) -> None:
     """What changed from log A to log B (two runs, or two step directories of one log): findings
     per code that appeared, disappeared or changed count, and the statistics that moved beyond
     noise. Exit 1 when new error findings appeared."""
-    from .running.options import Options
+    from .session import Request, run
     from .workflow.diff import diff, render_diff
 
-    done = [_audit_one([p], config_path, None, Options(), None, ()) for p in (a, b)]
+    done = [run(Request(source=[p], config_file=config_path, use_baseline=False)) for p in (a, b)]
     for p, x in zip((a, b), done):
         if x.report.unusable is not None:
             _fail(f"{p}: nothing to audit: {x.report.unusable}")
-    from .workflow.policy import apply_tolerated
-
-    reps = [apply_tolerated(x.report, x.cfg.tolerated_share, x.cfg.source) for x in done]
+    reps = [x.report for x in done]
     d = diff([a], [b], reps[0], reps[1], z_noise=z_noise)
     click.echo(json.dumps(d, indent=1, default=str) if fmt == "json" else render_diff(d, every))
     sys.exit(1 if d["new_errors"] else 0)
@@ -423,19 +403,16 @@ def diff_cmd(a, b, fmt, config_path, z_noise, every) -> None:
 def filter_cmd(log, out, select, config_path) -> None:
     """Write OUT: the log at LOG without the trajectories the selected checks flagged, and without
     the updates that named them. Never writes in place; states what it dropped."""
-    from .checks import all_rules
     from .reading.io import discover
     from .reporting.outputs import check_new_directory, check_output
     from .running.options import Options
+    from .session import Request, run
     from .workflow.filter import filter_log
 
-    sel = _codes(select)
-    for c in sel:
-        if not any(k.startswith(c) for k in all_rules()):
-            _fail(f"unknown check code or prefix {c!r}; see `rollout-audit explain --list`")
+    sel = _known_codes(select)
     check_output(out, [log], writes_log=True)
     check_new_directory(out)
-    rep = _audit_one([log], config_path, None, Options(select=tuple(sel)), None, ()).report
+    rep = run(Request(source=[log], config_file=config_path, options=Options(select=tuple(sel)))).report
     if not rep.complete:
         _say_incomplete(rep, [log])
         _fail(f"the audit of {log} is incomplete: nothing written")
@@ -636,6 +613,7 @@ def show(path, trajectory_id, color, tokenizer_dir, ids, width) -> None:
     from .reporting.decode import DecodeError, from_directory
     from .reporting.show import render, transcript
     from .running.options import Options
+    from .session import Request, run
 
     log = scan(path)
     _warn_unreadable(log.broken)
@@ -646,7 +624,7 @@ def show(path, trajectory_id, color, tokenizer_dir, ids, width) -> None:
     if log.trajectories.filter(pl.col("trajectory_id") == trajectory_id).select(pl.len()).collect().item() == 0:
         _fail(f"trajectory {trajectory_id!r} is not in the log")
     # the findings `rollout-audit check PATH` reports: the same audit, settled by the same configuration
-    ((_, rep),) = _settled([([path], _audit_one([path], None, None, Options(tune=True), None, ()))], None, None)
+    rep = run(Request(source=[path], options=Options(tune=True))).report
     try:
         t = transcript(log, trajectory_id, rep.findings)
     except KeyError as e:
@@ -671,6 +649,7 @@ def convert(framework, src, dst, context) -> None:
     check_output(dst, [src])  # a dump is not a contract log: DST may sit next to it, never inside it
     check_new_directory(dst)
     from .adapters.convert import convert as converted
+    from .session import policy_table
 
     conv = converted(framework, [src], _context(context))
     trajectories, updates = conv.tables()
@@ -679,37 +658,61 @@ def convert(framework, src, dst, context) -> None:
             (Path(dst) / name).mkdir(parents=True, exist_ok=True)
             with RolloutWriter(Path(dst) / name / "part-0000.parquet", kind=name) as w:
                 w.write(table)
-    click.echo(f"wrote {dst} ({trajectories.num_rows} trajectories)")
-    if conv.settings:  # a contract log does not carry the trainer's policy: the audit of DST needs it configured
-        said = ", ".join(f"{k} = {json.dumps(v)}" for k, v in conv.settings.items())
-        click.echo(f"rollout-audit: note: {conv.policy}; audit {dst} with {said} in [tool.rollout-audit]", err=True)
+    if conv.settings:  # the trainer's policy travels with the log: `check DST` audits as `check --from` does
+        Path(dst).mkdir(parents=True, exist_ok=True)
+        (Path(dst) / "pyproject.toml").write_text(policy_table(conv))
+    said = f"; the trainer's policy in {Path(dst) / 'pyproject.toml'}" if conv.settings else ""
+    click.echo(f"wrote {dst} ({trajectories.num_rows} trajectories{said})")
 
 
 @main.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default="rollout-audit-report.html", show_default=True)
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False))
-def report(paths, output, config_path) -> None:
+@click.option("--select", multiple=True, help="Codes or prefixes to run (as `check --select`).")
+@click.option("--ignore", multiple=True, help="Codes or prefixes to skip.")
+@click.option("--from", "framework", default=None, help="PATHS are a trainer's dump (as `check --from`).")
+@click.option(
+    "--context", "context", multiple=True, metavar="KEY=VALUE", help="With --from: what the trainer does not record."
+)
+@click.option("--replay", "replay", type=click.IntRange(0), default=None, help="Replay N trajectories (as `check`).")
+@click.option("--baseline", "baseline", type=click.Path(dir_okay=False), default=None, help="As `check --baseline`.")
+def report(paths, output, config_path, select, ignore, framework, context, replay, baseline) -> None:
     """Write an HTML page: the verdict, every check (pass / fail / not run, with its explanation), findings
-    per code with examples, and plots of the distributions where the catalogued faults show."""
-    from .contract.config import load_config
+    per code with examples, and plots of the distributions where the catalogued faults show. The
+    verdict and exit code are those of `rollout-audit check` with the same options."""
     from .reading.io import discover
     from .reading.log import Log
     from .reporting.html import render_html
     from .reporting.outputs import check_output, write_atomic
     from .reporting.stats import distributions, log_stats
-    from .running.engine import run_audit
+    from .running.engine import memory_discovery
+    from .running.options import Options
+    from .session import Request, run
 
     check_output(output, paths)
-    disc = discover(paths)
-    rep = run_audit(disc, load_config(config_path, start=paths[0]), tune=True)
+    sel, ign = _known_codes(select), _known_codes(ignore)
+    a = run(
+        Request(
+            source=list(paths),
+            framework=framework,
+            context=_context(context),
+            config_file=config_path,
+            replay=replay,
+            options=Options(select=tuple(sel), ignore=tuple(ign), tune=True),
+            baseline=baseline,
+        )
+    )
+    rep = a.report
     try:
+        disc = memory_discovery(*a.converted.tables()) if a.converted is not None else discover(list(paths))
         log = Log(disc)
         st = {**log_stats(log), "distributions": distributions(log)} if disc.of_kind("trajectories") else None
     except Exception:  # noqa: BLE001 - statistics are a courtesy; a broken log still gets its findings page
         st = None
     write_atomic(output, render_html(rep, st, ", ".join(map(str, paths))))
     click.echo(f"wrote {output}")
+    _say_incomplete(rep, paths)
     sys.exit(rep.exit_code())
 
 

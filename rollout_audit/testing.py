@@ -32,13 +32,16 @@ def assert_clean(
     ignore: Sequence[str] | None = None,
     config: Config | None = None,
     strict: bool = False,
+    framework: str | None = None,
+    context: dict[str, Any] | None = None,
 ) -> Report:
     """Audit `source` (a path, a list of paths, a scanned Log, or in-memory trajectory records or
     tables with `updates`) and return the report; raise AuditFailed (`.report` holds it) when the audit would exit
     non-zero: error findings (warnings too with `strict`), a crashed check, or nothing to audit. The
-    configuration's tolerated rates and baseline apply, as in `rollout-audit check`."""
+    configuration's tolerated rates and baseline apply, as in `rollout-audit check`. `framework` and
+    `context`: the paths are that trainer's dump (as `check --from`)."""
     __tracebackhide__ = True  # pytest shows the caller's line and the message, not this library's frames
-    rep = audit(source, updates, config=config, select=select, ignore=ignore)
+    rep = audit(source, updates, config=config, select=select, ignore=ignore, framework=framework, context=context)
     if rep.exit_code(strict):
         raise AuditFailed(failure_message(rep, strict), rep)
     return rep

@@ -110,13 +110,11 @@ def test_per_token_advantages_that_differ_exit_2_naming_the_trajectory(tmp_path:
     fails_naming("rllm", recs, "task-7:0 trajectory solver", tmp_path)
 
 
-def test_convert_names_the_policy_the_written_log_needs(tmp_path: Path) -> None:
+def test_convert_writes_the_policy_the_log_was_trained_under(tmp_path: Path) -> None:
     res = cli("convert", "--from", "rllm", fixture("rllm", "compact_filtering"), tmp_path / "log", *opts(CONTEXT))
     assert res.exit_code == 0, res.output
-    assert 'truncation = "penalize" in [tool.rollout-audit]' in res.stderr
-    config = tmp_path / "audit.toml"
-    config.write_text('truncation = "penalize"\n')
-    after = cli("check", tmp_path / "log", "--config", config, "--format", "json")
+    assert 'truncation = "penalize"' in (tmp_path / "log" / "pyproject.toml").read_text()
+    after = cli("check", tmp_path / "log", "--format", "json")
     direct = report([fixture("rllm", "compact_filtering")], "rllm", CONTEXT)
     assert finding_keys(json.loads(after.stdout)) == finding_keys(direct) == [("T303", "12/task-7:3/solver", None)]
 

@@ -277,15 +277,17 @@ def test_default_path_log_audits_with_window_denominator(default_run):
     ups = pl.read_parquet(log / "updates")
     assert ups["reduction"].to_list() == ["token_window", "token_window"]
     assert ups["trainer_version"].to_list() == [0, 1]  # the second update trains on step-0 samples
+    # the user's settings layer over the policy the log came with: TRL's own policy still applies
     rep = ra.audit(log, config=CFG)
     assert not {"U601", "U602", "U603", "U604", "U605", "P503", "S001", "S005"} & rep.codes(), rep.render()
     assert "TRL does not record behaviour log-probs" in rep.not_run["L201"]
-    # TRL rewards and trains on length-capped completions: under truncation = exclude that is reported
-    truncated = pl.read_parquet(log / "trajectories")["truncated"].any()
-    assert rep.codes("error") == ({"T304", "U606"} if truncated else set()), rep.render()
-    # the log carries the policy TRL follows: audited as it is found, it is clean
+    assert rep.codes("error") == set(), rep.render()
     assert 'truncation = "penalize"' in (log / "pyproject.toml").read_text()
     assert ra.audit(log).codes("error") == set()
+    # TRL rewards and trains on length-capped completions: a user who sets truncation = exclude is told
+    truncated = pl.read_parquet(log / "trajectories")["truncated"].any()
+    strict = ra.audit(log, config=ra.Config(grpo_epsilon=1e-4, truncation="exclude"))
+    assert strict.codes("error") == ({"T304", "U606"} if truncated else set()), strict.render()
     assert pq.read_schema(next((log / "trajectories").iterdir())).metadata[b"rollout_log.schema_version"] == b"1.2"
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import polars as pl
 
 from ..contract.registry import rule
+from ..contract.schema import VERSIONS
 
-VERSIONS = ("environment_version", "verifier_version")
 RESET_KEY = ("environment_id", "environment_version", "reset_seed", "initial_state_id")
 
 

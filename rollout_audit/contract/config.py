@@ -320,6 +320,20 @@ def find_config(path: str | Path | None = None, start: str | Path | None = None)
     return Config.from_mapping(table, f"{_shown(pp)} [tool.rollout-audit]"), str(pp)
 
 
+def log_config(start: str | Path) -> Config | None:
+    """The configuration that came with the log at `start`: the nearest pyproject.toml with a
+    `[tool.rollout-audit]` table at or above it that lies inside the log (it may state only how the
+    run was produced); None when there is none."""
+    audited = Path(start).resolve()
+    found = _nearest(audited.parent if audited.is_file() else audited)
+    if found is None or not _inside(found[0], audited):
+        return None
+    pp, table = found
+    if isinstance(table, dict):
+        _refuse(pp, [str(k) for k in table], audited)
+    return Config.from_mapping(table, f"{_shown(pp)} [tool.rollout-audit] (came with the log)")
+
+
 def _refuse(pp: Path, keys: list[str], audited: Path) -> None:
     """ConfigError when the found file `pp` sets a key its place does not allow (`find_config`).
     An unknown key is left to validation, which names the key it was probably meant to be."""

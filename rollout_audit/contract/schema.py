@@ -26,6 +26,10 @@ META_TOKENIZER = b"rollout_log.tokenizer"  # JSON {"name": ..., "vocabulary": [.
 META_REWARD_COMPONENTS = b"rollout_log.reward_components"  # JSON {component: how it is paid (PAYMENTS)}
 # How a reward component is paid, as its producer declares it. R408 checks the ones paid at most once.
 PAYMENTS = ("first_visit", "terminal", "per_step")
+# the versions that identify what an episode ran against (E801), and with the reset seed, what a
+# trainer's dump seldom records: each one a `--context KEY=VALUE` of every adapter
+VERSIONS = ("environment_version", "verifier_version")
+IDENTITY = (*VERSIONS, "reset_seed")
 PAID_ONCE = ("first_visit", "terminal")
 
 # the per-token lists of a trajectory, aligned one entry per token

@@ -176,32 +176,27 @@ class Watcher:
 
 
 def step_auditor(config_path: str | None, root: Path, framework: str | None, context: dict) -> Callable:
-    """Audit one step's file as a log of its own (a framework's dump: converted first), with the
-    configuration found for `root`; its report and its figures."""
+    """Audit one step's file as a log of its own (a framework's dump: converted first), through the
+    session `check` goes through; its report and its figures."""
     import polars as pl
 
-    from ..contract.config import load_config
     from ..reading.io import discover
     from ..reading.log import scan
-    from ..running.engine import run_audit
+    from ..session import Request, configure, run
     from .figures import audit_figures, trainable_share
-    from .policy import apply_tolerated
 
-    cfg = load_config(config_path, start=root)
+    configure(Request(source=[str(root)], config_file=config_path))  # a refused configuration stops the watch at once
 
     def audit_step(path: Path) -> tuple[Report, dict]:
-        if framework:
-            from ..adapters.convert import as_log, convert, relabel
-
-            conv = convert(framework, [str(path)], context)
-            share = trainable_share(pl.from_arrow(conv.tables()[0]))  # type: ignore[arg-type]
-            with as_log(conv) as log_root:
-                rep = relabel(run_audit(discover([log_root]), cfg), conv, log_root)
+        a = run(
+            Request(source=[str(path)], framework=framework, context=context, config_file=config_path, log_root=root)
+        )
+        if a.converted is not None:
+            share = trainable_share(pl.from_arrow(a.converted.tables()[0]))  # type: ignore[arg-type]
         else:
-            disc = discover([str(path)])
-            rep = run_audit(disc, cfg)
-            share = trainable_share(scan(str(path)).trajectories) if disc.of_kind("trajectories") else None
-        rep = apply_tolerated(rep, cfg.tolerated_share, cfg.source)
-        return rep, audit_figures(rep, share)
+            share = (
+                trainable_share(scan(str(path)).trajectories) if discover([str(path)]).of_kind("trajectories") else None
+            )
+        return a.report, audit_figures(a.report, share)
 
     return audit_step

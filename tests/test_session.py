@@ -1,0 +1,104 @@
+"""One audit, every entry point: the same request through `check`, `report`, `watch`, `audit()` and
+`assert_clean` (and so the pytest fixture, which is `assert_clean`) gives the same exit code,
+findings and not-run list, on every framework fixture (compliant and faulted, converted with
+`--from`) and on the agent's compliant log and a spread of its broken ones."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from adapterhelp import CONTEXT, FIXTURES, cli, context_args
+from click.testing import CliRunner
+
+import rollout_audit as ra
+from rollout_audit.cli import main
+from rollout_audit.contract.errors import AuditFailed
+from rollout_audit.testing import assert_clean
+
+ROOT = Path(__file__).resolve().parent.parent
+DUMPS = sorted((p.parent.name, p.stem) for p in FIXTURES.glob("*/*.jsonl"))
+BROKEN = sorted(p.name for p in (ROOT / "fixtures" / "broken").iterdir() if p.is_dir())
+LOGS = ["compliant", *BROKEN]  # the agent's compliant log and every broken one
+
+
+def _key(f: dict) -> tuple:
+    return (f["code"], f["severity"], f["trajectory_id"], f["turn"], f["position"], f["message"])
+
+
+def _lib(rep: ra.Report) -> tuple[int, list[tuple], list[str]]:
+    return rep.exit_code(), sorted(_key(f) for f in rep.findings.to_dicts()), sorted(rep.not_run)
+
+
+def _json(stdout: str) -> tuple[list[tuple], list[str]]:
+    doc = json.loads(stdout)
+    return sorted(_key(f) for f in doc["findings"]), sorted(n["code"] for n in doc["not_run"])
+
+
+def _watch_step(tmp: Path, step: Path, *frm: str) -> dict:
+    """`watch` over a directory holding `step` (a dump file, or a log directory moved in whole):
+    the status entry of that one step."""
+    root = tmp / "watched"
+    root.mkdir()
+    (shutil.copytree if step.is_dir() else shutil.copy)(step, root / step.name)
+    status = tmp / "status.json"
+    res = CliRunner().invoke(
+        main,
+        ["watch", str(root), *frm, "--status", str(status), "--interval", "0.01", "--max-steps", "1", "--idle", "5"],
+    )
+    assert res.exit_code in (0, 1, 2), res.output
+    (entry,) = json.loads(status.read_text())["steps"]
+    return entry
+
+
+def _same_everywhere(tmp: Path, target: Path, frm: tuple[str, ...], lib_kw: dict) -> None:
+    checked = cli("check", target, *frm, "--format", "json")
+    code = checked.exit_code
+    findings, not_run = _json(checked.stdout)
+    # the library
+    assert _lib(ra.audit(str(target), **lib_kw)) == (code, findings, not_run)
+    # assert_clean (and the pytest fixture `rollout_audit_clean`, the same function)
+    try:
+        assert_clean(str(target), **lib_kw)
+        raised = None
+    except AuditFailed as e:
+        raised = e.report
+    assert (raised is not None) == (code != 0)
+    if raised is not None:
+        assert _lib(raised) == (code, findings, not_run)
+    # the HTML report: its exit code is check's
+    page = tmp / "r.html"
+    assert cli("report", target, *frm, "-o", page).exit_code == code
+    # watch: the step's exit code and codes are check's
+    entry = _watch_step(tmp, target, *frm)
+    assert (entry["exit_code"], entry["codes"]) == (code, sorted({f[0] for f in findings})), entry
+
+
+@pytest.mark.parametrize(("name", "case"), DUMPS, ids=[f"{n}-{c}" for n, c in DUMPS])
+def test_a_framework_dump_audits_the_same_through_every_entry_point(tmp_path, name, case):
+    frm = ("--from", name, *context_args())
+    _same_everywhere(tmp_path, FIXTURES / name / f"{case}.jsonl", frm, {"framework": name, "context": CONTEXT})
+
+
+@pytest.mark.parametrize("log", LOGS)
+def test_an_agent_log_audits_the_same_through_every_entry_point(tmp_path, log):
+    target = ROOT / "fixtures" / ("compliant" if log == "compliant" else f"broken/{log}")
+    _same_everywhere(tmp_path, target, (), {})
+
+
+def test_convert_then_check_is_check_from_on_every_dump(tmp_path):
+    """The trainer's policy a conversion derived travels with the converted log."""
+    for i, (name, case) in enumerate(DUMPS):
+        src, out = FIXTURES / name / f"{case}.jsonl", tmp_path / f"out{i}"
+        conv = cli("convert", "--from", name, src, out, *context_args())
+        if conv.exit_code:
+            assert cli("check", "--from", name, src, *context_args()).exit_code == 2, conv.output
+            continue
+        direct = cli("check", "--from", name, src, *context_args(), "--format", "json")
+        after = cli("check", out, "--format", "json")
+        assert direct.exit_code == after.exit_code, (name, case, direct.output, after.output)
+        strip = [(c, s, t, u, p) for c, s, t, u, p, _ in _json(direct.stdout)[0]]
+        assert strip == [(c, s, t, u, p) for c, s, t, u, p, _ in _json(after.stdout)[0]], (name, case)
+        assert _json(direct.stdout)[1] == _json(after.stdout)[1], (name, case)
