@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterator
 from typing import NoReturn
 
 import click
@@ -126,6 +125,9 @@ def main() -> None:
     help="TOML file with a [tool.rollout-audit] table (default: nearest pyproject.toml).",
 )
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
+@click.option(
+    "--preview", is_flag=True, help="Also run the checks in preview (new, not yet stable; `explain --list` marks them)."
+)
 @click.option("--show-all", is_flag=True, help="Text format: show every finding, not a sample per code.")
 @click.option("-q", "--quiet", is_flag=True, help="Text and concise formats: the findings only; nothing when clean.")
 @click.option(
@@ -215,6 +217,7 @@ def check(
     baseline=None,
     write_baseline=None,
     show_not_run=False,
+    preview=False,
 ) -> None:
     """Audit the log at each PATH (a directory of Parquet files, or one file; local, or an s3://,
     gs:// or file:// URI).
@@ -236,7 +239,7 @@ def check(
     if show_settings:
         from .session import Request, configure
 
-        cfg, file = configure(Request(source=list(paths), config_file=config_path, replay=replay))
+        cfg, file = configure(Request(source=list(paths), config_file=config_path, replay=replay, preview=preview))
         click.echo(f"# configuration: {cfg.source if ', over ' in cfg.source else file or cfg.source}")
         click.echo(f"# a configuration inside the audited directory may set only: {', '.join(LOG_CONTEXT)}")
         click.echo(json.dumps(cfg.settings(), indent=1))
@@ -252,6 +255,7 @@ def check(
     logs = [list(paths)] if merge or framework or len(paths) == 1 else [[p] for p in paths]
     if (baseline or write_baseline) and len(logs) > 1:
         _fail("a baseline belongs to one log: give one PATH, or --merge")
+    from .running.cluster import quiet_ray
     from .session import Request, run
 
     def request(log: list[str]) -> Request:
@@ -261,12 +265,13 @@ def check(
             context=_context(context),
             config_file=config_path,
             replay=replay,
+            preview=preview,
             options=opts,
             baseline=baseline,
             use_baseline=not write_baseline,
         )
 
-    with _quiet_ray(opts) if quiet else contextlib.nullcontext():
+    with quiet_ray(opts) if quiet else contextlib.nullcontext():
         done = [(log, run(request(log))) for log in logs]
     for _, a in done:
         if a.converted is not None and a.converted.policy:  # the trainer's own policy, from its configuration
@@ -300,39 +305,6 @@ def _write_baseline(done, path) -> NoReturn:
     n = policy.write_baseline(path, a.report, a.ids())
     click.echo(f"wrote baseline {path}: {n} finding{'s' if n != 1 else ''} recorded")
     sys.exit(0)
-
-
-@contextlib.contextmanager
-def _quiet_ray(opts) -> Iterator[None]:
-    """`--ray` with `-q`: Ray started (or joined) here without its own log lines (the token notice,
-    "Started a local Ray instance", its workers' output), so that only the findings are printed;
-    the executor runs on this connection, which ends with the command. Without Ray installed, the
-    executor says so as usual."""
-    if not opts.ray:
-        yield
-        return
-    try:
-        import ray
-    except ImportError:
-        yield
-        return
-    if ray.is_initialized():
-        yield
-        return
-    import logging
-
-    where = opts.executor_options
-    own = logging.getLogger("ray")
-    level = own.level
-    if where["address"]:
-        ray.init(address=where["address"], log_to_driver=False, logging_level=logging.ERROR)
-    else:
-        ray.init(num_cpus=where["num_cpus"], include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-        own.setLevel(level)  # the process's logging as it was (the command may run inside a test)
 
 
 def _tty_colour() -> bool:
@@ -528,7 +500,8 @@ def explain(code, list_all) -> None:
                 continue
             click.echo(f"{fam}  {title}")
             for c in members:
-                click.echo(f"  {c}  {rules[c].severity:<7}  {rules[c].name}")
+                mark = "  (preview)" if rules[c].preview else ""
+                click.echo(f"  {c}  {rules[c].severity:<7}  {rules[c].name}{mark}")
         return
     found = rules.get(want)
     if found is None:
@@ -540,7 +513,24 @@ def explain(code, list_all) -> None:
     extra = (f"\nReads when present: {', '.join(contract_names(r.optional))}" if r.optional else "") + (
         f"\nConfiguration: {', '.join(r.config)}" if r.config else ""
     )
-    click.echo(f"{r.code} ({r.severity}): {r.name}\n\n{r.explanation}\n\nNeeds: {needs}{extra}")
+    state = ", preview: runs only with --preview" if r.preview else ""
+    click.echo(f"{r.code} ({r.severity}{state}): {r.name}\n\n{r.explanation}\n\nNeeds: {needs}{extra}")
+
+
+@main.command("config")
+@click.argument("key", required=False)
+@click.option("--list", "list_all", is_flag=True, help="List every configuration key with its description.")
+def config_cmd(key, list_all) -> None:
+    """Explain a configuration key: its type, default, where it may be set, and the checks that read it."""
+    from .reporting.settings import key_entry, keys
+
+    if list_all or not key:
+        from .contract.config import Config
+
+        for k in keys():
+            click.echo(f"{k:<26} {Config.model_fields[k].description}")
+        return
+    click.echo(key_entry(key))
 
 
 @main.command()
@@ -634,12 +624,12 @@ def show(path, trajectory_id, color, tokenizer_dir, ids, width) -> None:
     click.echo(render(t, color=use, width=cols, decoder=dec, ids=ids), color=use)  # --color survives a pipe
 
 
-@main.command()
+@main.command("convert")
 @click.option("--from", "framework", required=True, help="verl, skyrl, slime, rllm, verifiers or openai.")
 @click.argument("src", type=click.Path(exists=True))
 @click.argument("dst", type=click.Path(file_okay=False))
 @click.option("--context", "context", multiple=True, metavar="KEY=VALUE", help="What the trainer does not record.")
-def convert(framework, src, dst, context) -> None:
+def convert_cmd(framework, src, dst, context) -> None:
     """Convert a trainer's dump (SRC: JSON Lines or Parquet records) into a contract log in DST."""
     from pathlib import Path
 
@@ -648,10 +638,10 @@ def convert(framework, src, dst, context) -> None:
 
     check_output(dst, [src])  # a dump is not a contract log: DST may sit next to it, never inside it
     check_new_directory(dst)
-    from .adapters.convert import convert as converted
+    from .adapters.convert import convert
     from .session import policy_table
 
-    conv = converted(framework, [src], _context(context))
+    conv = convert(framework, [src], _context(context))
     trajectories, updates = conv.tables()
     for name, table in (("trajectories", trajectories), ("updates", updates)):
         if table is not None and table.num_rows:
@@ -677,7 +667,8 @@ def convert(framework, src, dst, context) -> None:
 )
 @click.option("--replay", "replay", type=click.IntRange(0), default=None, help="Replay N trajectories (as `check`).")
 @click.option("--baseline", "baseline", type=click.Path(dir_okay=False), default=None, help="As `check --baseline`.")
-def report(paths, output, config_path, select, ignore, framework, context, replay, baseline) -> None:
+@click.option("--preview", is_flag=True, help="Also run the checks in preview (as `check --preview`).")
+def report(paths, output, config_path, select, ignore, framework, context, replay, baseline, preview) -> None:
     """Write an HTML page: the verdict, every check (pass / fail / not run, with its explanation), findings
     per code with examples, and plots of the distributions where the catalogued faults show. The
     verdict and exit code are those of `rollout-audit check` with the same options."""
@@ -699,6 +690,7 @@ def report(paths, output, config_path, select, ignore, framework, context, repla
             context=_context(context),
             config_file=config_path,
             replay=replay,
+            preview=preview,
             options=Options(select=tuple(sel), ignore=tuple(ign), tune=True),
             baseline=baseline,
         )

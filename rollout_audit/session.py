@@ -48,7 +48,7 @@ class Request:
     that trainer's dump, converted first, with `context` for what it does not record.
     `config_file`: the user's configuration file (`--config`); `config`: a Config made in code
     (replaces the user's file, still over the log's own keys). `replay`: trajectories to replay
-    (`--replay N`). `baseline`: a baseline file (replaces the configuration's); `use_baseline=False`
+    (`--replay N`). `preview`: also run the checks in preview (`--preview`). `baseline`: a baseline file (replaces the configuration's); `use_baseline=False`
     settles with tolerated shares only (`diff` compares two logs, each with no baseline of its own).
     `log_root`: the directory the log lives in, when the paths are parts of it (`watch` audits
     each step of the directory it follows)."""
@@ -60,10 +60,11 @@ class Request:
     config_file: str | os.PathLike | None = None
     config: Config | None = None
     replay: int | None = None
+    preview: bool = False
     options: Options = field(default_factory=Options)
     baseline: str | os.PathLike | None = None
     use_baseline: bool = True
-    log_root: str | os.PathLike | None = None  # where the configuration is found from (default: the first path)
+    log_root: str | os.PathLike | None = None  # a directory the log lies in, all of it inside the trust boundary
 
     @property
     def paths(self) -> list[str] | None:
@@ -96,20 +97,22 @@ def configure(request: Request) -> tuple[Config, str | None]:
     inside the log, which may state only how the run was produced), so that `--config` adds to
     what the log says of its run instead of dropping it."""
     paths = request.paths
-    start = os.fspath(request.log_root) if request.log_root is not None else paths[0] if paths else None
+    start = paths[0] if paths else None
+    root = _path(request.log_root)
     if request.config is not None:
         user, user_file = request.config, None
     elif paths is None:
         user, user_file = Config().with_source("defaults"), None
     else:
-        user, user_file = find_config(_path(request.config_file), start=start)
+        user, user_file = find_config(_path(request.config_file), start=start, root=root)
     cfg = user
     if start is not None and (request.config is not None or request.config_file is not None):
         own = log_config(start)  # the log's own "how it was produced" keys, found beside the log
         if own is not None:
             cfg = layered(own, user)
-    if request.replay is not None:
-        cfg = cfg.model_copy(update={"replay": request.replay}).with_source(cfg.source)
+    asked = {k: v for k, v in (("replay", request.replay), ("preview", request.preview or None)) if v is not None}
+    if asked:
+        cfg = cfg.model_copy(update=asked).with_source(cfg.source)
     return cfg, user_file
 
 

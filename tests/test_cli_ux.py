@@ -253,10 +253,10 @@ def test_stats_summarises_many_versions_and_names_uses_across_epochs():
 
 
 def test_fixtures_entry_point_without_torch_is_one_line():
-    code = "import sys; sys.modules['torch'] = None; from reference_agent.fixtures import main; sys.exit(main(['--check']))"
+    code = "import sys; sys.modules['torch'] = None; from rollout_audit.dev.fixtures import main; sys.exit(main(['--check']))"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert res.returncode == 2 and res.stderr.strip().splitlines() == [
-        "reference_agent.fixtures: error: needs torch: pip install -e '.[agent]'"
+        "rollout_audit.dev fixtures: error: needs torch: pip install -e '.[agent]'"
     ]
 
 

@@ -10,8 +10,8 @@ import pytest
 from test_show import assert_show_marks_what_check_reports, checked
 
 import rollout_audit as ra
-from reference_agent.fixtures import FIXTURES, generate
 from rollout_audit.contract.config import Config
+from rollout_audit.dev.fixtures import FIXTURES, generate
 
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 
@@ -76,9 +76,9 @@ def test_a_fresh_generation_audits_as_the_manifest_says(tmp_path):
     What this compares does not depend on the bits of floating-point results. The agent's behaviour
     log-probs differ in their last digits across CPUs and instruction sets (measured: up to 4.5e-6
     between AVX-512 and AVX2 machines; ATEN_CPU_CAPABILITY=default against avx2 on one machine, see
-    `reference_agent.fixtures.drift`), and one flipped sample changes the rest of a training run.
+    `rollout_audit.dev.fixtures.drift`), and one flipped sample changes the rest of a training run.
     The committed files themselves are compared, with that tolerance, by
-    `python -m reference_agent.fixtures --check`; `python -m rollout_audit.dev generate --fixtures`
+    `python -m rollout_audit.dev fixtures --check`; `python -m rollout_audit.dev generate --fixtures`
     regenerates them."""
     pytest.importorskip("torch")
     fresh = generate(tmp_path)

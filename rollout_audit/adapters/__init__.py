@@ -1,8 +1,8 @@
 """Adapters: a trainer's own per-sample records (its field names, tensors as plain lists) to
-contract tables. Each module `rollout_audit.adapters.<name>` exposes
-
-    to_contract(records: Iterable[dict], **context) -> pyarrow.Table
-    updates(records: Iterable[dict], **context) -> pyarrow.Table | None   (optional)
+contract tables. An adapter is an `Adapter`: a name, `to_contract(records, **context)` and,
+when the trainer records its updates, `updates(records, **context)`. Adapters are registered by
+name, as the executors are (`register_adapter`); the built-in ones are the modules
+`rollout_audit.adapters.<name>`, each exposing those two functions.
 
 Adapters record, never invent: only values the framework recorded reach the log; placeholders
 become nulls and what the framework does not say stays absent (or "unknown")."""
@@ -10,18 +10,53 @@ become nulls and what the framework does not say stays absent (or "unknown")."""
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
 
 from .base import AdapterError
 
-NAMES = ("verl", "skyrl", "slime", "rllm", "verifiers", "openai")
+Records = Iterable[Mapping[str, Any]]
 
 
-def load(name: str) -> ModuleType:
-    """The adapter module for a framework name; AdapterError for an unknown name."""
-    if name not in NAMES:
-        raise AdapterError(f"unknown framework {name!r}; choose one of {', '.join(NAMES)}")
-    return importlib.import_module(f"{__name__}.{name}")
+@dataclass(frozen=True)
+class Adapter:
+    """One framework's conversion: its trajectory records, and its update records when it has them."""
+
+    name: str
+    to_contract: Callable[..., pa.Table]
+    updates: Callable[..., pa.Table | None] | None = None
 
 
-__all__ = ["NAMES", "AdapterError", "load"]
+def _module(name: str) -> Callable[[], Adapter]:
+    def build() -> Adapter:
+        m = importlib.import_module(f"{__name__}.{name}")
+        return Adapter(name, m.to_contract, getattr(m, "updates", None))
+
+    return build
+
+
+_REGISTRY: dict[str, Callable[[], Adapter]] = {
+    n: _module(n) for n in ("verl", "skyrl", "slime", "rllm", "verifiers", "openai")
+}
+NAMES = tuple(_REGISTRY)
+
+
+def register_adapter(name: str, factory: Callable[[], Adapter]) -> None:
+    """Make `--from NAME` (and `audit(framework=NAME)`) convert with the adapter `factory` builds."""
+    global NAMES
+    _REGISTRY[name] = factory
+    NAMES = tuple(_REGISTRY)
+
+
+def load(name: str) -> Adapter:
+    """The adapter of a framework name; AdapterError for an unknown name."""
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise AdapterError(f"unknown framework {name!r}; choose one of {', '.join(_REGISTRY)}")
+    return factory()
+
+
+__all__ = ["NAMES", "Adapter", "AdapterError", "load", "register_adapter"]

@@ -53,8 +53,7 @@ def convert(framework: str, paths: Sequence[str | os.PathLike], context: Mapping
     records = [r for p in paths for r in read_dump(p)]
     try:
         trajectories = adapter.to_contract(records, **context)
-        upd = getattr(adapter, "updates", None)
-        updates = upd(records, **context) if upd else None
+        updates = adapter.updates(records, **context) if adapter.updates else None
     except AdapterError as e:  # a message that names no dump file names the one(s) converted
         if any(str(p) in str(e) for p in paths):
             raise

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import polars as pl
 
@@ -49,6 +51,17 @@ def rounded(expr: pl.Expr) -> pl.Expr:
     return expr.round(6).cast(pl.String).fill_null("null")
 
 
+def tolerance(expected: Any, cfg: Any, atol: float | None = None) -> Any:
+    """The tolerance of every recomputed float: atol + rtol·|expected| (polars expressions and numpy
+    arrays alike); `atol` replaces the configuration's (a check with a tolerance of its own)."""
+    return (cfg.atol if atol is None else atol) + cfg.rtol * abs(expected)
+
+
+def beyond(found: Any, expected: Any, cfg: Any, atol: float | None = None) -> Any:
+    """True where |found − expected| exceeds `tolerance` (NaN counts as beyond)."""
+    return ~(abs(found - expected) <= tolerance(expected, cfg, atol))
+
+
 def may_differ(found: np.ndarray, expected: np.ndarray, cfg, scale: np.ndarray | None = None) -> np.ndarray:
     """Where |found − expected| may exceed atol + rtol·|expected|: the rows a check then compares
     exactly (in polars, where its messages are built). NaN (a null read as NaN) is included.
@@ -58,7 +71,7 @@ def may_differ(found: np.ndarray, expected: np.ndarray, cfg, scale: np.ndarray |
     if scale is None:
         scale = np.abs(found) + np.abs(expected)
     with np.errstate(invalid="ignore", over="ignore"):
-        return ~(np.abs(found - expected) <= cfg.atol + cfg.rtol * np.abs(expected) - 1e-9 * scale)
+        return ~(np.abs(found - expected) <= tolerance(expected, cfg) - 1e-9 * scale)
 
 
 def of_rows(parent: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:

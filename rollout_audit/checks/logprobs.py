@@ -9,7 +9,7 @@ import polars as pl
 
 from ..contract.registry import rule
 from ..frames.views import BatchView
-from .common import source_breakdown, where_first
+from .common import source_breakdown, tolerance, where_first
 
 
 @rule(
@@ -87,7 +87,7 @@ def turn_logprob_sum(b: BatchView, cfg) -> pl.DataFrame | None:
     if not len(tr) or "rc_lp_sum" not in tr.columns:
         return None
     d = (pl.col("logprob") - pl.col("rc_lp_sum")).abs()
-    tol = cfg.logprob_atol + cfg.rtol * pl.col("rc_lp_sum").abs()
+    tol = tolerance(pl.col("rc_lp_sum"), cfg, cfg.logprob_atol)
     bad = tr.filter(
         pl.col("rc_n_policy").is_not_null()
         & (pl.col("rc_n_lp_valid") == pl.col("rc_n_policy"))

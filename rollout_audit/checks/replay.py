@@ -12,6 +12,7 @@ import polars as pl
 from ..contract.registry import NotRun, Unmet, rule
 from ..replay import NotConfigured, load_replayer, replay_frame
 from ..replay.run import neighbour_frame, second_frame
+from .common import tolerance
 
 if TYPE_CHECKING:
     from ..frames.views import LogCheckView as LogView
@@ -72,7 +73,7 @@ def _located(bad: pl.DataFrame, message: pl.Expr) -> pl.DataFrame | None:
 
 
 def _over(d: pl.Expr, cfg) -> pl.Expr:
-    return d > cfg.replay_atol + cfg.rtol * pl.col("recorded").abs()
+    return d > tolerance(pl.col("recorded"), cfg, cfg.replay_atol)
 
 
 @rule(
@@ -306,7 +307,7 @@ def neighbour_version(log: LogView, cfg) -> pl.DataFrame | None:
 
     def over(col: str) -> pl.Expr:
         d = (pl.col(col) - rec).abs()
-        return (~(d <= cfg.replay_atol + cfg.rtol * rec.abs())).fill_null(True)
+        return (~(d <= tolerance(rec, cfg, cfg.replay_atol))).fill_null(True)
 
     per = df.group_by("file", "trajectory_id", "turn").agg(
         pl.col("policy_version").first(),

@@ -18,7 +18,7 @@ from ..contract import schema as S
 from ..contract.registry import NotRun, rule
 from ..frames.batch import as_bools, segment_sum, validity
 from ..frames.views import BatchView, frame_of
-from .common import may_differ, of_rows, rounded
+from .common import beyond, may_differ, of_rows, rounded, tolerance
 
 _G = pl.col("_gamma")
 _GT = pl.col("_g_t")  # γ^t
@@ -26,7 +26,7 @@ _GT = pl.col("_g_t")  # γ^t
 
 def _off(found: pl.Expr, expected: pl.Expr, cfg) -> pl.Expr:
     """True where |found − expected| > atol + rtol·|expected| (NaN included); null → False."""
-    return (~((found - expected).abs() <= cfg.atol + cfg.rtol * expected.abs())).fill_null(False)
+    return beyond(found, expected, cfg).fill_null(False)
 
 
 def _discount(b: BatchView) -> list[pl.Series]:
@@ -624,7 +624,7 @@ def reward_vs_verifier(log, cfg) -> pl.DataFrame | None:
         .agg(r.first().alias("_f_max"), pl.col("trajectory_id").first().alias("_f_id"))
     )
     t = t.join(s, on="task_id", how="inner").join(f, on="task_id", how="inner")
-    tol = lambda x: cfg.atol + cfg.rtol * x.abs()
+    tol = lambda x: tolerance(x, cfg)
     low = ok & (pl.col("_f_max") - r > tol(pl.col("_f_max")))
     high = ~ok & (r - pl.col("_s_min") > tol(pl.col("_s_min")))
     bad = t.filter(low | high)
@@ -883,7 +883,7 @@ def token_returns(b: BatchView, cfg) -> pl.DataFrame | None:
     if not rows.all():
         pol = pol[rows[t.row[pol]]]
     g = ret.values
-    within = lambda e, at: np.abs(g[at] - e) <= cfg.atol + cfg.rtol * np.abs(e)
+    within = lambda e, at: ~beyond(g[at], e, cfg)
     expected = _to_go(term(pol), t.row[pol])
     bad = ~within(expected, pol)
     if not ret.complete:

@@ -13,7 +13,7 @@ import polars as pl
 
 from ..contract.registry import BY_UPDATE, rule
 from ..frames.batch import derived
-from .common import num
+from .common import beyond, num, tolerance
 
 REDUCTIONS = ("token", "token_window", "turn", "trajectory", "seq_mean_token_sum", "seq_mean_token_mean", "constant")
 PER_SEQUENCE = ("trajectory", "seq_mean_token_sum", "seq_mean_token_mean")  # D = s * B
@@ -249,7 +249,7 @@ def merge_samples(parts: list, whys: list, findings):
 
 def _differs(found: pl.Expr, expected: pl.Expr, cfg) -> pl.Expr:
     """True where found is not within tolerance of expected (NaN and null found count as different)."""
-    return ~((found - expected).abs() <= cfg.atol + cfg.rtol * expected.abs()).fill_null(False)
+    return beyond(found, expected, cfg).fill_null(False)
 
 
 # ------------------------------------------------------------------ U601, U602: denominators
@@ -411,7 +411,7 @@ def diluted_denominator(log, cfg) -> pl.DataFrame | None:
     u = _per_update(log).filter((pl.col("reduction") == "token") & pl.col("all_known") & (pl.col("B") > 0))
     d = pl.col("loss_denominator")
     tr = pl.col("sum_trainable").cast(pl.Float64)
-    over = lambda e: ~(d <= e * pl.col("_s") + cfg.atol + cfg.rtol * e.abs()).fill_null(True)
+    over = lambda e: ~(d <= e * pl.col("_s") + tolerance(e, cfg)).fill_null(True)
     bad = u.filter(d.is_finite().fill_null(False) & over(tr) & over(pl.col("sum_policy").cast(pl.Float64)))
     if bad.is_empty():
         return None

@@ -56,56 +56,106 @@ class Config(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, frozen=False)
 
-    select: list[str] = Field(default_factory=list, description="codes or prefixes to run; empty = all")
-    ignore: list[str] = Field(default_factory=list, description="codes or prefixes to skip")
-    atol: float = Field(1e-4, ge=0, description="|found - expected| <= atol + rtol * |expected|")
-    rtol: float = Field(1e-5, ge=0)
-    logprob_atol: float = Field(1e-3, ge=0, description="L202: float32 token log-probs summed in float64")
-    truncation: Literal["exclude", "bootstrap", "penalize"] = "exclude"
+    # Each key's description is its entry in docs/configuration.md and `rollout-audit config KEY`.
+    select: list[str] = Field(default_factory=list, description="Codes or prefixes of the checks to run; empty: all.")
+    ignore: list[str] = Field(
+        default_factory=list, description="Codes or prefixes of the checks to skip (wins over select)."
+    )
+    preview: bool = Field(False, description="Also run the checks in preview (new checks not yet stable).")
+    atol: float = Field(
+        1e-4,
+        ge=0,
+        description="Absolute tolerance of every recomputed float: |found - expected| <= atol + rtol * |expected|.",
+    )
+    rtol: float = Field(1e-5, ge=0, description="Relative tolerance of every recomputed float (see atol).")
+    logprob_atol: float = Field(
+        1e-3,
+        ge=0,
+        description="Tolerance of a turn's log-prob against the sum of its float32 token log-probs (float64).",
+    )
+    truncation: Literal["exclude", "bootstrap", "penalize"] = Field(
+        "exclude",
+        description="The trainer's policy for an episode cut by a budget: exclude it from the loss, bootstrap its "
+        "return from a value estimate, or penalize it (train it with the reward it was given).",
+    )
     truncation_penalty: float | None = Field(
-        None, description="T307: under truncation = penalize, the most a truncated episode may be paid"
+        None, description="Under truncation = penalize, the most a truncated episode may be paid."
     )
-    extra_stop_reasons: dict[str, str] = Field(default_factory=dict, description="stop_reason -> its stop flag")
-    first_visit_components: list[str] = Field(default_factory=list)
-    loop_length: int = Field(4, ge=2)
+    extra_stop_reasons: dict[str, str] = Field(
+        default_factory=dict,
+        description="The producer's own stop reasons, each mapped to the stop flag it sets "
+        '(e.g. {"budget_exhausted" = "truncated"}).',
+    )
+    first_visit_components: list[str] = Field(
+        default_factory=list, description="Reward components paid once per episode (first visit to a state)."
+    )
+    loop_length: int = Field(4, ge=2, description="Identical consecutive tool calls that make a loop.")
     max_response_tokens: int | None = Field(
-        None, ge=1, description="T306: the trainer's response budget (tokens from the first agent turn on)"
+        None, ge=1, description="The trainer's response budget (tokens from the first agent turn on)."
     )
-    max_policy_lag: int | None = Field(None, ge=0, description="used when an update does not state its bound")
-    reward_rule: Literal["monotone", "binary"] = "monotone"
-    grpo_epsilon: float = Field(1e-6, ge=0)
-    difficulty_band: tuple[float, float] = (0.05, 0.95)
-    max_examples: int = Field(20, ge=0, description="findings shown per code in text output")
-    masked_ok_reasons: list[str] = Field(default_factory=list, description="M102: finish reasons that may mask")
-    # resource caps against hostile files, judged from the footer before anything is decoded: a row
-    # group that decodes to more bytes (values × width) is not read (S005); a trajectory with more
-    # tokens is not audited (S001), nor the rest of its row group
-    max_row_group_bytes: int = Field(4 * 2**30, ge=1)
-    max_tokens_per_trajectory: int = Field(8_000_000, ge=1)
-    # object storage (s3://): seconds to connect, and per request, before the audit gives up (exit 2)
-    storage_connect_timeout: float = Field(10.0, gt=0)
-    storage_request_timeout: float = Field(30.0, gt=0)
-    # Replay (L205-L207, L209): trajectories replayed, stratified by policy version; 0 = off (`check --replay N`)
-    replay: int = Field(0, ge=0)
-    replayer: str | None = None  # "module:factory" returning a replayer, e.g. "reference_agent.replay:replayer"
-    # version -> local checkpoint (a {"3": "ckpt/step-3"} table, or a template "ckpt/step-{version}")
-    replay_checkpoints: dict[str, str] | str | None = None
-    replay_endpoints: dict[str, str] = Field(default_factory=dict)  # version -> OpenAI-compatible base URL (…/v1)
-    replay_batch_size: int = Field(8, ge=1)  # trajectories per forward pass / request
-    # replay over HTTP: seconds to connect (and the longest silence), seconds per request in all, bytes per answer
-    replay_connect_timeout: float = Field(10.0, gt=0)
-    replay_timeout: float = Field(300.0, gt=0)
-    replay_max_response_bytes: int = Field(1 << 30, ge=1)
-    replay_atol: float = Field(1e-3, ge=0)  # L205/L206: per-token |replayed - recorded| tolerance
-    replay_max_share: float = Field(0.0, ge=0, le=1)  # L205: share of replayed tokens allowed over the tolerance
-    compare_logprobs: str | None = None  # L207: a second per-token log-prob column (the trainer's recomputation)
-    max_turn_log_ratio: float = Field(0.6931, gt=0)  # L207: |log π_other/π_beh| of a turn above this is extreme
-    # a baseline file (`check --write-baseline`): findings recorded there do not fail the audit; a
-    # relative path is read from the configuration file's directory
-    baseline: str | None = None
-    # code -> share of trajectories that may carry its findings before they count as errors
-    # (Great Expectations' `mostly`, seen from the failing side); up to it, they are warnings
-    tolerated_share: dict[str, float] = Field(default_factory=dict)
+    max_policy_lag: int | None = Field(
+        None, ge=0, description="The staleness bound in policy versions, used when an update does not state its own."
+    )
+    reward_rule: Literal["monotone", "binary"] = Field(
+        "monotone", description="How the verifier pays: monotone in success, or binary (0 or 1)."
+    )
+    grpo_epsilon: float = Field(1e-6, ge=0, description="The epsilon GRPO adds to the group's standard deviation.")
+    difficulty_band: tuple[float, float] = Field(
+        (0.05, 0.95), description="The success rates between which a group of tasks carries relative signal."
+    )
+    max_examples: int = Field(20, ge=0, description="Findings shown per code in text output.")
+    masked_ok_reasons: list[str] = Field(
+        default_factory=list, description="Engine finish reasons whose turn the trainer masks on purpose."
+    )
+    max_row_group_bytes: int = Field(
+        4 * 2**30,
+        ge=1,
+        description="A row group that decodes to more bytes (judged from the footer, before decoding) is not read.",
+    )
+    max_tokens_per_trajectory: int = Field(
+        8_000_000, ge=1, description="A trajectory with more tokens is not audited, nor the rest of its row group."
+    )
+    storage_connect_timeout: float = Field(
+        10.0, gt=0, description="Object storage: seconds to connect before the audit gives up (exit 2)."
+    )
+    storage_request_timeout: float = Field(
+        30.0, gt=0, description="Object storage: seconds per request before the audit gives up (exit 2)."
+    )
+    replay: int = Field(0, ge=0, description="Trajectories replayed, stratified by policy version; 0: off.")
+    replayer: str | None = Field(
+        None, description='"module:factory" returning a replayer, e.g. "reference_agent.replay:replayer".'
+    )
+    replay_checkpoints: dict[str, str] | str | None = Field(
+        None,
+        description='Policy version -> local checkpoint: a table {"3" = "ckpt/step-3"} or a template "ckpt/step-{version}".',
+    )
+    replay_endpoints: dict[str, str] = Field(
+        default_factory=dict, description="Policy version -> base URL of an OpenAI-compatible server (…/v1)."
+    )
+    replay_batch_size: int = Field(8, ge=1, description="Trajectories per forward pass or request.")
+    replay_connect_timeout: float = Field(
+        10.0, gt=0, description="Replay over HTTP: seconds to connect, and the longest silence."
+    )
+    replay_timeout: float = Field(300.0, gt=0, description="Replay over HTTP: seconds per request in all.")
+    replay_max_response_bytes: int = Field(1 << 30, ge=1, description="Replay over HTTP: bytes per answer at most.")
+    replay_atol: float = Field(1e-3, ge=0, description="Per-token |replayed - recorded| log-prob tolerance.")
+    replay_max_share: float = Field(0.0, ge=0, le=1, description="Share of replayed tokens allowed over replay_atol.")
+    compare_logprobs: str | None = Field(
+        None, description="A second per-token log-prob column (the trainer's recomputation) to compare with."
+    )
+    max_turn_log_ratio: float = Field(
+        0.6931, gt=0, description="|log pi_other / pi_behaviour| of a turn above which it is extreme."
+    )
+    baseline: str | None = Field(
+        None,
+        description="A baseline file (`check --write-baseline`): findings recorded there do not fail the audit; "
+        "a relative path is read from the configuration file's directory.",
+    )
+    tolerated_share: dict[str, float] = Field(
+        default_factory=dict,
+        description="Code -> share of trajectories that may carry its findings before they count as errors; "
+        "up to it, they are warnings.",
+    )
     # where these settings came from (a file, "defaults", or code): every report names it
     _source: str = PrivateAttr("a Config object given in code")
 
@@ -296,7 +346,9 @@ def load_config(path: str | Path | None = None, start: str | Path | None = None)
     return find_config(path, start)[0]
 
 
-def find_config(path: str | Path | None = None, start: str | Path | None = None) -> tuple[Config, str]:
+def find_config(
+    path: str | Path | None = None, start: str | Path | None = None, root: str | Path | None = None
+) -> tuple[Config, str]:
     """`load_config`, and where the configuration came from (a file, or "defaults").
 
     A log must not vouch for itself. A file named with `--config` (`path`) is the user's own and
@@ -304,7 +356,9 @@ def find_config(path: str | Path | None = None, start: str | Path | None = None)
     no audited path is given. A found file inside the audited directory came with the log: it may
     set only the keys of LOG_CONTEXT. A found file elsewhere sets the keys of TRUSTED_ONLY only
     when it is the user's own (the project configuration found from the working directory). Any
-    other key is a ConfigError naming the file and the keys."""
+    other key is a ConfigError naming the file and the keys. `root`: the directory the audited path
+    lies in when it is part of a larger whole (a step of a watched directory): a file anywhere
+    inside `root` came with the log too."""
     if path is not None:
         p = Path(path)
         return Config.from_mapping(_table(_read_toml(p), explicit=True), str(p)), str(p)
@@ -316,7 +370,8 @@ def find_config(path: str | Path | None = None, start: str | Path | None = None)
         return Config().with_source(source), source
     pp, table = found
     if isinstance(table, dict) and start is not None:
-        _refuse(pp, [str(k) for k in table], audited)
+        inside = Path(root).resolve() if root is not None and _inside(pp, Path(root).resolve()) else audited
+        _refuse(pp, [str(k) for k in table], inside)
     return Config.from_mapping(table, f"{_shown(pp)} [tool.rollout-audit]"), str(pp)
 
 

@@ -79,6 +79,7 @@ class Rule:
     nulls: tuple[str, ...] = ()
     declare: Declare | None = None
     merge: Merge | None = None
+    preview: bool = False  # runs only under `--preview` until it has passed every compliant fixture
 
     @property
     def reads(self) -> tuple[str, ...]:
@@ -126,6 +127,7 @@ def rule(
     nulls: tuple[str, ...] = (),
     declare: Declare | None = None,
     merge: Merge | None = None,
+    preview: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a check function under `code`.
 
@@ -135,6 +137,10 @@ def rule(
     message (and file, for log checks), or None when nothing is wrong; an empty frame counts
     as None. A batch may hold no rows (every row of a slice set aside by the reader), and the
     check is still called: the slice's schema problems are S001's to report.
+
+    `preview=True`: the check runs only when the user asks for preview checks (`--preview`, or
+    `preview = true` in their configuration), as a new ruff rule does, until it has audited every
+    framework's compliant fixture clean; then the flag is removed and it reaches every user.
     """
     if partition and scope != "log":
         raise ValueError(f"{code}: partition= applies to log checks")
@@ -155,6 +161,7 @@ def rule(
             tuple(nulls),
             declare,
             merge,
+            preview,
         )
         return func
 

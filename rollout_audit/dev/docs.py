@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from ..checks import all_rules
 from ..contract import schema as S
+from ..contract.config import LOG_CONTEXT
 from ..contract.registry import FAMILIES, Rule
+from ..faults import FAULTS
+from ..reporting.settings import key_entry, keys
 
 
 def _cell(text: str) -> str:
@@ -78,15 +81,40 @@ def _inputs(r: Rule) -> str:
     return "; ".join(parts) or "nothing beyond the file list"
 
 
+def _policy_note(r: Rule) -> str:
+    """Known cases where a trainer's documented policy makes a finding's situation compliant: the
+    keys of the rule that a log (or its adapter) may state as how the run was produced."""
+    stated = [k for k in r.config if k in LOG_CONTEXT]
+    if not stated:
+        return "None known: what this check reports is a defect under every trainer policy the adapters read."
+    keys = ", ".join(f"[`{k}`](configuration.md#{k})" for k in stated)
+    return (
+        f"The trainer's own policy, stated through {keys} (by its adapter from the trainer's configuration, "
+        "in the log's own configuration, or by you), decides what is compliant: the check verifies the log "
+        "against that policy, never against a project default."
+    )
+
+
+def _examples(r: Rule) -> str:
+    named = [f for f in FAULTS.values() if r.code in f.codes]
+    if not named:
+        return "No named fault yet."
+    return " ".join(f"`rollout-audit check fixtures/broken/{f.name}`: {f.description}" for f in named[:2])
+
+
 def checks_markdown() -> str:
-    """docs/checks.md: one entry per check, by family: the rule, the lesson it restates, its inputs."""
+    """docs/checks.md: one entry per check, by family, under fixed headings (what it does, why it
+    matters, the trainer policies that make it compliant, an example, the settings it reads, its
+    inputs), all rendered from the rule's declaration and docstring."""
     rules = all_rules()
     out = [
         "# The checks",
         "",
         "Rendered from the registered rules by `python -m rollout_audit.dev generate`; do not edit by hand.",
         "`rollout-audit explain CODE` prints one entry. Each check runs only on the inputs it declares;",
-        "where one is absent it is listed as not run with the reason, never counted as passed.",
+        "where one is absent it is listed as not run with the reason, never counted as passed. A check in",
+        "*preview* runs only with `--preview` (or `preview = true`) until it has audited every framework's",
+        "compliant fixture clean.",
     ]
     for fam, title in FAMILIES.items():
         members = [r for r in rules.values() if r.family == fam]
@@ -94,5 +122,38 @@ def checks_markdown() -> str:
             continue
         out += ["", f"## {fam}: {title}"]
         for r in members:
-            out += ["", f"### {r.code} ({r.severity}): {r.name}", "", r.explanation, "", f"*Inputs:* {_inputs(r)}."]
+            body = r.explanation.split("\n\n", 1)
+            settings = ", ".join(f"[`{k}`](configuration.md#{k})" for k in r.config) or "none"
+            out += [
+                "",
+                f"### {r.code} ({r.severity}{', preview' if r.preview else ''}): {r.name}",
+                "",
+                f"**What it does.** {' '.join(body[0].split())}",
+                "",
+                f"**Why it matters.** {body[1].strip() if len(body) > 1 else r.name}",
+                "",
+                f"**When a trainer's policy makes it compliant.** {_policy_note(r)}",
+                "",
+                f"**Example.** {_examples(r)}",
+                "",
+                f"**Settings.** {settings}.",
+                "",
+                f"**Inputs.** {_inputs(r)}.",
+            ]
+    return "\n".join(out) + "\n"
+
+
+def configuration_markdown() -> str:
+    """docs/configuration.md: every configuration key, described once (`rollout-audit config KEY`)."""
+    out = [
+        "# Configuration",
+        "",
+        "Rendered from `Config` by `python -m rollout_audit.dev generate`; do not edit by hand.",
+        "Keys go in `[tool.rollout-audit]` of a pyproject.toml (found at or above the audited log),",
+        "or in a file named with `--config` (top-level keys or the same table). `rollout-audit config KEY`",
+        "prints one entry. A configuration inside the audited log may set only the keys that state how",
+        "the run was produced; with `--config`, your settings are layered over those.",
+    ]
+    for k in keys():
+        out += ["", key_entry(k, markdown=True)]
     return "\n".join(out) + "\n"

@@ -11,7 +11,7 @@
 - fixtures/broken/<fault>/ and fixtures/manifest.json, from the committed compliant agent log
   and the registered faults, and the detection matrix of fixtures/README.md (each fault
   applied, written and audited). `--fixtures` first retrains the compliant log itself
-  (reference_agent.fixtures: trains the agent with torch, about a minute on 2 cores).
+  (reference_agent.fixtures.agent_log: trains the agent with torch, about a minute on 2 cores).
 
 A generated region of a Markdown file lies between `<!-- generated: NAME -->` and
 `<!-- end generated -->`; the text around it is written by hand.
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ..checks import all_rules
 from ..contract.registry import FAMILIES
-from .docs import checks_markdown, contract_markdown
+from .docs import checks_markdown, configuration_markdown, contract_markdown
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 COMMAND = "python -m rollout_audit.dev generate"
@@ -148,7 +148,7 @@ def readme(text: str, root: Path = ROOT) -> str:
 
 def write_broken(root: Path) -> dict:
     """fixtures/broken/ and manifest.json under `root`, from `root`/compliant and the faults."""
-    from reference_agent.fixtures import write_broken as write
+    from .fixtures import write_broken as write
 
     return write(root)
 
@@ -160,7 +160,14 @@ def matrix_text(root: Path) -> str:
     trajs, ups = read_records(root / "compliant")
     with tempfile.TemporaryDirectory() as work:
         rows = [detect(n, trajs, ups, work) for n in FAULTS]
+    problems = [p for r in rows if (p := r.problem())]
+    if problems:  # the matrix is the catalogue's promise: a miss or a false positive is never written down
+        raise MatrixError("the detection matrix fails:\n" + "\n".join(f"  {p}" for p in problems))
     return render_matrix(rows)
+
+
+class MatrixError(Exception):
+    """`generate` found a fault not caught, or a check firing on another fault's log."""
 
 
 def matrix_region(matrix: str) -> str:
@@ -175,6 +182,7 @@ def text_files(root: Path = ROOT, matrix: str | None = None) -> dict[Path, str]:
     out = {
         root / "docs" / "contract.md": contract_markdown(),
         root / "docs" / "checks.md": checks_markdown(),
+        root / "docs" / "configuration.md": configuration_markdown(),
         root / "README.md": readme((root / "README.md").read_text(), root),
     }
     if matrix is not None:
@@ -240,6 +248,11 @@ def main(argv: list[str] | None = None) -> int:
         if bad:
             print(f"stale: {', '.join(bad)}; run `{COMMAND}`", file=sys.stderr)
         return 1 if bad else 0
-    for path in generate(fixtures=args.fixtures):
+    try:
+        written = generate(fixtures=args.fixtures)
+    except MatrixError as e:
+        print(f"generate: error: {e}", file=sys.stderr)
+        return 1
+    for path in written:
         print(f"wrote {path.relative_to(ROOT)}")
     return 0

@@ -147,6 +147,21 @@ class MatrixRow:
     def ok(self) -> bool:
         return not self.missed and not self.unexpected and self.named
 
+    def problem(self) -> str | None:
+        """What is wrong with this row, naming the fault and every check involved; None when it is ok."""
+        said = []
+        if self.missed:
+            said.append(f"fault {self.fault} is not caught by {', '.join(sorted(self.missed))}")
+        for code in sorted(self.unexpected):
+            said.append(
+                f"check {code} fires on the log of fault {self.fault}, which expects only "
+                f"{', '.join(sorted(self.expected))}: either {code} reports a false positive (fix the check) "
+                f"or {self.fault} breaks more than it declares (fix the fault, or add {code} to its codes)"
+            )
+        if not self.missed and not self.named:
+            said.append(f"fault {self.fault}: touched {self.touched} not named by an expected finding")
+        return "; ".join(said) or None
+
 
 def detect(name: str, trajs: list[dict], updates: list[dict], workdir, *, seed: int = 0, parts: int = 1) -> MatrixRow:
     """Apply one fault, write the broken log under `workdir`, audit it, compare codes."""

@@ -157,6 +157,7 @@ def build_report(runner: Runner, *, rows: int, tokens: int, stats: dict, cfg, un
         "checks_partially_run": sorted(partial),
         "checks_not_run": sorted(not_run),
         "checks_crashed": sorted(runner.crash_counts),
+        "checks_in_preview_not_selected": list(runner.preview_skipped),
         "statistics": stats,
         "configuration": cfg.source,
     }

@@ -134,10 +134,18 @@ class Runner:
         pool = all_rules() if rules is None else rules
         sel = _codes("select", select, pool) or _codes(f"{cfg.source}: select", cfg.select, pool)
         ign = _codes("ignore", ignore, pool) + _codes(f"{cfg.source}: ignore", cfg.ignore, pool)
-        self.rules = {c: r for c, r in pool.items() if selected(c, sel, ign)}
+        chosen = {c: r for c, r in pool.items() if selected(c, sel, ign)}
+        # a check in preview runs only when the user asks for preview checks
+        self.preview_skipped = sorted(c for c, r in chosen.items() if r.preview and not cfg.preview)
+        self.rules = {c: r for c, r in chosen.items() if c not in self.preview_skipped}
+        named = {s.upper() for s in sel}
         # checks the user named by their full code: one that cannot run makes the audit incomplete
-        self.named = sorted(c for c in self.rules if c in {s.upper() for s in sel})
-        self.unmet: dict[str, str] = {}  # code -> why something the user asked for did not happen
+        self.named = sorted(c for c in self.rules if c in named)
+        self.unmet: dict[str, str] = {  # code -> why something the user asked for did not happen
+            c: "a check in preview: run with --preview (or preview = true in your configuration)"
+            for c in self.preview_skipped
+            if c in named
+        }
         self.findings: list[pl.DataFrame] = []
         self.coverage: dict[str, Coverage] = {c: Coverage() for c in self.rules}
         self.reasons: dict[str, set[str]] = {c: set() for c in self.rules}  # NotRun and absence reasons

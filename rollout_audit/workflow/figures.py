@@ -12,8 +12,11 @@ PREFIX = "audit/"
 
 
 def trainable_share(trajectories: pl.DataFrame | pl.LazyFrame) -> float | None:
-    """Loss-mask tokens over all tokens of the trajectories (None when there is no token)."""
+    """Loss-mask tokens over all tokens of the trajectories (None when there is no token, or the
+    log lacks either column: S001 reports that)."""
     lf = trajectories.lazy()
+    if not {"loss_mask", "token_ids"} <= set(lf.collect_schema().names()):
+        return None
     row = lf.select(
         pl.col("loss_mask").list.sum().sum().alias("m"), pl.col("token_ids").list.len().sum().alias("n")
     ).collect()

@@ -1,0 +1,92 @@
+"""A check in preview (ruff's manner): it runs only when the user asks for preview checks, through
+every entry point, and `explain` and the docs mark it. A preview rule is registered here for the
+test's own duration (M198 on turns sampled above temperature 10) and removed afterwards."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+from conftest import write_log
+
+import rollout_audit as ra
+from rollout_audit.cli import main
+from rollout_audit.contract.registry import RULES, rule
+from rollout_audit.dev.docs import checks_markdown
+
+CODE = "M198"
+
+
+@pytest.fixture
+def preview_rule():
+    @rule(CODE, "turn sampled above temperature 10", "error", requires=("turns.temperature",), preview=True)
+    def too_hot(b, cfg):
+        """A turn records a sampling temperature above 10.
+
+        No agent samples that hot: the value is a unit error of the collector.
+        """
+        bad = b.turns.filter(pl.col("temperature") > 10)
+        return bad.select("trajectory_id", pl.col("_t").alias("turn"), pl.lit("temperature above 10").alias("message"))
+
+    yield CODE
+    RULES.pop(CODE, None)
+
+
+@pytest.fixture
+def hot_log(tmp_path, records):
+    trajs, ups = records
+    trajs[0]["turns"][0]["temperature"] = 70.0
+    return write_log(tmp_path / "log", trajs, ups)
+
+
+def _check(*args):
+    res = CliRunner().invoke(main, ["check", *map(str, args), "--format", "json"])
+    return res, json.loads(res.stdout) if res.stdout.startswith("{") else None
+
+
+def test_a_preview_check_runs_only_when_asked(preview_rule, hot_log, tmp_path):
+    res, rep = _check(hot_log)
+    assert CODE not in {f["code"] for f in rep["findings"]} and CODE not in rep["summary"]["checks_run"]
+    assert rep["summary"]["checks_in_preview_not_selected"] == [CODE]
+    res, rep = _check(hot_log, "--preview")
+    assert res.exit_code == 1 and CODE in {f["code"] for f in rep["findings"]}, res.output
+    # the library and a user's configuration ask the same way
+    assert CODE not in ra.audit(str(hot_log)).codes()
+    cfg = tmp_path / "mine.toml"
+    cfg.write_text("preview = true\n")
+    assert CODE in ra.audit(str(hot_log), config_file=cfg).codes()
+
+
+def test_a_preview_check_named_without_preview_is_exit_2(preview_rule, hot_log):
+    res = CliRunner().invoke(main, ["check", str(hot_log), "--select", CODE])
+    assert res.exit_code == 2 and "a check in preview: run with --preview" in res.output, res.output
+
+
+def test_a_log_cannot_turn_preview_on(preview_rule, hot_log):
+    (hot_log / "pyproject.toml").write_text("[tool.rollout-audit]\npreview = true\n")
+    res = CliRunner().invoke(main, ["check", str(hot_log)])
+    assert res.exit_code == 2 and "preview: refused in a configuration inside the audited log" in res.stderr
+
+
+def test_explain_and_the_docs_mark_a_preview_check(preview_rule):
+    out = CliRunner().invoke(main, ["explain", CODE]).stdout
+    assert out.startswith(f"{CODE} (error, preview: runs only with --preview)")
+    assert (
+        f"{CODE}  error    turn sampled above temperature 10  (preview)"
+        in CliRunner().invoke(main, ["explain", "M"]).stdout
+    )
+    assert f"### {CODE} (error, preview): turn sampled above temperature 10" in checks_markdown()
+
+
+def test_every_stable_check_is_silent_on_every_compliant_framework_fixture():
+    """What a check must pass before it leaves preview: every framework's compliant fixtures, and
+    the agent's, audit with no finding from any stable check (the session test gives the same
+    verdict through every entry point)."""
+    from adapterhelp import CONTEXT, FIXTURES
+
+    for dump in sorted(FIXTURES.glob("*/compliant*.jsonl")):
+        rep = ra.audit(str(dump), framework=dump.parent.name, context=CONTEXT)
+        loud = rep.findings.filter(pl.col("severity") != "info")
+        assert loud.is_empty(), (dump, rep.render())
