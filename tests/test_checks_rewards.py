@@ -57,7 +57,7 @@ def test_r401_components_do_not_sum(records):
     assert blocking(rep) == {"R401"}
     f = rows(rep, "R401")
     assert f["trajectory_id"].to_list() == [a["trajectory_id"]] and f["turn"].to_list() == [1]
-    assert f["message"][0] == "reward_components (outcome, progress) sum to 0.25, expected the turn reward 0.0"
+    assert f["message"][0] == "reward_components (outcome, progress) sum to 0.25, expected the turn reward 0"
 
 
 def test_r401_nan_component_and_tolerance(records):
@@ -314,12 +314,8 @@ def test_r410_monotone_success_below_failure(records):
     assert blocking(rep) == {"R410"}
     got = dict(zip(*rows(rep, "R410").select("trajectory_id", "message").to_dict(as_series=False).values()))
     assert set(got) == {s["trajectory_id"], f["trajectory_id"]}
-    assert got[f["trajectory_id"]].startswith(
-        f"verified success scores 0.0, below verified failure {s['trajectory_id']}"
-    )
-    assert got[s["trajectory_id"]].startswith(
-        f"verified failure scores 1.0, above verified success {f['trajectory_id']}"
-    )
+    assert got[f["trajectory_id"]].startswith(f"verified success scores 0, below verified failure {s['trajectory_id']}")
+    assert got[s["trajectory_id"]].startswith(f"verified failure scores 1, above verified success {f['trajectory_id']}")
 
 
 def test_r410_binary_rule(records):
@@ -331,7 +327,7 @@ def test_r410_binary_rule(records):
     rep = audit(trajs, ups, reward_rule="binary")
     assert blocking(rep) == {"R410"}
     assert rows(rep, "R410")["trajectory_id"].to_list() == [s["trajectory_id"]]
-    assert "expected 0.0 (reward_rule 'binary')" in rows(rep, "R410")["message"][0]
+    assert "expected 0 (reward_rule 'binary')" in rows(rep, "R410")["message"][0]
 
 
 def test_r410_ignores_excluded_episodes_and_needs_the_verdict(records):
@@ -474,13 +470,13 @@ def test_r402_to_r405_messages(records):
     tid = a["trajectory_id"]
     flat(a, 0.5, shaping=0.0, potential_before=0.0, potential_after=0.0)
     a["turns"][0]["shaping"] = 0.5
-    assert message(trajs, ups, "R402") == [(tid, 0, "shaping 0.5, expected γΦ(s_t+1) − Φ(s_t) = 0.5·0.0 − 0.0 = 0.0")]
+    assert message(trajs, ups, "R402") == [(tid, 0, "shaping 0.5, expected γΦ(s_t+1) − Φ(s_t) = 0.5·0 − 0 = 0")]
     n = len(a["turns"])
-    expected = f"Σ γ^t shaping_t over {n} turns = 0.5, expected −Φ(s_0) + γ^T Φ(s_T) = 0.0"
+    expected = f"Σ γ^t shaping_t over {n} turns = 0.5, expected −Φ(s_0) + γ^T Φ(s_T) = 0"
     assert message(trajs, ups, "R404") == [(tid, None, expected)]
     a["turns"][0]["shaping"] = 0.0
     a["turns"][1]["potential_after"] = 1.0
-    assert message(trajs, ups, "R403") == [(tid, 2, "potential_before 0.0 differs from potential_after 1.0 of turn 1")]
+    assert message(trajs, ups, "R403") == [(tid, 2, "potential_before 0 differs from potential_after 1 of turn 1")]
     a["turns"][-1]["potential_after"] = 0.25
     expected = "terminated episode ends with potential_after 0.25, expected 0 at a terminal state"
     assert message(trajs, ups, "R405") == [(tid, n - 1, expected)]
@@ -493,12 +489,12 @@ def test_r406_r407_messages(records):
     flat(a, 1.0, reward=0.0, shaping=0.0, value=0.0, td_residual=0.0)
     a["final_value"] = 0.0
     a["turns"][1]["td_residual"] = 0.25
-    expected = "td_residual 0.25, expected r' + γV(h_t+1) − V(h_t) = 0.0 + 1.0·0.0 − 0.0 = 0.0"
+    expected = "td_residual 0.25, expected r' + γV(h_t+1) − V(h_t) = 0 + 1·0 − 0 = 0"
     assert message(trajs, ups, "R406") == [(tid, 1, expected)]
     flat(a, 0.5, reward=1.0, shaping=0.0)
     a["discounted_return"] = 9.0
     total = sum(0.5**i for i in range(len(a["turns"])))
-    expected = f"discounted_return 9.0, expected Σ γ^t (reward_t + shaping_t) = {total}"
+    expected = f"discounted_return 9, expected Σ γ^t (reward_t + shaping_t) = {total}"
     assert message(trajs, ups, "R407") == [(tid, None, expected)]
 
 
@@ -509,5 +505,5 @@ def test_r406_sum_message(records):
     a["final_value"] = 0.0
     for tr in a["turns"][:4]:
         tr["td_residual"] = 5e-5  # each within atol = 1e-4, the sum is not
-    expected = "Σ γ^t td_residual_t = 0.0002, expected G_0 − V(h_0) + γ^T V(h_T) = 0.0"
+    expected = "Σ γ^t td_residual_t = 0.0002, expected G_0 − V(h_0) + γ^T V(h_T) = 0"
     assert message(trajs, ups, "R406") == [(a["trajectory_id"], None, expected)]

@@ -125,7 +125,7 @@ def test_t303_infra_error_with_a_reward(records):
     assert blocking(rep) == {"T303"}
     f = rows(rep, "T303")
     assert f["trajectory_id"].to_list() == [a["trajectory_id"]]
-    assert f["message"][0] == "infra_error episode carries reward 0.0 (expected null)"
+    assert f["message"][0] == "infra_error episode carries reward 0 (expected null)"
 
 
 def test_t303_infra_error_used_in_an_update(tmp_path, records):
@@ -167,7 +167,7 @@ def test_t304_exclude_policy_wants_a_null_reward(records):
     f = rows(rep, "T304")
     assert f["trajectory_id"].to_list() == [a["trajectory_id"]]
     assert f["message"][0] == (
-        "truncated episode (stop_reason max_turns) has reward 0.0, expected null (truncation policy 'exclude')"
+        "truncated episode (stop_reason max_turns) has reward 0, expected null (truncation policy 'exclude')"
     )
 
 
@@ -181,7 +181,7 @@ def test_t304_bootstrap_needs_final_value_and_penalize_accepts(records):
     assert blocking(rep) == {"T304"}
     assert rows(rep, "T304")["trajectory_id"].to_list() == [b["trajectory_id"]]
     assert rows(rep, "T304")["message"][0] == (
-        "truncated episode (stop_reason max_turns) has reward 0.0 but no final_value to bootstrap from "
+        "truncated episode (stop_reason max_turns) has reward 0 but no final_value to bootstrap from "
         "(truncation policy 'bootstrap')"
     )
     assert not blocking(audit(trajs, ups, truncation="penalize", select=["T"]))
@@ -281,9 +281,7 @@ def test_t307_truncated_episode_paid_as_a_success_under_penalize(records):
     tid = paid_truncation(trajs)
     rep = audit(trajs, ups, truncation="penalize")
     f = rows(rep, "T307")
-    assert (
-        f["trajectory_id"].to_list() == [tid] and "expected at most 0.0, the failure reward of task" in f["message"][0]
-    )
+    assert f["trajectory_id"].to_list() == [tid] and "expected at most 0, the failure reward of task" in f["message"][0]
     assert (
         rows(audit(trajs, ups, truncation="penalize", truncation_penalty=-0.5), "T307")["message"]
         .str.contains("expected at most -0.5, the configured truncation_penalty")

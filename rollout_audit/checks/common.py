@@ -46,11 +46,6 @@ def num(e: pl.Expr) -> pl.Expr:
     )
 
 
-def rounded(expr: pl.Expr) -> pl.Expr:
-    """A float for a message: rounded to 6 places, `null` when missing."""
-    return expr.round(6).cast(pl.String).fill_null("null")
-
-
 def tolerance(expected: Any, cfg: Any, atol: float | None = None) -> Any:
     """The tolerance of every recomputed float: atol + rtol·|expected| (polars expressions and numpy
     arrays alike); `atol` replaces the configuration's (a check with a tolerance of its own)."""

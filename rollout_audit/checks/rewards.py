@@ -18,7 +18,7 @@ from ..contract import schema as S
 from ..contract.registry import NotRun, rule
 from ..frames.batch import as_bools, segment_sum, validity
 from ..frames.views import BatchView, frame_of
-from .common import beyond, may_differ, of_rows, rounded, tolerance
+from .common import beyond, may_differ, num, of_rows, tolerance
 
 _G = pl.col("_gamma")
 _GT = pl.col("_g_t")  # γ^t
@@ -132,8 +132,8 @@ def components_sum(b: BatchView, cfg) -> pl.DataFrame | None:
             pl.format(
                 "reward_components ({}) sum to {}, expected the turn reward {}",
                 "_keys",
-                rounded(pl.col("_sum")),
-                rounded(pl.col("reward")),
+                num(pl.col("_sum")),
+                num(pl.col("reward")),
             ).alias("message"),
         )
     )
@@ -170,11 +170,11 @@ def shaping_form(b: BatchView, cfg) -> pl.DataFrame | None:
         pl.col("_t").alias("turn"),
         pl.format(
             "shaping {}, expected γΦ(s_t+1) − Φ(s_t) = {}·{} − {} = {}",
-            rounded(pl.col("shaping")),
-            rounded(_G),
-            rounded(pl.col("potential_after")),
-            rounded(pl.col("potential_before")),
-            rounded(exp),
+            num(pl.col("shaping")),
+            num(_G),
+            num(pl.col("potential_after")),
+            num(pl.col("potential_before")),
+            num(exp),
         ).alias("message"),
     )
 
@@ -215,8 +215,8 @@ def potential_chain(b: BatchView, cfg) -> pl.DataFrame | None:
         pl.col("_t").alias("turn"),
         pl.format(
             "potential_before {} differs from potential_after {} of turn {}",
-            rounded(pl.col("potential_before")),
-            rounded(pl.col("_prev_after")),
+            num(pl.col("potential_before")),
+            num(pl.col("_prev_after")),
             pl.col("_t") - 1,
         ).alias("message"),
     )
@@ -269,8 +269,8 @@ def shaping_telescope(b: BatchView, cfg) -> pl.DataFrame | None:
         pl.format(
             "Σ γ^t shaping_t over {} turns = {}, expected −Φ(s_0) + γ^T Φ(s_T) = {}",
             "_T",
-            rounded(pl.col("_found")),
-            rounded(pl.col("_exp")),
+            num(pl.col("_found")),
+            num(pl.col("_exp")),
         ).alias("message"),
     )
 
@@ -308,7 +308,7 @@ def terminal_potential(b: BatchView, cfg) -> pl.DataFrame | None:
         pl.col("_t").alias("turn"),
         pl.format(
             "terminated episode ends with potential_after {}, expected 0 at a terminal state",
-            rounded(pl.col("potential_after")),
+            num(pl.col("potential_after")),
         ).alias("message"),
     )
 
@@ -367,12 +367,12 @@ def td_residuals(b: BatchView, cfg) -> pl.DataFrame | None:
                 pl.col("_t").alias("turn"),
                 pl.format(
                     "td_residual {}, expected r' + γV(h_t+1) − V(h_t) = {} + {}·{} − {} = {}",
-                    rounded(pl.col("td_residual")),
-                    rounded(pl.col("_r")),
-                    rounded(_G),
-                    rounded(pl.col("_v_next")),
-                    rounded(pl.col("value")),
-                    rounded(pl.col("_delta")),
+                    num(pl.col("td_residual")),
+                    num(pl.col("_r")),
+                    num(_G),
+                    num(pl.col("_v_next")),
+                    num(pl.col("value")),
+                    num(pl.col("_delta")),
                 ).alias("message"),
             )
         )
@@ -395,8 +395,8 @@ def td_residuals(b: BatchView, cfg) -> pl.DataFrame | None:
                 "trajectory_id",
                 pl.format(
                     "Σ γ^t td_residual_t = {}, expected G_0 − V(h_0) + γ^T V(h_T) = {}",
-                    rounded(pl.col("_found")),
-                    rounded(pl.col("_exp")),
+                    num(pl.col("_found")),
+                    num(pl.col("_exp")),
                 ).alias("message"),
             )
         )
@@ -441,8 +441,8 @@ def discounted_return(b: BatchView, cfg) -> pl.DataFrame | None:
         "trajectory_id",
         pl.format(
             "discounted_return {}, expected Σ γ^t (reward_t + shaping_t) = {}",
-            rounded(pl.col("discounted_return")),
-            rounded(pl.col("_ret")),
+            num(pl.col("discounted_return")),
+            num(pl.col("_ret")),
         ).alias("message"),
     )
 
@@ -604,9 +604,9 @@ def reward_vs_verifier(log, cfg) -> pl.DataFrame | None:
             "file",
             pl.format(
                 "reward {} with verifier_success {}, expected {} (reward_rule 'binary')",
-                rounded(pl.col("reward")),
+                num(pl.col("reward")),
                 ok.cast(pl.String).str.to_lowercase(),
-                rounded(exp),
+                num(exp),
             ).alias("message"),
         )
     t = t.filter(~pl.col("reward").is_nan())
@@ -636,20 +636,20 @@ def reward_vs_verifier(log, cfg) -> pl.DataFrame | None:
             pl.format(
                 "verified success scores {}, below verified failure {} of task {} (reward {}); "
                 "expected no success below a failure (reward_rule 'monotone')",
-                rounded(r),
+                num(r),
                 "_f_id",
                 "task_id",
-                rounded(pl.col("_f_max")),
+                num(pl.col("_f_max")),
             )
         )
         .otherwise(
             pl.format(
                 "verified failure scores {}, above verified success {} of task {} (reward {}); "
                 "expected no failure above a success (reward_rule 'monotone')",
-                rounded(r),
+                num(r),
                 "_s_id",
                 "task_id",
-                rounded(pl.col("_s_min")),
+                num(pl.col("_s_min")),
             )
         )
     )
@@ -789,7 +789,7 @@ def reward_placement(b: BatchView, cfg) -> pl.DataFrame | None:
             pl.format(
                 "{} reward(s) placed off the last policy token of their turn; the first, {}, on {}",
                 "n",
-                rounded(pl.col("_v")),
+                num(pl.col("_v")),
                 what,
             ).alias("message"),
         )
@@ -803,7 +803,7 @@ def reward_placement(b: BatchView, cfg) -> pl.DataFrame | None:
             .select(
                 "trajectory_id",
                 pl.format(
-                    "episode reward {} is placed on no token (token_reward is 0 everywhere)", rounded(pl.col("reward"))
+                    "episode reward {} is placed on no token (token_reward is 0 everywhere)", num(pl.col("reward"))
                 ).alias("message"),
             )
         )
@@ -838,7 +838,7 @@ def kl_on_non_policy(b: BatchView, cfg) -> pl.DataFrame | None:
             pl.format(
                 "KL penalty on {} token(s) the policy did not sample; the first, {}, on a {} token",
                 "n",
-                rounded(pl.col("_v")),
+                num(pl.col("_v")),
                 _source_name(),
             ).alias("message"),
         )
@@ -903,8 +903,8 @@ def token_returns(b: BatchView, cfg) -> pl.DataFrame | None:
                 "token_returns differ from the reward-to-go over the policy tokens on {} policy token(s); "
                 "the first is {}, expected {}{}",
                 "n",
-                rounded(pl.col("_g")),
-                rounded(pl.col("_e")),
+                num(pl.col("_g")),
+                num(pl.col("_e")),
                 pl.when(pl.col("_all"))
                 .then(pl.lit(": it is the sum over every token, the ones the policy did not sample included"))
                 .otherwise(pl.lit("")),

@@ -11,7 +11,7 @@ from ..contract import schema as S
 from ..contract.registry import NotRun, rule
 from ..frames.batch import as_bools, validity
 from ..frames.views import BatchView
-from .common import rounded
+from .common import num
 
 LAUNDERED = ("length", "abort")  # engine finish reasons that mean "cut off", not "done"
 
@@ -172,7 +172,7 @@ def infra_error_scored(log, cfg) -> pl.DataFrame | None:
     bad = t.filter(has_r | in_upd)
     if bad.is_empty():
         return None
-    r_part = pl.when(has_r).then(pl.format("carries reward {} (expected null)", rounded(pl.col("reward"))))
+    r_part = pl.when(has_r).then(pl.format("carries reward {} (expected null)", num(pl.col("reward"))))
     u_part = pl.when(in_upd).then(pl.format("is used in update(s) {}", pl.col("_steps").list.join(", ")))
     msg = pl.concat_str([r_part, u_part], separator=" and ", ignore_nulls=True)
     return bad.rechunk().select("trajectory_id", "file", pl.format("infra_error episode {}", msg).alias("message"))
@@ -222,13 +222,13 @@ def truncated_reward(b: BatchView, cfg) -> pl.DataFrame | None:
             "truncated episode (stop_reason {}) has reward {} but no final_value to bootstrap from "
             "(truncation policy 'bootstrap')",
             pl.col("stop_reason").fill_null("null"),
-            rounded(pl.col("reward")),
+            num(pl.col("reward")),
         )
     else:
         msg = pl.format(
             "truncated episode (stop_reason {}) has reward {}, expected null (truncation policy 'exclude')",
             pl.col("stop_reason").fill_null("null"),
-            rounded(pl.col("reward")),
+            num(pl.col("reward")),
         )
     return t.rechunk().select("trajectory_id", msg.alias("message"))
 
@@ -397,8 +397,8 @@ def truncation_penalty(log, cfg) -> pl.DataFrame | None:
         pl.format(
             "truncated episode (stop_reason {}) has reward {} under truncation = penalize; expected at most {}, {}",
             pl.col("stop_reason").fill_null("null"),
-            rounded(r),
-            rounded(pl.col("_bound")),
+            num(r),
+            num(pl.col("_bound")),
             "_what",
         ).alias("message"),
     )
