@@ -6,10 +6,9 @@ assumed; update records from `Step.advantage` catch a GRPO group of one (U604)."
 from __future__ import annotations
 
 import json
-
-import pytest
 from pathlib import Path
 
+import pytest
 from adapterhelp import (
     IDENTITY,
     cli,
@@ -151,9 +150,11 @@ def _check(case: str) -> tuple[int, set[tuple[str, str]], set[str]]:
     """(exit code, (code, trajectory) findings, codes not run) of the page's command on a fixture."""
     result = cli("check", "--from", "rllm", fixture("rllm", case), *opts(CONTEXT), "--format", "json")
     rep = json.loads(result.stdout)
-    return result.exit_code, {(f["code"], f["trajectory_id"]) for f in rep["findings"]}, {
-        n["code"] for n in rep["not_run"]
-    }
+    return (
+        result.exit_code,
+        {(f["code"], f["trajectory_id"]) for f in rep["findings"]},
+        {n["code"] for n in rep["not_run"]},
+    )
 
 
 def test_trainer_rows_of_the_unified_and_fully_async_trainers_audit_clean_with_the_loss_rules_run():

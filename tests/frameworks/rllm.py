@@ -233,9 +233,7 @@ def trainer(cap: int | None = None, fully_async: bool = False) -> list[dict]:
     eps = _after_advantages(
         [_episode("task-7:0", 0, "env_done", True, 1.0), _episode("task-7:1", 1, "env_done", False, 0.0)], 12, FILTERED
     )
-    rows = [
-        batch_row(ep, cap if ep["id"] == "task-7:0" else None, "task-7" if fully_async else None) for ep in eps
-    ]
+    rows = [batch_row(ep, cap if ep["id"] == "task-7:0" else None, "task-7" if fully_async else None) for ep in eps]
     return eps + rows
 
 
