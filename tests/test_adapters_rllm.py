@@ -211,3 +211,11 @@ def test_dump_batch_writes_a_verl_dataproto_as_the_fixture_rows(tmp_path):
         assert got.keys() == want.keys()
         for k, v in want.items():
             assert got[k] == (pytest.approx(v) if isinstance(v, list) and v and isinstance(v[0], float) else v), k
+
+
+def test_a_malformed_batch_row_exits_2_naming_it(tmp_path):
+    recs = [dict(r) for r in read_dump(fixture("rllm", "trainer_compliant"))]
+    recs[2]["advantages"] = ["x"] * len(recs[2]["advantages"])
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    result = cli("check", "--from", "rllm", tmp_path / "d.jsonl", *opts(CONTEXT))
+    assert result.exit_code == 2 and "d.jsonl:3: advantages: expected a number, got str" in result.output

@@ -418,3 +418,14 @@ def test_convert_carries_the_old_log_probs_and_the_policy(tmp_path):
         context=[*(f"{k}={v}" for k, v in CONTEXT.items()), "top_k=-1", "response_length=64"],
     )
     assert 'compare_logprobs = "old_log_probs"' in (tmp_path / "log" / "pyproject.toml").read_text()
+
+
+def test_a_malformed_trainer_side_record_exits_2_naming_it(tmp_path):
+    from rollout_audit.adapters.base import read_dump
+
+    recs = [dict(r) for r in read_dump(fixture("verl", "trainer_compliant"))]
+    recs[5]["responses"] = recs[5]["responses"][:-1]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    result = cli("check", "--from", "verl", tmp_path / "d.jsonl", *PAGE)
+    assert result.exit_code == 2
+    assert "d.jsonl:6 (7c1f01): responses differ from the sampler record's response_ids" in result.output

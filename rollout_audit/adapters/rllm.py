@@ -35,6 +35,7 @@ from .base import (
     contract_table,
     flags,
     need,
+    numbers,
     objects,
     origin,
     step_of,
@@ -372,11 +373,11 @@ def _batch_updates(episodes: list[dict], batch: list[dict], context: Mapping[str
     by_row = {id(b): tid for tid, (_, b) in matched.items()}
     steps: dict[int, dict[str, list]] = {}
     for n, b in enumerate(batch, 1):
-        where = f"batch row {n}"
+        where = getattr(b, "origin", None) or f"batch row {n}"
         mask = flags(need(b, "response_mask", where), "response_mask", where)
         if b.get("is_pad_step") or not any(mask):
             continue
-        adv = {float(a) for a, m in zip(need(b, "advantages", where), mask) if m}
+        adv = {a for a, m in zip(numbers(need(b, "advantages", where), "advantages", where), mask) if m}
         if len(adv) != 1:
             raise AdapterError(f"{where}: advantages differ between trainable tokens: not a broadcast advantage")
         tid = by_row.get(id(b), f"{b.get('global_step')}/{b.get('step_ids')}")  # unknown: U605 names it
