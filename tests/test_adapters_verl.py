@@ -325,7 +325,9 @@ def _dataproto(samples: list[dict], old_shift: dict[str, float]):
     return DataProto(batch=batch, non_tensor_batch=extra, meta_info={})
 
 
-def _trained(tmp_path, name: str, rejection: dict | None = None, old_shift: dict[str, float] | None = None):
+def _trained(
+    tmp_path, name: str, rejection: dict | None = None, old_shift: dict[str, float] | None = None, estimator="grpo"
+):
     """verl's own step on the compliant batch: rollout correction (when `rejection` configures it), then
     compute_advantage (GRPO), then the trainer-side hook; the sampler records beside it. Returns the dump."""
     pytest.importorskip("verl")
@@ -343,7 +345,7 @@ def _trained(tmp_path, name: str, rejection: dict | None = None, old_shift: dict
     batch = _dataproto(samples, old_shift or {})
     if rejection:
         batch, _ = compute_rollout_correction_and_add_to_batch(batch, rejection)
-    algorithm = AlgoConfig(adv_estimator="grpo", norm_adv_by_std_in_grpo=True)
+    algorithm = AlgoConfig(adv_estimator=estimator, norm_adv_by_std_in_grpo=True, gamma=1.0)
     batch = compute_advantage(batch, adv_estimator=algorithm.adv_estimator, config=algorithm)
     dump_batch(out, batch, 5, algorithm)
     return out
@@ -429,3 +431,14 @@ def test_a_malformed_trainer_side_record_exits_2_naming_it(tmp_path):
     result = cli("check", "--from", "verl", tmp_path / "d.jsonl", *PAGE)
     assert result.exit_code == 2
     assert "d.jsonl:6 (7c1f01): responses differ from the sampler record's response_ids" in result.output
+
+
+def test_verl_reinforce_plus_plus_returns_are_token_returns_and_telescope_r413(tmp_path):
+    """verl's REINFORCE++ (core_algos.compute_reinforce_plus_plus_outcome_advantage) at gamma 1 carries the
+    return over observation spans: its `returns` are the contract's reward-to-go, R413 runs on them and
+    holds; its whitened per-token advantages are no group advantage (no estimator declared)."""
+    dump = _trained(tmp_path, "rpp", estimator="reinforce_plus_plus")
+    result = cli("check", "--from", "verl", dump, *PAGE, "--format", "json")
+    rep = json.loads(result.stdout)
+    assert result.exit_code == 0 and rep["findings"] == [], result.output
+    assert not {"R411", "R412", "R413", "U607"} & {n["code"] for n in rep["not_run"]}
