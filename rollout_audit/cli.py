@@ -633,8 +633,8 @@ def convert_cmd(framework, src, dst, context) -> None:
     """Convert a trainer's dump (SRC: JSON Lines or Parquet records) into a contract log in DST."""
     from pathlib import Path
 
+    from .adapters.convert import write_table
     from .reporting.outputs import check_new_directory, check_output
-    from .writer import RolloutWriter
 
     check_output(dst, [src])  # a dump is not a contract log: DST may sit next to it, never inside it
     check_new_directory(dst)
@@ -646,8 +646,7 @@ def convert_cmd(framework, src, dst, context) -> None:
     for name, table in (("trajectories", trajectories), ("updates", updates)):
         if table is not None and table.num_rows:
             (Path(dst) / name).mkdir(parents=True, exist_ok=True)
-            with RolloutWriter(Path(dst) / name / "part-0000.parquet", kind=name) as w:
-                w.write(table)
+            write_table(Path(dst) / name / "part-0000.parquet", table, name)
     if conv.settings:  # the trainer's policy travels with the log: `check DST` audits as `check --from` does
         Path(dst).mkdir(parents=True, exist_ok=True)
         (Path(dst) / "pyproject.toml").write_text(policy_table(conv))

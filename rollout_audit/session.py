@@ -192,15 +192,14 @@ def policy_table(conv: Converted) -> str:
 def as_log(conv: Converted) -> Iterator[str]:
     """The converted tables written as a contract log in a private temporary directory, removed on
     exit whatever happens; yields its path."""
-    from .writer import RolloutWriter
+    from .adapters.convert import write_table
 
     root = Path(tempfile.mkdtemp(prefix="rollout-audit-from-"))
     try:
         for kind, table in zip(("trajectories", "updates"), conv.tables()):
             if table is not None and table.num_rows:
                 (root / kind).mkdir()
-                with RolloutWriter(root / kind / "part-0000.parquet", kind=kind, validate=False) as w:
-                    w.write(table)
+                write_table(root / kind / "part-0000.parquet", table, kind, validate=False)
         yield str(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)

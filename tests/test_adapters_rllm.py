@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from adapterhelp import (
     IDENTITY,
     cli,
@@ -140,3 +141,81 @@ def test_a_nan_advantage_reaches_the_update_and_is_flagged(tmp_path: Path) -> No
     src.write_text("".join(json.dumps(r) + "\n" for r in recs))
     rep = report([src], "rllm", FILTERING)
     assert finding_keys(rep) == [("U604", "12/task-9:0/solver", None)]
+
+
+# ---------------------------------------------------------------- the trainer side: the rows rLLM trains
+
+
+def _check(case: str) -> tuple[int, set[tuple[str, str]], set[str]]:
+    """(exit code, (code, trajectory) findings, codes not run) of the page's command on a fixture."""
+    result = cli("check", "--from", "rllm", fixture("rllm", case), *opts(CONTEXT), "--format", "json")
+    rep = json.loads(result.stdout)
+    return (
+        result.exit_code,
+        {(f["code"], f["trajectory_id"]) for f in rep["findings"]},
+        {n["code"] for n in rep["not_run"]},
+    )
+
+
+def test_trainer_rows_of_the_unified_and_fully_async_trainers_audit_clean_with_the_loss_rules_run():
+    """The batch rows after advantages (unified trainer) and after transform_to_backend_batch (fully-async
+    path: episode_ids hold the group id, rows are matched by the trajectory uid) audit clean; R411, U604,
+    U605, U606 and U607 run on them, which the rollout dump alone leaves not run."""
+    _, _, before = _check("compliant")
+    for case in ("trainer_compliant", "trainer_fully_async"):
+        code, found, not_run = _check(case)
+        assert (code, found) == (0, set()), case
+        assert {"R411", "U604", "U605", "U606", "U607"} <= before - not_run
+
+
+def test_a_row_cut_at_the_cap_loses_its_reward_r411_and_its_last_turn_m102():
+    """transform_to_backend_batch cuts a merged multi-turn row at the cap and places no reward on a cut
+    row: R411 names the episode whose reward 1.0 is on no token, M102 the turn the cut left untrained."""
+    code, found, _ = _check("trainer_row_cut_at_cap")
+    assert code == 1
+    assert found == {("R411", "12/task-7:0/solver"), ("M102", "12/task-7:0/solver")}
+
+
+def test_dump_batch_writes_a_verl_dataproto_as_the_fixture_rows(tmp_path):
+    """rLLM trains a verl DataProto: `dump_batch` of one built as transform.py pads it (prompts left,
+    responses right, attention_mask) writes the fixture's rows back, with the identity of non_tensor_batch."""
+    pytest.importorskip("verl")
+    import numpy as np
+    import torch
+    from tensordict import TensorDict
+    from verl import DataProto
+
+    from rollout_audit.integrations.rllm import dump_batch
+
+    rows = [r for r in read_dump(fixture("rllm", "trainer_row_cut_at_cap")) if "responses" in r]
+    n_p, n_r = max(len(r["prompts"]) for r in rows), max(len(r["responses"]) for r in rows) + 2
+
+    def pad(v, n, left=False, fill=0):
+        return [fill] * (n - len(v)) + v if left else v + [fill] * (n - len(v))
+
+    tensors = {
+        "prompts": torch.tensor([pad(r["prompts"], n_p, left=True) for r in rows]),
+        "attention_mask": torch.tensor(
+            [pad([1] * len(r["prompts"]), n_p, left=True) + pad([1] * len(r["responses"]), n_r) for r in rows]
+        ),
+        **{
+            k: torch.tensor([pad(r[k], n_r) for r in rows], dtype=torch.float32 if k != "responses" else torch.long)
+            for k in ("responses", "response_mask", "traj_rewards", "advantages", "rollout_log_probs")
+        },
+    }
+    extra = {k: np.array([r[k] for r in rows], dtype=object) for k in ("step_ids", "episode_ids", "group_roles")}
+    extra["is_pad_step"] = np.zeros(len(rows), dtype=bool)
+    batch = DataProto(batch=TensorDict(tensors, batch_size=len(rows)), non_tensor_batch=extra, meta_info={})
+    written = [json.loads(x) for x in dump_batch(tmp_path, batch, 12).read_text().splitlines()]
+    for got, want in zip(written, rows):
+        assert got.keys() == want.keys()
+        for k, v in want.items():
+            assert got[k] == (pytest.approx(v) if isinstance(v, list) and v and isinstance(v[0], float) else v), k
+
+
+def test_a_malformed_batch_row_exits_2_naming_it(tmp_path):
+    recs = [dict(r) for r in read_dump(fixture("rllm", "trainer_compliant"))]
+    recs[2]["advantages"] = ["x"] * len(recs[2]["advantages"])
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    result = cli("check", "--from", "rllm", tmp_path / "d.jsonl", *opts(CONTEXT))
+    assert result.exit_code == 2 and "d.jsonl:3: advantages: expected a number, got str" in result.output

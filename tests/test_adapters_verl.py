@@ -5,6 +5,8 @@ record of what it sampled; the CLI paths agree."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from adapterhelp import (
     CONTEXT,
@@ -13,6 +15,7 @@ from adapterhelp import (
     context_args,
     convert_then_check_equals_check_from,
     documented_not_run,
+    findings,
     fixture,
     missing_field_exits_2,
 )
@@ -269,3 +272,173 @@ def test_the_documented_command_audits_a_fully_async_run_with_length_cuts_clean(
               "--context", "response_length=64", "--format", "json")  # fmt: skip
     assert res.exit_code == 0, res.output
     assert "truncation = 'penalize'" in res.stderr
+
+
+# ---------------------------------------------------------------- the trainer side: verl's own DataProto and estimators
+
+PAGE = [*context_args(), "--context", "top_k=-1", "--context", "response_length=64"]
+
+
+def _dataproto(samples: list[dict], old_shift: dict[str, float]):
+    """The DataProto RayPPOTrainer.fit holds before rollout correction, built from the sampler records as
+    agent_loop.py `_postprocess` pads them (prompts left, responses right), with the score on the last
+    response token (rm_scores), token_level_rewards = token_level_scores (no KL in reward), and the
+    actor's old_log_probs: the engine's on sampled tokens (+ `old_shift[request_id]`), -5.0 elsewhere."""
+    import numpy as np
+    import torch
+    from tensordict import TensorDict
+    from verl import DataProto
+
+    n_p = max(len(s["prompt_ids"]) for s in samples)
+    n_r = max(len(s["response_ids"]) for s in samples)
+
+    def right(values, n, fill=0):
+        return values + [fill] * (n - len(values))
+
+    prompts = torch.tensor([[0] * (n_p - len(s["prompt_ids"])) + s["prompt_ids"] for s in samples])
+    responses = torch.tensor([right(s["response_ids"], n_r) for s in samples])
+    attention = [
+        [0] * (n_p - len(s["prompt_ids"])) + [1] * (len(s["prompt_ids"]) + len(s["response_ids"])) for s in samples
+    ]
+    attention = torch.tensor([right(a, n_p + n_r) for a in attention])
+    mask = torch.tensor([right(s["response_mask"], n_r) for s in samples], dtype=torch.float32)
+    lps = torch.tensor([right(s["response_logprobs"], n_r, 0.0) for s in samples], dtype=torch.float32)
+    shift = torch.tensor([old_shift.get(s["request_id"], 0.0) for s in samples]).unsqueeze(-1)
+    old = torch.where(mask.bool(), lps + shift, torch.full_like(lps, -5.0))
+    scores = torch.zeros_like(lps)
+    for i, s in enumerate(samples):
+        scores[i, len(s["response_ids"]) - 1] = s["reward_score"]
+    batch = TensorDict(
+        {
+            "prompts": prompts,
+            "responses": responses,
+            "attention_mask": attention,
+            "response_mask": mask,
+            "rollout_log_probs": lps,
+            "old_log_probs": old,
+            "token_level_scores": scores,
+            "token_level_rewards": scores.clone(),
+        },
+        batch_size=len(samples),
+    )
+    extra = {k: np.array([s[k] for s in samples], dtype=object) for k in ("uid", "request_id")}
+    return DataProto(batch=batch, non_tensor_batch=extra, meta_info={})
+
+
+def _trained(
+    tmp_path, name: str, rejection: dict | None = None, old_shift: dict[str, float] | None = None, estimator="grpo"
+):
+    """verl's own step on the compliant batch: rollout correction (when `rejection` configures it), then
+    compute_advantage (GRPO), then the trainer-side hook; the sampler records beside it. Returns the dump."""
+    pytest.importorskip("verl")
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+
+    from rollout_audit.adapters.base import read_dump
+    from rollout_audit.integrations.verl import dump_batch
+
+    out = tmp_path / name
+    out.mkdir()
+    samples = [dict(r) for r in read_dump(fixture("verl", "compliant"))]
+    (out / "verl-sampler.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    batch = _dataproto(samples, old_shift or {})
+    if rejection:
+        batch, _ = compute_rollout_correction_and_add_to_batch(batch, rejection)
+    algorithm = AlgoConfig(adv_estimator=estimator, norm_adv_by_std_in_grpo=True, gamma=1.0)
+    batch = compute_advantage(batch, adv_estimator=algorithm.adv_estimator, config=algorithm)
+    dump_batch(out, batch, 5, algorithm)
+    return out
+
+
+def test_verl_grpo_batch_through_the_trainer_hook_audits_clean_and_runs_the_loss_rules(tmp_path):
+    """verl 0.9.1's own compute_advantage on a DataProto, dumped by dump_batch: clean with the page's
+    command, and U603 (recomputed GRPO), U607, U608, L207, R411 and R412 run on the hook's records."""
+    dump = _trained(tmp_path, "clean")
+    result = cli("check", "--from", "verl", dump, *PAGE, "--format", "json")
+    rep = json.loads(result.stdout)
+    assert result.exit_code == 0 and rep["findings"] == [], result.output
+    assert not {"U603", "U604", "U606", "U607", "U608", "L207", "R411", "R412"} & {n["code"] for n in rep["not_run"]}
+    assert "R413" in {n["code"] for n in rep["not_run"]}  # GRPO's `returns` are its advantages, not reward-to-go
+
+
+def test_verl_rejection_sampling_leaves_the_rejected_row_in_grpo_statistics_u608(tmp_path):
+    """verl-project/verl#6452 with verl's own code: seq_mean_k1 rejection zeroes the response_mask of the
+    row whose old log-probs drifted 1.5 nats from the engine's, and compute_advantage still reads its
+    reward: U608 names it, and L207 the drift itself."""
+    dump = _trained(
+        tmp_path,
+        "rejected",
+        {"rollout_is": None, "rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.5_2.0"},
+        {"e2a901": -1.5},
+    )
+    rows = [json.loads(x) for f in sorted(dump.glob("verl-batch-*.jsonl")) for x in f.read_text().splitlines()]
+    assert [sum(r["response_mask"]) for r in rows if r["request_id"] == "e2a901"] == [0]
+    result = cli("check", "--from", "verl", dump, *PAGE, "--format", "json")
+    codes = {(f[0], f[1]) for f in findings(result)}
+    assert ("U608", "e2a901") in codes and ("L207", "e2a901") in codes, result.output
+    assert result.exit_code == 1
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("trainer_rejected_in_group_statistics", ("U608", "e2a901")),
+        ("trainer_mask_from_attention", ("U607", "e2a900")),
+        ("trainer_stale_old_log_probs", ("L207", "e2a901")),
+        ("trainer_grpo_group_of_one", ("U603", "7c1f01")),
+    ],
+)
+def test_trainer_side_faults_are_caught_with_the_page_command(case, expected):
+    result = cli("check", "--from", "verl", fixture("verl", case), *PAGE, "--format", "json")
+    assert expected in {(f[0], f[1]) for f in findings(result)}, result.output
+
+
+@pytest.mark.parametrize(
+    "case", ["compliant", "fully_async", "glm_boundary", "tool_agent_loop_response_length", "trainer_compliant"]
+)
+def test_every_compliant_fixture_audits_clean_with_the_page_command(case):
+    result = cli("check", "--from", "verl", fixture("verl", case), *PAGE)
+    assert result.exit_code == 0 and "ok: 0 errors, 0 warnings" in result.output, result.output
+
+
+def test_last_turn_cut_at_response_length_is_m106_only_without_the_budget():
+    """The kept ids are a prefix of the engine's and the response is response_length long: verl's own cut,
+    read as such with --context response_length; without it the cut is not known to be verl's."""
+    found = cli("check", "--from", "verl", fixture("verl", "tool_agent_loop_response_length"), *context_args())
+    assert found.exit_code == 1 and "M106" in found.output
+    t = _table("tool_agent_loop_response_length", **CONTEXT, response_length="64").to_pylist()[1]
+    assert (t["truncated"], t["stop_reason"]) == (True, "max_tokens")
+    assert len(t["turns"][-1]["sampled_token_ids"]) == 16
+
+
+def test_convert_carries_the_old_log_probs_and_the_policy(tmp_path):
+    convert_then_check_equals_check_from(
+        "verl",
+        "trainer_stale_old_log_probs",
+        tmp_path,
+        context=[*(f"{k}={v}" for k, v in CONTEXT.items()), "top_k=-1", "response_length=64"],
+    )
+    assert 'compare_logprobs = "old_log_probs"' in (tmp_path / "log" / "pyproject.toml").read_text()
+
+
+def test_a_malformed_trainer_side_record_exits_2_naming_it(tmp_path):
+    from rollout_audit.adapters.base import read_dump
+
+    recs = [dict(r) for r in read_dump(fixture("verl", "trainer_compliant"))]
+    recs[5]["responses"] = recs[5]["responses"][:-1]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    result = cli("check", "--from", "verl", tmp_path / "d.jsonl", *PAGE)
+    assert result.exit_code == 2
+    assert "d.jsonl:6 (7c1f01): responses differ from the sampler record's response_ids" in result.output
+
+
+def test_verl_reinforce_plus_plus_returns_are_token_returns_and_telescope_r413(tmp_path):
+    """verl's REINFORCE++ (core_algos.compute_reinforce_plus_plus_outcome_advantage) at gamma 1 carries the
+    return over observation spans: its `returns` are the contract's reward-to-go, R413 runs on them and
+    holds; its whitened per-token advantages are no group advantage (no estimator declared)."""
+    dump = _trained(tmp_path, "rpp", estimator="reinforce_plus_plus")
+    result = cli("check", "--from", "verl", dump, *PAGE, "--format", "json")
+    rep = json.loads(result.stdout)
+    assert result.exit_code == 0 and rep["findings"] == [], result.output
+    assert not {"R411", "R412", "R413", "U607"} & {n["code"] for n in rep["not_run"]}

@@ -99,3 +99,24 @@ def test_fields_of_reads_dataclasses_and_typeddicts():
 def test_trl_fields_the_converter_reads_exist():
     pytest.importorskip("trl")
     assert missing(_reads("rollout_audit.adapters.trl")) == []
+
+
+def test_verl_trainer_side_fields_exist():
+    """What the trainer-side hook reads of verl: DataProto's fields and the `config.algorithm` settings
+    (AlgoConfig), the batch keys verl's own trainer writes before the actor update, and the estimator
+    names the adapter maps."""
+    pytest.importorskip("verl")
+    pytest.importorskip("cachetools")
+    import inspect
+
+    from rollout_audit.adapters import verl as adapter
+
+    assert missing(adapter.READS_BATCH) == []
+    from verl.experimental.agent_loop import agent_loop
+    from verl.trainer.ppo import core_algos, ray_trainer
+
+    written = inspect.getsource(ray_trainer) + inspect.getsource(agent_loop)
+    keys = [*adapter.BATCH_TENSORS, "prompts", "attention_mask"]
+    assert [k for k in keys if f'"{k}"' not in written] == []
+    names = {e.value for e in core_algos.AdvantageEstimator}
+    assert sorted(adapter.GROUPED - names) == []

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ..contract.errors import AdapterError
 from . import load
@@ -65,4 +66,23 @@ def convert(framework: str, paths: Sequence[str | os.PathLike], context: Mapping
     return Converted(trajectories, updates, origins, sources, policy.get("said"), policy.get("settings", {}))
 
 
-__all__ = ["Converted", "convert"]
+def write_table(path: str | os.PathLike, table: pa.Table, kind: str, validate: bool = True) -> None:
+    """`table` as the contract log file `path` (RolloutWriter), with the columns the contract does not
+    define appended afterwards as they are: a trainer's second per-token log-prob column (verl's
+    `old_log_probs`), which L207 reads when the configuration names it (`compare_logprobs`)."""
+    from ..contract import schema as S
+    from ..writer import RolloutWriter
+
+    known = {c.name for c in S.columns(kind)}
+    extra = [c for c in table.column_names if c not in known]
+    with RolloutWriter(path, kind=kind, validate=validate) as w:
+        w.write(table.drop_columns(extra) if extra else table)
+    if extra:
+        written = pq.read_table(path)
+        meta = written.schema.metadata
+        for name in extra:
+            written = written.append_column(name, table.column(name))
+        pq.write_table(written.replace_schema_metadata(meta), path)
+
+
+__all__ = ["Converted", "convert", "write_table"]

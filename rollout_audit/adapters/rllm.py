@@ -33,7 +33,9 @@ from .base import (
     at_record,
     context_values,
     contract_table,
+    flags,
     need,
+    numbers,
     objects,
     origin,
     step_of,
@@ -84,6 +86,11 @@ CONTEXT: dict[str, type] = {
     "adv_estimator": str,
     "norm_adv_by_std_in_grpo": bool,
 }
+
+# The trainer-side hook (`integrations.rllm.dump_batch`): the DataProto row's identity (non_tensor_batch,
+# rllm/trainer/verl/transform.py `_batch_tensors_and_build_data_proto`) and the tensors it writes
+BATCH_ROWS = ("step_ids", "episode_ids", "group_roles", "is_pad_step")
+BATCH_TENSORS = ("prompts", "responses", "response_mask", "traj_rewards", "advantages", "rollout_log_probs")
 
 LACKS = {
     **identity_lacks(
@@ -211,13 +218,82 @@ def _trajectories(episode: Mapping[str, Any], n: int, context: Mapping[str, Any]
     return out
 
 
+def _split(records: Iterable[dict]) -> tuple[list[dict], list[dict]]:
+    """(episode records, trainer-side rows): a trainer-side row carries the batch's `responses`."""
+    episodes: list[dict] = []
+    rows: list[dict] = []
+    for rec in records:
+        (rows if isinstance(rec, Mapping) and "responses" in rec else episodes).append(rec)
+    return episodes, rows
+
+
+def _row_ids(episodes: list[dict], context: Mapping[str, Any]) -> dict[tuple[int | None, str], list[str]]:
+    """(step, trajectory uid) -> the contract ids of its segments, in order: rLLM emits one batch row per
+    segment of a trajectory, with the trajectory's uid as `step_ids` (transform.py `_emit`)."""
+    out: dict[tuple[int | None, str], list[str]] = {}
+    for n, ep in enumerate(episodes):
+        eid = str(need(ep, "id", f"episode {n}"))
+        step = step_of(ep, ("global_step",), _STEP_IN_NAME, f"episode {n}")
+        ids = [r["trajectory_id"] for r in _trajectories(ep, n, context)]
+        for k, traj in enumerate(objects(need(ep, "trajectories", f"episode {eid}"), "trajectories", f"episode {eid}")):
+            base = f"{_at(ep, n)}{eid}/{traj.get('name', k)}"
+            if traj.get("uid") is not None:
+                out[(step, str(traj["uid"]))] = [i for i in ids if i == base or i.startswith(base + "#")]
+    return out
+
+
+def _matched(rows: list[dict], ids: dict[tuple[int | None, str], list[str]]) -> dict[str, tuple[int, dict]]:
+    """Contract id -> (position, trainer-side row): the k-th row of a trajectory uid at a step is its k-th
+    segment; padding rows (`is_pad_step`) are none. A row of no dumped trajectory is left out (named by U605
+    through the update that trains it)."""
+    seen: dict[tuple[int | None, str], int] = {}
+    out: dict[str, tuple[int, dict]] = {}
+    for n, row in enumerate(rows, 1):
+        if row.get("is_pad_step"):
+            continue
+        key = (row.get("global_step"), str(need(row, "step_ids", f"batch row {n}")))
+        k = seen[key] = seen.get(key, -1) + 1
+        segments = ids.get(key, [])
+        if k < len(segments):
+            out[segments[k]] = (n, row)
+    return out
+
+
+def _trained(row: dict[str, Any], batch: Mapping[str, Any], where: str) -> None:
+    """`row` with what rLLM trains of it: the batch row's response is the first tokens of the segment's
+    (transform.py `_pad_sequence_batch` cuts it at the cap), so tokens past it are not trainable, and the
+    reward is where the batch placed it (`traj_rewards`: on the last response token, nowhere when the
+    response was cut, transform.py `_build_step_and_trajectory_rewards`)."""
+    first = row["token_source"].index(2) if 2 in row["token_source"] else len(row["token_ids"])
+    resp = row["token_ids"][first:]
+    kept = wholes(need(batch, "responses", where), "responses", where)
+    if resp[: len(kept)] != kept:
+        raise AdapterError(f"{where}: responses are not the first tokens of the trajectory's response")
+    mask = flags(need(batch, "response_mask", where), "response_mask", where)
+    placed = need(batch, "traj_rewards", where)
+    if len(mask) != len(kept) or not isinstance(placed, list) or len(placed) != len(kept):
+        raise AdapterError(f"{where}: response_mask and traj_rewards must have one value per response token")
+    cut = [False] * (len(resp) - len(kept))
+    row["loss_mask"] = row["loss_mask"][:first] + [a and b for a, b in zip(row["loss_mask"][first:], mask)] + cut
+    rewards = [0.0 if v is None else float(v) for v in placed]
+    row["token_reward"] = [0.0] * first + rewards + [0.0] * len(cut)
+
+
 @guarded("rLLM")
 def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
-    """Contract trajectories from rLLM `Episode.to_dict()` records."""
+    """Contract trajectories from rLLM `Episode.to_dict()` records; with trainer-side rows (`dump_batch`),
+    what rLLM trains of them."""
     context = context_values(context, CONTEXT)
-    rows: list[Mapping[str, Any]] = [
-        {**r, **origin(ep)} for n, ep in enumerate(records) for r in at_record(ep, _trajectories, ep, n, context)
+    episodes, batch = _split(records)
+    rows: list[dict[str, Any]] = [
+        {**r, **origin(ep)} for n, ep in enumerate(episodes) for r in at_record(ep, _trajectories, ep, n, context)
     ]
+    if batch:
+        matched = _matched(batch, _row_ids(episodes, context))
+        for r in rows:
+            if r["trajectory_id"] in matched:
+                n, b = matched[r["trajectory_id"]]
+                at_record(b, _trained, r, b, f"batch row {n} ({r['trajectory_id']})")
     said, truncation = policy(context)
     return with_policy(contract_table(rows, LACKS, "rLLM"), said, truncation=truncation)
 
@@ -261,6 +337,9 @@ def updates(records: Iterable[dict], **context: Any) -> pa.Table | None:
     trainer_version is the newest weight_version of the step's batch (rLLM's episodes do not
     record the trainer's: exact for synchronous training, a lower bound otherwise)."""
     context = context_values(context, CONTEXT)
+    records, batch = _split(records)
+    if batch:
+        return _batch_updates(records, batch, context)
     steps: dict[int, dict[str, Any]] = {}
     for n, ep in enumerate(records):
         eid = str(need(ep, "id", f"episode {n}"))
@@ -277,18 +356,51 @@ def updates(records: Iterable[dict], **context: Any) -> pa.Table | None:
             segments = [i for i in ids if i == base or i.startswith(base + "#")]  # rLLM trains each with it
             u["ids"] += segments
             u["adv"] += [adv] * len(segments)
+    return _update_table(
+        [
+            {"update_step": step, "trajectory_ids": u["ids"], "advantages": u["adv"]}
+            for step, u in sorted(steps.items())
+            if u["ids"]
+        ],
+        context,
+    )
+
+
+def _batch_updates(episodes: list[dict], batch: list[dict], context: Mapping[str, Any]) -> pa.Table | None:
+    """One update per `global_step` of the trainer-side rows: the segments trained (rows with a trainable
+    token), each with its advantage (one value on its trainable tokens) and the tokens it puts in the loss."""
+    matched = _matched(batch, _row_ids(episodes, context))
+    by_row = {id(b): tid for tid, (_, b) in matched.items()}
+    steps: dict[int, dict[str, list]] = {}
+    for n, b in enumerate(batch, 1):
+        where = getattr(b, "origin", None) or f"batch row {n}"
+        mask = flags(need(b, "response_mask", where), "response_mask", where)
+        if b.get("is_pad_step") or not any(mask):
+            continue
+        adv = {a for a, m in zip(numbers(need(b, "advantages", where), "advantages", where), mask) if m}
+        if len(adv) != 1:
+            raise AdapterError(f"{where}: advantages differ between trainable tokens: not a broadcast advantage")
+        tid = by_row.get(id(b), f"{b.get('global_step')}/{b.get('step_ids')}")  # unknown: U605 names it
+        u = steps.setdefault(int(b.get("global_step") or 0), {"ids": [], "adv": [], "num": []})
+        u["ids"].append(tid)
+        u["adv"].append(adv.pop())
+        u["num"].append(sum(mask))
+    return _update_table(
+        [
+            {"update_step": k, "trajectory_ids": u["ids"], "advantages": u["adv"], "numerator_tokens": u["num"]}
+            for k, u in sorted(steps.items())
+        ],
+        context,
+    )
+
+
+def _update_table(updates: list[dict[str, Any]], context: Mapping[str, Any]) -> pa.Table | None:
+    """The update records with the declared estimator and what rLLM does not record."""
     name = str(context.get("adv_estimator", "grpo"))
     normalised = name == "grpo" and context.get("norm_adv_by_std_in_grpo", True)
     estimator = None if normalised else ESTIMATORS.get(name)
     rows: list[Mapping[str, Any]] = [
-        {
-            "update_step": step,
-            "trajectory_ids": u["ids"],
-            "advantages": u["adv"],
-            **({"advantage_estimator": estimator} if estimator else {}),
-        }
-        for step, u in sorted(steps.items())
-        if u["ids"]
+        {**u, **({"advantage_estimator": estimator} if estimator else {})} for u in updates
     ]
     if not rows:
         return None

@@ -16,12 +16,15 @@ them, provenance falls back to `response_mask` (M101/M102 then hold by construct
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
 
+from ..contract import schema as S
 from ..contract.schema import context_sha256
+from ..reading.records import records_to_table
 from .base import (
     AdapterError,
     aligned,
@@ -57,6 +60,23 @@ READS = {
     "verl.workers.rollout.replica.TokenOutput": {"token_ids", "stop_reason", "extra_fields"},
 }
 VERSIONS = ("global_steps", "min_global_steps", "max_global_steps")  # TokenOutput.extra_fields keys
+# The trainer-side hook (`integrations.verl.dump_batch`, after compute_advantage in RayPPOTrainer.fit):
+# the DataProto's tensor keys it writes per row, and the `config.algorithm` settings it copies
+BATCH_TENSORS = (
+    "responses",
+    "response_mask",
+    "token_level_scores",
+    "token_level_rewards",
+    "advantages",
+    "returns",
+    "old_log_probs",
+    "rollout_log_probs",
+)
+ALGORITHM = ("adv_estimator", "norm_adv_by_std_in_grpo", "gamma", "use_kl_in_reward")
+READS_BATCH = {
+    "verl.protocol.DataProto": {"batch", "non_tensor_batch", "meta_info"},
+    "verl.trainer.config.AlgoConfig": set(ALGORITHM),
+}
 # verl's own keyword context: the loop's limits (actor_rollout_ref.rollout.response_length,
 # .multi_turn.max_assistant_turns / max_user_turns) and top_k (-1 or 0: off)
 OWN_CONTEXT: dict[str, type] = {"response_length": int, "max_assistant_turns": int, "max_user_turns": int, "top_k": int}
@@ -108,12 +128,30 @@ def _boundary_edit(ids: list[int], at: int, resp: list[int], mask: list[bool], e
     return bool(ids and ids[-1] in edits and end < len(resp) and not mask[end] and resp[at:end] == ids[:-1])
 
 
+def _cut(ids: list[int], at: int, resp: list[int], cap: int | None) -> list[int]:
+    """The ids of the last call that verl kept: `ToolAgentLoop` cuts the response at `response_length`
+    (`cap`, from the context), so a last turn that ran past it keeps a prefix of the engine's ids. Only
+    that cut is read as one (the response is `cap` tokens long and ends with a prefix of the ids); any
+    other difference stays, for M106 to report."""
+    kept = len(resp) - at
+    if cap is None or len(resp) != cap or not 0 < kept < len(ids) or resp[at:] != ids[:kept]:
+        return ids
+    return ids[:kept]
+
+
 def _engine_turns(
-    calls: list[Any], n_prompt: int, resp: list[int], mask: list[bool], edits: set[int], where: str
+    calls: list[Any],
+    n_prompt: int,
+    resp: list[int],
+    mask: list[bool],
+    edits: set[int],
+    where: str,
+    cap: int | None = None,
 ) -> tuple[list[int], list[dict]]:
     """(response positions sampled by the engine, one turn per call with its context, ids, finish
-    reason and weight version). Call t's returned tokens start where its prompt ends; the response may
-    be cut at response_length; a declared boundary edit removes the call's last id from the sequence."""
+    reason and weight version). Call t's returned tokens start where its prompt ends; the last call's
+    may be cut at response_length (`cap`: its turn then has the ids verl kept); a declared boundary edit
+    removes the call's last id from the sequence."""
     policy: list[int] = []
     turns = []
     for t, call in enumerate(calls):
@@ -124,7 +162,10 @@ def _engine_turns(
         start = len(ctx) - n_prompt
         if start < 0:
             raise AdapterError(f"{w}: prompt_ids shorter than the sample's prompt_ids")
-        kept = ids[:-1] if t < len(calls) - 1 and _boundary_edit(ids, start, resp, mask, edits) else ids
+        last = t == len(calls) - 1
+        kept = ids[:-1] if not last and _boundary_edit(ids, start, resp, mask, edits) else ids
+        if last:
+            kept = _cut(kept, start, resp, cap)
         policy += range(start, min(start + len(kept), len(resp)))
         turn = {
             "turn_id": t,
@@ -182,7 +223,7 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
         raise AdapterError(f"{where}: engine_calls must be a list, got {type(calls).__name__}")
     if calls:
         edits = set(ints(rec, "boundary_ids", where)) if rec.get("boundary_ids") is not None else set()
-        policy, turns = _engine_turns(calls, len(prompt), resp, mask, edits, where)
+        policy, turns = _engine_turns(calls, len(prompt), resp, mask, edits, where, ctx.get("response_length"))
         starts = [t["context_length"] - len(prompt) for t in turns]
     else:
         spans = runs(mask)
@@ -213,15 +254,200 @@ POLICY = (
     "verl trains a response cut at response_length with the reward it was scored: truncation = 'penalize' "
     "(set `truncation` in [tool.rollout-audit] if your reward function or filter says otherwise)"
 )
+# verl's GRPO: (R - mean) / (torch.std + epsilon), torch.std unbiased (ddof 1), epsilon 1e-6
+# (core_algos.compute_grpo_outcome_advantage); RLOO: R minus the mean of the others
+GRPO_EPSILON = 1e-6
+# estimators that group by uid over the whole batch: every row's reward enters its group's statistics,
+# whatever its response_mask (core_algos: scores = token_level_rewards.sum(-1), grouped by index)
+GROUPED = {
+    "grpo",
+    "grpo_vectorized",
+    "grpo_passk",
+    "rloo",
+    "rloo_vectorized",
+    "opo",
+    "gpg",
+    "reinforce_plus_plus_baseline",
+}
+OLD_LOGPROBS = "old_log_probs"  # the actor's recomputation, a second log-prob column (L207: compare_logprobs)
+_NO_RETURNS = (
+    "verl's `returns` are its estimator's (GRPO/RLOO: the advantages; GAE: advantages + values), not reward-to-go; "
+    "the trainer-side record carries them as token_returns only for reinforce_plus_plus at gamma 1"
+)
+_NO_BATCH = "the dump holds no trainer-side records (add dump_batch after compute_advantage; docs/frameworks/verl.md)"
+_MINI = (
+    "verl splits the step's batch into ppo_mini_batch_size mini-batches (and ppo_epochs passes), each an "
+    "optimizer step with its own denominator; the step-level hook records the numerator tokens, not those denominators"
+)
+UPDATE_LACKS = {k: _MINI for c in ("reduction", "loss_denominator") for k in (c, f"updates.{c}")}
+
+
+def _estimator(name: str, norm: Any) -> str | None:
+    """verl's adv_estimator (and norm_adv_by_std_in_grpo) as the contract's estimator, None when none matches."""
+    if name in ("grpo", "grpo_vectorized"):
+        return "grpo_no_std" if norm is False else "grpo"
+    return "rloo" if name in ("rloo", "rloo_vectorized") else None
+
+
+def _batch_rows(records: list[tuple[int, Mapping[str, Any]]]) -> dict[str, tuple[int, Mapping[str, Any]]]:
+    """The trainer-side records by request_id (with their 1-based position); AdapterError on a record
+    without one or a request_id trained twice in one step."""
+    out: dict[str, tuple[int, Mapping[str, Any]]] = {}
+    for n, rec in records:
+        where = getattr(rec, "origin", None) or f"record {n}"
+        rid = need(rec, "request_id", where)
+        if rid is None:
+            raise AdapterError(
+                f"{where}: request_id is null (the batch's non_tensor_batch has no request_id: "
+                "the sampler hook's dump puts it in AgentLoopOutput.extra_fields)"
+            )
+        if str(rid) in out:
+            raise AdapterError(f"{where}: request_id {str(rid)!r} appears in two trainer-side records")
+        out[str(rid)] = (n, rec)
+    return out
+
+
+def _split(records: Iterable[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], list[tuple[int, Mapping[str, Any]]]]:
+    """(sampler records, trainer-side records with their position): a trainer-side record carries `advantages`."""
+    sampler, trainer = [], []
+    for n, rec in enumerate(records, 1):
+        (trainer.append((n, rec)) if isinstance(rec, Mapping) and "advantages" in rec else sampler.append(rec))
+    return sampler, trainer
+
+
+def _trained(row: dict[str, Any], rec: Mapping[str, Any], n_prompt: int, where: str) -> None:
+    """`row` (a sampler row) with what the trainer trained, from its trainer-side record: the mask after
+    rollout correction (a token rejection sampling removed is not trainable; a row it removed entirely
+    is excluded: null reward), the token reward, KL and (REINFORCE++ at gamma 1) returns, and the
+    actor's old log-probs."""
+    resp = row["token_ids"][n_prompt:]
+    if ints(rec, "responses", where) != resp:
+        raise AdapterError(f"{where}: responses differ from the sampler record's response_ids")
+    trained = flags(aligned(rec, "response_mask", resp, where), "response_mask", where)
+    before = row["loss_mask"][n_prompt:]
+    row["loss_mask"] = [False] * n_prompt + [a and b for a, b in zip(before, trained)]
+    if any(before) and not any(trained):
+        row["reward"] = None  # rejected whole by rollout correction: neither trained nor a valid outcome
+    scores = numbers(aligned(rec, "token_level_scores", resp, where), "token_level_scores", where)
+    rewards = numbers(aligned(rec, "token_level_rewards", resp, where), "token_level_rewards", where)
+    row["token_reward"] = [0.0] * n_prompt + [s or 0.0 for s in scores]
+    row["token_kl"] = [0.0] * n_prompt + [(s or 0.0) - (r or 0.0) for s, r in zip(scores, rewards)]
+    if rec.get("adv_estimator") == "reinforce_plus_plus" and rec.get("gamma") in (1, 1.0):
+        ret = numbers(aligned(rec, "returns", resp, where), "returns", where)
+        row["token_returns"] = [0.0] * n_prompt + [r or 0.0 for r in ret]
+    if rec.get(OLD_LOGPROBS) is not None:
+        old = numbers(aligned(rec, OLD_LOGPROBS, resp, where), OLD_LOGPROBS, where)
+        sampled = [s == 2 for s in row["token_source"][n_prompt:]]
+        row[OLD_LOGPROBS] = logprobs_column(n_prompt, old, sampled)
+
+
+def _advantage(rec: Mapping[str, Any], where: str) -> tuple[float | None, bool]:
+    """(the row's advantage, whether it is one value): an outcome estimator writes one value on every
+    trained token (None when no token is trained); a per-token estimator (GAE, REINFORCE++) several."""
+    adv = numbers(need(rec, "advantages", where), "advantages", where)
+    mask = flags(need(rec, "response_mask", where), "response_mask", where)
+    seen = {a for a, m in zip(adv, mask) if m and a is not None}
+    if len(seen) > 1:
+        return None, False
+    return (seen.pop() if seen else None), True
+
+
+def _with_trainer(rows: list[dict[str, Any]], trainer: list[tuple[int, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """The sampler rows with their trainer-side records applied (rows the trainer has no record of kept as sampled)."""
+    by_id = _batch_rows(trainer)
+    for row in rows:
+        hit = by_id.get(row["trajectory_id"])
+        if hit is None:
+            continue
+        n, rec = hit
+        where = f"{getattr(rec, 'origin', None) or f'record {n}'} ({row['trajectory_id']})"
+        _trained(row, rec, row["token_source"].count(1), where)
+    return rows
 
 
 def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table:
-    """verl agent-loop records as contract trajectories."""
+    """verl agent-loop records as contract trajectories; with trainer-side records (`dump_batch`), what
+    the trainer trained of them."""
     ctx = context_values(context, allowed=OWN_CONTEXT)
     if ctx.get("top_k", 0) > 0:
         raise AdapterError(
             f"context top_k={ctx['top_k']}: the contract records no top-k cutoff, so replay (L205-L207) would "
             "score the log-probs without it; only -1 or 0 (off, verl's default) can be audited"
         )
-    table = contract_table(rows_of(records, row, ctx), LACKS)
-    return with_policy(table, POLICY, truncation="penalize")
+    sampler, trainer = _split(list(records))
+    rows = rows_of(sampler, row, ctx)
+    settings: dict[str, Any] = {"truncation": "penalize"}
+    said = POLICY
+    if trainer:
+        rows = _with_trainer(rows, trainer)
+        if any(OLD_LOGPROBS in r for r in rows):
+            settings["compare_logprobs"] = OLD_LOGPROBS
+            said += "; L207 compares the engine's log-probs with the actor's old_log_probs (compare_logprobs)"
+        if any(r[1].get("adv_estimator") in ("grpo", "grpo_vectorized") for r in trainer):
+            settings["grpo_epsilon"] = GRPO_EPSILON
+    old = [r.pop(OLD_LOGPROBS, None) for r in rows]
+    lacks_ = {**LACKS, "token_returns": _NO_RETURNS} if trainer else LACKS
+    table = contract_table(rows, lacks_)
+    if any(o is not None for o in old):
+        meta = table.schema.metadata
+        table = table.append_column(OLD_LOGPROBS, pa.array(old, pa.list_(pa.float32()))).replace_schema_metadata(meta)
+    return with_policy(table, said, **settings)
+
+
+def updates(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table | None:
+    """One update record per `global_steps` of the trainer-side records (None without them): the rows
+    the step trained (request_id) with their advantage (one value per row for outcome estimators), the
+    tokens each put in the loss's numerator (`response_mask` after rollout correction), and the rows whose
+    rewards entered the group statistics (every row of the batch, for estimators that group by uid)."""
+    context_values(context, allowed=OWN_CONTEXT)
+    _, trainer = _split(list(records))
+    if not trainer:
+        return None
+    _batch_rows(trainer)  # one record per request_id, each named
+    steps: dict[int, list[tuple[int, Mapping[str, Any]]]] = {}
+    for n, rec in trainer:
+        where = getattr(rec, "origin", None) or f"record {n}"
+        steps.setdefault(integer(rec, "global_steps", where), []).append((n, rec))
+    rows: list[Mapping[str, Any]] = []
+    lacks_ = dict(UPDATE_LACKS)
+    for step, members in sorted(steps.items()):
+        ids, advs, counts, scalar = [], [], [], True
+        names = {str(r.get("adv_estimator")) for _, r in members}
+        norms = {r.get("norm_adv_by_std_in_grpo") for _, r in members}
+        stat = [str(rec["request_id"]) for _, rec in members]
+        for n, rec in members:
+            where = getattr(rec, "origin", None) or f"record {n}"
+            count = sum(flags(need(rec, "response_mask", where), "response_mask", where))
+            if not count:  # rejected whole (or nothing to train): the loss reads none of its tokens
+                continue
+            ids.append(str(rec["request_id"]))
+            adv, one = _advantage(rec, where)
+            scalar &= one
+            advs.append(adv)
+            counts.append(count)
+        u: dict[str, Any] = {
+            "update_step": step,
+            "trainer_version": step - 1,  # the synchronous trainer pushes weights k-1 to the engines for step k
+            "trajectory_ids": ids,
+            "numerator_tokens": counts,
+        }
+        name = names.pop() if len(names) == 1 else None
+        kl = any(r.get("use_kl_in_reward") for _, r in members)
+        estimator = _estimator(name, norms.pop() if len(norms) == 1 else None) if name else None
+        if scalar:
+            u["advantages"] = advs
+        if estimator and scalar and not kl:
+            u["advantage_estimator"] = estimator
+        else:
+            why = (
+                "algorithm.use_kl_in_reward: the estimator's input is the reward minus the KL, not the episode reward"
+                if kl
+                else f"verl's estimator {name!r} has no contract counterpart (U603 recomputes grpo, grpo_no_std, rloo)"
+            )
+            lacks_ |= {"advantage_estimator": why, "updates.advantage_estimator": why}
+        if name in GROUPED:
+            u["stat_trajectory_ids"] = stat
+        rows.append(u)
+    table = records_to_table(rows, kind="updates")
+    meta = {**(table.schema.metadata or {}), S.META_NOT_RECORDED: json.dumps(lacks_, sort_keys=True).encode()}
+    return table.replace_schema_metadata(meta)

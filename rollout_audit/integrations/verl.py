@@ -1,7 +1,9 @@
-"""verl: the dump hook's writer. `dump` appends one JSON Lines record per agent-loop sample, in
-`AgentLoopOutput`'s own field names, to a file per process under a directory (agent-loop workers
-are separate Ray processes), for `rollout-audit check --from verl DIR`. No verl import: it reads
-the output's attributes, so it runs wherever the agent loop runs."""
+"""verl: the dump hooks' writers. `dump` (sampler side) appends one JSON Lines record per agent-loop
+sample, in `AgentLoopOutput`'s own field names, to a file per process under a directory (agent-loop
+workers are separate Ray processes); `dump_batch` (trainer side) appends one record per row of the
+`DataProto` the trainer is about to train, after rollout correction and advantages, in the batch's own
+key names. Both go to the same directory, for `rollout-audit check --from verl DIR`. No verl import:
+they read attributes and tensors (`tolist`), so they run wherever verl runs."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..adapters.verl import READS, VERSIONS
+from ..adapters.verl import ALGORITHM, BATCH_TENSORS, READS, VERSIONS
 
 # AgentLoopOutput fields the adapter reads (verl/experimental/agent_loop/agent_loop.py), extra_fields apart
 FIELDS = tuple(sorted(READS["verl.experimental.agent_loop.agent_loop.AgentLoopOutput"] - {"extra_fields"}))
@@ -47,7 +49,11 @@ def boundary_ids(builder: Any) -> list[int]:
 
 def record(output: Any, **fields: Any) -> dict[str, Any]:
     """The JSON record of one `AgentLoopOutput`, with the hook's own fields (request_id, uid,
-    engine_calls) added as given."""
+    engine_calls) added as given. The request_id is also put in the output's `extra_fields`, which
+    verl copies into the batch's `non_tensor_batch` (agent_loop.py, `_postprocess`), so the
+    trainer-side record of the same sample names it."""
+    if fields.get("request_id") is not None and isinstance(getattr(output, "extra_fields", None), dict):
+        output.extra_fields["request_id"] = fields["request_id"]
     rec: dict[str, Any] = {k: getattr(output, k, None) for k in FIELDS}
     extra = getattr(output, "extra_fields", None) or {}
     rec["extra_fields"] = {k: extra[k] for k in EXTRA if k in extra}
@@ -62,6 +68,48 @@ def dump(directory: str | os.PathLike, output: Any, **fields: Any) -> Path:
     path = d / f"verl-{socket.gethostname()}-{os.getpid()}.jsonl"
     with path.open("a", encoding="utf-8") as fh:
         fh.write(json.dumps(record(output, **fields), default=_plain) + "\n")
+    return path
+
+
+def _setting(config: Any, key: str) -> Any:
+    """`config.key` of a verl config (OmegaConf DictConfig, dataclass or dict); None when unset. An
+    enum (AdvantageEstimator) is its value."""
+    value = config.get(key) if hasattr(config, "get") else getattr(config, key, None)
+    return getattr(value, "value", value)
+
+
+def batch_records(batch: Any, global_steps: int, algorithm: Any) -> list[dict[str, Any]]:
+    """One record per row of the `DataProto` the trainer trains (after `compute_advantage`), each
+    with the row's own tensors cut to its response (`attention_mask` past the prompt: verl right-pads
+    responses), its `request_id` and `uid` from `non_tensor_batch`, the step, and the estimator's
+    settings of `algorithm` (`config.algorithm`)."""
+    tensors, extra = batch.batch, batch.non_tensor_batch
+    n_prompt = int(tensors["prompts"].shape[1])
+    lengths = tensors["attention_mask"][:, n_prompt:].sum(-1).tolist()
+    present = [k for k in BATCH_TENSORS if k in tensors.keys()]
+    columns = {k: tensors[k].tolist() for k in present}
+    settings = {k: _setting(algorithm, k) for k in ALGORITHM}
+    out = []
+    for i, n in enumerate(lengths):
+        rec: dict[str, Any] = {
+            "request_id": _plain(extra["request_id"][i]) if "request_id" in extra else None,
+            "uid": _plain(extra["uid"][i]) if "uid" in extra else None,
+            "global_steps": int(global_steps),
+            **settings,
+        }
+        rec.update({k: columns[k][i][: int(n)] for k in present})
+        out.append(rec)
+    return out
+
+
+def dump_batch(directory: str | os.PathLike, batch: Any, global_steps: int, algorithm: Any) -> Path:
+    """Append the records of `batch_records` to `directory/verl-batch-<host>-<pid>.jsonl`; returns the file."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"verl-batch-{socket.gethostname()}-{os.getpid()}.jsonl"
+    with path.open("a", encoding="utf-8") as fh:
+        for rec in batch_records(batch, global_steps, algorithm):
+            fh.write(json.dumps(rec, default=_plain) + "\n")
     return path
 
 

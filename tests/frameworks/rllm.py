@@ -186,8 +186,62 @@ def grpo_group_of_one() -> list[dict]:
     return _after_advantages(eps, 12, FILTERED)
 
 
+# ---------------------------------------------------------------- the trainer side (dump_batch)
+
+
+def batch_row(ep: dict, cap: int | None = None, episode_id: str | None = None) -> dict:
+    """The DataProto row rLLM trains for the episode's (one, prefix-merged) trajectory, as `dump_batch`
+    writes it (rllm/trainer/verl/transform.py at 9beb6e0): the first step's prompt, the response
+    [A0, obs1, A1] with mask 1 on the actions (`_process_trajectory`), cut to `cap` tokens
+    (`_pad_sequence_batch`, :38), the reward on the last response token unless the cut removed it
+    (`_build_step_and_trajectory_rewards`, :71-74), the broadcast advantage on the mask
+    (`update_dataproto_with_advantages`), the engine's log-probs (0.0 on observations). `episode_id`:
+    what `episode_ids` holds (the episode's id; the group's id on the fully-async path, :449)."""
+    traj = ep["trajectories"][0]
+    s0, s1 = (st["model_output"] for st in traj["steps"])
+    obs = s1["prompt_ids"][len(s0["prompt_ids"]) + len(s0["completion_ids"]) :]
+    response = s0["completion_ids"] + obs + s1["completion_ids"]
+    mask = [1] * len(s0["completion_ids"]) + [0] * len(obs) + [1] * len(s1["completion_ids"])
+    lps = s0["logprobs"] + [0.0] * len(obs) + s1["logprobs"]
+    reward = 0.0 if traj["reward"] is None else traj["reward"]
+    rewards = [0.0] * (len(response) - 1) + [reward]
+    if cap is not None and len(response) > cap:
+        response, mask, lps, rewards = response[:cap], mask[:cap], lps[:cap], [0.0] * cap
+    adv = traj["steps"][0]["advantage"] or 0.0
+    return {
+        "global_step": ep["global_step"],
+        "step_ids": traj["uid"],
+        "episode_ids": episode_id or ep["id"],
+        "group_roles": traj["name"],
+        "is_pad_step": False,
+        "prompts": s0["prompt_ids"],
+        "responses": response,
+        "response_mask": mask,
+        "traj_rewards": rewards,
+        "advantages": [adv * m for m in mask],
+        "rollout_log_probs": lps,
+    }
+
+
+def trainer(cap: int | None = None, fully_async: bool = False) -> list[dict]:
+    """A step of two rollouts of task-7 (solved, failed) after advantages: the episodes as `dump_episodes`
+    writes them (with `global_step`), then the batch rows. `cap`: the solved rollout's row is cut to that
+    many response tokens, as transform_to_backend_batch cuts a merged multi-turn row
+    (verl_backend.py:448-451: the cap is max_prompt_length + max_response_length, the per-turn
+    generation cap plus the prompt's); `fully_async`: the rows come from
+    transform_trajectory_groups_to_dataproto (episode_ids hold the group's id)."""
+    eps = _after_advantages(
+        [_episode("task-7:0", 0, "env_done", True, 1.0), _episode("task-7:1", 1, "env_done", False, 0.0)], 12, FILTERED
+    )
+    rows = [batch_row(ep, cap if ep["id"] == "task-7:0" else None, "task-7" if fully_async else None) for ep in eps]
+    return eps + rows
+
+
 def cases() -> dict[str, list[dict]]:
     return {
+        "trainer_compliant": trainer(),
+        "trainer_fully_async": trainer(fully_async=True),
+        "trainer_row_cut_at_cap": trainer(cap=10),
         "compliant": compliant(),
         "logprobs_missing": logprobs_missing(),
         "compact_filtering": compact_filtering(),

@@ -199,9 +199,112 @@ def _glm(bug: bool = False) -> list[dict]:
     return out
 
 
+# ---------------------------------------------------------------- the trainer side (dump_batch)
+
+TRAIN_STEP = STEP + 1  # the synchronous trainer trains at step k what version k - 1 sampled
+ALGORITHM = {"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": True, "gamma": 1.0, "use_kl_in_reward": False}
+OLD_ON_OBSERVATION = -5.0  # the actor scores every response token; the adapter keeps the sampled ones
+
+
+def grpo(scores: list[float], uids: list[str], eps: float = 1e-6) -> list[float]:
+    """verl's compute_grpo_outcome_advantage on outcome scores (core_algos.py): per uid, (R - mean) /
+    (unbiased std + eps); a group of one gets mean 0 and std 1."""
+    out = []
+    for s, u in zip(scores, uids):
+        g = [x for x, v in zip(scores, uids) if v == u]
+        mean = sum(g) / len(g) if len(g) > 1 else 0.0
+        std = (sum((x - mean) ** 2 for x in g) / (len(g) - 1)) ** 0.5 if len(g) > 1 else 1.0
+        out.append((s - mean) / (std + eps))
+    return out
+
+
+def batch_record(rec: dict, advantage: float, mask: list[int], old: list[float]) -> dict:
+    """The trainer-side record of one sample, as `dump_batch` writes a row of the DataProto after
+    compute_advantage: the score on the last response token (agent_loop.py `_postprocess`: rm_scores
+    at attention length - 1), the outcome advantage on every token of the (rejection-applied) mask,
+    returns = advantages (GRPO), the actor's old log-probs and the engine's rollout log-probs."""
+    n = len(rec["response_ids"])
+    scores = [0.0] * (n - 1) + [rec["reward_score"]]
+    adv = [round(advantage, 6) * m for m in mask]
+    return {
+        "request_id": rec["request_id"],
+        "uid": rec["uid"],
+        "global_steps": TRAIN_STEP,
+        **ALGORITHM,
+        "responses": rec["response_ids"],
+        "response_mask": mask,
+        "token_level_scores": scores,
+        "token_level_rewards": scores,
+        "advantages": adv,
+        "returns": adv,
+        "old_log_probs": old,
+        "rollout_log_probs": rec["response_logprobs"],
+    }
+
+
+def _trainer(bug: str | None = None) -> list[dict]:
+    """The compliant batch's sampler records, then the trainer-side record of each row. `bug`:
+    `rejected` (rollout correction rejects e2a901 whole, verl zeroes its response_mask, yet GRPO's
+    statistics still read its reward: verl-project/verl#6452), `attention_mask` (the trainer's
+    response_mask is compute_response_mask's, the attention mask past the prompt, so tool tokens enter
+    the loss), `stale_old_log_probs` (the actor's old log-probs of e2a901 are 1.5 nats above the
+    engine's on every token: the engine sampled with other weights), `group_of_one` (7c1f01 is
+    the only sample of its prompt in the step: verl's GRPO gives it its raw score)."""
+    samples = _batch()
+    if bug == "group_of_one":
+        samples = [r for r in samples if r["request_id"] != "7c1f00"]
+    uids = [r["uid"] for r in samples]
+    advantages = grpo([r["reward_score"] for r in samples], uids)
+    out = list(samples)
+    for rec, adv in zip(samples, advantages):
+        hit = rec["request_id"] == "e2a901"
+        mask = list(rec["response_mask"])
+        if bug == "rejected" and hit:
+            mask = [0] * len(mask)
+        if bug == "attention_mask":
+            mask = [1] * len(mask)
+        shift = 1.5 if bug == "stale_old_log_probs" and hit else 0.0
+        old = [
+            round(lp + shift, 4) if m else OLD_ON_OBSERVATION
+            for lp, m in zip(rec["response_logprobs"], rec["response_mask"])
+        ]
+        out.append(batch_record(rec, adv, mask, old))
+    return out
+
+
+# a ToolAgentLoop episode whose last turn hits response_length: the engine returned more ids than fit,
+# the loop keeps the response's first RESPONSE_LENGTH tokens (agent_loop.py / tool_agent_loop.py)
+def _cut_at_response_length() -> list[dict]:
+    """Two tool episodes of one prompt; the second one's last turn is cut at RESPONSE_LENGTH."""
+    out = []
+    for rep in range(2):
+        ep = episode(700 + rep, 3)
+        rec = record(ep, f"c0de{rep:02d}", "c0de", float(rep))
+        if rep == 1:
+            rng = random.Random(rep)
+            extra = RESPONSE_LENGTH - len(ep.response()) + 7  # seven ids past the budget
+            more = [rng.randrange(1000, 30000) for _ in range(extra)]
+            rec["engine_calls"][-1]["token_ids"] = ep.outputs[-1][:-1] + more + ep.outputs[-1][-1:]
+            keep = RESPONSE_LENGTH - len(rec["response_ids"]) + len(ep.outputs[-1]) - 1
+            lps = [round(-rng.uniform(0.01, 2.0), 4) for _ in range(keep)]
+            body = rec["engine_calls"][-1]["token_ids"][: len(ep.outputs[-1]) - 1 + keep]
+            cut = len(rec["response_ids"]) - len(ep.outputs[-1])
+            rec["response_ids"] = rec["response_ids"][:cut] + body[: RESPONSE_LENGTH - cut]
+            rec["response_mask"] = rec["response_mask"][:cut] + [1] * (RESPONSE_LENGTH - cut)
+            rec["response_logprobs"] = (rec["response_logprobs"][:cut] + ep.logprobs[-1][:-1] + lps)[:RESPONSE_LENGTH]
+        out.append(rec)
+    return out
+
+
 def cases() -> dict[str, list[dict]]:
     """The verl fixture cases."""
     return {
+        "trainer_compliant": _trainer(),
+        "trainer_rejected_in_group_statistics": _trainer("rejected"),
+        "trainer_mask_from_attention": _trainer("attention_mask"),
+        "trainer_stale_old_log_probs": _trainer("stale_old_log_probs"),
+        "trainer_grpo_group_of_one": _trainer("group_of_one"),
+        "tool_agent_loop_response_length": _cut_at_response_length(),
         "compliant": _batch(),
         "tool_separator_dropped": _batch("separator"),
         "searchr1_mask_after_reencoding": _batch("reencoded"),
