@@ -30,9 +30,89 @@ def test_compliant_is_clean_and_not_run_as_documented():
     assert set(rep.not_run) == documented_not_run("skyrl")
 
 
-def test_appended_eos_with_zero_logprob_is_l208(tmp_path):
+def test_appended_eos_the_engine_did_not_sample_is_m101(tmp_path):
+    """SkyRL#758: the EOS SkyRL appends is not among the engine's ids, so its mask 1 is M101 (its 0.0
+    placeholder log-prob is not a recorded one)."""
     found = convert_then_check_equals_check_from("skyrl", "eos_appended_logprob_zero", tmp_path)
-    assert [(f[0], f[1]) for f in found] == [("L208", "3/search-4_1")]
+    assert [(f[0], f[1]) for f in found] == [("M101", "3/search-4_1")]
+
+
+def test_trained_chat_template_tokens_are_m101_from_the_engine_ids(tmp_path):
+    """SkyRL#710: a loss mask of 1 over the assistant generation prompt and the newline after
+    <|im_end|>; provenance from the engine's calls, not from that mask, makes it M101."""
+    found = convert_then_check_equals_check_from("skyrl", "assistant_header_trained", tmp_path)
+    assert [(f[0], f[1]) for f in found] == [("M101", "3/search-4_0"), ("M101", "3/search-4_1")]
+    assert "loss_mask true on 8 non-policy token(s)" in found[0][4]
+
+
+def test_without_engine_calls_provenance_is_not_recorded_and_m101_m102_do_not_run(tmp_path):
+    dump = tmp_path / "dump.jsonl"
+    recs = records("skyrl", "assistant_header_trained")
+    dump.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "engine_calls"}) + "\n" for r in recs))
+    res, rep = _check(dump)
+    assert res.exit_code == 0 and rep["findings"] == [], res.output
+    why = {c["code"]: c["reason"] for c in rep["not_run"]} if isinstance(rep["not_run"], list) else rep["not_run"]
+    assert {"M101", "M102"} <= set(why) and "engine_calls" in str(why["M101"])
+    assert "token_source" not in load("skyrl").to_contract(recs_without(recs), **CONTEXT).column_names
+
+
+def recs_without(recs):
+    return [{k: v for k, v in r.items() if k != "engine_calls"} for r in recs]
+
+
+def test_step_wise_rows_are_segments_of_their_episode_and_audit_clean():
+    """generator.step_wise_trajectories=true: one row per turn sharing the trajectory id is one episode
+    of segments (no S002), the outcome on its is_last_step row; the trainer's records give U603, U607
+    and U608 their evidence."""
+    res, rep = _check(fixture("skyrl", "step_wise"))
+    assert res.exit_code == 0 and rep["findings"] == [], res.output
+    ran = {c["code"] for c in rep["checks"] if c.get("ran", True)} if "checks" in rep else None
+    table = load("skyrl").to_contract(read_dump(fixture("skyrl", "step_wise")), **CONTEXT)
+    rows = table.select(["trajectory_id", "split_from", "split_continues", "reward"]).to_pylist()
+    assert rows[0] == {"trajectory_id": "5/gsm8k-17_0#0", "split_from": "5/gsm8k-17_0", "split_continues": True, "reward": None}
+    assert rows[1]["trajectory_id"] == "5/gsm8k-17_0#1" and rows[1]["split_continues"] is False
+    upd = load("skyrl").updates(read_dump(fixture("skyrl", "step_wise")))
+    u = upd.to_pylist()[0]
+    assert u["trajectory_ids"] == table["trajectory_id"].to_pylist()
+    assert u["stat_trajectory_ids"] == [t for t, c in zip(u["trajectory_ids"], table["split_continues"].to_pylist()) if not c]
+    assert ran is None or {"U603", "U607", "U608"} <= ran
+
+
+def test_step_wise_rows_interleaved_get_another_episodes_advantage_u603():
+    res, rep = _check(fixture("skyrl", "step_wise_interleaved"))
+    assert res.exit_code == 1, res.output
+    assert [(f["code"], f["trajectory_id"]) for f in rep["findings"]] == [
+        ("U603", "5/search-4_1#0"),
+        ("U603", "5/search-4_1#1"),
+    ]
+
+
+def test_step_wise_rows_without_a_last_step_are_refused_naming_the_dump(tmp_path):
+    recs = records("skyrl", "step_wise")
+    recs[1]["is_last_step"] = False
+    dump = tmp_path / "steps.jsonl"
+    dump.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res = cli("check", "--from", "skyrl", dump, *context_args())
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    line = res.stderr.strip().splitlines()[-1]
+    assert f"{dump}:2" in line and "is_last_step" in line and "5/gsm8k-17_0" in line
+
+
+def test_an_aborted_row_in_the_group_statistics_is_u608():
+    """apply_overlong_filtering masks an aborted row out of the loss, but its reward stays in the
+    group's GRPO statistics."""
+    res, rep = _check(fixture("skyrl", "abort_in_group_statistics"), extra=("--context", "apply_overlong_filtering=true"))
+    assert res.exit_code == 1
+    assert ("U608", "3/gsm8k-17_1") in {(f["code"], f["trajectory_id"]) for f in rep["findings"]}
+
+
+def test_trainer_records_audit_clean_and_run_the_update_checks():
+    res, rep = _check(fixture("skyrl", "trainer"))
+    assert res.exit_code == 0 and rep["findings"] == [], res.output
+    upd = load("skyrl").updates(read_dump(fixture("skyrl", "trainer")))
+    u = upd.to_pylist()[0]
+    assert u["advantage_estimator"] == "grpo" and len(u["advantages"]) == 4
+    assert u["numerator_tokens"] == [sum(r["loss_masks"]) for r in records("skyrl", "compliant")]
 
 
 def _check(*paths, extra=()):
@@ -54,7 +134,7 @@ def test_multi_step_dump_as_one_file_per_step_takes_the_step_from_the_file_name(
         step = rec.pop("global_step")
         with (tmp_path / f"skyrl-{step}.jsonl").open("a") as fh:
             fh.write(json.dumps(rec) + "\n")
-    res, rep = _check(tmp_path)
+    res, rep = _check(tmp_path, extra=("--context", "apply_overlong_filtering=true"))
     assert res.exit_code == 0 and rep["findings"] == [], res.output
     assert rep["summary"]["trainer_policy_settings"] == {"truncation": "penalize"}
 
@@ -68,7 +148,7 @@ def test_without_a_step_the_repeated_ids_are_s002(tmp_path):
             for r in records("skyrl", "multi_step")
         )
     )
-    res, rep = _check(dump)
+    res, rep = _check(dump, extra=("--context", "apply_overlong_filtering=true"))
     assert res.exit_code == 1 and {f["code"] for f in rep["findings"]} == {"S002"}
 
 
