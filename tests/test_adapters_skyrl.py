@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from adapterhelp import (
     CONTEXT,
     audit,
@@ -69,12 +70,19 @@ def test_step_wise_rows_are_segments_of_their_episode_and_audit_clean():
     ran = {c["code"] for c in rep["checks"] if c.get("ran", True)} if "checks" in rep else None
     table = load("skyrl").to_contract(read_dump(fixture("skyrl", "step_wise")), **CONTEXT)
     rows = table.select(["trajectory_id", "split_from", "split_continues", "reward"]).to_pylist()
-    assert rows[0] == {"trajectory_id": "5/gsm8k-17_0#0", "split_from": "5/gsm8k-17_0", "split_continues": True, "reward": None}
+    assert rows[0] == {
+        "trajectory_id": "5/gsm8k-17_0#0",
+        "split_from": "5/gsm8k-17_0",
+        "split_continues": True,
+        "reward": None,
+    }
     assert rows[1]["trajectory_id"] == "5/gsm8k-17_0#1" and rows[1]["split_continues"] is False
     upd = load("skyrl").updates(read_dump(fixture("skyrl", "step_wise")))
     u = upd.to_pylist()[0]
     assert u["trajectory_ids"] == table["trajectory_id"].to_pylist()
-    assert u["stat_trajectory_ids"] == [t for t, c in zip(u["trajectory_ids"], table["split_continues"].to_pylist()) if not c]
+    assert u["stat_trajectory_ids"] == [
+        t for t, c in zip(u["trajectory_ids"], table["split_continues"].to_pylist()) if not c
+    ]
     assert ran is None or {"U603", "U607", "U608"} <= ran
 
 
@@ -101,7 +109,9 @@ def test_step_wise_rows_without_a_last_step_are_refused_naming_the_dump(tmp_path
 def test_an_aborted_row_in_the_group_statistics_is_u608():
     """apply_overlong_filtering masks an aborted row out of the loss, but its reward stays in the
     group's GRPO statistics."""
-    res, rep = _check(fixture("skyrl", "abort_in_group_statistics"), extra=("--context", "apply_overlong_filtering=true"))
+    res, rep = _check(
+        fixture("skyrl", "abort_in_group_statistics"), extra=("--context", "apply_overlong_filtering=true")
+    )
     assert res.exit_code == 1
     assert ("U608", "3/gsm8k-17_1") in {(f["code"], f["trajectory_id"]) for f in rep["findings"]}
 
@@ -211,3 +221,20 @@ def test_an_overlong_filtered_sample_is_loss_excluded_and_a_trained_one_is_m109(
     res, rep = _check(dump, extra=("--context", "apply_overlong_filtering=true"))
     assert res.exit_code == 1, res.output
     assert {f["code"] for f in rep["findings"] if f["severity"] == "error"} == {"M109"}
+
+
+@pytest.mark.parametrize(
+    ("case", "extra"),
+    [
+        ("compliant", ()),
+        ("trainer", ()),
+        ("multi_step", ("--context", "apply_overlong_filtering=true")),
+        ("fully_async", ()),
+        ("step_wise", ()),
+    ],
+)
+def test_every_compliant_fixture_on_the_page_audits_clean_with_its_command(case, extra):
+    """docs/frameworks/skyrl.md's command (`check --from skyrl DUMP --context ...`) on each fixture it
+    calls compliant: exit 0, no finding."""
+    res, rep = _check(fixture("skyrl", case), extra=extra)
+    assert res.exit_code == 0 and rep["findings"] == [], res.output

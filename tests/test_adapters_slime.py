@@ -199,3 +199,29 @@ def test_actor_record_places_slimes_token_terms_and_audits_clean():
     assert row["token_reward"][-1] == row["reward"] and sum(row["token_reward"]) == row["reward"]
     masked = [k for k, m in zip(row["token_kl"], row["loss_mask"]) if not m]
     assert not any(masked)
+
+
+def test_the_masked_stale_prefix_of_a_resumed_sample_is_m102_through_the_cli(tmp_path):
+    """--mask-offpolicy-in-partial-rollout zeroes the mask of tokens the engine did sample: the engine
+    calls show it, so M102 warns on that prefix with no context key."""
+    code, rep = _cli_check("partial_rollout_mask_offpolicy", "--config", str(_budget_config(tmp_path)))
+    assert code == 0 and _codes(rep) == []
+    assert sorted((f["code"], f["trajectory_id"]) for f in rep["findings"]) == [("M102", "1"), ("M102", "2")]
+
+
+def _budget_config(tmp_path):
+    path = tmp_path / "audit.toml"
+    path.write_text(f"max_response_tokens = {BUDGET}\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    "case", ["compliant", "partial_rollout", "partial_rollout_multi_turn", "removed_sample", "reinforce_plus_plus"]
+)
+def test_every_compliant_fixture_on_the_page_audits_clean_with_its_command(case, tmp_path):
+    """docs/frameworks/slime.md's command (`check --from slime DUMP --context ...`, the response budget
+    configured) on each fixture it calls compliant: exit 0, no error or warning (a resumed sample
+    sampled by two versions is P504, an info)."""
+    code, rep = _cli_check(case, "--config", str(_budget_config(tmp_path)))
+    assert code == 0 and {f["code"] for f in rep["findings"]} <= {"P504"}, rep["findings"]
+    assert all(f["severity"] == "info" for f in rep["findings"])

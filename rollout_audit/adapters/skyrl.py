@@ -291,7 +291,8 @@ def _trainer_rows(records: Iterable[Mapping[str, Any]]) -> list[tuple[int, Mappi
 def _row_ids(rows: list[tuple[int, Mapping[str, Any], str]]) -> list[tuple[str, str, bool]]:
     """(contract trajectory id, instance id, whether the row's reward formed the statistics) of each
     trainer row, named as `to_contract` names the generator's rows (step-wise: `{episode}#{k}`)."""
-    ids, counts = [], {}
+    ids: list[tuple[str, str, bool | None, int]] = []
+    counts: dict[str, int] = {}
     for step, rec, where in rows:
         traj, task, _ = _trajectory(rec, 0, None if step < 0 else step)
         last = _last_step(rec, where)
@@ -311,7 +312,8 @@ def _advantage(rec: Mapping[str, Any], where: str) -> float:
     adv = numbers(need(rec, "advantages", where), "advantages", where)
     resp = flags(aligned(rec, "response_mask", adv, where), "response_mask", where)
     first = next((i for i, m in enumerate(resp) if m), None)
-    return 0.0 if first is None or adv[first] is None else float(adv[first])
+    value = None if first is None else adv[first]
+    return 0.0 if value is None else float(value)
 
 
 def updates(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table | None:
@@ -324,7 +326,7 @@ def updates(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table | 
     if not rows:
         return None
     named = _row_ids(rows)
-    out: list[dict[str, Any]] = []
+    out: list[Mapping[str, Any]] = []
     for step in dict.fromkeys(s for s, _, _ in rows):
         members = [(rec, where, ids) for (s, rec, where), ids in zip(rows, named) if s == step]
         rec0, where0 = members[0][0], members[0][1]

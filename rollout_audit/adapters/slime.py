@@ -1,27 +1,29 @@
-"""slime: `Sample.to_dict()` (slime/utils/types.py) to contract tables.
+"""slime: `Sample.to_dict()` (slime/utils/types.py) and slime's train data and actor batches to
+contract tables.
 
-One record per sample, written by the dump hook (docs/frameworks/slime.md) with slime's own field
-names: `index`, `group_index`, `tokens` (prompt then response), `response_length`, `loss_mask` and
-`rollout_log_probs` over the response, `reward`, `status`, `weight_versions` (one per engine call).
+Sampler side: one record per sample, written by the dump hook (docs/frameworks/slime.md) with
+slime's own field names: `index`, `group_index`, `tokens` (prompt then response), `response_length`,
+`loss_mask` and `rollout_log_probs` over the response, `reward`, `status`, `weight_versions` (one
+per engine call), `metadata.engine_calls` (the generate hook's: per engine call the sample's
+`response_length` before it, the `tokens` SGLang returned and its `weight_version`).
 
-Provenance comes from `loss_mask` (slime appends engine output with 1 and tool output with 0), so
-M101/M102 hold by construction; the turns are the runs of mask 1. `weight_versions` has one entry
-per engine call, and under `--partial-rollout` an aborted sample is resumed by another call, so a
-turn may own several: turn t's policy version is the version of its first call (the oldest weights
-that sampled any of it), which the list fixes for turn 0 always, for every turn when there is one
-call per turn or one version in all, and for turn t otherwise when calls t .. t+extra agree; a
-turn the list cannot place is null (P501 names it). With `--mask-offpolicy-in-partial-rollout`
-(context `mask_offpolicy_in_partial_rollout=true`) the resumed sample's first calls are masked out:
-that leading run of mask 0 was still sampled by the policy (source 2, outside the loss).
+Provenance comes from `engine_calls`, independently of `loss_mask` (the mask under test), so
+M101/M102 compare the mask with what the engine sampled. A sample without them has no provenance:
+`token_source` is declared not recorded. A call that resumes the previous one where it stopped
+(`--partial-rollout`) is the same turn, whose version is its first call's. Without engine calls the
+turns are the runs of mask 1 and `weight_versions` is placed on them: turn t's version is the
+version of its first call where the list fixes it, else the oldest of the calls that can have
+started it (it never understates staleness).
 
 `remove_sample` (set by `--rollout-sample-filter-path` before the dump) is applied by slime after
 the dump point (`loss_mask` all 0, slime/ray/rollout.py:680-681) while the sample stays in reward
-normalisation: the adapter writes its loss mask all false, keeping the provenance the dump shows.
+normalisation: the adapter writes its loss mask all false and the sample `loss_excluded`.
 
-`rollout_id` (Sample.rollout_id; None gets a fresh id) groups the samples whose summed loss slime
-divides by one denominator, `rollout_mask_sums` (rollout.py:647-700). `updates` reads the train
-data record the second hook writes (`sample_indices`, `rollout_ids`, `rollout_mask_sums`) and
-writes one token-reduced update per rollout id, so U601 recomputes the denominator.
+Trainer side: the train data record (`sample_indices`, `rollout_ids`, `rollout_mask_sums`, and
+`rewards`, `raw_reward`, `loss_masks`, `args`) becomes one token-reduced update per rollout id with
+its denominator, numerator tokens, advantages and normalisation groups (`updates`); the actor record
+(`sample_indices`, `loss_masks`, `kl`, `returns`, `rewards`, `args`) of `reinforce_plus_plus` at
+gamma 1 becomes the token columns `token_reward`, `token_kl`, `token_returns`.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ def _reward(value: Any, where: str, key: str | None) -> float | None:
     return None if value is None else number(value, "reward", where)
 
 
-def _versions(rec: Mapping[str, Any], n_turns: int, where: str) -> list[int | None] | None:
+def _versions(rec: Mapping[str, Any], n_turns: int, where: str) -> list[int] | list[None] | None:
     """Each turn's policy version from the per-call `weight_versions` (module docstring): the version
     of the turn's first call where the list fixes it, else the oldest version that call can have."""
     wv = rec.get("weight_versions")
@@ -106,7 +108,7 @@ def _versions(rec: Mapping[str, Any], n_turns: int, where: str) -> list[int | No
         return None
     if not isinstance(wv, list):
         raise AdapterError(f"{where}: weight_versions must be a list")
-    calls = []
+    calls: list[int] = []
     for v in wv:
         if isinstance(v, (int, float)):  # a number is a whole one within int64 (bools and 2.5 refused)
             calls.append(whole(v, "weight_versions", where))

@@ -96,7 +96,10 @@ def _partial(mask_offpolicy: bool) -> list[dict]:
         rec["weight_versions"] = ["5"]
         if i in (1, 2):
             rec["weight_versions"] = ["4", "5"]  # the aborted call's version, then the resumed call's
-            first, rest = rec["metadata"]["engine_calls"][0]["tokens"][:3], rec["metadata"]["engine_calls"][0]["tokens"][3:]
+            first, rest = (
+                rec["metadata"]["engine_calls"][0]["tokens"][:3],
+                rec["metadata"]["engine_calls"][0]["tokens"][3:],
+            )
             rec["metadata"] = {
                 "start_rollout_id": 4,
                 "engine_calls": [
@@ -131,9 +134,7 @@ def normalised(raw: list[float], per: int, size: int) -> list[float]:
     return out
 
 
-def train_data(
-    samples: list[dict], step: int, count_removed: bool = False, keep_removed_mask: bool = False
-) -> dict:
+def train_data(samples: list[dict], step: int, count_removed: bool = False, keep_removed_mask: bool = False) -> dict:
     """The second hook's record: slime's rollout ids and per-rollout denominators (rollout.py:647-700),
     the normalised rewards, raw rewards and loss masks it trains on, and the arguments that decide
     them; `count_removed` sums the removed samples' masks too, as a custom converter that forgets them
@@ -146,7 +147,9 @@ def train_data(
                 fresh += 1
             ids[k] = fresh
             used.add(fresh)
-    sums = [0 if s["remove_sample"] and not (count_removed or keep_removed_mask) else sum(s["loss_mask"]) for s in samples]
+    sums = [
+        0 if s["remove_sample"] and not (count_removed or keep_removed_mask) else sum(s["loss_mask"]) for s in samples
+    ]
     per = {r: sum(m for q, m in zip(ids, sums) if q == r) for r in ids}
     raw = [s["reward"] for s in samples]
     masks = [
