@@ -231,6 +231,7 @@ def test_an_overlong_filtered_sample_is_loss_excluded_and_a_trained_one_is_m109(
         ("multi_step", ("--context", "apply_overlong_filtering=true")),
         ("fully_async", ()),
         ("step_wise", ()),
+        ("zero_variance_filtered", ()),
     ],
 )
 def test_every_compliant_fixture_on_the_page_audits_clean_with_its_command(case, extra):
@@ -238,3 +239,18 @@ def test_every_compliant_fixture_on_the_page_audits_clean_with_its_command(case,
     calls compliant: exit 0, no finding."""
     res, rep = _check(fixture("skyrl", case), extra=extra)
     assert res.exit_code == 0 and rep["findings"] == [], res.output
+
+
+def test_rows_the_zero_variance_filter_took_out_of_the_loss_are_loss_excluded_not_u607():
+    """trainer.algorithm.zero_variance_filter zeroes a flat group's masks after the sampler hook: the
+    trainer's records show it, and those rows are recorded out of the loss (no false U607)."""
+    table = load("skyrl").to_contract(read_dump(fixture("skyrl", "zero_variance_filtered")), **CONTEXT)
+    rows = table.select(["trajectory_id", "loss_excluded", "loss_mask"]).to_pylist()
+    assert [r["trajectory_id"] for r in rows if r["loss_excluded"]] == ["3/gsm8k-17_0", "3/gsm8k-17_1"]
+    assert not any(rows[0]["loss_mask"])
+
+
+def test_a_trainer_mask_that_trains_what_the_dump_masked_is_u607():
+    res, rep = _check(fixture("skyrl", "trainer_mask_trains_more"))
+    assert res.exit_code == 1
+    assert [(f["code"], f["trajectory_id"]) for f in rep["findings"]] == [("U607", "3/search-4_1")]

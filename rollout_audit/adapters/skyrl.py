@@ -253,8 +253,35 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
     rows = rows_of(recs, row, ctx)
     if any(r.get("is_last_step") is not None for r in recs):
         rows = _segments(rows, recs)
+    _zero_variance_filtered(rows, list(records))
     table = contract_table(rows, LACKS)
     return with_policy(table, policy(ctx), truncation="penalize")
+
+
+def _zero_variance_filtered(rows: list[dict[str, Any]], records: list[Mapping[str, Any]]) -> None:
+    """Rows SkyRL's `trainer.algorithm.zero_variance_filter` took out of the loss after the sampler hook
+    (trainer.py:1086-1101): the trainer's `loss_mask` is all 0 where the generator's was not, and the
+    row's group has no reward spread among its live rows (trainer_utils.py:629-670, tolerance 1e-6 by
+    default). They are recorded as the trainer trains them: loss mask all false, `loss_excluded` (the
+    reward stays in the group statistics). A row zeroed otherwise is left as dumped, for U607 to report."""
+    trainer = _trainer_rows(records)
+    if not trainer:
+        return
+    zeroed = {
+        ids[0]
+        for (_, rec, where), ids in zip(trainer, _row_ids(trainer))
+        if not any(flags(need(rec, "loss_mask", where), "loss_mask", where))
+    }
+    live: dict[str, list[float]] = {}
+    for r in rows:
+        if any(r["loss_mask"]) and r.get("reward") is not None:
+            live.setdefault(r["group_id"], []).append(r["reward"])
+    for r in rows:
+        rewards = live.get(r["group_id"], [])
+        flat = len(rewards) > 1 and max(rewards) - min(rewards) <= 1e-6
+        if r["trajectory_id"] in zeroed and any(r["loss_mask"]) and flat:
+            r["loss_mask"] = [False] * len(r["loss_mask"])
+            r["loss_excluded"] = True
 
 
 # ---------------------------------------------------------------- the trainer side

@@ -214,6 +214,28 @@ def _abort_in_statistics() -> list[dict]:
     return rows + trainer_records(rows)
 
 
+def _zero_variance_filtered() -> list[dict]:
+    """trainer.algorithm.zero_variance_filter=true: gsm8k-17's two rows both scored 1.0, so the trainer
+    zeroes their loss masks after the sampler hook (trainer.py:1086-1101); the trainer's records show
+    the masks it trains with."""
+    rows = _batch(False)
+    rows[0]["rewards"] = rows[1]["rewards"] = 1.0
+    out = trainer_records(rows)
+    for t in out[:2]:
+        t["loss_mask"] = [0] * len(t["loss_mask"])
+    return rows + out
+
+
+def _trainer_mask_trains_more() -> list[dict]:
+    """A trainer whose loss mask differs from the one the generator dumped: the row trains the
+    observation tokens the dump masked (an override of postprocess_generator_output, the place SkyRL
+    names for loss-mask post-processing, trainer.py:1027, that rebuilds the masks)."""
+    rows = _batch(False)
+    out = trainer_records(rows)
+    out[3]["loss_mask"] = [1] * len(out[3]["loss_mask"])
+    return rows + out
+
+
 def cases() -> dict[str, list[dict]]:
     """The SkyRL fixture cases."""
     compliant = _batch(False)
@@ -227,4 +249,6 @@ def cases() -> dict[str, list[dict]]:
         "step_wise": _step_wise(),
         "step_wise_interleaved": _step_wise_interleaved(),
         "abort_in_group_statistics": _abort_in_statistics(),
+        "zero_variance_filtered": _zero_variance_filtered(),
+        "trainer_mask_trains_more": _trainer_mask_trains_more(),
     }
