@@ -160,6 +160,8 @@ def test_without_a_step_the_repeated_ids_are_s002(tmp_path):
     )
     res, rep = _check(dump, extra=("--context", "apply_overlong_filtering=true"))
     assert res.exit_code == 1 and {f["code"] for f in rep["findings"]} == {"S002"}
+    # the message names the dump, never the temporary Parquet file the conversion wrote
+    assert all(f["message"].endswith(f"(in {dump})") for f in rep["findings"]), rep["findings"]
 
 
 def test_fully_async_groups_take_the_scheduled_step_as_policy_version():
