@@ -256,3 +256,16 @@ def test_a_trainer_mask_that_trains_what_the_dump_masked_is_u607():
     res, rep = _check(fixture("skyrl", "trainer_mask_trains_more"))
     assert res.exit_code == 1
     assert [(f["code"], f["trajectory_id"]) for f in rep["findings"]] == [("U607", "3/search-4_1")]
+
+
+@pytest.mark.parametrize(
+    ("case", "field", "value"),
+    [
+        ("compliant", "engine_calls", "x"),
+        ("compliant", "engine_calls", [{"prompt_token_ids": [1], "response_ids": [2]}]),  # ends before the response
+        ("compliant", "engine_calls", [{"prompt_token_ids": [1]}]),
+        ("step_wise", "is_last_step", "yes"),
+    ],
+)
+def test_a_malformed_hook_field_exits_2_naming_it(case, field, value, tmp_path):
+    missing_field_exits_2("skyrl", case, field, tmp_path, value)

@@ -225,3 +225,29 @@ def test_every_compliant_fixture_on_the_page_audits_clean_with_its_command(case,
     code, rep = _cli_check(case, "--config", str(_budget_config(tmp_path)))
     assert code == 0 and {f["code"] for f in rep["findings"]} <= {"P504"}, rep["findings"]
     assert all(f["severity"] == "info" for f in rep["findings"])
+
+
+@pytest.mark.parametrize(
+    ("case", "field", "value"),
+    [
+        ("compliant", "metadata", {"engine_calls": 5}),
+        ("compliant", "metadata", {"engine_calls": [{"response_length": 999, "tokens": [1]}]}),
+        ("compliant", "metadata", {"engine_calls": [{"response_length": 0}]}),
+    ],
+)
+def test_a_malformed_engine_call_exits_2_naming_it(case, field, value, tmp_path):
+    missing_field_exits_2("slime", case, field, tmp_path, value)
+
+
+@pytest.mark.parametrize(("field", "value"), [("kl", "x"), ("returns", [[1.0]]), ("sample_indices", [99, 1, 2, 3])])
+def test_a_malformed_actor_record_exits_2_naming_it(field, value, tmp_path):
+    from adapterhelp import cli, context_args
+
+    recs = read_dump(fixture("slime", "reinforce_plus_plus"))
+    recs[-1][field] = value
+    bad = tmp_path / "dump.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res = cli("check", "--from", "slime", bad, *context_args())
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    line = res.stderr.strip().splitlines()[-1]
+    assert "actor record" in line and "internal error" not in line, line
