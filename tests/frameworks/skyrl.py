@@ -1,9 +1,13 @@
-"""SkyRL fixtures: per-sample records of `GeneratorOutput` (skyrl/train/generators/base.py) as the
-dump hook writes them. Cases: `compliant`, `eos_appended_logprob_zero` (NovaSky-AI/SkyRL#758:
-the generator appends an EOS the engine did not sample, with loss_masks 1 and rollout_logprobs 0.0,
-when the last turn stopped on a stop string), `multi_step` (two training steps that draw the same
-prompts again, one sample cut at the length limit under `apply_overlong_filtering`) and
-`fully_async` (groups as the fully-async trainer's hook writes them).
+"""SkyRL fixtures: per-row records of `GeneratorOutput` (skyrl/train/generators/base.py) as the
+dump hook writes them, with the engine calls the agent-loop hook keeps, and the trainer-side records
+of the `TrainingInputBatch` after compute_advantages_and_returns (skyrl/train/trainer.py:1124-1194).
+Compliant: `compliant`, `trainer` (with the trainer's records), `multi_step` (two training steps that
+draw the same prompts again, one sample cut at the length limit under `apply_overlong_filtering`),
+`fully_async`, `step_wise` (`generator.step_wise_trajectories`: one row per turn) and
+`zero_variance_filtered`. Faults: `eos_appended_logprob_zero` (NovaSky-AI/SkyRL#758: an EOS the
+engine did not sample, mask 1), `assistant_header_trained` (NovaSky-AI/SkyRL#710: template tokens in
+the mask), `step_wise_interleaved` (U603), `abort_in_group_statistics` (U608) and
+`trainer_mask_trains_more` (U607).
 
 Shapes as at NovaSky-AI/SkyRL a956457: `GeneratorOutput` TypedDict (skyrl/train/generators/base.py:37-63),
 `TrajectoryID(instance_id, repetition_id)` (:13-19, instance_id = the dataset index as a string,

@@ -1,10 +1,11 @@
-"""slime fixtures: `Sample.to_dict()` records (slime/utils/types.py) as the dump hook writes them.
-Cases: `compliant`; `openrlhf_cut_not_truncated` (OpenRLHF-style: a multi-turn episode cut at
-the response budget is recorded COMPLETED instead of TRUNCATED, as OpenRLHF's multi-turn agent
-never sets truncated); `partial_rollout` and `partial_rollout_mask_offpolicy` (samples aborted at
-one rollout step and resumed at the next); `removed_sample` (a sample filter removed one, with the
-train data record of the second hook); `removed_sample_in_denominator` (a custom converter that
-counts the removed sample's tokens in its rollout's denominator).
+"""slime fixtures: `Sample.to_dict()` records (slime/utils/types.py) as the dump hook writes them,
+with the engine calls the generate hook keeps in `metadata`, the train data record and the actor
+record. Compliant: `compliant`, `partial_rollout`, `partial_rollout_mask_offpolicy` (M102 warnings
+on the masked stale prefix), `partial_rollout_multi_turn` (no engine calls, an ambiguous resumed
+turn), `removed_sample` (with the train data record) and `reinforce_plus_plus` (with the actor
+record). Faults: `openrlhf_cut_not_truncated` (T306), `removed_sample_in_denominator` (U601),
+`removed_sample_trained` (U607), `failed_in_statistics` (U608), `group_norm_over_batch` (U603) and
+`returns_kl_unmasked` (THUDM/slime#1370, R413).
 
 Shapes as at THUDM/slime 624b824: Sample fields `group_index`, `index`, `rollout_id`, `tokens`,
 `response_length`, `reward`, `loss_mask`, `weight_versions`, `rollout_log_probs`, `remove_sample`,
