@@ -1,8 +1,10 @@
 """SkyRL adapter: the compliant fixture audits clean with the not-run list docs/frameworks/skyrl.md
-predicts; SkyRL#758 (appended EOS, mask 1, log-prob 0.0) is L208; a dump of several steps (the
-same instance_id/repetition_id drawn again) is not S002, whether the step is in the records or in
-the file names; the fully-async hook's global_step_when_scheduled is the policy version; the
-generator's truncation flags are taken as context and the policy is named; the CLI paths agree."""
+predicts; provenance comes from the agent loop's engine calls, so SkyRL#758 (an appended EOS with
+mask 1) and SkyRL#710 (template tokens in the mask) are M101, and without engine calls M101/M102 do
+not run; step-wise rows are segments of their episode (no S002); the trainer-side records give
+U603/U607/U608 their evidence and each fires on a fault built from SkyRL's own records; a dump of
+several steps is not S002; the fully-async hook's step is the policy version; the generator's
+truncation flags are taken as context and the policy is named; the CLI paths agree."""
 
 from __future__ import annotations
 
