@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -226,7 +227,7 @@ def relabel(rep: Report, conv: Converted, root: str) -> Report:
             pl.when(inside).then(pl.coalesce("_origin", pl.lit(dump))).otherwise(pl.col("file")).alias("file")
         )
         .drop("_origin")
-        .with_columns(pl.col("message").str.replace_all(root, dump, literal=True))
+        .with_columns(pl.col("message").str.replace_all(re.escape(root) + r"[^,)\s]*", dump))  # a temp file: the dump
     )
 
     def text(s: Any) -> Any:

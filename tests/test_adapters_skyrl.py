@@ -1,13 +1,16 @@
 """SkyRL adapter: the compliant fixture audits clean with the not-run list docs/frameworks/skyrl.md
-predicts; SkyRL#758 (appended EOS, mask 1, log-prob 0.0) is L208; a dump of several steps (the
-same instance_id/repetition_id drawn again) is not S002, whether the step is in the records or in
-the file names; the fully-async hook's global_step_when_scheduled is the policy version; the
-generator's truncation flags are taken as context and the policy is named; the CLI paths agree."""
+predicts; provenance comes from the agent loop's engine calls, so SkyRL#758 (an appended EOS with
+mask 1) and SkyRL#710 (template tokens in the mask) are M101, and without engine calls M101/M102 do
+not run; step-wise rows are segments of their episode (no S002); the trainer-side records give
+U603/U607/U608 their evidence and each fires on a fault built from SkyRL's own records; a dump of
+several steps is not S002; the fully-async hook's step is the policy version; the generator's
+truncation flags are taken as context and the policy is named; the CLI paths agree."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 from adapterhelp import (
     CONTEXT,
     audit,
@@ -30,9 +33,98 @@ def test_compliant_is_clean_and_not_run_as_documented():
     assert set(rep.not_run) == documented_not_run("skyrl")
 
 
-def test_appended_eos_with_zero_logprob_is_l208(tmp_path):
+def test_appended_eos_the_engine_did_not_sample_is_m101(tmp_path):
+    """SkyRL#758: the EOS SkyRL appends is not among the engine's ids, so its mask 1 is M101 (its 0.0
+    placeholder log-prob is not a recorded one)."""
     found = convert_then_check_equals_check_from("skyrl", "eos_appended_logprob_zero", tmp_path)
-    assert [(f[0], f[1]) for f in found] == [("L208", "3/search-4_1")]
+    assert [(f[0], f[1]) for f in found] == [("M101", "3/search-4_1")]
+
+
+def test_trained_chat_template_tokens_are_m101_from_the_engine_ids(tmp_path):
+    """SkyRL#710: a loss mask of 1 over the assistant generation prompt and the newline after
+    <|im_end|>; provenance from the engine's calls, not from that mask, makes it M101."""
+    found = convert_then_check_equals_check_from("skyrl", "assistant_header_trained", tmp_path)
+    assert [(f[0], f[1]) for f in found] == [("M101", "3/search-4_0"), ("M101", "3/search-4_1")]
+    assert "loss_mask true on 8 non-policy token(s)" in found[0][4]
+
+
+def test_without_engine_calls_provenance_is_not_recorded_and_m101_m102_do_not_run(tmp_path):
+    dump = tmp_path / "dump.jsonl"
+    recs = records("skyrl", "assistant_header_trained")
+    dump.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "engine_calls"}) + "\n" for r in recs))
+    res, rep = _check(dump)
+    assert res.exit_code == 0 and rep["findings"] == [], res.output
+    why = {c["code"]: c["reason"] for c in rep["not_run"]} if isinstance(rep["not_run"], list) else rep["not_run"]
+    assert {"M101", "M102"} <= set(why) and "engine_calls" in str(why["M101"])
+    assert "token_source" not in load("skyrl").to_contract(recs_without(recs), **CONTEXT).column_names
+
+
+def recs_without(recs):
+    return [{k: v for k, v in r.items() if k != "engine_calls"} for r in recs]
+
+
+def test_step_wise_rows_are_segments_of_their_episode_and_audit_clean():
+    """generator.step_wise_trajectories=true: one row per turn sharing the trajectory id is one episode
+    of segments (no S002), the outcome on its is_last_step row; the trainer's records give U603, U607
+    and U608 their evidence."""
+    res, rep = _check(fixture("skyrl", "step_wise"))
+    assert res.exit_code == 0 and rep["findings"] == [], res.output
+    ran = {c["code"] for c in rep["checks"] if c.get("ran", True)} if "checks" in rep else None
+    table = load("skyrl").to_contract(read_dump(fixture("skyrl", "step_wise")), **CONTEXT)
+    rows = table.select(["trajectory_id", "split_from", "split_continues", "reward"]).to_pylist()
+    assert rows[0] == {
+        "trajectory_id": "5/gsm8k-17_0#0",
+        "split_from": "5/gsm8k-17_0",
+        "split_continues": True,
+        "reward": None,
+    }
+    assert rows[1]["trajectory_id"] == "5/gsm8k-17_0#1" and rows[1]["split_continues"] is False
+    upd = load("skyrl").updates(read_dump(fixture("skyrl", "step_wise")))
+    u = upd.to_pylist()[0]
+    assert u["trajectory_ids"] == table["trajectory_id"].to_pylist()
+    assert u["stat_trajectory_ids"] == [
+        t for t, c in zip(u["trajectory_ids"], table["split_continues"].to_pylist()) if not c
+    ]
+    assert ran is None or {"U603", "U607", "U608"} <= ran
+
+
+def test_step_wise_rows_interleaved_get_another_episodes_advantage_u603():
+    res, rep = _check(fixture("skyrl", "step_wise_interleaved"))
+    assert res.exit_code == 1, res.output
+    assert [(f["code"], f["trajectory_id"]) for f in rep["findings"]] == [
+        ("U603", "5/search-4_1#0"),
+        ("U603", "5/search-4_1#1"),
+    ]
+
+
+def test_step_wise_rows_without_a_last_step_are_refused_naming_the_dump(tmp_path):
+    recs = records("skyrl", "step_wise")
+    recs[1]["is_last_step"] = False
+    dump = tmp_path / "steps.jsonl"
+    dump.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res = cli("check", "--from", "skyrl", dump, *context_args())
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    line = res.stderr.strip().splitlines()[-1]
+    assert f"{dump}:2" in line and "is_last_step" in line and "5/gsm8k-17_0" in line
+
+
+def test_an_aborted_row_in_the_group_statistics_is_u608():
+    """apply_overlong_filtering masks an aborted row out of the loss, but its reward stays in the
+    group's GRPO statistics."""
+    res, rep = _check(
+        fixture("skyrl", "abort_in_group_statistics"), extra=("--context", "apply_overlong_filtering=true")
+    )
+    assert res.exit_code == 1
+    assert ("U608", "3/gsm8k-17_1") in {(f["code"], f["trajectory_id"]) for f in rep["findings"]}
+
+
+def test_trainer_records_audit_clean_and_run_the_update_checks():
+    res, rep = _check(fixture("skyrl", "trainer"))
+    assert res.exit_code == 0 and rep["findings"] == [], res.output
+    upd = load("skyrl").updates(read_dump(fixture("skyrl", "trainer")))
+    u = upd.to_pylist()[0]
+    assert u["advantage_estimator"] == "grpo" and len(u["advantages"]) == 4
+    assert u["numerator_tokens"] == [sum(r["loss_masks"]) for r in records("skyrl", "compliant")]
 
 
 def _check(*paths, extra=()):
@@ -54,7 +146,7 @@ def test_multi_step_dump_as_one_file_per_step_takes_the_step_from_the_file_name(
         step = rec.pop("global_step")
         with (tmp_path / f"skyrl-{step}.jsonl").open("a") as fh:
             fh.write(json.dumps(rec) + "\n")
-    res, rep = _check(tmp_path)
+    res, rep = _check(tmp_path, extra=("--context", "apply_overlong_filtering=true"))
     assert res.exit_code == 0 and rep["findings"] == [], res.output
     assert rep["summary"]["trainer_policy_settings"] == {"truncation": "penalize"}
 
@@ -68,8 +160,10 @@ def test_without_a_step_the_repeated_ids_are_s002(tmp_path):
             for r in records("skyrl", "multi_step")
         )
     )
-    res, rep = _check(dump)
+    res, rep = _check(dump, extra=("--context", "apply_overlong_filtering=true"))
     assert res.exit_code == 1 and {f["code"] for f in rep["findings"]} == {"S002"}
+    # the message names the dump, never the temporary Parquet file the conversion wrote
+    assert all(f["message"].endswith(f"(in {dump})") for f in rep["findings"]), rep["findings"]
 
 
 def test_fully_async_groups_take_the_scheduled_step_as_policy_version():
@@ -131,3 +225,49 @@ def test_an_overlong_filtered_sample_is_loss_excluded_and_a_trained_one_is_m109(
     res, rep = _check(dump, extra=("--context", "apply_overlong_filtering=true"))
     assert res.exit_code == 1, res.output
     assert {f["code"] for f in rep["findings"] if f["severity"] == "error"} == {"M109"}
+
+
+@pytest.mark.parametrize(
+    ("case", "extra"),
+    [
+        ("compliant", ()),
+        ("trainer", ()),
+        ("multi_step", ("--context", "apply_overlong_filtering=true")),
+        ("fully_async", ()),
+        ("step_wise", ()),
+        ("zero_variance_filtered", ()),
+    ],
+)
+def test_every_compliant_fixture_on_the_page_audits_clean_with_its_command(case, extra):
+    """docs/frameworks/skyrl.md's command (`check --from skyrl DUMP --context ...`) on each fixture it
+    calls compliant: exit 0, no finding."""
+    res, rep = _check(fixture("skyrl", case), extra=extra)
+    assert res.exit_code == 0 and rep["findings"] == [], res.output
+
+
+def test_rows_the_zero_variance_filter_took_out_of_the_loss_are_loss_excluded_not_u607():
+    """trainer.algorithm.zero_variance_filter zeroes a flat group's masks after the sampler hook: the
+    trainer's records show it, and those rows are recorded out of the loss (no false U607)."""
+    table = load("skyrl").to_contract(read_dump(fixture("skyrl", "zero_variance_filtered")), **CONTEXT)
+    rows = table.select(["trajectory_id", "loss_excluded", "loss_mask"]).to_pylist()
+    assert [r["trajectory_id"] for r in rows if r["loss_excluded"]] == ["3/gsm8k-17_0", "3/gsm8k-17_1"]
+    assert not any(rows[0]["loss_mask"])
+
+
+def test_a_trainer_mask_that_trains_what_the_dump_masked_is_u607():
+    res, rep = _check(fixture("skyrl", "trainer_mask_trains_more"))
+    assert res.exit_code == 1
+    assert [(f["code"], f["trajectory_id"]) for f in rep["findings"]] == [("U607", "3/search-4_1")]
+
+
+@pytest.mark.parametrize(
+    ("case", "field", "value"),
+    [
+        ("compliant", "engine_calls", "x"),
+        ("compliant", "engine_calls", [{"prompt_token_ids": [1], "response_ids": [2]}]),  # ends before the response
+        ("compliant", "engine_calls", [{"prompt_token_ids": [1]}]),
+        ("step_wise", "is_last_step", "yes"),
+    ],
+)
+def test_a_malformed_hook_field_exits_2_naming_it(case, field, value, tmp_path):
+    missing_field_exits_2("skyrl", case, field, tmp_path, value)

@@ -5,6 +5,8 @@ per-rollout denominators are recomputed (U601)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from adapterhelp import (
     CONTEXT,
@@ -83,14 +85,14 @@ def test_partial_rollout_with_the_stale_prefix_masked_keeps_it_as_policy_tokens(
     [
         (["3", "3", "3"], 3, [3, 3, 3]),  # one call per turn
         (["3", "4"], 1, [3]),  # a resumed single turn: its first call
-        (["3", "3", "4"], 2, [3, None]),  # turn 1 began at call 1 (3) or call 2 (4): not placed
+        (["3", "3", "4"], 2, [3, 3]),  # turn 1 began at call 1 (3) or call 2 (4): the oldest, 3
         (["3", "4", "4"], 2, [3, 4]),  # either way turn 1's first call has version 4
         (["5"], 3, [5, 5, 5]),  # one version in all
-        (["3", "4"], 3, [3, None, None]),  # fewer calls than turns
+        (["3", "4"], 3, [3, 3, 3]),  # fewer calls than turns: the oldest of them
         (["v1"], 1, [None]),  # not an integer: nothing to order
     ],
 )
-def test_versions_per_call_are_placed_on_turns_only_where_the_list_fixes_them(calls, turns, expected):
+def test_versions_per_call_are_placed_on_turns_or_the_oldest_candidate(calls, turns, expected):
     assert _versions({"weight_versions": calls}, turns, "record") == expected
 
 
@@ -124,3 +126,128 @@ def test_rollout_denominators_are_recomputed_from_the_rollout_ids(tmp_path):
             "2 trajectories (recorded/expected = 2)",
         )
     ]
+
+
+def _cli_check(case: str, *extra: str) -> tuple[int, dict]:
+    from adapterhelp import cli, context_args
+
+    res = cli("check", "--from", "slime", fixture("slime", case), *context_args(), *extra, "--format", "json")
+    return res.exit_code, json.loads(res.stdout)
+
+
+def _codes(rep: dict) -> list[tuple[str, str | None]]:
+    return [(f["code"], f["trajectory_id"]) for f in rep["findings"] if f["severity"] == "error"]
+
+
+def test_an_ambiguous_resumed_turn_gets_the_oldest_candidate_version_not_p501():
+    """weight_versions ["4", "4", "5", "5"] for three turns and no engine_calls: turn 1 began at version 4 or 5;
+    4 is recorded (it never understates staleness), where the version used to be nulled (P501)."""
+    code, rep = _cli_check("partial_rollout_multi_turn")
+    assert code == 0 and _codes(rep) == [], rep["findings"]
+    assert [t["policy_version"] for t in _turns("partial_rollout_multi_turn")["2"]] == [4, 4, 5]
+
+
+def test_without_engine_calls_provenance_is_not_recorded_and_m101_m102_do_not_run():
+    code, rep = _cli_check("partial_rollout_multi_turn")
+    why = {c["code"]: c["reason"] for c in rep["not_run"]}
+    assert "engine_calls" in why["M101"] and "engine_calls" in why["M102"]
+    table = load("slime").to_contract(read_dump(fixture("slime", "partial_rollout_multi_turn")), **CONTEXT)
+    assert "token_source" not in table.column_names
+
+
+def test_a_mask_that_trains_what_the_engine_did_not_sample_is_m101():
+    recs = [json.loads(x) for x in fixture("slime", "compliant").read_text().splitlines()]
+    recs[3]["loss_mask"] = [1] * len(recs[3]["loss_mask"])  # tool output in the loss
+    table = load("slime").to_contract(recs, **CONTEXT)
+    rep = ra.audit_tables(table, config=Config(max_response_tokens=BUDGET))
+    assert rep.findings.select("code", "trajectory_id").rows() == [("M101", "3")]
+
+
+def test_train_data_record_gives_the_update_checks_their_evidence():
+    """The extended train data record (normalised rewards, loss masks, arguments): U603, U607 and U608
+    run on slime's own values and hold on a compliant batch."""
+    code, rep = _cli_check("removed_sample")
+    assert code == 0 and _codes(rep) == [], rep["findings"]
+    not_run = {c["code"] for c in rep["not_run"]}
+    assert not {"U603", "U604", "U607", "U608"} & not_run
+    upd = load("slime").updates(read_dump(fixture("slime", "removed_sample"))).to_pylist()
+    assert {u["advantage_estimator"] for u in upd} == {"grpo"}
+    assert next(u for u in upd if "2" in u["trajectory_ids"])["numerator_tokens"] == [0, 22]
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("removed_sample_trained", {("U607", "2"), ("U601", None)}),
+        ("failed_in_statistics", {("U608", "1")}),
+        ("group_norm_over_batch", {("U603", t) for t in "01234"}),
+        ("returns_kl_unmasked", {("R413", "2"), ("R413", "3")}),
+    ],
+)
+def test_trainer_side_faults_fire_from_slimes_own_records(case, expected):
+    code, rep = _cli_check(case)
+    assert code == 1 and expected <= set(_codes(rep)), rep["findings"]
+
+
+def test_actor_record_places_slimes_token_terms_and_audits_clean():
+    """reinforce_plus_plus at gamma 1: the KL penalty on the loss-mask tokens, the reward on the last
+    one, the returns as the actor computed them; R411-R413 run and hold."""
+    code, rep = _cli_check("reinforce_plus_plus")
+    assert code == 0 and _codes(rep) == [], rep["findings"]
+    assert not {"R411", "R412", "R413"} & {c["code"] for c in rep["not_run"]}
+    row = load("slime").to_contract(read_dump(fixture("slime", "reinforce_plus_plus")), **CONTEXT).to_pylist()[3]
+    assert row["token_reward"][-1] == row["reward"] and sum(row["token_reward"]) == row["reward"]
+    masked = [k for k, m in zip(row["token_kl"], row["loss_mask"]) if not m]
+    assert not any(masked)
+
+
+def test_the_masked_stale_prefix_of_a_resumed_sample_is_m102_through_the_cli(tmp_path):
+    """--mask-offpolicy-in-partial-rollout zeroes the mask of tokens the engine did sample: the engine
+    calls show it, so M102 warns on that prefix with no context key."""
+    code, rep = _cli_check("partial_rollout_mask_offpolicy", "--config", str(_budget_config(tmp_path)))
+    assert code == 0 and _codes(rep) == []
+    assert sorted((f["code"], f["trajectory_id"]) for f in rep["findings"]) == [("M102", "1"), ("M102", "2")]
+
+
+def _budget_config(tmp_path):
+    path = tmp_path / "audit.toml"
+    path.write_text(f"max_response_tokens = {BUDGET}\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    "case", ["compliant", "partial_rollout", "partial_rollout_multi_turn", "removed_sample", "reinforce_plus_plus"]
+)
+def test_every_compliant_fixture_on_the_page_audits_clean_with_its_command(case, tmp_path):
+    """docs/frameworks/slime.md's command (`check --from slime DUMP --context ...`, the response budget
+    configured) on each fixture it calls compliant: exit 0, no error or warning (a resumed sample
+    sampled by two versions is P504, an info)."""
+    code, rep = _cli_check(case, "--config", str(_budget_config(tmp_path)))
+    assert code == 0 and {f["code"] for f in rep["findings"]} <= {"P504"}, rep["findings"]
+    assert all(f["severity"] == "info" for f in rep["findings"])
+
+
+@pytest.mark.parametrize(
+    ("case", "field", "value"),
+    [
+        ("compliant", "metadata", {"engine_calls": 5}),
+        ("compliant", "metadata", {"engine_calls": [{"response_length": 999, "tokens": [1]}]}),
+        ("compliant", "metadata", {"engine_calls": [{"response_length": 0}]}),
+    ],
+)
+def test_a_malformed_engine_call_exits_2_naming_it(case, field, value, tmp_path):
+    missing_field_exits_2("slime", case, field, tmp_path, value)
+
+
+@pytest.mark.parametrize(("field", "value"), [("kl", "x"), ("returns", [[1.0]]), ("sample_indices", [99, 1, 2, 3])])
+def test_a_malformed_actor_record_exits_2_naming_it(field, value, tmp_path):
+    from adapterhelp import cli, context_args
+
+    recs = read_dump(fixture("slime", "reinforce_plus_plus"))
+    recs[-1][field] = value
+    bad = tmp_path / "dump.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res = cli("check", "--from", "slime", bad, *context_args())
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    line = res.stderr.strip().splitlines()[-1]
+    assert "actor record" in line and "internal error" not in line, line

@@ -1,19 +1,34 @@
-"""SkyRL: `GeneratorOutput` (skyrl/train/generators/base.py) to contract tables.
+"""SkyRL: `GeneratorOutput` (skyrl/train/generators/base.py) and the trainer's `TrainingInputBatch`
+(skyrl/train/trainer.py) to contract tables.
 
-One record per sample, written by the dump hook (docs/frameworks/skyrl.md): the sample's element of
-each `GeneratorOutput` list under the list's own name (`prompt_token_ids`, `response_ids`,
-`loss_masks`, `rollout_logprobs`, `rewards`, `stop_reasons`, `trajectory_ids` as
-`{instance_id, repetition_id}`), plus `global_step` from the batch's `BatchMetadata`.
+Sampler side: one record per row of the generator's output, written by the dump hook
+(docs/frameworks/skyrl.md): the row's element of each `GeneratorOutput` list under the list's own
+name (`prompt_token_ids`, `response_ids`, `loss_masks`, `rollout_logprobs`, `rewards`,
+`stop_reasons`, `is_last_step`, `trajectory_ids` as `{instance_id, repetition_id}`), `global_step`
+from the batch's `BatchMetadata`, and `engine_calls`: per inference-engine call of the agent loop the
+`prompt_token_ids` it was given and the `response_ids` it returned, before SkyRL appends anything.
 
-Provenance comes from `loss_masks` (1 = sampled by the policy, 0 = observation), the only marker
-SkyRL keeps, so M101/M102 hold by construction; the turns are the runs of mask 1. `stop_reasons`
-is the finish of the last turn only (or the generator's own `length` when the context is full).
+Provenance comes from `engine_calls` (call t's ids sit right after its prompt), independently of
+`loss_masks`, so M101/M102 compare the trainer's mask with what the engine sampled. A record without
+`engine_calls` has no provenance: `token_source` is declared not recorded and the checks that need
+it do not run (never derived from the mask under test).
 
 A dump of several steps repeats `instance_id`/`repetition_id` (the dataset index and the sample
 number, drawn again every epoch), so the step is part of the identity: trajectory
 `{step}/{instance_id}_{repetition_id}`, group `{step}/{instance_id}`, with the step from the
-record's `global_step` (the fully-async hook: `global_step_when_scheduled`) or else the dump file's
-name (`skyrl-{step}.jsonl`, `global_step_{step}_...`).
+record's `global_step` (the fully-async hook: `global_step_when_scheduled`) or else the dump
+file's name (`skyrl-{step}.jsonl`, `global_step_{step}_...`).
+
+Step-wise training (`generator.step_wise_trajectories`) writes one row per turn, the episode's rows
+sharing its trajectory id, its last row `is_last_step`. Each row is a sequence the trainer trains on
+its own, so it becomes one segment of the episode (contract 1.2 `split_from`): `{episode}#{k}`, the
+outcome (stop cause, reward) on the last row only, as SkyRL uses the last step's reward.
+
+Trainer side: one record per row of the `TrainingInputBatch` after `compute_advantages_and_returns`
+(`advantages`, `loss_mask`, `response_mask` over the row's response, the row's `trajectory_ids` and
+`is_last_step`, the algorithm's `advantage_estimator` and `grpo_norm_by_std`): `updates` writes one
+update per step with each row's advantage, its trainable-token count and the rows whose rewards
+formed the group statistics.
 
 The generator's `zero_reward_on_non_stop` and `apply_overlong_filtering` (GeneratorConfig) are
 applied before the dump and are not in it: the context gives them, and the trainer policy they
@@ -22,13 +37,16 @@ imply is declared with the table (`with_policy`).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
 
-from ..contract.schema import STOP_FLAGS
+from ..contract import schema as S
+from ..contract.schema import STOP_FLAGS, context_sha256
+from ..reading.records import records_to_table
 from .base import (
     AdapterError,
     aligned,
@@ -41,6 +59,7 @@ from .base import (
     need,
     number,
     numbers,
+    objects,
     rows_of,
     runs,
     short,
@@ -50,6 +69,7 @@ from .base import (
     with_context,
     with_policy,
 )
+from .steps import divergence
 
 # stop_reasons value -> (flag, contract stop_reason): what SkyRL's generator writes
 STOPS = {
@@ -61,7 +81,10 @@ STOPS = {
 CONTEXT = {"zero_reward_on_non_stop": bool, "apply_overlong_filtering": bool}
 _STEP_IN_NAME = re.compile(r"(?:skyrl-|global_step_)(\d+)")
 STEP_FIELDS = ("global_step", "global_step_when_scheduled")
+TRAINER = "advantages"  # a trainer-side record (TrainingInputBatch row) carries it; a generator row does not
+OUTCOME = ("terminated", "truncated", "infra_error", "stop_reason", "reward")
 
+_NO_CALLS = "the records carry no engine_calls (add the hook's lines in SkyRLGymGenerator.agent_loop)"
 LACKS = {
     **lacks("SkyRL"),
     "turns.policy_version": "SkyRL records the trainer's global_step per batch only; the hook adds it as global_step",
@@ -72,9 +95,10 @@ LACKS = {
     "stop_reason": "the records carry no stop_reasons",
     "turns.finish_reason": "SkyRL keeps one stop reason per episode (the last turn's, or its own context-length cut), "
     "none per turn",
-    "turns.context_length": "SkyRL does not record the context the engine was given for each turn",
-    "turns.context_sha256": "SkyRL does not record the context the engine was given for each turn",
-    "turns.sampled_token_ids": "SkyRL does not record the engine's token ids per turn apart from the trainer's",
+    "token_source": "provenance not recorded: " + _NO_CALLS + "; SkyRL's loss_masks is the mask under test",
+    "turns.context_length": _NO_CALLS,
+    "turns.context_sha256": _NO_CALLS,
+    "turns.sampled_token_ids": _NO_CALLS,
 }
 
 
@@ -116,23 +140,50 @@ def _reward(value: Any, where: str) -> float | None:
     return number(value, "rewards", where)
 
 
+def _engine_turns(calls: Any, n_prompt: int, n_resp: int, where: str) -> tuple[list[bool], list[dict], list[int]]:
+    """(response positions the engine sampled, one turn per call, where each turn starts). Call t's
+    `response_ids` start where its `prompt_token_ids` end: the agent loop's context is the prompt
+    and the response so far (token-in-token-out)."""
+    sampled = [False] * n_resp
+    turns, starts = [], []
+    for t, call in enumerate(objects(calls, "engine_calls", where)):
+        w = f"{where} engine_calls[{t}]"
+        ctx, ids = ints(call, "prompt_token_ids", w), ints(call, "response_ids", w)
+        start = len(ctx) - n_prompt
+        if not 0 <= start <= n_resp:
+            raise AdapterError(f"{w}: prompt_token_ids ({len(ctx)}) do not end inside the row's response")
+        end = min(start + len(ids), n_resp)
+        sampled[start:end] = [True] * (end - start)
+        turns.append(
+            {"turn_id": t, "context_length": len(ctx), "context_sha256": context_sha256(ctx), "sampled_token_ids": ids}
+        )
+        starts.append(start)
+    return sampled, turns, starts
+
+
 def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any]:
-    """One SkyRL sample as a contract row."""
+    """One SkyRL generator row as a contract row."""
     step = step_of(rec, STEP_FIELDS, _STEP_IN_NAME, f"record {n}")
     traj, task, group = _trajectory(rec, n, step)
     where = f"record {n} ({traj})"
     prompt = ints(rec, "prompt_token_ids", where)
     resp = ints(rec, "response_ids", where)
     mask = flags(aligned(rec, "loss_masks", resp, where), "loss_masks", where)
-    turns = runs(mask)
+    if rec.get("engine_calls") is not None:
+        sampled, turns, starts = _engine_turns(rec["engine_calls"], len(prompt), len(resp), where)
+    else:  # no provenance: the turns are the runs of the mask, token_source is not written
+        spans = runs(mask)
+        sampled, turns, starts = mask, [{"turn_id": t} for t in range(len(spans))], [a for a, _ in spans]
     out: dict[str, Any] = {
         "trajectory_id": traj,
         "task_id": task,
         "group_id": group,
-        **token_columns(prompt, resp, mask, mask, [a for a, _ in turns]),
-        "turns": [{"turn_id": t} for t in range(len(turns))],
+        **token_columns(prompt, resp, sampled, mask, starts),
+        "turns": turns,
         "reward": _reward(need(rec, "rewards", where), where),
     }
+    if rec.get("engine_calls") is None:
+        del out["token_source"]
     key = "global_step_when_scheduled" if rec.get("global_step_when_scheduled") is not None else "global_step"
     if rec.get(key) is not None:
         version = whole(rec[key], key, where)
@@ -140,7 +191,7 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
             t["policy_version"] = version
     if rec.get("rollout_logprobs") is not None:
         lp = numbers(aligned(rec, "rollout_logprobs", mask, where), "rollout_logprobs", where)
-        out["behavior_logprobs"] = logprobs_column(len(prompt), lp, mask)
+        out["behavior_logprobs"] = logprobs_column(len(prompt), lp, sampled)
     if rec.get("stop_reasons") is not None:
         stop = rec["stop_reasons"]
         if not isinstance(stop, str) or stop not in STOPS:
@@ -153,9 +204,180 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
     return with_context(out, ctx)
 
 
+def _last_step(rec: Mapping[str, Any], where: str) -> bool | None:
+    value = rec.get("is_last_step")
+    if value is not None and not isinstance(value, bool):
+        raise AdapterError(f"{where}: is_last_step must be true or false, got {short(value)}")
+    return value
+
+
+def _segments(rows: list[dict[str, Any]], records: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Step-wise rows as segments of their episodes: an episode is the rows of one trajectory id, in
+    order, ending with the one row marked `is_last_step`; each row is trained as its own sequence."""
+    by_episode: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        by_episode.setdefault(r["trajectory_id"], []).append(i)
+    for episode, members in by_episode.items():
+        last = [_last_step(records[i], f"record {i + 1}") for i in members]
+        if last[-1] is not True or any(last[:-1]):
+            at = getattr(records[members[-1]], "origin", None) or f"record {members[-1] + 1}"
+            raise AdapterError(
+                f"{at}: step-wise rows of trajectory {episode}: is_last_step must be true on its last row only "
+                f"(got {last}); SkyRL assigns each step to its episode by is_last_step, so the dump is not read"
+            )
+        if len(members) == 1:
+            continue
+        prev: list[int] | None = None
+        for k, i in enumerate(members):
+            r = rows[i]
+            r["trajectory_id"], r["split_from"], r["split_continues"] = f"{episode}#{k}", episode, k < len(members) - 1
+            if prev is not None and r["token_ids"][: len(prev)] != prev:  # the context did not extend the last row
+                r.update(divergence(prev, r["token_ids"]))
+            prev = r["token_ids"]
+            if r["split_continues"]:
+                r.update({f: None for f in OUTCOME if f in r})
+                r.pop("loss_excluded", None)
+    return rows
+
+
+def _samples(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The generator rows of a dump (the trainer-side records left out)."""
+    return [r for r in records if TRAINER not in r]
+
+
 def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table:
-    """SkyRL per-sample records as contract trajectories (context: the generator's
+    """SkyRL generator rows as contract trajectories (context: the generator's
     zero_reward_on_non_stop and apply_overlong_filtering, which the dump does not carry)."""
     ctx = context_values(context, CONTEXT)
-    table = contract_table(rows_of(records, row, ctx), LACKS)
+    recs = _samples(records)
+    rows = rows_of(recs, row, ctx)
+    if any(r.get("is_last_step") is not None for r in recs):
+        rows = _segments(rows, recs)
+    _zero_variance_filtered(rows, list(records))
+    table = contract_table(rows, LACKS)
     return with_policy(table, policy(ctx), truncation="penalize")
+
+
+def _zero_variance_filtered(rows: list[dict[str, Any]], records: list[Mapping[str, Any]]) -> None:
+    """Rows SkyRL's `trainer.algorithm.zero_variance_filter` took out of the loss after the sampler hook
+    (trainer.py:1086-1101): the trainer's `loss_mask` is all 0 where the generator's was not, and the
+    row's group has no reward spread among its live rows (trainer_utils.py:629-670, tolerance 1e-6 by
+    default). They are recorded as the trainer trains them: loss mask all false, `loss_excluded` (the
+    reward stays in the group statistics). A row zeroed otherwise is left as dumped, for U607 to report."""
+    trainer = _trainer_rows(records)
+    if not trainer:
+        return
+    zeroed = {
+        ids[0]
+        for (_, rec, where), ids in zip(trainer, _row_ids(trainer))
+        if not any(flags(need(rec, "loss_mask", where), "loss_mask", where))
+    }
+    live: dict[str, list[float]] = {}
+    for r in rows:
+        if any(r["loss_mask"]) and r.get("reward") is not None:
+            live.setdefault(r["group_id"], []).append(r["reward"])
+    for r in rows:
+        rewards = live.get(r["group_id"], [])
+        flat = len(rewards) > 1 and max(rewards) - min(rewards) <= 1e-6
+        if r["trajectory_id"] in zeroed and any(r["loss_mask"]) and flat:
+            r["loss_mask"] = [False] * len(r["loss_mask"])
+            r["loss_excluded"] = True
+
+
+# ---------------------------------------------------------------- the trainer side
+
+# trainer.algorithm.advantage_estimator (and grpo_norm_by_std) -> the contract's estimator
+ESTIMATORS = {("grpo", True): "grpo", ("grpo", False): "grpo_no_std", ("rloo", True): "rloo", ("rloo", False): "rloo"}
+_NO_REDUCTION = (
+    "SkyRL's trainer-side record carries the advantages and loss masks, not the loss reduction's denominator "
+    "(trainer.algorithm.loss_reduction over each micro-batch)"
+)
+_NO_VERSION = "SkyRL's training batch does not record the weight version the update starts from"
+UPDATE_LACKS = {
+    "reduction": _NO_REDUCTION,
+    "loss_denominator": _NO_REDUCTION,
+    "updates.reduction": _NO_REDUCTION,
+    "updates.loss_denominator": _NO_REDUCTION,
+    "trainer_version": _NO_VERSION,
+    "updates.trainer_version": _NO_VERSION,
+}
+
+
+def _trainer_rows(records: Iterable[Mapping[str, Any]]) -> list[tuple[int, Mapping[str, Any], str]]:
+    """(step, record, where) of every trainer-side record."""
+    out = []
+    for n, rec in enumerate(records, 1):
+        if TRAINER not in rec:
+            continue
+        where = f"{getattr(rec, 'origin', None) or f'record {n}'}: trainer record"
+        step = step_of(rec, ("global_step",), _STEP_IN_NAME, where)
+        out.append((-1 if step is None else step, rec, where))
+    return out
+
+
+def _row_ids(rows: list[tuple[int, Mapping[str, Any], str]]) -> list[tuple[str, str, bool]]:
+    """(contract trajectory id, instance id, whether the row's reward formed the statistics) of each
+    trainer row, named as `to_contract` names the generator's rows (step-wise: `{episode}#{k}`)."""
+    ids: list[tuple[str, str, bool | None, int]] = []
+    counts: dict[str, int] = {}
+    for step, rec, where in rows:
+        traj, task, _ = _trajectory(rec, 0, None if step < 0 else step)
+        last = _last_step(rec, where)
+        k = counts.get(traj, 0)
+        counts[traj] = k + 1
+        ids.append((traj, task, last, k))
+    totals = dict(counts)
+    return [
+        (f"{traj}#{k}" if last is not None and totals[traj] > 1 else traj, task, last is not False)
+        for traj, task, last, k in ids
+    ]
+
+
+def _advantage(rec: Mapping[str, Any], where: str) -> float:
+    """The row's advantage: SkyRL's outcome estimators give one value per row, broadcast over its
+    response mask (trainer.py:1179); the value on its first response token (0.0 when it has none)."""
+    adv = numbers(need(rec, "advantages", where), "advantages", where)
+    resp = flags(aligned(rec, "response_mask", adv, where), "response_mask", where)
+    first = next((i for i, m in enumerate(resp) if m), None)
+    value = None if first is None else adv[first]
+    return 0.0 if value is None else float(value)
+
+
+def updates(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table | None:
+    """One update per training step from the trainer-side records: each row's advantage (for an
+    outcome estimator the audit can recompute), its trainable-token count (`loss_mask`, the numerator
+    of SkyRL's masked loss) and the rows whose rewards formed the group statistics (step-wise: the
+    last steps, trainer.py:1159-1170). None when the dump has no trainer-side record."""
+    context_values(context, CONTEXT)
+    rows = _trainer_rows(records)
+    if not rows:
+        return None
+    named = _row_ids(rows)
+    out: list[Mapping[str, Any]] = []
+    for step in dict.fromkeys(s for s, _, _ in rows):
+        members = [(rec, where, ids) for (s, rec, where), ids in zip(rows, named) if s == step]
+        rec0, where0 = members[0][0], members[0][1]
+        upd: dict[str, Any] = {
+            "update_step": max(step, 0),
+            "trajectory_ids": [ids[0] for _, _, ids in members],
+            "numerator_tokens": [
+                sum(flags(need(rec, "loss_mask", where), "loss_mask", where)) for rec, where, _ in members
+            ],
+            "stat_trajectory_ids": [ids[0] for _, _, ids in members if ids[2]],
+        }
+        est = (rec0.get("advantage_estimator"), bool(rec0.get("grpo_norm_by_std", True)))
+        groups: dict[str, int] = {}
+        for _, _, ids in members:
+            if ids[2]:
+                groups[ids[1]] = groups.get(ids[1], 0) + 1
+        # SkyRL's GRPO gives a group of one mean 0 and std 1 (ppo_utils.py:1378-1380), where the
+        # contract's GRPO gives 0: such an update's advantages are not written
+        if est in ESTIMATORS and all(c > 1 for c in groups.values()):
+            upd["advantages"] = [_advantage(rec, where) for rec, where, _ in members]
+            upd["advantage_estimator"] = ESTIMATORS[est]
+        elif est[0] is None:
+            raise AdapterError(f"{where0}: missing field 'advantage_estimator'")
+        out.append(upd)
+    table = records_to_table(out, kind="updates")
+    meta = {**(table.schema.metadata or {}), S.META_NOT_RECORDED: json.dumps(UPDATE_LACKS, sort_keys=True).encode()}
+    return table.replace_schema_metadata(meta)

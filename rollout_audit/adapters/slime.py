@@ -1,27 +1,29 @@
-"""slime: `Sample.to_dict()` (slime/utils/types.py) to contract tables.
+"""slime: `Sample.to_dict()` (slime/utils/types.py) and slime's train data and actor batches to
+contract tables.
 
-One record per sample, written by the dump hook (docs/frameworks/slime.md) with slime's own field
-names: `index`, `group_index`, `tokens` (prompt then response), `response_length`, `loss_mask` and
-`rollout_log_probs` over the response, `reward`, `status`, `weight_versions` (one per engine call).
+Sampler side: one record per sample, written by the dump hook (docs/frameworks/slime.md) with
+slime's own field names: `index`, `group_index`, `tokens` (prompt then response), `response_length`,
+`loss_mask` and `rollout_log_probs` over the response, `reward`, `status`, `weight_versions` (one
+per engine call), `metadata.engine_calls` (the generate hook's: per engine call the sample's
+`response_length` before it, the `tokens` SGLang returned and its `weight_version`).
 
-Provenance comes from `loss_mask` (slime appends engine output with 1 and tool output with 0), so
-M101/M102 hold by construction; the turns are the runs of mask 1. `weight_versions` has one entry
-per engine call, and under `--partial-rollout` an aborted sample is resumed by another call, so a
-turn may own several: turn t's policy version is the version of its first call (the oldest weights
-that sampled any of it), which the list fixes for turn 0 always, for every turn when there is one
-call per turn or one version in all, and for turn t otherwise when calls t .. t+extra agree; a
-turn the list cannot place is null (P501 names it). With `--mask-offpolicy-in-partial-rollout`
-(context `mask_offpolicy_in_partial_rollout=true`) the resumed sample's first calls are masked out:
-that leading run of mask 0 was still sampled by the policy (source 2, outside the loss).
+Provenance comes from `engine_calls`, independently of `loss_mask` (the mask under test), so
+M101/M102 compare the mask with what the engine sampled. A sample without them has no provenance:
+`token_source` is declared not recorded. A call that resumes the previous one where it stopped
+(`--partial-rollout`) is the same turn, whose version is its first call's. Without engine calls the
+turns are the runs of mask 1 and `weight_versions` is placed on them: turn t's version is the
+version of its first call where the list fixes it, else the oldest of the calls that can have
+started it (it never understates staleness).
 
 `remove_sample` (set by `--rollout-sample-filter-path` before the dump) is applied by slime after
 the dump point (`loss_mask` all 0, slime/ray/rollout.py:680-681) while the sample stays in reward
-normalisation: the adapter writes its loss mask all false, keeping the provenance the dump shows.
+normalisation: the adapter writes its loss mask all false and the sample `loss_excluded`.
 
-`rollout_id` (Sample.rollout_id; None gets a fresh id) groups the samples whose summed loss slime
-divides by one denominator, `rollout_mask_sums` (rollout.py:647-700). `updates` reads the train
-data record the second hook writes (`sample_indices`, `rollout_ids`, `rollout_mask_sums`) and
-writes one token-reduced update per rollout id, so U601 recomputes the denominator.
+Trainer side: the train data record (`sample_indices`, `rollout_ids`, `rollout_mask_sums`, and
+`rewards`, `raw_reward`, `loss_masks`, `args`) becomes one token-reduced update per rollout id with
+its denominator, numerator tokens, advantages and normalisation groups (`updates`); the actor record
+(`sample_indices`, `loss_masks`, `kl`, `returns`, `rewards`, `args`) of `reinforce_plus_plus` at
+gamma 1 becomes the token columns `token_reward`, `token_kl`, `token_returns`.
 """
 
 from __future__ import annotations
@@ -45,9 +47,11 @@ from .base import (
     ints,
     lacks,
     logprobs_column,
+    mapping,
     need,
     number,
     numbers,
+    objects,
     rows_of,
     runs,
     token_columns,
@@ -65,6 +69,12 @@ STATUS = {
 # slime's own options the dump does not carry (--reward-key, --mask-offpolicy-in-partial-rollout)
 CONTEXT = {"reward_key": str, "mask_offpolicy_in_partial_rollout": bool}
 TRAIN_DATA = ("sample_indices", "rollout_ids", "rollout_mask_sums")  # the second hook's record
+ACTOR = ("sample_indices", "loss_masks", "kl", "returns")  # the actor hook's record (rollout_data)
+_NO_CALLS = "the samples carry no metadata.engine_calls (add the hook's line in slime's generate)"
+_NO_ACTOR = (
+    "no actor record with advantage_estimator reinforce_plus_plus and gamma 1 (the --rollout-data-postprocess-path "
+    "hook): slime builds token-level rewards, KL and returns only there"
+)
 
 LACKS = {
     **lacks("slime"),
@@ -73,7 +83,9 @@ LACKS = {
     "turns.finish_reason": "slime keeps the last engine call's finish reason only, as the sample's status",
     "turns.context_length": "slime does not record the context the engine was given for each call",
     "turns.context_sha256": "slime does not record the context the engine was given for each call",
-    "turns.sampled_token_ids": "slime does not record the engine's token ids per call apart from tokens",
+    "turns.sampled_token_ids": _NO_CALLS,
+    "token_source": "provenance not recorded: " + _NO_CALLS + "; slime's loss_mask is the mask under test",
+    **{k: _NO_ACTOR for k in ("token_reward", "token_kl", "token_returns")},
 }
 
 
@@ -88,15 +100,15 @@ def _reward(value: Any, where: str, key: str | None) -> float | None:
     return None if value is None else number(value, "reward", where)
 
 
-def _versions(rec: Mapping[str, Any], n_turns: int, where: str) -> list[int | None] | None:
-    """Each turn's policy version from the per-call `weight_versions`: the version of the turn's
-    first call where the list fixes it, else None (module docstring)."""
+def _versions(rec: Mapping[str, Any], n_turns: int, where: str) -> list[int] | list[None] | None:
+    """Each turn's policy version from the per-call `weight_versions` (module docstring): the version
+    of the turn's first call where the list fixes it, else the oldest version that call can have."""
     wv = rec.get("weight_versions")
     if not wv:
         return None
     if not isinstance(wv, list):
         raise AdapterError(f"{where}: weight_versions must be a list")
-    calls = []
+    calls: list[int] = []
     for v in wv:
         if isinstance(v, (int, float)):  # a number is a whole one within int64 (bools and 2.5 refused)
             calls.append(whole(v, "weight_versions", where))
@@ -110,10 +122,49 @@ def _versions(rec: Mapping[str, Any], n_turns: int, where: str) -> list[int | No
     if len(set(calls)) == 1:
         return [calls[0]] * n_turns
     extra = len(calls) - n_turns
-    if extra < 0:  # fewer calls than runs of mask 1: the list cannot be placed on the turns
-        return [calls[0]] + [None] * (n_turns - 1)
-    # turn t's first call is call t at the earliest and call t + extra at the latest
-    return [calls[0]] + [calls[t] if calls[t] == calls[t + extra] else None for t in range(1, n_turns)]
+    if extra < 0:  # fewer calls than runs of mask 1: any call may have started a later turn
+        return [calls[0]] + [min(calls)] * (n_turns - 1)
+    # turn t's first call is one of calls t .. t + extra: the oldest of them never understates staleness
+    return [calls[0]] + [min(calls[t : t + extra + 1]) for t in range(1, n_turns)]
+
+
+def _engine_calls(rec: Mapping[str, Any], n_resp: int, where: str) -> tuple[list[bool], list[dict], list[int]] | None:
+    """(response positions the engine sampled, the turns, where each starts) from the `engine_calls`
+    the generate hook keeps in `metadata`; None when the sample has none. Call t's `tokens` start at
+    the sample's `response_length` when it was made; a call that continues the previous one where it
+    stopped (a partial rollout resuming an aborted call) is the same turn, whose version is its first
+    call's (the oldest weights that sampled any of it)."""
+    meta = rec.get("metadata")
+    calls = meta.get("engine_calls") if isinstance(meta, Mapping) else None
+    if calls is None:
+        return None
+    sampled = [False] * n_resp
+    turns: list[dict[str, Any]] = []
+    starts: list[int] = []
+    end = -1
+    for t, call in enumerate(objects(calls, "metadata.engine_calls", where)):
+        w = f"{where} metadata.engine_calls[{t}]"
+        start, ids = integer(call, "response_length", w), ints(call, "tokens", w)
+        if not 0 <= start <= n_resp:
+            raise AdapterError(f"{w}: response_length {start} outside the sample's {n_resp} response tokens")
+        if not ids:
+            continue  # an aborted call that returned nothing sampled nothing
+        sampled[start : min(start + len(ids), n_resp)] = [True] * (min(start + len(ids), n_resp) - start)
+        if start == end:  # resumed where the previous call stopped: the same turn
+            turns[-1]["sampled_token_ids"] += ids
+            end += len(ids)
+            continue
+        turn: dict[str, Any] = {"turn_id": len(turns), "sampled_token_ids": list(ids)}
+        version = call.get("weight_version")
+        if version is not None:
+            try:
+                turn["policy_version"] = whole(int(version), "weight_version", w)
+            except (TypeError, ValueError):
+                pass  # SGLang's version is a free string: not a number the audit can order
+        turns.append(turn)
+        starts.append(start)
+        end = start + len(ids)
+    return sampled, turns, starts
 
 
 def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any]:
@@ -131,15 +182,19 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
         if raw_mask is None
         else flags(aligned(rec, "loss_mask", range(n_resp), where), "loss_mask", where)
     )
-    sampled = list(mask)
-    calls = rec.get("weight_versions")
-    if ctx.get("mask_offpolicy_in_partial_rollout") and isinstance(calls, list) and len(calls) > len(runs(mask)):
-        lead = next((i for i, m in enumerate(mask) if m), n_resp)  # the resumed sample's masked stale prefix
-        sampled[:lead] = [True] * lead
     removed = rec.get("remove_sample", False)
     if not isinstance(removed, bool):
         raise AdapterError(f"{where}: remove_sample must be true or false")
-    turns = runs(sampled)
+    engine = _engine_calls(rec, n_resp, where)
+    spans = runs(mask)
+    versions = _versions(rec, len(spans), where)  # read (and checked) either way
+    if engine is not None:
+        sampled, turns, starts = engine
+    else:  # no provenance: the turns are the runs of the mask, token_source is not written
+        sampled, turns, starts = mask, [{"turn_id": t} for t in range(len(spans))], [a for a, _ in spans]
+        if versions is not None:
+            for t, v in zip(turns, versions):
+                t["policy_version"] = v
     status = need(rec, "status", where)
     if not isinstance(status, str) or status not in STATUS:
         raise AdapterError(f"{where}: status {status!r} is not a finished sample ({', '.join(STATUS)})")
@@ -148,45 +203,118 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
         "trajectory_id": str(index),
         "task_id": str(need(rec, "group_index", where)),
         "group_id": str(rec["group_index"]),
-        **token_columns(
-            tokens[:n_prompt], tokens[n_prompt:], sampled, [m and not removed for m in mask], [a for a, _ in turns]
-        ),
-        "turns": [{"turn_id": t} for t in range(len(turns))],
+        **token_columns(tokens[:n_prompt], tokens[n_prompt:], sampled, [m and not removed for m in mask], starts),
+        "turns": turns,
         **{f: f == flag for f in STOP_FLAGS},
         "stop_reason": stop,
         "reward": _reward(need(rec, "reward", where), where, ctx.get("reward_key")),
     }
+    if engine is None:
+        del out["token_source"]
     if removed:  # out of the loss, still in its group's reward normalisation (contract 1.2)
         out["loss_excluded"] = True
-    versions = _versions(rec, len(turns), where)
-    if versions is not None:
-        for t, v in zip(out["turns"], versions):
-            t["policy_version"] = v
     if rec.get("rollout_log_probs") is not None:
         lp = numbers(aligned(rec, "rollout_log_probs", mask, where), "rollout_log_probs", where)
         out["behavior_logprobs"] = logprobs_column(n_prompt, lp, sampled)
     return with_context(out, ctx)
 
 
+def _trainer_side(rec: Mapping[str, Any]) -> bool:
+    return all(k in rec for k in TRAIN_DATA) or all(k in rec for k in ACTOR)
+
+
 def _samples(records: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The Sample records of a dump (the train data records of the second hook left out)."""
-    return [r for r in records if not all(k in r for k in TRAIN_DATA)]
+    """The Sample records of a dump (the train data and actor records of the trainer-side hooks left out)."""
+    return [r for r in records if not _trainer_side(r)]
+
+
+def _token_terms(rows: list[dict[str, Any]], records: Iterable[Mapping[str, Any]]) -> None:
+    """The actor's token-level terms on the rows they belong to, from each actor record of the
+    reinforce_plus_plus estimator at gamma 1 (slime/utils/ppo_utils.py:371-445): the KL penalty
+    kl_coef·kl on the loss-mask tokens (:416-417), the reward on the last of them (:418-419), and the
+    `returns` slime computed, as recorded."""
+    at = {r["trajectory_id"]: r for r in rows}
+    for n, rec in enumerate(records, 1):
+        if not all(k in rec for k in ACTOR):
+            continue
+        where = f"{getattr(rec, 'origin', None) or f'record {n}'}: actor record"
+        args = mapping(rec.get("args"), "args", where)
+        if args.get("advantage_estimator") != "reinforce_plus_plus" or args.get("gamma", 1.0) != 1.0:
+            continue  # other estimators put no token reward; returns at another gamma are not reward-to-go
+        coef = number(need(args, "kl_coef", where), "kl_coef", where)
+        index = ints(rec, "sample_indices", where)
+        masks, kls, rets = (objects_of(rec, k, len(index), where) for k in ("loss_masks", "kl", "returns"))
+        rewards = numbers(need(rec, "rewards", where), "rewards", where)
+        for i, m, kl, ret, r in zip(index, masks, kls, rets, rewards):
+            row = at.get(str(i))
+            if row is None:
+                raise AdapterError(f"{where}: sample index {i} is not among the dump's samples")
+            w = f"{where} (index {i})"
+            mask = flags(m, "loss_masks", w)
+            kl_v, ret_v = numbers(kl, "kl", w), numbers(ret, "returns", w)
+            if not len(mask) == len(kl_v) == len(ret_v):
+                raise AdapterError(f"{w}: loss_masks, kl and returns differ in length")
+            n_prompt = len(row["token_ids"]) - len(mask)
+            if n_prompt < 0:
+                raise AdapterError(f"{w}: {len(mask)} loss_masks for a sample of {len(row['token_ids'])} tokens")
+            reward = [0.0] * len(mask)
+            last = max((k for k, x in enumerate(mask) if x), default=None)
+            if last is not None and r is not None:
+                reward[last] = r
+            pad = [0.0] * n_prompt
+            row["token_reward"] = pad + reward
+            row["token_kl"] = pad + [coef * (v or 0.0) * x for v, x in zip(kl_v, mask)]
+            row["token_returns"] = pad + ret_v
+
+
+def objects_of(rec: Mapping[str, Any], field: str, n: int, where: str) -> list[Any]:
+    """`rec[field]`: one list per sample of the record."""
+    values = need(rec, field, where)
+    if not isinstance(values, list) or len(values) != n:
+        raise AdapterError(f"{where}: {field} must hold one list per sample_indices entry ({n})")
+    return values
 
 
 def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table:
-    """slime per-sample records as contract trajectories (context reward_key picks a dict reward)."""
+    """slime per-sample records as contract trajectories (context reward_key picks a dict reward), with
+    the actor's token-level terms when the dump holds its records."""
     ctx = context_values(context, CONTEXT)
-    return contract_table(rows_of(_samples(records), row, ctx), LACKS)
+    records = list(records)
+    rows = rows_of(_samples(records), row, ctx)
+    _token_terms(rows, records)
+    return contract_table(rows, LACKS)
 
 
 _NO_TRAINER_VERSION = "slime's train data does not record the actor's weight version"
 UPDATE_LACKS = {"trainer_version": _NO_TRAINER_VERSION, "updates.trainer_version": _NO_TRAINER_VERSION}
 
 
+# --advantage-estimator values whose advantage is the normalised reward broadcast over the tokens
+# (slime/backends/megatron_utils/loss.py:763-767), and the estimators slime group-normalises for
+GRPO_LIKE = ("grpo", "gspo", "cispo")
+NORMALISED = (*GRPO_LIKE, "reinforce_plus_plus_baseline")  # slime/ray/rollout.py:613-616
+
+
+def _statistics(args: Mapping[str, Any], n: int, where: str) -> list[list[int]] | None:
+    """The positions of each group slime normalises rewards over (rollout.py:612-631): consecutive
+    blocks of --n-samples-per-prompt when the batch holds exactly that times --rollout-batch-size
+    samples, else the whole batch as one group; None when slime normalises nothing."""
+    if args.get("advantage_estimator") not in NORMALISED or not args.get("rewards_normalization", True):
+        return None
+    per = integer(args, "n_samples_per_prompt", where)
+    size = integer(args, "rollout_batch_size", where)
+    if per > 0 and n == per * size:
+        return [list(range(k, k + per)) for k in range(0, n, per)]
+    return [list(range(n))]
+
+
 def updates(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table | None:
     """One update per rollout id of each train data record: the samples slime divides by one
     denominator (`rollout_mask_sums`, the same for every sample of the rollout) as a `token`
-    reduction over their trajectories. None when the dump has no train data record."""
+    reduction over their trajectories; with the record's `loss_masks`, `rewards` and `args`, each
+    member's trainable tokens (`numerator_tokens`), its advantage (the normalised reward, for the
+    GRPO-like estimators), and the samples whose rewards formed its group statistics. None when the
+    dump has no train data record."""
     context_values(context, CONTEXT)
     rows: list[Mapping[str, Any]] = []
     for n, rec in enumerate(records, 1):
@@ -197,13 +325,38 @@ def updates(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table | 
         if not len(index) == len(rid) == len(sums):
             raise AdapterError(f"{where}: sample_indices, rollout_ids and rollout_mask_sums differ in length")
         step = integer(rec, "rollout_id", where) if "rollout_id" in rec else len(rows)
-        members: dict[tuple[int, int], list[str]] = {}
-        for i, r, d in zip(index, rid, sums):  # a rollout whose samples disagree on D is an update per D
-            members.setdefault((r, d), []).append(str(i))
-        rows += [
-            {"update_step": step, "trajectory_ids": ids, "reduction": "token", "loss_denominator": float(d)}
-            for (_, d), ids in members.items()
-        ]
+        args = mapping(rec.get("args"), "args", where)
+        masks = objects_of(rec, "loss_masks", len(index), where) if "loss_masks" in rec else None
+        rewards = numbers(rec["rewards"], "rewards", where) if "rewards" in rec else None
+        if rewards is not None and len(rewards) != len(index):
+            raise AdapterError(f"{where}: rewards must hold one value per sample_indices entry ({len(index)})")
+        groups = _statistics(args, len(index), where) if rewards is not None and args else None
+        group_of = {p: g for g in groups or () for p in g}
+        advantages = (
+            args.get("advantage_estimator") in GRPO_LIKE
+            and groups is not None
+            and not args.get("normalize_advantages", False)
+        )
+        members: dict[tuple[int, int], list[int]] = {}
+        for p, (r, d) in enumerate(zip(rid, sums)):  # a rollout whose samples disagree on D is an update per D
+            members.setdefault((r, d), []).append(p)
+        for (_, d), pos in members.items():
+            upd: dict[str, Any] = {
+                "update_step": step,
+                "trajectory_ids": [str(index[p]) for p in pos],
+                "reduction": "token",
+                "loss_denominator": float(d),
+            }
+            if masks is not None:
+                upd["numerator_tokens"] = [sum(flags(masks[p], "loss_masks", where)) for p in pos]
+            if groups is not None:
+                stat = sorted({q for p in pos for q in group_of[p]})
+                upd["stat_trajectory_ids"] = [str(index[q]) for q in stat]
+            if advantages and rewards is not None:
+                upd["advantages"] = [rewards[p] for p in pos]
+                upd["advantage_estimator"] = "grpo" if args.get("grpo_std_normalization", True) else "grpo_no_std"
+                upd["window_trajectory_ids"] = [str(i) for i in index]
+            rows.append(upd)
     if not rows:
         return None
     table = records_to_table(rows, kind="updates")

@@ -1,10 +1,11 @@
-"""slime fixtures: `Sample.to_dict()` records (slime/utils/types.py) as the dump hook writes them.
-Cases: `compliant`; `openrlhf_cut_not_truncated` (OpenRLHF-style: a multi-turn episode cut at
-the response budget is recorded COMPLETED instead of TRUNCATED, as OpenRLHF's multi-turn agent
-never sets truncated); `partial_rollout` and `partial_rollout_mask_offpolicy` (samples aborted at
-one rollout step and resumed at the next); `removed_sample` (a sample filter removed one, with the
-train data record of the second hook); `removed_sample_in_denominator` (a custom converter that
-counts the removed sample's tokens in its rollout's denominator).
+"""slime fixtures: `Sample.to_dict()` records (slime/utils/types.py) as the dump hook writes them,
+with the engine calls the generate hook keeps in `metadata`, the train data record and the actor
+record. Compliant: `compliant`, `partial_rollout`, `partial_rollout_mask_offpolicy` (M102 warnings
+on the masked stale prefix), `partial_rollout_multi_turn` (no engine calls, an ambiguous resumed
+turn), `removed_sample` (with the train data record) and `reinforce_plus_plus` (with the actor
+record). Faults: `openrlhf_cut_not_truncated` (T306), `removed_sample_in_denominator` (U601),
+`removed_sample_trained` (U607), `failed_in_statistics` (U608), `group_norm_over_batch` (U603) and
+`returns_kl_unmasked` (THUDM/slime#1370, R413).
 
 Shapes as at THUDM/slime 624b824: Sample fields `group_index`, `index`, `rollout_id`, `tokens`,
 `response_length`, `reward`, `loss_mask`, `weight_versions`, `rollout_log_probs`, `remove_sample`,
@@ -20,6 +21,9 @@ ones), loss masks zeroed for `remove_sample` (:680-681), and `rollout_mask_sums`
 rollout's summed loss mask."""
 
 from __future__ import annotations
+
+import random
+import statistics
 
 from .chat import Episode, episode
 
@@ -41,8 +45,18 @@ def record(ep: Episode, index: int, group: int, reward: float, status: str = "co
         "rollout_log_probs": ep.response_logprobs(),
         "remove_sample": False,
         "status": status,
-        "metadata": {},
+        "metadata": {"engine_calls": calls(ep, "5")},
     }
+
+
+def calls(ep: Episode, version: str) -> list[dict]:
+    """What the generate hook keeps per engine call: the sample's response_length before the call,
+    the ids SGLang returned (output_token_logprobs) and the call's weight_version."""
+    out, at = [], 0
+    for o, obs in zip(ep.outputs, ep.observations):
+        out.append({"response_length": at, "tokens": list(o), "weight_version": version})
+        at += len(o) + len(obs)
+    return out
 
 
 def _cut(ep: Episode, limit: int) -> Episode:
@@ -83,16 +97,49 @@ def _partial(mask_offpolicy: bool) -> list[dict]:
         rec["weight_versions"] = ["5"]
         if i in (1, 2):
             rec["weight_versions"] = ["4", "5"]  # the aborted call's version, then the resumed call's
-            rec["metadata"] = {"start_rollout_id": 4}
+            first, rest = (
+                rec["metadata"]["engine_calls"][0]["tokens"][:3],
+                rec["metadata"]["engine_calls"][0]["tokens"][3:],
+            )
+            rec["metadata"] = {
+                "start_rollout_id": 4,
+                "engine_calls": [
+                    {"response_length": 0, "tokens": first, "weight_version": "4"},
+                    {"response_length": 3, "tokens": rest, "weight_version": "5"},
+                ],
+            }
             if mask_offpolicy:
                 rec["loss_mask"][:3] = [0, 0, 0]  # the 3 tokens sampled at step 4, masked before resuming
         out.append(rec)
     return out
 
 
-def train_data(samples: list[dict], step: int, count_removed: bool = False) -> dict:
-    """The second hook's record: slime's rollout ids and per-rollout denominators (rollout.py:647-700);
-    `count_removed` sums the removed samples' masks too, as a custom converter that forgets them would."""
+ARGS = {  # the slime arguments the train data hook writes with its record (slime's defaults but n and size)
+    "advantage_estimator": "grpo",
+    "rewards_normalization": True,
+    "grpo_std_normalization": True,
+    "normalize_advantages": False,
+    "n_samples_per_prompt": 2,
+    "rollout_batch_size": 2,
+}
+
+
+def normalised(raw: list[float], per: int, size: int) -> list[float]:
+    """slime's _post_process_rewards for grpo (rollout.py:612-631): consecutive blocks of `per` when
+    the batch holds per·size samples, else the whole batch; mean, then Bessel std + 1e-6."""
+    blocks = [raw[k : k + per] for k in range(0, len(raw), per)] if len(raw) == per * size else [raw]
+    out = []
+    for b in blocks:
+        mean = statistics.fmean(b)
+        out += [round((x - mean) / (statistics.stdev(b) + 1e-6), 6) for x in b]
+    return out
+
+
+def train_data(samples: list[dict], step: int, count_removed: bool = False, keep_removed_mask: bool = False) -> dict:
+    """The second hook's record: slime's rollout ids and per-rollout denominators (rollout.py:647-700),
+    the normalised rewards, raw rewards and loss masks it trains on, and the arguments that decide
+    them; `count_removed` sums the removed samples' masks too, as a custom converter that forgets them
+    would, and `keep_removed_mask` also leaves their loss mask as sampled."""
     ids = [s["rollout_id"] for s in samples]
     used, fresh = {r for r in ids if r is not None}, 0
     for k, r in enumerate(ids):
@@ -101,13 +148,23 @@ def train_data(samples: list[dict], step: int, count_removed: bool = False) -> d
                 fresh += 1
             ids[k] = fresh
             used.add(fresh)
-    sums = [0 if s["remove_sample"] and not count_removed else sum(s["loss_mask"]) for s in samples]
+    sums = [
+        0 if s["remove_sample"] and not (count_removed or keep_removed_mask) else sum(s["loss_mask"]) for s in samples
+    ]
     per = {r: sum(m for q, m in zip(ids, sums) if q == r) for r in ids}
+    raw = [s["reward"] for s in samples]
+    masks = [
+        [0] * len(s["loss_mask"]) if s["remove_sample"] and not keep_removed_mask else s["loss_mask"] for s in samples
+    ]
     return {
         "rollout_id": step,
         "sample_indices": [s["index"] for s in samples],
         "rollout_ids": ids,
         "rollout_mask_sums": [per[r] for r in ids],
+        "rewards": normalised(raw, ARGS["n_samples_per_prompt"], ARGS["rollout_batch_size"]),
+        "raw_reward": raw,
+        "loss_masks": masks,
+        "args": ARGS,
     }
 
 
@@ -120,9 +177,87 @@ def _removed(count_removed: bool) -> list[dict]:
     return [*out, train_data(out, 5, count_removed)]
 
 
+def _removed_trained() -> list[dict]:
+    """A custom converter (--custom-convert-samples-to-train-data-path) that leaves the removed
+    sample's loss mask as sampled: its tokens enter the loss numerator (and the denominator)."""
+    out = _batch(False)
+    out[2]["remove_sample"] = True
+    return [*out, train_data(out, 5, keep_removed_mask=True)]
+
+
+def _group_norm_over_batch() -> list[dict]:
+    """A compact path that splits one rollout into two training samples sharing its rollout_id
+    (rollout.py:595-600): the batch holds 5 samples, not n_samples_per_prompt × rollout_batch_size,
+    so slime normalises the rewards over the whole batch (rollout.py:621-623), not per prompt group."""
+    out = _batch(False)
+    extra = record(episode(260, 1), 4, 1, 1.0)
+    out[3]["rollout_id"] = extra["rollout_id"] = 9
+    out.append(extra)
+    return [*out, train_data(out, 5)]
+
+
+def _failed_in_statistics() -> list[dict]:
+    """A sample filter removes a FAILED sample (a tool error, reward 0) from the loss with
+    remove_sample, but slime still normalises every sample's reward (rollout.py:612-631): the
+    failure's 0 moves its group's mean and std."""
+    out = _batch(False)
+    out[1].update(status="failed", remove_sample=True, reward=0.0)
+    out[0]["reward"] = 1.0
+    return [*out, train_data(out, 5)]
+
+
+def _partial_multi_turn() -> list[dict]:
+    """A three-turn sample (a custom generate) aborted inside turn 1 at version 4 and resumed at version
+    5: weight_versions ["4", "4", "5", "5"] for three turns, and the dump has no engine_calls to place
+    them: turn 1 began with call 1 (4) or call 2 (5)."""
+    out = _batch(False)
+    for rec in out:
+        del rec["metadata"]["engine_calls"]
+    out[2]["weight_versions"] = ["4", "4", "5", "5"]
+    return out
+
+
+def actor(samples: list[dict], step: int, unmasked_kl: bool = False) -> dict:
+    """The actor hook's record (--rollout-data-postprocess-path, after compute_advantages_and_returns,
+    slime/backends/megatron_utils/actor.py:503-506) for --advantage-estimator reinforce_plus_plus:
+    each sample's `kl` over its response, and `returns` as get_reinforce_plus_plus_returns computes
+    them (ppo_utils.py:371-445): -kl_coef·kl·loss_mask, the reward on the last loss-mask token, summed
+    from the end at gamma 1. `unmasked_kl` leaves the mask off the KL, as slime did before
+    THUDM/slime#1370 (the tool tokens' KL accumulates into the returns of the policy tokens before them)."""
+    coef, rng = 0.05, random.Random(step)
+    kls, rets = [], []
+    for s in samples:
+        kl = [round(rng.uniform(0.0, 0.4), 4) for _ in s["loss_mask"]]
+        terms = [-coef * k * (1 if unmasked_kl else m) for k, m in zip(kl, s["loss_mask"])]
+        last = max(i for i, m in enumerate(s["loss_mask"]) if m)
+        terms[last] += s["reward"]
+        ret, acc = [], 0.0
+        for t in reversed(terms):
+            acc += t
+            ret.append(round(acc, 6))
+        kls.append(kl)
+        rets.append(ret[::-1])
+    return {
+        "rollout_id": step,
+        "sample_indices": [s["index"] for s in samples],
+        "loss_masks": [s["loss_mask"] for s in samples],
+        "rewards": [s["reward"] for s in samples],
+        "kl": kls,
+        "returns": rets,
+        "args": {"advantage_estimator": "reinforce_plus_plus", "kl_coef": coef, "gamma": 1.0},
+    }
+
+
 def cases() -> dict[str, list[dict]]:
     """The slime fixture cases."""
+    batch = _batch(False)
     return {
+        "reinforce_plus_plus": [*batch, actor(batch, 5)],
+        "returns_kl_unmasked": [*batch, actor(batch, 5, unmasked_kl=True)],
+        "removed_sample_trained": _removed_trained(),
+        "group_norm_over_batch": _group_norm_over_batch(),
+        "failed_in_statistics": _failed_in_statistics(),
+        "partial_rollout_multi_turn": _partial_multi_turn(),
         "compliant": _batch(False),
         "openrlhf_cut_not_truncated": _batch(True),
         "partial_rollout": _partial(False),
