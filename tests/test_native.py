@@ -1,5 +1,6 @@
 """The native core (rollout_audit/frames/_native.c) against its pure-Python path: the same
-prefix digests on hypothesis-generated batches, and the same audit on every named fault.
+prefix digests and per-row token counts on hypothesis-generated batches, and the same audit on
+every named fault.
 
 The extension is compiled here with the build hook's own command when the tree was not
 installed with it, so these tests always run the C code."""
@@ -117,6 +118,27 @@ def test_out_of_range_prefixes_are_refused(compiled):
         compiled.prefix_sha256(b"abcd", np.array([0]), np.array([8]), np.array([1], np.uint8), out)
     with pytest.raises(ValueError, match="as many prefixes"):
         compiled.prefix_sha256(b"abcd", np.array([0]), np.array([4]), np.array([1], np.uint8), np.empty(8, np.uint8))
+
+
+SPECIAL = np.array([-1.5, -0.0, 0.0, 1e-30, 2.0, np.nan, np.inf, -np.inf, -1e30], np.float64)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=0, max_size=12), st.integers(0, 2**32 - 1), st.booleans())
+def test_native_token_counts_equal_numpy(compiled, n_tok, seed, single):
+    """Per-row category counts on random sources (out-of-range folded to 5), masks, log-probs with
+    NaN, infinities, signed zeros and values above 0, some absent; float32 and float64."""
+    rng = np.random.default_rng(seed)
+    n_tok = np.array(n_tok, np.int64)
+    total = int(n_tok.sum())
+    source = rng.integers(0, 6, total).astype(np.uint8)
+    mask = rng.random(total) < 0.5
+    lp = rng.choice(SPECIAL, total).astype(np.float32 if single else np.float64)
+    present = rng.random(total) < 0.8
+    got = np.empty((n_tok.size, native.N_SOURCE, 2, native.N_LP), np.int64)
+    compiled.token_counts(n_tok, source, mask, lp, present, got)
+    want = native.token_counts_numpy(n_tok, source, mask, native.lp_states(lp, present))
+    assert np.array_equal(got, want)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -251,6 +252,64 @@ e0:
     return NULL;
 }
 
+/* token_counts(n_tok, source, mask, lp, lp_present, out): per row, how many of its tokens fall
+ * in each category source (0..5) x trainable (0, 1) x log-prob state (0 none, 1 finite and <= 0,
+ * 2 NaN, infinite or > 0), into out[row * 36 + category]. One pass over the tokens instead of
+ * numpy's state, code, repeat and bincount passes; `lp` holds float32 or float64 values. */
+static PyObject *token_counts(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[6];
+    if (!PyArg_ParseTuple(args, "OOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5]))
+        return NULL;
+    static const char *names[6] = {"n_tok", "source", "mask", "lp", "lp_present", "out"};
+    static const Py_ssize_t sizes[6] = {8, 1, 1, 0, 1, 8};
+    Py_buffer b[6];
+    int got = 0;
+    PyObject *result = NULL;
+    for (; got < 6; got++)
+        if (get_buffer(o[got], &b[got], got == 5 ? PyBUF_WRITABLE | PyBUF_FORMAT : PyBUF_FORMAT, sizes[got],
+                       names[got]) < 0)
+            goto done;
+    Py_ssize_t rows = b[0].len / 8, total = b[1].len, lpsize = b[3].itemsize;
+    const int64_t *n_tok = b[0].buf;
+    Py_ssize_t sum = 0;
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        if (n_tok[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "n_tok: negative count");
+            goto done;
+        }
+        sum += n_tok[i];
+    }
+    if (sum != total || b[2].len != total || b[3].len != total * lpsize || b[4].len != total ||
+        b[5].len != rows * 36 * 8 || (lpsize != 4 && lpsize != 8)) {
+        PyErr_SetString(PyExc_ValueError, "token_counts: arrays of different lengths, or lp not float32/float64");
+        goto done;
+    }
+    const uint8_t *src = b[1].buf, *mask = b[2].buf, *present = b[4].buf;
+    const float *lp32 = b[3].buf;
+    const double *lp64 = b[3].buf;
+    int64_t *out = b[5].buf;
+    Py_BEGIN_ALLOW_THREADS;
+    memset(out, 0, (size_t)rows * 36 * 8);
+    Py_ssize_t j = 0;
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        int64_t *row = out + 36 * i;
+        for (Py_ssize_t end = j + n_tok[i]; j < end; j++) {
+            double v = lpsize == 4 ? (double)lp32[j] : lp64[j];
+            int state = present[j] ? ((v <= 0.0 && v > -HUGE_VAL) ? 1 : 2) : 0;
+            int s = src[j] > 5 ? 5 : src[j];
+            row[s * 6 + (mask[j] ? 3 : 0) + state]++;
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    while (got-- > 0)
+        PyBuffer_Release(&b[got]);
+    return result;
+}
+
 static PyObject *sha_extensions(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
@@ -260,6 +319,8 @@ static PyObject *sha_extensions(PyObject *self, PyObject *noargs) {
 static PyMethodDef methods[] = {
     {"prefix_sha256", prefix_sha256, METH_VARARGS,
      "prefix_sha256(data, lo, hi, first, out): SHA-256 of consecutive prefixes, GIL released."},
+    {"token_counts", token_counts, METH_VARARGS,
+     "token_counts(n_tok, source, mask, lp, lp_present, out): per-row token counts by category, GIL released."},
     {"sha_extensions", sha_extensions, METH_NOARGS, "Whether the CPU's SHA instructions are used."},
     {NULL, NULL, 0, NULL},
 };

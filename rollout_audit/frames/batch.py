@@ -23,8 +23,7 @@ from ..contract import schema as S
 from . import native
 
 TOKEN_LISTS = S.TOKEN_LISTS
-_NSRC = 6  # token_source 0..4, and 5 for any out-of-range value
-_NLP = 3  # 0 null, 1 valid (finite, <= 0), 2 invalid (NaN, inf, > 0)
+_NSRC, _NLP = native.N_SOURCE, native.N_LP  # token_source 0..4 and 5 otherwise; log-prob null, valid, invalid
 _SRC = (0, 1, 3, 4, 5)
 
 # per-trajectory counts (`Tokens.stats`) and the token lists each is computed from
@@ -281,30 +280,17 @@ class Tokens:
     @cached_property
     def lp_state(self) -> np.ndarray:
         """Per token (int8): 0 no log-prob recorded, 1 valid (finite, <= 0), 2 invalid (NaN, inf, > 0)."""
-        state = ~np.isfinite(self.lp)
-        state |= self.lp > 0
-        state = state.view(np.int8) + np.int8(1)
-        if not self.lp_present.all():
-            state *= self.lp_present
-        return state
+        return native.lp_states(self.lp, self.lp_present)
 
     @cached_property
     def stats(self) -> pl.DataFrame:
-        """Per-trajectory token counts (`STAT_INPUTS`), from one bincount over a combined
-        category code; null on rows whose lists do not line up."""
+        """Per-trajectory token counts (`STAT_INPUTS`), from the per-row counts of each token
+        category (`native.token_counts`); null on rows whose lists do not line up."""
         n = self.batch.n
-        per = _NSRC * 2 * _NLP
         if not self.ok.any():
             counts = np.zeros((n, _NSRC, 2, _NLP), np.int64)
         else:
-            small = self.source * np.uint8(2 * _NLP)  # the token's category, 0..35
-            small += self.mask.view(np.uint8) * np.uint8(_NLP)
-            small += self.lp_state.view(np.uint8)
-            # bincount wants intp: the row base is repeated in intp directly (no int32 -> intp cast)
-            code = np.repeat(np.arange(0, n * per, per, dtype=np.intp), self.n_tok)
-            code += small
-            counts = np.bincount(code, minlength=n * per).reshape(n, _NSRC, 2, _NLP)
-            del code, small
+            counts = native.token_counts(self.n_tok, self.source, self.mask, self.lp, self.lp_present)
         cols = {
             "n_tokens": counts.sum(axis=(1, 2, 3)),
             "n_trainable": counts[:, :, 1, :].sum(axis=(1, 2)),

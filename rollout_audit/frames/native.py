@@ -47,3 +47,41 @@ def prefix_sha256_python(data: memoryview, lo: np.ndarray, hi: np.ndarray, first
         h.update(data[a:z])
         append(h.digest())
     return np.frombuffer(b"".join(digests), np.uint8).reshape(-1, 32)
+
+
+N_SOURCE, N_LP = 6, 3  # token_source 0..4 and 5 for any other value; log-prob none, valid, invalid
+
+
+def lp_states(lp: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """Per token (int8): 0 no log-prob recorded, 1 valid (finite, <= 0), 2 invalid (NaN, inf, > 0)."""
+    state = ~np.isfinite(lp)
+    state |= lp > 0
+    state = state.view(np.int8) + np.int8(1)
+    if not present.all():
+        state *= present
+    return state
+
+
+def token_counts(
+    n_tok: np.ndarray, source: np.ndarray, mask: np.ndarray, lp: np.ndarray, present: np.ndarray
+) -> np.ndarray:
+    """Per row (its `n_tok` consecutive tokens), how many tokens of each category: an int64 array
+    of shape (rows, source, trainable, log-prob state), `source` already folded into 0..5."""
+    n = n_tok.size
+    if ACTIVE is not None:
+        out = np.empty((n, N_SOURCE, 2, N_LP), np.int64)
+        ACTIVE.token_counts(np.ascontiguousarray(n_tok, np.int64), source, mask, lp, present, out)
+        return out
+    return token_counts_numpy(n_tok, source, mask, lp_states(lp, present))
+
+
+def token_counts_numpy(n_tok: np.ndarray, source: np.ndarray, mask: np.ndarray, lp_state: np.ndarray) -> np.ndarray:
+    """`token_counts` in numpy: one bincount over a combined category code."""
+    n, per = n_tok.size, N_SOURCE * 2 * N_LP
+    small = source * np.uint8(2 * N_LP)  # the token's category, 0..35
+    small += mask.view(np.uint8) * np.uint8(N_LP)
+    small += lp_state.view(np.uint8)
+    # bincount wants intp: the row base is repeated in intp directly (no int32 -> intp cast)
+    code = np.repeat(np.arange(0, n * per, per, dtype=np.intp), n_tok)
+    code += small
+    return np.bincount(code, minlength=n * per).reshape(n, N_SOURCE, 2, N_LP)
