@@ -464,10 +464,12 @@ def driver_table(a) -> str:
         "| driver peak RSS (MB) | largest worker (MB) | references held at the fullest | findings | load |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
+    children = []
     for size in a.driver_sizes.split(","):
         path = str(dataset(size, a.fault_share))
         local = _run_child(path, a, "local", 1, 0)
         ray_ = _run_child(path, a, "ray", 2, 0)
+        children.append((path, ray_))
         if ray_["findings"] != local["findings"]:
             raise AssertionError(f"{size}: Ray findings differ from the local audit")
         shares = -(-ray_["rows"] // a.rows_per_share)
@@ -478,6 +480,16 @@ def driver_table(a) -> str:
             f"| {os.getloadavg()[0]:.1f} |"
         )
         print(lines[-1], file=sys.stderr, flush=True)
+    # the model from the smallest log's per-task CPU costs and Ray's costs measured by its children
+    path, smallest = min(children, key=lambda c: c[1]["rows"])
+    cs = []
+    for parts in (1, a.parts):
+        cmd = [sys.executable, "-m", "benchmarks.scale", "--path", path, "--costs", str(parts)]
+        cmd += ["--rows-per-share", str(a.rows_per_share)]
+        cs.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=HERE.parent).stdout))
+    ray_costs = {k: max(r[k] for _, r in children) for k in ("task_s", "push_s", "task_bytes")}
+    lines += ["", "Ray's costs measured here: " + json.dumps({k: round(v, 6) for k, v in ray_costs.items()}), ""]
+    lines.append(model(cs[0], cs[-1], ray_costs, max(r["rss_mb"] for _, r in children)))
     return "\n".join(lines)
 
 
