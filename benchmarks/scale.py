@@ -81,7 +81,14 @@ def child(path: str, mode: str, workers: int, repeat: int, rows_per_share: int, 
         from rollout_audit.running.distributed import RayExecutor
 
         t0 = time.perf_counter()
-        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        for attempt in range(3):  # Ray gives its raylet 30 s to start: not always enough on a loaded machine
+            try:
+                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+                break
+            except Exception as exc:  # Ray raises a bare Exception for this
+                if "timed out during startup" not in str(exc) or attempt == 2:
+                    raise
+                ray.shutdown()
         init = time.perf_counter() - t0
 
         ex = RayExecutor(rows_per_share=rows_per_share, partitions=parts)
