@@ -503,7 +503,7 @@ def main(argv: list[str] | None = None) -> None:
         rss = [r["peak RSS MB"] for r in rows]
         print(
             f"\npeak RSS spread {min(rss):.0f}–{max(rss):.0f} MB "
-            f"({(max(rss) / min(rss) - 1) * 100:+.0f}% largest vs smallest; bar: ≤ 600 MB, flat within ±20%)"
+            f"({(max(rss) / min(rss) - 1) * 100:+.0f}% largest vs smallest; bar: ≤ 800 MB, 200M within 25% of 12M)"
         )
     if a.check_identical:
         share = a.fault_share or 0.01

@@ -81,7 +81,14 @@ def child(path: str, mode: str, workers: int, repeat: int, rows_per_share: int, 
         from rollout_audit.running.distributed import RayExecutor
 
         t0 = time.perf_counter()
-        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        for attempt in range(3):  # Ray gives its raylet 30 s to start: not always enough on a loaded machine
+            try:
+                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+                break
+            except Exception as exc:  # Ray raises a bare Exception for this
+                if "timed out during startup" not in str(exc) or attempt == 2:
+                    raise
+                ray.shutdown()
         init = time.perf_counter() - t0
 
         ex = RayExecutor(rows_per_share=rows_per_share, partitions=parts)
@@ -96,11 +103,12 @@ def child(path: str, mode: str, workers: int, repeat: int, rows_per_share: int, 
     t0 = time.perf_counter()
     rep = once()
     cold = time.perf_counter() - t0
-    times = []
+    times, cpu = [], []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         rep = once()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     out = {
         "mode": mode,
         "workers": workers,
@@ -109,6 +117,7 @@ def child(path: str, mode: str, workers: int, repeat: int, rows_per_share: int, 
         "first_s": round(cold, 2),
         "median_s": round(statistics.median(times), 2),
         "times": [round(t, 2) for t in times],
+        "cpu_s": round(statistics.median(cpu), 2),  # this process's CPU (for Ray: the driver's)
         "rss_mb": round(_vmhwm(), 1),
         "findings": _findings(rep),
         "rows": rep.summary["rows_read"],
@@ -412,7 +421,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--child", nargs=3, metavar=("MODE", "WORKERS", "PARTS"), help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
     ap.add_argument("--costs", type=int, metavar="PARTS", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--driver-sizes", help="only the driver's peak and share on a local cluster, at each size (e.g. 12M,50M)"
+    )
     a = ap.parse_args(argv)
+    if a.driver_sizes:
+        print(driver_table(a))
+        return
     if a.child:
         parts = int(a.child[2]) or None
         print(json.dumps(child(a.path, a.child[0], int(a.child[1]), a.repeat, a.rows_per_share, parts)))
@@ -439,6 +454,50 @@ def main(argv: list[str] | None = None) -> None:
         cs.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=HERE.parent).stdout))
     WORKER_MB = max(r.get("worker_rss_mb", 0) for r in rows)
     print(report(a, path, rows, cs))
+
+
+def _run_child(path: str, a, mode: str, n: int, parts: int) -> dict:
+    cmd = [sys.executable, "-m", "benchmarks.scale", "--path", path, "--repeat", str(a.repeat)]
+    cmd += ["--rows-per-share", str(a.rows_per_share), "--child", mode, str(n), str(parts)]
+    r = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=HERE.parent)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def driver_table(a) -> str:
+    """The Ray driver at several log sizes: its peak RSS, its CPU over the audit (its share of
+    the wall time), the references it held at its fullest; findings equal to a local audit."""
+    lines = [
+        "| log | trajectories | tokens | shares | local 1 (s) | ray 2 wall (s) | driver CPU (s) | driver share "
+        "| driver peak RSS (MB) | largest worker (MB) | references held at the fullest | findings | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    children = []
+    for size in a.driver_sizes.split(","):
+        path = str(dataset(size, a.fault_share))
+        local = _run_child(path, a, "local", 1, 0)
+        ray_ = _run_child(path, a, "ray", 2, 0)
+        children.append((path, ray_))
+        if ray_["findings"] != local["findings"]:
+            raise AssertionError(f"{size}: Ray findings differ from the local audit")
+        shares = -(-ray_["rows"] // a.rows_per_share)
+        lines.append(
+            f"| {Path(path).name} | {ray_['rows']} | {ray_['tokens']} | {shares} | {local['median_s']} "
+            f"| {ray_['median_s']} | {ray_['cpu_s']} | {ray_['cpu_s'] / ray_['median_s']:.0%} | {ray_['rss_mb']} "
+            f"| {ray_['worker_rss_mb']} | {ray_['peak_refs']} | {len(ray_['findings'])}, identical "
+            f"| {os.getloadavg()[0]:.1f} |"
+        )
+        print(lines[-1], file=sys.stderr, flush=True)
+    # the model from the smallest log's per-task CPU costs and Ray's costs measured by its children
+    path, smallest = min(children, key=lambda c: c[1]["rows"])
+    cs = []
+    for parts in (1, a.parts):
+        cmd = [sys.executable, "-m", "benchmarks.scale", "--path", path, "--costs", str(parts)]
+        cmd += ["--rows-per-share", str(a.rows_per_share)]
+        cs.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=HERE.parent).stdout))
+    ray_costs = {k: max(r[k] for _, r in children) for k in ("task_s", "push_s", "task_bytes")}
+    lines += ["", "Ray's costs measured here: " + json.dumps({k: round(v, 6) for k, v in ray_costs.items()}), ""]
+    lines.append(model(cs[0], cs[-1], ray_costs, max(r["rss_mb"] for _, r in children)))
+    return "\n".join(lines)
 
 
 def report(a, path: str, rows: list[dict], cs: list[dict]) -> str:

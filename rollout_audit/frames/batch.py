@@ -10,7 +10,6 @@ is computed in that family's module and registered with `derived`.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any
@@ -21,10 +20,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..contract import schema as S
+from . import native
 
 TOKEN_LISTS = S.TOKEN_LISTS
-_NSRC = 6  # token_source 0..4, and 5 for any out-of-range value
-_NLP = 3  # 0 null, 1 valid (finite, <= 0), 2 invalid (NaN, inf, > 0)
+_NSRC, _NLP = native.N_SOURCE, native.N_LP  # token_source 0..4 and 5 otherwise; log-prob null, valid, invalid
 _SRC = (0, 1, 3, 4, 5)
 
 # per-trajectory counts (`Tokens.stats`) and the token lists each is computed from
@@ -224,7 +223,7 @@ class Tokens:
         """SHA-256 of token_ids[:c] of row r for each pair (sorted by (r, c)), one 32-byte row each.
 
         Digests are kept for the batch: M105 (engine context) and M107 (template render) ask for
-        mostly the same prefixes, and hashing costs a Python call per turn. Only the pairs not
+        mostly the same prefixes. Only the pairs not
         hashed before are hashed, found by a sorted-key search."""
         key = r.astype(np.int64) * (1 << 32) + c.astype(np.int64)
         known, got = self.__dict__.get("_digest_cache", (np.empty(0, np.int64), np.empty((0, 32), np.uint8)))
@@ -243,24 +242,15 @@ class Tokens:
         return out
 
     def _digests(self, r: np.ndarray, c: np.ndarray) -> np.ndarray:
-        """One running hash per trajectory, fed segment by segment; digest() at each boundary
-        works on a copy of the state. The hot loop holds nothing but the three hashlib calls."""
+        """One running hash per trajectory, fed segment by segment; the digest at each boundary
+        is taken on a copy of the state (all pairs in one call of the native core)."""
         hi = (self.starts[r] + c) * 4
         first = np.ones(r.size, bool)
         first[1:] = r[1:] != r[:-1]
         lo = np.empty_like(hi)
         lo[1:] = hi[:-1]
         lo[first] = self.starts[r[first]] * 4
-        buf = self.ids_le_bytes
-        new, digests = hashlib.sha256, list[bytes]()
-        append = digests.append
-        h = new()
-        for f, a, z in zip(first.tolist(), lo.tolist(), hi.tolist()):
-            if f:
-                h = new()
-            h.update(buf[a:z])
-            append(h.digest())
-        return np.frombuffer(b"".join(digests), np.uint8).reshape(-1, 32)
+        return native.prefix_sha256(self.ids_le_bytes, lo, hi, first)
 
     def first_position(self, where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(rows, first token position) for each row where `where` holds somewhere."""
@@ -290,30 +280,17 @@ class Tokens:
     @cached_property
     def lp_state(self) -> np.ndarray:
         """Per token (int8): 0 no log-prob recorded, 1 valid (finite, <= 0), 2 invalid (NaN, inf, > 0)."""
-        state = ~np.isfinite(self.lp)
-        state |= self.lp > 0
-        state = state.view(np.int8) + np.int8(1)
-        if not self.lp_present.all():
-            state *= self.lp_present
-        return state
+        return native.lp_states(self.lp, self.lp_present)
 
     @cached_property
     def stats(self) -> pl.DataFrame:
-        """Per-trajectory token counts (`STAT_INPUTS`), from one bincount over a combined
-        category code; null on rows whose lists do not line up."""
+        """Per-trajectory token counts (`STAT_INPUTS`), from the per-row counts of each token
+        category (`native.token_counts`); null on rows whose lists do not line up."""
         n = self.batch.n
-        per = _NSRC * 2 * _NLP
         if not self.ok.any():
             counts = np.zeros((n, _NSRC, 2, _NLP), np.int64)
         else:
-            small = self.source * np.uint8(2 * _NLP)  # the token's category, 0..35
-            small += self.mask.view(np.uint8) * np.uint8(_NLP)
-            small += self.lp_state.view(np.uint8)
-            # bincount wants intp: the row base is repeated in intp directly (no int32 -> intp cast)
-            code = np.repeat(np.arange(0, n * per, per, dtype=np.intp), self.n_tok)
-            code += small
-            counts = np.bincount(code, minlength=n * per).reshape(n, _NSRC, 2, _NLP)
-            del code, small
+            counts = native.token_counts(self.n_tok, self.source, self.mask, self.lp, self.lp_present)
         cols = {
             "n_tokens": counts.sum(axis=(1, 2, 3)),
             "n_trainable": counts[:, :, 1, :].sum(axis=(1, 2)),
