@@ -377,6 +377,7 @@ def filter_cmd(log, out, select, config_path) -> None:
     the updates that named them. Never writes in place; states what it dropped."""
     from .reading.io import discover
     from .reporting.outputs import check_new_directory, check_output
+    from .reporting.report import printable
     from .running.options import Options
     from .session import Request, run
     from .workflow.filter import filter_log
@@ -384,29 +385,60 @@ def filter_cmd(log, out, select, config_path) -> None:
     sel = _known_codes(select)
     check_output(out, [log], writes_log=True)
     check_new_directory(out)
-    rep = run(Request(source=[log], config_file=config_path, options=Options(select=tuple(sel)))).report
+    opts = Options(select=tuple(sel))
+    done = run(Request(source=[log], config_file=config_path, options=opts))
+    rep = done.report
     if not rep.complete:
         _say_incomplete(rep, [log])
         _fail(f"the audit of {log} is incomplete: nothing written")
     import polars as pl
+
+    from .contract.config import log_config
 
     f = rep.findings
     chosen = pl.any_horizontal([pl.col("code").str.starts_with(c) for c in sel]) if sel else None
     f = f.filter(pl.col("severity") == "error" if chosen is None else chosen)
     flagged = f.filter(pl.col("trajectory_id").is_not_null())
     drop = set(flagged["trajectory_id"].to_list())
-    res = filter_log(discover([log]), [log], drop, out)
+    res = filter_log(discover([log]), [log], drop, out, done.cfg, log_config(log))
     per = ", ".join(
         f"{c} {n}" for c, n in flagged.group_by("code").agg(pl.col("trajectory_id").n_unique()).sort("code").iter_rows()
     )
     click.echo(
         f"dropped {res.trajectories_dropped} trajector{'y' if res.trajectories_dropped == 1 else 'ies'}"
-        f"{' (' + per + ')' if per else ''} and {res.updates_dropped} update{'' if res.updates_dropped == 1 else 's'} "
-        f"that named them; wrote {out}: {res.trajectories_kept} trajectories, {res.updates_kept} updates"
+        f"{' (' + printable(per) + ')' if per else ''} and {res.updates_dropped} "
+        f"update{'' if res.updates_dropped == 1 else 's'} that named them; wrote {printable(out)}: "
+        f"{res.trajectories_kept} trajectories, {res.updates_kept} updates"
     )
+    for line in res.unread:
+        click.echo(f"rollout-audit: warning: {printable(line)}", err=True)
     unplaced = f.height - flagged.height
     if unplaced:
         click.echo(f"kept: {unplaced} finding(s) of the selected codes name no trajectory (see `check`)", err=True)
+    sys.exit(_filtered_verdict(out, config_path, opts, sel))
+
+
+def _filtered_verdict(out, config_path, opts, sel) -> int:
+    """Audit the copy `filter` wrote, as `check OUT` would (with the same selection), print its
+    verdict, and return its exit code: `filter LOG OUT && train OUT` goes ahead only on a copy
+    that passes."""
+    from .reporting.report import printable, verdict_line
+    from .session import Request, run
+
+    rep = run(Request(source=[out], config_file=config_path, options=opts)).report
+    code = rep.exit_code()
+    scope = f" (checks {', '.join(sel)})" if sel else ""
+    click.echo(f"the copy{scope}: {verdict_line(rep)}")
+    if code:
+        codes = ", ".join(sorted(rep.codes("error")))
+        _say_incomplete(rep, [out])
+        click.echo(
+            f"rollout-audit: error: {printable(out)}: the filtered copy does not pass"
+            f"{' (' + printable(codes) + ')' if codes else ''}: findings that name no trajectory cannot be "
+            f"filtered out; see `rollout-audit check {printable(out)}`",
+            err=True,
+        )
+    return code
 
 
 @main.command()

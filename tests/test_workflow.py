@@ -505,3 +505,83 @@ def test_watch_audits_a_log_directory_moved_in_whole_as_one_step(tmp_path):
     assert watcher.returncode == 1
     status = json.loads((tmp_path / "status.json").read_text())
     assert [s["codes"] for s in status["steps"]] == [[], ["M101"]]
+
+
+# ---------------------------------------------------------------- filter: verdicts that cover the copy
+
+BROKEN = ROOT / "fixtures" / "broken"
+
+
+def test_filter_exit_code_is_the_verdict_of_the_copy(tmp_path):
+    """A fault that names no trajectory cannot be filtered out: the copy still fails, and so does
+    `filter` (`filter bad clean && train clean` does not go ahead)."""
+    res = cli("filter", BROKEN / "loss_over_whole_transcript", tmp_path / "clean")
+    assert res.exit_code == 1, res.output
+    assert "the filtered copy does not pass (U601, U602)" in res.output
+    assert cli("check", tmp_path / "clean").exit_code == 1  # what the exit code said
+
+
+def test_filter_copy_carries_the_logs_own_configuration(tmp_path):
+    """The compliant log states its response budget in its own pyproject.toml: T306 runs on the copy."""
+    res = cli("filter", COMPLIANT, tmp_path / "copy")
+    assert res.exit_code == 0, res.output
+    assert "max_response_tokens = 48" in (tmp_path / "copy" / "pyproject.toml").read_text()
+    rep = json.loads(cli("check", tmp_path / "copy", "--format", "json").stdout)
+    assert "T306" in rep["summary"]["checks_run"]
+
+
+KILLED_FILTER = """
+import signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it: the process dies as a C program would
+from rollout_audit.cli import main
+main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("killed", [True, False])
+def test_filter_killed_or_failing_part_way_leaves_nothing_that_passes(tmp_path, killed):
+    """The filter stops while it writes (a file-size limit in the middle of the first Parquet
+    file): killed by the signal, or failing on the write error. OUT does not exist, and what a
+    killed filter left passes no audit (a failing one leaves nothing)."""
+    import resource
+    import subprocess
+    import sys
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
+    how = ["-c", KILLED_FILTER] if killed else ["-m", "rollout_audit.cli"]
+    r = subprocess.run(
+        [sys.executable, *how, "filter", COMPLIANT, tmp_path / "out"],
+        env=env, preexec_fn=limit, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert not (tmp_path / "out").exists()
+    left = [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
+    if not killed:
+        assert r.returncode == 2 and "File too large" in r.stderr and not left, r.stderr
+        return
+    assert r.returncode < 0, (r.returncode, r.stderr[-2000:])  # killed by the signal
+    assert len(left) == 1 and list(left[0].rglob("*.parquet"))  # killed with files written
+    assert cli("check", left[0]).exit_code != 0
+    assert cli("check", tmp_path).exit_code != 0
+
+
+def test_filter_leaves_out_a_row_group_the_audit_could_not_read(tmp_path):
+    """A row group over max_row_group_bytes is not audited: it is never decoded nor copied."""
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "log"
+    t = pq.read_table(COMPLIANT / "trajectories" / "part-0000.parquet")
+    (src / "trajectories").mkdir(parents=True)
+    with pq.ParquetWriter(src / "trajectories" / "part-0000.parquet", t.schema) as w:
+        w.write_table(t.slice(0, 4))
+        w.write_table(t.slice(4, 124))  # many more tokens: over the cap below
+    first = pq.ParquetFile(src / "trajectories" / "part-0000.parquet").metadata
+    small = first.row_group(0).total_byte_size
+    (tmp_path / "audit.toml").write_text(f"[tool.rollout-audit]\nmax_row_group_bytes = {small * 4}\n")
+    rep = json.loads(cli("check", src, "--config", tmp_path / "audit.toml", "--format", "json").stdout)
+    assert any("max_row_group_bytes" in f["message"] for f in rep["findings"])  # the audit did not read it
+    res = cli("filter", src, tmp_path / "out", "--config", tmp_path / "audit.toml", "--select", "S")
+    assert "row group 1 (124 rows) not audited, left out" in res.output, res.output
+    assert pq.read_table(tmp_path / "out" / "trajectories" / "part-0000.parquet").num_rows == 4
