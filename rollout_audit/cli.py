@@ -346,21 +346,27 @@ def _say_incomplete(rep, paths) -> None:
     help="A statistic moved when |z| of its change is above this.",
 )
 @click.option("--all", "every", is_flag=True, help="Text: every statistic, not only those that moved.")
-def diff_cmd(a, b, fmt, config_path, z_noise, every) -> None:
+@click.option(
+    "--allow-lost-coverage",
+    is_flag=True,
+    help="Do not fail when a check that ran on A did not run on B (still listed).",
+)
+def diff_cmd(a, b, fmt, config_path, z_noise, every, allow_lost_coverage) -> None:
     """What changed from log A to log B (two runs, or two step directories of one log): findings
-    per code that appeared, disappeared or changed count, and the statistics that moved beyond
-    noise. Exit 1 when new error findings appeared."""
+    compared by identity (code, trajectory, place), checks that ran on A and not on B, and the
+    statistics that moved beyond noise. Exit 1 when error findings are new in B or a check lost
+    coverage; 2 when either audit is incomplete."""
+    from .reporting.report import json_text
     from .session import Request, run
     from .workflow.diff import diff, render_diff
 
     done = [run(Request(source=[p], config_file=config_path, use_baseline=False)) for p in (a, b)]
-    for p, x in zip((a, b), done):
-        if x.report.unusable is not None:
-            _fail(f"{p}: nothing to audit: {x.report.unusable}")
     reps = [x.report for x in done]
-    d = diff([a], [b], reps[0], reps[1], z_noise=z_noise)
-    click.echo(json.dumps(d, indent=1, default=str) if fmt == "json" else render_diff(d, every))
-    sys.exit(1 if d["new_errors"] else 0)
+    d = diff([a], [b], reps[0], reps[1], z_noise=z_noise, allow_lost_coverage=allow_lost_coverage)
+    click.echo(json_text(d) if fmt == "json" else render_diff(d, every))
+    for p, r in zip((a, b), reps):
+        _say_incomplete(r, [p])
+    sys.exit(d["exit_code"])
 
 
 @main.command("filter")

@@ -197,17 +197,21 @@ def test_the_library_applies_a_configured_baseline_as_check_does(logs, tmp_path,
 def test_diff_names_findings_that_appeared_and_disappeared(logs):
     res = cli("diff", COMPLIANT, logs / "two")
     assert res.exit_code == 1, res.output
-    assert "appeared    L201 [error] 0 -> 1" in res.output and "appeared    M101 [error] 0 -> 1" in res.output
-    assert res.output.strip().splitlines()[-1].startswith("FAIL: 2 new error findings; 2 codes changed; 0 of ")
+    assert (
+        "appeared    L201 [error] 0 -> 1 (1 new, 0 gone)" in res.output
+        and "appeared    M101 [error] 0 -> 1" in res.output
+    )
+    assert res.output.strip().splitlines()[-1].startswith("FAIL: 2 new error findings; ")
     res = cli("diff", logs / "two", logs / "one", "--format", "json")
     assert res.exit_code == 0  # a finding went away: nothing new to block on
     d = json.loads(res.stdout)
-    assert d["findings"] == {
+    assert {k: d["findings"][k] for k in ("appeared", "disappeared", "changed")} == {
         "appeared": [],
-        "disappeared": [{"code": "L201", "severity": "error", "a": 1, "b": 0}],
+        "disappeared": [{"code": "L201", "severity": "error", "a": 1, "b": 0, "new": 0, "gone": 1}],
         "changed": [],
     }
-    assert d["new_errors"] == 0 and not any(s["moved"] for s in d["stats"])
+    assert d["findings"]["new_findings"] == [] and [x["code"] for x in d["findings"]["gone_findings"]] == ["L201"]
+    assert d["new_errors"] == 0 and d["exit_code"] == 0 and not any(s["moved"] for s in d["stats"])
     assert {"trainable share", "policy lag", "degenerate groups", "stop failure", "reward | success"} <= {
         s["stat"] for s in d["stats"]
     }
@@ -224,6 +228,56 @@ def test_diff_shows_statistics_that_moved_beyond_noise(tmp_path):
     assert moved["stop max_turns"]["a"] == 0 and moved["stop max_turns"]["b"] > 0.5, moved  # absent in A: a share of 0
     res = cli("diff", tmp_path / "calm", tmp_path / "calm")
     assert res.exit_code == 0 and "0 codes changed; 0 of " in res.output
+
+
+def test_diff_compares_findings_by_identity_not_by_count(tmp_path):
+    """The same count of M101 findings, on another trajectory: one finding is new (exit 1)."""
+    for seed in (0, 1):
+        assert (
+            cli("faults", "apply", "tool_tokens_trained", COMPLIANT, tmp_path / f"s{seed}", "--seed", seed).exit_code
+            == 0
+        )
+    res = cli("diff", tmp_path / "s0", tmp_path / "s1", "--format", "json")
+    assert res.exit_code == 1, res.output
+    d = json.loads(res.stdout)
+    assert d["findings"]["changed"] == [{"code": "M101", "severity": "error", "a": 1, "b": 1, "new": 1, "gone": 1}]
+    (new,) = d["findings"]["new_findings"]
+    (gone,) = d["findings"]["gone_findings"]
+    assert new["trajectory_id"] != gone["trajectory_id"] and d["new_errors"] == 1
+    res = cli("diff", tmp_path / "s0", tmp_path / "s1")
+    assert f"  new   M101 {new['trajectory_id']}" in res.output
+    assert res.output.strip().splitlines()[-1].startswith("FAIL: 1 new error finding;")
+
+
+def test_diff_of_an_incomplete_audit_is_incomplete(tmp_path):
+    """Replay asked for and not run: both audits are incomplete, and so is the diff (exit 2)."""
+    (tmp_path / "audit.toml").write_text("[tool.rollout-audit]\nreplay = 4\n")
+    res = cli("diff", COMPLIANT, COMPLIANT, "--config", tmp_path / "audit.toml")
+    assert res.exit_code == 2, res.output
+    assert res.stdout.strip().splitlines()[-1].startswith("INCOMPLETE:")
+    assert "incomplete  A: L205" in res.stdout and "incomplete  B: L205" in res.stdout
+    res = cli("diff", COMPLIANT, ROOT / "fixtures" / "broken" / "corrupt_file", "--format", "json")
+    assert res.exit_code == 2 and json.loads(res.stdout)["incomplete"]["b"], res.output
+
+
+def test_diff_shows_lost_coverage_and_fails_on_it(tmp_path):
+    """B's exporter stopped writing update records: the checks of updates ran on A and not on B."""
+    import shutil
+
+    shutil.copytree(COMPLIANT / "trajectories", tmp_path / "b" / "trajectories")
+    shutil.copy(COMPLIANT / "pyproject.toml", tmp_path / "b" / "pyproject.toml")
+    res = cli("diff", COMPLIANT, tmp_path / "b", "--format", "json")
+    assert res.exit_code == 1, res.output
+    d = json.loads(res.stdout)
+    lost = {x["code"]: x["on_b"] for x in d["coverage"]["lost"]}
+    assert {"U601", "U602", "P503"} <= set(lost) and all(v.startswith("not run") for v in lost.values()), lost
+    assert d["new_errors"] == 0 and d["coverage"]["gained"] == []
+    res = cli("diff", COMPLIANT, tmp_path / "b")
+    assert "lost        U601: ran on A, on B not run" in res.output
+    assert f"FAIL: 0 new error findings; {len(lost)} checks that ran on A not run on B;" in res.output
+    res = cli("diff", COMPLIANT, tmp_path / "b", "--allow-lost-coverage")
+    assert res.exit_code == 0 and "not run on B (allowed)" in res.output
+    assert cli("diff", tmp_path / "b", COMPLIANT).exit_code == 0  # coverage gained is no failure
 
 
 def test_diff_of_two_steps_of_one_log(tmp_path):
