@@ -515,9 +515,12 @@ def watch(
             lambda line: click.echo(line), interval=interval, idle=idle, fail_fast=fail_fast, max_steps=max_steps
         )
     except KeyboardInterrupt:
-        w.write_status("stopped")
-        code = w.worst
-    click.echo(f"watched {directory}: {len(w.steps)} step(s), worst exit code {w.worst}", err=True)
+        code = w.finish(lambda line: click.echo(line))
+    from .reporting.report import printable
+
+    click.echo(
+        f"watched {printable(directory)}: {len(w.steps)} step(s), worst exit code {w.worst}, exit {code}", err=True
+    )
     sys.exit(code)
 
 

@@ -405,7 +405,7 @@ def test_watch_fail_fast_stops_at_the_first_failing_step(logs, tmp_path):
     plan = [f"ok:{good}", f"ok:{good}", f"ok:{good}", f"bad:{bad}", f"ok:{good}"]
     wrc, rc, lines, err, d = _watch(tmp_path, plan, "--fail-fast")
     assert wrc == 0
-    assert rc == 1 and lines[-1].startswith("trajectories/step-0003.parquet: FAIL: 1 error"), lines
+    assert rc == 1 and lines[-1].startswith("trajectories/step-0003.parquet: FAIL: 1 error (M101), 0 warnings"), lines
     assert len(lines) == 4
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["state"] == "stopped" and status["steps"][-1]["codes"] == ["M101"]
@@ -555,7 +555,7 @@ def test_watch_audits_a_log_directory_moved_in_whole_as_one_step(tmp_path):
     out, err = watcher.communicate(timeout=180)
     lines = out.strip().splitlines()
     assert [x.split(":")[0] for x in lines] == ["step-0", "step-1"], (lines, err)
-    assert lines[0].startswith("step-0: ok: 0 errors") and lines[1].startswith("step-1: FAIL: 1 error"), lines
+    assert lines[0].startswith("step-0: ok: 0 errors") and lines[1].startswith("step-1: FAIL: 1 error (M101),"), lines
     assert watcher.returncode == 1
     status = json.loads((tmp_path / "status.json").read_text())
     assert [s["codes"] for s in status["steps"]] == [[], ["M101"]]
@@ -639,3 +639,127 @@ def test_filter_leaves_out_a_row_group_the_audit_could_not_read(tmp_path):
     res = cli("filter", src, tmp_path / "out", "--config", tmp_path / "audit.toml", "--select", "S")
     assert "row group 1 (124 rows) not audited, left out" in res.output, res.output
     assert pq.read_table(tmp_path / "out" / "trajectories" / "part-0000.parquet").num_rows == 4
+
+
+# ---------------------------------------------------------------- watch: nothing seen goes unaudited
+
+
+def _watch_bg(d: Path, status: Path, *extra: object):
+    """A watcher process on `d`; returns it once it has started polling (its status file exists)."""
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "rollout_audit.cli", "watch", d, "--interval", "0.1", "--status", status, *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    for _ in range(600):
+        if status.exists() or p.poll() is not None:
+            break
+        time.sleep(0.1)
+    return p
+
+
+def _wait_steps(status: Path, n: int) -> None:
+    import time
+
+    for _ in range(600):
+        if status.exists() and json.loads(status.read_text() or "{}").get("steps_audited", 0) >= n:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"fewer than {n} steps audited")
+
+
+def test_watch_audits_a_step_again_when_it_is_replaced_after_its_audit(tmp_path, logs):
+    import shutil
+
+    d = tmp_path / "run"
+    d.mkdir()
+    shutil.copy(COMPLIANT / "trajectories" / "part-0000.parquet", d / "step-0.parquet")
+    status = tmp_path / "status.json"
+    w = _watch_bg(d, status, "--idle", "2")
+    _wait_steps(status, 1)
+    bad = next((logs / "one" / "trajectories").glob("*.parquet"))
+    shutil.copy(bad, d / ".step-0.tmp")
+    os.replace(d / ".step-0.tmp", d / "step-0.parquet")  # the step replaced by a broken one
+    out, err = w.communicate(timeout=180)
+    lines = out.strip().splitlines()
+    assert w.returncode == 1, (lines, err)
+    assert lines[0].startswith("step-0.parquet: ok: 0 errors")
+    assert lines[1].startswith("step-0.parquet: FAIL: 1 error (M101)") and "changed after its audit" in lines[1]
+    assert [s["exit_code"] for s in json.loads(status.read_text())["steps"]] == [0, 1]
+
+
+def test_watch_audits_a_dump_appended_to_after_its_audit(tmp_path):
+    from adapterhelp import context_args
+
+    d = tmp_path / "dumps"
+    d.mkdir()
+    dumps = ROOT / "fixtures" / "frameworks" / "skyrl"
+    (d / "step-0.jsonl").write_bytes((dumps / "compliant.jsonl").read_bytes())
+    status = tmp_path / "status.json"
+    w = _watch_bg(d, status, "--from", "skyrl", *context_args(), "--idle", "2")
+    _wait_steps(status, 1)
+    with open(d / "step-0.jsonl", "ab") as fh:  # the trainer appends after a pause
+        fh.write(b"{not json\n")
+    out, err = w.communicate(timeout=180)
+    lines = out.strip().splitlines()
+    assert len(lines) == 2 and "changed after its audit" in lines[1], (lines, err)
+    assert w.returncode != 0 and not lines[1].split(": ", 1)[1].startswith("ok"), lines
+
+
+def test_watch_of_an_empty_or_growing_step_is_not_a_pass(tmp_path):
+    import threading
+    import time
+
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "step-0.parquet").write_bytes(b"")
+    res = cli("watch", d, "--interval", "0.05", "--idle", "0.5")
+    assert res.exit_code == 2, res.output
+    assert "1 step(s) seen and never audited (still being written, or empty): step-0.parquet" in res.output
+    (d / "step-0.parquet").unlink()
+    stop = threading.Event()
+
+    def grow() -> None:
+        with open(d / "step-1.parquet", "ab") as fh:
+            while not stop.is_set():
+                fh.write(b"x" * 64)
+                fh.flush()
+                time.sleep(0.02)
+
+    t = threading.Thread(target=grow)
+    t.start()
+    try:
+        res = cli("watch", d, "--interval", "0.1", "--idle", "0.8")
+    finally:
+        stop.set()
+        t.join()
+    assert res.exit_code == 2 and "seen and never audited" in res.output and "step-1.parquet" in res.output
+
+
+def test_watch_ends_with_exit_2_when_the_directory_vanishes(tmp_path):
+    import shutil
+
+    d = tmp_path / "run"
+    d.mkdir()
+    status = tmp_path / "status.json"
+    w = _watch_bg(d, status, "--idle", "30")
+    shutil.rmtree(d)
+    out, err = w.communicate(timeout=120)
+    assert w.returncode == 2 and "the watched directory vanished" in out, (out, err)
+    assert json.loads(status.read_text())["directory_vanished"] is True
+
+
+def test_watch_does_not_follow_links_out_of_the_directory(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "step-0.parquet").symlink_to(COMPLIANT / "trajectories" / "part-0000.parquet")
+    (d / "sub").symlink_to(COMPLIANT / "trajectories", target_is_directory=True)
+    res = cli("watch", d, "--interval", "0.05", "--idle", "0.4")
+    lines = res.output.strip().splitlines()
+    assert res.exit_code == 2, res.output
+    assert "step-0.parquet: INCOMPLETE: a link out of the watched directory, not read" in lines
+    assert not any(x.startswith("sub/") or "ok:" in x for x in lines), lines  # the linked directory: never entered
