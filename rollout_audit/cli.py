@@ -326,10 +326,10 @@ def _context(pairs: tuple[str, ...]) -> dict[str, str]:
 def _say_incomplete(rep, paths) -> None:
     """One line on stderr per reason the audit of the log at `paths` could not be completed (exit 2),
     naming the log."""
-    from .reporting.report import incomplete
+    from .reporting.report import incomplete, printable
 
     for line in incomplete(rep):
-        click.echo(f"rollout-audit: error: {', '.join(map(str, paths))}: {line}", err=True)
+        click.echo(f"rollout-audit: error: {', '.join(map(printable, paths))}: {line}", err=True)
 
 
 @main.command("diff")
@@ -603,12 +603,13 @@ def schema(fmt) -> None:
 def stats(paths, fmt) -> None:
     """Counts, trainable share, stop causes, rewards, groups and policy versions of a log."""
     from .reading.log import scan
+    from .reporting.report import json_text
     from .reporting.stats import log_stats, render_stats
 
     log = scan(paths)
     _warn_unreadable(log.broken)
     d = log_stats(log)
-    click.echo(json.dumps(d, indent=1, default=str) if fmt == "json" else render_stats(d))
+    click.echo(json_text(d) if fmt == "json" else render_stats(d))
 
 
 def _warn_unreadable(broken: list[tuple[str, str]]) -> None:

@@ -763,3 +763,104 @@ def test_watch_does_not_follow_links_out_of_the_directory(tmp_path):
     assert res.exit_code == 2, res.output
     assert "step-0.parquet: INCOMPLETE: a link out of the watched directory, not read" in lines
     assert not any(x.startswith("sub/") or "ok:" in x for x in lines), lines  # the linked directory: never entered
+
+
+# ---------------------------------------------------------------- every string escaped, strict JSON, no globs
+
+FORGED = "a\n::error file=x,line=1::forged\x1b[2J\u202e"
+
+
+def _strict(text: str):
+    """JSON as RFC 8259 has it: NaN and Infinity are not JSON."""
+
+    def refuse(name: str):
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _clean_lines(text: str) -> None:
+    assert "\x1b" not in text and "\u202e" not in text, text
+    assert not any(x.lstrip().startswith("::error") for x in text.splitlines()), text
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory) -> Path:
+    """A log whose strings and file name carry a forged CI command, an escape sequence and a
+    bidirectional override, with a NaN reward and an infinite one."""
+    import pyarrow.parquet as pq
+
+    from rollout_audit.reading.records import records_to_table
+
+    t, _ = make_log(n_tasks=2, group_size=2, n_versions=1, seed=3)
+    t[0]["stop_reason"] = FORGED
+    t[1]["reward"] = float("nan")
+    t[2]["reward"] = float("inf")
+    d = tmp_path_factory.mktemp("hostile") / "log"
+    (d / "trajectories").mkdir(parents=True)
+    pq.write_table(records_to_table(t), d / "trajectories" / f"x{FORGED}.parquet")
+    return d
+
+
+def test_stats_escapes_the_logs_strings_and_writes_strict_json(hostile):
+    res = cli("stats", hostile)
+    assert res.exit_code == 0, res.output
+    _clean_lines(res.output)
+    assert "a\\n::error file=x,line=1::forged\\x1b[2J\\u202e" in res.output
+    d = _strict(cli("stats", hostile, "--format", "json").stdout)
+    assert d["reward_mean"] in ("NaN", "Infinity"), d["reward_mean"]  # a string, stated in the README
+
+
+def test_diff_escapes_the_logs_strings_and_file_names_and_writes_strict_json(hostile):
+    res = cli("diff", COMPLIANT, hostile, "--all")
+    _clean_lines(res.output)
+    assert "stop a\\n::error" in res.output
+    res = cli("diff", COMPLIANT, hostile, "--format", "json")
+    d = _strict(res.stdout)
+    assert any(s["stat"].startswith("stop a\n::error") for s in d["stats"])  # JSON holds the value itself
+
+
+def test_check_json_is_strict(hostile):
+    res = cli("check", hostile, "--format", "json")
+    _strict(res.stdout)
+
+
+def test_watch_escapes_file_names(tmp_path):
+    import shutil
+
+    d = tmp_path / "run"
+    d.mkdir()
+    shutil.copy(COMPLIANT / "trajectories" / "part-0000.parquet", d / f"step{FORGED}.parquet")
+    res = cli("watch", d, "--interval", "0.05", "--idle", "0.4", "--status", tmp_path / "s.json")
+    assert res.exit_code == 0, res.output
+    _clean_lines(res.output)
+    assert res.output.startswith("stepa\\n::error file=x,line=1::forged\\x1b[2J\\u202e.parquet: ok: 0 errors")
+    _strict((tmp_path / "s.json").read_text())
+
+
+@pytest.mark.parametrize("command", ["stats", "show", "diff", "check"])
+def test_a_file_name_with_glob_characters_is_that_file(tmp_path, command):
+    """`s[1].parquet` is read, never `s1.parquet` (which a glob would match instead)."""
+    import pyarrow.parquet as pq
+
+    d = tmp_path / "trajectories"
+    d.mkdir()
+    t = pq.read_table(COMPLIANT / "trajectories" / "part-0000.parquet")
+    pq.write_table(t, d / "s[1].parquet")
+    pq.write_table(t.slice(0, 3), d / "s1.parquet")
+    named = d / "s[1].parquet"
+    first = t.column("trajectory_id")[0].as_py()
+    if command == "stats":
+        res = cli("stats", named, "--format", "json")
+        assert json.loads(res.stdout)["trajectories"] == 128, res.output
+    elif command == "show":
+        last = t.column("trajectory_id")[127].as_py()  # only in s[1].parquet
+        res = cli("show", named, last, "--no-color")
+        assert res.exit_code in (0, 1) and last in res.output, res.output
+    elif command == "diff":
+        res = cli("diff", named, COMPLIANT / "trajectories" / "part-0000.parquet", "--format", "json", "--all")
+        rows = {s["stat"]: s for s in json.loads(res.stdout)["stats"]}
+        assert rows["trainable share"]["n_a"] == rows["trainable share"]["n_b"], rows["trainable share"]
+    else:
+        res = cli("check", named, "--format", "json")
+        assert json.loads(res.stdout)["summary"]["rows_read"] == 128 and first
