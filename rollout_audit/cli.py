@@ -364,8 +364,15 @@ def diff_cmd(a, b, fmt, config_path, z_noise, every, allow_lost_coverage) -> Non
     reps = [x.report for x in done]
     d = diff([a], [b], reps[0], reps[1], z_noise=z_noise, allow_lost_coverage=allow_lost_coverage)
     click.echo(json_text(d) if fmt == "json" else render_diff(d, every))
-    for p, r in zip((a, b), reps):
-        _say_incomplete(r, [p])
+    if d["exit_code"] == 2:  # one line naming each incomplete side
+        from .reporting.report import incomplete, printable
+
+        why = [
+            f"{side} {printable(p)}: {'; '.join(incomplete(r))}"
+            for side, p, r in zip("AB", (a, b), reps)
+            if incomplete(r)
+        ]
+        click.echo(f"rollout-audit: error: the diff is incomplete: {' | '.join(why)}", err=True)
     sys.exit(d["exit_code"])
 
 
@@ -395,8 +402,9 @@ def filter_cmd(log, out, select, config_path) -> None:
     done = run(Request(source=[log], config_file=config_path, options=opts))
     rep = done.report
     if not rep.complete:
-        _say_incomplete(rep, [log])
-        _fail(f"the audit of {log} is incomplete: nothing written")
+        from .reporting.report import incomplete
+
+        _fail(f"{printable(log)}: the audit is incomplete ({'; '.join(incomplete(rep))}): nothing written")
     import polars as pl
 
     from .contract.config import log_config
@@ -416,11 +424,11 @@ def filter_cmd(log, out, select, config_path) -> None:
         f"update{'' if res.updates_dropped == 1 else 's'} that named them; wrote {printable(out)}: "
         f"{res.trajectories_kept} trajectories, {res.updates_kept} updates"
     )
-    for line in res.unread:
-        click.echo(f"rollout-audit: warning: {printable(line)}", err=True)
+    for line in res.unread:  # what was written, as the line above: stdout (stderr is for a refusal)
+        click.echo(f"left out: {printable(line)}")
     unplaced = f.height - flagged.height
     if unplaced:
-        click.echo(f"kept: {unplaced} finding(s) of the selected codes name no trajectory (see `check`)", err=True)
+        click.echo(f"kept: {unplaced} finding(s) of the selected codes name no trajectory (see `check`)")
     sys.exit(_filtered_verdict(out, config_path, opts, sel))
 
 
@@ -435,9 +443,13 @@ def _filtered_verdict(out, config_path, opts, sel) -> int:
     code = rep.exit_code()
     scope = f" (checks {', '.join(sel)})" if sel else ""
     click.echo(f"the copy{scope}: {verdict_line(rep)}")
-    if code:
+    if code == 2:
+        from .reporting.report import incomplete
+
+        click.echo(f"rollout-audit: error: {printable(out)}: the audit of the copy is incomplete: "
+                   f"{'; '.join(incomplete(rep))}", err=True)  # fmt: skip
+    elif code:
         codes = ", ".join(sorted(rep.codes("error")))
-        _say_incomplete(rep, [out])
         click.echo(
             f"rollout-audit: error: {printable(out)}: the filtered copy does not pass"
             f"{' (' + printable(codes) + ')' if codes else ''}: findings that name no trajectory cannot be "
