@@ -414,7 +414,9 @@ def filter_cmd(log, out, select, config_path) -> None:
     f = f.filter(pl.col("severity") == "error" if chosen is None else chosen)
     flagged = f.filter(pl.col("trajectory_id").is_not_null())
     drop = set(flagged["trajectory_id"].to_list())
-    res = filter_log(discover([log]), [log], drop, out, done.cfg, log_config(log))
+    s005 = rep.findings.filter((pl.col("code") == "S005") & ~pl.col("message").str.contains("max_row_group_bytes"))
+    unreadable = dict(s005.select("file", "message").unique("file", keep="first").iter_rows())  # left to refuse
+    res = filter_log(discover([log]), [log], drop, out, done.cfg, log_config(log), unreadable)
     per = ", ".join(
         f"{c} {n}" for c, n in flagged.group_by("code").agg(pl.col("trajectory_id").n_unique()).sort("code").iter_rows()
     )

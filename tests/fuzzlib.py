@@ -912,13 +912,12 @@ def _baseline_doc(rng, records, hostile: str) -> bytes:
     return data
 
 
-def _bomb(root: Path, records, rng) -> None:
-    """A trajectory file beside the others with one row group holding a trajectory of 9M tokens
-    (over max_tokens_per_trajectory): a few hundred KB on disk."""
+def _bomb(root: Path, records, rng, n: int = 9_000_000) -> None:
+    """A trajectory file beside the others with one row group holding a trajectory of `n` tokens
+    (over max_tokens_per_trajectory at 9M): a few hundred KB on disk."""
     import numpy as np
 
     t = records_to_table([dict(records[0][0], trajectory_id="bomb")])
-    n = 9_000_000
     cols = []
     for name in t.column_names:
         col = t.column(name).combine_chunks()

@@ -864,3 +864,25 @@ def test_a_file_name_with_glob_characters_is_that_file(tmp_path, command):
     else:
         res = cli("check", named, "--format", "json")
         assert json.loads(res.stdout)["summary"]["rows_read"] == 128 and first
+
+
+def test_filter_stays_bounded_on_a_compression_bomb(tmp_path):
+    """One row group of a trajectory file holds a trajectory of 20M tokens (a few hundred KB on
+    disk, about 1 GB decoded): `check` leaves it unread (S001); `filter` neither decodes nor copies
+    it, and its peak memory stays where `check`'s does."""
+    import random
+
+    from fuzzlib import _bomb, run_cli
+
+    records = make_log(n_tasks=2, group_size=2, n_versions=1, seed=3)
+    from rollout_audit.faults import write_records
+
+    write_records(tmp_path / "log", *records)
+    _bomb(tmp_path / "log", records, random.Random(0), n=20_000_000)
+    out = run_cli(["filter", str(tmp_path / "log"), str(tmp_path / "out")], tmp_path)
+    assert out.exit == 0, out.stderr[-2000:]
+    assert "z-bomb.parquet: row group 0 (1 rows) not audited, left out" in out.stdout
+    assert out.peak_mb < 800, out.peak_mb
+    import pyarrow.parquet as pq
+
+    assert pq.read_metadata(tmp_path / "out" / "trajectories" / "z-bomb.parquet").num_rows == 0

@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..contract.config import LOG_CONTEXT, Config
-from ..reading.io import Discovery, LogFile, UsageError, row_group_too_large, source
+from ..reading.io import Discovery, LogFile, UsageError, one_line, row_group_too_large, source
 from ..reading.read import readable_groups
 
 # the marker a copy under construction holds: not a Parquet file, so any audit of it is S005
@@ -99,8 +99,19 @@ def own_table(own: Config | None) -> str | None:
 
 def _copy_file(f: LogFile, drop: pl.Series, dst: Path, res: Filtered, unread: dict[int, str]) -> None:
     """Copy `f` to `dst` a row group at a time, without the dropped rows and without the row
-    groups the audit did not read (schema and metadata kept)."""
+    groups the audit did not read (schema and metadata kept). UsageError naming the file when it
+    cannot be read or holds no ids to filter by."""
+    try:
+        _copy_groups(f, drop, dst, res, unread)
+    except (OSError, pa.ArrowException, pl.exceptions.PolarsError, KeyError, ValueError) as e:
+        raise UsageError(f"{f.path}: cannot be copied ({one_line(e)}); nothing written") from None
+
+
+def _copy_groups(f: LogFile, drop: pl.Series, dst: Path, res: Filtered, unread: dict[int, str]) -> None:
     pf = pq.ParquetFile(source(f.path))
+    key = "trajectory_id" if f.kind == "trajectories" else "trajectory_ids"
+    if len(pf.schema_arrow.get_all_field_indices(key)) != 1:
+        raise KeyError(f"no single {key} column: filter cannot tell which rows to drop")
     dst.parent.mkdir(parents=True, exist_ok=True)
     with pq.ParquetWriter(dst, pf.schema_arrow, compression="zstd") as w:
         for rg in range(pf.num_row_groups):
@@ -135,15 +146,29 @@ def _copy_file(f: LogFile, drop: pl.Series, dst: Path, res: Filtered, unread: di
 
 
 def filter_log(
-    disc: Discovery, roots: list, drop: set[str], out: str | os.PathLike, cfg: Config, own: Config | None = None
+    disc: Discovery,
+    roots: list,
+    drop: set[str],
+    out: str | os.PathLike,
+    cfg: Config,
+    own: Config | None = None,
+    unreadable: dict[str, str] | None = None,
 ) -> Filtered:
     """Copy the files of `disc` under `out`, without trajectories whose id is in `drop` and
     without updates whose `trajectory_ids` name one of them, with the log's own configuration
     `own`. A row group the audit did not read is left out unread (`Filtered.unread`); a file it
-    could not open is a UsageError (nothing written)."""
+    could not open, or that the audit reported unreadable (`unreadable`: file -> why, its S005
+    findings), is a UsageError (nothing written)."""
+    unreadable = unreadable or {}
     if disc.broken:
         path, why = disc.broken[0]
         raise UsageError(f"{path}: cannot be read ({why}); filter copies whole logs only: nothing written")
+    for f in disc.files:
+        if f.path in unreadable:
+            raise UsageError(
+                f"{f.path}: the audit could not read it ({unreadable[f.path]}); filter copies only what the "
+                "audit read: nothing written"
+            )
     base = [Path(r).resolve() for r in roots]
     dropped = pl.Series("d", sorted(drop), pl.String).implode()
     target = Path(out).absolute()
