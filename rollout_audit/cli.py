@@ -431,10 +431,10 @@ def filter_cmd(log, out, select, config_path) -> None:
     unplaced = f.height - flagged.height
     if unplaced:
         click.echo(f"kept: {unplaced} finding(s) of the selected codes name no trajectory (see `check`)")
-    sys.exit(_filtered_verdict(out, config_path, opts, sel))
+    sys.exit(_filtered_verdict(out, config_path, opts, sel, log))
 
 
-def _filtered_verdict(out, config_path, opts, sel) -> int:
+def _filtered_verdict(out, config_path, opts, sel, log) -> int:
     """Audit the copy `filter` wrote, as `check OUT` would (with the same selection), print its
     verdict, and return its exit code: `filter LOG OUT && train OUT` goes ahead only on a copy
     that passes."""
@@ -448,12 +448,12 @@ def _filtered_verdict(out, config_path, opts, sel) -> int:
     if code == 2:
         from .reporting.report import incomplete
 
-        click.echo(f"rollout-audit: error: {printable(out)}: the audit of the copy is incomplete: "
-                   f"{'; '.join(incomplete(rep))}", err=True)  # fmt: skip
+        click.echo(f"rollout-audit: error: {printable(log)} filtered into {printable(out)}: the audit of the copy "
+                   f"is incomplete: {'; '.join(incomplete(rep))}", err=True)  # fmt: skip
     elif code:
         codes = ", ".join(sorted(rep.codes("error")))
         click.echo(
-            f"rollout-audit: error: {printable(out)}: the filtered copy does not pass"
+            f"rollout-audit: error: {printable(log)} filtered into {printable(out)}: the copy does not pass"
             f"{' (' + printable(codes) + ')' if codes else ''}: findings that name no trajectory cannot be "
             f"filtered out; see `rollout-audit check {printable(out)}`",
             err=True,
@@ -702,7 +702,12 @@ def convert_cmd(framework, src, dst, context) -> None:
     for name, table in (("trajectories", trajectories), ("updates", updates)):
         if table is not None and table.num_rows:
             (Path(dst) / name).mkdir(parents=True, exist_ok=True)
-            write_table(Path(dst) / name / "part-0000.parquet", table, name)
+            try:
+                write_table(Path(dst) / name / "part-0000.parquet", table, name)
+            except RolloutAuditError as e:  # the refusal names the dump the records came from
+                from .reporting.report import printable
+
+                _fail(f"{printable(src)}: its {name} do not convert to the contract: {_first_line(e)}")
     if conv.settings:  # the trainer's policy travels with the log: `check DST` audits as `check --from` does
         Path(dst).mkdir(parents=True, exist_ok=True)
         (Path(dst) / "pyproject.toml").write_text(policy_table(conv))
