@@ -4,13 +4,18 @@ audited through the CLI's `main` as a user's `rollout-audit check` runs it.
     nice -n 19 python benchmarks/fuzz_campaign.py --kind dumps --cases 5000 --out dumps.jsonl
     nice -n 19 python benchmarks/fuzz_campaign.py --kind configs --cases 1000 --out configs.jsonl
     nice -n 19 python benchmarks/fuzz_campaign.py --kind logs --cases 1000 --out logs.jsonl
+    nice -n 19 python benchmarks/fuzz_campaign.py --kind workflow --cases 2400 --out workflow.jsonl
     python benchmarks/fuzz_campaign.py --kind dumps --isolate --seeds 341,887   # confirm a finding
     python benchmarks/fuzz_campaign.py --kind dumps --write 341 /tmp/case       # the case's files and command
 
 `--kind dumps` converts a mutated trainer dump (`check --from`; the six adapters in turn, from
 their fixtures, as JSON Lines or Parquet); `--kind configs` audits a small log under a mutated
 configuration (inside the log, or `--config`); `--kind logs` audits a log with Arrow-level
-mutations. A case is a seed: the same seed is the same files.
+mutations; `--kind workflow` runs the workflow commands in turn (a baseline file mutated,
+`diff` of two mutated logs, `filter` then `check OUT`, `watch` with a writer process,
+`convert` of a mutated dump then `check OUT`, a configuration at every depth of a log with the
+log named at every depth), where an exit 0 that the follow-up contradicts is a silent pass. A case
+is a seed: the same seed is the same files.
 
 By default a long-lived worker process runs the cases one after another in-process (the imports
 are paid once), each with file descriptors 1 and 2 sent to files, its peak resident memory measured
@@ -61,10 +66,10 @@ class _Cases:
     def __init__(self, kind: str, scratch: Path) -> None:
         self.kind = kind
         self.records = self.log = None
-        if kind in ("logs", "configs"):
+        if kind in ("logs", "configs", "workflow"):
             from rollout_audit.synth import make_log
 
-            if kind == "logs":
+            if kind in ("logs", "workflow"):
                 self.records = make_log(n_tasks=2, group_size=2, n_versions=2, seed=5)
             else:
                 from rollout_audit.faults import write_records
@@ -73,8 +78,10 @@ class _Cases:
                 write_records(self.log, *make_log(n_tasks=2, group_size=2, n_versions=1, seed=3))
 
     def write(self, seed: int, work: Path):
-        from fuzzlib import prepare_config, prepare_dump, prepare_log
+        from fuzzlib import prepare_config, prepare_dump, prepare_log, prepare_workflow
 
+        if self.kind == "workflow":
+            return prepare_workflow(seed, work, self.records)
         if self.kind == "dumps":
             return prepare_dump(seed, work)
         if self.kind == "configs":
@@ -88,6 +95,10 @@ def label(kind: str, seed: int) -> str:
 
     if kind == "dumps":
         return FRAMEWORKS[seed % len(FRAMEWORKS)]
+    if kind == "workflow":
+        from fuzzlib import WORKFLOW
+
+        return WORKFLOW[seed % len(WORKFLOW)]
     return config_case(seed)[0] if kind == "configs" else random_case(seed)[3]
 
 
@@ -137,13 +148,19 @@ def _worker(conn, kind: str, memory_mb: int, timeout: int) -> None:
         t, cpu = time.perf_counter(), time.process_time()
         peak_reset()
         signal.alarm(timeout)
-        out = run_in_process(case.args, work)
+        if kind == "workflow":  # with its writer process and follow-up commands
+            from fuzzlib import run_workflow_case
+
+            out, problems = run_workflow_case(case, work, lambda args, work=work: run_in_process(args, work))
+        else:
+            out = run_in_process(case.args, work)
         signal.alarm(0)
         out.peak_mb = peak_mb()
         seconds = time.perf_counter() - t
         cpu = time.process_time() - cpu
         tempfile.tempdir = None
-        problems = judge(case, out, before)
+        if kind != "workflow":
+            problems = judge(case, out, before)
         if any(temp.iterdir()):
             problems.append("temporary files left")
         shutil.rmtree(work, ignore_errors=True)
@@ -211,7 +228,12 @@ def _isolated(kind: str, seeds: list[int], a, emit) -> None:
         with tempfile.TemporaryDirectory(dir=scratch) as tmp:
             case = cases.write(seed, Path(tmp))
             t = time.perf_counter()
-            out, problems = run_case(case, Path(tmp), a.timeout)
+            if kind == "workflow":
+                from fuzzlib import run_cli, run_workflow_case
+
+                out, problems = run_workflow_case(case, Path(tmp), lambda args: run_cli(args, Path(tmp), a.timeout))
+            else:
+                out, problems = run_case(case, Path(tmp), a.timeout)
             emit(_row(case, out, problems, time.perf_counter() - t))
 
 
@@ -231,7 +253,7 @@ def _seeds(text: str) -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kind", choices=["logs", "dumps", "configs"], default="logs")
+    ap.add_argument("--kind", choices=["logs", "dumps", "configs", "workflow"], default="logs")
     ap.add_argument("--cases", type=int, default=5000)
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--seeds", type=_seeds, help="these seeds instead of --first-seed/--cases (comma-separated)")

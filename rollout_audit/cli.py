@@ -326,10 +326,10 @@ def _context(pairs: tuple[str, ...]) -> dict[str, str]:
 def _say_incomplete(rep, paths) -> None:
     """One line on stderr per reason the audit of the log at `paths` could not be completed (exit 2),
     naming the log."""
-    from .reporting.report import incomplete
+    from .reporting.report import incomplete, printable
 
     for line in incomplete(rep):
-        click.echo(f"rollout-audit: error: {', '.join(map(str, paths))}: {line}", err=True)
+        click.echo(f"rollout-audit: error: {', '.join(map(printable, paths))}: {line}", err=True)
 
 
 @main.command("diff")
@@ -346,21 +346,34 @@ def _say_incomplete(rep, paths) -> None:
     help="A statistic moved when |z| of its change is above this.",
 )
 @click.option("--all", "every", is_flag=True, help="Text: every statistic, not only those that moved.")
-def diff_cmd(a, b, fmt, config_path, z_noise, every) -> None:
+@click.option(
+    "--allow-lost-coverage",
+    is_flag=True,
+    help="Do not fail when a check that ran on A did not run on B (still listed).",
+)
+def diff_cmd(a, b, fmt, config_path, z_noise, every, allow_lost_coverage) -> None:
     """What changed from log A to log B (two runs, or two step directories of one log): findings
-    per code that appeared, disappeared or changed count, and the statistics that moved beyond
-    noise. Exit 1 when new error findings appeared."""
+    compared by identity (code, trajectory, place), checks that ran on A and not on B, and the
+    statistics that moved beyond noise. Exit 1 when error findings are new in B or a check lost
+    coverage; 2 when either audit is incomplete."""
+    from .reporting.report import json_text
     from .session import Request, run
     from .workflow.diff import diff, render_diff
 
     done = [run(Request(source=[p], config_file=config_path, use_baseline=False)) for p in (a, b)]
-    for p, x in zip((a, b), done):
-        if x.report.unusable is not None:
-            _fail(f"{p}: nothing to audit: {x.report.unusable}")
     reps = [x.report for x in done]
-    d = diff([a], [b], reps[0], reps[1], z_noise=z_noise)
-    click.echo(json.dumps(d, indent=1, default=str) if fmt == "json" else render_diff(d, every))
-    sys.exit(1 if d["new_errors"] else 0)
+    d = diff([a], [b], reps[0], reps[1], z_noise=z_noise, allow_lost_coverage=allow_lost_coverage)
+    click.echo(json_text(d) if fmt == "json" else render_diff(d, every))
+    if d["exit_code"] == 2:  # one line naming each incomplete side
+        from .reporting.report import incomplete, printable
+
+        why = [
+            f"{side} {printable(p)}: {'; '.join(incomplete(r))}"
+            for side, p, r in zip("AB", (a, b), reps)
+            if incomplete(r)
+        ]
+        click.echo(f"rollout-audit: error: the diff is incomplete: {' | '.join(why)}", err=True)
+    sys.exit(d["exit_code"])
 
 
 @main.command("filter")
@@ -377,6 +390,7 @@ def filter_cmd(log, out, select, config_path) -> None:
     the updates that named them. Never writes in place; states what it dropped."""
     from .reading.io import discover
     from .reporting.outputs import check_new_directory, check_output
+    from .reporting.report import printable
     from .running.options import Options
     from .session import Request, run
     from .workflow.filter import filter_log
@@ -384,29 +398,67 @@ def filter_cmd(log, out, select, config_path) -> None:
     sel = _known_codes(select)
     check_output(out, [log], writes_log=True)
     check_new_directory(out)
-    rep = run(Request(source=[log], config_file=config_path, options=Options(select=tuple(sel)))).report
+    opts = Options(select=tuple(sel))
+    done = run(Request(source=[log], config_file=config_path, options=opts))
+    rep = done.report
     if not rep.complete:
-        _say_incomplete(rep, [log])
-        _fail(f"the audit of {log} is incomplete: nothing written")
+        from .reporting.report import incomplete
+
+        _fail(f"{printable(log)}: the audit is incomplete ({'; '.join(incomplete(rep))}): nothing written")
     import polars as pl
+
+    from .contract.config import log_config
 
     f = rep.findings
     chosen = pl.any_horizontal([pl.col("code").str.starts_with(c) for c in sel]) if sel else None
     f = f.filter(pl.col("severity") == "error" if chosen is None else chosen)
     flagged = f.filter(pl.col("trajectory_id").is_not_null())
     drop = set(flagged["trajectory_id"].to_list())
-    res = filter_log(discover([log]), [log], drop, out)
+    s005 = rep.findings.filter((pl.col("code") == "S005") & ~pl.col("message").str.contains("max_row_group_bytes"))
+    unreadable = dict(s005.select("file", "message").unique("file", keep="first").iter_rows())  # left to refuse
+    res = filter_log(discover([log]), [log], drop, out, done.cfg, log_config(log), unreadable)
     per = ", ".join(
         f"{c} {n}" for c, n in flagged.group_by("code").agg(pl.col("trajectory_id").n_unique()).sort("code").iter_rows()
     )
     click.echo(
         f"dropped {res.trajectories_dropped} trajector{'y' if res.trajectories_dropped == 1 else 'ies'}"
-        f"{' (' + per + ')' if per else ''} and {res.updates_dropped} update{'' if res.updates_dropped == 1 else 's'} "
-        f"that named them; wrote {out}: {res.trajectories_kept} trajectories, {res.updates_kept} updates"
+        f"{' (' + printable(per) + ')' if per else ''} and {res.updates_dropped} "
+        f"update{'' if res.updates_dropped == 1 else 's'} that named them; wrote {printable(out)}: "
+        f"{res.trajectories_kept} trajectories, {res.updates_kept} updates"
     )
+    for line in res.unread:  # what was written, as the line above: stdout (stderr is for a refusal)
+        click.echo(f"left out: {printable(line)}")
     unplaced = f.height - flagged.height
     if unplaced:
-        click.echo(f"kept: {unplaced} finding(s) of the selected codes name no trajectory (see `check`)", err=True)
+        click.echo(f"kept: {unplaced} finding(s) of the selected codes name no trajectory (see `check`)")
+    sys.exit(_filtered_verdict(out, config_path, opts, sel, log))
+
+
+def _filtered_verdict(out, config_path, opts, sel, log) -> int:
+    """Audit the copy `filter` wrote, as `check OUT` would (with the same selection), print its
+    verdict, and return its exit code: `filter LOG OUT && train OUT` goes ahead only on a copy
+    that passes."""
+    from .reporting.report import printable, verdict_line
+    from .session import Request, run
+
+    rep = run(Request(source=[out], config_file=config_path, options=opts)).report
+    code = rep.exit_code()
+    scope = f" (checks {', '.join(sel)})" if sel else ""
+    click.echo(f"the copy{scope}: {verdict_line(rep)}")
+    if code == 2:
+        from .reporting.report import incomplete
+
+        click.echo(f"rollout-audit: error: {printable(log)} filtered into {printable(out)}: the audit of the copy "
+                   f"is incomplete: {'; '.join(incomplete(rep))}", err=True)  # fmt: skip
+    elif code:
+        codes = ", ".join(sorted(rep.codes("error")))
+        click.echo(
+            f"rollout-audit: error: {printable(log)} filtered into {printable(out)}: the copy does not pass"
+            f"{' (' + printable(codes) + ')' if codes else ''}: findings that name no trajectory cannot be "
+            f"filtered out; see `rollout-audit check {printable(out)}`",
+            err=True,
+        )
+    return code
 
 
 @main.command()
@@ -477,9 +529,12 @@ def watch(
             lambda line: click.echo(line), interval=interval, idle=idle, fail_fast=fail_fast, max_steps=max_steps
         )
     except KeyboardInterrupt:
-        w.write_status("stopped")
-        code = w.worst
-    click.echo(f"watched {directory}: {len(w.steps)} step(s), worst exit code {w.worst}", err=True)
+        code = w.finish(lambda line: click.echo(line))
+    from .reporting.report import printable
+
+    click.echo(
+        f"watched {printable(directory)}: {len(w.steps)} step(s), worst exit code {w.worst}, exit {code}", err=True
+    )
     sys.exit(code)
 
 
@@ -562,12 +617,13 @@ def schema(fmt) -> None:
 def stats(paths, fmt) -> None:
     """Counts, trainable share, stop causes, rewards, groups and policy versions of a log."""
     from .reading.log import scan
+    from .reporting.report import json_text
     from .reporting.stats import log_stats, render_stats
 
     log = scan(paths)
     _warn_unreadable(log.broken)
     d = log_stats(log)
-    click.echo(json.dumps(d, indent=1, default=str) if fmt == "json" else render_stats(d))
+    click.echo(json_text(d) if fmt == "json" else render_stats(d))
 
 
 def _warn_unreadable(broken: list[tuple[str, str]]) -> None:
@@ -646,7 +702,12 @@ def convert_cmd(framework, src, dst, context) -> None:
     for name, table in (("trajectories", trajectories), ("updates", updates)):
         if table is not None and table.num_rows:
             (Path(dst) / name).mkdir(parents=True, exist_ok=True)
-            write_table(Path(dst) / name / "part-0000.parquet", table, name)
+            try:
+                write_table(Path(dst) / name / "part-0000.parquet", table, name)
+            except RolloutAuditError as e:  # the refusal names the dump the records came from
+                from .reporting.report import printable
+
+                _fail(f"{printable(src)}: its {name} do not convert to the contract: {_first_line(e)}")
     if conv.settings:  # the trainer's policy travels with the log: `check DST` audits as `check --from` does
         Path(dst).mkdir(parents=True, exist_ok=True)
         (Path(dst) / "pyproject.toml").write_text(policy_table(conv))

@@ -842,3 +842,277 @@ def run_in_process(args: list[str], work: Path) -> Outcome:
         os.environ.clear()
         os.environ.update(env)
     return Outcome(code, out_path.read_text(errors="replace"), err_path.read_text(errors="replace"))
+
+
+# ---------------------------------------------------------------- the workflow commands (baselines, diff,
+# filter, watch with a writer process, convert, configurations at every depth of a log)
+
+WORKFLOW = ("baseline", "diff", "filter", "watch", "convert", "config_depth")
+
+
+@dataclass
+class FollowUp:
+    """A command run after a case's command when that one exited with one of `when`: it must exit
+    with one of `expect` (else `problem`), and is judged like any case (no traceback, ...)."""
+
+    args: list[str]
+    when: tuple[int, ...]
+    expect: tuple[int, ...]
+    problem: str
+
+
+@dataclass
+class WorkflowCase(Case):
+    follow: list[FollowUp] | None = None
+    writer: list[str] | None = None  # a writer process's command, run while the case's command runs
+    clean: list[Path] | None = None  # directories in which the command must leave no hidden temp files
+    named: list[Path] | None = None  # what else a refusal (exit 2) may name (the watched directory)
+
+
+def _baseline_doc(rng, records, hostile: str) -> bytes:
+    """A baseline for the log of `records`, mutated: its findings as the wrong shapes, hostile
+    strings, huge or negative counts, or not JSON at all."""
+    from rollout_audit import __version__
+    from rollout_audit.workflow.policy import BASELINE_FORMAT
+
+    ids = sorted(t["trajectory_id"] for t in records[0])[:16]
+    entry = {"code": "M101", "trajectory_id": ids[0], "turn": 1, "position": 3, "where": None, "digest": "0" * 12}
+    findings: object = [dict(entry, count=rng.choice([1, 0, -5, 2**70, 1.5, "3", None]))]
+    shape = rng.choice(["ok", "object", "strings", "nested", "hostile", "huge", "nulls", "wrong_ids", "version"])
+    doc: dict = {
+        "rollout_audit_baseline": BASELINE_FORMAT,
+        "tool_version": __version__,
+        "log": {"sample_trajectory_ids": ids, "trajectories": len(records[0])},
+        "findings": findings,
+    }
+    if shape == "object":
+        doc["findings"] = {"code": "M101"}
+    elif shape == "strings":
+        doc["findings"] = ["M101", 3, None, [1, 2]]
+    elif shape == "nested":
+        doc["findings"] = [dict(entry, code={"a": [1]}, turn="x", position=[1])]
+    elif shape == "hostile":
+        doc["findings"] = [dict(entry, code=hostile, trajectory_id=hostile, where=hostile, count=1)]
+    elif shape == "huge":
+        doc["findings"] = [dict(entry, count=1)] * 5000
+    elif shape == "nulls":
+        doc = {k: None for k in doc} | {"rollout_audit_baseline": BASELINE_FORMAT, "tool_version": __version__}
+    elif shape == "wrong_ids":
+        doc["log"] = {"sample_trajectory_ids": [hostile, 5, None], "trajectories": "many"}
+    elif shape == "version":
+        doc["tool_version"] = hostile
+    data = json.dumps(doc).encode()
+    cut = rng.choice(["none", "none", "none", "truncate", "not_utf8", "deep"])
+    if cut == "truncate":
+        data = data[: rng.randrange(len(data))]
+    elif cut == "not_utf8":
+        data = data.replace(b"M101", b"M\xff101", 1)
+    elif cut == "deep":
+        data = b"[" * 100_000 + b"]" * 100_000
+    return data
+
+
+def _bomb(root: Path, records, rng, n: int = 9_000_000) -> None:
+    """A trajectory file beside the others with one row group holding a trajectory of `n` tokens
+    (over max_tokens_per_trajectory at 9M): a few hundred KB on disk."""
+    import numpy as np
+
+    t = records_to_table([dict(records[0][0], trajectory_id="bomb")])
+    cols = []
+    for name in t.column_names:
+        col = t.column(name).combine_chunks()
+        if name in ("token_ids", "token_source", "loss_mask", "behavior_logprobs", "token_turn"):
+            vt = col.type.value_type
+            zeros = np.zeros(n, dtype=bool if pa.types.is_boolean(vt) else vt.to_pandas_dtype())
+            col = pa.ListArray.from_arrays(pa.array([0, n], pa.int32()), pa.array(zeros).cast(vt))
+        cols.append(col)
+    pq.write_table(pa.Table.from_arrays(cols, schema=t.schema), root / "trajectories" / "z-bomb.parquet")
+
+
+WATCH_WRITER = r"""
+import os, shutil, sys, time, random
+src, out, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rng = random.Random(seed)
+files = sorted(os.path.join(src, f) for f in os.listdir(src))
+for i in range(rng.randint(1, 3)):
+    time.sleep(rng.uniform(0.0, 0.3))
+    f = rng.choice(files)
+    dst = os.path.join(out, f"step-{i:04d}.parquet")
+    how = rng.choice(["rename", "rename", "in_place", "replace_later", "append_later", "empty", "link_out", "cut"])
+    data = open(f, "rb").read()
+    if how == "link_out":
+        os.symlink(os.path.abspath(f), dst)
+        continue
+    if how == "empty":
+        open(dst, "wb").close()
+        continue
+    if how == "cut":
+        data = data[: rng.randrange(max(1, len(data)))]
+    if how == "in_place":
+        with open(dst, "wb") as fh:
+            for k in range(0, len(data), 4096):
+                fh.write(data[k : k + 4096])
+                fh.flush()
+        continue
+    tmp = os.path.join(out, f".step-{i}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, dst)
+    if how in ("replace_later", "append_later"):
+        time.sleep(0.6)
+        if how == "append_later":
+            with open(dst, "ab") as fh:
+                fh.write(b"garbage")
+        else:
+            other = open(rng.choice(files), "rb").read()
+            with open(tmp, "wb") as fh:
+                fh.write(other[: len(other) // 2])
+            os.replace(tmp, dst)
+"""
+
+
+def prepare_workflow(seed: int, work: Path, records) -> WorkflowCase:
+    """The case of `seed` on one of the workflow commands (WORKFLOW, in turn), on logs with the
+    Arrow-level mutations of `random_case`."""
+    import random
+    import shutil
+
+    rng = random.Random(seed)
+    what = WORKFLOW[seed % len(WORKFLOW)]
+    traj, upd, how, fmt = random_case(seed)
+    fmt = "json" if fmt in ("github", "junit") else fmt
+    hostile = rng.choice(HOSTILE)
+    if what == "baseline":
+        log = build_log(work / "log", records, traj, upd, how)
+        base = work / "b.json"
+        base.write_bytes(_baseline_doc(rng, records, hostile))
+        if rng.random() < 0.3:
+            args = ["check", str(log), "--write-baseline", str(work / "new.json")]
+            return WorkflowCase("workflow", seed, args, [log, base], what, "text")
+        return WorkflowCase(
+            "workflow", seed, ["check", str(log), "--baseline", str(base), "--format", fmt], [log, base], what, fmt
+        )
+    if what == "diff":
+        a = build_log(
+            work / "a", records, traj if rng.random() < 0.5 else [], upd, how if rng.random() < 0.3 else ("none", 0)
+        )
+        t2, u2, h2, _ = random_case(seed + 10**6)
+        b = build_log(work / "b", records, t2, u2, h2)
+        pick = rng.choice(["", "trajectories", "trajectories/a.parquet"])
+        args = ["diff", str(a / pick if pick else a), str(b / pick if pick else b), "--format", fmt]
+        return WorkflowCase("workflow", seed, [*args, *(["--all"] if fmt == "text" else [])], [a, b], what, fmt)
+    if what == "filter":
+        log = build_log(work / "log", records, traj, upd, how)
+        if rng.random() < 0.05:
+            _bomb(log, records, rng)
+        out = work / "filtered"
+        follow = [
+            FollowUp(["check", str(out), "--format", "json"], (0,), (0,), "silent pass: filter 0, check OUT not 0")
+        ]
+        return WorkflowCase("workflow", seed, ["filter", str(log), str(out)], [log], what, "text", follow, None, [work])
+    if what == "watch":
+        src = work / "src"
+        log = build_log(work / "log", records, traj, upd, how)
+        src.mkdir()
+        for i, f in enumerate(sorted((log / "trajectories").glob("*.parquet"))[:4]):
+            shutil.copy(f, src / f"{i}.parquet")
+        d = work / "run"
+        d.mkdir()
+        (work / "writer.py").write_text(WATCH_WRITER)
+        args = ["watch", str(d), "--interval", "0.05", "--idle", "1.0", "--status", str(work / "s.json"),
+                "--metrics", str(work / "m.jsonl")]  # fmt: skip
+        writer = [sys.executable, str(work / "writer.py"), str(src), str(d), str(seed)]
+        return WorkflowCase("workflow", seed, args, [src, log], what, "text", None, writer, None, [d])
+    if what == "convert":
+        fw, dump = _dump_file(seed, work)
+        out = work / "converted"
+        ctx = [x for kv in DUMP_CONTEXT for x in ("--context", kv)]
+        follow = [FollowUp(["check", str(out), "--format", "json"], (0, 1), (0, 1, 2), "check of the converted log")]
+        return WorkflowCase(
+            "workflow",
+            seed,
+            ["convert", "--from", fw, str(dump), str(out), *ctx],
+            [dump],
+            what,
+            "text",
+            follow,
+            None,
+            [work],
+        )
+    # a configuration at a depth of the log, the log named at a depth: a configuration inside the log
+    # may state only how the run was produced; any other key is refused (exit 2), never obeyed
+    log = work / "run" / "log"
+    shutil.copytree(BROKEN_LOG, log)
+    depth = rng.choice(["root", "trajectories", "sub", "beside", "explicit"])
+    if depth == "sub":
+        (log / "trajectories" / "part").mkdir()
+        for f in list((log / "trajectories").glob("*.parquet")):
+            shutil.move(str(f), log / "trajectories" / "part" / f.name)
+    place = {"root": log, "trajectories": log / "trajectories", "sub": log / "trajectories" / "part",
+             "beside": log.parent, "explicit": work}[depth]  # fmt: skip
+    cfg = place / ("c.toml" if depth == "explicit" else "pyproject.toml")
+    key = rng.choice(['ignore = ["M"]', 'select = ["S"]', "atol = 1e9", 'tolerated_share = {M101 = 1.0}',
+                      'baseline = "b.json"', 'replayer = "os:getcwd"', "max_response_tokens = 48"])  # fmt: skip
+    _, noise = config_case(seed)
+    cfg.write_bytes(b"[tool.rollout-audit]\n" + key.encode() + b"\n" + (noise if rng.random() < 0.3 else b""))
+    named = rng.choice(["log", "trajectories", "file", "merge"])
+    files = sorted((log / "trajectories").rglob("*.parquet"))
+    paths = {"log": [str(log)], "trajectories": [str(log / "trajectories")], "file": [str(files[0])],
+             "merge": ["--merge", str(log / "trajectories"), str(log / "updates")]}[named]  # fmt: skip
+    args = ["check", *paths, "--format", "json"] + (["--config", str(cfg)] if depth == "explicit" else [])
+    inside = depth in ("root", "trajectories", "sub")
+    case = WorkflowCase("workflow", seed, args, [log, cfg], f"{what}:{depth}:{named}", "json")
+    if inside and not key.startswith("max_response"):  # the log's own file may not weaken its audit
+        case.follow = [FollowUp(args, (0,), (1, 2), "silent pass: a configuration inside the log was obeyed")]
+    return case
+
+
+BROKEN_LOG = Path(__file__).resolve().parent.parent / "fixtures" / "broken" / "tool_tokens_trained"
+
+
+def follow_ups(case: Case, out: Outcome, run) -> list[str]:
+    """The problems of a case's follow-up commands (`run(args) -> Outcome`), and hidden temporary
+    files a command left in the directories it must leave clean."""
+    problems: list[str] = []
+    for f in getattr(case, "follow", None) or []:
+        if out.exit not in f.when:
+            continue
+        if f.args == case.args:  # the same command: its outcome is the case's own
+            if out.exit not in f.expect:
+                problems.append(f.problem)
+            continue
+        o = run(f.args)
+        problems += [f"follow-up: {p}" for p in o.problems]
+        if o.exit not in f.expect:
+            problems.append(f.problem)
+    for d in getattr(case, "clean", None) or []:
+        if any(p.name.startswith(".") and ".filter-" in p.name for p in d.iterdir()):
+            problems.append("hidden temporary output left")
+    return problems
+
+
+def run_workflow_case(case: Case, work: Path, run, timeout: float = 60) -> tuple[Outcome, list[str]]:
+    """Run `case` with `run(args) -> Outcome`, its writer process alongside (killed if still
+    running when the command ends), then judge it and its follow-ups."""
+    import subprocess
+
+    before = digests(case.inputs)
+    writer = None
+    if getattr(case, "writer", None):
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        writer = subprocess.Popen(case.writer, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # type: ignore[arg-type]
+    try:
+        out = run(case.args)
+    finally:
+        if writer is not None:
+            try:
+                writer.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                writer.kill()
+                writer.wait()
+    problems = judge(case, out, before)
+    extra = [n for p in getattr(case, "named", None) or [] for n in (str(p), os.path.relpath(p))]
+    if "exit 2 names no input" in problems and any(n in out.stderr for n in extra):
+        problems.remove("exit 2 names no input")
+    problems += follow_ups(case, out, run)
+    return out, problems

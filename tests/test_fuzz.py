@@ -99,3 +99,19 @@ def test_mutated_config_never_crashes(tmp_path, small_log, seed):
 
     out, problems = run_config_case(seed, tmp_path, small_log)
     assert not problems, (problems, out.exit, out.stderr[-3000:])
+
+
+# The workflow commands (baselines, diff, filter then `check OUT`, watch with a writer process,
+# convert then `check OUT`, configurations at every depth of a log): RA_WORKFLOW_EXAMPLES cases, one
+# of each command in CI (`benchmarks/fuzz_campaign.py --kind workflow` runs the long campaign).
+WORKFLOW_EXAMPLES = int(os.environ.get("RA_WORKFLOW_EXAMPLES", "6"))
+WORKFLOW_RECORDS = make_log(n_tasks=2, group_size=2, n_versions=2, seed=5)
+
+
+@pytest.mark.parametrize("seed", range(WORKFLOW_EXAMPLES))
+def test_workflow_commands_never_crash_nor_pass_silently(tmp_path, seed):
+    from fuzzlib import prepare_workflow, run_cli, run_workflow_case
+
+    case = prepare_workflow(seed, tmp_path, WORKFLOW_RECORDS)
+    out, problems = run_workflow_case(case, tmp_path, lambda args: run_cli(args, tmp_path, 120))
+    assert not problems, (case.label, problems, out.exit, out.stderr[-3000:])

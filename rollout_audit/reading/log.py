@@ -37,8 +37,13 @@ class Log:
         paths = [f.path for f in self.discovery.of_kind(kind)]
         if not paths:
             return None
-        return pl.scan_parquet(
-            paths, hive_partitioning=False, missing_columns="insert", extra_columns="ignore", include_file_paths="file"
+        return pl.scan_parquet(  # glob=False: a file called `s[1].parquet` is that file, never a pattern
+            paths,
+            hive_partitioning=False,
+            missing_columns="insert",
+            extra_columns="ignore",
+            include_file_paths="file",
+            glob=False,
         )
 
     @cached_property

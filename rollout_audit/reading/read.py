@@ -198,7 +198,7 @@ def _read_run(run: list[LogFile], cols: list[str]) -> pa.Table:
     validated and cast like any other table (its strings are checked as UTF-8 while decoding)."""
     if any(storage.is_remote(f.path) for f in run):
         return pa.concat_tables([t for f in run for _, t in iter_batches(f, cols, 1 << 30)])
-    df = pl.read_parquet([f.path for f in run], columns=cols, use_pyarrow=False)
+    df = pl.read_parquet([f.path for f in run], columns=cols, use_pyarrow=False, glob=False)  # names, not patterns
     return df.to_arrow()
 
 

@@ -13,7 +13,18 @@ import polars as pl
 
 from ..running.report import MAX_CHARS, Report, plural, register_format, verdict, verdict_line
 
-__all__ = ["FORMATS", "MAX_CHARS", "Report", "num", "printable", "render_logs", "verdict", "verdict_line"]
+__all__ = [
+    "FORMATS",
+    "MAX_CHARS",
+    "Report",
+    "json_text",
+    "num",
+    "printable",
+    "render_logs",
+    "strict",
+    "verdict",
+    "verdict_line",
+]
 # Characters a log string must not bring to a terminal, a CI log or an XML file: C0/C1 controls
 # (escape sequences, newlines that start a forged `::error` line), DEL, bidirectional overrides,
 # line/paragraph separators, surrogates and the non-characters U+FFFE/U+FFFF (illegal in XML).
@@ -37,6 +48,28 @@ def num(v: object, digits: int = 4) -> str:
     if float(v).is_integer() and abs(v) < 1e15:
         return str(int(v))
     return f"{v:.{digits}g}"
+
+
+# a non-finite number in JSON output: a string (NaN and Infinity are not JSON), as the README states
+NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def strict(value: Any) -> Any:
+    """`value` with every non-finite float replaced by its string (`"NaN"`, `"Infinity"`,
+    `"-Infinity"`), in dicts, lists and tuples at any depth: what strict JSON can hold."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else NON_FINITE[str(value)]
+    if isinstance(value, dict):
+        return {str(k): strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    return value
+
+
+def json_text(value: Any, indent: int | None = 1) -> str:
+    """`value` as strict JSON (RFC 8259): non-finite floats as strings, anything else that is not
+    JSON as its text."""
+    return json.dumps(strict(value), indent=indent, default=str, allow_nan=False)
 
 
 def _escape_char(m: re.Match) -> str:
@@ -283,7 +316,7 @@ def render_logs(reports: list[tuple[list, Report]], fmt: str, **kw: Any) -> str:
     if len(reports) == 1:
         return reports[0][1].render(fmt, **kw)
     if fmt == "json":
-        return json.dumps({"logs": [{"path": str(p[0]), **r.to_dict()} for p, r in reports]}, indent=1, default=str)
+        return json_text({"logs": [{"path": str(p[0]), **r.to_dict()} for p, r in reports]})
     if fmt == "junit":
         suites = [r.render("junit").split("\n", 1)[1] for _, r in reports]
         named = [
@@ -313,7 +346,7 @@ def _xml(s: str) -> str:
 
 def render_json(rep: Report, **_: object) -> str:
     """The report as JSON (`Report.to_dict`): findings, not run, partially run, crashes, summary."""
-    return json.dumps(rep.to_dict(), indent=1, default=str)
+    return json_text(rep.to_dict())
 
 
 register_format("text", render_text)

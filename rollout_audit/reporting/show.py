@@ -63,10 +63,10 @@ def transcript(log: Log, trajectory_id: str, findings: pl.DataFrame | None = Non
 def decoder_for(t: Transcript, given: Decoder | None) -> tuple[Decoder | None, str]:
     """The decoder to use and a line saying where it comes from (or why the ids are shown)."""
     if given is not None:
-        return given, f"decoded with {given.name}"
+        return given, f"decoded with {printable(given.name)}"
     d = from_declaration(t.meta)
     if d is not None:
-        return d, f"decoded with the vocabulary the log declares ({d.name})"
+        return d, f"decoded with the vocabulary the log declares ({printable(d.name)})"
     name = declared(t.meta).get("name") or t.scalars.get("tokenizer_id")
     if name:
         return None, f"token ids (the log names tokenizer {name!r}: pass --tokenizer DIR to decode)"

@@ -6,7 +6,7 @@ import polars as pl
 
 from ..contract.schema import SOURCE_NAMES
 from ..reading.log import Log
-from .report import num
+from .report import num, printable
 
 
 def log_stats(log: Log) -> dict:
@@ -79,8 +79,8 @@ def render_stats(d: dict) -> str:
         f"trajectories {d['trajectories']}, turns {d['turns']}, tokens {d['tokens']}, "
         f"trainable {d['trainable_tokens']} ({(d['trainable_share'] or 0):.1%})"
     ]
-    lines.append("tokens by source: " + ", ".join(f"{k} {v}" for k, v in d["tokens_by_source"].items()))
-    lines.append("stop reasons: " + ", ".join(f"{k} {v}" for k, v in d["stop_reasons"].items()))
+    lines.append("tokens by source: " + ", ".join(f"{printable(k)} {v}" for k, v in d["tokens_by_source"].items()))
+    lines.append("stop reasons: " + ", ".join(f"{printable(k)} {v}" for k, v in d["stop_reasons"].items()))
     if d.get("split_episodes"):
         lines.append(f"split episodes: {d['split_episodes']} (each counted once, by its last segment)")
     rm = d["reward_mean"]
@@ -94,7 +94,7 @@ def render_stats(d: dict) -> str:
     g = d["groups"]
     if g["count"]:
         lines.append(
-            f"groups ({g['key']}): {g['count']}, mean size {num(g['mean_size'])}, "
+            f"groups ({printable(g['key'])}): {g['count']}, mean size {num(g['mean_size'])}, "
             f"degenerate share {num(g['degenerate_share'])}"
         )
     lines.append("turns by policy version: " + _versions(d["turns_by_policy_version"]))
@@ -102,7 +102,7 @@ def render_stats(d: dict) -> str:
         u = d["updates"]
         lines.append(
             f"updates: {u['updates']}, trajectory uses across epochs {u['trajectory_uses']} "
-            f"({u['distinct_trajectories_used']} distinct), reductions {', '.join(map(str, u['reductions']))}"
+            f"({u['distinct_trajectories_used']} distinct), reductions {', '.join(map(printable, u['reductions']))}"
         )
     return "\n".join(lines)
 

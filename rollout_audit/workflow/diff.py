@@ -8,8 +8,10 @@ import math
 
 import polars as pl
 
+from ..contract.errors import UsageError
+from ..reading.io import one_line
 from ..reading.log import Log
-from ..reporting.report import Report
+from ..reporting.report import Report, incomplete, num, printable
 
 Z_NOISE = 3.0  # |z| above this is a move, not sampling noise
 
@@ -95,65 +97,183 @@ def compare_stats(a: dict[str, dict], b: dict[str, dict], z_noise: float = Z_NOI
     return rows
 
 
+# what makes two findings the same finding in two logs: its check, its trajectory, where in it,
+# and (a finding on no trajectory) the name of its file
+IDENTITY = ("code", "trajectory_id", "turn", "position", "where")
+
+
+def _identities(r: Report) -> pl.DataFrame:
+    f = r.findings
+    where = pl.when(pl.col("trajectory_id").is_null()).then(pl.col("file").str.split("/").list.last())
+    return f.select(
+        "code",
+        "severity",
+        pl.col("trajectory_id").cast(pl.String),
+        pl.col("turn").cast(pl.Int64),
+        pl.col("position").cast(pl.Int64),
+        where.cast(pl.String).alias("where"),
+        pl.col("file").cast(pl.String),
+        pl.col("message").cast(pl.String),
+    ).with_columns(pl.int_range(pl.len()).over(IDENTITY).alias("_nth"))
+
+
 def compare_findings(a: Report, b: Report) -> dict[str, list[dict]]:
-    """Per code: appeared (only in B), disappeared (only in A), changed (count differs)."""
+    """Findings compared by identity (code, trajectory, turn, position; the file's name for a
+    finding on no trajectory): the findings new in B and those gone from A, and per code:
+    appeared (only in B), disappeared (only in A), changed (findings new or gone, whatever the
+    counts: one gone here and one new there is a change)."""
+    ia, ib = _identities(a), _identities(b)
+    key = [*IDENTITY, "_nth"]  # the k-th finding of one identity matches the k-th on the other side
+    new = ib.join(ia.select(key), on=key, how="anti", nulls_equal=True).drop("_nth")
+    gone = ia.join(ib.select(key), on=key, how="anti", nulls_equal=True).drop("_nth")
 
-    def counts(r: Report) -> pl.DataFrame:
-        return r.findings.group_by("code").agg(pl.len().alias("n"), pl.col("severity").first())
+    def per_code(f: pl.DataFrame, name: str) -> pl.DataFrame:
+        return f.group_by("code").agg(pl.len().alias(name), pl.col("severity").first().alias(f"sev_{name}"))
 
-    j = counts(a).join(counts(b), on="code", how="full", coalesce=True, suffix="_b").sort("code")
+    j = (
+        per_code(ia, "a")
+        .join(per_code(ib, "b"), on="code", how="full", coalesce=True)
+        .join(per_code(new, "new"), on="code", how="left")
+        .join(per_code(gone, "gone"), on="code", how="left")
+        .sort("code")
+    )
     out: dict[str, list[dict]] = {"appeared": [], "disappeared": [], "changed": []}
-    for code, na, sa, nb, sb in j.select("code", "n", "severity", "n_b", "severity_b").iter_rows():
-        row = {"code": code, "severity": sb or sa, "a": na or 0, "b": nb or 0}
-        if na is None:
+    for r in j.iter_rows(named=True):
+        row = {
+            "code": r["code"],
+            "severity": r["sev_b"] or r["sev_a"],
+            "a": r["a"] or 0,
+            "b": r["b"] or 0,
+            "new": r["new"] or 0,
+            "gone": r["gone"] or 0,
+        }
+        if r["a"] is None:
             out["appeared"].append(row)
-        elif nb is None:
+        elif r["b"] is None:
             out["disappeared"].append(row)
-        elif na != nb:
+        elif row["new"] or row["gone"]:
             out["changed"].append(row)
+    cols = ["code", "severity", "trajectory_id", "turn", "position", "file", "message"]
+    out["new_findings"] = new.select(cols).to_dicts()
+    out["gone_findings"] = gone.select(cols).to_dicts()
     return out
 
 
-def diff(a_path: list, b_path: list, rep_a: Report, rep_b: Report, z_noise: float = Z_NOISE) -> dict:
-    """The whole comparison, as the JSON output gives it."""
+def compare_coverage(a: Report, b: Report) -> dict[str, list[dict]]:
+    """Checks that ran in full on A and not on B (lost: B was not verified as A was), with B's
+    reason, and the reverse (gained)."""
+
+    def state(r: Report, code: str) -> str:
+        if code in r.not_run:
+            return f"not run: {r.not_run[code]}"
+        if code in r.partial:
+            return f"partially run: {r.partial[code]}"
+        if code in r.summary.get("checks_crashed", []):
+            return "crashed"
+        return "not run"
+
+    full_a = set(a.summary["checks_run"]) - set(a.partial)
+    full_b = set(b.summary["checks_run"]) - set(b.partial)
+    lost = [{"code": c, "on_b": state(b, c)} for c in sorted(full_a - full_b)]
+    gained = [{"code": c, "on_a": state(a, c)} for c in sorted(full_b - full_a)]
+    return {"lost": lost, "gained": gained}
+
+
+def _profile(paths: list, notes: list[str]) -> dict[str, dict]:
+    """`profile` of the log at `paths`; a log whose columns do not allow it gives no statistics,
+    and a note why (the audit reports what is wrong with it)."""
     from ..reading.log import scan
 
+    try:
+        return profile(scan(paths))
+    except (pl.exceptions.PolarsError, UsageError, OSError, ValueError, TypeError) as e:
+        notes.append(f"{', '.join(map(str, paths))}: statistics not computed ({one_line(e)})")
+        return {}
+
+
+def diff(
+    a_path: list,
+    b_path: list,
+    rep_a: Report,
+    rep_b: Report,
+    z_noise: float = Z_NOISE,
+    allow_lost_coverage: bool = False,
+) -> dict:
+    """The whole comparison, as the JSON output gives it. `exit_code`: 2 when either audit was
+    incomplete, 1 when error findings are new in B or (unless `allow_lost_coverage`) a check that
+    ran on A did not run on B, else 0."""
     f = compare_findings(rep_a, rep_b)
-    new_errors = sum(
-        r["b"] - r["a"] for r in f["appeared"] + f["changed"] if r["severity"] == "error" and r["b"] > r["a"]
-    )
+    new_errors = sum(1 for x in f["new_findings"] if x["severity"] == "error")
+    cov = compare_coverage(rep_a, rep_b)
+    notes: list[str] = []
+    stats = compare_stats(_profile(a_path, notes), _profile(b_path, notes), z_noise)
+    verdicts = {"a": rep_a.exit_code(), "b": rep_b.exit_code()}
+    incomplete_sides = [side for side, r in (("a", rep_a), ("b", rep_b)) if incomplete(r)]
+    code = 2 if incomplete_sides else 1 if new_errors or (cov["lost"] and not allow_lost_coverage) else 0
     return {
         "a": [str(p) for p in a_path],
         "b": [str(p) for p in b_path],
         "findings": f,
         "new_errors": new_errors,
+        "coverage": cov,
+        "lost_coverage_fails": not allow_lost_coverage,
         "z_noise": z_noise,
-        "stats": compare_stats(profile(scan(a_path)), profile(scan(b_path)), z_noise),
-        "verdicts": {"a": rep_a.exit_code(), "b": rep_b.exit_code()},
+        "stats": stats,
+        "stats_notes": notes,
+        "verdicts": verdicts,
+        "incomplete": {side: incomplete(r) for side, r in (("a", rep_a), ("b", rep_b)) if incomplete(r)},
+        "exit_code": code,
     }
 
 
 def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.4g}"
+    return "-" if x is None else num(x)
 
 
-def render_diff(d: dict, every: bool = False) -> str:
-    """Text: the findings that changed, the statistics that moved (all with `every`), then a verdict line."""
-    lines = [f"A: {', '.join(d['a'])}", f"B: {', '.join(d['b'])}"]
+def render_diff(d: dict, every: bool = False, limit: int = 20) -> str:
+    """Text: the findings new and gone by identity (at most `limit` of each listed), the coverage
+    lost and gained, the statistics that moved (all with `every`), then a verdict line. Every
+    string from a log is shown printable."""
+    p = printable
+    lines = [f"A: {', '.join(map(p, d['a']))}", f"B: {', '.join(map(p, d['b']))}"]
     f = d["findings"]
     for kind in ("appeared", "disappeared", "changed"):
         for r in f[kind]:
-            lines.append(f"{kind:<11} {r['code']} [{r['severity']}] {r['a']} -> {r['b']}")
+            lines.append(
+                f"{kind:<11} {p(r['code'])} [{p(r['severity'])}] {r['a']} -> {r['b']} ({r['new']} new, {r['gone']} gone)"
+            )
+    for label, rows in (("new", f["new_findings"]), ("gone", f["gone_findings"])):
+        for r in rows[:limit]:
+            where = p(r["trajectory_id"]) if r["trajectory_id"] is not None else p(r["file"])
+            at = "".join(f" {k} {r[k]}" for k in ("turn", "position") if r[k] is not None)
+            lines.append(f"  {label:<5} {p(r['code'])} {where}{at}: {p(r['message'])}")
+        if len(rows) > limit:
+            lines.append(f"  {label:<5} ... and {len(rows) - limit} more (--format json lists all)")
+    lost = d["coverage"]["lost"]
+    for r in lost[:limit]:
+        lines.append(f"lost        {p(r['code'])}: ran on A, on B {p(r['on_b'])}")
+    if len(lost) > limit:
+        lines.append(f"lost        ... and {len(lost) - limit} more: {', '.join(p(r['code']) for r in lost[limit:])}")
+    for r in d["coverage"]["gained"]:
+        lines.append(f"gained      {p(r['code'])}: ran on B, on A {p(r['on_a'])}")
+    for side, why in d["incomplete"].items():
+        for w in why:
+            lines.append(f"incomplete  {side.upper()}: {p(w)}")
+    for note in d["stats_notes"]:
+        lines.append(f"note        {p(note)}")
     moved = [s for s in d["stats"] if s["moved"] or every]
     for s in moved:
         z = "" if s["z"] is None else f" (z {s['z']:+.1f})"
         tag = "moved" if s["moved"] else "held"
-        lines.append(f"{tag:<11} {s['stat']}: {_fmt(s['a'])} -> {_fmt(s['b'])}{z}")
-    n_changed = sum(len(v) for v in f.values())
+        lines.append(f"{tag:<11} {p(s['stat'])}: {_fmt(s['a'])} -> {_fmt(s['b'])}{z}")
+    n_changed = sum(len(f[k]) for k in ("appeared", "disappeared", "changed"))
     n_moved = sum(s["moved"] for s in d["stats"])
-    verdict = "FAIL" if d["new_errors"] else "ok"
+    n_lost = len(d["coverage"]["lost"])
+    verdict = {0: "ok", 1: "FAIL", 2: "INCOMPLETE"}[d["exit_code"]]
     lines.append(
         f"{verdict}: {d['new_errors']} new error finding{'s' if d['new_errors'] != 1 else ''}; "
+        f"{n_lost} check{'s' if n_lost != 1 else ''} that ran on A not run on B"
+        f"{'' if d['lost_coverage_fails'] or not n_lost else ' (allowed)'}; "
         f"{n_changed} code{'s' if n_changed != 1 else ''} changed; {n_moved} of {len(d['stats'])} statistics "
         f"moved beyond noise (|z| > {d['z_noise']:g})"
     )

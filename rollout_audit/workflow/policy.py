@@ -203,7 +203,11 @@ def trajectory_ids(disc: Discovery) -> pl.Series:
     tables = [f.table for f in disc.of_kind("trajectories") if f.table is not None]
     if tables:
         return pl.concat([table_ids(t) for t in tables])
-    return Log(disc).trajectories.select(pl.col("trajectory_id").cast(pl.String)).collect()["trajectory_id"]
+    try:
+        return Log(disc).trajectories.select(pl.col("trajectory_id").cast(pl.String)).collect()["trajectory_id"]
+    except (pl.exceptions.PolarsError, UsageError, OSError, KeyError) as e:  # ids not UTF-8, of another type, absent
+        where = disc.files[0].path if disc.files else "the log"
+        raise BaselineError(f"{where}: its trajectory ids cannot be read to match a baseline ({e})") from None
 
 
 def configured_baseline(cfg: Config, config_file: str | None) -> Path | None:
