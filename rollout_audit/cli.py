@@ -252,7 +252,9 @@ def check(
 
     ray = None if ray_address is None else (True if ray_address == "local" else ray_address)
     opts = Options(select=tuple(sel), ignore=tuple(ign), workers=workers, ray=ray, tune=True)
-    logs = [list(paths)] if merge or framework or len(paths) == 1 else [[p] for p in paths]
+    found = [(list(paths), None)] if merge or framework else _logs_of(paths)
+    logs = [log for log, _ in found]
+    within = dict((id(log), w) for log, w in found)
     if (baseline or write_baseline) and len(logs) > 1:
         _fail("a baseline belongs to one log: give one PATH, or --merge")
     from .running.cluster import quiet_ray
@@ -269,6 +271,7 @@ def check(
             options=opts,
             baseline=baseline,
             use_baseline=not write_baseline,
+            log_root=within[id(log)],  # the directory of runs it was found in: its trust boundary
         )
 
     with quiet_ray(opts) if quiet else contextlib.nullcontext():
@@ -292,6 +295,29 @@ def check(
         if fmt != "text" or output or quiet:  # the report is elsewhere or cut short: say why on stderr too
             _say_incomplete(rep, log)
     sys.exit(max(rep.exit_code(strict) for _, rep in reports))
+
+
+def _logs_of(paths: tuple[str, ...]) -> list[tuple[list[str], str | None]]:
+    """Each PATH as a log of its own; a directory of runs (each run a directory with its own
+    `trajectories` folder) as one log per run, said on stderr in one line. Parquet files of such a
+    directory that lie in no run are audited together as one more log."""
+    from .reading.io import logs_under, stray_files
+
+    logs: list[tuple[list[str], str | None]] = []  # (paths of one log, the directory of runs it was found in)
+    for p in paths:
+        runs = logs_under(p)
+        if runs is None:
+            logs.append(([p], None))
+            continue
+        stray = stray_files(p, runs)
+        logs += [([r], p) for r in runs] + ([(stray, p)] if stray else [])
+        more = f", and {len(stray)} Parquet file(s) in none of them, audited together" if stray else ""
+        click.echo(
+            f"rollout-audit: {p}: {len(runs)} log{'s' if len(runs) != 1 else ''} found (directories with a "
+            f"trajectories/ folder){more}; each audited on its own (--merge: all as one log)",
+            err=True,
+        )
+    return logs
 
 
 def _write_baseline(done, path) -> NoReturn:

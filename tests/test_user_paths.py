@@ -1,0 +1,149 @@
+"""What a user meets first, through the command line and the library: a directory of runs, logs
+written from dataframes (dictionary-encoded strings, large and view layouts, other widths)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from rollout_audit.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPLIANT = ROOT / "fixtures" / "compliant"
+BROKEN = ROOT / "fixtures" / "broken"
+
+
+def cli(*args: object):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+# ---------------------------------------------------------------- a directory of runs
+
+
+def test_a_directory_of_runs_is_audited_run_by_run(tmp_path):
+    logs = tmp_path / "logs"
+    shutil.copytree(COMPLIANT, logs / "run1")
+    shutil.copytree(COMPLIANT, logs / "run2")
+    res = cli("check", logs, "--format", "json", "--select", "S,U")
+    assert res.exit_code == 0, res.output
+    assert f"{logs}: 2 logs found" in res.stderr and "--merge" in res.stderr
+    out = json.loads(res.stdout)["logs"]
+    assert [x["path"] for x in out] == [str(logs / "run1"), str(logs / "run2")]
+    assert all(x["summary"]["configuration"].endswith("pyproject.toml [tool.rollout-audit]") for x in out)
+    merged = cli("check", logs, "--merge", "--select", "S002")  # partitions of one log: joined on request
+    assert merged.exit_code == 1 and "S002 [error] duplicate trajectory_id: 128 findings" in merged.stdout
+
+
+def test_a_configuration_inside_the_directory_of_runs_came_with_the_logs(tmp_path):
+    logs = tmp_path / "logs"
+    shutil.copytree(BROKEN / "loss_over_whole_transcript", logs / "run1")
+    (logs / "pyproject.toml").write_text('[tool.rollout-audit]\nignore = ["U"]\n')  # would hide U601
+    res = cli("check", logs)
+    assert res.exit_code == 2 and "refused" in res.stderr and str(logs / "pyproject.toml") in res.stderr
+
+
+def test_the_bundled_broken_logs_are_fifty_logs_not_one():
+    res = cli("check", BROKEN, "--format", "concise", "--select", "S002,U601")
+    assert "fixtures/broken: 50 logs found" in res.stderr
+    verdicts = [line for line in res.stdout.splitlines() if any(v in line for v in (": ok: ", ": FAIL: ", ": error: "))]
+    assert len(verdicts) == 50  # one verdict per log (corrupt_file's: nothing to audit)
+    s002 = [line for line in res.stdout.splitlines() if " S002 " in line]
+    assert s002 and all("duplicate_shard_row" in line for line in s002)  # only the log that repeats an id
+    assert any(v.startswith(f"{BROKEN / 'loss_over_whole_transcript'}: FAIL: 1 error") for v in verdicts)
+
+
+def test_a_log_directory_stays_one_log(tmp_path):
+    res = cli("check", COMPLIANT)
+    assert res.exit_code == 0 and "logs found" not in res.stderr and "==" not in res.stdout
+
+
+# ---------------------------------------------------------------- storage forms of the contract's values
+
+
+def _restore(src: Path, dst: Path, convert) -> Path:
+    for kind in ("trajectories", "updates"):
+        (dst / kind).mkdir(parents=True)
+        t = pq.read_table(src / kind / "part-0000.parquet").combine_chunks()
+        cols = [convert(c.chunks[0], True) for c in t.columns]
+        out = pa.Table.from_arrays(cols, names=t.column_names).replace_schema_metadata(t.schema.metadata)
+        pq.write_table(out, dst / kind / "part-0000.parquet")
+    shutil.copy(src / "pyproject.toml", dst)
+    return dst
+
+
+def _dictionary(arr: pa.Array, top: bool) -> pa.Array:
+    t = arr.type
+    if pa.types.is_string(t):
+        return arr.dictionary_encode()
+    if pa.types.is_list(t):
+        return pa.ListArray.from_arrays(arr.offsets, _dictionary(arr.values, False), mask=arr.is_null())
+    if pa.types.is_struct(t):
+        ch = [_dictionary(arr.field(i), False) for i in range(t.num_fields)]
+        return pa.StructArray.from_arrays(ch, fields=[pa.field(f.name, c.type) for f, c in zip(t, ch)])
+    return arr
+
+
+def _view(arr: pa.Array, top: bool) -> pa.Array:
+    t = arr.type
+    if pa.types.is_list(t):
+        lens = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        offs = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+        vals = _view(arr.flatten(), False)
+        return pa.LargeListViewArray.from_arrays(pa.array(offs), pa.array(lens), vals, mask=arr.is_null())
+    if pa.types.is_struct(t):
+        ch = [_view(arr.field(i), False) for i in range(t.num_fields)]
+        return pa.StructArray.from_arrays(ch, fields=[pa.field(f.name, c.type) for f, c in zip(t, ch)])
+    if pa.types.is_string(t) and top:
+        return arr.cast(pa.string_view())
+    return arr
+
+
+def _widths(arr: pa.Array, top: bool) -> pa.Array:
+    t = arr.type
+    if pa.types.is_int64(t):
+        return arr.cast(pa.int32())
+    if pa.types.is_int16(t) or pa.types.is_int32(t):
+        return arr.cast(pa.int64())
+    if pa.types.is_float64(t):
+        return arr.cast(pa.float32()) if top else arr
+    if pa.types.is_string(t):
+        return arr.cast(pa.large_string())
+    if pa.types.is_list(t):
+        return arr.cast(pa.large_list(_widths(arr.flatten(), False).type))
+    return arr
+
+
+@pytest.mark.parametrize("form", [_dictionary, _view, _widths], ids=["dictionary", "large-list-view", "widths"])
+def test_every_storage_form_of_the_contracts_values_reads_as_the_contract(tmp_path, form):
+    log = _restore(COMPLIANT, tmp_path / "log", form)
+    kinds = {pq.read_schema(log / "trajectories" / "part-0000.parquet").field(c).type for c in ("task_id", "turns")}
+    assert all(
+        t != pq.read_schema(COMPLIANT / "trajectories" / "part-0000.parquet").field("task_id").type for t in kinds
+    )
+    res = cli("check", log, "--format", "json")
+    rep = json.loads(res.stdout)
+    assert res.exit_code == 0, res.stdout[:2000]
+    assert rep["findings"] == [] and len(rep["summary"]["checks_run"]) == 52
+
+
+def test_a_pandas_category_column_is_a_string_column(tmp_path):
+    t = pq.read_table(COMPLIANT / "trajectories" / "part-0000.parquet")
+    flat = t.select(["task_id", "stop_reason"]).to_pandas().astype("category")
+    cat = pa.Table.from_pandas(flat, preserve_index=False)
+    assert pa.types.is_dictionary(cat.schema.field("task_id").type)
+    for name in ("task_id", "stop_reason"):
+        t = t.set_column(t.schema.get_field_index(name), name, cat.column(name))
+    (tmp_path / "log" / "trajectories").mkdir(parents=True)
+    pq.write_table(t, tmp_path / "log" / "trajectories" / "part-0000.parquet")
+    shutil.copytree(COMPLIANT / "updates", tmp_path / "log" / "updates")
+    shutil.copy(COMPLIANT / "pyproject.toml", tmp_path / "log")
+    res = cli("check", tmp_path / "log", "--format", "concise")
+    assert res.exit_code == 0 and "S001" not in res.stdout and "S005" not in res.stdout, res.stdout
