@@ -668,11 +668,15 @@ def convert_cmd(framework, src, dst, context) -> None:
     from .session import policy_table
 
     conv = convert(framework, [src], _context(context))
+    from .contract.config import Config
+    from .session import with_policy
+
+    policy = with_policy(Config(), conv)  # validated under the trainer's own stop reasons
     trajectories, updates = conv.tables()
     for name, table in (("trajectories", trajectories), ("updates", updates)):
         if table is not None and table.num_rows:
             (Path(dst) / name).mkdir(parents=True, exist_ok=True)
-            with RolloutWriter(Path(dst) / name / "part-0000.parquet", kind=name) as w:
+            with RolloutWriter(Path(dst) / name / "part-0000.parquet", kind=name, config=policy) as w:
                 w.write(table)
     if conv.settings:  # the trainer's policy travels with the log: `check DST` audits as `check --from` does
         Path(dst).mkdir(parents=True, exist_ok=True)

@@ -147,3 +147,32 @@ def test_a_pandas_category_column_is_a_string_column(tmp_path):
     shutil.copy(COMPLIANT / "pyproject.toml", tmp_path / "log")
     res = cli("check", tmp_path / "log", "--format", "concise")
     assert res.exit_code == 0 and "S001" not in res.stdout and "S005" not in res.stdout, res.stdout
+
+
+# ---------------------------------------------------------------- the writer takes the configuration
+
+
+def test_the_writer_takes_the_producers_stop_reasons(tmp_path):
+    import tomllib
+
+    import rollout_audit as ra
+    from rollout_audit.contract.config import Config
+    from rollout_audit.contract.errors import RolloutAuditError
+    from rollout_audit.faults import read_records
+
+    trajs, _ = read_records(COMPLIANT)
+    cut = next(t for t in trajs if t["truncated"])
+    cut["stop_reason"] = "budget_exhausted"
+    path = tmp_path / "log" / "trajectories" / "part-0000.parquet"
+    with pytest.raises(RolloutAuditError) as refused:
+        with ra.RolloutWriter(path) as w:
+            w.write(trajs)
+    hint = str(refused.value)
+    assert 'extra_stop_reasons = {"budget_exhausted" = "truncated"}' in hint, hint
+    toml = hint[hint.index("extra_stop_reasons = {") : hint.index("})") + 1]
+    settings = tomllib.loads(toml)  # the hint is TOML that pastes into [tool.rollout-audit]
+    with ra.RolloutWriter(path, config=Config(**settings)) as w:
+        w.write(trajs)
+    (tmp_path / "log" / "pyproject.toml").write_text(f"[tool.rollout-audit]\n{toml}\n")
+    res = cli("check", tmp_path / "log", "--select", "T302")
+    assert res.exit_code == 0, res.stdout

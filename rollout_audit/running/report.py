@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from ..checks.replay import replay_summary
 from ..contract.errors import UsageError
 from ..contract.registry import SEVERITY_ORDER, Rule
 from .runner import FINDING_SCHEMA, Runner
@@ -160,6 +161,7 @@ def build_report(runner: Runner, *, rows: int, tokens: int, stats: dict, cfg, un
         "checks_in_preview_not_selected": list(runner.preview_skipped),
         "statistics": stats,
         "configuration": cfg.source,
+        "replay": replay_summary(stats),  # None: nothing was replayed (not asked, or could not run)
     }
     unfulfilled = runner.unfulfilled() if unusable is None else {}
     return Report(findings, not_run, summary, runner.rules, partial, crashes, unusable, unfulfilled)
