@@ -743,7 +743,9 @@ def report(paths, output, config_path, select, ignore, framework, context, repla
 @click.option("--profile", type=click.Choice(["tiny", "smoke", "full"]), default="smoke", show_default=True)
 @click.option("--seed", default=0, show_default=True)
 @click.option(
-    "--progress/--no-progress", default=None, help="A training progress bar on stderr (default: when it is a terminal)."
+    "--progress/--no-progress",
+    default=None,
+    help="Training progress on stderr (default: a bar on a terminal, a line every few seconds elsewhere).",
 )
 def demo(out, profile, seed, progress) -> None:
     """Train the key-and-door reference agent on CPU, write its log to OUT/log, audit it with replay.
@@ -762,11 +764,13 @@ def demo(out, profile, seed, progress) -> None:
         from reference_agent.demo import CONFIG, LOG, REPLAY, format_table, next_steps, replay_summary, run_demo
     except ImportError as e:
         _fail(f"the reference agent needs torch: pip install -e '.[agent]' ({e})")
+    _replace_own_demo(out)
     check_new_directory(out)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / DEMO_MARK).write_text("written by `rollout-audit demo`: a later demo may replace this directory\n")
     click.echo(f"training the {profile} profile (seed {seed}) into {out} ...", err=True)
-    result = run_demo(
-        str(out), profile=profile, seed=seed, progress=sys.stderr.isatty() if progress is None else progress
-    )
+    shown: bool | str = (sys.stderr.isatty() or "lines") if progress is None else progress
+    result = run_demo(str(out), profile=profile, seed=seed, progress=shown)
     click.echo(format_table(result))
     from .api import audit
 
@@ -781,6 +785,23 @@ def demo(out, profile, seed, progress) -> None:
         click.echo(next_steps(run))
         code = max(code, rep.exit_code())
     sys.exit(code)
+
+
+DEMO_MARK = ".rollout-audit-demo"  # the file that says a directory is a demo's output
+
+
+def _replace_own_demo(out: str) -> None:
+    """Remove `out` when an earlier demo wrote it (it holds the demo's mark, a regular file, and is a
+    real directory, not a symlink); anything else is left for `check_new_directory` to refuse."""
+    import shutil
+    from pathlib import Path
+
+    p = Path(out)
+    mark = p / DEMO_MARK
+    if p.is_symlink() or not p.is_dir() or mark.is_symlink() or not mark.is_file():
+        return
+    click.echo(f"replacing {out}: an earlier `rollout-audit demo` wrote it", err=True)
+    shutil.rmtree(p)
 
 
 @main.group(invoke_without_command=True)
