@@ -176,3 +176,60 @@ def test_the_writer_takes_the_producers_stop_reasons(tmp_path):
     (tmp_path / "log" / "pyproject.toml").write_text(f"[tool.rollout-audit]\n{toml}\n")
     res = cli("check", tmp_path / "log", "--select", "T302")
     assert res.exit_code == 0, res.stdout
+
+
+# ---------------------------------------------------------------- pandera models and checks
+
+
+def test_the_contract_models_enforce_the_contract():
+    import pandera.errors as pe
+    import polars as pl
+
+    from rollout_audit.contract.models import TrajectoryFrame, TurnFrame, UpdateFrame
+
+    df = pl.read_parquet(COMPLIANT / "trajectories")
+    TrajectoryFrame.validate(df, lazy=True)
+    TurnFrame.validate(df.select(pl.col("turns").explode()).unnest("turns"), lazy=True)
+    UpdateFrame.validate(pl.read_parquet(COMPLIANT / "updates"), lazy=True)
+    row = pl.int_range(pl.len())
+    bad = df.drop("task_id").with_columns(
+        pl.when(row == 0).then(None).otherwise(pl.col("trajectory_id")).alias("trajectory_id"),
+        pl.when(row == 1).then(pl.lit("gave_up")).otherwise(pl.col("stop_reason")).alias("stop_reason"),
+        pl.when(row == 2).then(True).otherwise(pl.col("truncated")).alias("truncated"),
+        pl.col("reset_seed").cast(pl.Int32),  # another width of the same values: not a failure
+    )
+    bad = pl.concat([bad, bad.slice(5, 1)])  # row 5's id twice
+    with pytest.raises(pe.SchemaErrors) as err:
+        TrajectoryFrame.validate(bad, lazy=True)
+    fc = err.value.failure_cases
+    got = {(c, i) for c, i in fc.select("check", "index").iter_rows()}
+    assert ("column_in_dataframe", None) in got and ("not_nullable", 0) in got
+    assert {("field_uniqueness", 5), ("field_uniqueness", 128), ("one stop cause", 2)} <= got
+    assert any(c.startswith("isin") and i == 1 for c, i in got) and not any(
+        "reset_seed" in str(c) for c in fc["column"]
+    )
+    with pytest.raises(pe.SchemaErrors):
+        UpdateFrame.validate(pl.read_parquet(COMPLIANT / "updates").drop("loss_denominator"), lazy=True)
+
+
+@pytest.mark.parametrize("fault", ["tool_tokens_trained", "loss_over_whole_transcript"])
+def test_the_catalogues_checks_in_pandera_name_the_rows_and_codes_check_reports(fault):
+    import pandera.errors as pe
+    import polars as pl
+
+    from rollout_audit.validation import trajectory_schema
+
+    log = BROKEN / fault
+    df, updates = pl.read_parquet(log / "trajectories"), pl.read_parquet(log / "updates")
+    reported = json.loads(cli("check", log, "--format", "json").stdout)["findings"]
+    with pytest.raises(pe.SchemaErrors) as err:
+        trajectory_schema(updates=updates).validate(df, lazy=True)
+    fc = err.value.failure_cases.with_columns(pl.col("check").str.slice(0, 4).alias("code"))
+    assert set(fc["code"]) == {f["code"] for f in reported}
+    ids = df["trajectory_id"]
+    for f in reported:
+        rows = fc.filter(pl.col("code") == f["code"])["index"].to_list()
+        assert rows == ([None] if f["trajectory_id"] is None else [ids.index_of(f["trajectory_id"])])
+    trajectory_schema(updates=pl.read_parquet(COMPLIANT / "updates")).validate(
+        pl.read_parquet(COMPLIANT / "trajectories"), lazy=True
+    )
