@@ -114,7 +114,7 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.argument("paths", nargs=-1, required=False, type=click.Path())
 @click.option("--select", multiple=True, help="Codes or prefixes to run (e.g. M,L201). Default: all.")
 @click.option("--ignore", multiple=True, help="Codes or prefixes to skip.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
@@ -152,7 +152,7 @@ def main() -> None:
     type=click.IntRange(1, 64),
     default=1,
     show_default=True,
-    help="Batches checked at once (2: ~15% faster, one more batch in memory).",
+    help="Batches checked at once (2: ~13% faster on 2 cores, one more batch in memory; benchmarks/README.md).",
 )
 @click.option("--show-settings", is_flag=True, help="Print the configuration in use and where it came from, then exit.")
 @click.option(
@@ -236,13 +236,17 @@ def check(
     from .contract.config import LOG_CONTEXT
     from .reporting.outputs import check_output, write_atomic
 
+    if ray_address not in (None, "local", "auto") and "://" not in ray_address and os.path.exists(ray_address):
+        paths, ray_address = (ray_address, *paths), "local"  # `--ray PATH`: a local cluster, then the path
+    if not paths:
+        raise click.UsageError("Missing argument 'PATHS...'.")
     if show_settings:
         from .session import Request, configure
 
         cfg, file = configure(Request(source=list(paths), config_file=config_path, replay=replay, preview=preview))
         click.echo(f"# configuration: {cfg.source if ', over ' in cfg.source else file or cfg.source}")
         click.echo(f"# a configuration inside the audited directory may set only: {', '.join(LOG_CONTEXT)}")
-        click.echo(json.dumps(cfg.settings(), indent=1))
+        click.echo("[tool.rollout-audit]\n" + _toml(cfg.settings()))
         return
     sel, ign = _known_codes(select), _known_codes(ignore)
     for out in (output, write_baseline):
@@ -274,7 +278,7 @@ def check(
             log_root=within[id(log)],  # the directory of runs it was found in: its trust boundary
         )
 
-    with quiet_ray(opts) if quiet else contextlib.nullcontext():
+    with quiet_ray(opts):  # Ray's own log lines never reach the user's output
         done = [(log, run(request(log))) for log in logs]
     for _, a in done:
         if a.converted is not None and a.converted.policy:  # the trainer's own policy, from its configuration
@@ -295,6 +299,25 @@ def check(
         if fmt != "text" or output or quiet:  # the report is elsewhere or cut short: say why on stderr too
             _say_incomplete(rep, log)
     sys.exit(max(rep.exit_code(strict) for _, rep in reports))
+
+
+def _toml_value(v: object) -> str:
+    """A TOML value: strings, numbers and booleans as JSON writes them (TOML accepts those forms),
+    lists as arrays, mappings as inline tables with quoted keys."""
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, float) and v != v:
+        return "nan"
+    if isinstance(v, float) and v in (float("inf"), float("-inf")):
+        return "inf" if v > 0 else "-inf"
+    return json.dumps(v)
+
+
+def _toml(settings: dict) -> str:
+    """The settings as lines of a `[tool.rollout-audit]` table; a key with no value is a comment."""
+    return "\n".join(f"# {k} = (not set)" if v is None else f"{k} = {_toml_value(v)}" for k, v in settings.items())
 
 
 def _logs_of(paths: tuple[str, ...]) -> list[tuple[list[str], str | None]]:
@@ -509,6 +532,12 @@ def watch(
     sys.exit(code)
 
 
+# where the lessons the checks cite come from
+LECTURE = (
+    "the lecture “Module 11. RL for LLM agents: tools, environments, and long trajectories” (material version 2026.23)"
+)
+
+
 @main.command()
 @click.argument("code", required=False)
 @click.option("--list", "list_all", is_flag=True, help="List every check code, by family.")
@@ -540,7 +569,8 @@ def explain(code, list_all) -> None:
         f"\nConfiguration: {', '.join(r.config)}" if r.config else ""
     )
     state = ", preview: runs only with --preview" if r.preview else ""
-    click.echo(f"{r.code} ({r.severity}{state}): {r.name}\n\n{r.explanation}\n\nNeeds: {needs}{extra}")
+    source = f"\nLessons are those of {LECTURE}." if "Lesson" in r.explanation else ""
+    click.echo(f"{r.code} ({r.severity}{state}): {r.name}\n\n{r.explanation}\n\nNeeds: {needs}{extra}{source}")
 
 
 @main.command("config")

@@ -153,10 +153,8 @@ def test_a_pandas_category_column_is_a_string_column(tmp_path):
 
 
 def test_the_writer_takes_the_producers_stop_reasons(tmp_path):
-    import tomllib
-
     import rollout_audit as ra
-    from rollout_audit.contract.config import Config
+    from rollout_audit.contract.config import Config, tomllib
     from rollout_audit.contract.errors import RolloutAuditError
     from rollout_audit.faults import read_records
 
@@ -233,3 +231,27 @@ def test_the_catalogues_checks_in_pandera_name_the_rows_and_codes_check_reports(
     trajectory_schema(updates=pl.read_parquet(COMPLIANT / "updates")).validate(
         pl.read_parquet(COMPLIANT / "trajectories"), lazy=True
     )
+
+
+# ---------------------------------------------------------------- smaller things a user meets
+
+
+def test_show_settings_is_toml_that_pastes_into_the_table(tmp_path):
+    from rollout_audit.contract.config import Config, tomllib
+
+    res = cli("check", COMPLIANT, "--show-settings")
+    table = tomllib.loads(res.stdout)["tool"]["rollout-audit"]
+    assert table["max_response_tokens"] == 48
+    pasted = Config.from_mapping(table, "pasted").settings()
+    assert pasted == {k: v for k, v in Config.from_mapping(table, "x").settings().items()}
+    assert {k for k, v in pasted.items() if v is not None} == set(table)
+
+
+def test_a_corrupt_logs_not_run_reasons_say_why():
+    rep = json.loads(cli("check", BROKEN / "corrupt_file", "--format", "json").stdout)
+    assert rep["not_run"] and all(x["reason"].startswith("nothing was audited: no readable") for x in rep["not_run"])
+
+
+def test_explain_names_the_source_of_its_lessons():
+    out = cli("explain", "M101").stdout
+    assert "Lesson “Who generated each token”" in out and "Module 11. RL for LLM agents" in out
