@@ -255,3 +255,17 @@ def test_a_corrupt_logs_not_run_reasons_say_why():
 def test_explain_names_the_source_of_its_lessons():
     out = cli("explain", "M101").stdout
     assert "Lesson “Who generated each token”" in out and "Module 11. RL for LLM agents" in out
+
+
+def test_users_meet_public_names():
+    import pickle
+
+    import rollout_audit as ra
+    from rollout_audit.contract import models
+
+    assert f"{ra.AuditFailed.__module__}.{ra.AuditFailed.__qualname__}" == "rollout_audit.AuditFailed"
+    assert type(pickle.loads(pickle.dumps(ra.ConfigError("x")))) is ra.ConfigError
+    assert not {"Any", "pa", "pl", "pyarrow"} & set(models.__all__)
+    trajectory = "s0-i0003-g07-e1"
+    out = cli("show", BROKEN / "tool_tokens_trained", trajectory, "--no-color").stdout
+    assert "verifier_success" not in out.splitlines()[0] and "verified " in out.splitlines()[0]
