@@ -32,7 +32,7 @@ REPLAY = 64  # trajectories the demo's own audit replays (stratified by policy v
 REPLAYER = "reference_agent.replay:replayer"
 
 
-def run_demo(out_dir: str, profile: str = "smoke", seed: int = 0, progress: bool = False) -> dict[str, Any]:
+def run_demo(out_dir: str, profile: str = "smoke", seed: int = 0, progress: bool | str = False) -> dict[str, Any]:
     """Train the profile, write each run's log, checkpoints and configurations under out_dir (the
     layout above), return the greedy evaluation table with `run_dirs`, the runs' directories
     (`progress`: a bar of the training rounds on stderr)."""

@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass, replace
@@ -508,11 +509,32 @@ def evaluate(policy: RecurrentActorCritic, tok: Tokenizer, cfg: TrainConfig, mem
     return result
 
 
-def _progress_bar(enabled: bool, total: int, label: str, console: Any = None) -> Any:
+PROGRESS_EVERY = 10.0  # seconds between progress lines when stderr is not a terminal
+
+
+def _progress_lines(total: int, label: str) -> Any:
+    """Progress as plain lines on stderr (a log file, CI): the first round, then at most one line
+    every PROGRESS_EVERY seconds, and the last round."""
+    state = {"done": 0, "said": time.perf_counter(), "start": time.perf_counter()}
+
+    def advance() -> None:
+        state["done"] += 1
+        now = time.perf_counter()
+        if state["done"] in (1, total) or now - state["said"] >= PROGRESS_EVERY:
+            state["said"] = now
+            print(f"{label}: round {state['done']}/{total} ({now - state['start']:.0f} s)", file=sys.stderr, flush=True)
+
+    return contextlib.nullcontext(advance)
+
+
+def _progress_bar(enabled: bool | str, total: int, label: str, console: Any = None) -> Any:
     """A rich progress bar over the training rounds (on stderr unless `console` is given), as a
-    context manager yielding `advance()`; a stand-in that does nothing when not `enabled`."""
+    context manager yielding `advance()`; plain lines at intervals when `enabled` is "lines"; a
+    stand-in that does nothing when not `enabled`."""
     if not enabled:
         return contextlib.nullcontext(lambda: None)
+    if enabled == "lines":
+        return _progress_lines(total, label)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -529,7 +551,7 @@ def _progress_bar(enabled: bool, total: int, label: str, console: Any = None) ->
 
 
 def train(
-    cfg: TrainConfig, out_dir: str | Path, verbose: bool = False, progress: bool = False, log_dir: str = ""
+    cfg: TrainConfig, out_dir: str | Path, verbose: bool = False, progress: bool | str = False, log_dir: str = ""
 ) -> dict[str, Any]:
     """Train one run: logs in out/`log_dir`/trajectories and …/updates, a checkpoint per version in
     out/checkpoints, eval table. `progress`: a bar of the collection rounds on stderr."""
@@ -625,7 +647,7 @@ def train(
 
 
 def run_profile(
-    profile: str, out_dir: str | Path, seed: int = 0, progress: bool = False, log_dir: str = ""
+    profile: str, out_dir: str | Path, seed: int = 0, progress: bool | str = False, log_dir: str = ""
 ) -> dict[str, Any]:
     """smoke/tiny: one run; full: one run per seed in FULL_SEEDS under out/seed{s}, with mean and spread
     (`log_dir`: where in each run's directory the log goes, as in `train`)."""

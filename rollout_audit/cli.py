@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -114,7 +113,7 @@ def main() -> None:
 
 
 @main.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.argument("paths", nargs=-1, required=False, type=click.Path())
 @click.option("--select", multiple=True, help="Codes or prefixes to run (e.g. M,L201). Default: all.")
 @click.option("--ignore", multiple=True, help="Codes or prefixes to skip.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True)
@@ -152,7 +151,7 @@ def main() -> None:
     type=click.IntRange(1, 64),
     default=1,
     show_default=True,
-    help="Batches checked at once (2: ~15% faster, one more batch in memory).",
+    help="Batches checked at once (2: ~13% faster on 2 cores, one more batch in memory; benchmarks/README.md).",
 )
 @click.option("--show-settings", is_flag=True, help="Print the configuration in use and where it came from, then exit.")
 @click.option(
@@ -236,13 +235,17 @@ def check(
     from .contract.config import LOG_CONTEXT
     from .reporting.outputs import check_output, write_atomic
 
+    if ray_address not in (None, "local", "auto") and "://" not in ray_address and os.path.exists(ray_address):
+        paths, ray_address = (ray_address, *paths), "local"  # `--ray PATH`: a local cluster, then the path
+    if not paths:
+        raise click.UsageError("Missing argument 'PATHS...'.")
     if show_settings:
         from .session import Request, configure
 
         cfg, file = configure(Request(source=list(paths), config_file=config_path, replay=replay, preview=preview))
         click.echo(f"# configuration: {cfg.source if ', over ' in cfg.source else file or cfg.source}")
         click.echo(f"# a configuration inside the audited directory may set only: {', '.join(LOG_CONTEXT)}")
-        click.echo(json.dumps(cfg.settings(), indent=1))
+        click.echo("[tool.rollout-audit]\n" + _toml(cfg.settings()))
         return
     sel, ign = _known_codes(select), _known_codes(ignore)
     for out in (output, write_baseline):
@@ -252,7 +255,9 @@ def check(
 
     ray = None if ray_address is None else (True if ray_address == "local" else ray_address)
     opts = Options(select=tuple(sel), ignore=tuple(ign), workers=workers, ray=ray, tune=True)
-    logs = [list(paths)] if merge or framework or len(paths) == 1 else [[p] for p in paths]
+    found = [(list(paths), None)] if merge or framework else _logs_of(paths)
+    logs = [log for log, _ in found]
+    within = dict((id(log), w) for log, w in found)
     if (baseline or write_baseline) and len(logs) > 1:
         _fail("a baseline belongs to one log: give one PATH, or --merge")
     from .running.cluster import quiet_ray
@@ -269,9 +274,10 @@ def check(
             options=opts,
             baseline=baseline,
             use_baseline=not write_baseline,
+            log_root=within[id(log)],  # the directory of runs it was found in: its trust boundary
         )
 
-    with quiet_ray(opts) if quiet else contextlib.nullcontext():
+    with quiet_ray(opts):  # Ray's own log lines never reach the user's output
         done = [(log, run(request(log))) for log in logs]
     for _, a in done:
         if a.converted is not None and a.converted.policy:  # the trainer's own policy, from its configuration
@@ -292,6 +298,48 @@ def check(
         if fmt != "text" or output or quiet:  # the report is elsewhere or cut short: say why on stderr too
             _say_incomplete(rep, log)
     sys.exit(max(rep.exit_code(strict) for _, rep in reports))
+
+
+def _toml_value(v: object) -> str:
+    """A TOML value: strings, numbers and booleans as JSON writes them (TOML accepts those forms),
+    lists as arrays, mappings as inline tables with quoted keys."""
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, float) and v != v:
+        return "nan"
+    if isinstance(v, float) and v in (float("inf"), float("-inf")):
+        return "inf" if v > 0 else "-inf"
+    return json.dumps(v)
+
+
+def _toml(settings: dict) -> str:
+    """The settings as lines of a `[tool.rollout-audit]` table; a key with no value is a comment."""
+    return "\n".join(f"# {k} = (not set)" if v is None else f"{k} = {_toml_value(v)}" for k, v in settings.items())
+
+
+def _logs_of(paths: tuple[str, ...]) -> list[tuple[list[str], str | None]]:
+    """Each PATH as a log of its own; a directory of runs (each run a directory with its own
+    `trajectories` folder) as one log per run, said on stderr in one line. Parquet files of such a
+    directory that lie in no run are audited together as one more log."""
+    from .reading.io import logs_under, stray_files
+
+    logs: list[tuple[list[str], str | None]] = []  # (paths of one log, the directory of runs it was found in)
+    for p in paths:
+        runs = logs_under(p)
+        if runs is None:
+            logs.append(([p], None))
+            continue
+        stray = stray_files(p, runs)
+        logs += [([r], p) for r in runs] + ([(stray, p)] if stray else [])
+        more = f", and {len(stray)} Parquet file(s) in none of them, audited together" if stray else ""
+        click.echo(
+            f"rollout-audit: {p}: {len(runs)} log{'s' if len(runs) != 1 else ''} found (directories with a "
+            f"trajectories/ folder){more}; each audited on its own (--merge: all as one log)",
+            err=True,
+        )
+    return logs
 
 
 def _write_baseline(done, path) -> NoReturn:
@@ -538,6 +586,12 @@ def watch(
     sys.exit(code)
 
 
+# where the lessons the checks cite come from
+LECTURE = (
+    "the lecture “Module 11. RL for LLM agents: tools, environments, and long trajectories” (material version 2026.23)"
+)
+
+
 @main.command()
 @click.argument("code", required=False)
 @click.option("--list", "list_all", is_flag=True, help="List every check code, by family.")
@@ -569,7 +623,8 @@ def explain(code, list_all) -> None:
         f"\nConfiguration: {', '.join(r.config)}" if r.config else ""
     )
     state = ", preview: runs only with --preview" if r.preview else ""
-    click.echo(f"{r.code} ({r.severity}{state}): {r.name}\n\n{r.explanation}\n\nNeeds: {needs}{extra}")
+    source = f"\nLessons are those of {LECTURE}." if "Lesson" in r.explanation else ""
+    click.echo(f"{r.code} ({r.severity}{state}): {r.name}\n\n{r.explanation}\n\nNeeds: {needs}{extra}{source}")
 
 
 @main.command("config")
@@ -698,12 +753,16 @@ def convert_cmd(framework, src, dst, context) -> None:
     from .session import policy_table
 
     conv = convert(framework, [src], _context(context))
+    from .contract.config import Config
+    from .session import with_policy
+
+    policy = with_policy(Config(), conv)  # validated under the trainer's own stop reasons
     trajectories, updates = conv.tables()
     for name, table in (("trajectories", trajectories), ("updates", updates)):
         if table is not None and table.num_rows:
             (Path(dst) / name).mkdir(parents=True, exist_ok=True)
             try:
-                write_table(Path(dst) / name / "part-0000.parquet", table, name)
+                write_table(Path(dst) / name / "part-0000.parquet", table, name, config=policy)
             except RolloutAuditError as e:  # the refusal names the dump the records came from
                 from .reporting.report import printable
 
@@ -773,7 +832,9 @@ def report(paths, output, config_path, select, ignore, framework, context, repla
 @click.option("--profile", type=click.Choice(["tiny", "smoke", "full"]), default="smoke", show_default=True)
 @click.option("--seed", default=0, show_default=True)
 @click.option(
-    "--progress/--no-progress", default=None, help="A training progress bar on stderr (default: when it is a terminal)."
+    "--progress/--no-progress",
+    default=None,
+    help="Training progress on stderr (default: a bar on a terminal, a line every few seconds elsewhere).",
 )
 def demo(out, profile, seed, progress) -> None:
     """Train the key-and-door reference agent on CPU, write its log to OUT/log, audit it with replay.
@@ -792,11 +853,13 @@ def demo(out, profile, seed, progress) -> None:
         from reference_agent.demo import CONFIG, LOG, REPLAY, format_table, next_steps, replay_summary, run_demo
     except ImportError as e:
         _fail(f"the reference agent needs torch: pip install -e '.[agent]' ({e})")
+    _replace_own_demo(out)
     check_new_directory(out)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / DEMO_MARK).write_text("written by `rollout-audit demo`: a later demo may replace this directory\n")
     click.echo(f"training the {profile} profile (seed {seed}) into {out} ...", err=True)
-    result = run_demo(
-        str(out), profile=profile, seed=seed, progress=sys.stderr.isatty() if progress is None else progress
-    )
+    shown: bool | str = (sys.stderr.isatty() or "lines") if progress is None else progress
+    result = run_demo(str(out), profile=profile, seed=seed, progress=shown)
     click.echo(format_table(result))
     from .api import audit
 
@@ -811,6 +874,23 @@ def demo(out, profile, seed, progress) -> None:
         click.echo(next_steps(run))
         code = max(code, rep.exit_code())
     sys.exit(code)
+
+
+DEMO_MARK = ".rollout-audit-demo"  # the file that says a directory is a demo's output
+
+
+def _replace_own_demo(out: str) -> None:
+    """Remove `out` when an earlier demo wrote it (it holds the demo's mark, a regular file, and is a
+    real directory, not a symlink); anything else is left for `check_new_directory` to refuse."""
+    import shutil
+    from pathlib import Path
+
+    p = Path(out)
+    mark = p / DEMO_MARK
+    if p.is_symlink() or not p.is_dir() or mark.is_symlink() or not mark.is_file():
+        return
+    click.echo(f"replacing {out}: an earlier `rollout-audit demo` wrote it", err=True)
+    shutil.rmtree(p)
 
 
 @main.group(invoke_without_command=True)

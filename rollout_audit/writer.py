@@ -46,8 +46,11 @@ class RolloutWriter:
         compression: str = "zstd",
         tokenizer: Mapping | None = None,
         reward_components: Mapping[str, str] | None = None,
+        config: Config | None = None,
     ) -> None:
-        """`tokenizer`, when given, is declared in the file metadata `rollout_log.tokenizer` so that
+        """`config`: the settings the batches are validated under, e.g. the producer's own stop
+        reasons (`Config(extra_stop_reasons={"budget": "truncated"})`, or `load_config(FILE)`).
+        `tokenizer`, when given, is declared in the file metadata `rollout_log.tokenizer` so that
         `rollout-audit show` can decode the ids: {"name": str, "vocabulary": [text of each id]}, either key optional."""
         if kind not in ("trajectories", "updates"):
             raise InputError(f"kind must be 'trajectories' or 'updates', not {kind!r}")
@@ -61,6 +64,7 @@ class RolloutWriter:
         self.path = Path(path)
         self.kind = kind
         self.validate = validate
+        self.config = config if config is not None else Config()
         self.compression = compression
         self._tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex[:8]}.tmp")
         self._writer: pq.ParquetWriter | None = None
@@ -80,7 +84,7 @@ class RolloutWriter:
         """Validate and append one batch as one row group."""
         table = self._to_table(records)
         if self.validate:
-            problems = contract_problems(table, self.kind)
+            problems = contract_problems(table, self.kind, self.config)
             if problems:
                 raise InputError(
                     f"{self.path}: record refused: {problems[0]}"
@@ -161,14 +165,14 @@ def _fsync_path(path: Path, directory: bool = False) -> None:
         os.close(fd)
 
 
-def contract_problems(table: pa.Table, kind: str) -> list[str]:
+def contract_problems(table: pa.Table, kind: str, config: Config | None = None) -> list[str]:
     """Structural problems of an in-memory batch, as messages (the writer refuses on any)."""
     f = memory_file(table, kind)
     targets, problems = schema_plan(f, kind)
     if kind == "updates":
         return [f"S001 {c}: {p}" for c, p in problems]
     data, cast_problems = cast(table.select([c for c in table.column_names if c in targets]), targets)
-    runner = Runner(Config(), select=_VALIDATE)
+    runner = Runner(config if config is not None else Config(), select=_VALIDATE)
     check_table(runner, Batch(data, f.path, 0, problems + cast_problems, None))
     msgs = [f"{c.code} check crashed: {c.error}" for c in runner.crashes]
     found = runner.findings_frame().filter(runner.findings_frame()["severity"] == "error")

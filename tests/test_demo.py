@@ -63,7 +63,13 @@ def elsewhere(tmp_path: Path) -> Path:
 
 def test_the_demo_audit_replays_its_log_and_runs_every_check_that_can_apply(demo: tuple[Path, str]) -> None:
     out, text = demo
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", LOG, "pyproject.toml", CONFIG]
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".rollout-audit-demo",
+        "checkpoints",
+        LOG,
+        "pyproject.toml",
+        CONFIG,
+    ]
     assert "replay ran (L205, L206, L207, L209): " in text, text
     assert "not run: R411, R412, R413 (" in text, text  # nothing else lacked its evidence
     assert f"configuration: out/{CONFIG} with replay = {REPLAY}" in text, text  # as the user named OUT
@@ -158,3 +164,26 @@ def test_the_collector_cuts_an_episode_its_budget_cannot_hold(tmp_path: Path, el
     (tmp_path / "run" / "pyproject.toml").write_text(f"[tool.rollout-audit]\nmax_response_tokens = {budget}\n")
     code, rep = summary(tmp_path / "run" / LOG, "--strict", cwd=elsewhere)
     assert code == 0 and "T306" in rep["summary"]["checks_run"], rep
+
+
+def test_the_demo_may_replace_what_it_wrote_and_nothing_else(demo: tuple[Path, str], tmp_path: Path) -> None:
+    """Re-running the README's line replaces the demo's own output (it carries the demo's mark); a
+    directory the demo did not write is refused; without a terminal, progress comes as lines."""
+    import reference_agent.train as train
+
+    old = train.PROGRESS_EVERY
+    train.PROGRESS_EVERY = 0.0  # a line per round: what is printed does not depend on this machine's speed
+    try:
+        shutil.copytree(demo[0], tmp_path / "out")
+        (tmp_path / "out" / "stale").write_text("from the earlier run")
+        code, out, err = cli("demo", "out", "--profile", "tiny", cwd=tmp_path)
+    finally:
+        train.PROGRESS_EVERY = old
+    assert code == 0 and "replacing out: an earlier `rollout-audit demo` wrote it" in err, err
+    assert not (tmp_path / "out" / "stale").exists() and (tmp_path / "out" / ".rollout-audit-demo").is_file()
+    rounds = [x for x in err.splitlines() if x.startswith("training seed 0: round ")]
+    assert rounds[0].startswith("training seed 0: round 1/") and len(rounds) > 1, err
+    mine = tmp_path / "mine"
+    (mine / "notes").mkdir(parents=True)
+    code, _, err = cli("demo", "mine", "--profile", "tiny", cwd=tmp_path)
+    assert code == 2 and "not empty" in err and (mine / "notes").is_dir()

@@ -61,20 +61,21 @@ def faulted(tmp_path_factory):
     return out
 
 
-def test_quiet_check_on_a_local_cluster_prints_the_findings_only():
-    """`check --ray -q` in a process of its own starts a local Ray cluster: Ray's startup lines (its
-    token notice, "Started a local Ray instance") reach neither stream; stdout holds what `-q`
-    prints without Ray, and stderr nothing. (First in this file: no other cluster is up yet.)"""
+def test_check_on_a_local_cluster_prints_what_it_prints_without_ray():
+    """`check --ray PATH` (`--ray` alone, before the path) in a process of its own starts a local
+    Ray cluster: Ray's startup lines (its token notice, "Started a local Ray instance", INFO lines)
+    reach neither stream; stdout holds what `check PATH` prints without Ray, and stderr nothing.
+    (First in this file: no other cluster is up yet.)"""
     path = str(ROOT / "fixtures/broken/first_visit_paid_twice")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a local cluster of its own, never a named one
     res = subprocess.run(
-        [sys.executable, "-m", "rollout_audit.cli", "check", path, "--ray", "-q"],
+        [sys.executable, "-m", "rollout_audit.cli", "check", "--ray", path],
         capture_output=True,
         text=True,
         env=env,
         timeout=900,
     )
-    local = CliRunner().invoke(main, ["check", path, "-q"])
+    local = CliRunner().invoke(main, ["check", path])
     assert res.returncode == local.exit_code == 1, res.stderr
     assert res.stderr == ""
     assert res.stdout == local.stdout and res.stdout.startswith("R408 [error]")

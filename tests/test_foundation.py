@@ -276,11 +276,11 @@ def test_value_domains_come_from_the_contract_alone():
 
     from rollout_audit.checks import structure
     from rollout_audit.contract import schema as S
-    from rollout_audit.contract.models import TrajectoryFrame, TurnFrame, domain_problems
+    from rollout_audit.contract.models import TrajectoryValues, TurnValues, domain_problems
 
     for table, model, fast in (
-        ("trajectories", TrajectoryFrame, structure._TRAJ_DOMAIN),
-        ("turn", TurnFrame, structure._TURN_DOMAIN),
+        ("trajectories", TrajectoryValues, structure._TRAJ_DOMAIN),
+        ("turn", TurnValues, structure._TURN_DOMAIN),
     ):
         doms = S.domains(table)
         assert doms and set(doms) <= set(model.columns) and set(doms) <= set(fast)

@@ -20,6 +20,7 @@ import pytest
 from fuzzlib import run_cli
 
 from rollout_audit import Config, RolloutWriter, audit
+from rollout_audit.contract.config import tomllib  # tomllib, or tomli before Python 3.11
 from rollout_audit.reading.io import discover
 from rollout_audit.synth import make_log
 
@@ -590,7 +591,7 @@ def test_a_file_of_the_log_audited_alone_is_still_inside_it(tmp_path, log):
     single = project / "rollouts.parquet"
     single.write_bytes(one.read_bytes())
     r = cli("check", str(single), "--show-settings")
-    assert r.returncode == 0 and json.loads(r.stdout.split("\n", 2)[2])["atol"] == 0.5, r.stdout[:500]
+    assert r.returncode == 0 and tomllib.loads(r.stdout)["tool"]["rollout-audit"]["atol"] == 0.5, r.stdout[:500]
 
 
 @pytest.mark.parametrize("key", sorted(WEAKENING))
@@ -607,7 +608,7 @@ def test_the_same_config_beside_the_log_is_read(tmp_path, log, key):
     if key == "max_row_group_bytes":  # the cap was taken: the only file is refused
         assert r.returncode == 2 and "max_row_group_bytes" in r.stdout, r.stdout[-2000:]
     assert json.loads(r.stdout)["summary"]["configuration"] == f"{tmp_path / 'pyproject.toml'} [tool.rollout-audit]"
-    shown = json.loads(cli("check", str(log), "--show-settings").stdout.split("\n", 2)[2])
+    shown = tomllib.loads(cli("check", str(log), "--show-settings").stdout)["tool"]["rollout-audit"]
     assert shown[key] == TAKEN[key] != Config().settings()[key]
 
 
@@ -637,7 +638,9 @@ def test_a_config_named_with_config_is_the_users_own_even_inside_the_log(tmp_pat
     r = cli("check", str(log), "--config", str(mine), "--format", "json", cwd=tmp_path)
     assert_clean_exit(r, (0, 1))
     assert json.loads(r.stdout)["summary"]["configuration"] == str(mine)
-    shown = json.loads(cli("check", str(log), "--config", str(mine), "--show-settings").stdout.split("\n", 2)[2])
+    shown = tomllib.loads(cli("check", str(log), "--config", str(mine), "--show-settings").stdout)["tool"][
+        "rollout-audit"
+    ]
     assert shown["atol"] == 0.5 and shown["select"] == ["M"] and shown["tolerated_share"] == {"M101": 1.0}
 
 

@@ -254,7 +254,7 @@ def default_run(tmp_path_factory):
 def tool_run(tmp_path_factory):
     """Multi-turn rollout_func, one generation per step, a different bug at each (policy skip)."""
     tmp = tmp_path_factory.mktemp("trl_tools")
-    audit = _settings(log_dir=tmp / "log", policy="skip")
+    audit = _settings(log_dir=tmp / "log", policy="skip", metrics="all")
     return _train(_trainer(tmp / "out", audit=audit, rollout_func=rollout, max_steps=4)), tmp / "log"
 
 
@@ -367,6 +367,12 @@ def test_audit_figures_arrive_in_the_trainers_log_history(tool_run):
         assert 0 < entry["audit/trainable_share"] <= 1
         assert "audit/update/errors" in entry and "audit/update/policy_lag_max" in entry
     assert logged[0]["audit/errors/M"] == 0 and logged[1]["audit/errors/M"] > 0  # the clean batch, then M101
+
+
+def test_by_default_a_handful_of_audit_figures_per_step(default_run):
+    trainer, _ = default_run
+    keys = {k for e in trainer.state.log_history for k in e if k.startswith("audit/")}
+    assert keys and len(keys) <= 10 and "audit/errors" in keys and "audit/errors/M" not in keys, sorted(keys)
 
 
 def _all_reports_clean(trainer) -> None:

@@ -216,3 +216,42 @@ def test_a_check_selected_by_code_that_cannot_run_exits_2(run: Path) -> None:
     assert res.output.rstrip().splitlines()[-1].startswith("INCOMPLETE: 0 errors")
     family = CliRunner().invoke(main, ["check", str(run), "--select", "L2", "--show-not-run"])
     assert family.exit_code == 0 and "L205: replay is off" in family.output, family.output
+
+
+def test_what_was_replayed_is_shown_in_text_json_and_the_browser(run: Path, tmp_path: Path) -> None:
+    """`check --replay` says what it recomputed (trajectories, tokens, versions, largest gap), JSON has
+    `summary.replay`, and the HTML report of `report --replay` shows it in a real headless Chromium."""
+    import json
+    import shutil
+
+    from click.testing import CliRunner
+
+    conf = tmp_path / "replay.toml"
+    conf.write_text(
+        f'replayer = "reference_agent.replay:replayer"\n'
+        f'replay_checkpoints = "{run / "checkpoints" / "v{version}.safetensors"}"\n'
+    )
+    args = [str(run), "--select", "L2", "--replay", "8", "--config", str(conf)]
+    text = CliRunner().invoke(main, ["check", *args])
+    line = next(x for x in text.output.splitlines() if x.startswith("replayed: "))
+    assert text.exit_code == 0 and "8 trajectories" in line and "largest |replayed - recorded| log-prob" in line
+    js = json.loads(CliRunner().invoke(main, ["check", *args, "--format", "json"]).output)["summary"]["replay"]
+    assert js["trajectories"] == 8 and js["tokens"] > 0 and js["versions"] and js["largest_gap"] < 1e-3
+    off = json.loads(CliRunner().invoke(main, ["check", str(run), "--select", "L2", "--format", "json"]).output)
+    assert off["summary"]["replay"] is None
+    page = tmp_path / "r.html"
+    rep = CliRunner().invoke(main, ["report", *args, "-o", str(page)])
+    assert rep.exit_code == 0, rep.output
+    sync_api = pytest.importorskip("playwright.sync_api")
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    if not Path(chromium).exists():
+        pytest.skip("headless Chromium is not installed")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            tab = browser.new_page()
+            tab.goto(page.as_uri())
+            shown = tab.inner_text("#replay")
+        finally:
+            browser.close()
+    assert shown == line, (shown, line)

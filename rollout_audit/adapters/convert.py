@@ -66,16 +66,19 @@ def convert(framework: str, paths: Sequence[str | os.PathLike], context: Mapping
     return Converted(trajectories, updates, origins, sources, policy.get("said"), policy.get("settings", {}))
 
 
-def write_table(path: str | os.PathLike, table: pa.Table, kind: str, validate: bool = True) -> None:
+def write_table(
+    path: str | os.PathLike, table: pa.Table, kind: str, validate: bool = True, config: Config | None = None
+) -> None:
     """`table` as the contract log file `path` (RolloutWriter), with the columns the contract does not
     define appended afterwards as they are: a trainer's second per-token log-prob column (verl's
-    `old_log_probs`), which L207 reads when the configuration names it (`compare_logprobs`)."""
+    `old_log_probs`), which L207 reads when the configuration names it (`compare_logprobs`).
+    `config`: what the writer validates under (the trainer's own stop reasons)."""
     from ..contract import schema as S
     from ..writer import RolloutWriter
 
     known = {c.name for c in S.columns(kind)}
     extra = [c for c in table.column_names if c not in known]
-    with RolloutWriter(path, kind=kind, validate=validate) as w:
+    with RolloutWriter(path, kind=kind, validate=validate, config=config) as w:
         w.write(table.drop_columns(extra) if extra else table)
     if extra:
         written = pq.read_table(path)

@@ -45,7 +45,11 @@ def _replayed(log: LogView, cfg) -> pl.DataFrame:
     """The replayed token frame, computed once per audit and shared by L205-L207. NotRun when replay
     is off; Unmet (the audit is incomplete) when replay was asked for and could not run."""
     if "replay" not in log.cache and cfg.replay <= 0:
-        log.cache["replay"] = NotRun("replay is off: run with --replay N (or `replay = N` in the configuration)")
+        log.cache["replay"] = NotRun(
+            "replay is off: run with --replay N and a replayer named in your own configuration (--config FILE, or "
+            'your project\'s pyproject.toml): replay_checkpoints = "ckpt/step-{version}" (a Hugging Face checkpoint '
+            'per policy version), replay_endpoints = {"0" = "http://host:8000/v1"}, or replayer = "module:factory"'
+        )
     what = f"replay of {cfg.replay} trajectories was asked for and"
     return _cached(log, "replay", lambda: replay_frame(log.traj, int(cfg.replay), load_replayer(cfg)), what)
 
@@ -117,6 +121,7 @@ def replay_mismatch(log: LogView, cfg) -> pl.DataFrame | None:
         pl.col("file").filter(pl.col("over")).first(),
     )
     log.stats["L205"] = per.drop("trajectory_id", "turn", "position", "file").sort("policy_version").to_dicts()
+    log.stats["replayed_trajectories"] = df["trajectory_id"].n_unique()
     return _located(
         per.filter(pl.col("share") > cfg.replay_max_share),
         pl.format(
@@ -357,4 +362,35 @@ def neighbour_version(log: LogView, cfg) -> pl.DataFrame | None:
             "policy_version",
             (pl.col("sampled_d") - pl.col("_d")).round_sig_figs(3),
         ).alias("message"),
+    )
+
+
+def replay_summary(stats: dict) -> dict | None:
+    """What the audit replayed, from L205's statistics: trajectories, tokens and policy versions
+    recomputed, and the largest and mean |replayed - recorded| log-prob; None when nothing was."""
+    per = stats.get("L205") or []
+    if not per:
+        return None
+    tokens = sum(int(v["n"]) for v in per)
+    gaps = [v["max"] for v in per if v["max"] is not None]
+    means = [(v["mean"], v["n"]) for v in per if v["mean"] is not None]
+    return {
+        "trajectories": stats.get("replayed_trajectories"),
+        "tokens": tokens,
+        "versions": [v["policy_version"] for v in per],
+        "largest_gap": max(gaps) if gaps else None,
+        "mean_gap": sum(m * n for m, n in means) / sum(n for _, n in means) if means else None,
+        "share_over_tolerance": sum(v["share"] * v["n"] for v in per if v["share"] is not None) / tokens,
+    }
+
+
+def replay_line(summary: dict) -> str:
+    """`replay_summary` as one line of text."""
+    versions = ", ".join(map(str, summary["versions"]))
+    gap = summary["largest_gap"]
+    n = summary["trajectories"]
+    return (
+        f"replayed: {'' if n is None else f'{n} trajectories, '}{summary['tokens']} tokens of policy version"
+        f"{'s' if len(summary['versions']) != 1 else ''} {versions}; largest |replayed - recorded| log-prob "
+        f"{'n/a' if gap is None else f'{gap:.2g}'}, {summary['share_over_tolerance']:.1%} of tokens over tolerance"
     )

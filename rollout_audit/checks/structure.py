@@ -60,8 +60,8 @@ def required_columns(b: BatchView, cfg) -> pl.DataFrame | None:
     return pl.concat(out, how="diagonal_relaxed") if out else None
 
 
-# The value domains of the pandera schemas (`rollout_audit.contract.models`: TrajectoryFrame,
-# TurnFrame), as one polars predicate per column. A value outside them makes the batch "suspect"
+# The value domains of the pandera schemas (`rollout_audit.contract.models`: TrajectoryValues,
+# TurnValues), as one polars predicate per column. A value outside them makes the batch "suspect"
 # and only then is pandera run, for the exact failure cases; on a clean batch S001 costs a few
 # numpy comparisons per column instead of a pandera pass. Both read the same domains, so the
 # test flags exactly what pandera would (pandera has the last word on the message).
@@ -105,9 +105,9 @@ def _domain(b: BatchView) -> list[pl.DataFrame]:
     out = []
     traj = b.traj
     if _suspect(traj, _TRAJ_DOMAIN):
-        from ..contract.models import TrajectoryFrame, domain_problems  # pandera: imported when needed
+        from ..contract.models import TrajectoryValues, domain_problems  # pandera: imported when needed
 
-        bad = domain_problems(TrajectoryFrame, traj.drop("trajectory_id"))
+        bad = domain_problems(TrajectoryValues, traj.drop("trajectory_id"))
         bad = bad.with_columns(
             pl.when(pl.col("column") == "n_src_invalid")
             .then(pl.lit("token_source"))
@@ -126,10 +126,10 @@ def _domain(b: BatchView) -> list[pl.DataFrame]:
             )
     tr = b.turns
     if tr.height and _suspect(tr, _TURN_DOMAIN):
-        from ..contract.models import TurnFrame, domain_problems
+        from ..contract.models import TurnValues, domain_problems
 
         cols = [c for c in tr.columns if not c.startswith(("rc_", "_"))]
-        bad = domain_problems(TurnFrame, tr.select(cols))
+        bad = domain_problems(TurnValues, tr.select(cols))
         if bad.height:
             out.append(
                 bad.join(

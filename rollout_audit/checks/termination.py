@@ -120,7 +120,15 @@ def stop_reason_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     names = ", ".join(sorted(table))
     msg = (
         pl.when(unknown)
-        .then(pl.format(f"unknown stop_reason '{{}}' (known: {names}; add it to extra_stop_reasons)", "stop_reason"))
+        .then(
+            pl.format(
+                f"unknown stop_reason '{{}}' (known: {names}; add it to extra_stop_reasons with the flag it sets, "
+                'e.g. extra_stop_reasons = {{"{}" = "{}"}})',
+                "stop_reason",
+                "stop_reason",
+                pl.coalesce(true_flag, pl.lit("terminated")),
+            )
+        )
         .otherwise(
             pl.format(
                 "stop_reason '{}' belongs to {}, but {} is the flag set", "stop_reason", "_expected_flag", true_flag

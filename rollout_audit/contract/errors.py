@@ -64,3 +64,9 @@ class AuditFailed(RolloutAuditError, AssertionError):
     def __init__(self, message: str, report: Any) -> None:
         super().__init__(message)
         self.report = report
+
+
+# The errors a user meets are named as the package exports them (`rollout_audit.AuditFailed` in a
+# traceback or a pytest failure), not by the module that defines them; pickling finds them there too.
+for _public in (RolloutAuditError, UsageError, ConfigError, InputError, AdapterError, ReplayError, AuditFailed):
+    _public.__module__ = "rollout_audit"

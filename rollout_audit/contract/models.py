@@ -1,19 +1,22 @@
-"""pandera schemas of the per-trajectory and per-turn frames the audit works on, built from the
-value domains of `schemas/rollout_log_v1.json` (a column's `domain`).
+"""pandera (polars backend) models of the contract's tables, built from `schemas/rollout_log_v1.json`.
 
-They are importable so a pipeline can validate its own frames (`TrajectoryFrame.validate(df,
-lazy=True)`); the audit validates each batch's per-trajectory frame with them (S001: values
-outside the contract's domain). Always validate a collected DataFrame: pandera on a polars
-LazyFrame checks the schema only and silently skips data checks.
+`TrajectoryFrame`, `TurnFrame` and `UpdateFrame` enforce the contract on a pipeline's frame:
+required columns, types (other integer and float widths are coerced), nullability, unique
+trajectory ids, value domains, known stop reasons and exactly one stop flag per episode.
+`TrajectoryValues` and `TurnValues` hold the value domains alone: the audit validates each batch
+with them (S001: values outside the contract's domain). The catalogue's recomputations, as pandera
+checks, are in `rollout_audit.validation`. Always validate a collected DataFrame: pandera on a
+polars LazyFrame checks the schema only and silently skips data checks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pandera.polars as pa
 import polars as pl
+import pyarrow
 
 from . import schema as S
 
@@ -62,8 +65,68 @@ def frame_model(table: str, extra: dict[str, dict[str, Any]] | None = None) -> p
     return pa.DataFrameSchema(cols, strict=False, coerce=True, name=f"{table} values")
 
 
-TrajectoryFrame = frame_model("trajectories", S.RECOMPUTED_DOMAINS)  # one row per trajectory
-TurnFrame = frame_model("turn")  # one row per turn (the turn struct's fields)
+TrajectoryValues = frame_model("trajectories", S.RECOMPUTED_DOMAINS)  # one row per trajectory
+TurnValues = frame_model("turn")  # one row per turn (the turn struct's fields)
+
+# required columns that may hold nulls, as the contract says of each
+_NULLABLE_REQUIRED = {"reset_seed", "behavior_logprobs", "reward"}
+
+
+def _type_check(expected: pyarrow.DataType, name: str) -> pa.Check:
+    """The column holds the contract's values in some storage form the audit reads as `expected`
+    (`schema.compatible`: other integer and float widths, large, view and dictionary layouts)."""
+
+    def holds(data: pa.PolarsData) -> bool:
+        dtype = data.lazyframe.collect_schema()[data.key]
+        found = pl.Series([], dtype=dtype).to_arrow().type
+        return S.compatible(found, expected)
+
+    return pa.Check(holds, name=f"type {name}", error=f"expected {name}")
+
+
+def _one_stop_cause(data: pa.PolarsData) -> pl.LazyFrame:
+    flags = [pl.col(f).fill_null(False).cast(pl.Int8) for f in S.STOP_FLAGS]
+    return data.lazyframe.select((pl.sum_horizontal(flags) == 1).alias("one stop cause"))
+
+
+def contract_model(
+    table: str, *, extra_stop_reasons: Mapping[str, str] | None = None, checks: list[pa.Check] | None = None
+) -> pa.DataFrameSchema:
+    """The pandera model of one contract table ("trajectories", "turn" or "updates"): every column
+    of the contract with its type, required columns present and (unless the contract allows it)
+    without nulls, trajectory ids unique, the value domains, and for trajectories a known
+    `stop_reason` (with `extra_stop_reasons`, as the configuration's) and exactly one stop flag
+    set. `checks`: more dataframe-level checks (the catalogue's, `rollout_audit.validation`)."""
+    doms = {**S.domains(table), **(S.RECOMPUTED_DOMAINS if table == "trajectories" else {})}
+    cols = {}
+    for c in S.columns(table):
+        bounds = doms.get(c.name, {})
+        col_checks = [_CHECKS[k](v) for k, v in bounds.items() if k in _CHECKS]
+        if bounds.get("finite"):
+            col_checks.append(pa.Check(_finite_or_null, name="finite"))
+        if bounds.get("not_infinite"):
+            col_checks.append(pa.Check(_not_infinite, name="not infinite"))
+        if c.name == "stop_reason":
+            known = sorted({*S.stop_reasons(), *(extra_stop_reasons or {})})
+            col_checks.append(pa.Check.isin(known, name="known stop_reason"))
+        required = c.requirement == "R"
+        col_checks.insert(0, _type_check(c.arrow_type, c.type))
+        cols[c.name] = pa.Column(
+            None,  # the type is checked by _type_check: other widths and storage forms of the values pass
+            checks=col_checks,
+            nullable=not required or c.name in _NULLABLE_REQUIRED,
+            unique=c.name == "trajectory_id",
+            required=required,
+        )
+    frame_checks = list(checks or [])
+    if table == "trajectories":
+        frame_checks.insert(0, pa.Check(_one_stop_cause, name="one stop cause"))
+    return pa.DataFrameSchema(cols, checks=frame_checks, strict=False, name=f"rollout log {table}")
+
+
+TrajectoryFrame = contract_model("trajectories")  # one row per trajectory
+TurnFrame = contract_model("turn")  # one row per turn (the turn struct's fields)
+UpdateFrame = contract_model("updates")  # one row per update record
 
 
 def domain_problems(model: pa.DataFrameSchema, df: pl.DataFrame, limit: int = 200) -> pl.DataFrame:
@@ -85,3 +148,15 @@ def domain_problems(model: pa.DataFrameSchema, df: pl.DataFrame, limit: int = 20
             pl.col("failure_case").cast(pl.String).alias("value"),
         ).head(limit)
     return pl.DataFrame(schema={"index": pl.Int64, "column": pl.String, "check": pl.String, "value": pl.String})
+
+
+__all__ = [
+    "TrajectoryFrame",
+    "TrajectoryValues",
+    "TurnFrame",
+    "TurnValues",
+    "UpdateFrame",
+    "contract_model",
+    "domain_problems",
+    "frame_model",
+]

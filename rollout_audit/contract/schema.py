@@ -220,6 +220,8 @@ def compatible(found: pa.DataType, expected: pa.DataType) -> bool:
     """
     if pa.types.is_null(found):
         return True
+    if pa.types.is_dictionary(found):  # pandas category, polars Categorical: the values are what counts
+        return compatible(found.value_type, expected)
     if pa.types.is_map(expected):
         return (
             pa.types.is_map(found)
@@ -227,7 +229,13 @@ def compatible(found: pa.DataType, expected: pa.DataType) -> bool:
             and compatible(found.item_type, expected.item_type)
         )
     if pa.types.is_list(expected):
-        if not (pa.types.is_list(found) or pa.types.is_large_list(found) or pa.types.is_list_view(found)):
+        if not (
+            pa.types.is_list(found)
+            or pa.types.is_large_list(found)
+            or pa.types.is_list_view(found)
+            or pa.types.is_large_list_view(found)
+            or pa.types.is_fixed_size_list(found)
+        ):
             return False
         return compatible(found.value_type, expected.value_type)
     if pa.types.is_struct(expected):

@@ -97,7 +97,7 @@ def faults_sentence() -> str:
 
     return (
         f"On the bundled agent log all {len(FAULTS)} named faults are caught with no false positive, in one\n"
-        "file and split across partitions; the matrix is in [fixtures/README.md](fixtures/README.md)\n"
+        "file and split across partitions; the matrix is in [fixtures/README.md](../../fixtures/README.md)\n"
         "(`rollout-audit faults matrix fixtures/compliant`).\n"
     )
 
@@ -134,13 +134,38 @@ def log_context() -> str:
 
 
 def readme(text: str, root: Path = ROOT) -> str:
-    regions = {
-        "example": lambda: example_block(root),
-        "checks": checks_sentence,
-        "faults": faults_sentence,
-        "log-context": log_context,
+    return fill_regions(text, {"example": lambda: example_block(root)}, "README.md")
+
+
+def quoted(root: Path, *args: str) -> str:
+    """`rollout-audit ARGS` run from `root`, quoted as a guide page shows it (stdout, then stderr)."""
+    from click.testing import CliRunner
+
+    from ..cli import main
+
+    with _cwd(root):
+        res = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    lines = [f"$ rollout-audit {' '.join(args)}", *res.stdout.splitlines(), *res.stderr.splitlines()]
+    return "\n" + "".join(f"    {line}".rstrip() + "\n" for line in lines) + "\n"
+
+
+def guide_regions(root: Path = ROOT) -> dict[str, dict[str, Callable[[], str]]]:
+    """The generated regions of each page of docs/guide/: what a page quotes of the tool's output."""
+    two = ("fixtures/compliant", "fixtures/broken/loss_over_whole_transcript")
+    return {
+        "reading-reports.md": {
+            "several-logs": lambda: quoted(root, "check", *two, "--format", "concise", "--select", "U"),
+        },
+        "configuration.md": {
+            "log-context": log_context,
+            "show-settings": lambda: quoted(root, "check", "fixtures/compliant", "--show-settings"),
+        },
+        "checks-and-evidence.md": {
+            "checks": checks_sentence,
+            "faults": faults_sentence,
+            "explain": lambda: quoted(root, "explain", "T302"),
+        },
     }
-    return fill_regions(text, regions, "README.md")
 
 
 # ---------------------------------------------------------------- fixtures
@@ -185,6 +210,9 @@ def text_files(root: Path = ROOT, matrix: str | None = None) -> dict[Path, str]:
         root / "docs" / "configuration.md": configuration_markdown(),
         root / "README.md": readme((root / "README.md").read_text(), root),
     }
+    for name, regions in guide_regions(root).items():
+        page = root / "docs" / "guide" / name
+        out[page] = fill_regions(page.read_text(), regions, f"docs/guide/{name}")
     if matrix is not None:
         page = root / "fixtures" / "README.md"
         out[page] = fill_regions(page.read_text(), {"matrix": lambda: matrix_region(matrix)}, "fixtures/README.md")

@@ -63,6 +63,11 @@ class AuditSettings:
     # TRL's ε; `truncation`, unless set here, is the policy the trainer's GRPOConfig follows
     config: Config = field(default_factory=lambda: Config(grpo_epsilon=1e-4))
     ignore: tuple[str, ...] = ()
+    # the audit figures added to every logged step: "few" (FEW_FIGURES) or "all" (per family, replay gaps)
+    metrics: Literal["few", "all"] = "few"
+
+
+FEW_FIGURES = ("errors", "warnings", "exit_code", "trainable_share", "policy_lag_max")
 
 
 def _summary(what: str, report: Report) -> str:
@@ -231,7 +236,8 @@ class AuditedGRPOTrainer(GRPOTrainer):
 
         share = trainable_share(pl.DataFrame(pl.from_arrow(table))) if table is not None else None
         for key, value in audit_figures(report, share, prefix=prefix).items():
-            self._metrics["train"][key].append(value)
+            if self.audit.metrics == "all" or key[len(prefix) :] in FEW_FIGURES:
+                self._metrics["train"][key].append(value)
 
     def _write_policy(self) -> None:
         """Next to the log, the settings it was audited with (`[tool.rollout-audit]`, which

@@ -361,3 +361,47 @@ def _groups(
 def read_table(f: LogFile, columns: Sequence[str] | None = None) -> pa.Table:
     cols = None if columns is None else [c for c in columns if c in f.schema.names]
     return pq.read_table(source(f.path), columns=cols)
+
+
+def _is_log_root(d: Path) -> bool:
+    """A directory laid out as one log: it holds a `trajectories` or `updates` folder, or Parquet
+    files of its own (a flat log)."""
+    try:
+        with os.scandir(d) as it:
+            for e in it:
+                if e.name in ("trajectories", "updates") and e.is_dir():
+                    return True
+                if e.name.endswith(".parquet") and not e.name.startswith((".", "_")):
+                    return True
+    except OSError:
+        return False
+    return False
+
+
+def logs_under(path: str | os.PathLike) -> list[str] | None:
+    """The logs a local directory holds when it is not a log itself but a directory of runs
+    (`logs/run1/trajectories/`, `logs/run2/trajectories/`): each directory under it that holds a
+    `trajectories` folder, outermost first, sorted. None when `path` is a log itself (or a file, a
+    URI, or a directory with no such run in it): it is audited as one log, as before. A run's own
+    subdirectories are not searched for further runs. Parquet files outside every run found make
+    no log of their own: they are listed by `stray_files`."""
+    if storage.is_remote(path):
+        return None
+    p = Path(path)
+    if not p.is_dir() or _is_log_root(p):
+        return None
+    runs: list[str] = []
+    for here, subdirs, _ in os.walk(p, onerror=None, followlinks=False):  # symlinked directories are not entered
+        subdirs.sort()
+        for s in list(subdirs):
+            if os.path.isdir(os.path.join(here, s, "trajectories")):
+                runs.append(os.path.join(here, s))
+                subdirs.remove(s)  # a run's own folders hold its partitions, not further runs
+    return sorted(runs) or None
+
+
+def stray_files(path: str | os.PathLike, runs: Sequence[str]) -> list[str]:
+    """Parquet files under `path` that lie in none of `runs` (the logs `logs_under` found)."""
+    files, _ = _parquet_paths(Path(path))
+    roots = [os.path.realpath(r) for r in runs]
+    return [str(f) for f in files if not any(_within(os.path.realpath(f), r) for r in roots)]

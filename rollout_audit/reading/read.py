@@ -16,6 +16,7 @@ from ..contract import schema as S
 from . import storage
 from .io import LogFile, iter_batches, one_line, row_group_too_large, share_groups, source
 from .sanitize import cap_tokens, drop_invalid, duplicate_columns, over_tokens
+from .types import is_list_like, plain
 
 Problem = tuple[str, str]  # (column, what is wrong)
 
@@ -31,7 +32,7 @@ def _target(name: str, found: pa.DataType, table: str) -> tuple[pa.DataType | No
     if name not in spec:
         return None, None  # unknown columns are ignored
     if name == "turns":
-        if not (pa.types.is_list(found) or pa.types.is_large_list(found)) or not pa.types.is_struct(found.value_type):
+        if not is_list_like(found) or not pa.types.is_struct(found.value_type):
             return None, f"expected list<struct>, found {found}"
         tspec = {c.name: c for c in S.columns("turn")}
         fields = [
@@ -79,7 +80,7 @@ def cast(table: pa.Table, targets: dict[str, pa.DataType]) -> tuple[pa.Table, li
     cols, names, problems = [], [], []
     for name in table.column_names:
         tgt = targets[name]
-        col = table.column(name)
+        col = plain(table.column(name))  # a list view's offsets rebuilt: Arrow's cast from one does not
         if col.type != tgt:
             try:
                 col = col.cast(tgt)
@@ -257,12 +258,7 @@ def _long_rows(f: LogFile, rg: int, limit: int) -> list[Problem]:
     list would take gigabytes, are not decoded. Lists of unequal lengths (a file whose token lists
     disagree) are all measured."""
     size = f.groups[rg]
-    lists = [
-        c
-        for c in _NARROWEST
-        if c in f.schema.names
-        and (pa.types.is_list(f.schema.field(c).type) or pa.types.is_large_list(f.schema.field(c).type))
-    ]
+    lists = [c for c in _NARROWEST if c in f.schema.names and is_list_like(f.schema.field(c).type)]
     ids = ["trajectory_id"] if "trajectory_id" in f.schema.names else []
     pf = pq.ParquetFile(source(f.path))
     lengths: pa.Array | None = None

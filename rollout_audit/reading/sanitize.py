@@ -7,6 +7,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .types import is_list_like
+
 
 def duplicate_columns(schema: pa.Schema) -> list[str]:
     """Names that occur more than once among the columns, or among the fields of a struct
@@ -135,7 +137,7 @@ def cap_tokens(table: pa.Table, limit: int, first_row: int = 0) -> tuple[pa.Tabl
     if "token_ids" not in table.column_names or table.num_rows == 0:
         return table, []
     col = table.column("token_ids")
-    if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
+    if not is_list_like(col.type):
         return table, []  # a wrong type is S001's finding (the column is not read)
     lengths = pc.fill_null(pc.list_value_length(col), 0)
     if (pc.max(lengths).as_py() or 0) <= limit:

@@ -41,5 +41,6 @@ def load_replayer(cfg: Any) -> Replayer:
         return HFReplayer(cfg.replay_checkpoints, batch_size=cfg.replay_batch_size)
     raise NotConfigured(
         "no replayer configured: set replay_checkpoints (Hugging Face checkpoint per version), "
-        "replay_endpoints (OpenAI-compatible server per version) or replayer = 'module:factory'"
+        "replay_endpoints (OpenAI-compatible server per version) or replayer = 'module:factory', "
+        "in a --config FILE or your project's pyproject.toml [tool.rollout-audit] (never one inside the log)"
     )

@@ -11,6 +11,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 import polars as pl
 
+from ..checks.replay import replay_line
 from ..running.report import MAX_CHARS, Report, plural, register_format, verdict, verdict_line
 
 __all__ = [
@@ -144,6 +145,8 @@ def _coda(rep: Report, show_not_run: bool = True) -> list[str]:
             + (f" (configuration: {printable(conf)})" if conf else "")
         ]
     out = _policy_lines(rep)
+    if rep.summary.get("replay"):
+        out.append(replay_line(rep.summary["replay"]))
     if rep.not_run and show_not_run:
         out.append("not run:")
         out += [f"  {code}: {printable(why)}" for code, why in sorted(rep.not_run.items())]

@@ -94,7 +94,7 @@ def render(t: Transcript, *, color: bool, width: int, decoder: Decoder | None = 
         Text.assemble(
             (_v(s.get("trajectory_id")), "bold"),
             f"  task {_v(s.get('task_id'))}  stop {_v(s.get('stop_reason'))}  reward {_num(s.get('reward'))}"
-            + (f"  verifier_success {_v(s.get('verifier_success'))}" if "verifier_success" in s else ""),
+            + (f"  {_verdict(s.get('verifier_success'))}" if "verifier_success" in s else ""),
         )
     )
     con.print(Text(source_line, style="dim"))
@@ -221,3 +221,10 @@ def _v(value: object) -> str:
     """A log value for the transcript: control characters escaped, long values cut."""
     s = printable(value)
     return s if len(s) <= MAX_CHARS else f"{s[:MAX_CHARS]}… ({len(s)} characters)"
+
+
+def _verdict(success: object) -> str:
+    """The verifier's verdict in words (`verifier_success`)."""
+    return {True: "verified success", False: "verified failure", None: "not verified"}.get(
+        success if isinstance(success, bool) or success is None else None, f"verifier {_v(success)}"
+    )

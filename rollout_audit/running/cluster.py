@@ -13,7 +13,7 @@ __all__ = ["quiet_ray"]
 
 @contextlib.contextmanager
 def quiet_ray(opts: Options) -> Iterator[None]:
-    """`--ray` with `-q`: Ray started (or joined) here without its own log lines (the token notice,
+    """`--ray` (with or without `-q`): Ray started (or joined) here without its own log lines (the token notice,
     "Started a local Ray instance", its workers' output), so that only the findings are printed;
     the executor runs on this connection, which ends with the command. Without Ray installed, the
     executor says so as usual."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
+from ..checks.replay import replay_summary
 from ..contract.errors import UsageError
 from ..contract.registry import SEVERITY_ORDER, Rule
 from .runner import FINDING_SCHEMA, Runner
@@ -146,6 +147,8 @@ def build_report(runner: Runner, *, rows: int, tokens: int, stats: dict, cfg, un
         _truncate("message"), _truncate("file"), _truncate("trajectory_id")
     )
     not_run, partial = runner.not_run(), runner.partial(rows)
+    if unusable is not None:  # no column was read at all: the reason is why, not which columns are absent
+        not_run = {c: f"nothing was audited: {unusable}" for c in not_run}
     crashes = [{**c.to_dict(), "times": runner.crash_counts[c.code]} for c in runner.crashes]
     per_code = findings.group_by("code", "severity").len().sort("code").to_dicts()
     summary = {
@@ -160,6 +163,7 @@ def build_report(runner: Runner, *, rows: int, tokens: int, stats: dict, cfg, un
         "checks_in_preview_not_selected": list(runner.preview_skipped),
         "statistics": stats,
         "configuration": cfg.source,
+        "replay": replay_summary(stats),  # None: nothing was replayed (not asked, or could not run)
     }
     unfulfilled = runner.unfulfilled() if unusable is None else {}
     return Report(findings, not_run, summary, runner.rules, partial, crashes, unusable, unfulfilled)

@@ -7,6 +7,7 @@ from html import escape
 
 import polars as pl
 
+from ...checks.replay import replay_line
 from ..report import Report, printable
 from .figures import figures
 
@@ -84,8 +85,17 @@ def _verdict(rep: Report) -> str:
     )
     return (
         f'<div class="verdict {cls}" id="verdict"><strong>{escape(head)}</strong><br>{escape(detail)}'
-        f"<br><small>{escape(counts)}</small></div>"
+        f"<br><small>{escape(counts)}</small>{_replayed(rep)}</div>"
     )
+
+
+def _replayed(rep: Report) -> str:
+    """What replay recomputed, or why it did not run (replay checks listed as not run)."""
+    done = rep.summary.get("replay")
+    if done:
+        return f'<br><small id="replay">{escape(printable(replay_line(done)))}</small>'
+    why = rep.not_run.get("L205") or rep.unfulfilled.get("L205")
+    return f'<br><small id="replay">not replayed: {escape(printable(why))}</small>' if why else ""
 
 
 def check_status(rep: Report) -> pl.DataFrame:
