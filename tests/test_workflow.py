@@ -489,8 +489,9 @@ def test_watch_from_a_framework_dump(tmp_path):
     lines = res.stdout.strip().splitlines()
     assert [x.split(":")[0] for x in lines] == ["step-0.jsonl", "step-1.jsonl"], res.output
     assert lines[0].startswith("step-0.jsonl: ok: 0 errors, 0 warnings")
-    assert lines[1].startswith("step-1.jsonl: ok: 0 errors, 1 warning")  # the EOS placeholder log-prob
-    assert res.exit_code == 0
+    # the appended EOS is trained although the engine never sampled it (SkyRL#758): M101
+    assert lines[1].startswith("step-1.jsonl: FAIL: 1 error (M101)"), lines[1]
+    assert res.exit_code == 1
 
 
 def test_watch_of_a_flat_log_audits_trajectory_files_and_names_the_update_files(tmp_path):
