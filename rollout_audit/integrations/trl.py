@@ -8,6 +8,7 @@ write the contract log with `RolloutWriter`.
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,9 +21,11 @@ import torch
 from trl import GRPOTrainer
 
 from ..adapters.trl import (
+    TRAINER_LOGPROBS,
     TRL_LACKS,
     _np,
     advantage_estimator,
+    recomputes_logprobs,
     records_from_batch,
     trainer_policy,
     update_from_step,
@@ -42,6 +45,7 @@ __all__ = [
     "AuditedGRPOTrainer",
     "advantage_estimator",
     "records_from_batch",
+    "recomputes_logprobs",
     "trainer_policy",
     "update_from_step",
 ]
@@ -100,6 +104,10 @@ class AuditedGRPOTrainer(GRPOTrainer):
         else:
             self.audit.config = self.audit.config.model_copy(update={"truncation": truncation})
             warnings.warn(f"rollout-audit: auditing under the policy TRL follows: {why}", stacklevel=2)
+        recomputed = recomputes_logprobs(self.args, bool(getattr(self, "use_vllm", False)))
+        if recomputed and "compare_logprobs" not in self.audit.config.model_fields_set:
+            # L207 compares the engine's log-probs with the trainer's recomputation, no replayer needed
+            self.audit.config = self.audit.config.model_copy(update={"compare_logprobs": TRAINER_LOGPROBS})
         self._write_policy()
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # type: ignore[override]
@@ -246,10 +254,12 @@ class AuditedGRPOTrainer(GRPOTrainer):
         path.write_text(
             "# the policy the trainer's GRPOConfig follows, written by AuditedGRPOTrainer\n"
             f'[tool.rollout-audit]\ntruncation = "{c.truncation}"\ngrpo_epsilon = {c.grpo_epsilon!r}\n'
+            + (f"compare_logprobs = {json.dumps(c.compare_logprobs)}\n" if c.compare_logprobs else "")
         )
 
     def _write(self, table: pa.Table, kind: str, name: str) -> None:
         if self.audit.log_dir is None or not self.accelerator.is_main_process:
             return
-        with RolloutWriter(Path(self.audit.log_dir) / kind / name, kind, validate=False) as w:
+        extra = (TRAINER_LOGPROBS,) if kind == "trajectories" else ()
+        with RolloutWriter(Path(self.audit.log_dir) / kind / name, kind, validate=False, logprob_columns=extra) as w:
             w.write(table)
