@@ -25,8 +25,12 @@ READS = {
     "verifiers.v1.trace.Reward": {"score", "weight"},
     "verifiers.v1.trace.ModelCall": {"node", "sampling", "finish_reason", "error"},
     "verifiers.v1.types.SamplingConfig": {"temperature", "top_p"},
-    "verifiers.v1.graph.MessageNode": {"parent", "message", "sampled", "token_ids", "mask", "logprobs"},
+    "verifiers.v1.graph.MessageNode": {"parent", "message", "sampled", "token_ids", "mask", "logprobs", "trainer_logprobs"},
 }
+# A trainer's recomputation of the sampled tokens' log-probs (`MessageNode.trainer_logprobs`, verifiers
+# 0.4.0 graph.py:146, the compact layout of `logprobs`), carried as a second per-token log-prob column
+# that L207 compares with the engine's (`compare_logprobs`)
+TRAINER_LOGPROBS = "trainer_logprobs"
 # Trace.stop_condition -> (flag, stop_reason), every value verifiers sets (a60a606 and 0.4.0):
 # Trace.is_truncated's limits (trace.py:621-632 in 0.4.0; session.py RolloutLimits; RLM harness),
 # a60a606's context_length (interception/server.py: an overlong prompt, "a clean truncation"),
@@ -143,6 +147,24 @@ def _segment(trace: Mapping[str, Any], path: list[int], where: str, context: Map
     return seg
 
 
+def _trainer_logprobs(trace: Mapping[str, Any], path: list[int], where: str) -> list[float | None] | None:
+    """The branch's `trainer_logprobs` aligned to its tokens (null off the sampled span), None when no
+    node of the branch carries them."""
+    nodes = trace["nodes"]
+    if all(nodes[nid].get(TRAINER_LOGPROBS) is None for nid in path):
+        return None
+    out: list[float | None] = []
+    for nid in path:
+        node, at = nodes[nid], f"{where} node {nid}"
+        mask = flags(need(node, "mask", at), "mask", at)
+        values = node.get(TRAINER_LOGPROBS)
+        if values is not None and (not isinstance(values, list) or len(values) != sum(mask)):
+            raise AdapterError(f"{at}: {TRAINER_LOGPROBS}: expected one per masked token ({sum(mask)})")
+        vals = iter(values or [])
+        out += [(number(next(vals), TRAINER_LOGPROBS, at) if values is not None else None) if m else None for m in mask]
+    return out
+
+
 def trajectories(trace: Mapping[str, Any], n: int, context: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Contract records of one v1 trace: one per branch."""
     tid = str(trace.get("id") or f"trace-{n}")
@@ -159,6 +181,7 @@ def trajectories(trace: Mapping[str, Any], n: int, context: Mapping[str, Any]) -
             **_segment(trace, path, f"trace {tid}", context).columns(),
             **stop,
             "reward": reward,
+            **({TRAINER_LOGPROBS: lps} if (lps := _trainer_logprobs(trace, path, f"trace {tid}")) is not None else {}),
         }
         for j, path in enumerate(paths)
     ]
