@@ -97,7 +97,10 @@ def trainer_policy(context: Mapping[str, Any]) -> tuple[str, str]:
             raise AdapterError(f"context 'truncation': {truncation!r}, but {name} follows {known!r}")
         return f"{said}: truncation = {known!r} (--context trainer={name})", known
     if truncation is not None:
-        return f"the trainer's truncation policy as given: truncation = {truncation!r} (--context truncation)", truncation
+        return (
+            f"the trainer's truncation policy as given: truncation = {truncation!r} (--context truncation)",
+            truncation,
+        )
     return (
         "an OpenAI-compatible server does not know the trainer: no truncation policy assumed, the configuration's "
         "applies (pass --context trainer=NAME or --context truncation=exclude|penalize|bootstrap)",

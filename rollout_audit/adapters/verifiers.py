@@ -67,6 +67,7 @@ def trainer_policy(context: Mapping[str, Any]) -> tuple[str, str] | None:
     said, truncation = TRAINERS[name]
     return f"{said}: truncation = {truncation!r} (--context trainer={name})", truncation
 
+
 CONTEXT_LACKS = (
     "the engine's own prompt ids are not recorded (a legacy step's response without vLLM prompt_token_ids; "
     "a v1 Trace keeps the tokens on its nodes, not the engine's context per call)"

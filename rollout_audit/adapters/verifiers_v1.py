@@ -25,7 +25,15 @@ READS = {
     "verifiers.v1.trace.Reward": {"score", "weight"},
     "verifiers.v1.trace.ModelCall": {"node", "sampling", "finish_reason", "error"},
     "verifiers.v1.types.SamplingConfig": {"temperature", "top_p"},
-    "verifiers.v1.graph.MessageNode": {"parent", "message", "sampled", "token_ids", "mask", "logprobs", "trainer_logprobs"},
+    "verifiers.v1.graph.MessageNode": {
+        "parent",
+        "message",
+        "sampled",
+        "token_ids",
+        "mask",
+        "logprobs",
+        "trainer_logprobs",
+    },
 }
 # A trainer's recomputation of the sampled tokens' log-probs (`MessageNode.trainer_logprobs`, verifiers
 # 0.4.0 graph.py:146, the compact layout of `logprobs`), carried as a second per-token log-prob column
