@@ -282,3 +282,24 @@ def test_trainer_logprobs_on_real_nodes_feed_l207(tmp_path: Path) -> None:
     l207 = [f for f in biased["findings"] if f["code"] == "L207"]
     assert len(l207) == 2 and {f["severity"] for f in l207} == {"warning"}, biased["findings"]
     assert all("π_trainer_logprobs/π_beh" in f["message"] for f in l207)
+
+
+def test_a60a606_error_stops_are_told_apart_by_the_recorded_exception_class() -> None:
+    """At a60a606 every failure stops with the plain "error" (trace.py:585-600) and the class name of
+    the exception goes to `Trace.errors`: a provider's failure is the engine's, a toolset's the tool's,
+    any other the environment's, as 0.4.0's typed conditions said."""
+    from rollout_audit.adapters.verifiers import to_contract
+
+    base = records("verifiers", "v1_compliant")[0]
+    got = {}
+    for kind in ("ProviderError", "OverlongPromptError", "ToolsetError", "RuntimeError"):
+        tr = {**base, "id": kind, "stop_condition": "error", "ok": False, "rewards": {}}
+        tr["errors"] = [{"type": kind, "message": "failed", "status_code": None, "traceback": None}]
+        row = to_contract([tr]).to_pylist()[0]
+        got[kind] = (row["infra_error"], row["stop_reason"])
+    assert got == {
+        "ProviderError": (True, "engine_error"),
+        "OverlongPromptError": (True, "engine_error"),
+        "ToolsetError": (True, "tool_error"),
+        "RuntimeError": (True, "env_error"),
+    }

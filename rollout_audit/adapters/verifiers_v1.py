@@ -20,7 +20,8 @@ ROLE_SOURCE = {"system": 0, "user": 1, "tool": 3, "assistant": 1}
 # What this adapter reads from verifiers' own classes (verifiers 0.4.0, also at a60a606);
 # tests/test_framework_drift.py fails, naming the field, when one of them disappears.
 READS = {
-    "verifiers.v1.trace.Trace": {"id", "task", "nodes", "calls", "rewards", "stop_condition", "is_timeout"},
+    "verifiers.v1.trace.Trace": {"id", "task", "nodes", "calls", "rewards", "stop_condition", "is_timeout", "errors"},
+    "verifiers.v1.trace.Error": {"type"},
     "verifiers.v1.trace.TraceTask": {"key", "hash"},
     "verifiers.v1.trace.Reward": {"score", "weight"},
     "verifiers.v1.trace.ModelCall": {"node", "sampling", "finish_reason", "error"},
@@ -59,6 +60,13 @@ STOP = {
 # `<boundary>_error` (errors.py stop_condition: ProviderError -> provider_error, ...) -> stop_reason;
 # any other boundary is the environment's side
 ERROR_REASON = {"provider_error": "engine_error", "toolset_error": "tool_error"}
+# a60a606 stops every failure with the plain "error" (trace.py:585-600) and keeps the exception's class
+# name in `Trace.errors[-1].type` (errors.py:34-81): the same boundaries, told by the class
+ERROR_TYPE = {
+    "ProviderError": "provider_error",
+    "OverlongPromptError": "provider_error",
+    "ToolsetError": "toolset_error",
+}
 
 
 def _paths(nodes: Sequence[Mapping[str, Any]]) -> list[list[int]]:
@@ -108,7 +116,11 @@ def _stop(trace: Mapping[str, Any]) -> dict[str, Any]:
     """The stop flags and stop_reason of a trace (see `stop_of`)."""
     calls = [c for c in trace.get("calls") or [] if isinstance(c, Mapping) and c.get("error") is None]
     last = calls[-1].get("finish_reason") if calls else None
-    return stop_columns(*stop_of(trace.get("stop_condition"), bool(trace.get("is_timeout")), last))
+    cond = trace.get("stop_condition")
+    errors = trace.get("errors")
+    if cond == "error" and isinstance(errors, list) and errors and isinstance(errors[-1], Mapping):
+        cond = ERROR_TYPE.get(str(errors[-1].get("type")), cond)
+    return stop_columns(*stop_of(cond, bool(trace.get("is_timeout")), last))
 
 
 def _reward(trace: Mapping[str, Any]) -> float | None:
