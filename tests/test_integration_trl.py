@@ -446,6 +446,10 @@ def _nucleus_rollout(top_p: float):
         for p in prompts:
             ids = tok.encode(tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False),
                              add_special_tokens=False)  # fmt: skip
+            # eval mode, as TRL's own generation: with gradient checkpointing a training-mode generate
+            # drops its KV cache and samples every token after the first without its context
+            was_training = model.training
+            model.eval()
             with torch.no_grad():
                 gen = model.generate(
                     torch.tensor([ids]),
@@ -460,6 +464,7 @@ def _nucleus_rollout(top_p: float):
                     eos_token_id=tok.eos_token_id,
                     pad_token_id=tok.pad_token_id,
                 )
+            model.train(was_training)
             new = gen.sequences[0, len(ids) :].tolist()
             out["prompt_ids"].append(ids)
             out["completion_ids"].append(new)
