@@ -46,10 +46,8 @@ class RolloutWriter:
         compression: str = "zstd",
         tokenizer: Mapping | None = None,
         reward_components: Mapping[str, str] | None = None,
-        logprob_columns: tuple[str, ...] = (),
     ) -> None:
-        """`logprob_columns`: per-token log-prob columns kept beside the contract's (list<float32>, e.g. a
-        trainer's recomputation that `compare_logprobs` names for L207). `tokenizer`, when given, is declared in the file metadata `rollout_log.tokenizer` so that
+        """`tokenizer`, when given, is declared in the file metadata `rollout_log.tokenizer` so that
         `rollout-audit show` can decode the ids: {"name": str, "vocabulary": [text of each id]}, either key optional."""
         if kind not in ("trajectories", "updates"):
             raise InputError(f"kind must be 'trajectories' or 'updates', not {kind!r}")
@@ -67,7 +65,6 @@ class RolloutWriter:
         self._tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex[:8]}.tmp")
         self._writer: pq.ParquetWriter | None = None
         self._schema: pa.Schema | None = None
-        self._extra = tuple(c for c in logprob_columns if c not in {x.name for x in S.columns(kind)})
         self.rows_written = 0
 
     def __enter__(self) -> RolloutWriter:
@@ -129,12 +126,7 @@ class RolloutWriter:
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
                 raise InputError(f"{self.path}: record refused: {one_line(e)}") from None
         if self._schema is None:
-            extra = [c for c in self._extra if c in records.column_names]
-            kept = pa.schema([f for f in records.schema if f.name not in extra], metadata=records.schema.metadata)
-            base = canonical_schema(kept, self.kind)
-            self._schema = pa.schema(
-                [*base, *(pa.field(c, pa.list_(pa.float32())) for c in extra)], metadata=base.metadata
-            )
+            self._schema = canonical_schema(records.schema, self.kind)
         try:
             return records.select(self._schema.names).cast(self._schema)
         except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:

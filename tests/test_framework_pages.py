@@ -23,7 +23,7 @@ from rollout_audit.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "docs" / "frameworks").glob("*.md"))
-HOOKS = ("## Sampler-side hook", "## Trainer-side hook")
+HOOKS = ("## Sampler-side hook", "## Trainer-side hook")  # either may go on: "## Trainer-side hook: what ..."
 # pages still in their former layout, converted by the engineers who own them: xfail(strict=False)
 # until then, so that the lead can drop a name from this set once its page has landed
 NOT_YET_CONVERTED = {"rllm", "skyrl", "slime", "verl"}
@@ -92,8 +92,9 @@ def _clean(args: list[str]) -> tuple[bool, str]:
 @pytest.mark.parametrize("name", NAMES_OF_PAGES)
 def test_page_documents_a_sampler_side_and_a_trainer_side_hook(name: str) -> None:
     text = (ROOT / "docs" / "frameworks" / f"{name}.md").read_text()
-    heads = set(re.findall(r"^## .*$", text, flags=re.M))
-    assert set(HOOKS) <= heads, f"{name}.md lacks {sorted(set(HOOKS) - heads)}"
+    heads = re.findall(r"^## .*$", text, flags=re.M)
+    lacking = [h for h in HOOKS if not any(x == h or x.startswith(h + ":") for x in heads)]
+    assert not lacking, f"{name}.md lacks {lacking} (a heading may go on after a colon); has {heads}"
 
 
 @pytest.mark.parametrize("name", NAMES_OF_PAGES)

@@ -20,6 +20,7 @@ import pyarrow as pa
 import torch
 from trl import GRPOTrainer
 
+from ..adapters.convert import write_table
 from ..adapters.trl import (
     TRAINER_LOGPROBS,
     TRL_LACKS,
@@ -35,7 +36,6 @@ from ..contract.config import Config
 from ..contract.errors import AuditFailed
 from ..reading.records import records_to_table
 from ..reporting.report import Report
-from ..writer import RolloutWriter
 
 Policy = Literal["warn", "raise", "skip"]
 __all__ = [
@@ -260,6 +260,5 @@ class AuditedGRPOTrainer(GRPOTrainer):
     def _write(self, table: pa.Table, kind: str, name: str) -> None:
         if self.audit.log_dir is None or not self.accelerator.is_main_process:
             return
-        extra = (TRAINER_LOGPROBS,) if kind == "trajectories" else ()
-        with RolloutWriter(Path(self.audit.log_dir) / kind / name, kind, validate=False, logprob_columns=extra) as w:
-            w.write(table)
+        # the contract columns through RolloutWriter, then old_per_token_logps as they are (L207 reads them)
+        write_table(Path(self.audit.log_dir) / kind / name, table, kind, validate=False)
