@@ -186,3 +186,21 @@ def test_a_context_that_does_not_extend_the_session_is_m108_counted_once(model_d
     assert res.exit_code == 0, res.output
     stats = json.loads(res.stdout)
     assert stats["stop_reasons"] == dict(stops) and stats["split_episodes"] == sessions
+
+
+def test_the_trainers_truncation_policy_is_context_never_assumed() -> None:
+    """A server knows nothing of the trainer: without context no policy is stated (the configuration's
+    applies); `--context trainer=prime-rl` or `--context truncation=...` states it, a contradiction or
+    an unknown value is exit 2 on one line."""
+    recs = list(read_dump(fixture("openai", "compliant")))
+    assert b"rollout_audit.policy" not in (adapter.to_contract(recs).schema.metadata or {})
+    said = json.loads(adapter.to_contract(recs, trainer="prime-rl").schema.metadata[b"rollout_audit.policy"])
+    assert said["settings"] == {"truncation": "penalize"} and "prime-rl" in said["said"]
+    said = json.loads(adapter.to_contract(recs, truncation="exclude").schema.metadata[b"rollout_audit.policy"])
+    assert said["settings"] == {"truncation": "exclude"}
+    src = fixture("openai", "compliant")
+    for kv, says in (("truncation=drop", "'drop'"), ("trainer=verl", "unknown trainer")):
+        res = cli("check", "--from", "openai", src, "--context", kv)
+        assert res.exit_code == 2 and says in res.stderr.strip(), res.stderr
+    res = cli("check", "--from", "openai", src, "--context", "trainer=prime-rl", "--context", "truncation=exclude")
+    assert res.exit_code == 2 and "prime-rl follows 'penalize'" in res.stderr

@@ -231,3 +231,75 @@ def test_a_real_rollout_on_loopback_dumped_and_audited(tmp_path: Path, monkeypat
     row = to_contract([trace.to_record()]).to_pylist()[0]
     assert row["truncated"] == trace.is_truncated
     assert [t["temperature"] for t in row["turns"]] == [1.0] * len(sampled)
+
+
+# ---------------------------------------------------------------- the trainer's half: prime-rl's policy, trainer log-probs
+
+PRIME_RL = [*CONTEXT, "trainer=prime-rl"]
+
+
+def test_prime_rl_trains_scored_truncations_so_they_audit_clean_under_its_policy() -> None:
+    """prime-rl credits every error-free trace from its reward, truncated or not: the group prime-rl
+    trained (two truncations scored 0.0, node advantages stamped) is T304 ×2 without the trainer,
+    clean with `--context trainer=prime-rl`, and the report says which policy came from where."""
+    src = fixture("verifiers", "compliant_prime_rl")
+    assert {f["code"] for f in report([src], "verifiers", CONTEXT)["findings"]} == {"T304"}
+    rep = report([src], "verifiers", PRIME_RL)
+    assert rep["findings"] == [], rep["findings"]
+    res = cli("check", "--from", "verifiers", src, *[a for kv in PRIME_RL for a in ("--context", kv)])
+    assert res.exit_code == 0 and "prime-rl trains every error-free trace" in res.stderr, res.stderr
+    assert 'from the trainer\'s policy: truncation = "penalize"' in res.output
+
+
+def test_an_unknown_trainer_is_exit_2_naming_the_known_ones() -> None:
+    res = cli("check", "--from", "verifiers", fixture("verifiers", "v1_compliant"), "--context", "trainer=verl")
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and "unknown trainer 'verl'" in lines[0] and "prime-rl" in lines[0]
+
+
+def test_trainer_logprobs_on_real_nodes_feed_l207(tmp_path: Path) -> None:
+    """`MessageNode.trainer_logprobs` (verifiers 0.4.0) become the second log-prob column L207 compares:
+    silent when the trainer reproduces the engine's log-probs, a warning on the turn whose ratio is far
+    from 1 (a top-p 0.3 sampler against a full-vocabulary trainer: each token off by about ln 0.3)."""
+    pytest.importorskip("verifiers.v1")
+    from verifiers.v1 import graph, trace, types
+
+    def dump(shift: float) -> Path:
+        traces = [_trace(trace, graph, types, n, float(n % 2)) for n in range(2)]
+        for tr in traces:
+            tr.ok = True
+            tr.stop("agent_completed")
+            for node in tr.nodes:
+                if node.sampled:
+                    node.trainer_logprobs = [lp + shift for lp in node.logprobs]
+        path = tmp_path / f"traces-{shift}.jsonl"
+        path.write_text("".join(json.dumps(t.to_record()) + "\n" for t in traces))
+        return path
+
+    same = report([dump(0.0)], "verifiers", CONTEXT)
+    assert same["findings"] == [] and "L207" not in {n["code"] for n in same["not_run"]}
+    biased = report([dump(-1.2)], "verifiers", CONTEXT)
+    l207 = [f for f in biased["findings"] if f["code"] == "L207"]
+    assert len(l207) == 2 and {f["severity"] for f in l207} == {"warning"}, biased["findings"]
+    assert all("π_trainer_logprobs/π_beh" in f["message"] for f in l207)
+
+
+def test_a60a606_error_stops_are_told_apart_by_the_recorded_exception_class() -> None:
+    """At a60a606 every failure stops with the plain "error" (trace.py:585-600) and the class name of
+    the exception goes to `Trace.errors`: a provider's failure is the engine's, a toolset's the tool's,
+    any other the environment's, as 0.4.0's typed conditions said."""
+    from rollout_audit.adapters.verifiers import to_contract
+
+    base = records("verifiers", "v1_compliant")[0]
+    got = {}
+    for kind in ("ProviderError", "OverlongPromptError", "ToolsetError", "RuntimeError"):
+        tr = {**base, "id": kind, "stop_condition": "error", "ok": False, "rewards": {}}
+        tr["errors"] = [{"type": kind, "message": "failed", "status_code": None, "traceback": None}]
+        row = to_contract([tr]).to_pylist()[0]
+        got[kind] = (row["infra_error"], row["stop_reason"])
+    assert got == {
+        "ProviderError": (True, "engine_error"),
+        "OverlongPromptError": (True, "engine_error"),
+        "ToolsetError": (True, "tool_error"),
+        "RuntimeError": (True, "env_error"),
+    }

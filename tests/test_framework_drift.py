@@ -120,3 +120,37 @@ def test_verl_trainer_side_fields_exist():
     assert [k for k in keys if f'"{k}"' not in written] == []
     names = {e.value for e in core_algos.AdvantageEstimator}
     assert sorted(adapter.GROUPED - names) == []
+
+
+def test_trl_batch_keys_the_converter_reads_are_what_grpo_trainer_returns():
+    """The keys `records_from_batch` / `update_from_step` read from the dict
+    `GRPOTrainer._generate_and_score_completions` returns, and the trainer attributes the guard and
+    `recomputes_logprobs` read, are still set by the installed TRL (its own source, not a copy)."""
+    pytest.importorskip("trl")
+    import inspect
+
+    from trl import GRPOTrainer
+
+    from rollout_audit.adapters.trl import TRAINER_LOGPROBS
+
+    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch",
+            "sampling_per_token_logps", TRAINER_LOGPROBS, "tool_mask")  # fmt: skip
+    gone = [k for k in keys if f'"{k}"' not in source]
+    assert gone == [], f"GRPOTrainer._generate_and_score_completions no longer returns {gone}"
+    init = inspect.getsource(GRPOTrainer.__init__)
+    attrs = ("use_vllm", "vllm_importance_sampling_correction", "temperature", "top_p", "num_generations")
+    assert [a for a in attrs if f"self.{a} =" not in init] == []
+
+
+def test_verifiers_message_roles_the_adapter_maps_exist():
+    """`MessageNode.message.role` of every message class verifiers builds a trace from is a role the v1
+    adapter gives a provenance (ROLE_SOURCE); a new role fails naming it."""
+    pytest.importorskip("verifiers.v1")
+    from verifiers.v1 import types
+
+    from rollout_audit.adapters.verifiers_v1 import ROLE_SOURCE
+
+    classes = ("SystemMessage", "UserMessage", "AssistantMessage", "ToolMessage")
+    roles = {c: getattr(types, c).model_fields["role"].default for c in classes}
+    assert {c: r for c, r in roles.items() if r not in ROLE_SOURCE} == {}

@@ -5,6 +5,7 @@ between two assistant turns, into which one real bug per generation is injected 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -435,3 +436,95 @@ def test_show_on_the_guards_log_marks_what_check_reports(default_run):
     ids = pl.read_parquet(log / "trajectories", columns=["trajectory_id"])["trajectory_id"].to_list()
     for tid in ids[:2]:
         assert shown_codes(log, tid) == per.get(tid, set())
+
+
+# ---------------------------------------------------------------- L207 on TRL's own old_per_token_logps
+
+
+def _nucleus_rollout(top_p: float):
+    """A single-turn rollout_func sampling from the trainer's model at its temperature with a nucleus
+    of `top_p`, returning the log-probs of the distribution it sampled from (renormalised over the
+    nucleus, as vLLM's processed log-probs are): the engine's side of TRL's importance ratio."""
+
+    def rollout_func(prompts, trainer):
+        tok, model = trainer.processing_class, trainer.model
+        out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
+        for p in prompts:
+            ids = tok.encode(tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False),
+                             add_special_tokens=False)  # fmt: skip
+            # eval mode, as TRL's own generation: with gradient checkpointing a training-mode generate
+            # drops its KV cache and samples every token after the first without its context
+            was_training = model.training
+            model.eval()
+            with torch.no_grad():
+                gen = model.generate(
+                    torch.tensor([ids]),
+                    attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                    do_sample=True,
+                    temperature=trainer.temperature,
+                    top_k=0,
+                    top_p=top_p,
+                    max_new_tokens=6,
+                    output_scores=True,
+                    return_dict_in_generate=True,
+                    eos_token_id=tok.eos_token_id,
+                    pad_token_id=tok.pad_token_id,
+                )
+            model.train(was_training)
+            new = gen.sequences[0, len(ids) :].tolist()
+            out["prompt_ids"].append(ids)
+            out["completion_ids"].append(new)
+            out["logprobs"].append([torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(gen.scores, new)])
+        return out
+
+    return rollout_func
+
+
+def _nucleus_run(tmp: Path, top_p: float):
+    """steps_per_generation 2 over one accumulation step: TRL recomputes old_per_token_logps (the
+    samples may be one step stale), so the guard compares them with the engine's log-probs (L207)."""
+    audit = _settings(log_dir=tmp / "log")
+    trainer = _trainer(tmp / "out", n_prompts=4, audit=audit, rollout_func=_nucleus_rollout(top_p), top_p=top_p,
+                       steps_per_generation=2, max_steps=1)  # fmt: skip
+    return _train(trainer), tmp / "log"
+
+
+@pytest.fixture(scope="module")
+def nucleus_runs(tmp_path_factory):
+    return {p: _nucleus_run(tmp_path_factory.mktemp(f"trl_top_p_{p}"), p) for p in (0.3, 1.0)}
+
+
+def test_trainer_logprobs_travel_as_a_second_column(nucleus_runs):
+    trainer, log = nucleus_runs[0.3]
+    assert trainer.audit.config.compare_logprobs == "old_per_token_logps"
+    assert 'compare_logprobs = "old_per_token_logps"' in (log / "pyproject.toml").read_text()
+    t = pl.read_parquet(log / "trajectories")
+    for src, beh, old in t.select("token_source", "behavior_logprobs", "old_per_token_logps").iter_rows():
+        assert [s == 2 for s in src] == [x is not None for x in old] == [x is not None for x in beh]
+
+
+def test_l207_fires_on_trls_top_p_importance_sampling_bias(nucleus_runs):
+    """The engine's log-probs are over the nucleus, the trainer's over the whole tempered vocabulary:
+    every sampled token's ratio π_old/π_beh is the nucleus mass (≤ top_p + one token's share), so a
+    turn of k tokens is off by about k·ln(top_p). L207 names it in the guard and in `check` of the log."""
+    trainer, log = nucleus_runs[0.3]
+    rep = _report(trainer, "gen00000")
+    assert "L207" not in rep.not_run, rep.not_run.get("L207")
+    l207 = rep.findings.filter(pl.col("code") == "L207")
+    n = pl.read_parquet(log / "trajectories").height
+    assert l207.height == n and set(l207["severity"]) == {"warning"}, rep.render()
+    assert all("π_old_per_token_logps/π_beh" in m for m in l207["message"])
+    from adapterhelp import cli
+
+    res = cli("check", log, "--format", "json")
+    assert res.exit_code == 0, res.output  # warnings only: the log is otherwise clean
+    doc = json.loads(res.output)
+    assert {f["trajectory_id"] for f in doc["findings"] if f["code"] == "L207"} == set(
+        pl.read_parquet(log / "trajectories")["trajectory_id"]
+    )
+
+
+def test_l207_silent_when_engine_and_trainer_share_the_distribution(nucleus_runs):
+    trainer, _ = nucleus_runs[1.0]
+    rep = _report(trainer, "gen00000")
+    assert "L207" not in rep.not_run and "L207" not in rep.codes(), rep.render()

@@ -98,3 +98,16 @@ def test_update_denominators_as_trl_divides(loss_type, reduction, denom, scale):
     )
     assert (rec["reduction"], rec["loss_denominator"], rec["denominator_scale"]) == (reduction, denom, scale)
     assert rec["advantages"] == [0.5, -0.5]
+
+
+def test_trainer_logprobs_are_a_second_column_on_policy_tokens_only():
+    old = torch.tensor([[-0.5, -0.6, 0.0, 0.0, -0.7, -0.8], [-2.0] * 6])
+    table = records_from_batch(batch(old_per_token_logps=old), tokenizer=TOK, policy_version=0, batch_id="b")
+    r0 = rows(table)[0]
+    assert table.column_names[-1] == "old_per_token_logps"
+    assert r0["old_per_token_logps"][:2] == [None, None] and r0["old_per_token_logps"][4:6] == [None, None]
+    assert r0["old_per_token_logps"][2] == pytest.approx(-0.5) and r0["old_per_token_logps"][7] == pytest.approx(-0.8)
+    assert (
+        "old_per_token_logps"
+        not in records_from_batch(batch(), tokenizer=TOK, policy_version=0, batch_id="b").column_names
+    )

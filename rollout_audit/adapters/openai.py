@@ -18,7 +18,18 @@ from typing import Any
 import pyarrow as pa
 
 from ..contract import schema as S
-from .base import AdapterError, at_record, context_values, contract_table, mapping, need, origin, short, wholes
+from .base import (
+    AdapterError,
+    at_record,
+    context_values,
+    contract_table,
+    mapping,
+    need,
+    origin,
+    short,
+    wholes,
+    with_policy,
+)
 from .steps import (
     Call,
     engine_context,
@@ -63,6 +74,38 @@ LACKS = {
 END_FIELDS = ("reward", "policy_version", "stop_reason", "task_id", "group_id")
 # what a session's `end` record says, also accepted as context for every session (base.CONTEXT besides)
 CONTEXT = {"reward": float, "policy_version": int, "stop_reason": str, "task_id": str, "group_id": str}
+# the trainer the sessions feed, as context: a server knows nothing of what trains on its answers
+CONTEXT |= {"trainer": str, "truncation": str}
+TRUNCATIONS = ("exclude", "penalize", "bootstrap")
+
+
+def trainer_policy(context: Mapping[str, Any]) -> tuple[str, str]:
+    """(said, truncation): the truncation policy of the trainer the sessions feed, from `--context
+    truncation=...` or a known `--context trainer=...` (verifiers' TRAINERS); without either the
+    route assumes none ("" for truncation): the configuration's `truncation` applies (the project
+    default `exclude`: a truncated episode carries no reward)."""
+    from .verifiers import TRAINERS
+
+    truncation, name = context.get("truncation"), context.get("trainer")
+    if truncation is not None and truncation not in TRUNCATIONS:
+        raise AdapterError(f"context 'truncation': {truncation!r} is not one of {', '.join(TRUNCATIONS)}")
+    if name is not None and name not in TRAINERS:
+        raise AdapterError(f"context 'trainer': unknown trainer {name!r}; known: {', '.join(TRAINERS)}")
+    if name is not None:
+        said, known = TRAINERS[name]
+        if truncation is not None and truncation != known:
+            raise AdapterError(f"context 'truncation': {truncation!r}, but {name} follows {known!r}")
+        return f"{said}: truncation = {known!r} (--context trainer={name})", known
+    if truncation is not None:
+        return (
+            f"the trainer's truncation policy as given: truncation = {truncation!r} (--context truncation)",
+            truncation,
+        )
+    return (
+        "an OpenAI-compatible server does not know the trainer: no truncation policy assumed, the configuration's "
+        "applies (pass --context trainer=NAME or --context truncation=exclude|penalize|bootstrap)",
+        "",
+    )
 
 
 def _logprobs(choice: Mapping[str, Any]) -> list[float | None] | None:
@@ -152,4 +195,6 @@ def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
         for sid, (pairs, end) in _sessions(records).items()
         for r in _episode(sid, pairs, end, context)
     ]
-    return contract_table(rows, LACKS, "openai")
+    said, truncation = trainer_policy(context)
+    table = contract_table(rows, LACKS, "openai")
+    return with_policy(table, said, truncation=truncation) if truncation else table

@@ -32,6 +32,9 @@ READS = {
         "max_completion_length",
         "temperature",
         "top_p",
+        "num_iterations",
+        "gradient_accumulation_steps",
+        "vllm_importance_sampling_correction",
     },
 }
 
@@ -78,6 +81,10 @@ TRL_LACKS.update(
     }
 )
 TRL_LACKS["turns.parsed_action"] = "TRL does not record parsed actions"
+# The trainer's own recomputation of each completion token's log-prob under the weights that sampled
+# it (`old_per_token_logps`), carried as a second per-token log-prob column beside the engine's
+# `behavior_logprobs`: L207 compares the two when the configuration names it (`compare_logprobs`).
+TRAINER_LOGPROBS = "old_per_token_logps"
 _TURN_EXTRAS = ("turn_sampled_token_ids", "turn_logprob", "turn_context_ids")
 
 
@@ -152,7 +159,9 @@ def records_from_batch(
     completion; completion tokens with tool_mask 1 are policy tokens (2), the others
     observation (3); loss_mask = completion_mask × tool_mask; behaviour log-probs from
     `sampling_per_token_logps` on policy tokens only (TRL's 0.0 placeholders elsewhere become
-    null), the column left out when the batch has none. Each run of policy tokens is an agent
+    null), the column left out when the batch has none; the trainer's `old_per_token_logps`
+    (present when TRL recomputes them: vLLM importance-sampling correction, or generation not
+    aligned with the optimizer step) the same way, as the column `old_per_token_logps`. Each run of policy tokens is an agent
     turn sampled by `policy_version`. A completion whose last id is not eos (or pad) is
     truncated (`max_tokens`); otherwise the policy ended it (`end_of_sequence`). Groups are
     TRL's: `group_size` consecutive rows. `extras` are the per-sample dicts a rollout_func's
@@ -216,11 +225,12 @@ def records_from_batch(
     cols["token_ids"] = _lists(ids, lengths, pa.int32())
     cols["token_source"] = _lists(src, lengths, pa.uint8())
     cols["loss_mask"] = _lists(lmask, lengths, pa.bool_())
-    if inputs.get("sampling_per_token_logps") is not None:
-        lp = _np(inputs["sampling_per_token_logps"]).astype(np.float32)
-        lp_full = np.concatenate([np.zeros(pid.shape, np.float32), lp], 1)[valid]
-        present = np.concatenate([np.zeros_like(pm), policy], 1)[valid]
-        cols["behavior_logprobs"] = _lists(lp_full, lengths, pa.float32(), mask=~present)
+    present = np.concatenate([np.zeros_like(pm), policy], 1)[valid]
+    for key, column in (("sampling_per_token_logps", "behavior_logprobs"), (TRAINER_LOGPROBS, TRAINER_LOGPROBS)):
+        if inputs.get(key) is not None:  # on policy tokens only: TRL's 0.0 elsewhere is no log-prob
+            lp = _np(inputs[key]).astype(np.float32)
+            lp_full = np.concatenate([np.zeros(pid.shape, np.float32), lp], 1)[valid]
+            cols[column] = _lists(lp_full, lengths, pa.float32(), mask=~present)
     cols["token_turn"] = _lists(tturn, lengths, pa.int16())
     cols["turns"] = _turns(n_turns, policy_version, temperature, top_p, extras)
     cols["terminated"] = pa.array(~truncated)
@@ -250,6 +260,17 @@ def trainer_policy(args: Any) -> tuple[str, str]:
         "truncation = 'penalize' (GRPOConfig.mask_truncated_completions=False, TRL's default: a completion cut at "
         "max_completion_length is trained with the reward it was given)"
     )
+
+
+def recomputes_logprobs(args: Any, use_vllm: bool = False) -> bool:
+    """Whether `GRPOTrainer` recomputes `old_per_token_logps` for a generation batch under this
+    `GRPOConfig` (grpo_trainer.py:2642-2645 in trl 1.16.0): when the gradient accumulation steps are not a
+    multiple of steps_per_generation × num_iterations (samples may come from earlier weights), or under
+    vLLM with its importance-sampling correction. Otherwise TRL's old log-probs are the current ones,
+    detached in the loss, and no second column exists."""
+    every = int(args.steps_per_generation) * int(args.num_iterations)
+    vllm_is = use_vllm and bool(getattr(args, "vllm_importance_sampling_correction", False))
+    return int(args.gradient_accumulation_steps) % every != 0 or vllm_is
 
 
 def _engine_turns(
@@ -311,6 +332,7 @@ def _table(cols: dict[str, pa.Array]) -> pa.Table:
         S.META_NOT_RECORDED: json.dumps(lacks, sort_keys=True).encode(),
     }
     order = [c.name for c in S.columns("trajectories") if c.name in cols]
+    order += [TRAINER_LOGPROBS] if TRAINER_LOGPROBS in cols else []
     return pa.table({k: cols[k] for k in order}).replace_schema_metadata(meta)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from . import verifiers_v1 as v1
-from .base import AdapterError, at_record, context_values, contract_table, need, objects, origin
+from .base import AdapterError, at_record, context_values, contract_table, need, objects, origin, with_policy
 from .steps import (
     Call,
     engine_context,
@@ -38,8 +38,35 @@ STOP = {
     "no_tools_called": ("terminated", "end_of_sequence"),
 }
 
-# verifiers' own keyword context: the weight version that sampled the rollouts (it records none)
-OWN_CONTEXT: dict[str, type] = {"policy_version": int}
+# verifiers' own keyword context: the weight version that sampled the rollouts (it records none), and
+# the trainer the rollouts feed, whose truncation policy the audit then follows (a trace does not say)
+OWN_CONTEXT: dict[str, type] = {"policy_version": int, "trainer": str}
+
+# trainer -> (what it does with a truncated trace, the audit's truncation policy), read at prime-rl
+# 559b447: `iter_trainable_traces` (orchestrator/algo/base.py:35-42) drops only errored traces and
+# untrainable agents, and every algorithm scores the rest from `Trace.reward` (algo/grpo.py:25-45,
+# max_rl.py:22-28, rae.py, hierarchical_grpo.py): a truncated trace is trained with its score.
+TRAINERS = {
+    "prime-rl": (
+        "prime-rl trains every error-free trace of a trainable agent with its reward, truncated or not "
+        "(orchestrator/algo/base.py:35-42 drops only has_error and untrainable traces; algo/grpo.py:25-45 "
+        "credits Trace.reward): a reward on a truncated trace is the trainer's choice",
+        "penalize",
+    ),
+}
+
+
+def trainer_policy(context: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(said, truncation) of the trainer named by `--context trainer=...`, None when none is named;
+    an unknown trainer is an AdapterError naming the ones known (never a guessed policy)."""
+    name = context.get("trainer")
+    if name is None:
+        return None
+    if name not in TRAINERS:
+        raise AdapterError(f"context 'trainer': unknown trainer {name!r}; known: {', '.join(TRAINERS)}")
+    said, truncation = TRAINERS[name]
+    return f"{said}: truncation = {truncation!r} (--context trainer={name})", truncation
+
 
 CONTEXT_LACKS = (
     "the engine's own prompt ids are not recorded (a legacy step's response without vLLM prompt_token_ids; "
@@ -154,9 +181,21 @@ def _trajectories(rollout: Mapping[str, Any], n: int, context: Mapping[str, Any]
 def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     """Contract trajectories from verifiers `RolloutOutput` records with a `trajectory`, or v1 `Trace` records."""
     context = context_values(context, allowed=OWN_CONTEXT)
-    rows: list[Mapping[str, Any]] = [
+    rows: list[dict[str, Any]] = [
         {**r, **origin(ro)}
         for n, ro in enumerate(records)
         for r in at_record(ro, v1.trajectories if "nodes" in ro else _trajectories, ro, n, context)
     ]
-    return contract_table(rows, LACKS, "verifiers")
+    second = [r.pop(v1.TRAINER_LOGPROBS, None) for r in rows]
+    table = contract_table(rows, LACKS, "verifiers")
+    settings: dict[str, Any] = {}
+    said = []
+    if any(x is not None for x in second):  # L207: the engine's log-probs against the trainer's
+        table = table.append_column(v1.TRAINER_LOGPROBS, pa.array(second, pa.list_(pa.float32())))
+        settings["compare_logprobs"] = v1.TRAINER_LOGPROBS
+        said.append("the trace's trainer_logprobs are compared with its engine log-probs (compare_logprobs)")
+    policy = trainer_policy(context)
+    if policy is not None:
+        said.insert(0, policy[0])
+        settings["truncation"] = policy[1]
+    return with_policy(table, "; ".join(said), **settings) if settings else table

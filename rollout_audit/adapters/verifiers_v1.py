@@ -20,13 +20,26 @@ ROLE_SOURCE = {"system": 0, "user": 1, "tool": 3, "assistant": 1}
 # What this adapter reads from verifiers' own classes (verifiers 0.4.0, also at a60a606);
 # tests/test_framework_drift.py fails, naming the field, when one of them disappears.
 READS = {
-    "verifiers.v1.trace.Trace": {"id", "task", "nodes", "calls", "rewards", "stop_condition", "is_timeout"},
+    "verifiers.v1.trace.Trace": {"id", "task", "nodes", "calls", "rewards", "stop_condition", "is_timeout", "errors"},
+    "verifiers.v1.trace.Error": {"type"},
     "verifiers.v1.trace.TraceTask": {"key", "hash"},
     "verifiers.v1.trace.Reward": {"score", "weight"},
     "verifiers.v1.trace.ModelCall": {"node", "sampling", "finish_reason", "error"},
     "verifiers.v1.types.SamplingConfig": {"temperature", "top_p"},
-    "verifiers.v1.graph.MessageNode": {"parent", "message", "sampled", "token_ids", "mask", "logprobs"},
+    "verifiers.v1.graph.MessageNode": {
+        "parent",
+        "message",
+        "sampled",
+        "token_ids",
+        "mask",
+        "logprobs",
+        "trainer_logprobs",
+    },
 }
+# A trainer's recomputation of the sampled tokens' log-probs (`MessageNode.trainer_logprobs`, verifiers
+# 0.4.0 graph.py:146, the compact layout of `logprobs`), carried as a second per-token log-prob column
+# that L207 compares with the engine's (`compare_logprobs`)
+TRAINER_LOGPROBS = "trainer_logprobs"
 # Trace.stop_condition -> (flag, stop_reason), every value verifiers sets (a60a606 and 0.4.0):
 # Trace.is_truncated's limits (trace.py:621-632 in 0.4.0; session.py RolloutLimits; RLM harness),
 # a60a606's context_length (interception/server.py: an overlong prompt, "a clean truncation"),
@@ -47,6 +60,13 @@ STOP = {
 # `<boundary>_error` (errors.py stop_condition: ProviderError -> provider_error, ...) -> stop_reason;
 # any other boundary is the environment's side
 ERROR_REASON = {"provider_error": "engine_error", "toolset_error": "tool_error"}
+# a60a606 stops every failure with the plain "error" (trace.py:585-600) and keeps the exception's class
+# name in `Trace.errors[-1].type` (errors.py:34-81): the same boundaries, told by the class
+ERROR_TYPE = {
+    "ProviderError": "provider_error",
+    "OverlongPromptError": "provider_error",
+    "ToolsetError": "toolset_error",
+}
 
 
 def _paths(nodes: Sequence[Mapping[str, Any]]) -> list[list[int]]:
@@ -96,7 +116,11 @@ def _stop(trace: Mapping[str, Any]) -> dict[str, Any]:
     """The stop flags and stop_reason of a trace (see `stop_of`)."""
     calls = [c for c in trace.get("calls") or [] if isinstance(c, Mapping) and c.get("error") is None]
     last = calls[-1].get("finish_reason") if calls else None
-    return stop_columns(*stop_of(trace.get("stop_condition"), bool(trace.get("is_timeout")), last))
+    cond = trace.get("stop_condition")
+    errors = trace.get("errors")
+    if cond == "error" and isinstance(errors, list) and errors and isinstance(errors[-1], Mapping):
+        cond = ERROR_TYPE.get(str(errors[-1].get("type")), cond)
+    return stop_columns(*stop_of(cond, bool(trace.get("is_timeout")), last))
 
 
 def _reward(trace: Mapping[str, Any]) -> float | None:
@@ -143,6 +167,24 @@ def _segment(trace: Mapping[str, Any], path: list[int], where: str, context: Map
     return seg
 
 
+def _trainer_logprobs(trace: Mapping[str, Any], path: list[int], where: str) -> list[float | None] | None:
+    """The branch's `trainer_logprobs` aligned to its tokens (null off the sampled span), None when no
+    node of the branch carries them."""
+    nodes = trace["nodes"]
+    if all(nodes[nid].get(TRAINER_LOGPROBS) is None for nid in path):
+        return None
+    out: list[float | None] = []
+    for nid in path:
+        node, at = nodes[nid], f"{where} node {nid}"
+        mask = flags(need(node, "mask", at), "mask", at)
+        values = node.get(TRAINER_LOGPROBS)
+        if values is not None and (not isinstance(values, list) or len(values) != sum(mask)):
+            raise AdapterError(f"{at}: {TRAINER_LOGPROBS}: expected one per masked token ({sum(mask)})")
+        vals = iter(values or [])
+        out += [(number(next(vals), TRAINER_LOGPROBS, at) if values is not None else None) if m else None for m in mask]
+    return out
+
+
 def trajectories(trace: Mapping[str, Any], n: int, context: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Contract records of one v1 trace: one per branch."""
     tid = str(trace.get("id") or f"trace-{n}")
@@ -159,6 +201,7 @@ def trajectories(trace: Mapping[str, Any], n: int, context: Mapping[str, Any]) -
             **_segment(trace, path, f"trace {tid}", context).columns(),
             **stop,
             "reward": reward,
+            **({TRAINER_LOGPROBS: lps} if (lps := _trainer_logprobs(trace, path, f"trace {tid}")) is not None else {}),
         }
         for j, path in enumerate(paths)
     ]

@@ -204,7 +204,8 @@ def _other(log: LogView, cfg) -> tuple[pl.DataFrame, str]:
         if key not in log.cache:
             try:
                 n = int(cfg.replay) if cfg.replay > 0 else None
-                log.cache[key] = second_frame(log.traj, cfg.compare_logprobs, n).rename({"second": "other"})
+                frame = second_frame(log.traj, cfg.compare_logprobs, n, log.memory)
+                log.cache[key] = frame.rename({"second": "other"})
             except (NotConfigured, ValueError) as e:
                 log.cache[key] = str(e)
         if isinstance(log.cache[key], str):

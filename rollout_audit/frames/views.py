@@ -241,6 +241,9 @@ class LogView:
     stats: dict[str, Any] = field(default_factory=dict)
     cache: dict[Any, dict[str, Any]] = field(default_factory=dict)
     part: bool = False  # one partition of the log: a check's statistics may keep what its `merge` needs
+    # in-memory trajectory tables by file name (`<memory>`): what a check that reads the log's rows
+    # again (a second log-prob column, L207) reads instead of a file
+    memory: dict[str, Any] = field(default_factory=dict)
 
     @property
     def height(self) -> int:
@@ -293,6 +296,10 @@ class LogCheckView:
     @property
     def part(self) -> bool:
         return self.log.part
+
+    @property
+    def memory(self) -> dict[str, Any]:
+        return self.log.memory
 
     @property
     def cache(self) -> dict[str, Any]:

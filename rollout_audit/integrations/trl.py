@@ -8,6 +8,7 @@ write the contract log with `RolloutWriter`.
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,10 +20,13 @@ import pyarrow as pa
 import torch
 from trl import GRPOTrainer
 
+from ..adapters.convert import write_table
 from ..adapters.trl import (
+    TRAINER_LOGPROBS,
     TRL_LACKS,
     _np,
     advantage_estimator,
+    recomputes_logprobs,
     records_from_batch,
     trainer_policy,
     update_from_step,
@@ -32,7 +36,6 @@ from ..contract.config import Config
 from ..contract.errors import AuditFailed
 from ..reading.records import records_to_table
 from ..reporting.report import Report
-from ..writer import RolloutWriter
 
 Policy = Literal["warn", "raise", "skip"]
 __all__ = [
@@ -42,6 +45,7 @@ __all__ = [
     "AuditedGRPOTrainer",
     "advantage_estimator",
     "records_from_batch",
+    "recomputes_logprobs",
     "trainer_policy",
     "update_from_step",
 ]
@@ -105,6 +109,10 @@ class AuditedGRPOTrainer(GRPOTrainer):
         else:
             self.audit.config = self.audit.config.model_copy(update={"truncation": truncation})
             warnings.warn(f"rollout-audit: auditing under the policy TRL follows: {why}", stacklevel=2)
+        recomputed = recomputes_logprobs(self.args, bool(getattr(self, "use_vllm", False)))
+        if recomputed and "compare_logprobs" not in self.audit.config.model_fields_set:
+            # L207 compares the engine's log-probs with the trainer's recomputation, no replayer needed
+            self.audit.config = self.audit.config.model_copy(update={"compare_logprobs": TRAINER_LOGPROBS})
         self._write_policy()
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # type: ignore[override]
@@ -252,10 +260,11 @@ class AuditedGRPOTrainer(GRPOTrainer):
         path.write_text(
             "# the policy the trainer's GRPOConfig follows, written by AuditedGRPOTrainer\n"
             f'[tool.rollout-audit]\ntruncation = "{c.truncation}"\ngrpo_epsilon = {c.grpo_epsilon!r}\n'
+            + (f"compare_logprobs = {json.dumps(c.compare_logprobs)}\n" if c.compare_logprobs else "")
         )
 
     def _write(self, table: pa.Table, kind: str, name: str) -> None:
         if self.audit.log_dir is None or not self.accelerator.is_main_process:
             return
-        with RolloutWriter(Path(self.audit.log_dir) / kind / name, kind, validate=False) as w:
-            w.write(table)
+        # the contract columns through RolloutWriter, then old_per_token_logps as they are (L207 reads them)
+        write_table(Path(self.audit.log_dir) / kind / name, table, kind, validate=False)

@@ -3,6 +3,7 @@ tokens version by version, return one row per token with the recorded and the re
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -15,12 +16,16 @@ from .base import NotConfigured, Replayer, ReplayRequest
 from .frame import TOKEN_COLUMNS, read_rows, stratified_sample, token_frame
 
 
-def sampled_rows(traj: pl.DataFrame, n: int | None, extra: tuple[str, ...] = ()) -> pa.Table:
-    """The token columns (and `extra`) of n trajectories stratified by policy version (all when n is None)."""
+def sampled_rows(
+    traj: pl.DataFrame, n: int | None, extra: tuple[str, ...] = (), memory: Mapping[str, pa.Table] | None = None
+) -> pa.Table:
+    """The token columns (and `extra`) of n trajectories stratified by policy version (all when n is None);
+    `memory` holds the in-memory tables of the log by name, read instead of a file."""
     if "file" not in traj.columns or traj.is_empty():
         raise NotConfigured("no trajectories to replay")
     files = traj.select(pl.col("file").cast(pl.String)).unique(maintain_order=True)["file"].to_list()
-    if any(f == "<memory>" for f in files):
+    memory = memory or {}
+    if any(f == "<memory>" and f not in memory for f in files):
         raise NotConfigured("replay reads the log's files again: audit a path, not in-memory tables")
     picked = stratified_sample(traj, n) if n is not None else None
     parts = []
@@ -28,7 +33,11 @@ def sampled_rows(traj: pl.DataFrame, n: int | None, extra: tuple[str, ...] = ())
         ids = None if picked is None else picked.filter(pl.col("file") == f)["trajectory_id"].to_list()
         if ids == []:
             continue
-        t = read_rows(f, ids, TOKEN_COLUMNS + extra)
+        t = (
+            read_rows(f, ids, TOKEN_COLUMNS + extra)
+            if f not in memory
+            else _memory_rows(memory[f], ids, TOKEN_COLUMNS + extra)
+        )
         parts.append(t.append_column("file", pa.array([f] * t.num_rows, pa.string())))
     if not parts:
         raise NotConfigured("no trajectories to replay")
@@ -105,9 +114,19 @@ def with_ids(tokens: pl.DataFrame, rows: pa.Table) -> pl.DataFrame:
     return tokens.join(ids.with_columns(pl.col("_row").cast(pl.Int64)), on="_row", how="left")
 
 
-def second_frame(traj: pl.DataFrame, column: str, n: int | None) -> pl.DataFrame:
+def _memory_rows(table: pa.Table, ids: list[str] | None, columns: tuple[str, ...]) -> pa.Table:
+    """The rows of an in-memory table with the given trajectory ids (all when None), columns present only."""
+    t = table.select([c for c in columns if c in table.column_names])
+    if ids is None:
+        return t
+    return t.filter(pc.is_in(table.column("trajectory_id"), pa.array(ids, pa.string())))
+
+
+def second_frame(
+    traj: pl.DataFrame, column: str, n: int | None, memory: Mapping[str, pa.Table] | None = None
+) -> pl.DataFrame:
     """Tokens with `recorded` and the `second` log-prob column (of n sampled trajectories, or all)."""
-    rows = sampled_rows(traj, n, (column,))
+    rows = sampled_rows(traj, n, (column,), memory)
     return with_ids(token_frame(rows, column), rows)
 
 

@@ -56,7 +56,11 @@ class Work:
 
     def log_view(self, traj: pl.DataFrame) -> LogView:
         """The view log rules get: the per-trajectory summary `traj` and the update records."""
-        return LogView(traj, self.updates, self.broken, [f.path for f in self.disc.of_kind("updates")], {})
+        held = [(f.path, f.table) for f in self.disc.of_kind("trajectories") if f.table is not None]
+        memory = dict(held) if len({p for p, _ in held}) == len(held) else {}  # one table per name
+        return LogView(
+            traj, self.updates, self.broken, [f.path for f in self.disc.of_kind("updates")], {}, memory=memory
+        )
 
     def release(self) -> None:
         if self.tune:

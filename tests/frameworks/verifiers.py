@@ -146,8 +146,51 @@ def _stopped(n: int, cond: str, timeout: bool, reward: float | None) -> dict:
     return tr
 
 
+def _head(tr: dict) -> dict:
+    """A trace in the shape of verifiers at a60a606 (v1/trace.py:363-407, graph.py:64-113): no
+    `is_timeout`, `timing` and `errors` on the trace; `timestamp`, `is_content`, `advantages`,
+    `reference_logprobs`, `loss_weights` on each node."""
+    tr = {k: v for k, v in tr.items() if k not in ("is_timeout", "mm_token_type_id_map")}
+    tr["timing"] = {"start": 0.0}
+    tr["nodes"] = [
+        {
+            **n,
+            "timestamp": 0.0,
+            "is_content": [],
+            "advantages": None,
+            "reference_logprobs": None,
+            "loss_weights": None,
+        }  # fmt: skip
+        for n in tr["nodes"]
+    ]
+    return tr
+
+
+def _prime_rl_group() -> list[dict]:
+    """One group as prime-rl trains it: four traces of one task, two of them truncated (a `max_turns`
+    limit; a last answer cut by `length`) and scored 0.0 like any other, each sampled node stamped
+    with prime-rl GRPO's credit `reward - group mean` over its sampled tokens (orchestrator/algo/
+    grpo.py:25-45, routing.py:11-34)."""
+    rewards = (1.0, 1.0, 0.0, 0.0)
+    mean = sum(rewards) / len(rewards)
+    out = []
+    for n, r in enumerate(rewards):
+        tr = _head(_trace(n, r))
+        tr["id"] = f"trace-{n}"
+        if n == 2:
+            tr["stop_condition"] = "max_turns"
+        if n == 3:
+            tr["calls"][-1]["finish_reason"] = "length"
+        for node in tr["nodes"]:
+            if node["sampled"]:
+                node["advantages"] = [r - mean] * sum(node["mask"])
+        out.append(tr)
+    return out
+
+
 def cases() -> dict[str, list[dict]]:
     return {
+        "compliant_prime_rl": _prime_rl_group(),
         "v1_compliant": [_trace(0, 1.0), _trace(1, 0.0)],
         "v1_stop_conditions": [_stopped(n, c, t, r) for n, (c, t, r) in enumerate(_STOPS)],
         "v1_truncation_scored": [
