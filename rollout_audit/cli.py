@@ -454,9 +454,13 @@ def watch(
     the worst step's exit code (0 when every step passed)."""
     from pathlib import Path
 
+    from .reporting.outputs import check_output
     from .workflow.events import EventFile
     from .workflow.watch import Watcher, step_auditor
 
+    for out in (status, metrics, tensorboard):  # never inside the watched log, onto a step, or into a FIFO
+        if out is not None:
+            check_output(out, [directory])
     root = Path(directory).resolve()
     ctx = _context(context) if framework else {}
     try:
@@ -634,7 +638,7 @@ def convert_cmd(framework, src, dst, context) -> None:
     from pathlib import Path
 
     from .adapters.convert import write_table
-    from .reporting.outputs import check_new_directory, check_output
+    from .reporting.outputs import atomic_directory, check_new_directory, check_output
 
     check_output(dst, [src])  # a dump is not a contract log: DST may sit next to it, never inside it
     check_new_directory(dst)
@@ -643,13 +647,13 @@ def convert_cmd(framework, src, dst, context) -> None:
 
     conv = convert(framework, [src], _context(context))
     trajectories, updates = conv.tables()
-    for name, table in (("trajectories", trajectories), ("updates", updates)):
-        if table is not None and table.num_rows:
-            (Path(dst) / name).mkdir(parents=True, exist_ok=True)
-            write_table(Path(dst) / name / "part-0000.parquet", table, name)
-    if conv.settings:  # the trainer's policy travels with the log: `check DST` audits as `check --from` does
-        Path(dst).mkdir(parents=True, exist_ok=True)
-        (Path(dst) / "pyproject.toml").write_text(policy_table(conv))
+    with atomic_directory(dst) as tmp:  # DST appears whole or not at all
+        for name, table in (("trajectories", trajectories), ("updates", updates)):
+            if table is not None and table.num_rows:
+                (tmp / name).mkdir(parents=True, exist_ok=True)
+                write_table(tmp / name / "part-0000.parquet", table, name)
+        if conv.settings:  # the trainer's policy travels with the log: `check DST` audits as `check --from` does
+            (tmp / "pyproject.toml").write_text(policy_table(conv))
     said = f"; the trainer's policy in {Path(dst) / 'pyproject.toml'}" if conv.settings else ""
     click.echo(f"wrote {dst} ({trajectories.num_rows} trajectories{said})")
 
@@ -779,7 +783,7 @@ def faults(ctx, list_all) -> None:
 def faults_apply(name, src, dst, seed) -> None:
     """Write DST: the log at SRC broken by fault NAME."""
     from .faults import FAULTS, apply, declared_components, read_records, write_records
-    from .reporting.outputs import check_new_directory, check_output
+    from .reporting.outputs import atomic_directory, check_new_directory, check_output
 
     if name not in FAULTS:
         _fail(f"unknown fault {name!r}; see `rollout-audit faults --list`")
@@ -790,7 +794,8 @@ def faults_apply(name, src, dst, seed) -> None:
     except ValueError as e:  # the log has nothing this fault can break, or cannot be read
         raise UsageError(f"{src}: {_first_line(e)}") from None
     declared = declared_components(src) | FAULTS[name].declares  # the producer's declaration, carried over
-    write_records(dst, t, u, corrupt=FAULTS[name].file_level, reward_components=declared)
+    with atomic_directory(dst) as tmp:  # DST appears whole or not at all
+        write_records(tmp, t, u, corrupt=FAULTS[name].file_level, reward_components=declared)
     click.echo(
         f"{dst}: {name} (must raise {', '.join(sorted(FAULTS[name].codes))}); touched: "
         f"{', '.join(touched) or 'the whole log'}"

@@ -11,14 +11,13 @@ TensorBoard event file (step = the step's index)."""
 from __future__ import annotations
 
 import json
-import os
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..reporting.outputs import append_atomic, write_atomic
 from ..reporting.report import Report, incomplete, printable, verdict_line
 from .events import EventFile
 
@@ -114,8 +113,8 @@ class Watcher:
         self.steps.append(entry)
         self.worst = max(self.worst, entry["exit_code"])
         if self.metrics_path is not None and entry["figures"]:
-            with open(self.metrics_path, "a") as fh:
-                fh.write(json.dumps({"step": name, "index": len(self.steps) - 1, **entry["figures"]}) + "\n")
+            line = json.dumps({"step": name, "index": len(self.steps) - 1, **entry["figures"]})
+            append_atomic(self.metrics_path, line + "\n")  # never through a link, never into a FIFO
         if self.events is not None and entry["figures"]:
             self.events.add(len(self.steps) - 1, entry["figures"])
         return entry
@@ -133,9 +132,7 @@ class Watcher:
             "update_files_not_audited": [str(p.relative_to(self.root)) for p in self.updates_alone],
             "updated": time.time(),
         }
-        tmp = self.status_path.with_name(f".{self.status_path.name}.{uuid.uuid4().hex[:8]}.tmp")
-        tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-        os.replace(tmp, self.status_path)
+        write_atomic(self.status_path, json.dumps(doc, indent=1, default=str) + "\n")
 
     def follow(
         self,
