@@ -276,6 +276,7 @@ def check(
     for _, a in done:
         if a.converted is not None and a.converted.policy:  # the trainer's own policy, from its configuration
             click.echo(f"rollout-audit: note: {a.converted.policy}", err=True)
+        _warn_not_dumps(a.converted)
     if write_baseline:
         _write_baseline(done[0], write_baseline)
     reports = [(log, a.report) for log, a in done]
@@ -572,6 +573,16 @@ def stats(paths, fmt) -> None:
     _warn_unreadable(log.broken)
     d = log_stats(log)
     click.echo(json.dumps(d, indent=1, default=str) if fmt == "json" else render_stats(d))
+
+
+def _warn_not_dumps(conv) -> None:
+    """One line on stderr per file of a dump directory that is not a dump file (named, never skipped silently)."""
+    from .reporting.report import printable
+
+    for f in conv.skipped if conv is not None else ():
+        click.echo(
+            f"rollout-audit: warning: {printable(f)}: not a dump file (.jsonl, .jsonl.gz, .parquet); not read", err=True
+        )
 
 
 def _warn_unreadable(broken: list[tuple[str, str]]) -> None:

@@ -270,6 +270,9 @@ def relabel(rep: Report, conv: Converted, root: str) -> Report:
     rep.crashes = [{k: text(v) for k, v in c.items()} for c in rep.crashes]
     if rep.unusable is not None:
         rep.unusable = text(rep.unusable)
+    rep.summary["dump_files"] = len(conv.files)  # how much of the dump was read, and what was not
+    if conv.skipped:
+        rep.summary["dump_files_not_read"] = list(conv.skipped)
     if conv.policy:
         rep.summary["trainer_policy"] = conv.policy
         rep.summary["trainer_policy_settings"] = dict(conv.settings)
