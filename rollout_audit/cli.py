@@ -282,6 +282,7 @@ def check(
     for _, a in done:
         if a.converted is not None and a.converted.policy:  # the trainer's own policy, from its configuration
             click.echo(f"rollout-audit: note: {a.converted.policy}", err=True)
+        _warn_not_dumps(a.converted)
     if write_baseline:
         _write_baseline(done[0], write_baseline)
     reports = [(log, a.report) for log, a in done]
@@ -554,9 +555,13 @@ def watch(
     the worst step's exit code (0 when every step passed)."""
     from pathlib import Path
 
+    from .reporting.outputs import check_output
     from .workflow.events import EventFile
     from .workflow.watch import Watcher, step_auditor
 
+    for out in (status, metrics, tensorboard):  # never inside the watched log, onto a step, or into a FIFO
+        if out is not None:
+            check_output(out, [directory])
     root = Path(directory).resolve()
     ctx = _context(context) if framework else {}
     try:
@@ -681,6 +686,16 @@ def stats(paths, fmt) -> None:
     click.echo(json_text(d) if fmt == "json" else render_stats(d))
 
 
+def _warn_not_dumps(conv) -> None:
+    """One line on stderr per file of a dump directory that is not a dump file (named, never skipped silently)."""
+    from .reporting.report import printable
+
+    for f in conv.skipped if conv is not None else ():
+        click.echo(
+            f"rollout-audit: warning: {printable(f)}: not a dump file (.jsonl, .jsonl.gz, .parquet); not read", err=True
+        )
+
+
 def _warn_unreadable(broken: list[tuple[str, str]]) -> None:
     """One line on stderr per file left out (S005 in an audit), so partial statistics say so."""
     from .reporting.report import printable
@@ -745,7 +760,7 @@ def convert_cmd(framework, src, dst, context) -> None:
     from pathlib import Path
 
     from .adapters.convert import write_table
-    from .reporting.outputs import check_new_directory, check_output
+    from .reporting.outputs import atomic_directory, check_new_directory, check_output
 
     check_output(dst, [src])  # a dump is not a contract log: DST may sit next to it, never inside it
     check_new_directory(dst)
@@ -758,18 +773,18 @@ def convert_cmd(framework, src, dst, context) -> None:
 
     policy = with_policy(Config(), conv)  # validated under the trainer's own stop reasons
     trajectories, updates = conv.tables()
-    for name, table in (("trajectories", trajectories), ("updates", updates)):
-        if table is not None and table.num_rows:
-            (Path(dst) / name).mkdir(parents=True, exist_ok=True)
-            try:
-                write_table(Path(dst) / name / "part-0000.parquet", table, name, config=policy)
-            except RolloutAuditError as e:  # the refusal names the dump the records came from
-                from .reporting.report import printable
+    with atomic_directory(dst) as tmp:  # DST appears whole or not at all
+        for name, table in (("trajectories", trajectories), ("updates", updates)):
+            if table is not None and table.num_rows:
+                (tmp / name).mkdir(parents=True, exist_ok=True)
+                try:
+                    write_table(tmp / name / "part-0000.parquet", table, name, config=policy)
+                except RolloutAuditError as e:  # the refusal names the dump the records came from
+                    from .reporting.report import printable
 
-                _fail(f"{printable(src)}: its {name} do not convert to the contract: {_first_line(e)}")
-    if conv.settings:  # the trainer's policy travels with the log: `check DST` audits as `check --from` does
-        Path(dst).mkdir(parents=True, exist_ok=True)
-        (Path(dst) / "pyproject.toml").write_text(policy_table(conv))
+                    _fail(f"{printable(src)}: its {name} do not convert to the contract: {_first_line(e)}")
+        if conv.settings:  # the trainer's policy travels with the log: `check DST` audits as `check --from` does
+            (tmp / "pyproject.toml").write_text(policy_table(conv))
     said = f"; the trainer's policy in {Path(dst) / 'pyproject.toml'}" if conv.settings else ""
     click.echo(f"wrote {dst} ({trajectories.num_rows} trajectories{said})")
 
@@ -920,7 +935,7 @@ def faults(ctx, list_all) -> None:
 def faults_apply(name, src, dst, seed) -> None:
     """Write DST: the log at SRC broken by fault NAME."""
     from .faults import FAULTS, apply, declared_components, read_records, write_records
-    from .reporting.outputs import check_new_directory, check_output
+    from .reporting.outputs import atomic_directory, check_new_directory, check_output
 
     if name not in FAULTS:
         _fail(f"unknown fault {name!r}; see `rollout-audit faults --list`")
@@ -931,7 +946,8 @@ def faults_apply(name, src, dst, seed) -> None:
     except ValueError as e:  # the log has nothing this fault can break, or cannot be read
         raise UsageError(f"{src}: {_first_line(e)}") from None
     declared = declared_components(src) | FAULTS[name].declares  # the producer's declaration, carried over
-    write_records(dst, t, u, corrupt=FAULTS[name].file_level, reward_components=declared)
+    with atomic_directory(dst) as tmp:  # DST appears whole or not at all
+        write_records(tmp, t, u, corrupt=FAULTS[name].file_level, reward_components=declared)
     click.echo(
         f"{dst}: {name} (must raise {', '.join(sorted(FAULTS[name].codes))}); touched: "
         f"{', '.join(touched) or 'the whole log'}"

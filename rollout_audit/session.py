@@ -30,6 +30,7 @@ import polars as pl
 
 from .adapters.convert import Converted, convert
 from .contract.config import LOG_CONTEXT, Config, find_config, log_config
+from .contract.errors import ConfigError
 from .contract.schema import IDENTITY
 from .reading import storage
 from .reading.io import Discovery, discover
@@ -97,18 +98,19 @@ def configure(request: Request) -> tuple[Config, str | None]:
     defaults). The user's settings are layered over the keys the log came with (a configuration
     inside the log, which may state only how the run was produced), so that `--config` adds to
     what the log says of its run instead of dropping it."""
-    paths = request.paths
-    start = paths[0] if paths else None
-    root = _path(request.log_root)
+    paths = [os.fspath(storage.local_path(p)) for p in request.paths or []] or None  # file:// is its path
+    root = None if request.log_root is None else os.fspath(storage.local_path(request.log_root))
+    start = paths[0] if paths else root  # found from the audited path; trusted by the log's root too
+    audited = [*(paths or []), *([root] if root is not None else [])]
     if request.config is not None:
         user, user_file = request.config, None
     elif paths is None:
         user, user_file = Config().with_source("defaults"), None
     else:
-        user, user_file = find_config(_path(request.config_file), start=start, root=root)
+        user, user_file = find_config(_path(request.config_file), start=start, audited=audited)
     cfg = user
     if start is not None and (request.config is not None or request.config_file is not None):
-        own = log_config(start)  # the log's own "how it was produced" keys, found beside the log
+        own = log_config(start, audited)  # the log's own "how it was produced" keys, found beside the log
         if own is not None:
             cfg = layered(own, user)
     asked = {k: v for k, v in (("replay", request.replay), ("preview", request.preview or None)) if v is not None}
@@ -121,6 +123,7 @@ def layered(base: Config, top: Config) -> Config:
     """`top` over `base`: every key `top` sets replaces `base`'s; the source names both."""
     update = {k: getattr(top, k) for k in top.model_fields_set}
     out = base.model_copy(update=update)
+    out._log_keys = (base.log_keys - top.model_fields_set) | top.log_keys
     return out.with_source(f"{top.source}, over {base.source}")
 
 
@@ -144,6 +147,7 @@ def run(request: Request) -> Audited:
             return table_ids(table)
     else:
         disc = _discovery(request)
+        bound_penalty(cfg, disc)
         checked = run_audit(disc, cfg, opts)
 
         def ids() -> pl.Series:
@@ -154,6 +158,34 @@ def run(request: Request) -> Audited:
     else:
         report = apply_tolerated(checked, cfg.tolerated_share, cfg.source)
     return Audited(report, checked, cfg, config_file, ids, conv)
+
+
+def bound_penalty(cfg: Config, disc: Discovery) -> None:
+    """A `truncation_penalty` the log's own configuration states must lie within the rewards the log
+    records for episodes that were not truncated, and below the best of them when they differ: a
+    penalty of 1e9, or one that pays a cut episode like the best outcome, only switches T307 off.
+    ConfigError naming the value and the range; nothing to bound when the rewards cannot be read."""
+    if "truncation_penalty" not in cfg.log_keys or cfg.truncation_penalty is None or not disc.of_kind("trajectories"):
+        return
+    try:
+        t = Log(disc).trajectories
+        r = pl.col("reward").cast(pl.Float64)
+        lo, hi = (
+            t.filter(~pl.col("truncated").fill_null(False) & r.is_finite())
+            .select(r.min().alias("lo"), r.max().alias("hi"))
+            .collect()
+            .row(0)
+        )
+    except Exception:  # noqa: BLE001 - no readable rewards: T307 then has nothing to compare either
+        return
+    p = cfg.truncation_penalty
+    if lo is None or (p <= hi and (p < hi or lo == hi)):
+        return
+    raise ConfigError(
+        f"{cfg.source}: truncation_penalty = {p!r} lies outside the rewards the log records for episodes "
+        f"that were not truncated ([{lo!r}, {hi!r}]: a penalty pays less than the best of them); a "
+        "configuration inside the log may state only values a real trainer has: set it with --config FILE"
+    )
 
 
 def _path(p: str | os.PathLike | None) -> str | None:
@@ -239,6 +271,9 @@ def relabel(rep: Report, conv: Converted, root: str) -> Report:
     rep.crashes = [{k: text(v) for k, v in c.items()} for c in rep.crashes]
     if rep.unusable is not None:
         rep.unusable = text(rep.unusable)
+    rep.summary["dump_files"] = len(conv.files)  # how much of the dump was read, and what was not
+    if conv.skipped:
+        rep.summary["dump_files_not_read"] = list(conv.skipped)
     if conv.policy:
         rep.summary["trainer_policy"] = conv.policy
         rep.summary["trainer_policy_settings"] = dict(conv.settings)

@@ -4,11 +4,13 @@ names what is missing, and turning a framework's placeholders into nulls."""
 from __future__ import annotations
 
 import difflib
+import gzip
 import json
 import math
 import os
 import re
 import stat
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -112,7 +114,8 @@ def read_records(path: str | os.PathLike) -> Iterator[Record]:
     """Records from a dump file: JSON Lines (`.jsonl`, `.json` with one object per line) or Parquet."""
     p = Path(path)
     _regular(p)
-    if p.suffix == ".parquet":
+    form = dump_form(p.name)
+    if form == "parquet":
         n = 0
         try:
             batches = pq.ParquetFile(p).iter_batches()
@@ -127,8 +130,19 @@ def read_records(path: str | os.PathLike) -> Iterator[Record]:
                 f"{p}:{n + 1}: cannot read the Parquet dump: {str(e).splitlines()[0] if str(e) else e}"
             ) from None
         return
-    with p.open("rb") as fh:
-        for n, raw in enumerate(iter(lambda: fh.readline(MAX_LINE_BYTES + 1), b""), 1):
+    with p.open("rb") if form != "jsonl.gz" else gzip.open(p, "rb") as fh:
+        total = 0  # decompressed bytes: a compressed dump is bounded as a plain one is
+        lines = (
+            iter(lambda: _gz_line(fh, p), b"")
+            if form == "jsonl.gz"
+            else iter(lambda: fh.readline(MAX_LINE_BYTES + 1), b"")
+        )
+        for n, raw in enumerate(lines, 1):
+            total += len(raw)
+            if total > MAX_DUMP_BYTES:
+                raise AdapterError(
+                    f"{p}:{n}: decompresses to more than {MAX_DUMP_BYTES} bytes (ROLLOUT_AUDIT_MAX_DUMP_BYTES)"
+                )
             if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
                 raise AdapterError(f"{p}:{n}: a line longer than {MAX_LINE_BYTES} bytes")
             try:
@@ -151,12 +165,69 @@ def read_records(path: str | os.PathLike) -> Iterator[Record]:
 
 
 def read_dump(path: str | os.PathLike) -> list[Record]:
-    """Every record of a dump file or of the dump files (`*.jsonl`, `*.parquet`) in a directory, in name order."""
+    """Every record of a dump file or of the dump files in a directory and its sub-directories
+    (`dump_files`), in path order."""
+    return [r for f in dump_files(path)[0] for r in read_records(f)]
+
+
+# what a dump file's name ends with, lower-cased, and how it is read
+DUMP_FORMS = {
+    ".jsonl.gz": "jsonl.gz",
+    ".json.gz": "jsonl.gz",
+    ".jsonl": "jsonl",
+    ".json": "jsonl",
+    ".parquet": "parquet",
+}
+
+
+def dump_form(name: str) -> str | None:
+    """How a dump file named `name` is read (JSON Lines, gzip-compressed JSON Lines, Parquet; the
+    suffix in any case), or None when its name is not a dump file's."""
+    low = name.lower()
+    return next((form for end, form in DUMP_FORMS.items() if low.endswith(end)), None)
+
+
+def dump_files(path: str | os.PathLike) -> tuple[list[Path], list[Path]]:
+    """The dump files at `path` (a file, or every dump file under a directory, per-rank
+    sub-directories included, symlinked directories not followed) in path order, and the other
+    files found there (named by the caller: never skipped in silence). AdapterError naming the file
+    for a dump in a form that is not read (`step.jsonl.zst`, a rotated `step.jsonl.1`), and when
+    there is no dump file at all. Hidden files and folders (a writer's temporary files) are left out."""
     p = Path(path)
-    files = sorted(x for x in p.iterdir() if x.suffix in (".jsonl", ".json", ".parquet")) if p.is_dir() else [p]
-    if not files:
-        raise AdapterError(f"{p}: no *.jsonl or *.parquet dump files")
-    return [r for f in files for r in read_records(f)]
+    if not p.is_dir():
+        return [p], []
+    found: list[Path] = []
+    other: list[Path] = []
+    for d, dirs, names in os.walk(p, onerror=_unlistable):
+        dirs[:] = sorted(x for x in dirs if not x.startswith("."))
+        for n in sorted(names):
+            f = Path(d) / n
+            if n.startswith("."):
+                continue
+            if dump_form(n) is not None:
+                found.append(f)
+            elif re.search(r"\.(jsonl?|parquet)\b", n.lower()):
+                raise AdapterError(
+                    f"{f}: a dump file in a form that is not read (JSON Lines, .jsonl.gz or Parquet); "
+                    "decompress or rename it, or move it out of the directory"
+                )
+            else:
+                other.append(f)
+    if not found:
+        raise AdapterError(f"{p}: no *.jsonl, *.jsonl.gz or *.parquet dump files")
+    return found, other
+
+
+def _unlistable(e: OSError) -> None:
+    raise AdapterError(f"{e.filename}: cannot list: {e.strerror or e}")
+
+
+def _gz_line(fh: Any, p: Path) -> bytes:
+    """One line of a gzip stream (at most MAX_LINE_BYTES + 1 bytes); AdapterError when it is not gzip."""
+    try:
+        return fh.readline(MAX_LINE_BYTES + 1)
+    except (OSError, EOFError, zlib.error) as e:
+        raise AdapterError(f"{p}: cannot decompress: {e}") from None
 
 
 # ---------------------------------------------------------------- the one context schema of every adapter

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from ..contract.errors import AdapterError
 from . import load
-from .base import META_ORIGINS, META_POLICY, read_dump
+from .base import META_ORIGINS, META_POLICY, dump_files, read_records
 
 if TYPE_CHECKING:
     from ..contract.config import Config
@@ -32,6 +32,8 @@ class Converted:
     sources: tuple[str, ...]  # the dump paths, as given
     policy: str | None = None  # the trainer policy the adapter assumed (from the trainer's configuration)
     settings: Mapping[str, Any] = field(default_factory=dict)  # the audit settings that policy implies
+    files: tuple[str, ...] = ()  # every dump file read
+    skipped: tuple[str, ...] = ()  # the files of a dump directory that are not dump files (named, not read)
 
     def configured(self, cfg: Config) -> Config:
         """`cfg` with the settings of the trainer's policy, for every key the configuration does not set."""
@@ -51,7 +53,9 @@ def _plain(table: pa.Table) -> pa.Table:
 def convert(framework: str, paths: Sequence[str | os.PathLike], context: Mapping[str, Any]) -> Converted:
     """The dump files at `paths` as contract tables, through the adapter of `framework`."""
     adapter = load(framework)
-    records = [r for p in paths for r in read_dump(p)]
+    listed = [dump_files(p) for p in paths]
+    files = [f for found, _ in listed for f in found]
+    records = [r for f in files for r in read_records(f)]
     try:
         trajectories = adapter.to_contract(records, **context)
         updates = adapter.updates(records, **context) if adapter.updates else None
@@ -63,7 +67,17 @@ def convert(framework: str, paths: Sequence[str | os.PathLike], context: Mapping
     origins = json.loads(raw) if raw else [None] * trajectories.num_rows
     policy = json.loads((trajectories.schema.metadata or {}).get(META_POLICY) or b"{}")
     sources = tuple(str(p) for p in paths)
-    return Converted(trajectories, updates, origins, sources, policy.get("said"), policy.get("settings", {}))
+    skipped = tuple(str(f) for _, other in listed for f in other)
+    return Converted(
+        trajectories,
+        updates,
+        origins,
+        sources,
+        policy.get("said"),
+        policy.get("settings", {}),
+        tuple(map(str, files)),
+        skipped,
+    )
 
 
 def write_table(

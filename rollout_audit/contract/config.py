@@ -7,6 +7,7 @@ wrong types rejected with the key and the expected type, never coerced from stri
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import stat
 import sys
@@ -47,6 +48,10 @@ LOG_CONTEXT = (
     "compare_logprobs",
     "max_examples",
 )
+# The most a configuration inside the log may state for a key, a bound no real trainer comes near
+# (GRPO's epsilon is 1e-6 to 1e-4, an asynchronous trainer's staleness a handful of versions, a
+# response budget some thousands of tokens): beyond it the key would only switch its check off.
+LOG_BOUNDS: dict[str, float] = {"grpo_epsilon": 1e-2, "max_policy_lag": 1024, "max_response_tokens": 1 << 20}
 # A configuration file larger than this is refused unread (a device or a huge file never fills memory)
 MAX_CONFIG_BYTES = int(os.environ.get("ROLLOUT_AUDIT_MAX_CONFIG_BYTES", str(1 << 20)))
 
@@ -158,6 +163,17 @@ class Config(BaseModel):
     )
     # where these settings came from (a file, "defaults", or code): every report names it
     _source: str = PrivateAttr("a Config object given in code")
+    # the keys a configuration inside the audited log set (not the user's: they never narrow what is
+    # checked, e.g. they add to what the log's file metadata declares instead of replacing it)
+    _log_keys: frozenset[str] = PrivateAttr(frozenset())
+
+    @property
+    def log_keys(self) -> frozenset[str]:
+        return self._log_keys
+
+    def users_keys(self) -> frozenset[str]:
+        """The keys the user's configuration set (the log's own are left out)."""
+        return frozenset(self.model_fields_set) - self._log_keys
 
     @property
     def source(self) -> str:
@@ -206,6 +222,26 @@ class Config(BaseModel):
         """TOML writes `atol = 0` as an integer: accept integers for floats, nothing else."""
         return _as_float(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
+    @field_validator(
+        "atol",
+        "rtol",
+        "logprob_atol",
+        "grpo_epsilon",
+        "replay_atol",
+        "max_turn_log_ratio",
+        "truncation_penalty",
+        "replay_connect_timeout",
+        "replay_timeout",
+        "storage_connect_timeout",
+        "storage_request_timeout",
+    )
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        """inf passes every comparison (`atol = inf`) and NaN none: a tolerance or a bound is a number."""
+        if v is not None and not math.isfinite(v):
+            raise ValueError("a finite number, not inf or nan")
+        return v
+
     @field_validator("extra_stop_reasons")
     @classmethod
     def _a_stop_flag(cls, v: dict[str, str]) -> dict[str, str]:
@@ -235,7 +271,10 @@ class Config(BaseModel):
     @classmethod
     def _band(cls, v: Any) -> Any:
         if isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-            return tuple(_as_float(x) for x in v)
+            out = tuple(_as_float(x) for x in v)
+            if not all(math.isfinite(x) for x in out):
+                raise ValueError("finite numbers, not inf or nan")
+            return out
         return v
 
     @classmethod
@@ -347,53 +386,77 @@ def load_config(path: str | Path | None = None, start: str | Path | None = None)
 
 
 def find_config(
-    path: str | Path | None = None, start: str | Path | None = None, root: str | Path | None = None
+    path: str | Path | None = None, start: str | Path | None = None, audited: list[str | Path] | None = None
 ) -> tuple[Config, str]:
     """`load_config`, and where the configuration came from (a file, or "defaults").
 
     A log must not vouch for itself. A file named with `--config` (`path`) is the user's own and
     sets anything, and so does the project configuration found from the working directory when
-    no audited path is given. A found file inside the audited directory came with the log: it may
-    set only the keys of LOG_CONTEXT. A found file elsewhere sets the keys of TRUSTED_ONLY only
-    when it is the user's own (the project configuration found from the working directory). Any
-    other key is a ConfigError naming the file and the keys. `root`: the directory the audited path
-    lies in when it is part of a larger whole (a step of a watched directory): a file anywhere
-    inside `root` came with the log too."""
+    no audited path is given. A found file inside an audited log (`audited`, default `[start]`: the
+    root of each log, `log_root`, whatever path inside it was named) came with the log: it may set
+    only the keys of LOG_CONTEXT. A found file elsewhere sets the keys of TRUSTED_ONLY only when it
+    is the user's own (the project configuration found from the working directory, itself outside
+    every audited log). Any other key is a ConfigError naming the file and the keys."""
     if path is not None:
         p = Path(path)
         return Config.from_mapping(_table(_read_toml(p), explicit=True), str(p)), str(p)
-    audited = Path("." if start is None else start).resolve()
-    here = audited.parent if audited.is_file() else audited
+    here = _from(start)
     found = _nearest(here)
     if found is None:
         source = "defaults (no pyproject.toml with [tool.rollout-audit] at or above the audited path)"
         return Config().with_source(source), source
     pp, table = found
+    roots = log_roots([start] if audited is None and start is not None else audited or [])
     if isinstance(table, dict) and start is not None:
-        inside = Path(root).resolve() if root is not None and _inside(pp, Path(root).resolve()) else audited
-        _refuse(pp, [str(k) for k in table], inside)
+        _refuse(pp, [str(k) for k in table], roots)
+    if _inside_any(pp, roots):
+        return log_bounded(pp, Config.from_mapping(table, f"{_shown(pp)} [tool.rollout-audit]")), str(pp)
     return Config.from_mapping(table, f"{_shown(pp)} [tool.rollout-audit]"), str(pp)
 
 
-def log_config(start: str | Path) -> Config | None:
+def log_config(start: str | Path, audited: list[str | Path] | None = None) -> Config | None:
     """The configuration that came with the log at `start`: the nearest pyproject.toml with a
-    `[tool.rollout-audit]` table at or above it that lies inside the log (it may state only how the
-    run was produced); None when there is none."""
-    audited = Path(start).resolve()
-    found = _nearest(audited.parent if audited.is_file() else audited)
-    if found is None or not _inside(found[0], audited):
+    `[tool.rollout-audit]` table at or above it that lies inside an audited log (`audited`, default
+    `[start]`; it may state only how the run was produced); None when there is none."""
+    found = _nearest(_from(start))
+    roots = log_roots(audited or [start])
+    if found is None or not _inside_any(found[0], roots):
         return None
     pp, table = found
     if isinstance(table, dict):
-        _refuse(pp, [str(k) for k in table], audited)
-    return Config.from_mapping(table, f"{_shown(pp)} [tool.rollout-audit] (came with the log)")
+        _refuse(pp, [str(k) for k in table], roots)
+    return log_bounded(pp, Config.from_mapping(table, f"{_shown(pp)} [tool.rollout-audit] (came with the log)"))
 
 
-def _refuse(pp: Path, keys: list[str], audited: Path) -> None:
+def _from(start: str | Path | None) -> Path:
+    """The directory a configuration is looked for from: the audited directory, or the folder of an
+    audited file (the working directory when nothing is audited)."""
+    audited = Path("." if start is None else start).resolve()
+    return audited.parent if audited.is_file() else audited
+
+
+def log_root(path: str | Path) -> Path | None:
+    """The root of the log `path` is part of, whatever path inside it was named: the folder that
+    holds the nearest `trajectories/` or `updates/` at or above `path` (a part, a sub-folder of
+    parts, the folder itself); else an audited directory is its own root; a lone file anywhere else
+    brings no directory (a project's pyproject.toml beside a single-file log stays the project's)."""
+    p = Path(path).resolve()
+    for a in (p, *p.parents):
+        if a.name in ("trajectories", "updates") and a.is_dir() and (a != p or p.is_dir()):
+            return a.parent
+    return p if p.is_dir() else None
+
+
+def log_roots(paths: list[str | Path]) -> list[Path]:
+    """`log_root` of each audited path that has one."""
+    return [r for r in map(log_root, paths) if r is not None]
+
+
+def _refuse(pp: Path, keys: list[str], roots: list[Path]) -> None:
     """ConfigError when the found file `pp` sets a key its place does not allow (`find_config`).
     An unknown key is left to validation, which names the key it was probably meant to be."""
     norm = {k: k.replace("-", "_") for k in keys}
-    if _inside(pp, audited):
+    if _inside_any(pp, roots):
         refused = [k for k, n in norm.items() if n in Config.model_fields and n not in LOG_CONTEXT]
         if refused:
             raise ConfigError(
@@ -401,7 +464,7 @@ def _refuse(pp: Path, keys: list[str], audited: Path) -> None:
                 f"state only how the run was produced ({', '.join(LOG_CONTEXT)}); set it on the command line, "
                 "with --config FILE, or in your own project's pyproject.toml outside the log"
             )
-    elif not _own(pp):
+    elif not _own(pp, roots):
         refused = [k for k, n in norm.items() if n in TRUSTED_ONLY]
         if refused:
             raise ConfigError(
@@ -409,6 +472,38 @@ def _refuse(pp: Path, keys: list[str], audited: Path) -> None:
                 "log (it runs code or sends the log over the network); set it on the command line, with "
                 "--config FILE, or in the pyproject.toml of the project you run from"
             )
+
+
+def log_bounded(pp: Path, cfg: Config) -> Config:
+    """`cfg`, read from the configuration `pp` inside the audited log, with its keys marked as the
+    log's (`Config.log_keys`); a ConfigError naming the file and the key when a value is beyond what
+    a real trainer has (LOG_BOUNDS), a finish or stop reason it names is the contract's own to
+    define, or its second log-prob column is a contract column (L207 would compare a column with
+    itself). The truncation penalty is bounded by the log's rewards when the log is read
+    (`session.bound_penalty`)."""
+    from .schema import columns, contract, stop_reasons
+
+    said = cfg.model_fields_set
+    bad = [
+        f"{k} = {getattr(cfg, k)!r} (at most {v!r})"
+        for k, v in LOG_BOUNDS.items()
+        if k in said and (getattr(cfg, k) or 0) > v
+    ]
+    unknown = sorted(set(cfg.masked_ok_reasons) - set(contract()["finish_reasons"]))
+    if unknown:
+        bad.append(f"masked_ok_reasons {unknown[0]!r} (not a contract finish reason)")
+    own = sorted(set(cfg.extra_stop_reasons) & set(stop_reasons()))
+    if own:
+        bad.append(f"extra_stop_reasons {own[0]!r} (a contract stop reason: its flag is the contract's)")
+    if cfg.compare_logprobs in {c.name for c in columns("trajectories")}:
+        bad.append(f"compare_logprobs = {cfg.compare_logprobs!r} (a contract column, not a second log-prob column)")
+    if bad:
+        raise ConfigError(
+            f"{pp}: {'; '.join(bad)}: refused in a configuration inside the audited log, which may state "
+            "only values a real trainer has; set it on the command line or with --config FILE"
+        )
+    cfg._log_keys = frozenset(said)
+    return cfg
 
 
 def _shown(p: Path) -> str:
@@ -419,20 +514,19 @@ def _shown(p: Path) -> str:
         return str(p)
 
 
-def _inside(pp: Path, audited: Path) -> bool:
-    """`pp` lies in the audited log, or below it. The log of a file audited alone is the directory
-    whose trajectories/ or updates/ folder holds it; a file anywhere else brings no directory (a
-    project's pyproject.toml beside a single-file log stays the project's)."""
-    if audited.is_dir():
-        root = audited
-    elif audited.parent.name in ("trajectories", "updates"):
-        root = audited.parent.parent
-    else:
-        return False
-    return pp.parent == root or root in pp.parents
+def _inside_any(pp: Path, roots: list[Path]) -> bool:
+    """`pp` lies in one of the audited logs whose roots are `roots`, or below one."""
+    return any(pp.parent == root or root in pp.parents for root in roots)
 
 
-def _own(pp: Path) -> bool:
-    """`pp` is the user's own: the configuration found from the working directory."""
-    own = _nearest(Path.cwd().resolve())
-    return own is not None and own[0] == pp
+def _own(pp: Path, roots: list[Path]) -> bool:
+    """`pp` is the user's own: the nearest configuration at or above the working directory that lies
+    outside every audited log (`cd LOG && check trajectories` never takes LOG's for the project's)."""
+    cwd = Path.cwd().resolve()
+    for d in (cwd, *cwd.parents):
+        cand = d / "pyproject.toml"
+        if _inside_any(cand, roots) or not cand.is_file():
+            continue
+        if _table(_read_toml(cand), explicit=False) is not None:
+            return cand == pp
+    return False

@@ -170,7 +170,26 @@ def not_recorded(meta: Mapping[bytes, bytes] | None) -> dict[str, str]:
     """Columns a file declares its framework does not record, with the reason (empty when the
     metadata is absent or not a JSON object of strings: a hostile value is ignored, not trusted)."""
     d = meta_object(meta, META_NOT_RECORDED)
-    return {str(k)[:200]: str(v)[:500] for k, v in d.items() if isinstance(k, str) and isinstance(v, str)}
+    said = {str(k)[:200]: str(v)[:500] for k, v in d.items() if isinstance(k, str) and isinstance(v, str)}
+    return {k: v for k, v in said.items() if waivable(k, said)}
+
+
+def waivable(name: str, declared: Mapping[str, str]) -> bool:
+    """A file's `not_recorded` may name `name`: an optional or recommended column, or a required one
+    the contract lists in `not_recorded_waivable` (reduction and loss_denominator only together:
+    rLLM records neither; a log that states its reduction states its denominator too)."""
+    bare = name.removeprefix("updates.")
+    if bare not in _required_names():
+        return True
+    if bare not in contract().get("not_recorded_waivable", {}):
+        return False
+    pair = {"reduction": "loss_denominator", "loss_denominator": "reduction"}.get(bare)
+    return pair is None or pair in declared or f"updates.{pair}" in declared
+
+
+@cache
+def _required_names() -> frozenset[str]:
+    return frozenset([*required("trajectories"), *required("updates"), *(f"turns.{c}" for c in required("turn"))])
 
 
 def reward_components(meta: Mapping[bytes, bytes] | None) -> dict[str, str]:

@@ -122,10 +122,20 @@ def _classify(
             )
         )
     elif e.name.endswith(".parquet") and not e.name.startswith((".", "_")):
-        if e.is_file():
+        if not _utf8(e.path):  # every report, table and format names files as text
+            skipped.append((e.path, "file name is not UTF-8 text; not read (rename it)"))
+        elif e.is_file():
             found.append(p)
         elif os.path.lexists(p):
             skipped.append((e.path, "not a regular file; not read"))
+
+
+def _utf8(path: str) -> bool:
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _kind_of(path: PurePath, pschema: pa.Schema) -> str:
@@ -170,6 +180,9 @@ def discover(paths: Sequence[str | os.PathLike], follow_symlinks: bool = False) 
         last: tuple[pa.Schema | None, list[str]] = (None, [])  # files of a log mostly share one schema
         footer: tuple[Any, _Layout] = (None, _Layout(0, ()))  # the previous file's footer, and its layout
         for f in files:
+            if not _utf8(str(f)):
+                out.broken.append((str(f), "file name is not UTF-8 text; not read (rename it)"))
+                continue
             try:
                 if isinstance(f, Path) and not f.is_file():
                     raise UsageError("not a regular file")
@@ -220,7 +233,13 @@ def discover(paths: Sequence[str | os.PathLike], follow_symlinks: bool = False) 
                 if str(f) == str(raw) and not str(raw).endswith(".parquet"):  # named on the command line: no log
                     raise UsageError(f"{raw}: not a Parquet file ({one_line(e)})") from None
                 out.broken.append((str(f), one_line(e)))
+    out.broken = [(_text(p), _text(why)) for p, why in out.broken]
     return out
+
+
+def _text(s: str) -> str:
+    """`s` as UTF-8 text: the bytes of a file name that is not UTF-8 written as \\xNN escapes."""
+    return s if _utf8(s) else s.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def row_group_too_large(size: GroupSize, index: int, limit: int) -> str | None:

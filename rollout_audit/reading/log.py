@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import polars as pl
+import pyarrow as pa
 
 from ..contract.errors import UsageError
 from .io import Discovery, discover
@@ -57,7 +58,7 @@ class Log:
                 if n
                 else "the log holds no trajectory files"
             )
-        return lf
+        return _contract_columns(lf, "trajectories")
 
     @property
     def turns(self) -> pl.LazyFrame:
@@ -91,7 +92,23 @@ class Log:
     @property
     def updates(self) -> pl.LazyFrame | None:
         """One row per optimizer update, or None when the log has no update records."""
-        return self._scan("updates")
+        lf = self._scan("updates")
+        return None if lf is None else _contract_columns(lf, "updates")
+
+
+def _contract_columns(lf: pl.LazyFrame, kind: str) -> pl.LazyFrame:
+    """`lf` with every contract column of `kind` its files lack added as nulls of the contract's
+    type: a log without a required column (S001 in an audit) still has statistics, never a crash."""
+    from ..contract import schema as S
+
+    have = set(lf.collect_schema().names())
+    absent = [c for c in S.columns(kind) if c.name not in have]
+    if not absent:
+        return lf
+    return lf.with_columns(
+        pl.lit(None, dtype=pl.from_arrow(pa.array([], c.arrow_type)).dtype).alias(c.name)  # type: ignore[union-attr]
+        for c in absent
+    )
 
 
 def scan(path: str | os.PathLike | Sequence[str | os.PathLike]) -> Log:

@@ -56,7 +56,7 @@ def schema_plan(f: LogFile, table: str = "trajectories") -> tuple[dict[str, pa.D
     declared = S.not_recorded(f.schema.metadata)  # the producer's framework does not record these
     for c in S.columns(table):
         if c.requirement == "R" and c.name not in names and c.name not in declared:
-            problems.append((c.name, "required column missing"))
+            problems.append((c.name, "required column missing" + _unwaived(c.name, f.schema.metadata)))
     duplicated = {c.split(".")[0] for c, _ in problems}
     for fld in (x for x in f.schema if x.name not in duplicated):
         tgt, prob = _target(fld.name, fld.type, table)
@@ -71,8 +71,20 @@ def schema_plan(f: LogFile, table: str = "trajectories") -> tuple[dict[str, pa.D
             if tc.name in found and tc.name not in have:
                 problems.append((f"turns.{tc.name}", f"expected {tc.type}, found {found[tc.name]}"))
             elif tc.requirement == "R" and tc.name not in found and f"turns.{tc.name}" not in declared:
-                problems.append((f"turns.{tc.name}", "required turn field missing"))
+                problems.append(
+                    (
+                        f"turns.{tc.name}",
+                        "required turn field missing" + _unwaived(f"turns.{tc.name}", f.schema.metadata),
+                    )
+                )
     return targets, problems
+
+
+def _unwaived(name: str, meta: dict[bytes, bytes] | None) -> str:
+    """Why a required column the file declares not recorded is still missing (S001)."""
+    if name not in S.meta_object(meta, S.META_NOT_RECORDED):
+        return ""
+    return " (rollout_log.not_recorded cannot waive it: the contract requires it of every producer)"
 
 
 def cast(table: pa.Table, targets: dict[str, pa.DataType]) -> tuple[pa.Table, list[Problem]]:

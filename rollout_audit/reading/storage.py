@@ -17,6 +17,7 @@ from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..contract.errors import UsageError
@@ -66,7 +67,10 @@ def _client(uri: str) -> tuple[pafs.FileSystem, str]:
     with _LOCK:
         fs = _FILESYSTEMS.get(key)
         if fs is None or parts.query:  # a query (endpoint, region) makes a new client for the bucket
-            fs, _ = pafs.FileSystem.from_uri(uri)
+            try:  # the scheme in any case (`GS://`), as is_remote takes it
+                fs, _ = pafs.FileSystem.from_uri(f"{key[0]}{uri[len(parts.scheme) :]}")
+            except (pa.ArrowException, ValueError, OSError) as err:  # no bucket, an unknown query parameter
+                raise UsageError(f"{_name(uri)}: not a usable object-store URI: {_first(err)[:300]}") from None
             if isinstance(fs, pafs.S3FileSystem):  # the same settings, with deadlines and one retry
                 options = fs.__reduce__()[1][0]
                 options.update(connect_timeout=TIMEOUTS["connect"], request_timeout=TIMEOUTS["request"])
@@ -97,7 +101,7 @@ def list_parquet(uri: str) -> tuple[list[str], list[tuple[str, str]]]:
     scheme = urlsplit(uri).scheme.lower()
     try:
         info = fs.get_file_info(root)
-    except OSError as err:  # no credentials, no route, a silent endpoint: one line naming the URI
+    except (OSError, pa.ArrowException) as err:  # no credentials, no route, a silent endpoint: one line naming the URI
         raise FileNotFoundError(f"{_name(uri)}: the object store cannot be reached: {_first(err)[:300]}") from None
     if info.type == pafs.FileType.File:
         return [_name(uri)], []
@@ -105,7 +109,7 @@ def list_parquet(uri: str) -> tuple[list[str], list[tuple[str, str]]]:
         raise FileNotFoundError(f"{_name(uri)}: no such object or prefix")
     try:
         entries = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    except OSError as err:
+    except (OSError, pa.ArrowException) as err:
         return [], [(_name(uri), f"prefix cannot be listed ({type(err).__name__}: {_first(err)}); not audited")]
     found: list[str] = []
     skipped: list[tuple[str, str]] = []

@@ -54,7 +54,9 @@ class HTTPReplayer:
                 size = int(resp.headers.get("Content-Length") or 0)
                 if size > self.max_bytes:
                     raise NotConfigured(f"replay endpoint {url} answered {size} bytes, over {self.max_bytes}")
-                chunks, got = [], 0
+                # one growing buffer, freed once decoded: an answer costs about twice its size while it
+                # is parsed (a list of chunks, their join and the decoded text were three times)
+                buf, got = bytearray(), 0
                 while True:
                     if time.monotonic() > deadline:
                         raise NotConfigured(f"replay endpoint {url} did not answer within {self.timeout:g} s")
@@ -64,8 +66,10 @@ class HTTPReplayer:
                     got += len(chunk)
                     if got > self.max_bytes:
                         raise NotConfigured(f"replay endpoint {url} answered more than {self.max_bytes} bytes")
-                    chunks.append(chunk)
-            return json.loads(b"".join(chunks))
+                    buf += chunk
+            text = buf.decode("utf-8")
+            del buf
+            return json.loads(text)
         except NotConfigured:
             raise
         except RecursionError:

@@ -114,6 +114,8 @@ def verdict_line(rep: Report, strict: bool = False) -> str:
         f"{len(rep.not_run)} not run"
         + (f", {len(s['checks_crashed'])} crashed" if rep.crashes else "")
         + f"; {plural(s['rows_read'], 'trajectory', 'trajectories')}, {plural(s['tokens_read'], 'token')} read"
+        + (f" from {plural(s['dump_files'], 'dump file')}" if "dump_files" in s else "")
+        + (f" ({len(s['dump_files_not_read'])} other files not read)" if s.get("dump_files_not_read") else "")
     )
 
 

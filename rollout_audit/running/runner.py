@@ -153,7 +153,7 @@ class Runner:
         self.crash_counts: dict[str, int] = {}
         self.file_inputs: dict[str, tuple[frozenset[str], int]] = {}  # file -> (inputs it has, rows)
         self.declared: dict[str, str] = {}  # input -> why the producer's framework does not record it
-        self._configured = frozenset(cfg.model_fields_set)  # keys the user's configuration set
+        self._configured = cfg.users_keys()  # keys the user's configuration set (never the log's own)
         self._lock = threading.Lock()
 
     @property

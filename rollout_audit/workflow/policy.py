@@ -23,6 +23,7 @@ from ..contract.errors import ConfigError, UsageError
 from ..contract.registry import SEVERITY_ORDER
 from ..reading.io import Discovery
 from ..reading.log import Log
+from ..reporting.outputs import write_atomic
 from ..running.report import Report, sort_findings
 
 BASELINE_FORMAT = 1
@@ -127,7 +128,7 @@ def write_baseline(path: str | Path, rep: Report, ids: pl.Series) -> int:
         "log": {"sample_trajectory_ids": sample_ids(ids), "trajectories": int(ids.len())},
         "findings": counted.to_dicts(),
     }
-    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+    write_atomic(path, json.dumps(doc, indent=1) + "\n")  # never through a link, never into a FIFO
     return rep.findings.height
 
 
@@ -156,9 +157,12 @@ def read_baseline(path: str | Path, ids: pl.Series) -> pl.DataFrame:
             f"baseline {path}: written for another log ({present} of the {len(sample)} trajectory ids it "
             f"recognises its log by are in this one, e.g. {sample[0]!r}); write one for this log with --write-baseline"
         )
+    findings = doc.get("findings", [])
+    if not isinstance(findings, list) or not all(isinstance(x, dict) for x in findings):
+        raise BaselineError(f"baseline {path}: findings: expected a list of objects, got {type(findings).__name__}")
     try:
         rows = pl.DataFrame(
-            doc.get("findings", []),
+            findings,
             schema={
                 "code": pl.String,
                 "trajectory_id": pl.String,

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import stat
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 
 import polars as pl
 
+from ..reporting.outputs import append_atomic, write_atomic
 from ..reporting.report import Report, incomplete, json_text, printable, verdict, verdict_line
 from ..running.report import plural
 from .events import EventFile
@@ -188,10 +188,8 @@ class Watcher:
         self.steps.append(entry)
         self.worst = max(self.worst, entry["exit_code"])
         if self.metrics_path is not None and entry["figures"]:
-            with open(self.metrics_path, "a") as fh:
-                fh.write(
-                    json_text({"step": name, "index": len(self.steps) - 1, **entry["figures"]}, indent=None) + "\n"
-                )
+            line = json_text({"step": name, "index": len(self.steps) - 1, **entry["figures"]}, indent=None)
+            append_atomic(self.metrics_path, line + "\n")  # never through a link, never into a FIFO
         if self.events is not None and entry["figures"]:
             self.events.add(len(self.steps) - 1, entry["figures"])
         return entry
@@ -211,9 +209,7 @@ class Watcher:
             "directory_vanished": self.vanished,
             "updated": time.time(),
         }
-        tmp = self.status_path.with_name(f".{self.status_path.name}.{uuid.uuid4().hex[:8]}.tmp")
-        tmp.write_text(json_text(doc) + "\n")
-        os.replace(tmp, self.status_path)
+        write_atomic(self.status_path, json_text(doc) + "\n")
 
     def finish(self, say: Callable[[str], None], *, asked: bool = False) -> int:
         """End the watch: the status file marked stopped, and the exit code: the worst step's, or 2
