@@ -8,7 +8,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..contract.registry import rule
+from ..contract.registry import NotRun, rule
 from ..frames.batch import as_bools, hex_digests, hex_matrix
 from ..frames.views import BatchView
 from .common import NON_POLICY, ragged_index, source_breakdown, token_list, where_first
@@ -648,7 +648,9 @@ def loss_streams(b: BatchView, cfg) -> pl.DataFrame | None:
     silently. Build the streams from token_source after templating, as the mask is.
     """
     has_stream, has_weight = b.has("loss_stream"), b.has("loss_weight")
-    if not (has_stream or has_weight) or not b.ok.any():
+    if not (has_stream or has_weight):
+        raise NotRun("columns loss_stream and loss_weight absent (the log records one loss stream: loss_mask)")
+    if not b.ok.any():
         return None
     t = b.tokens
     parts: list[pl.DataFrame | None] = []
