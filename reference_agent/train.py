@@ -362,6 +362,8 @@ def _record(
         "num_trainable_tokens": int(sum(loss_mask)),
         "wall_clock_s": wall_clock,
         **token_credit(tr.source, float(sum(s["reward"] for s in steps)) if terminated else None),
+        # contract 1.3: the policy loss sums each trained token's surrogate with weight 1 (one loss stream)
+        "loss_weight": [1.0 if m else 0.0 for m in loss_mask],
     }
 
 

@@ -153,7 +153,10 @@ def n_trainable(t: dict) -> int:
 
 def sync_denominator(ctx: Ctx, tid: str) -> None:
     """A pipeline that changed the mask also counted it and summed its loss under it: keep token
-    denominators (and recorded numerator counts) consistent."""
+    denominators (and recorded numerator counts, and per-token loss weights) consistent."""
+    t = ctx.by_id[tid]
+    if t.get("loss_weight") is not None:
+        t["loss_weight"] = [w if (w > 0) == m else float(m) for w, m in zip(t["loss_weight"], t["loss_mask"])]
     for u in ctx.updates:
         if tid in u["trajectory_ids"] and u["reduction"] == "token":
             u["loss_denominator"] = float(sum(n_trainable(ctx.by_id[i]) for i in u["trajectory_ids"]))
