@@ -615,13 +615,20 @@ ECHO_SOURCES = (1, 3)  # user and observation tokens: the text an echo stream ma
 def _stream(b: BatchView) -> np.ndarray:
     """Per token: its loss_stream (0 where null or where the row's list does not line up)."""
     lst = token_list(b, "loss_stream")
+    if lst.complete:
+        return lst.values.astype(np.int64)
     return np.where(lst.present, np.nan_to_num(lst.values, nan=0.0), 0.0).astype(np.int64)
 
 
 def _echoed(b: BatchView) -> np.ndarray:
     """Per token: trained on purpose in the echo stream (a user or observation token there)."""
     t = b.tokens
-    return t.mask & (_stream(b) == ECHO) & np.isin(t.source, ECHO_SOURCES)
+    return t.mask & (_stream(b) == ECHO) & _echo_source(t.source)
+
+
+def _echo_source(source: np.ndarray) -> np.ndarray:
+    """Per token: text an echo stream may train (user or observation)."""
+    return (source == ECHO_SOURCES[0]) | (source == ECHO_SOURCES[1])
 
 
 @rule(
@@ -658,7 +665,8 @@ def loss_streams(b: BatchView, cfg) -> pl.DataFrame | None:
         st = _stream(b)
         lst = token_list(b, "loss_stream")
         parts.append(lst.bad)
-        echo_wrong = t.mask & (st == ECHO) & ~np.isin(t.source, ECHO_SOURCES)
+        echo = t.mask & (st == ECHO)
+        echo_wrong = echo & ~_echo_source(t.source) if echo.any() else echo
         unknown = t.mask & (st > ECHO)
         for where, what in (
             (echo_wrong, "{} token(s) in the echo stream (1) that are not user or observation text; first at "),
@@ -672,11 +680,14 @@ def loss_streams(b: BatchView, cfg) -> pl.DataFrame | None:
     if has_weight:
         lw = token_list(b, "loss_weight")
         parts.append(lw.bad)
-        w = lw.values.astype(np.float64)
-        have = lw.present
-        invalid = have & ~(np.isfinite(w) & (w >= 0))
-        off = have & ~invalid & ~t.mask & (w > 0)
-        dropped = have & ~invalid & t.mask & (w == 0)
+        w = lw.values  # NaN where null or where the row's list does not line up: `present` says which
+        invalid = ~(w >= 0) | (w == np.inf)
+        if not lw.complete:
+            invalid &= lw.present
+        mismatch = (w > 0) != t.mask
+        mismatch &= ~invalid if lw.complete else ~invalid & lw.present
+        off = mismatch & ~t.mask if mismatch.any() else mismatch
+        dropped = mismatch & t.mask if mismatch.any() else mismatch
         for where, what in (
             (invalid, "{} token(s) with a negative or non-finite loss_weight; first at "),
             (off, "{} token(s) outside loss_mask with a positive loss_weight (trained anyway); first at "),

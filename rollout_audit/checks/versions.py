@@ -319,23 +319,27 @@ def routes_replayed(b: BatchView, cfg) -> pl.DataFrame | None:
                 pl.concat_str([pl.col("message"), pl.lit(" (each position must be replayed exactly once)")])
             )
         )
-    tr = b.turns
-    pv = tr["policy_version"].cast(pl.Float64).fill_null(float("nan")).to_numpy()
-    parent = b.turn_parent
+    pv = b.turns["policy_version"].cast(pl.Float64).fill_null(float("nan")).to_numpy()
+    # per row, the range of its turns' versions (turns are contiguous per row in `turns`)
+    counts, start = b.turn_counts, b.turn_start
     lo = np.full(b.n, np.inf)
     hi = np.full(b.n, -np.inf)
-    np.minimum.at(lo, parent, np.where(np.isnan(pv), np.inf, pv))
-    np.maximum.at(hi, parent, np.where(np.isnan(pv), -np.inf, pv))
-    fits = lst.fits[t.row]
+    some = counts > 0
+    if some.any():  # each row's turns run from its start to the next row's (rows without turns skipped)
+        lo[some] = np.fmin.reduceat(pv, start[some])
+        hi[some] = np.fmax.reduceat(pv, start[some])
     v = lst.values
-    lost = fits & ~lst.present
-    k = t.turn.astype(np.int64)
-    inside = (k >= 0) & (k < b.turn_counts[t.row])
+    have = None if lst.complete else lst.present  # complete: a value on every token (the usual case)
+    lost = np.zeros(t.row.size, bool) if have is None else lst.fits[t.row] & ~have
+    key = b.turn_key
     turn_v = np.full(t.row.size, np.nan)
-    turn_v[inside] = pv[b.turn_start[t.row[inside]] + k[inside]]
-    has = fits & lst.present
-    wrong_turn = has & t.policy & ~np.isnan(turn_v) & (v != turn_v)
-    other = has & ~t.policy & ((v < lo[t.row]) | (v > hi[t.row]))
+    idx, _, _ = b.policy_by_turn  # the policy tokens that belong to a turn
+    turn_v[idx] = pv[key[idx]]
+    wrong_turn = np.zeros(t.row.size, bool)
+    bad = v[idx] != turn_v[idx]  # NaN (no route, or a list that does not line up) compares unequal
+    bad &= ~np.isnan(turn_v[idx]) if have is None else ~np.isnan(turn_v[idx]) & have[idx]
+    wrong_turn[idx[bad]] = True
+    other = ~t.policy & ((v < lo[t.row]) | (v > hi[t.row]))
     for where, what in (
         (lost, "no route recorded for {} token(s): a lost segment; first at "),
         (wrong_turn, "{} policy token(s) replayed with routes of another version than their turn's; first at "),
