@@ -21,9 +21,9 @@ from adapterhelp import (
 )
 
 import rollout_audit as ra
-from rollout_audit.contract.config import Config
 from rollout_audit.adapters.base import read_dump
 from rollout_audit.adapters.verl import to_contract
+from rollout_audit.contract.config import Config
 from rollout_audit.integrations.verl import dump
 
 
