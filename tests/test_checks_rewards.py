@@ -525,6 +525,7 @@ def test_r414_overlong_penalty_from_policy_tokens(records):
     assert "policy tokens" in f["message"][0] and "expected" in f["message"][0]
     fixed = next(t for t in t2 if t["trajectory_id"] == touched[0])
     n = fixed["token_source"].count(2)
-    fixed["overlong_penalty"] = min(0.0, -(n - 4) / 44)
+    cut, buf = cfg["max_response_tokens"], cfg["overlong_buffer"]
+    fixed["overlong_penalty"] = min(0.0, -(n - (cut - buf)) / buf)
     assert not blocking(audit(t2, u2, **cfg))
     assert "R414" in audit(trajs, ups, **cfg).not_run  # no penalty recorded

@@ -194,13 +194,13 @@ def rewards_normalised_to_zero(ctx: Ctx) -> list[str]:
 @fault(
     "overlong_penalty_counts_tool_tokens",
     {"R414"},
-    config={"max_response_tokens": 48, "overlong_buffer": 44, "overlong_penalty_factor": 1.0},
+    config={"max_response_tokens": 4096, "overlong_buffer": 4092, "overlong_penalty_factor": 1.0},
 )
 def overlong_penalty_counts_tool_tokens(ctx: Ctx) -> list[str]:
     """The DAPO-style overlong penalty was computed from the response length counted from the
     first agent turn on, tool outputs and templates included, instead of from the policy's own
     tokens (OpenRLHF#1243, #1252). The other episodes carry the penalty of their policy tokens."""
-    cut, buf, factor = 48, 44, 1.0
+    cut, buf, factor = 4096, 4092, 1.0  # the penalty starts after 4 tokens: the agent's episodes reach it
 
     def penalty(n: int) -> float:
         return min(0.0, -(n - (cut - buf)) / buf * factor)

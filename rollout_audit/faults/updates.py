@@ -145,17 +145,25 @@ def _population_std_advantages(ctx: Ctx) -> None:
 def advantages_singleton_groups(ctx: Ctx) -> list[str]:
     """GRPO with the population std (rLLM), but every repeat of a prompt got a uid of its own, so
     each was grouped alone and kept its raw reward as its advantage (the size-1 branch: mean 0,
-    std 1; rllm-org/rllm#776)."""
+    std 1; rllm-org/rllm#776). Broken here in the groups whose rewards differ (in a group where every
+    member succeeded, U604 would fire too)."""
     _population_std_advantages(ctx)
+    key = lambda t: t.get("group_id") or t["task_id"]
     for u in ctx.updates:
+        if u.get("advantages") is None:
+            continue
+        known = [ctx.by_id[i] for i in u["trajectory_ids"] if i in ctx.by_id]
+        rewards: dict[str, set] = {}
+        for t in known:
+            rewards.setdefault(key(t), set()).add(t["reward"])
         touched = []
         for k, tid in enumerate(u["trajectory_ids"]):
-            t = ctx.by_id.get(tid)
-            if t is None or t["reward"] is None or u.get("advantages") is None:
+            m = ctx.by_id.get(tid)
+            if m is None or m["reward"] is None or len(rewards[key(m)]) < 2 or None in rewards[key(m)]:
                 continue
-            if abs(u["advantages"][k] - t["reward"]) > 1e-3:
+            if abs(u["advantages"][k] - m["reward"]) > 1e-3:
                 touched.append(tid)
-            u["advantages"][k] = float(t["reward"])
+            u["advantages"][k] = float(m["reward"])
         if touched:
             return touched
     raise ValueError("the log has no update whose advantages this fault changes")
