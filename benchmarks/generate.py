@@ -355,6 +355,7 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
         "num_policy_tokens": pa.array(m.astype(np.int32)),
         "temperature": pa.array(np.ones(nT, np.float32)),
         "top_p": pa.array(np.ones(nT, np.float32)),
+        "top_k": pa.array(np.zeros(nT, np.int32)),
         "action_text": _take_str([f"<call>{a}</call>" for a in ACTIONS], action),
         "parsed_action": _take_str([json.dumps({"action": a}) for a in ACTIONS], action),
         "observation_text": _take_str([f"obs {k}" for k in range(64)], obs_idx),
@@ -414,6 +415,11 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
         "token_reward": _list(tok_start, pa.array(tok_reward)),
         "token_kl": _list(tok_start, pa.array(tok_kl)),
         "token_returns": _list(tok_start, pa.array(tok_ret)),
+        # contract 1.3: every position's routes from its episode's one version, one policy loss stream
+        "routed_experts_version": _list(tok_start, pa.array(version[row])),
+        "loss_stream": _list(tok_start, pa.array(np.zeros(ntok, np.uint8))),
+        "loss_weight": _list(tok_start, pa.array(mask.astype(np.float32))),
+        "overlong_penalty": pa.array(np.zeros(n)),
     }
     schema = file_schema(plan.shape)
     turn_type = schema.field("turns").type.value_type
@@ -425,7 +431,15 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
 
 # what a generated run has none of (no episode is split, none is kept out of the loss): absent columns
 NOT_GENERATED = frozenset(
-    {"split_from", "split_continues", "split_position", "split_sequence_id", "split_context_id", "loss_excluded"}
+    {
+        "split_from",
+        "split_continues",
+        "split_position",
+        "split_sequence_id",
+        "split_context_id",
+        "loss_excluded",
+        "routed_experts_sha256",  # no expert ids are generated to digest
+    }
 )
 
 

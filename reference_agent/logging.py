@@ -70,6 +70,10 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("final_value", pa.float64()),
         ("num_trainable_tokens", pa.int32()),
         ("wall_clock_s", pa.float64()),
+        ("token_reward", pa.list_(pa.float32())),
+        ("token_kl", pa.list_(pa.float32())),
+        ("token_returns", pa.list_(pa.float32())),
+        ("loss_weight", pa.list_(pa.float32())),
     ]
 )
 
@@ -89,7 +93,7 @@ UPDATE_SCHEMA = pa.schema(
 )
 
 SCHEMAS = {"trajectories": TRAJECTORY_SCHEMA, "updates": UPDATE_SCHEMA}
-VERSIONS = {"trajectories": "1.1", "updates": "1.2"}  # the contract version each file's columns need
+VERSIONS = {"trajectories": "1.3", "updates": "1.2"}  # the contract version each file's columns need
 # How the environment pays each reward component (file metadata `rollout_log.reward_components`):
 # the sparse outcome is paid once, when the episode ends, so R408 checks it without configuration.
 REWARD_COMPONENTS = {"outcome": "terminal"}

@@ -361,7 +361,36 @@ def _record(
         "final_value": final_value,
         "num_trainable_tokens": int(sum(loss_mask)),
         "wall_clock_s": wall_clock,
+        **token_credit(tr.source, float(sum(s["reward"] for s in steps)) if terminated else None),
+        # contract 1.3: the policy loss sums each trained token's surrogate with weight 1 (one loss stream)
+        "loss_weight": [1.0 if m else 0.0 for m in loss_mask],
     }
+
+
+def token_credit(source: list[int], reward: float | None) -> dict[str, list[float]]:
+    """The per-token terms the update builds its GRPO scores from (contract 1.2 token_reward,
+    token_kl, token_returns): the episode reward placed on the last policy token, no KL penalty (the
+    agent's objective has none: 0 on every token) and the reward-to-go at discount 1 of reward − KL
+    over the policy tokens, whose value at the first policy token is the score `update` normalises.
+    An episode without a reward (excluded) carries none."""
+    policy = [i for i, src in enumerate(source) if src == SRC_POLICY]
+    token_reward = [0.0] * len(source)
+    if policy and reward is not None:
+        token_reward[policy[-1]] = reward
+    token_kl = [0.0] * len(source)
+    returns = [0.0] * len(source)
+    to_go = 0.0
+    for i in reversed(policy):
+        to_go += token_reward[i] - token_kl[i]
+        returns[i] = to_go
+    return {"token_reward": token_reward, "token_kl": token_kl, "token_returns": returns}
+
+
+def score(record: dict[str, Any]) -> float:
+    """The episode's GRPO score: its return at the first policy token (the sum of its token rewards
+    less its KL penalties), read from the per-token terms the log records."""
+    first = record["token_source"].index(SRC_POLICY)
+    return float(record["token_returns"][first])
 
 
 def grpo_advantages(rewards: list[float]) -> list[float]:
@@ -394,7 +423,7 @@ def update(
         if len(members) < 2:  # no group-relative comparison possible (std undefined): left out
             continue
         batch += members
-        advantages += grpo_advantages([m["reward"] for m in members])
+        advantages += grpo_advantages([score(m) for m in members])
     record = {
         "update_step": step,
         "trainer_version": version,

@@ -21,6 +21,8 @@ from adapterhelp import (
 )
 
 import rollout_audit as ra
+from rollout_audit.adapters.base import read_dump
+from rollout_audit.adapters.verl import to_contract
 from rollout_audit.contract.config import Config
 from rollout_audit.integrations.verl import dump
 
@@ -174,13 +176,14 @@ def test_glm_builder_dropping_a_non_boundary_token_is_m106_and_m102():
     ]
 
 
-def test_top_k_off_is_accepted_and_a_cutoff_or_bad_value_exits_2(tmp_path):
+def test_top_k_is_recorded_on_every_turn_and_a_bad_value_exits_2(tmp_path):
     src = fixture("verl", "compliant")
-    for value in ("-1", "0"):
+    for value in ("-1", "0", "50"):  # a cut-off is recorded (contract 1.3 turns.top_k): replay applies it
         ok = cli("check", "--from", "verl", src, *context_args(), "--context", f"top_k={value}")
         assert ok.exit_code == 0, ok.output + ok.stderr
+    table = to_contract(read_dump(src), **{**CONTEXT, "top_k": "50"})
+    assert {t["top_k"] for r in table.column("turns").to_pylist() for t in r} == {50}
     for kv, says in (
-        ("top_k=50", "top_k=50"),
         ("top_k=hot", "top_k"),
         ("topk=1", "'topk'"),
         ("temperature=hot", "temperature"),

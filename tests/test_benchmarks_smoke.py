@@ -32,7 +32,7 @@ def test_generated_log_has_the_full_contract(clean):
     for name in info["files"]:
         pf = pq.ParquetFile(clean / name)
         meta = pf.schema_arrow.metadata
-        assert meta[S.META_VERSION] == b"1.2" and meta[S.META_KIND] == b"trajectories"
+        assert meta[S.META_VERSION] == S.CONTRACT_VERSION.encode() and meta[S.META_KIND] == b"trajectories"
         assert pf.metadata.num_row_groups >= 1
         # every column, but those of what a generated run has none of (split episodes, loss exclusions)
         assert pf.schema_arrow.names == [c.name for c in S.columns("trajectories") if c.name not in NOT_GENERATED]

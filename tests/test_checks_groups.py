@@ -127,3 +127,34 @@ def test_g702_band_from_configuration():
     rep = ra.audit(trajs, config=ra.Config(difficulty_band=(0.2, 0.8)))
     assert "G702" in rep.codes()
     assert rep.summary["statistics"]["G702"]["band"] == [0.2, 0.8]
+
+
+# ---------------------------------------------------------------- G703
+
+
+def test_g703_every_group_degenerate_inside_the_band(records):
+    trajs, ups = records
+    assert "G703" not in ra.audit(trajs, ups).codes()
+    for t in trajs:  # rewards zeroed after grouping; the verdicts still vary (alibaba/ROLL#397)
+        if t["reward"] is not None:
+            t["reward"] = 0.0
+    rep = ra.audit(trajs, select=["G703"])
+    f = of(rep, "G703")
+    assert f.height == 1 and f["severity"][0] == "warning"
+    assert (
+        "groups of two or more trajectories are degenerate" in f["message"][0] and "inside the band" in f["message"][0]
+    )
+
+
+def test_g703_silent_when_the_rate_is_outside_the_band():
+    # every task always solved: every group degenerate, but the rate (1.0) says so
+    rep = ra.audit(task_log({0: [True] * 8, 1: [True] * 8}, group_size=4), select=["G703"])
+    assert "G703" not in rep.codes() and "G701" not in rep.codes()
+    # half the tasks solved, half never: degenerate groups, rate 0.5 inside the band: it fires
+    rep = ra.audit(task_log({0: [True] * 8, 1: [False] * 8}, group_size=4), select=["G703"])
+    assert rep.codes() == {"G703"}
+    # one informative group is enough to keep it silent
+    rep = ra.audit(
+        task_log({0: [True] * 8, 1: [False] * 4 + [True, False, False, False]}, group_size=4), select=["G703"]
+    )
+    assert "G703" not in rep.codes()

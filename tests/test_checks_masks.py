@@ -19,8 +19,9 @@ from rollout_audit.contract.schema import context_sha256
 def test_compliant_log_is_silent(records):
     rep = ra.audit(*records)
     assert not loud(rep), rep.render()
-    # every stable M check whose inputs the synthetic log records ran (M107 needs template renders)
-    runnable = {c for c, r in ra.all_rules().items() if c.startswith("M") and not r.preview} - {"M107"}
+    # every stable M check whose inputs the synthetic log records ran (M107 needs template renders,
+    # M110 loss streams or weights)
+    runnable = {c for c, r in ra.all_rules().items() if c.startswith("M") and not r.preview} - {"M107", "M110"}
     for code in runnable:
         assert code not in rep.not_run and code in rep.summary["checks_run"], code
 
@@ -343,3 +344,43 @@ def test_m106_mixes_longer_engine_turns_with_differing_ids(clean_records, data):
     rep = ra.audit(trajs, ups, select=["M106"])
     assert rep.crashes == [] and rep.exit_code() == 1
     assert set(only(rep, "M106").select("trajectory_id", "turn").rows()) == touched
+
+
+# ---------------------------------------------------------------- M110: loss streams
+
+
+def test_echo_stream_is_clean_and_m110_fires_on_a_wrong_stream_or_weight(records):
+    from rollout_audit.faults import apply
+    from rollout_audit.faults.base import Ctx
+    from rollout_audit.faults.masks import echo_stream
+
+    trajs, ups = records
+    assert {"M110"} & set(ra.audit(trajs, ups).codes()) == set()
+    ctx = Ctx(copy.deepcopy(trajs), copy.deepcopy(ups), 0)
+    echoed = echo_stream(ctx)  # prime-rl's echo: tool bodies trained on purpose in stream 1
+    assert not loud(ra.audit(ctx.trajs, ctx.updates))
+    # the same tool tokens trained in the policy stream: M101, as without streams
+    echoed[0]["loss_stream"] = [0] * len(echoed[0]["token_ids"])
+    f = only(ra.audit(ctx.trajs, ctx.updates), "M101")
+    assert f["trajectory_id"].to_list() == [echoed[0]["trajectory_id"]] and "observation" in f["message"][0]
+    (t2, u2), touched = apply("echo_stream_takes_next_action", trajs, ups)
+    f = only(ra.audit(t2, u2), "M110")
+    assert f["trajectory_id"].to_list() == touched and "(policy token)" in f["message"][0]
+    # the template tokens around the tool body in the echo stream: M110, and M101 (trained at all)
+    t = next(t for t in ctx.trajs if 4 in t["token_source"] and t in echoed)
+    for i, s in enumerate(t["token_source"]):
+        if s == 4:
+            t["loss_mask"][i], t["loss_stream"][i], t["loss_weight"][i] = True, 1, 1.0
+    rep = ra.audit(ctx.trajs, ctx.updates, config=Config(select=["M101", "M110"]))
+    assert (
+        loud(rep) == {"M101", "M110"}
+        and "template token" in rep.findings.filter(pl.col("code") == "M110")["message"][0]
+    )
+    (t2, u2), touched = apply("loss_weight_on_masked_token", trajs, ups)
+    f = only(ra.audit(t2, u2), "M110")
+    assert f["trajectory_id"].to_list() == touched and "positive loss_weight" in f["message"][0]
+    t = next(t for t in t2 if t["trajectory_id"] not in touched and any(t["loss_mask"]))
+    t["loss_weight"][t["loss_mask"].index(True)] = 0.0
+    t["loss_weight"][0] = float("nan")
+    msgs = ra.audit(t2, u2).findings.filter(pl.col("trajectory_id") == t["trajectory_id"])["message"].to_list()
+    assert any("loss_weight 0 (dropped silently)" in m for m in msgs) and any("non-finite" in m for m in msgs)

@@ -507,3 +507,25 @@ def test_r406_sum_message(records):
         tr["td_residual"] = 5e-5  # each within atol = 1e-4, the sum is not
     expected = "Σ γ^t td_residual_t = 0.0002, expected G_0 − V(h_0) + γ^T V(h_T) = 0"
     assert message(trajs, ups, "R406") == [(a["trajectory_id"], None, expected)]
+
+
+# ---------------------------------------------------------------- R414: the overlong penalty
+
+
+def test_r414_overlong_penalty_from_policy_tokens(records):
+    from rollout_audit.faults import FAULTS, apply
+
+    trajs, ups = records
+    # the reference agent's budget (48): longer synthetic episodes fire T306 too, so only R414 is run
+    cfg = {**FAULTS["overlong_penalty_counts_tool_tokens"].config, "select": ["R414"]}
+    (t2, u2), touched = apply("overlong_penalty_counts_tool_tokens", trajs, ups)
+    assert "R414" in audit(t2, u2).not_run  # the budget, buffer and factor are not configured
+    f = rows(audit(t2, u2, **cfg), "R414")
+    assert blocking(audit(t2, u2, **cfg)) == {"R414"} and f["trajectory_id"].to_list() == touched
+    assert "policy tokens" in f["message"][0] and "expected" in f["message"][0]
+    fixed = next(t for t in t2 if t["trajectory_id"] == touched[0])
+    n = fixed["token_source"].count(2)
+    cut, buf = cfg["max_response_tokens"], cfg["overlong_buffer"]
+    fixed["overlong_penalty"] = min(0.0, -(n - (cut - buf)) / buf)
+    assert not blocking(audit(t2, u2, **cfg))
+    assert "R414" in audit(trajs, ups, **cfg).not_run  # no penalty recorded

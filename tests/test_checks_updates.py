@@ -38,6 +38,8 @@ def recompute(rewards_by_group: dict[str, list[float]], estimator: str, eps: flo
             a = np.zeros(n)
         elif estimator == "grpo":
             a = (r - r.mean()) / (r.std(ddof=1) + eps)
+        elif estimator == "grpo_population_std":
+            a = (r - r.mean()) / (r.std(ddof=0) + eps)
         elif estimator == "grpo_no_std":
             a = r - r.mean()
         elif estimator == "rloo":
@@ -226,7 +228,7 @@ def test_u603_wrong_advantage_named(records):
     assert "update 1 (grpo)" in f["message"][0] and "expected" in f["message"][0]
 
 
-@pytest.mark.parametrize("estimator", ["grpo_no_std", "rloo", "reinforce"])
+@pytest.mark.parametrize("estimator", ["grpo_no_std", "rloo", "reinforce", "grpo_population_std"])
 def test_u603_other_estimators_recomputed(records, estimator):
     trajs, ups = records
     for u in ups:
@@ -237,6 +239,22 @@ def test_u603_other_estimators_recomputed(records, estimator):
     # reinforce's A = R is also non-zero in an all-success (degenerate) group: U604 joins in then
     assert blocking(rep) == ({"U603", "U604"} if estimator == "reinforce" else {"U603"})
     assert set(of(rep, "U603")["trajectory_id"]) <= set(ups[0]["trajectory_ids"])
+
+
+def test_u603_population_std_singleton_groups(records):
+    """rllm#776: every repeat of a prompt grouped alone, so each kept its raw reward as its
+    advantage (the size-1 branch: mean 0, std 1) under GRPO with the population std."""
+    trajs, ups = records
+    for u in ups:
+        set_advantages(trajs, u, "grpo_population_std")
+    assert not (ra.audit(trajs, ups).codes() & U)
+    tb = by_id(trajs)
+    ups[1]["advantages"] = [tb[t]["reward"] for t in ups[1]["trajectory_ids"]]
+    rep = ra.audit(trajs, ups)
+    assert "U603" in blocking(rep)
+    _, tid = informative_member(trajs, ups[1])
+    assert tid in set(of(rep, "U603")["trajectory_id"]) <= set(ups[1]["trajectory_ids"])
+    assert "grpo_population_std" in of(rep, "U603")["message"][0]
 
 
 def test_u603_uses_configured_epsilon(records):
@@ -535,3 +553,12 @@ def test_u608_allows_a_valid_episode_counted_but_not_trained(records):
         ups[0][c] = ups[0][c][1:]
     ups[0]["loss_denominator"] = float(trainable(trajs, ups[0]["trajectory_ids"]))
     assert not {"U606", "U608"} & blocking(ra.audit(trajs, ups))
+
+
+def test_u603_fault_singleton_groups_caught(records):
+    from rollout_audit.faults import apply
+
+    trajs, ups = records
+    (t2, u2), touched = apply("advantages_singleton_groups", trajs, ups)
+    rep = ra.audit(t2, u2)
+    assert "U603" in blocking(rep) and set(touched) <= set(of(rep, "U603")["trajectory_id"])

@@ -165,3 +165,31 @@ def test_p504_histogram_of_versions_per_episode(records):
     )
     st = rep.summary["statistics"]["P504"]
     assert st["versions_per_episode"] == {"1": n - 2, "2": 1, "3": 1} and st["multi_version_episodes"] == 2
+
+
+# ---------------------------------------------------------------- P505: routing replay
+
+
+def test_p505_routes_once_from_each_turns_version(records):
+    from rollout_audit.faults import apply
+    from rollout_audit.faults.versions import record_routes
+
+    trajs, ups = records
+    assert "P505" in ra.audit(trajs, ups).not_run  # no routes recorded: not run, never a finding
+    for t in trajs:
+        record_routes(t)
+    assert not loud(ra.audit(trajs, ups))
+    (dup, u2), touched = apply("routes_resumed_duplicated", trajs, ups)
+    f = only(ra.audit(dup, u2), "P505")
+    assert f["trajectory_id"].to_list() == touched and "entries for" in f["message"][0]
+    (old, u2), touched = apply("routes_of_resumed_weights", trajs, ups)
+    f = only(ra.audit(old, u2), "P505")
+    assert f["trajectory_id"].to_list() == touched and f["turn"][0] == 0
+    assert "routes of another version" in f["message"][0]
+    # a lost segment: the routes of the prompt's first token were never kept
+    t = next(t for t in trajs if t["token_source"][0] != 2)
+    t["routed_experts_version"][0] = None
+    f = only(ra.audit(trajs, ups), "P505")
+    assert (
+        f["trajectory_id"].to_list() == [t["trajectory_id"]] and f["position"][0] == 0 and "no route" in f["message"][0]
+    )

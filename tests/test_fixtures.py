@@ -24,10 +24,11 @@ def test_compliant_agent_log_is_clean():
     rep = ra.audit(FIXTURES / "compliant")
     assert serious(rep).is_empty(), rep.render()
     # replay is off by default; R408 runs on the declaration, T306 on the collector's budget (the
-    # pyproject.toml beside the log), M107 on the template render of each turn; the agent places no
-    # token-level rewards, KL or returns (R411-R413) but records the numerator and group-statistics
-    # members of each update (U607, U608 run)
-    assert set(rep.not_run) == {"L205", "L206", "L207", "L209", "R411", "R412", "R413"}
+    # pyproject.toml beside the log), M107 on the template render of each turn; the agent records its
+    # token-level rewards, KL and returns (R411-R413), its loss weights (M110), the numerator and
+    # group-statistics members of each update (U607, U608 run); it is no mixture of experts (P505)
+    # and applies no overlong penalty (R414)
+    assert set(rep.not_run) == {"L205", "L206", "L207", "L209", "P505", "R414"}
     assert rep.summary["configuration"].endswith("compliant/pyproject.toml [tool.rollout-audit]")
     assert rep.summary["rows_read"] > 100
     assert_show_marks_what_check_reports(FIXTURES / "compliant", *checked(FIXTURES / "compliant"))

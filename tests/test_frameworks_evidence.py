@@ -73,15 +73,21 @@ def test_compliant_framework_log_with_evidence_is_clean(name):
 @pytest.mark.parametrize("fault", REPORTED)
 @pytest.mark.parametrize("name", FRAMEWORKS)
 def test_reported_fault_is_caught_on_the_framework_log(name, fault):
+    caught(name, fault, EVIDENCE | {"U603"}, NO_TARGET)
+
+
+def caught(name: str, fault: str, watched: set[str], no_target: set, **config) -> None:
+    """`fault` on the framework's compliant log raises exactly its codes among `watched`, naming
+    what it touched; or it finds nothing to break, where `no_target` says so."""
     trajs, updates = framework_log(name)
     try:
         (bt, bu), touched = apply(fault, trajs, updates)
     except ValueError:
-        assert (name, fault) in NO_TARGET, f"{fault} found nothing to break in {name}'s fixture"
+        assert (name, fault) in no_target, f"{fault} found nothing to break in {name}'s fixture"
         return
-    assert (name, fault) not in NO_TARGET
-    rep = ra.audit(bt, bu, config=Config(**FAULTS[fault].config))
-    found = serious(rep) & (EVIDENCE | {"U603"})
+    assert (name, fault) not in no_target
+    rep = ra.audit(bt, bu, config=Config(**{**config, **FAULTS[fault].config}))
+    found = serious(rep) & watched
     assert found == set(FAULTS[fault].codes), rep.render()
     named = set(rep.findings.filter(rep.findings["code"].is_in(list(FAULTS[fault].codes)))["trajectory_id"].to_list())
     assert set(touched) <= named

@@ -191,7 +191,7 @@ def _updates(out: Path) -> list[dict]:
 def test_log_files_checkpoints_and_metadata(run_dir: Path) -> None:
     meta = pq.read_schema(run_dir / "trajectories" / "part-0000.parquet").metadata
     # contract 1.1: the turns carry the chat template's render (template_context_length / _sha256)
-    assert meta[b"rollout_log.schema_version"] == b"1.1" and meta[b"rollout_log.kind"] == b"trajectories"
+    assert meta[b"rollout_log.schema_version"] == b"1.3" and meta[b"rollout_log.kind"] == b"trajectories"
     n = TEST_CFG.iterations * TEST_CFG.epochs + 1
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == sorted(f"v{i}.safetensors" for i in range(n))
     assert load_checkpoint(run_dir / "checkpoints" / f"v{n - 1}.safetensors").cfg.vocab_size == Tokenizer().vocab_size

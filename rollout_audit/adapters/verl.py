@@ -369,13 +369,8 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
     """verl agent-loop records as contract trajectories; with trainer-side records (`dump_batch`), what
     the trainer trained of them."""
     ctx = context_values(context, allowed=OWN_CONTEXT)
-    if ctx.get("top_k", 0) > 0:
-        raise AdapterError(
-            f"context top_k={ctx['top_k']}: the contract records no top-k cutoff, so replay (L205-L207) would "
-            "score the log-probs without it; only -1 or 0 (off, verl's default) can be audited"
-        )
     sampler, trainer = _split(list(records))
-    rows = rows_of(sampler, row, ctx)
+    rows = with_top_k(rows_of(sampler, row, ctx), ctx.get("top_k"))
     settings: dict[str, Any] = {"truncation": "penalize"}
     said = POLICY
     if trainer:
@@ -451,3 +446,15 @@ def updates(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table | 
     table = records_to_table(rows, kind="updates")
     meta = {**(table.schema.metadata or {}), S.META_NOT_RECORDED: json.dumps(lacks_, sort_keys=True).encode()}
     return table.replace_schema_metadata(meta)
+
+
+def with_top_k(rows: list[dict[str, Any]], top_k: int | None) -> list[dict[str, Any]]:
+    """Each turn's top-k cut-off (contract 1.3 turns.top_k), from the run's `rollout.top_k`: verl sends
+    that one value to the engine with every generate call (agent_loop.py:593), so every turn of every
+    sample was sampled under it. Not given: not recorded (replay then assumes none)."""
+    if top_k is None:
+        return rows
+    for r in rows:
+        for turn in r.get("turns") or ():
+            turn["top_k"] = top_k
+    return rows

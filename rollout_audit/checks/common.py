@@ -6,6 +6,10 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..frames.views import BatchView
 
 # token_source values other than policy, with the name used in messages (5: out of range)
 NON_POLICY = ((0, "system"), (1, "user"), (3, "observation"), (4, "template"), (5, "invalid source"))
@@ -75,3 +79,50 @@ def of_rows(parent: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
     hit = np.zeros(n, bool)
     hit[rows] = True
     return hit[parent]
+
+
+class TokenList:
+    """A per-token list column aligned with the batch's token arrays: `values` as stored (float32
+    or float64; NaN where null or where the row's list does not line up: upcast the indices you
+    sum over), `present` per token (`complete`: on every token), `fits` per row
+    (the list is there and as long as the row's tokens), `broken` per row (there, but of
+    another length) and `bad`, a finding for each broken row."""
+
+    def __init__(self, b: BatchView, name: str) -> None:
+        t = b.tokens
+        a = b.col(name)
+        lens = pc.list_value_length(a).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        self.fits = b.ok & (lens >= 0) & (lens == t.n_tok)
+        self.broken = b.ok & (lens >= 0) & (lens != t.n_tok)
+        whole = bool(self.fits.all())  # the usual case: no take, and the values come out in token order
+        flat = (a if whole else a.take(pa.array(np.flatnonzero(self.fits)))).flatten()
+        if not (pa.types.is_float32(flat.type) or pa.types.is_float64(flat.type)):
+            flat = flat.cast(pa.float64())
+        vals = flat.to_numpy(zero_copy_only=False)  # NaN under a null
+        valid = pc.is_valid(flat).to_numpy(zero_copy_only=False) if flat.null_count else np.ones(len(flat), bool)
+        self.complete = whole and not flat.null_count  # a value on every token: `present` need not be read
+        if whole:
+            self.values, self.present = vals, valid
+        else:
+            have = self.fits[t.row]
+            self.values = np.full(t.row.size, np.nan, dtype=vals.dtype)
+            self.values[have] = vals
+            self.present = np.zeros(t.row.size, bool)
+            self.present[have] = valid
+        off = np.flatnonzero(self.broken)
+        self.bad: pl.DataFrame | None = None
+        if not off.size:
+            return
+        self.bad = pl.DataFrame(
+            {"trajectory_id": b.ids.gather(off), "_n": lens[off], "_k": t.n_tok[off].astype(np.int64)},
+            schema={"trajectory_id": pl.String, "_n": pl.Int64, "_k": pl.Int64},
+        ).select(
+            "trajectory_id",
+            pl.format(f"{name} has {{}} entries for {{}} tokens; it is not read", "_n", "_k").alias("message"),
+        )
+
+
+def token_list(b: BatchView, name: str) -> TokenList:
+    """`TokenList(b, name)`, made once per batch for the checks that read `name` over the same token
+    lists (R411 and R413 read token_reward, R412 and R413 token_kl)."""
+    return b.shared(f"{name} over {sorted(b.lists)}", (name,), lambda: TokenList(b, name))

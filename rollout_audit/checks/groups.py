@@ -37,13 +37,19 @@ def _task_order(row: dict) -> tuple:
     return (row["task_id"] is not None, row["task_id"] or "")
 
 
+def _groups(t: pl.DataFrame, cfg) -> pl.DataFrame:
+    """Per (task, group) of the scored trajectories `t`: its size and whether it is degenerate
+    (every reward equal within atol)."""
+    return t.group_by("task_id", "_g").agg(
+        pl.len().alias("size"), ((pl.col("reward").max() - pl.col("reward").min()) <= cfg.atol).alias("degenerate")
+    )
+
+
 def _per_task(log, cfg) -> pl.DataFrame:
     """Per task: trajectories, groups, median group size G, success estimate p, P_info,
     expected groups to one informative comparison, observed and expected degenerate shares."""
     t = _scored(log, cfg)
-    groups = t.group_by("task_id", "_g").agg(
-        pl.len().alias("size"), ((pl.col("reward").max() - pl.col("reward").min()) <= cfg.atol).alias("degenerate")
-    )
+    groups = _groups(t, cfg)
     per = (
         t.group_by("task_id")
         .agg(pl.len().alias("trajectories"), pl.col("_success").mean().alias("p"))
@@ -202,3 +208,47 @@ def _merge_band(parts: list) -> tuple:
     st = {k: sum(p[k] for p in parts) for k in ("scored", "successes", "tasks", "tasks_below_band", "tasks_above_band")}
     st["band"] = parts[0]["band"]
     return st, None, _band(st)
+
+
+@rule(
+    "G703",
+    "every group is degenerate while the success rate is inside the band",
+    "warning",
+    scope="log",
+    requires=("task_id", "reward"),
+    optional=("infra_error", "verifier_success", "group_id"),
+    config=("atol", "difficulty_band"),
+)
+def all_groups_degenerate(log, cfg) -> pl.DataFrame | None:
+    """Every group of the log is degenerate (all its rewards equal), although the verdicts say the
+    tasks are neither always solved nor never solved: the global success rate is inside the
+    difficulty band.
+
+    Lesson “When a rollout group contains no relative signal”: a group carries signal only when its
+    rewards differ. With successes and failures in the batch, a run where no group holds two
+    different rewards has lost the signal between the verifier and the reward (alibaba/ROLL#397:
+    reward normalisation zeroed every reward, and with it every advantage), and the update
+    learns nothing while the success rate looks healthy. G701 lists degenerate groups per task
+    as information; this is the log-wide case, a warning. Groups and success as in G701 (p is
+    verifier_success, reward > 0 where absent; band = configuration difficulty_band); it needs
+    at least two groups of two or more members. Check the reward after every transformation
+    (normalisation, clipping, shaping) against the verdict it was computed from.
+    """
+    low, high = cfg.difficulty_band
+    t = _scored(log, cfg)
+    groups = _groups(t, cfg)
+    sized = groups.filter(pl.col("size") >= 2)
+    if sized.height < 2 or not sized["degenerate"].all():
+        return None
+    rate = float(t["_success"].sum()) / t.height
+    if not low <= rate <= high:
+        return None
+    return pl.DataFrame(
+        {
+            "message": [
+                f"all {sized.height} groups of two or more trajectories are degenerate (every reward equal within "
+                f"the group), but the success rate is {rate:.3f}, inside the band [{low}, {high}]: "
+                f"{int(t['_success'].sum())} successes in {t.height} scored trajectories; no group carries relative signal"
+            ]
+        }
+    )

@@ -8,10 +8,10 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..contract.registry import rule
+from ..contract.registry import NotRun, rule
 from ..frames.batch import as_bools, hex_digests, hex_matrix
 from ..frames.views import BatchView
-from .common import NON_POLICY, ragged_index, source_breakdown, where_first
+from .common import NON_POLICY, ragged_index, source_breakdown, token_list, where_first
 
 
 @rule(
@@ -19,7 +19,7 @@ from .common import NON_POLICY, ragged_index, source_breakdown, where_first
     "loss_mask true on a token the policy did not sample",
     "error",
     requires=("loss_mask", "token_source"),
-    optional=("token_turn",),
+    optional=("token_turn", "loss_stream"),
 )
 def mask_on_non_policy(b: BatchView, cfg) -> pl.DataFrame | None:
     """loss_mask is true on a token the policy did not sample (system, user, tool/observation
@@ -30,15 +30,26 @@ def mask_on_non_policy(b: BatchView, cfg) -> pl.DataFrame | None:
     policy loss; training on a tool output or a chat-template token teaches the model to
     predict the environment and dilutes the gradient of its own actions. Build loss_mask as
     `token_source == 2` (or a subset of it), after the chat template and tool outputs have been
-    inserted, not from message roles before templating.
+    inserted, not from message roles before templating. A user or observation token that the
+    trainer puts in the echo loss stream (contract 1.3 loss_stream = 1: prime-rl's echo trains
+    tool and user bodies on purpose with a cross-entropy loss of its own) is not counted here;
+    M110 checks the streams.
     """
     if not b.ok.any() or not b.any_count(*(f"n_trainable_src{s}" for s, _ in NON_POLICY)):
         return None
     t = b.tokens
     bad = t.mask & ~t.policy
+    if b.has("loss_stream") and bad.any():
+        bad &= ~_echoed(b)
     if not bad.any():
         return None
-    loc = b.locate(bad).join(b.traj.select("_row", *(f"n_trainable_src{s}" for s, _ in NON_POLICY)), on="_row")
+    counts = b.traj.select("_row", *(f"n_trainable_src{s}" for s, _ in NON_POLICY))
+    if b.has("loss_stream"):  # the echoed tokens are not counted: the breakdown is of `bad` itself
+        per = np.bincount(t.row[bad] * 6 + np.minimum(t.source[bad], 5), minlength=b.n * 6).reshape(b.n, 6)
+        counts = counts.with_columns(
+            pl.Series(f"n_trainable_src{s}", per[counts["_row"].to_numpy(), s]) for s, _ in NON_POLICY
+        )
+    loc = b.locate(bad).join(counts, on="_row")
     return loc.select(
         "trajectory_id",
         "turn",
@@ -593,5 +604,116 @@ def excluded_but_trained(b: BatchView, cfg) -> pl.DataFrame | None:
         "position",
         pl.format("loss_excluded is true, but loss_mask is true on {} token(s); expected none; first at ", "n")
         .add(where_first())
+        .alias("message"),
+    )
+
+
+ECHO = 1  # loss_stream of the cross-entropy (echo) loss on environment text
+ECHO_SOURCES = (1, 3)  # user and observation tokens: the text an echo stream may train
+
+
+def _stream(b: BatchView) -> np.ndarray:
+    """Per token: its loss_stream (0 where null or where the row's list does not line up)."""
+    lst = token_list(b, "loss_stream")
+    if lst.complete:
+        return lst.values.astype(np.int64)
+    return np.where(lst.present, np.nan_to_num(lst.values, nan=0.0), 0.0).astype(np.int64)
+
+
+def _echoed(b: BatchView) -> np.ndarray:
+    """Per token: trained on purpose in the echo stream (a user or observation token there)."""
+    t = b.tokens
+    return t.mask & (_stream(b) == ECHO) & _echo_source(t.source)
+
+
+def _echo_source(source: np.ndarray) -> np.ndarray:
+    """Per token: text an echo stream may train (user or observation)."""
+    return (source == ECHO_SOURCES[0]) | (source == ECHO_SOURCES[1])
+
+
+@rule(
+    "M110",
+    "a loss stream's tokens or weights disagree with its purpose",
+    "error",
+    requires=("loss_mask", "token_source"),
+    optional=("token_turn", "loss_stream", "loss_weight"),
+)
+def loss_streams(b: BatchView, cfg) -> pl.DataFrame | None:
+    """A token's loss stream or weight (contract 1.3 loss_stream, loss_weight) disagrees with what
+    the stream is for, or with loss_mask.
+
+    Lesson “Who generated each token” and “Trainable-token masks and signal dilution”: a trainer
+    may train more than the policy's own tokens on purpose, in a loss of their own: prime-rl's
+    echo adds a cross-entropy stream on tool and user bodies, verifiers nodes carry per-token
+    loss_weights. One mask cannot say which tokens go where; the streams can, and each has a
+    purpose the tokens must fit. Stream 0, the policy-gradient loss, takes only tokens the
+    policy sampled (token_source 2; M101 reports the others); stream 1, the echo loss, takes
+    only user and observation tokens (source 1 or 3): a policy token there is trained twice, a
+    template or system token teaches the chat format; any other stream value is unknown. A
+    weight must be finite and never negative, positive where loss_mask is true and 0 elsewhere:
+    a weight on a masked-out token trains it anyway, a zero weight on a trained token drops it
+    silently. Build the streams from token_source after templating, as the mask is.
+    """
+    has_stream, has_weight = b.has("loss_stream"), b.has("loss_weight")
+    if not (has_stream or has_weight):
+        raise NotRun("columns loss_stream and loss_weight absent (the log records one loss stream: loss_mask)")
+    if not b.ok.any():
+        return None
+    t = b.tokens
+    parts: list[pl.DataFrame | None] = []
+    if has_stream:
+        st = _stream(b)
+        lst = token_list(b, "loss_stream")
+        parts.append(lst.bad)
+        echo = t.mask & (st == ECHO)
+        echo_wrong = echo & ~_echo_source(t.source) if echo.any() else echo
+        unknown = t.mask & (st > ECHO)
+        for where, what in (
+            (echo_wrong, "{} token(s) in the echo stream (1) that are not user or observation text; first at "),
+            (
+                unknown,
+                "{} trained token(s) in a loss stream the contract does not define (0 policy, 1 echo); first at ",
+            ),
+        ):
+            if where.any():
+                parts.append(_stream_finding(b, where, what))
+    if has_weight:
+        lw = token_list(b, "loss_weight")
+        parts.append(lw.bad)
+        w = lw.values  # NaN where null or where the row's list does not line up: `present` says which
+        invalid = ~(w >= 0) | (w == np.inf)
+        if not lw.complete:
+            invalid &= lw.present
+        mismatch = (w > 0) != t.mask
+        mismatch &= ~invalid if lw.complete else ~invalid & lw.present
+        off = mismatch & ~t.mask if mismatch.any() else mismatch
+        dropped = mismatch & t.mask if mismatch.any() else mismatch
+        for where, what in (
+            (invalid, "{} token(s) with a negative or non-finite loss_weight; first at "),
+            (off, "{} token(s) outside loss_mask with a positive loss_weight (trained anyway); first at "),
+            (dropped, "{} token(s) in loss_mask with loss_weight 0 (dropped silently); first at "),
+        ):
+            if where.any():
+                parts.append(_stream_finding(b, where, what))
+    kept = [d for d in parts if d is not None and d.height]
+    return pl.concat(kept, how="diagonal_relaxed") if kept else None
+
+
+def _stream_finding(b: BatchView, where: np.ndarray, what: str) -> pl.DataFrame:
+    idx = b.locate(where)
+    src = b.tokens.source[b.tokens.starts[idx["_row"].to_numpy()] + idx["position"].to_numpy()].astype(np.int64)
+    names = {**{k: v for k, v in NON_POLICY}, 2: "policy"}
+    return idx.with_columns(pl.Series("_src", src)).select(
+        "trajectory_id",
+        "turn",
+        "position",
+        pl.format(what, "n")
+        .add(where_first())
+        .add(
+            pl.format(
+                " ({} token)",
+                pl.col("_src").replace_strict(list(names), list(names.values()), default="invalid source"),
+            )
+        )
         .alias("message"),
     )

@@ -28,6 +28,7 @@ _READS = (
     "turns.policy_version",
     "turns.temperature",
     "turns.top_p",
+    "turns.top_k",
 )
 _REPLAY_CONFIG = (
     "replay",

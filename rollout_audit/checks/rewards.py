@@ -18,7 +18,7 @@ from ..contract import schema as S
 from ..contract.registry import NotRun, rule
 from ..frames.batch import as_bools, segment_sum, validity
 from ..frames.views import BatchView, frame_of
-from .common import beyond, may_differ, num, of_rows, tolerance
+from .common import TokenList, beyond, may_differ, num, of_rows, token_list, tolerance
 
 _G = pl.col("_gamma")
 _GT = pl.col("_g_t")  # γ^t
@@ -659,53 +659,6 @@ def reward_vs_verifier(log, cfg) -> pl.DataFrame | None:
 # ------------------------------------------------------------------ R411-R413: per-token rewards, KL and returns
 
 
-class _List:
-    """A per-token list column aligned with the batch's token arrays: `values` as stored (float32
-    or float64; NaN where null or where the row's list does not line up: upcast the indices you
-    sum over), `present` per token (`complete`: on every token), `fits` per row
-    (the list is there and as long as the row's tokens), `broken` per row (there, but of
-    another length) and `bad`, a finding for each broken row."""
-
-    def __init__(self, b: BatchView, name: str) -> None:
-        t = b.tokens
-        a = b.col(name)
-        lens = pc.list_value_length(a).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-        self.fits = b.ok & (lens >= 0) & (lens == t.n_tok)
-        self.broken = b.ok & (lens >= 0) & (lens != t.n_tok)
-        whole = bool(self.fits.all())  # the usual case: no take, and the values come out in token order
-        flat = (a if whole else a.take(pa.array(np.flatnonzero(self.fits)))).flatten()
-        if not (pa.types.is_float32(flat.type) or pa.types.is_float64(flat.type)):
-            flat = flat.cast(pa.float64())
-        vals = flat.to_numpy(zero_copy_only=False)  # NaN under a null
-        valid = pc.is_valid(flat).to_numpy(zero_copy_only=False) if flat.null_count else np.ones(len(flat), bool)
-        self.complete = whole and not flat.null_count  # a value on every token: `present` need not be read
-        if whole:
-            self.values, self.present = vals, valid
-        else:
-            have = self.fits[t.row]
-            self.values = np.full(t.row.size, np.nan, dtype=vals.dtype)
-            self.values[have] = vals
-            self.present = np.zeros(t.row.size, bool)
-            self.present[have] = valid
-        off = np.flatnonzero(self.broken)
-        self.bad: pl.DataFrame | None = None
-        if not off.size:
-            return
-        self.bad = pl.DataFrame(
-            {"trajectory_id": b.ids.gather(off), "_n": lens[off], "_k": t.n_tok[off].astype(np.int64)},
-            schema={"trajectory_id": pl.String, "_n": pl.Int64, "_k": pl.Int64},
-        ).select(
-            "trajectory_id",
-            pl.format(f"{name} has {{}} entries for {{}} tokens; it is not read", "_n", "_k").alias("message"),
-        )
-
-
-def _list(b: BatchView, name: str) -> _List:
-    """`_List(b, name)`, made once per batch for the checks that read `name` over the same token
-    lists (R411 and R413 read token_reward, R412 and R413 token_kl)."""
-    return b.shared(f"{name} over {sorted(b.lists)}", (name,), lambda: _List(b, name))
-
-
 def _findings(*parts: pl.DataFrame | None) -> pl.DataFrame | None:
     kept = [d for d in parts if d is not None and d.height]
     return pl.concat(kept, how="diagonal_relaxed") if kept else None
@@ -734,7 +687,7 @@ def _to_go(v: np.ndarray, row: np.ndarray) -> np.ndarray:
     return np.repeat(c[last], np.diff(last, prepend=-1)) - c + v
 
 
-def _at(lst: _List, at: np.ndarray) -> np.ndarray:
+def _at(lst: TokenList, at: np.ndarray) -> np.ndarray:
     """The list's values at the token indices `at` in float64, a null read as 0."""
     v = lst.values[at].astype(np.float64)
     if not lst.complete:
@@ -766,7 +719,7 @@ def reward_placement(b: BatchView, cfg) -> pl.DataFrame | None:
     trainer writes the score at (the position of the last sampled token, before padding), or
     record the placement it uses.
     """
-    lst = _list(b, "token_reward")
+    lst = token_list(b, "token_reward")
     t = b.tokens
     p = t.policy_index
     last = np.zeros(t.row.size, bool)
@@ -827,7 +780,7 @@ def kl_on_non_policy(b: BatchView, cfg) -> pl.DataFrame | None:
     and names the source of the first. A NaN is a finding too. Fix the trainer to multiply the
     KL by the loss mask before it enters the reward (or record the KL it really used).
     """
-    lst = _list(b, "token_kl")
+    lst = token_list(b, "token_kl")
     wrong = lst.present & ~(lst.values == 0) & ~b.tokens.policy
     off = None
     if wrong.any():
@@ -868,9 +821,9 @@ def token_returns(b: BatchView, cfg) -> pl.DataFrame | None:
     Compared within atol + rtol·|G|. Fix the return computation to skip (mask) the tokens the
     policy did not sample.
     """
-    ret, rew = _list(b, "token_returns"), _list(b, "token_reward")
+    ret, rew = token_list(b, "token_returns"), token_list(b, "token_reward")
     rows = ret.fits & rew.fits
-    kl = _list(b, "token_kl") if b.has("token_kl") else None
+    kl = token_list(b, "token_kl") if b.has("token_kl") else None
     if kl is not None:
         rows &= ~kl.broken
 
@@ -911,3 +864,56 @@ def token_returns(b: BatchView, cfg) -> pl.DataFrame | None:
             ).alias("message"),
         )
     return _findings(ret.bad, rew.bad, None if kl is None else kl.bad, off)
+
+
+# ------------------------------------------------------------------ R414: the overlong penalty
+
+
+@rule(
+    "R414",
+    "overlong penalty differs from the one recomputed from the policy tokens",
+    "error",
+    requires=("overlong_penalty", "token_source"),
+    config=("max_response_tokens", "overlong_buffer", "overlong_penalty_factor", "atol", "rtol"),
+)
+def overlong_penalty(b: BatchView, cfg) -> pl.DataFrame | None:
+    """The recorded overlong penalty (contract 1.3 overlong_penalty) differs from the DAPO-style
+    soft penalty recomputed from the episode's policy tokens.
+
+    Lesson “Trainable-token masks and signal dilution” and “What one outcome reward provides”: a
+    soft overlong penalty punishes the policy for the length of what it generated. With budget
+    L = max_response_tokens, buffer B = overlong_buffer and factor f = overlong_penalty_factor,
+    the expected penalty of an episode whose policy sampled n tokens (token_source = 2) is
+    min(0, −(n − (L − B)) / B · f). Counting the tool outputs and templates between the agent's
+    turns as response length (OpenRLHF#1243, #1252) punishes an agent for what its tools
+    returned, and the penalty grows with every tool call. Compute the length from the policy
+    tokens. Runs when the three values are configured (a log may state them: they say how the
+    run was produced); episodes with a null penalty are not compared.
+    """
+    cut, buf, factor = cfg.max_response_tokens, cfg.overlong_buffer, cfg.overlong_penalty_factor
+    if cut is None or buf is None or factor is None:
+        raise NotRun("needs max_response_tokens, overlong_buffer and overlong_penalty_factor in the configuration")
+    t = b.tokens
+    n = np.bincount(t.row[t.policy], minlength=b.n)
+    df = b.traj.select("trajectory_id", "_row", pl.col("overlong_penalty").cast(pl.Float64)).with_columns(
+        pl.Series("n", n[b.traj["_row"].to_numpy()]),
+        pl.Series("ok", b.ok[b.traj["_row"].to_numpy()]),
+    )
+    expected = pl.min_horizontal(pl.lit(0.0), -(pl.col("n") - (cut - buf)).cast(pl.Float64) / buf * factor)
+    df = df.with_columns(expected.alias("_exp"))
+    bad = df.filter(
+        pl.col("ok") & pl.col("overlong_penalty").is_not_null() & _off(pl.col("overlong_penalty"), pl.col("_exp"), cfg)
+    )
+    return bad.select(
+        "trajectory_id",
+        pl.format(
+            "overlong_penalty {} recorded, expected {} = min(0, −({} policy tokens − ({} − {})) / {} × {})",
+            num(pl.col("overlong_penalty")),
+            num(pl.col("_exp")),
+            "n",
+            pl.lit(cut),
+            pl.lit(buf),
+            pl.lit(buf),
+            pl.lit(factor),
+        ).alias("message"),
+    )

@@ -17,7 +17,7 @@ from .common import beyond, num, tolerance
 
 REDUCTIONS = ("token", "token_window", "turn", "trajectory", "seq_mean_token_sum", "seq_mean_token_mean", "constant")
 PER_SEQUENCE = ("trajectory", "seq_mean_token_sum", "seq_mean_token_mean")  # D = s * B
-ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "reinforce")
+ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "reinforce", "grpo_population_std")
 # What each check reads through the shared frames (`members`, `_per_update`, `_group_stats`):
 # a frame is built from the inputs of the check that asks for it (absent ones are null), and
 # cached per set of declared inputs, so checks that declare the same set share one build.
@@ -482,6 +482,7 @@ def _group_stats(log, m: pl.DataFrame) -> pl.DataFrame:
         r.is_null().sum().alias("_n_unknown"),
         r.mean().alias("_mean"),
         r.std(ddof=1).alias("_std"),
+        r.std(ddof=0).alias("_std0"),
         r.sum().alias("_sum"),
         (r.max() - r.min()).alias("_range"),
     )
@@ -504,7 +505,8 @@ def advantages(log, cfg) -> pl.DataFrame | None:
     Lesson “When a rollout group contains no relative signal” and docs/contract.md, update records: a group is the batch members that share a group_id
     (task_id when group_id is absent). Recomputed from the episode rewards of the log:
     `grpo` (R − mean_g) / (std_g + ε), std with Bessel's correction (ddof 1) and ε =
-    configuration grpo_epsilon, 0 for a group of one; `grpo_no_std` R − mean_g; `rloo` R minus
+    configuration grpo_epsilon, 0 for a group of one; `grpo_population_std` the same with the
+    population std (ddof 0, numpy's default: rLLM); `grpo_no_std` R − mean_g; `rloo` R minus
     the mean of the other members (0 for a group of one); `reinforce` R. Members without a
     reward make their group unknowable, since what the trainer used for them is not in the
     log: a group with an excluded member (U606) and an update naming a trajectory missing
@@ -521,7 +523,7 @@ def advantages(log, cfg) -> pl.DataFrame | None:
         pl.when(est.is_null() | ~est.is_in(ESTIMATORS).fill_null(False))
         .then(
             pl.format(
-                "{}: advantage_estimator {} is not one of grpo, grpo_no_std, rloo, reinforce; "
+                f"{{}}: advantage_estimator {{}} is not one of {', '.join(ESTIMATORS)}; "
                 "advantages cannot be recomputed",
                 _step(),
                 est.fill_null("null"),
@@ -549,6 +551,8 @@ def advantages(log, cfg) -> pl.DataFrame | None:
         .then(0.0)
         .when(est == "grpo")
         .then((r - mean) / (pl.col("_std") + cfg.grpo_epsilon))
+        .when(est == "grpo_population_std")
+        .then((r - mean) / (pl.col("_std0") + cfg.grpo_epsilon))
         .when(est == "grpo_no_std")
         .then(r - mean)
         .when(est == "rloo")
@@ -573,7 +577,7 @@ def advantages(log, cfg) -> pl.DataFrame | None:
                 pl.col("_g"),
                 n,
                 num(mean),
-                num(pl.col("_std")),
+                num(pl.when(est == "grpo_population_std").then(pl.col("_std0")).otherwise(pl.col("_std"))),
             )
         )
     )

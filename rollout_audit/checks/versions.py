@@ -8,7 +8,7 @@ import polars as pl
 
 from ..contract.registry import BY_UPDATE, NotRun, rule
 from ..frames.views import BatchView
-from .common import of_rows
+from .common import of_rows, token_list, where_first
 
 
 def _histogram(s: pl.Series) -> dict[int, int]:
@@ -285,3 +285,84 @@ def _merge_versions(parts: list, whys: list, findings):
     if not wide:
         return st, None, None
     return st, None, _widest(st, min(wide, key=lambda w: (-w["span"], w["_ord"])))
+
+
+@rule(
+    "P505",
+    "replayed expert routes do not cover the sequence once, or come from another version",
+    "error",
+    requires=("routed_experts_version", "token_source", "token_turn", "turns.policy_version"),
+)
+def routes_replayed(b: BatchView, cfg) -> pl.DataFrame | None:
+    """Mixture-of-experts routing replay (contract 1.3 routed_experts_version): the routes the
+    trainer replays do not cover the prompt and the response exactly once, or a turn's routes
+    come from another version than the one that sampled it.
+
+    Lesson “Log-probabilities must be captured at every turn” and “Token-level and
+    sequence-level probability ratios”: a mixture-of-experts trainer that replays the engine's
+    expert choices in its forward pass (R3) computes π_θ with the experts π_beh used; the ratio
+    is then only right when each position is replayed once, with the routes of the weights that
+    produced it. Resumed partial rollouts duplicated, then lost, the routes of the older weights
+    (verl#6029, #6046; SkyRL#1908). Recomputed per trajectory: the array has one entry per token
+    (more means a segment was appended twice, fewer that one was lost), none null, each policy
+    token's routes come from its turn's policy_version, and every other token's (prompt, tool
+    output) from the version of one of the episode's turns. Keep the routes of each engine call
+    with the tokens it produced, and replace (never append) the routes of a resumed call's
+    prefix.
+    """
+    lst = token_list(b, "routed_experts_version")
+    t = b.tokens
+    parts: list[pl.DataFrame] = []
+    if lst.bad is not None:
+        parts.append(
+            lst.bad.with_columns(
+                pl.concat_str([pl.col("message"), pl.lit(" (each position must be replayed exactly once)")])
+            )
+        )
+    pv = b.turns["policy_version"].cast(pl.Float64).fill_null(float("nan")).to_numpy()
+    # per row, the range of its turns' versions (turns are contiguous per row in `turns`)
+    counts, start = b.turn_counts, b.turn_start
+    lo = np.full(b.n, np.inf)
+    hi = np.full(b.n, -np.inf)
+    some = counts > 0
+    if some.any():  # each row's turns run from its start to the next row's (rows without turns skipped)
+        lo[some] = np.fmin.reduceat(pv, start[some])
+        hi[some] = np.fmax.reduceat(pv, start[some])
+    v = lst.values
+    have = None if lst.complete else lst.present  # complete: a value on every token (the usual case)
+    lost = np.zeros(t.row.size, bool) if have is None else lst.fits[t.row] & ~have
+    key = b.turn_key
+    turn_v = np.full(t.row.size, np.nan)
+    idx, _, _ = b.policy_by_turn  # the policy tokens that belong to a turn
+    turn_v[idx] = pv[key[idx]]
+    wrong_turn = np.zeros(t.row.size, bool)
+    bad = v[idx] != turn_v[idx]  # NaN (no route, or a list that does not line up) compares unequal
+    bad &= ~np.isnan(turn_v[idx]) if have is None else ~np.isnan(turn_v[idx]) & have[idx]
+    wrong_turn[idx[bad]] = True
+    other = ~t.policy & ((v < lo[t.row]) | (v > hi[t.row]))
+    for where, what in (
+        (lost, "no route recorded for {} token(s): a lost segment; first at "),
+        (wrong_turn, "{} policy token(s) replayed with routes of another version than their turn's; first at "),
+        (
+            other,
+            "{} prompt or tool token(s) replayed with routes of a version none of the episode's turns had; first at ",
+        ),
+    ):
+        if not where.any():
+            continue
+        loc = b.locate(where)
+        idx = t.starts[loc["_row"].to_numpy()] + loc["position"].to_numpy()
+        loc = loc.with_columns(pl.Series("_v", v[idx]), pl.Series("_tv", turn_v[idx]))
+        tail = pl.format(" (routes of version {}", pl.col("_v").cast(pl.Int64)) + pl.when(
+            pl.col("_tv").is_not_nan()
+        ).then(pl.format(", turn sampled at {})", pl.col("_tv").cast(pl.Int64))).otherwise(pl.lit(")"))
+        parts.append(
+            loc.select(
+                "trajectory_id",
+                "turn",
+                "position",
+                pl.format(what, "n").add(where_first()).add(tail if where is not lost else pl.lit("")).alias("message"),
+            )
+        )
+    kept = [d for d in parts if d.height]
+    return pl.concat(kept, how="diagonal_relaxed") if kept else None

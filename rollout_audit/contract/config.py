@@ -41,6 +41,8 @@ LOG_CONTEXT = (
     "extra_stop_reasons",
     "first_visit_components",
     "max_response_tokens",
+    "overlong_buffer",
+    "overlong_penalty_factor",
     "max_policy_lag",
     "reward_rule",
     "grpo_epsilon",
@@ -100,6 +102,15 @@ class Config(BaseModel):
     )
     max_policy_lag: int | None = Field(
         None, ge=0, description="The staleness bound in policy versions, used when an update does not state its own."
+    )
+    overlong_buffer: int | None = Field(
+        None,
+        ge=1,
+        description="The trainer's overlong buffer: the tokens before max_response_tokens over which its "
+        "DAPO-style overlong penalty grows.",
+    )
+    overlong_penalty_factor: float | None = Field(
+        None, ge=0, description="The trainer's overlong penalty at max_response_tokens (DAPO's factor)."
     )
     reward_rule: Literal["monotone", "binary"] = Field(
         "monotone", description="How the verifier pays: monotone in success, or binary (0 or 1)."
@@ -211,6 +222,7 @@ class Config(BaseModel):
         "replay_max_share",
         "max_turn_log_ratio",
         "truncation_penalty",
+        "overlong_penalty_factor",
         "replay_connect_timeout",
         "replay_timeout",
         "storage_connect_timeout",

@@ -50,6 +50,8 @@ def contract_markdown() -> str:
     out += [f"- `{k}`: {v}" for k, v in doc["truncation_policies"].items()]
     out += ["", "## File metadata", ""]
     out += [f"- `{k}`: {_item(v)}" for k, v in doc["metadata"].items()]
+    out += ["", "## Versions", "", "A column's version is the one that added it; a file states the newest it uses.", ""]
+    out += [f"- **{k}**: {v}" for k, v in doc["versions"].items()]
     return "\n".join(out) + "\n"
 
 

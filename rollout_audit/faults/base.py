@@ -118,9 +118,33 @@ def rederive_returns(t: dict) -> None:
     t["discounted_return"] = sum(g**i * (tr["reward"] + tr["shaping"]) for i, tr in enumerate(turns))
 
 
+# the optional per-token lists of contract 1.2 and 1.3, aligned with token_ids when a log records them
+PER_TOKEN = ("token_reward", "token_kl", "token_returns", "routed_experts_version", "loss_stream", "loss_weight")
+
+
 def drop_token(t: dict, pos: int) -> None:
     for c in ("token_ids", "token_source", "loss_mask", "behavior_logprobs", "token_turn"):
         del t[c][pos]
+    for c in PER_TOKEN:  # the trainer built its per-token terms on the sequence it holds
+        if t.get(c) is not None:
+            del t[c][pos]
+
+
+def recredit(t: dict) -> None:
+    """A trainer that paid the episode another reward placed that one on its last policy token, and
+    its returns follow (where the log records the per-token terms; the KL penalties are kept)."""
+    if t.get("token_reward") is None:
+        return
+    pol = [i for i, s in enumerate(t["token_source"]) if s == 2]
+    t["token_reward"] = [0.0] * len(t["token_source"])
+    if pol and t["reward"]:
+        t["token_reward"][pol[-1]] = float(t["reward"])
+    kl = t.get("token_kl") or [0.0] * len(t["token_source"])
+    acc, ret = 0.0, [0.0] * len(t["token_source"])
+    for i in reversed(pol):
+        acc += t["token_reward"][i] - (kl[i] or 0.0)
+        ret[i] = acc
+    t["token_returns"] = ret
 
 
 def n_trainable(t: dict) -> int:
@@ -129,7 +153,10 @@ def n_trainable(t: dict) -> int:
 
 def sync_denominator(ctx: Ctx, tid: str) -> None:
     """A pipeline that changed the mask also counted it and summed its loss under it: keep token
-    denominators (and recorded numerator counts) consistent."""
+    denominators (and recorded numerator counts, and per-token loss weights) consistent."""
+    t = ctx.by_id[tid]
+    if t.get("loss_weight") is not None:
+        t["loss_weight"] = [w if (w > 0) == m else float(m) for w, m in zip(t["loss_weight"], t["loss_mask"])]
     for u in ctx.updates:
         if tid in u["trajectory_ids"] and u["reduction"] == "token":
             u["loss_denominator"] = float(sum(n_trainable(ctx.by_id[i]) for i in u["trajectory_ids"]))

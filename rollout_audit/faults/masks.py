@@ -111,3 +111,54 @@ def masked_truncation_not_applied(ctx: Ctx) -> list[str]:
     t = ctx.pick(lambda t: any(t["loss_mask"]), "trajectory with trainable tokens")
     t["loss_excluded"] = True
     return [t["trajectory_id"]]
+
+
+def echo_stream(ctx: Ctx) -> list[dict]:
+    """prime-rl's echo, as a compliant trainer records it: the tool bodies of the trajectories
+    in an update are trained on purpose in the echo stream (contract 1.3 loss_stream 1), counted
+    with the trainable tokens, with weight 1 on every trained token."""
+    out = []
+    used = ctx.used()
+    for t in ctx.trajs:
+        if t["trajectory_id"] not in used or 3 not in t["token_source"]:
+            continue
+        t["loss_mask"] = [m or s == 3 for m, s in zip(t["loss_mask"], t["token_source"])]
+        t["loss_stream"] = [1 if s == 3 else 0 for s in t["token_source"]]
+        t["loss_weight"] = [1.0 if m else 0.0 for m in t["loss_mask"]]
+        t["num_trainable_tokens"] = n_trainable(t)
+        sync_denominator(ctx, t["trajectory_id"])
+        out.append(t)
+    if not out:
+        raise ValueError("the log has no trained trajectory with a tool reply")
+    return out
+
+
+@fault("echo_stream_takes_next_action", {"M110"})
+def echo_stream_takes_next_action(ctx: Ctx) -> list[str]:
+    """The echo stream's span was cut at the next message boundary instead of the tool body's
+    end: the first action token after a tool reply is trained in the cross-entropy stream, with
+    the environment's text, instead of in the policy-gradient loss."""
+
+    def next_action(t: dict) -> int | None:
+        tool = t["token_source"].index(3)
+        return next((i for i in range(tool, len(t["token_source"])) if t["token_source"][i] == 2), None)
+
+    cands = [t for t in echo_stream(ctx) if t["loss_mask"][next_action(t) or 0] and next_action(t) is not None]
+    if not cands:
+        raise ValueError("the log has no trained action after a tool reply this fault can break")
+    t = ctx.rng.choice(cands)
+    t["loss_stream"][next_action(t)] = 1
+    return [t["trajectory_id"]]
+
+
+@fault("loss_weight_on_masked_token", {"M110"})
+def loss_weight_on_masked_token(ctx: Ctx) -> list[str]:
+    """Per-token loss weights built before the mask was edited: a tool token outside the loss
+    keeps weight 1 and is trained anyway (a verifiers node's loss_weights)."""
+    for t in ctx.trajs:
+        t["loss_weight"] = [1.0 if m else 0.0 for m in t["loss_mask"]]
+    t = ctx.pick(
+        lambda t: t["trajectory_id"] in ctx.used() and 3 in t["token_source"], "trained trajectory with a tool reply"
+    )
+    t["loss_weight"][t["token_source"].index(3)] = 1.0
+    return [t["trajectory_id"]]

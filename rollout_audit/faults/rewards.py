@@ -166,3 +166,50 @@ def kl_accumulated_over_tool_tokens(ctx: Ctx) -> list[str]:
     t["token_kl"] = [v if s == 2 else 0.02 for s, v in zip(t["token_source"], t["token_kl"])]
     _returns_over_every_token(t)
     return [t["trajectory_id"]]
+
+
+@fault("rewards_normalised_to_zero", {"G703"})
+def rewards_normalised_to_zero(ctx: Ctx) -> list[str]:
+    """Reward normalisation applied before grouping zeroed every reward (each episode centred on
+    itself), and with it every advantage, while the verifier's verdicts still vary: no group
+    carries signal (alibaba/ROLL#397). The rewards of the turns and the returns follow the
+    normalised reward, as the pipeline recorded them."""
+    for t in ctx.trajs:
+        if t["reward"] is None:
+            continue
+        t["reward"] = 0.0
+        for tr in t["turns"]:
+            tr["reward"] = 0.0
+            tr["reward_components"] = [(k, 0.0) for k, _ in tr.get("reward_components") or []] or tr.get(
+                "reward_components"
+            )
+        if t.get("discounted_return") is not None:
+            rederive_returns(t)
+    for u in ctx.updates:
+        if u.get("advantages") is not None:
+            u["advantages"] = [0.0] * len(u["advantages"])
+    return []
+
+
+@fault(
+    "overlong_penalty_counts_tool_tokens",
+    {"R414"},
+    config={"max_response_tokens": 4096, "overlong_buffer": 4092, "overlong_penalty_factor": 1.0},
+)
+def overlong_penalty_counts_tool_tokens(ctx: Ctx) -> list[str]:
+    """The DAPO-style overlong penalty was computed from the response length counted from the
+    first agent turn on, tool outputs and templates included, instead of from the policy's own
+    tokens (OpenRLHF#1243, #1252). The other episodes carry the penalty of their policy tokens."""
+    cut, buf, factor = 4096, 4092, 1.0  # the penalty starts after 4 tokens: the agent's episodes reach it
+
+    def penalty(n: int) -> float:
+        return min(0.0, -(n - (cut - buf)) / buf * factor)
+
+    for t in ctx.trajs:
+        t["overlong_penalty"] = penalty(t["token_source"].count(2))
+    t = ctx.pick(
+        lambda t: abs(penalty(sum(k >= 0 for k in t["token_turn"])) - t["overlong_penalty"]) > 1e-3,
+        "trajectory whose response length and policy-token count give different penalties",
+    )
+    t["overlong_penalty"] = penalty(sum(k >= 0 for k in t["token_turn"]))
+    return [t["trajectory_id"]]

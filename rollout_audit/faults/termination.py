@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Ctx, fault, loss_evidence
+from .base import Ctx, fault, loss_evidence, recredit
 
 
 @fault("two_stop_flags", {"T301", "R405"}, group="episodes-1")
@@ -81,4 +81,5 @@ def truncation_paid_as_success(ctx: Ctx) -> list[str]:
 
     t = ctx.pick(pays_more, "truncated episode of a task with a failure, in a log with a success")
     t["reward"] = float(success)  # type: ignore[arg-type]
+    recredit(t)
     return [t["trajectory_id"]]

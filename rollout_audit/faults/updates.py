@@ -118,3 +118,52 @@ def rejected_in_group_statistics(ctx: Ctx) -> list[str]:
             u["stat_trajectory_ids"].append(t["trajectory_id"])
             return [t["trajectory_id"]] + [u["trajectory_ids"][k] for k in idx]
     raise ValueError("the log has no excluded episode whose group is trained with GRPO advantages")
+
+
+def _population_std_advantages(ctx: Ctx) -> None:
+    """rLLM's GRPO as a compliant trainer records it: every update's advantages recomputed with
+    the population std (ddof 0) and declared as grpo_population_std."""
+    for u in ctx.updates:
+        if u.get("advantages") is None:
+            continue
+        groups: dict[str, list[int]] = {}
+        for k, tid in enumerate(u["trajectory_ids"]):
+            t = ctx.by_id.get(tid)
+            if t is not None:
+                groups.setdefault(t.get("group_id") or t["task_id"], []).append(k)
+        for idx in groups.values():
+            r = np.array([ctx.by_id[u["trajectory_ids"][k]]["reward"] for k in idx], dtype=float)
+            if not np.isfinite(r).all():
+                continue
+            adv = np.zeros(len(r)) if len(r) < 2 else (r - r.mean()) / (r.std(ddof=0) + 1e-6)
+            for k, a in zip(idx, adv):
+                u["advantages"][k] = float(a)
+        u["advantage_estimator"] = "grpo_population_std"
+
+
+@fault("advantages_singleton_groups", {"U603"})
+def advantages_singleton_groups(ctx: Ctx) -> list[str]:
+    """GRPO with the population std (rLLM), but every repeat of a prompt got a uid of its own, so
+    each was grouped alone and kept its raw reward as its advantage (the size-1 branch: mean 0,
+    std 1; rllm-org/rllm#776). Broken here in the groups whose rewards differ (in a group where every
+    member succeeded, U604 would fire too)."""
+    _population_std_advantages(ctx)
+    key = lambda t: t.get("group_id") or t["task_id"]
+    for u in ctx.updates:
+        if u.get("advantages") is None:
+            continue
+        known = [ctx.by_id[i] for i in u["trajectory_ids"] if i in ctx.by_id]
+        rewards: dict[str, set] = {}
+        for t in known:
+            rewards.setdefault(key(t), set()).add(t["reward"])
+        touched = []
+        for k, tid in enumerate(u["trajectory_ids"]):
+            m = ctx.by_id.get(tid)
+            if m is None or m["reward"] is None or len(rewards[key(m)]) < 2 or None in rewards[key(m)]:
+                continue
+            if abs(u["advantages"][k] - m["reward"]) > 1e-3:
+                touched.append(tid)
+            u["advantages"][k] = float(m["reward"])
+        if touched:
+            return touched
+    raise ValueError("the log has no update whose advantages this fault changes")
