@@ -117,7 +117,7 @@ def test_l204_missing_decoding_parameters(records):
     trajs, ups = records
     tr = trajs[22]
     tr["turns"][1]["temperature"] = None
-    tr["turns"][4]["temperature"] = math.nan
+    tr["turns"][4]["temperature"] = None  # missing; a NaN temperature is S001 (not a finite value)
     tr["turns"][4]["top_p"] = None
     rep = ra.audit(trajs, ups)
     f = only(rep, "L204")
