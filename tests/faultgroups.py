@@ -15,7 +15,7 @@ from pathlib import Path
 import polars as pl
 
 from rollout_audit.contract.config import Config
-from rollout_audit.faults import FAULTS, apply, groups, write_records
+from rollout_audit.faults import FAULTS, apply, groups, matrix_config, write_records
 
 GROUPS = groups()  # from each fault's declared `group`
 RECORD_GROUPS = tuple(g for g in GROUPS if not any(FAULTS[n].file_level for n in g))  # no truncated file
@@ -27,7 +27,7 @@ def group_id(group: tuple[str, ...]) -> str:
 
 def config(group: tuple[str, ...]) -> Config:
     """The audit configuration every fault of the group needs (their settings do not overlap)."""
-    return Config.from_mapping({k: v for n in group for k, v in FAULTS[n].config.items()})
+    return matrix_config({k: v for n in group for k, v in FAULTS[n].config.items()})
 
 
 def write_group(

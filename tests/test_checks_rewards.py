@@ -529,3 +529,41 @@ def test_r414_overlong_penalty_from_policy_tokens(records):
     fixed["overlong_penalty"] = min(0.0, -(n - (cut - buf)) / buf)
     assert not blocking(audit(t2, u2, **cfg))
     assert "R414" in audit(trajs, ups, **cfg).not_run  # no penalty recorded
+
+
+# ---------------------------------------------------------------- R415 (preview)
+
+
+def test_r415_terminated_episode_with_a_non_zero_final_value(records):
+    trajs, ups = records
+    (a,) = pick(trajs, stop={"success", "failure"}, min_turns=2)
+    (b,) = pick([t for t in trajs if t["truncated"] and t["final_value"]], n=1)
+    a["final_value"] = 0.5
+    rederive(a)  # the TD residuals bootstrap from the wrong V(h_T) consistently: R406 stays silent
+    rep = audit(trajs, ups, preview=True)
+    assert blocking(rep) == {"R415"}
+    f = rows(rep, "R415")
+    assert f["trajectory_id"].to_list() == [a["trajectory_id"]]  # truncated episodes keep theirs
+    assert f["message"][0] == (
+        f"terminated episode (stop_reason {a['stop_reason']}) has final_value 0.5, expected 0: "
+        "a terminal state has no value to bootstrap from"
+    )
+    assert b["final_value"] != 0
+
+
+def test_r415_nan_is_reported_null_is_not_compared(records):
+    trajs, ups = records
+    a, c = pick(trajs, stop={"success", "failure"}, n=2)
+    a["final_value"], c["final_value"] = float("nan"), None
+    rep = audit(trajs, ups, preview=True, select=["R415"])
+    assert rows(rep, "R415")["trajectory_id"].to_list() == [a["trajectory_id"]]
+
+
+def test_r415_runs_only_in_preview_and_not_without_final_value(records):
+    trajs, ups = records
+    (a,) = pick(trajs, stop={"success"})
+    a["final_value"] = 0.5
+    assert "R415" not in audit(trajs, ups).codes()
+    for t in trajs:
+        del t["final_value"]
+    assert "final_value" in audit(trajs, ups, preview=True).not_run["R415"]

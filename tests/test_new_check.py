@@ -65,8 +65,8 @@ generate(root)
 out = {"stale": stale(root)}
 out["explain"] = CliRunner().invoke(main, ["explain", "M199"]).stdout
 out["docs"] = "### M199 (warning): turn sampled above temperature 10" in (root / "docs" / "checks.md").read_text()
-readme = (root / "README.md").read_text()
-counts = readme.split("<!-- generated: checks -->")[1].split("<!-- end generated -->")[0]
+guide = (root / "docs" / "guide" / "checks-and-evidence.md").read_text()
+counts = guide.split("<!-- generated: checks -->")[1].split("<!-- end generated -->")[0]
 out["readme"] = f"{len(ra.all_rules())} checks in nine families" in counts and ", M199)" in counts
 manifest = json.loads((root / "fixtures" / "manifest.json").read_text())
 out["manifest"] = manifest["faults"]["temperature_in_percent"]

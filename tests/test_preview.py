@@ -49,7 +49,8 @@ def _check(*args):
 def test_a_preview_check_runs_only_when_asked(preview_rule, hot_log, tmp_path):
     res, rep = _check(hot_log)
     assert CODE not in {f["code"] for f in rep["findings"]} and CODE not in rep["summary"]["checks_run"]
-    assert rep["summary"]["checks_in_preview_not_selected"] == [CODE]
+    preview = sorted(c for c, r in ra.all_rules().items() if r.preview)  # this one and the catalogue's
+    assert CODE in preview and rep["summary"]["checks_in_preview_not_selected"] == preview
     res, rep = _check(hot_log, "--preview")
     assert res.exit_code == 1 and CODE in {f["code"] for f in rep["findings"]}, res.output
     # the library and a user's configuration ask the same way

@@ -166,11 +166,11 @@ def shown_codes(log, trajectory_id) -> set[str]:
     return set(MARK.findall(res.stdout))
 
 
-def checked(log) -> tuple[dict, int]:
-    """`check --format json` on the log: its report, and its exit code."""
+def checked(log, *options: str) -> tuple[dict, int]:
+    """`check --format json` (and `options`) on the log: its report, and its exit code."""
     import json
 
-    res = run("check", log, "--format", "json")
+    res = run("check", log, "--format", "json", *options)
     return json.loads(res.stdout), res.exit_code
 
 

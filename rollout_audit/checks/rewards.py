@@ -917,3 +917,45 @@ def overlong_penalty(b: BatchView, cfg) -> pl.DataFrame | None:
             pl.lit(factor),
         ).alias("message"),
     )
+
+
+@rule(
+    "R415",
+    "terminated episode bootstraps from a non-zero final_value",
+    requires=("terminated", "final_value"),
+    optional=("stop_reason",),
+    config=("atol", "rtol"),
+    preview=True,
+)
+def terminal_value(b: BatchView, cfg) -> pl.DataFrame | None:
+    """A terminated episode records a critic value V(h_T) = final_value other than 0.
+
+    Lessons “Success, termination, truncation, and infrastructure failure” and “Turn returns
+    and TD residuals”: a terminal state has no future, so its value is 0 and only a truncated
+    episode bootstraps from V(h_T) (the contract: final_value is 0 at a terminal state). A
+    non-zero final_value on a terminated episode means the trainer bootstrapped through the
+    end of the task (the done flag was not applied to the last TD residual or return): every
+    advantage of the episode then credits or blames its actions for value that was never
+    reachable. The TD identity (R406) still holds with the wrong V(h_T), so only this check sees
+    it. Null final_value is not compared; NaN is reported. Compared within atol. Fix the
+    advantage computation to use V(h_T) = 0 when the episode terminated.
+    """
+    fv = b.col("final_value").cast(pa.float64())
+    # in numpy, the terminated rows whose recorded value may differ from 0 (usually none)
+    maybe = as_bools(b.col("terminated")) & validity(fv)
+    vals = pc.fill_null(fv, 0.0).to_numpy(zero_copy_only=False)
+    maybe &= may_differ(vals, np.zeros(b.n), cfg)
+    if not maybe.any():
+        return None
+    reason = pl.col("stop_reason") if "stop_reason" in b.traj.columns else pl.lit(None, pl.String).alias("stop_reason")
+    t = b.traj.filter(pl.Series(maybe)).select("trajectory_id", "final_value", reason)
+    bad = t.filter(_off(pl.col("final_value").cast(pl.Float64), pl.lit(0.0), cfg))
+    return bad.rechunk().select(
+        "trajectory_id",
+        pl.format(
+            "terminated episode (stop_reason {}) has final_value {}, expected 0: a terminal state has no "
+            "value to bootstrap from",
+            pl.col("stop_reason").fill_null("null"),
+            num(pl.col("final_value")),
+        ).alias("message"),
+    )

@@ -101,7 +101,8 @@ def _examples(r: Rule) -> str:
     named = [f for f in FAULTS.values() if r.code in f.codes]
     if not named:
         return "No named fault yet."
-    return " ".join(f"`rollout-audit check fixtures/broken/{f.name}`: {f.description}" for f in named[:2])
+    flag = " --preview" if r.preview else ""  # a check in preview reports only when asked for
+    return " ".join(f"`rollout-audit check{flag} fixtures/broken/{f.name}`: {f.description}" for f in named[:2])
 
 
 def checks_markdown() -> str:

@@ -146,6 +146,8 @@ def quoted(root: Path, *args: str) -> str:
     with _cwd(root):
         res = CliRunner().invoke(main, list(args), catch_exceptions=False)
     lines = [f"$ rollout-audit {' '.join(args)}", *res.stdout.splitlines(), *res.stderr.splitlines()]
+    # paths relative to the checkout, so that the page is the same in every clone and worktree
+    lines = [line.replace(f"{root.resolve()}/", "") for line in lines]
     return "\n" + "".join(f"    {line}".rstrip() + "\n" for line in lines) + "\n"
 
 

@@ -163,6 +163,13 @@ class MatrixRow:
         return "; ".join(said) or None
 
 
+def matrix_config(config: dict) -> Config:
+    """The configuration a fault's log is audited with wherever faults are detected: the fault's
+    own settings with the checks in preview on, so that a preview check is held to its own fault
+    and is seen when it fires on another fault's log (a false positive the matrix must stop)."""
+    return Config.from_mapping({"preview": True, **config})
+
+
 def detect(name: str, trajs: list[dict], updates: list[dict], workdir, *, seed: int = 0, parts: int = 1) -> MatrixRow:
     """Apply one fault, write the broken log under `workdir`, audit it, compare codes."""
     import polars as pl
@@ -173,7 +180,7 @@ def detect(name: str, trajs: list[dict], updates: list[dict], workdir, *, seed: 
     (bt, bu), touched = apply(name, trajs, updates, seed)
     out = f"{workdir}/{name}"
     write_records(out, bt, bu, parts=parts, corrupt=f.file_level, reward_components=f.declares)
-    rep = audit(out, config=Config.from_mapping(f.config))
+    rep = audit(out, config=matrix_config(f.config))
     serious = rep.findings.filter(pl.col("severity").is_in(["error", "warning"]))
     found = frozenset(serious["code"].to_list())
     hit = set(serious.filter(pl.col("code").is_in(list(f.codes)))["trajectory_id"].drop_nulls().to_list())

@@ -213,3 +213,14 @@ def overlong_penalty_counts_tool_tokens(ctx: Ctx) -> list[str]:
     )
     t["overlong_penalty"] = penalty(sum(k >= 0 for k in t["token_turn"]))
     return [t["trajectory_id"]]
+
+
+@fault("bootstrapped_through_terminal", {"R415"}, group="episodes-2")
+def bootstrapped_through_terminal(ctx: Ctx) -> list[str]:
+    """The advantage computation ignored the done flag: a terminated episode bootstraps from the
+    critic's value of its last state (final_value 0.5 instead of 0), and its TD residuals and
+    return are computed with it, consistently."""
+    t = ctx.pick(lambda t: t["terminated"] and t["final_value"] is not None, "terminated trajectory")
+    t["final_value"] = 0.5
+    rederive_returns(t)
+    return [t["trajectory_id"]]

@@ -5,12 +5,13 @@ from __future__ import annotations
 from .base import Ctx, fault, loss_evidence, recredit
 
 
-@fault("two_stop_flags", {"T301", "R405"}, group="episodes-1")
+@fault("two_stop_flags", {"T301", "R405", "R415"}, group="episodes-1")
 def two_stop_flags(ctx: Ctx) -> list[str]:
     """A truncated episode is also marked terminated.
 
-    Its last state now counts as terminal while it carries the non-zero potential of a
-    non-terminal state, so R405 fires with T301.
+    Its last state now counts as terminal while it carries the non-zero potential and the
+    non-zero bootstrap value V(h_T) of a non-terminal state, so R405 and R415 (in preview) fire
+    with T301.
     """
     t = ctx.pick(lambda t: t["truncated"], "truncated trajectory")
     t["terminated"] = True
