@@ -141,14 +141,18 @@ def content_digests(rows: pl.DataFrame) -> dict[str, str]:
     rows, ids = rows.filter(ids.is_not_null()), ids.drop_nulls()
     if rows.is_empty():
         return {}
-    toks = rows["token_ids"].cast(pl.List(pl.Int64), strict=False)
+    try:
+        toks = rows["token_ids"].cast(pl.List(pl.Int64), strict=False)
+    except pl.exceptions.PolarsError:  # not a list of numbers at all: the same digest as no token ids
+        toks = pl.Series("token_ids", [None] * rows.height, pl.List(pl.Int64))
     n = len(toks)
-    flat = pl.DataFrame({"_r": np.arange(n, dtype=np.int64), "t": toks}).select(
-        "_r",
-        pl.col("t").list.eval(pl.element().fill_null(-1)),
-        pl.int_ranges(0, pl.col("t").list.len().fill_null(0), dtype=pl.Int64).alias("p"),
+    flat = (
+        pl.DataFrame({"_r": np.arange(n, dtype=np.int64), "t": toks})
+        .select("_r", pl.col("t").list.eval(pl.element().fill_null(-1)))
+        .explode("t")
+        .drop_nulls("t")  # what an empty or null list leaves (null tokens were made -1)
+        .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over("_r").alias("p"))
     )
-    flat = flat.explode("t", "p").drop_nulls("p")
     with np.errstate(over="ignore"):
         tok = flat["t"].to_numpy().astype(np.int64).view(np.uint64)
         h = _mix(tok ^ _mix(flat["p"].to_numpy().astype(np.uint64)))
@@ -306,9 +310,14 @@ def table_tokens(table: pa.Table) -> Tokens:
 
     def rows(sample: list[str]) -> pl.DataFrame:
         keep = [c for c in ("trajectory_id", "token_ids") if c in table.column_names]
-        frame = pl.from_arrow(table.select(keep)) if "trajectory_id" in keep else pl.DataFrame({"trajectory_id": []})
-        assert isinstance(frame, pl.DataFrame)
-        return _sample_rows(frame.lazy(), sample)
+        try:
+            frame = (
+                pl.from_arrow(table.select(keep)) if "trajectory_id" in keep else pl.DataFrame({"trajectory_id": []})
+            )
+            assert isinstance(frame, pl.DataFrame)
+            return _sample_rows(frame.lazy(), sample)
+        except (pl.exceptions.PolarsError, pa.ArrowException) as e:  # token ids of a type polars cannot take
+            raise BaselineError(f"the converted log's token ids cannot be read to match a baseline ({e})") from None
 
     return rows
 
