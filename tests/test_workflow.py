@@ -122,6 +122,27 @@ def test_baseline_of_another_log_whose_ids_coincide_is_refused_by_its_content(lo
     assert res.exit_code == 2 and "sample_token_digests" in res.output, res.output
 
 
+def test_baseline_fingerprint_of_a_log_with_a_null_token_list(logs, tmp_path):
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    base = tmp_path / "b.json"
+    assert cli("check", logs / "one", "--write-baseline", base).exit_code == 0
+    broken = tmp_path / "nulls"  # the smallest trajectory id without token ids: one of 16 no longer matches
+    shutil.copytree(logs / "one", broken)
+    f = sorted((broken / "trajectories").glob("*.parquet"))[0]
+    t = pq.read_table(f)
+    ids, toks = t.column("trajectory_id").to_pylist(), t.column("token_ids").to_pylist()
+    toks[ids.index(min(ids))] = None
+    col = pa.array(toks, t.schema.field("token_ids").type)
+    pq.write_table(t.set_column(t.column_names.index("token_ids"), "token_ids", col), f)
+    res = cli("check", broken, "--baseline", base)
+    assert res.exit_code == 1 and "internal error" not in res.output, res.output
+    assert "recorded findings seen" in res.output, res.output
+
+
 def test_baseline_is_never_written_into_the_log_nor_from_an_incomplete_audit(logs, tmp_path):
     res = cli("check", logs / "one", "--write-baseline", logs / "one" / "b.json")
     assert res.exit_code == 2 and not (logs / "one" / "b.json").exists()
