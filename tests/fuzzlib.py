@@ -1002,11 +1002,25 @@ def prepare_workflow(seed: int, work: Path, records) -> WorkflowCase:
         log = build_log(work / "log", records, traj, upd, how)
         base = work / "b.json"
         base.write_bytes(_baseline_doc(rng, records, hostile))
-        if rng.random() < 0.3:
+        if rng.random() < 0.3:  # the baseline written for a log accepts that log, findings and fingerprint
             args = ["check", str(log), "--write-baseline", str(work / "new.json")]
-            return WorkflowCase("workflow", seed, args, [log, base], what, "text")
+            again = ["check", str(log), "--baseline", str(work / "new.json"), "--format", "json"]
+            follow = [
+                FollowUp(again, (0,), (0,), "silent refusal: a baseline does not accept the log it was written for")
+            ]
+            return WorkflowCase("workflow", seed, args, [log, base], what, "text", follow)
+        # the generated baseline records no finding this log has (its digest is of no message): a
+        # pass with it is a pass without it
+        plain = ["check", str(log), "--format", "json"]
+        follow = [FollowUp(plain, (0,), (0,), "silent pass: the baseline hid a finding it did not record")]
         return WorkflowCase(
-            "workflow", seed, ["check", str(log), "--baseline", str(base), "--format", fmt], [log, base], what, fmt
+            "workflow",
+            seed,
+            ["check", str(log), "--baseline", str(base), "--format", fmt],
+            [log, base],
+            what,
+            fmt,
+            follow,
         )
     if what == "diff":
         a = build_log(
