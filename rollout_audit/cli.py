@@ -351,7 +351,7 @@ def _write_baseline(done, path) -> NoReturn:
     if not a.report.complete:
         _say_incomplete(a.report, log)
         _fail(f"the audit is incomplete: no baseline written to {path}")
-    n = policy.write_baseline(path, a.report, a.ids())
+    n = policy.write_baseline(path, a.report, a.ids(), a.tokens)
     click.echo(f"wrote baseline {path}: {n} finding{'s' if n != 1 else ''} recorded")
     sys.exit(0)
 

@@ -38,7 +38,15 @@ from .reading.log import Log
 from .running.engine import memory_discovery, run_audit
 from .running.options import Options
 from .running.report import Report
-from .workflow.policy import apply_tolerated, settle, table_ids, trajectory_ids
+from .workflow.policy import (
+    Tokens,
+    apply_tolerated,
+    settle,
+    table_ids,
+    table_tokens,
+    trajectory_ids,
+    trajectory_tokens,
+)
 
 __all__ = ["Audited", "Request", "as_log", "configure", "relabel", "run"]
 
@@ -91,6 +99,7 @@ class Audited:
     config_file: str | None
     ids: Callable[[], pl.Series]
     converted: Converted | None = None
+    tokens: Tokens | None = None  # the token ids of the trajectories a baseline samples (its fingerprint)
 
 
 def configure(request: Request) -> tuple[Config, str | None]:
@@ -145,6 +154,8 @@ def run(request: Request) -> Audited:
 
         def ids() -> pl.Series:
             return table_ids(table)
+
+        tokens = table_tokens(table)
     else:
         disc = _discovery(request)
         bound_penalty(cfg, disc)
@@ -153,11 +164,13 @@ def run(request: Request) -> Audited:
         def ids() -> pl.Series:
             return trajectory_ids(disc)
 
+        tokens = trajectory_tokens(disc)
+
     if request.use_baseline:
-        report = settle(checked, cfg, config_file, ids, _path(request.baseline))
+        report = settle(checked, cfg, config_file, ids, _path(request.baseline), tokens)
     else:
         report = apply_tolerated(checked, cfg.tolerated_share, cfg.source)
-    return Audited(report, checked, cfg, config_file, ids, conv)
+    return Audited(report, checked, cfg, config_file, ids, conv, tokens)
 
 
 def bound_penalty(cfg: Config, disc: Discovery) -> None:

@@ -872,17 +872,31 @@ class WorkflowCase(Case):
 def _baseline_doc(rng, records, hostile: str) -> bytes:
     """A baseline for the log of `records`, mutated: its findings as the wrong shapes, hostile
     strings, huge or negative counts, or not JSON at all."""
+    import polars as pl
+
     from rollout_audit import __version__
-    from rollout_audit.workflow.policy import BASELINE_FORMAT
+    from rollout_audit.workflow.policy import BASELINE_FORMAT, content_digests
 
     ids = sorted(t["trajectory_id"] for t in records[0])[:16]
+    rows = pl.DataFrame(
+        [(t["trajectory_id"], t["token_ids"]) for t in records[0]],
+        schema={"trajectory_id": pl.String, "token_ids": pl.List(pl.Int64)},
+        orient="row",
+    )
+    got = content_digests(rows)  # the fingerprint of the unmutated log (a mutation of token ids changes it)
     entry = {"code": "M101", "trajectory_id": ids[0], "turn": 1, "position": 3, "where": None, "digest": "0" * 12}
     findings: object = [dict(entry, count=rng.choice([1, 0, -5, 2**70, 1.5, "3", None]))]
-    shape = rng.choice(["ok", "object", "strings", "nested", "hostile", "huge", "nulls", "wrong_ids", "version"])
+    shape = rng.choice(
+        ["ok", "object", "strings", "nested", "hostile", "huge", "nulls", "wrong_ids", "version", "digests"]
+    )
     doc: dict = {
         "rollout_audit_baseline": BASELINE_FORMAT,
         "tool_version": __version__,
-        "log": {"sample_trajectory_ids": ids, "trajectories": len(records[0])},
+        "log": {
+            "sample_trajectory_ids": ids,
+            "sample_token_digests": [got[i] for i in ids],
+            "trajectories": len(records[0]),
+        },
         "findings": findings,
     }
     if shape == "object":
@@ -901,6 +915,8 @@ def _baseline_doc(rng, records, hostile: str) -> bytes:
         doc["log"] = {"sample_trajectory_ids": [hostile, 5, None], "trajectories": "many"}
     elif shape == "version":
         doc["tool_version"] = hostile
+    elif shape == "digests":  # the fingerprint missing, of another length, of other types or other values
+        doc["log"]["sample_token_digests"] = rng.choice([None, [], [hostile], [5] * len(ids), ["0" * 16] * len(ids)])
     data = json.dumps(doc).encode()
     cut = rng.choice(["none", "none", "none", "truncate", "not_utf8", "deep"])
     if cut == "truncate":
@@ -986,11 +1002,25 @@ def prepare_workflow(seed: int, work: Path, records) -> WorkflowCase:
         log = build_log(work / "log", records, traj, upd, how)
         base = work / "b.json"
         base.write_bytes(_baseline_doc(rng, records, hostile))
-        if rng.random() < 0.3:
+        if rng.random() < 0.3:  # the baseline written for a log accepts that log, findings and fingerprint
             args = ["check", str(log), "--write-baseline", str(work / "new.json")]
-            return WorkflowCase("workflow", seed, args, [log, base], what, "text")
+            again = ["check", str(log), "--baseline", str(work / "new.json"), "--format", "json"]
+            follow = [
+                FollowUp(again, (0,), (0,), "silent refusal: a baseline does not accept the log it was written for")
+            ]
+            return WorkflowCase("workflow", seed, args, [log, base], what, "text", follow)
+        # the generated baseline records no finding this log has (its digest is of no message): a
+        # pass with it is a pass without it
+        plain = ["check", str(log), "--format", "json"]
+        follow = [FollowUp(plain, (0,), (0,), "silent pass: the baseline hid a finding it did not record")]
         return WorkflowCase(
-            "workflow", seed, ["check", str(log), "--baseline", str(base), "--format", fmt], [log, base], what, fmt
+            "workflow",
+            seed,
+            ["check", str(log), "--baseline", str(base), "--format", fmt],
+            [log, base],
+            what,
+            fmt,
+            follow,
         )
     if what == "diff":
         a = build_log(

@@ -94,6 +94,55 @@ def test_baseline_of_another_log_or_version_is_refused(logs, tmp_path):
     assert res.exit_code == 2 and "no such file" in res.output
 
 
+def test_baseline_of_another_log_whose_ids_coincide_is_refused_by_its_content(logs, tmp_path):
+    import shutil
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    base = tmp_path / "b.json"
+    assert cli("check", logs / "one", "--write-baseline", base).exit_code == 0
+    doc = json.loads(base.read_text())["log"]
+    assert len(doc["sample_token_digests"]) == len(doc["sample_trajectory_ids"]) > 0
+    twin = tmp_path / "twin"  # the same trajectory ids, other token ids
+    shutil.copytree(logs / "one", twin)
+    for f in (twin / "trajectories").glob("*.parquet"):
+        t = pq.read_table(f)
+        toks = t.column("token_ids").combine_chunks()
+        shifted = type(toks).from_arrays(toks.offsets, pc.add(toks.flatten(), 1).cast(toks.type.value_type))
+        pq.write_table(t.set_column(t.column_names.index("token_ids"), "token_ids", shifted), f)
+    res = cli("check", twin, "--baseline", base)
+    assert res.exit_code == 2 and "written for another log" in res.output, res.output
+    assert "but the token ids of only 0 are those it recorded" in res.output, res.output
+    res = cli("check", logs / "two", "--baseline", base)  # the same log with another fault: its own baseline
+    assert res.exit_code == 1 and "1 of 1 recorded findings seen" in res.output, res.output
+    del doc["sample_token_digests"]  # a baseline without its log's fingerprint is not trusted
+    base.write_text(json.dumps({**json.loads(base.read_text()), "log": doc}))
+    res = cli("check", logs / "one", "--baseline", base)
+    assert res.exit_code == 2 and "sample_token_digests" in res.output, res.output
+
+
+def test_baseline_fingerprint_of_a_log_with_a_null_token_list(logs, tmp_path):
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    base = tmp_path / "b.json"
+    assert cli("check", logs / "one", "--write-baseline", base).exit_code == 0
+    broken = tmp_path / "nulls"  # the smallest trajectory id without token ids: one of 16 no longer matches
+    shutil.copytree(logs / "one", broken)
+    f = sorted((broken / "trajectories").glob("*.parquet"))[0]
+    t = pq.read_table(f)
+    ids, toks = t.column("trajectory_id").to_pylist(), t.column("token_ids").to_pylist()
+    toks[ids.index(min(ids))] = None
+    col = pa.array(toks, t.schema.field("token_ids").type)
+    pq.write_table(t.set_column(t.column_names.index("token_ids"), "token_ids", col), f)
+    res = cli("check", broken, "--baseline", base)
+    assert res.exit_code == 1 and "internal error" not in res.output, res.output
+    assert "recorded findings seen" in res.output, res.output
+
+
 def test_baseline_is_never_written_into_the_log_nor_from_an_incomplete_audit(logs, tmp_path):
     res = cli("check", logs / "one", "--write-baseline", logs / "one" / "b.json")
     assert res.exit_code == 2 and not (logs / "one" / "b.json").exists()

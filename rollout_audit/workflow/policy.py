@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 
@@ -115,26 +116,115 @@ def _keys(findings: pl.DataFrame) -> pl.DataFrame:
 
 
 def sample_ids(ids: pl.Series) -> list[str]:
-    """The log's fingerprint: its smallest trajectory ids (they stay when the log grows)."""
+    """The log's sample: its smallest trajectory ids (they stay when the log grows)."""
     return ids.drop_nulls().unique().sort().head(SAMPLE_IDS).to_list()
 
 
-def write_baseline(path: str | Path, rep: Report, ids: pl.Series) -> int:
-    """Record `rep`'s findings in `path` (JSON); the number recorded."""
+Tokens = Callable[[list[str]], pl.DataFrame]  # the rows (trajectory_id, token_ids) of these ids
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, elementwise on uint64 (wrapping arithmetic)."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def content_digests(rows: pl.DataFrame) -> dict[str, str]:
+    """A digest of each trajectory id's token ids in `rows` (trajectory_id, token_ids): every token
+    mixed with its position, summed over its trajectory, the trajectory's digest mixed with its
+    length (a null list apart from an empty one) and summed over the rows of one id, so that
+    neither the order of files nor of rows changes it. Vectorised; stable across machines and
+    library versions (it is written into baselines)."""
+    ids = rows["trajectory_id"].cast(pl.String, strict=False)
+    rows, ids = rows.filter(ids.is_not_null()), ids.drop_nulls()
+    if rows.is_empty():
+        return {}
+    try:
+        toks = rows["token_ids"].cast(pl.List(pl.Int64), strict=False)
+    except pl.exceptions.PolarsError:  # not a list of numbers at all: the same digest as no token ids
+        toks = pl.Series("token_ids", [None] * rows.height, pl.List(pl.Int64))
+    n = len(toks)
+    flat = (
+        pl.DataFrame({"_r": np.arange(n, dtype=np.int64), "t": toks})
+        .select("_r", pl.col("t").list.eval(pl.element().fill_null(-1)))
+        .explode("t")
+        .drop_nulls("t")  # what an empty or null list leaves (null tokens were made -1)
+        .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over("_r").alias("p"))
+    )
+    with np.errstate(over="ignore"):
+        tok = flat["t"].to_numpy().astype(np.int64).view(np.uint64)
+        h = _mix(tok ^ _mix(flat["p"].to_numpy().astype(np.uint64)))
+        per_row = np.zeros(n, dtype=np.uint64)
+        np.add.at(per_row, flat["_r"].to_numpy(), h)
+        length = toks.list.len().fill_null(-1).to_numpy().astype(np.int64).view(np.uint64)
+        per_row = _mix(per_row ^ _mix(length + np.uint64(1)))
+        keys, group = np.unique(ids.to_numpy().astype(object), return_inverse=True)
+        per_id = np.zeros(len(keys), dtype=np.uint64)
+        np.add.at(per_id, group, per_row)
+    return {str(k): f"{int(v):016x}" for k, v in zip(keys, per_id)}
+
+
+def fingerprint(ids: pl.Series, tokens: Tokens | None) -> dict:
+    """What a baseline recognises its log by: the sample of its trajectory ids, the digest of
+    each one's token ids (`content_digests`; none without `tokens`), and how many it held."""
+    sample = sample_ids(ids)
+    doc: dict = {"sample_trajectory_ids": sample, "trajectories": int(ids.len())}
+    if tokens is not None:
+        got = content_digests(tokens(sample)) if sample else {}
+        doc["sample_token_digests"] = [got.get(i) for i in sample]
+    return doc
+
+
+def write_baseline(path: str | Path, rep: Report, ids: pl.Series, tokens: Tokens | None = None) -> int:
+    """Record `rep`'s findings in `path` (JSON), with the fingerprint of the log (`ids` and the
+    token ids `tokens` gives for its sample); the number recorded."""
     counted = _keys(rep.findings).group_by(list(KEY), maintain_order=True).len("count")
     doc = {
         "rollout_audit_baseline": BASELINE_FORMAT,
         "tool_version": __version__,
-        "log": {"sample_trajectory_ids": sample_ids(ids), "trajectories": int(ids.len())},
+        "log": fingerprint(ids, tokens),
         "findings": counted.to_dicts(),
     }
     write_atomic(path, json.dumps(doc, indent=1) + "\n")  # never through a link, never into a FIFO
     return rep.findings.height
 
 
-def read_baseline(path: str | Path, ids: pl.Series) -> pl.DataFrame:
+def _check_log(path: str | Path, log: object, ids: pl.Series, tokens: Tokens | None) -> None:
+    """BaselineError unless the baseline's fingerprint `log` recognises this log: at least half of
+    its sample ids are in `ids` and, when `tokens` reads the log's token ids, at least half of
+    them hold the token ids they held when it was written (another log whose ids coincide is refused)."""
+    listed = log.get("sample_trajectory_ids") if isinstance(log, dict) else None
+    digests = log.get("sample_token_digests") if isinstance(log, dict) else None
+    sample = [x for x in listed if isinstance(x, str)] if isinstance(listed, list) else []
+    present = int(pl.Series(sample, dtype=pl.String).is_in(ids.drop_nulls().implode()).sum()) if sample else 0
+    if sample and 2 * present < len(sample):
+        raise BaselineError(
+            f"baseline {path}: written for another log ({present} of the {len(sample)} trajectory ids it "
+            f"recognises its log by are in this one, e.g. {sample[0]!r}); write one for this log with --write-baseline"
+        )
+    if tokens is None or not sample:
+        return
+    if not isinstance(digests, list) or len(digests) != len(listed or []):
+        raise BaselineError(
+            f"baseline {path}: log: sample_token_digests: expected one digest per sample trajectory id "
+            "(the fingerprint of its log's content); write it again with --write-baseline"
+        )
+    recorded = {i: d for i, d in zip(listed or [], digests) if isinstance(i, str)}
+    now = content_digests(tokens(sample))
+    matched = sum(1 for i in sample if recorded.get(i) is not None and now.get(i) == recorded.get(i))
+    if 2 * matched < len(sample):
+        raise BaselineError(
+            f"baseline {path}: written for another log ({present} of the {len(sample)} trajectory ids it "
+            f"recognises its log by are in this one, but the token ids of only {matched} are those it recorded); "
+            "write one for this log with --write-baseline"
+        )
+
+
+def read_baseline(path: str | Path, ids: pl.Series, tokens: Tokens | None = None) -> pl.DataFrame:
     """The baselined findings (KEY and count) of `path`, after checking it was written by this
-    version of the tool for this log (at least half of its sample ids are in `ids`)."""
+    version of the tool for this log (`_check_log`)."""
     try:
         doc = json.loads(read_bounded(path, MAX_BASELINE_BYTES, "ROLLOUT_AUDIT_MAX_BASELINE_BYTES"))
     except ConfigError as e:  # not a regular file, too large, unreadable: the message names the file
@@ -148,15 +238,7 @@ def read_baseline(path: str | Path, ids: pl.Series) -> pl.DataFrame:
             f"baseline {path}: written by rollout-audit {doc.get('tool_version')}, this is {__version__}; "
             "findings and their messages may differ between versions: write it again with --write-baseline"
         )
-    log = doc.get("log")
-    listed = log.get("sample_trajectory_ids") if isinstance(log, dict) else None
-    sample = [x for x in listed if isinstance(x, str)] if isinstance(listed, list) else []
-    present = int(pl.Series(sample, dtype=pl.String).is_in(ids.drop_nulls().implode()).sum()) if sample else 0
-    if sample and 2 * present < len(sample):
-        raise BaselineError(
-            f"baseline {path}: written for another log ({present} of the {len(sample)} trajectory ids it "
-            f"recognises its log by are in this one, e.g. {sample[0]!r}); write one for this log with --write-baseline"
-        )
+    _check_log(path, doc.get("log"), ids, tokens)
     findings = doc.get("findings", [])
     if not isinstance(findings, list) or not all(isinstance(x, dict) for x in findings):
         raise BaselineError(f"baseline {path}: findings: expected a list of objects, got {type(findings).__name__}")
@@ -179,10 +261,10 @@ def read_baseline(path: str | Path, ids: pl.Series) -> pl.DataFrame:
     return rows.group_by(list(KEY)).agg(pl.col("count").sum())
 
 
-def apply_baseline(rep: Report, path: str | Path, ids: pl.Series) -> Report:
+def apply_baseline(rep: Report, path: str | Path, ids: pl.Series, tokens: Tokens | None = None) -> Report:
     """`rep` without the findings recorded in the baseline at `path` (as many of each key as it
     recorded); `summary["baseline"]` says how many were seen, how many are gone and how many are new."""
-    base = read_baseline(path, ids)
+    base = read_baseline(path, ids, tokens)
     keyed = _keys(rep.findings).with_columns(pl.int_range(pl.len()).over(list(KEY)).alias("_k"))
     joined = keyed.join(base, on=list(KEY), how="left", nulls_equal=True)
     known = (joined["_k"] < joined["count"].fill_null(0)).to_numpy()
@@ -214,6 +296,48 @@ def trajectory_ids(disc: Discovery) -> pl.Series:
         raise BaselineError(f"{where}: its trajectory ids cannot be read to match a baseline ({e})") from None
 
 
+def _sample_rows(frame: pl.LazyFrame, sample: list[str]) -> pl.DataFrame:
+    """The rows (trajectory_id, token_ids) of `frame` whose id is in `sample`; null token ids when
+    the log records none."""
+    names = frame.collect_schema().names()
+    toks = pl.col("token_ids") if "token_ids" in names else pl.lit(None, pl.List(pl.Int64)).alias("token_ids")
+    tid = pl.col("trajectory_id").cast(pl.String)
+    return frame.filter(tid.is_in(pl.Series(sample, dtype=pl.String).implode())).select(tid, toks).collect()
+
+
+def table_tokens(table: pa.Table) -> Tokens:
+    """The sample's token ids of an in-memory trajectory table."""
+
+    def rows(sample: list[str]) -> pl.DataFrame:
+        keep = [c for c in ("trajectory_id", "token_ids") if c in table.column_names]
+        try:
+            frame = (
+                pl.from_arrow(table.select(keep)) if "trajectory_id" in keep else pl.DataFrame({"trajectory_id": []})
+            )
+            assert isinstance(frame, pl.DataFrame)
+            return _sample_rows(frame.lazy(), sample)
+        except (pl.exceptions.PolarsError, pa.ArrowException) as e:  # token ids of a type polars cannot take
+            raise BaselineError(f"the converted log's token ids cannot be read to match a baseline ({e})") from None
+
+    return rows
+
+
+def trajectory_tokens(disc: Discovery) -> Tokens:
+    """The sample's token ids of the log `disc` discovered (only the rows of the sample's ids)."""
+
+    def rows(sample: list[str]) -> pl.DataFrame:
+        tables = [f.table for f in disc.of_kind("trajectories") if f.table is not None]
+        if tables:
+            return pl.concat([table_tokens(t)(sample) for t in tables], how="vertical_relaxed")
+        try:
+            return _sample_rows(Log(disc).trajectories, sample)
+        except (pl.exceptions.PolarsError, UsageError, OSError, KeyError) as e:  # token ids unreadable
+            where = disc.files[0].path if disc.files else "the log"
+            raise BaselineError(f"{where}: its token ids cannot be read to match a baseline ({e})") from None
+
+    return rows
+
+
 def configured_baseline(cfg: Config, config_file: str | None) -> Path | None:
     """`baseline = "…"` of the configuration, a relative path read from the directory of the
     file it came from (a Config made in code: from the working directory)."""
@@ -229,10 +353,11 @@ def settle(
     config_file: str | None,
     ids: Callable[[], pl.Series],
     baseline: str | Path | None = None,
+    tokens: Tokens | None = None,
 ) -> Report:
     """The report of one log after the tolerated rates of `cfg` and its baseline (`baseline`, else
     `baseline = "…"` of `cfg`, found from `config_file`); `ids()` gives the log's trajectory ids
-    when a baseline applies. `rollout-audit check` and the library's `audit` both end here."""
+    when a baseline applies, `tokens` the token ids of its sample (the log's fingerprint). `rollout-audit check` and the library's `audit` both end here."""
     rep = apply_tolerated(rep, cfg.tolerated_share, cfg.source)
     where = Path(baseline) if baseline else configured_baseline(cfg, config_file)
     if where is None or rep.unusable is not None:
@@ -242,4 +367,4 @@ def settle(
         if where.exists():
             raise BaselineError(f"baseline {where}: not a regular file{said}")
         raise BaselineError(f"baseline {where}: no such file{said} (write one with `check --write-baseline {where}`)")
-    return apply_baseline(rep, where, ids())
+    return apply_baseline(rep, where, ids(), tokens)
