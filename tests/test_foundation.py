@@ -107,8 +107,8 @@ def test_missing_required_column_s001_and_checks_not_run(tmp_path, records):
     no_updates = {c for c, r in ra.all_rules().items() if any(q.startswith("updates") for q in r.requires)}
     assert all(rep.not_run[c] == "the log has no update records" for c in no_updates)
     # configuration needed (R408, T306), no template render (M107); replay is off by default; no
-    # per-token loss evidence (contract 1.2: R411-R413)
-    evidence = {"R411", "R412", "R413"}
+    # per-token loss evidence (contract 1.2: R411-R413), no routes or overlong penalty (contract 1.3: P505, R414)
+    evidence = {"R411", "R412", "R413", "P505", "R414"}
     assert (
         set(rep.not_run) - readers == {"R408", "T306", "M107", "L205", "L206", "L207", "L209"} | no_updates | evidence
     )
@@ -287,7 +287,10 @@ def test_value_domains_come_from_the_contract_alone():
         for name, d in doms.items():
             lo, hi = d.get("gt", d.get("ge")), d.get("le")
             outside = [float("nan") if lo is None and hi is None else (lo - 1 if lo is not None else hi + 1)]
-            inside = [(lo + hi) / 2 if lo is not None and hi is not None else (lo + 1 if lo is not None else 0.5)]
+            if lo is not None and hi is not None:
+                inside = [(lo + hi) / 2]
+            else:
+                inside = [lo + 1 if lo is not None else hi - 1 if hi is not None else 0.5]
             for values, broken in ((outside, True), (inside, False)):
                 df = pl.DataFrame({name: values}, schema={name: pl.Float64})
                 assert (domain_problems(model, df).height > 0) is broken, (name, values)

@@ -218,6 +218,8 @@ def _merge_band(parts: list) -> tuple:
     requires=("task_id", "reward"),
     optional=("infra_error", "verifier_success", "group_id"),
     config=("atol", "difficulty_band"),
+    partition=("task_id",),
+    merge=lambda parts, whys, findings: _merge_degenerate(parts),
 )
 def all_groups_degenerate(log, cfg) -> pl.DataFrame | None:
     """Every group of the log is degenerate (all its rewards equal), although the verdicts say the
@@ -234,21 +236,42 @@ def all_groups_degenerate(log, cfg) -> pl.DataFrame | None:
     at least two groups of two or more members. Check the reward after every transformation
     (normalisation, clipping, shaping) against the verdict it was computed from.
     """
-    low, high = cfg.difficulty_band
     t = _scored(log, cfg)
-    groups = _groups(t, cfg)
-    sized = groups.filter(pl.col("size") >= 2)
-    if sized.height < 2 or not sized["degenerate"].all():
+    sized = _groups(t, cfg).filter(pl.col("size") >= 2)
+    log.stats["G703"] = {
+        "groups": sized.height,
+        "degenerate": int(sized["degenerate"].sum()),
+        "scored": t.height,
+        "successes": float(t["_success"].sum()),
+        "band": list(cfg.difficulty_band),
+    }
+    return _degenerate(log.stats["G703"])
+
+
+def _degenerate(st: dict) -> pl.DataFrame | None:
+    """G703's finding from its counts (a partition's, or the whole log's)."""
+    low, high = st["band"]
+    if st["groups"] < 2 or st["degenerate"] < st["groups"] or not st["scored"]:
         return None
-    rate = float(t["_success"].sum()) / t.height
+    rate = st["successes"] / st["scored"]
     if not low <= rate <= high:
         return None
     return pl.DataFrame(
         {
             "message": [
-                f"all {sized.height} groups of two or more trajectories are degenerate (every reward equal within "
+                f"all {st['groups']} groups of two or more trajectories are degenerate (every reward equal within "
                 f"the group), but the success rate is {rate:.3f}, inside the band [{low}, {high}]: "
-                f"{int(t['_success'].sum())} successes in {t.height} scored trajectories; no group carries relative signal"
+                f"{int(st['successes'])} successes in {st['scored']} scored trajectories; no group carries relative signal"
             ]
         }
     )
+
+
+def _merge_degenerate(parts: list) -> tuple:
+    """G703 over partitions by task (a group never spans two tasks): the counts add up, then the finding follows."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return None, None, None
+    st = {k: sum(p[k] for p in parts) for k in ("groups", "degenerate", "scored", "successes")}
+    st["band"] = parts[0]["band"]
+    return st, None, _degenerate(st)
