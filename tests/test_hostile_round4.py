@@ -227,7 +227,9 @@ def test_first_visit_components_inside_the_log_adds_to_the_file_metadata(tmp_pat
     assert "R408" not in codes(r)
 
 
-@pytest.mark.parametrize("line", ["atol = inf", "rtol = nan", "logprob_atol = inf", "replay_atol = nan"])
+@pytest.mark.parametrize(
+    "line", ["atol = inf", "rtol = nan", "logprob_atol = inf", "replay_atol = nan", "overlong_penalty_factor = inf"]
+)
 def test_a_non_finite_tolerance_is_refused(tmp_path, line):
     cfg = tmp_path / "c.toml"
     cfg.write_text(f"[tool.rollout-audit]\n{line}\n")

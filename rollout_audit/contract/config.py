@@ -58,6 +58,24 @@ LOG_BOUNDS: dict[str, float] = {"grpo_epsilon": 1e-2, "max_policy_lag": 1024, "m
 MAX_CONFIG_BYTES = int(os.environ.get("ROLLOUT_AUDIT_MAX_CONFIG_BYTES", str(1 << 20)))
 
 
+# The float settings: TOML writes `atol = 0` as an integer (accepted for them), and each must be finite
+FLOAT_KEYS = (
+    "atol",
+    "rtol",
+    "logprob_atol",
+    "grpo_epsilon",
+    "replay_atol",
+    "replay_max_share",
+    "max_turn_log_ratio",
+    "truncation_penalty",
+    "overlong_penalty_factor",
+    "replay_connect_timeout",
+    "replay_timeout",
+    "storage_connect_timeout",
+    "storage_request_timeout",
+)
+
+
 class Config(BaseModel):
     """Every tunable of the audit, with its default. Tolerances compare in float64."""
 
@@ -213,40 +231,13 @@ class Config(BaseModel):
                 raise ValueError("a template may hold {version} and no other {…} field or format spec") from None
         return v
 
-    @field_validator(
-        "atol",
-        "rtol",
-        "logprob_atol",
-        "grpo_epsilon",
-        "replay_atol",
-        "replay_max_share",
-        "max_turn_log_ratio",
-        "truncation_penalty",
-        "overlong_penalty_factor",
-        "replay_connect_timeout",
-        "replay_timeout",
-        "storage_connect_timeout",
-        "storage_request_timeout",
-        mode="before",
-    )
+    @field_validator(*FLOAT_KEYS, mode="before")
     @classmethod
     def _int_is_a_float(cls, v: Any) -> Any:
         """TOML writes `atol = 0` as an integer: accept integers for floats, nothing else."""
         return _as_float(v) if isinstance(v, int) and not isinstance(v, bool) else v
 
-    @field_validator(
-        "atol",
-        "rtol",
-        "logprob_atol",
-        "grpo_epsilon",
-        "replay_atol",
-        "max_turn_log_ratio",
-        "truncation_penalty",
-        "replay_connect_timeout",
-        "replay_timeout",
-        "storage_connect_timeout",
-        "storage_request_timeout",
-    )
+    @field_validator(*FLOAT_KEYS)
     @classmethod
     def _finite(cls, v: float | None) -> float | None:
         """inf passes every comparison (`atol = inf`) and NaN none: a tolerance or a bound is a number."""
