@@ -61,12 +61,13 @@ def _turns(case: str, **context: str) -> dict[str, list[dict]]:
     return {r["trajectory_id"]: r["turns"] for r in table.select(["trajectory_id", "turns"]).to_pylist()}
 
 
-def test_partial_rollout_audits_clean_with_the_first_calls_version():
-    """A resumed sample has two weight_versions for its one turn: the turn gets the first call's."""
+def test_partial_rollout_resumed_under_new_weights_is_a_turn_of_its_own():
+    """A sample resumed at version 5 after 3 tokens of version 4: the resumed call is a turn of its own
+    with its own version, so the episode is sampled by two versions (P504, info) and nothing else fires."""
     rep = audit("slime", "partial_rollout", max_response_tokens=BUDGET)
-    assert rep.findings.is_empty(), rep.render()
+    assert rep.findings.select("code", "severity", "trajectory_id").rows() == [("P504", "info", "1")], rep.render()
     turns = _turns("partial_rollout")
-    assert [t["policy_version"] for t in turns["1"]] == [4] and [t["policy_version"] for t in turns["0"]] == [5]
+    assert [t["policy_version"] for t in turns["1"]] == [4, 5] and [t["policy_version"] for t in turns["0"]] == [5]
 
 
 def test_partial_rollout_with_the_stale_prefix_masked_keeps_it_as_policy_tokens():
@@ -74,7 +75,7 @@ def test_partial_rollout_with_the_stale_prefix_masked_keeps_it_as_policy_tokens(
         read_dump(fixture("slime", "partial_rollout_mask_offpolicy")), **CONTEXT, mask_offpolicy_in_partial_rollout="1"
     )
     rep = ra.audit_tables(table, config=Config(max_response_tokens=BUDGET))
-    assert rep.codes("error") == set() and rep.codes() == {"M102"}  # the masked stale prefix, as slime masks it
+    assert rep.codes("error") == set() and rep.codes() == {"M102", "P504"}  # the masked stale prefix, as slime masks it
     row = table.slice(1, 1).to_pylist()[0]
     resp = row["token_source"][-6:], row["loss_mask"][-6:]
     assert resp == ([2] * 6, [False] * 3 + [True] * 3)
@@ -206,7 +207,8 @@ def test_the_masked_stale_prefix_of_a_resumed_sample_is_m102_through_the_cli(tmp
     calls show it, so M102 warns on that prefix with no context key."""
     code, rep = _cli_check("partial_rollout_mask_offpolicy", "--config", str(_budget_config(tmp_path)))
     assert code == 0 and _codes(rep) == []
-    assert sorted((f["code"], f["trajectory_id"]) for f in rep["findings"]) == [("M102", "1"), ("M102", "2")]
+    found = sorted((f["code"], f["trajectory_id"]) for f in rep["findings"])
+    assert found == [("M102", "1"), ("M102", "2"), ("P504", "1")]  # P504: info, two versions sampled sample 1
 
 
 def _budget_config(tmp_path):
