@@ -235,7 +235,7 @@ def _routes(rec: Mapping[str, Any], n_tokens: int, turns: list[dict], where: str
     which routes the call's whole input), `rollout_expert_indices_rows` (the rows it returned) and
     `rollout_expert_indices_len` (the agent loop's row count after its update, routes.py) and the row
     its policy version (SkyRL records one per batch, so every call has it). The trainer places the
-    rows from the sequence's start and pads the rest (skyrl/train/dataset/preprocess.py:262-270)."""
+    rows from the sequence's start and pads the rest (skyrl/train/dataset/preprocess.py:256-272)."""
     value = rec.get("rollout_expert_indices")
     if value is None:
         return {}
