@@ -30,6 +30,11 @@ Trainer side: one record per row of the `TrainingInputBatch` after `compute_adva
 update per step with each row's advantage, its trainable-token count and the rows whose rewards
 formed the group statistics.
 
+Contract 1.3: `rollout_expert_indices` gives `routed_experts_sha256`, and with the agent-loop hook's
+per-call route fields `routed_experts_version` (`_routes`, routes.py); the DAPO example trainer's
+`overlong_penalty` is read as recorded, its settings (`max_generate_length`, `overlong_buffer_len`,
+`overlong_buffer_penalty_factor`) taken as context and declared with the policy for R414.
+
 The generator's `zero_reward_on_non_stop` and `apply_overlong_filtering` (GeneratorConfig) are
 applied before the dump and are not in it: the context gives them, and the trainer policy they
 imply is declared with the table (`with_policy`).

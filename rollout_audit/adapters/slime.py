@@ -10,7 +10,8 @@ per engine call), `metadata.engine_calls` (the generate hook's: per engine call 
 Provenance comes from `engine_calls`, independently of `loss_mask` (the mask under test), so
 M101/M102 compare the mask with what the engine sampled. A sample without them has no provenance:
 `token_source` is declared not recorded. A call that resumes the previous one where it stopped
-(`--partial-rollout`) is the same turn, whose version is its first call's. Without engine calls the
+(`--partial-rollout`) with the same weights is the same turn; resumed under other weights it is a
+turn of its own, with the version that sampled its tokens. Without engine calls the
 turns are the runs of mask 1 and `weight_versions` is placed on them: turn t's version is the
 version of its first call where the list fixes it, else the oldest of the calls that can have
 started it (it never understates staleness).
@@ -18,6 +19,9 @@ started it (it never understates staleness).
 `remove_sample` (set by `--rollout-sample-filter-path` before the dump) is applied by slime after
 the dump point (`loss_mask` all 0, slime/ray/rollout.py:680-681) while the sample stays in reward
 normalisation: the adapter writes its loss mask all false and the sample `loss_excluded`.
+
+Routing replay (contract 1.3): `rollout_routed_experts` gives `routed_experts_sha256`, and with the
+generate hook's per-call route fields `routed_experts_version` (`_routes`, routes.py).
 
 Trainer side: the train data record (`sample_indices`, `rollout_ids`, `rollout_mask_sums`, and
 `rewards`, `raw_reward`, `loss_masks`, `args`) becomes one token-reduced update per rollout id with
