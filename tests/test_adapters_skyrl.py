@@ -271,3 +271,51 @@ def test_a_trainer_mask_that_trains_what_the_dump_masked_is_u607():
 )
 def test_a_malformed_hook_field_exits_2_naming_it(case, field, value, tmp_path):
     missing_field_exits_2("skyrl", case, field, tmp_path, value)
+
+
+# ---------------------------------------------------------------- contract 1.3: routes, overlong penalty
+
+DAPO = ("--context", "max_generate_length=64", "--context", "overlong_buffer_len=32")
+DAPO += ("--context", "overlong_buffer_penalty_factor=1.0")
+
+
+def _not_run(rep: dict) -> set[str]:
+    return {c["code"] for c in rep["not_run"]}
+
+
+def test_routed_experts_of_a_compliant_moe_run_audit_clean_with_p505_run():
+    res, rep = _check(fixture("skyrl", "compliant_moe"))
+    assert res.exit_code == 0 and rep["findings"] == [] and "P505" not in _not_run(rep), res.output
+    row = load("skyrl").to_contract(read_dump(fixture("skyrl", "compliant_moe")), **CONTEXT).to_pylist()[3]
+    # the latest call's routes: every position but the last, at the batch's step; the trainer pads the last
+    assert row["routed_experts_version"] == [3] * (len(row["token_ids"]) - 1) + [None]
+
+
+@pytest.mark.parametrize("case", ["routes_appended_each_turn", "routes_lost_after_first_turn"])
+def test_routes_appended_or_lost_across_turns_are_p505_through_the_cli(case):
+    res, rep = _check(fixture("skyrl", case))
+    found = [(f["code"], f["trajectory_id"]) for f in rep["findings"]]
+    assert res.exit_code == 1 and found == [("P505", "3/search-4_0"), ("P505", "3/search-4_1")], res.output
+    assert all("no route of their own position" in f["message"] for f in rep["findings"])
+
+
+def test_the_dapo_trainers_penalty_is_recomputed_clean_on_single_turn_rows():
+    res, rep = _check(fixture("skyrl", "compliant_dapo"), extra=DAPO)
+    assert res.exit_code == 0 and rep["findings"] == [] and "R414" not in _not_run(rep), res.output
+    res, rep = _check(fixture("skyrl", "compliant_dapo"))  # without the trainer's settings: not run
+    assert res.exit_code == 0 and "R414" in _not_run(rep)
+
+
+def test_a_penalty_counting_observation_tokens_is_r414():
+    """The DAPO example measures len(response_ids), observations included (main_dapo.py:55, :58)."""
+    res, rep = _check(fixture("skyrl", "dapo_penalty_counts_observations"), extra=DAPO)
+    found = [(f["code"], f["trajectory_id"]) for f in rep["findings"]]
+    assert res.exit_code == 1 and found == [("R414", "3/search-4_0"), ("R414", "3/search-4_1")], res.output
+    assert "22 policy tokens" in rep["findings"][0]["message"]
+
+
+def test_a_configured_overlong_setting_wins_over_the_context(tmp_path):
+    config = tmp_path / "audit.toml"
+    config.write_text("[tool.rollout-audit]\noverlong_buffer = 64\n")
+    res, rep = _check(fixture("skyrl", "compliant_dapo"), extra=(*DAPO, "--config", str(config)))
+    assert res.exit_code == 1 and {f["code"] for f in rep["findings"]} == {"R414"}, res.output

@@ -61,12 +61,13 @@ def _turns(case: str, **context: str) -> dict[str, list[dict]]:
     return {r["trajectory_id"]: r["turns"] for r in table.select(["trajectory_id", "turns"]).to_pylist()}
 
 
-def test_partial_rollout_audits_clean_with_the_first_calls_version():
-    """A resumed sample has two weight_versions for its one turn: the turn gets the first call's."""
+def test_partial_rollout_resumed_under_new_weights_is_a_turn_of_its_own():
+    """A sample resumed at version 5 after 3 tokens of version 4: the resumed call is a turn of its own
+    with its own version, so the episode is sampled by two versions (P504, info) and nothing else fires."""
     rep = audit("slime", "partial_rollout", max_response_tokens=BUDGET)
-    assert rep.findings.is_empty(), rep.render()
+    assert rep.findings.select("code", "severity", "trajectory_id").rows() == [("P504", "info", "1")], rep.render()
     turns = _turns("partial_rollout")
-    assert [t["policy_version"] for t in turns["1"]] == [4] and [t["policy_version"] for t in turns["0"]] == [5]
+    assert [t["policy_version"] for t in turns["1"]] == [4, 5] and [t["policy_version"] for t in turns["0"]] == [5]
 
 
 def test_partial_rollout_with_the_stale_prefix_masked_keeps_it_as_policy_tokens():
@@ -74,7 +75,7 @@ def test_partial_rollout_with_the_stale_prefix_masked_keeps_it_as_policy_tokens(
         read_dump(fixture("slime", "partial_rollout_mask_offpolicy")), **CONTEXT, mask_offpolicy_in_partial_rollout="1"
     )
     rep = ra.audit_tables(table, config=Config(max_response_tokens=BUDGET))
-    assert rep.codes("error") == set() and rep.codes() == {"M102"}  # the masked stale prefix, as slime masks it
+    assert rep.codes("error") == set() and rep.codes() == {"M102", "P504"}  # the masked stale prefix, as slime masks it
     row = table.slice(1, 1).to_pylist()[0]
     resp = row["token_source"][-6:], row["loss_mask"][-6:]
     assert resp == ([2] * 6, [False] * 3 + [True] * 3)
@@ -206,7 +207,8 @@ def test_the_masked_stale_prefix_of_a_resumed_sample_is_m102_through_the_cli(tmp
     calls show it, so M102 warns on that prefix with no context key."""
     code, rep = _cli_check("partial_rollout_mask_offpolicy", "--config", str(_budget_config(tmp_path)))
     assert code == 0 and _codes(rep) == []
-    assert sorted((f["code"], f["trajectory_id"]) for f in rep["findings"]) == [("M102", "1"), ("M102", "2")]
+    found = sorted((f["code"], f["trajectory_id"]) for f in rep["findings"])
+    assert found == [("M102", "1"), ("M102", "2"), ("P504", "1")]  # P504: info, two versions sampled sample 1
 
 
 def _budget_config(tmp_path):
@@ -251,3 +253,72 @@ def test_a_malformed_actor_record_exits_2_naming_it(field, value, tmp_path):
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     line = res.stderr.strip().splitlines()[-1]
     assert "actor record" in line and "internal error" not in line, line
+
+
+# ---------------------------------------------------------------- routing replay (contract 1.3)
+
+
+def _not_run(rep: dict) -> set[str]:
+    return {c["code"] for c in rep["not_run"]}
+
+
+def test_routed_experts_of_a_compliant_moe_run_audit_clean_with_p505_run():
+    code, rep = _cli_check("compliant_moe")
+    assert code == 0 and rep["findings"] == [] and "P505" not in _not_run(rep), rep
+    row = load("slime").to_contract(read_dump(fixture("slime", "compliant_moe")), **CONTEXT).to_pylist()[2]
+    rec = read_dump(fixture("slime", "compliant_moe"))[2]
+    assert len(row["routed_experts_version"]) == len(row["token_ids"]) and row["routed_experts_version"][-1] is None
+    assert row["routed_experts_version"][:-1] == [5] * (len(row["token_ids"]) - 1)
+    from rollout_audit.adapters.routes import digest, expert_array
+
+    assert row["routed_experts_sha256"] == digest(expert_array(rec["rollout_routed_experts"], "r", "w"))
+
+
+def test_a_partial_rollout_keeping_the_older_routes_is_not_p505():
+    """Resumed at version 5 from the rows the sample held: version 4's routes stay before its tokens."""
+    code, rep = _cli_check("partial_rollout_moe")
+    assert code == 0 and "P505" not in _not_run(rep) and [f["code"] for f in rep["findings"]] == ["P504"]
+    row = load("slime").to_contract(read_dump(fixture("slime", "partial_rollout_moe")), **CONTEXT).to_pylist()[1]
+    assert set(row["routed_experts_version"][:-1]) == {4, 5}
+
+
+@pytest.mark.parametrize(
+    ("case", "words"),
+    [
+        ("routes_resumed_duplicated", "62 entries for 33 tokens"),  # appended: more rows than tokens
+        ("routes_of_resumed_weights", "routes of version 5, turn sampled at 4"),  # replaced from row 0
+    ],
+)
+def test_routes_lost_or_duplicated_on_resume_are_p505_through_the_cli(case, words):
+    code, rep = _cli_check(case)
+    assert code == 1 and _codes(rep) == [("P505", "1"), ("P505", "2")], rep["findings"]
+    assert all(words in f["message"] for f in rep["findings"] if f["code"] == "P505")
+
+
+def test_routes_without_the_hooks_fields_give_the_digest_and_p505_not_run(tmp_path):
+    recs = read_dump(fixture("slime", "compliant_moe"))
+    for r in recs:
+        for c in r["metadata"]["engine_calls"]:
+            del c["routed_experts_len"]
+    path = tmp_path / "dump.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    from adapterhelp import cli, context_args
+
+    res = cli("check", "--from", "slime", path, *context_args(), "--format", "json")
+    rep = json.loads(res.stdout)
+    assert res.exit_code == 0 and rep["findings"] == [] and "P505" in _not_run(rep)
+    table = load("slime").to_contract(read_dump(path), **CONTEXT)
+    assert "routed_experts_sha256" in table.column_names and "routed_experts_version" not in table.column_names
+
+
+@pytest.mark.parametrize("value", [[[1, 2]], [[[1, -1]]], "routes", [[[1, 2]], [[3]]]])
+def test_malformed_routes_exit_2_naming_them(tmp_path, value):
+    from adapterhelp import cli, context_args
+
+    recs = read_dump(fixture("slime", "compliant_moe"))
+    recs[1]["rollout_routed_experts"] = value
+    path = tmp_path / "dump.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res = cli("check", "--from", "slime", path, *context_args())
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and "rollout_routed_experts" in lines[0], res.stderr

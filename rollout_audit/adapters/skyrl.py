@@ -30,6 +30,11 @@ Trainer side: one record per row of the `TrainingInputBatch` after `compute_adva
 update per step with each row's advantage, its trainable-token count and the rows whose rewards
 formed the group statistics.
 
+Contract 1.3: `rollout_expert_indices` gives `routed_experts_sha256`, and with the agent-loop hook's
+per-call route fields `routed_experts_version` (`_routes`, routes.py); the DAPO example trainer's
+`overlong_penalty` is read as recorded, its settings (`max_generate_length`, `overlong_buffer_len`,
+`overlong_buffer_penalty_factor`) taken as context and declared with the policy for R414.
+
 The generator's `zero_reward_on_non_stop` and `apply_overlong_filtering` (GeneratorConfig) are
 applied before the dump and are not in it: the context gives them, and the trainer policy they
 imply is declared with the table (`with_policy`).
@@ -69,6 +74,7 @@ from .base import (
     with_context,
     with_policy,
 )
+from .routes import call_routes, digest, expert_array, replayed
 from .steps import divergence
 
 # stop_reasons value -> (flag, contract stop_reason): what SkyRL's generator writes
@@ -77,8 +83,20 @@ STOPS = {
     "length": ("truncated", "max_tokens"),  # the engine's token limit, or the context budget exceeded
     "abort": ("infra_error", "engine_error"),  # the engine aborted the request
 }
+# SkyRL's names of the DAPO settings -> the audit configuration keys R414 reads
+DAPO = {"max_generate_length": int, "overlong_buffer_len": int, "overlong_buffer_penalty_factor": float}
+DAPO_SETTINGS = {
+    "max_generate_length": "max_response_tokens",
+    "overlong_buffer_len": "overlong_buffer",
+    "overlong_buffer_penalty_factor": "overlong_penalty_factor",
+}
 # GeneratorConfig (skyrl/train/config/config.py) flags the dump does not carry; both default False
-CONTEXT = {"zero_reward_on_non_stop": bool, "apply_overlong_filtering": bool}
+CONTEXT = {
+    "zero_reward_on_non_stop": bool,
+    "apply_overlong_filtering": bool,
+    # the DAPO example's soft overlong punishment (examples/train/algorithms/dapo/main_dapo.py:21-25, :59)
+    **DAPO,
+}
 _STEP_IN_NAME = re.compile(r"(?:skyrl-|global_step_)(\d+)")
 STEP_FIELDS = ("global_step", "global_step_when_scheduled")
 TRAINER = "advantages"  # a trainer-side record (TrainingInputBatch row) carries it; a generator row does not
@@ -99,6 +117,14 @@ LACKS = {
     "turns.context_length": _NO_CALLS,
     "turns.context_sha256": _NO_CALLS,
     "turns.sampled_token_ids": _NO_CALLS,
+    "routed_experts_sha256": "the records carry no rollout_expert_indices (SkyRL returns them with "
+    "generator.inference_engine.enable_return_routed_experts)",
+    "routed_experts_version": "the records carry no rollout_expert_indices, or their engine calls no "
+    "rollout_expert_indices_start, _rows and _len (the agent-loop hook's lines)",
+    "overlong_penalty": "SkyRL adds no overlong penalty to the reward; its apply_overlong_filtering masks instead "
+    "(generators/utils.py:349-371); the DAPO example's trainer records it with the hook in its "
+    "postprocess_generator_output",
+    "loss_weight": "SkyRL weighs every loss-mask token alike: no per-token loss weight (generators/base.py:37-63)",
 }
 
 
@@ -192,6 +218,9 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
     if rec.get("rollout_logprobs") is not None:
         lp = numbers(aligned(rec, "rollout_logprobs", mask, where), "rollout_logprobs", where)
         out["behavior_logprobs"] = logprobs_column(len(prompt), lp, sampled)
+    out.update(_routes(rec, len(prompt) + len(resp), out["turns"], where))
+    if rec.get("overlong_penalty") is not None:
+        out["overlong_penalty"] = number(rec["overlong_penalty"], "overlong_penalty", where)
     if rec.get("stop_reasons") is not None:
         stop = rec["stop_reasons"]
         if not isinstance(stop, str) or stop not in STOPS:
@@ -202,6 +231,30 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
             # the generator zeroed every loss mask and kept the reward in the group statistics
             out["loss_excluded"] = True
     return with_context(out, ctx)
+
+
+def _routes(rec: Mapping[str, Any], n_tokens: int, turns: list[dict], where: str) -> dict[str, Any]:
+    """Routing replay (contract 1.3) from the row's `rollout_expert_indices` (GeneratorOutput,
+    base.py:54): the digest of its rows always; each row's version when every engine call carries
+    the hook's `rollout_expert_indices_start` (the first position the engine routed: 0 at a956457,
+    which routes the call's whole input), `rollout_expert_indices_rows` (the rows it returned) and
+    `rollout_expert_indices_len` (the agent loop's row count after its update, routes.py) and the row
+    its policy version (SkyRL records one per batch, so every call has it). The trainer places the
+    rows from the sequence's start and pads the rest (skyrl/train/dataset/preprocess.py:256-272)."""
+    value = rec.get("rollout_expert_indices")
+    if value is None:
+        return {}
+    arr = expert_array(value, "rollout_expert_indices", where)
+    out: dict[str, Any] = {"routed_experts_sha256": digest(arr)}
+    version = turns[0].get("policy_version") if turns else None
+    calls = rec.get("engine_calls")
+    if calls and version is not None:
+        calls = objects(calls, "engine_calls", where)
+        keys = ("rollout_expert_indices_start", "rollout_expert_indices_rows", "rollout_expert_indices_len")
+        rows = call_routes(calls, [version] * len(calls), keys, where)
+        if rows is not None:
+            out["routed_experts_version"] = replayed(rows, len(arr), n_tokens, True, where)
+    return out
 
 
 def _last_step(rec: Mapping[str, Any], where: str) -> bool | None:
@@ -255,7 +308,15 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
         rows = _segments(rows, recs)
     _zero_variance_filtered(rows, list(records))
     table = contract_table(rows, LACKS)
-    return with_policy(table, policy(ctx), truncation="penalize")
+    return with_policy(table, policy(ctx), truncation="penalize", **dapo_settings(ctx))
+
+
+def dapo_settings(ctx: Mapping[str, Any]) -> dict[str, Any]:
+    """The audit settings of the DAPO trainer's soft overlong punishment, when the context gives all
+    three (main_dapo.py:46-47, :59: the budget is `generator.sampling_params.max_generate_length`)."""
+    if not all(k in ctx for k in DAPO):
+        return {}
+    return {DAPO_SETTINGS[k]: ctx[k] for k in DAPO}
 
 
 def _zero_variance_filtered(rows: list[dict[str, Any]], records: list[Mapping[str, Any]]) -> None:

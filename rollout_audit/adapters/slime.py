@@ -10,7 +10,8 @@ per engine call), `metadata.engine_calls` (the generate hook's: per engine call 
 Provenance comes from `engine_calls`, independently of `loss_mask` (the mask under test), so
 M101/M102 compare the mask with what the engine sampled. A sample without them has no provenance:
 `token_source` is declared not recorded. A call that resumes the previous one where it stopped
-(`--partial-rollout`) is the same turn, whose version is its first call's. Without engine calls the
+(`--partial-rollout`) with the same weights is the same turn; resumed under other weights it is a
+turn of its own, with the version that sampled its tokens. Without engine calls the
 turns are the runs of mask 1 and `weight_versions` is placed on them: turn t's version is the
 version of its first call where the list fixes it, else the oldest of the calls that can have
 started it (it never understates staleness).
@@ -18,6 +19,9 @@ started it (it never understates staleness).
 `remove_sample` (set by `--rollout-sample-filter-path` before the dump) is applied by slime after
 the dump point (`loss_mask` all 0, slime/ray/rollout.py:680-681) while the sample stays in reward
 normalisation: the adapter writes its loss mask all false and the sample `loss_excluded`.
+
+Routing replay (contract 1.3): `rollout_routed_experts` gives `routed_experts_sha256`, and with the
+generate hook's per-call route fields `routed_experts_version` (`_routes`, routes.py).
 
 Trainer side: the train data record (`sample_indices`, `rollout_ids`, `rollout_mask_sums`, and
 `rewards`, `raw_reward`, `loss_masks`, `args`) becomes one token-reduced update per rollout id with
@@ -58,6 +62,7 @@ from .base import (
     whole,
     with_context,
 )
+from .routes import call_routes, digest, expert_array, replayed
 
 # Sample.Status value -> (flag, contract stop_reason)
 STATUS = {
@@ -76,6 +81,14 @@ _NO_ACTOR = (
     "hook): slime builds token-level rewards, KL and returns only there"
 )
 
+_NO_ROUTES = "the samples carry no rollout_routed_experts (slime records them with --use-rollout-routing-replay)"
+ROUTE_LACKS = {
+    "routed_experts_sha256": _NO_ROUTES,
+    "routed_experts_version": _NO_ROUTES + ", or their engine calls no routed_experts_start_len, "
+    "routed_experts_rows and routed_experts_len (the generate hook's lines)",
+    "overlong_penalty": "slime adds no overlong penalty to the reward (slime/ray/rollout.py:608-633)",
+    "loss_weight": "slime weighs every loss-mask token alike: no per-token loss weight (slime/utils/types.py:93-146)",
+}
 LACKS = {
     **lacks("slime"),
     "turns.policy_version": "the records carry no weight_versions (SGLang returned no weight_version)",
@@ -86,6 +99,7 @@ LACKS = {
     "turns.sampled_token_ids": _NO_CALLS,
     "token_source": "provenance not recorded: " + _NO_CALLS + "; slime's loss_mask is the mask under test",
     **{k: _NO_ACTOR for k in ("token_reward", "token_kl", "token_returns")},
+    **ROUTE_LACKS,
 }
 
 
@@ -150,21 +164,30 @@ def _engine_calls(rec: Mapping[str, Any], n_resp: int, where: str) -> tuple[list
         if not ids:
             continue  # an aborted call that returned nothing sampled nothing
         sampled[start : min(start + len(ids), n_resp)] = [True] * (min(start + len(ids), n_resp) - start)
-        if start == end:  # resumed where the previous call stopped: the same turn
+        version = _call_version(call, w)
+        if start == end and version == turns[-1].get("policy_version"):  # resumed by the same weights
             turns[-1]["sampled_token_ids"] += ids
             end += len(ids)
             continue
         turn: dict[str, Any] = {"turn_id": len(turns), "sampled_token_ids": list(ids)}
-        version = call.get("weight_version")
         if version is not None:
-            try:
-                turn["policy_version"] = whole(int(version), "weight_version", w)
-            except (TypeError, ValueError):
-                pass  # SGLang's version is a free string: not a number the audit can order
+            turn["policy_version"] = version
         turns.append(turn)
         starts.append(start)
         end = start + len(ids)
     return sampled, turns, starts
+
+
+def _call_version(call: Mapping[str, Any], where: str) -> int | None:
+    """An engine call's `weight_version` as an integer; None when absent or not a number (SGLang's
+    version is a free string: not a number the audit can order)."""
+    version = call.get("weight_version")
+    if version is None:
+        return None
+    try:
+        return whole(int(version), "weight_version", where)
+    except (TypeError, ValueError):
+        return None
 
 
 def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any]:
@@ -216,7 +239,33 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
     if rec.get("rollout_log_probs") is not None:
         lp = numbers(aligned(rec, "rollout_log_probs", mask, where), "rollout_log_probs", where)
         out["behavior_logprobs"] = logprobs_column(n_prompt, lp, sampled)
+    out.update(_routes(rec, len(tokens), where))
     return with_context(out, ctx)
+
+
+def _routes(rec: Mapping[str, Any], n_tokens: int, where: str) -> dict[str, Any]:
+    """Routing replay (contract 1.3) from `rollout_routed_experts` (slime/utils/types.py:126): one row
+    per token but the last (types.py:361), the trainer appending one padding row for it
+    (slime/backends/megatron_utils/cp_utils.py:264-268). The digest of the rows always; each row's
+    version when every engine call carries the generate hook's `routed_experts_start_len` (SGLang's,
+    0 when absent as slime reads it, types.py:356), `routed_experts_rows` (the rows SGLang returned)
+    and `routed_experts_len` (the sample's row count after slime applied them) with its
+    `weight_version` (routes.py says how they place the rows)."""
+    value = rec.get("rollout_routed_experts")
+    if value is None:
+        return {}
+    arr = expert_array(value, "rollout_routed_experts", where)
+    out: dict[str, Any] = {"routed_experts_sha256": digest(arr)}
+    meta = rec.get("metadata")
+    calls = meta.get("engine_calls") if isinstance(meta, Mapping) else None
+    if calls:
+        calls = objects(calls, "metadata.engine_calls", where)
+        versions = [_call_version(c, f"{where} metadata.engine_calls[{t}]") for t, c in enumerate(calls)]
+        keys = ("routed_experts_start_len", "routed_experts_rows", "routed_experts_len")
+        rows = call_routes(calls, versions, keys, where)
+        if rows is not None:
+            out["routed_experts_version"] = replayed(rows, len(arr), n_tokens, False, where)
+    return out
 
 
 def _trainer_side(rec: Mapping[str, Any]) -> bool:

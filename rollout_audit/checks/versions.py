@@ -304,9 +304,11 @@ def routes_replayed(b: BatchView, cfg) -> pl.DataFrame | None:
     is then only right when each position is replayed once, with the routes of the weights that
     produced it. Resumed partial rollouts duplicated, then lost, the routes of the older weights
     (verl#6029, #6046; SkyRL#1908). Recomputed per trajectory: the array has one entry per token
-    (more means a segment was appended twice, fewer that one was lost), none null, each policy
-    token's routes come from its turn's policy_version, and every other token's (prompt, tool
-    output) from the version of one of the episode's turns. Keep the routes of each engine call
+    (more means a segment was appended twice, fewer that one was lost), none null but the last
+    token's (engines route every position but the last: its output predicts nothing), the routes
+    at the position before each policy token (where its log-prob is read) come from its turn's
+    policy_version, and every other token's (prompt, tool output) from the version of one of the
+    episode's turns. Keep the routes of each engine call
     with the tokens it produced, and replace (never append) the routes of a resumed call's
     prefix.
     """
@@ -331,18 +333,28 @@ def routes_replayed(b: BatchView, cfg) -> pl.DataFrame | None:
     v = lst.values
     have = None if lst.complete else lst.present  # complete: a value on every token (the usual case)
     lost = np.zeros(t.row.size, bool) if have is None else lst.fits[t.row] & ~have
+    ends = (t.starts + t.n_tok - 1)[t.n_tok > 0]
+    lost[ends] = False  # the last token's route predicts nothing: engines return one row fewer than tokens
     key = b.turn_key
     turn_v = np.full(t.row.size, np.nan)
     idx, _, _ = b.policy_by_turn  # the policy tokens that belong to a turn
     turn_v[idx] = pv[key[idx]]
+    # a token's log-prob is read at the position before it: the routes there are the ones its
+    # version must have produced (a row's first token has none)
+    idx = idx[idx > t.starts[t.row[idx]]]
+    v_before = np.concatenate(([np.nan], v[:-1]))
     wrong_turn = np.zeros(t.row.size, bool)
-    bad = v[idx] != turn_v[idx]  # NaN (no route, or a list that does not line up) compares unequal
-    bad &= ~np.isnan(turn_v[idx]) if have is None else ~np.isnan(turn_v[idx]) & have[idx]
+    bad = v_before[idx] != turn_v[idx]  # NaN (no route, or a list that does not line up) compares unequal
+    bad &= ~np.isnan(turn_v[idx]) if have is None else ~np.isnan(turn_v[idx]) & have[idx - 1]
     wrong_turn[idx[bad]] = True
     other = ~t.policy & ((v < lo[t.row]) | (v > hi[t.row]))
     for where, what in (
-        (lost, "no route recorded for {} token(s): a lost segment; first at "),
-        (wrong_turn, "{} policy token(s) replayed with routes of another version than their turn's; first at "),
+        (lost, "no route of their own position recorded for {} token(s): a lost or misplaced segment; first at "),
+        (
+            wrong_turn,
+            "{} policy token(s) whose log-prob is replayed through routes of another version than their "
+            "turn's; first at ",
+        ),
         (
             other,
             "{} prompt or tool token(s) replayed with routes of a version none of the episode's turns had; first at ",
@@ -352,7 +364,9 @@ def routes_replayed(b: BatchView, cfg) -> pl.DataFrame | None:
             continue
         loc = b.locate(where)
         idx = t.starts[loc["_row"].to_numpy()] + loc["position"].to_numpy()
-        loc = loc.with_columns(pl.Series("_v", v[idx]), pl.Series("_tv", turn_v[idx]))
+        loc = loc.with_columns(
+            pl.Series("_v", (v_before if where is wrong_turn else v)[idx]), pl.Series("_tv", turn_v[idx])
+        )
         tail = pl.format(" (routes of version {}", pl.col("_v").cast(pl.Int64)) + pl.when(
             pl.col("_tv").is_not_nan()
         ).then(pl.format(", turn sampled at {})", pl.col("_tv").cast(pl.Int64))).otherwise(pl.lit(")"))

@@ -76,12 +76,12 @@ def routes_resumed_duplicated(ctx: Ctx) -> list[str]:
 
 @fault("routes_of_resumed_weights", {"P505"})
 def routes_of_resumed_weights(ctx: Ctx) -> list[str]:
-    """The resumed call's prefill replaced the routes of the tokens the older weights had sampled:
-    a turn's policy tokens are replayed with the next version's experts (verl-project/verl#6046,
-    NovaSky-AI/SkyRL#1908)."""
+    """The resumed call's prefill replaced the routes of the prefix the older weights had routed
+    (the prompt and the tokens they sampled): a turn's policy tokens are replayed through the next
+    version's experts (verl-project/verl#6046, NovaSky-AI/SkyRL#1908)."""
     t = _routed(ctx)
     v = t["turns"][0]["policy_version"]
-    for i, (s, k) in enumerate(zip(t["token_source"], t["token_turn"])):
-        if s == 2 and k == 0:
-            t["routed_experts_version"][i] = v + 1
+    last = max(i for i, (s, k) in enumerate(zip(t["token_source"], t["token_turn"])) if s == 2 and k == 0)
+    for i in range(last + 1):
+        t["routed_experts_version"][i] = v + 1
     return [t["trajectory_id"]]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import statistics
 
 from .chat import ASSISTANT, IM_END, NL, Episode, episode, header
+from .slime import routes
 
 STOP_STR = 151659  # a stop string's last token ("</answer>"), not the eos
 
@@ -240,6 +241,54 @@ def _trainer_mask_trains_more() -> list[dict]:
     return rows + out
 
 
+def with_routes(rec: dict, appended: bool = False, lost_after: int | None = None) -> dict:
+    """`rec` as a run with generator.inference_engine.enable_return_routed_experts keeps it: each call
+    returns routes for its whole input and output but the last token, and the agent loop replaces
+    its array with them (skyrl_gym_generator.py:1122-1126), cut at the response's end (:556-558); per
+    call the hook's `rollout_expert_indices_start` (0), `rollout_expert_indices_rows` (the rows the engine returned) and
+    `rollout_expert_indices_len` (the loop's rows after its update). `appended`: a generator that
+    appends each call's rows instead; `lost_after`: the calls from that one on returned no routes, and
+    the loop kept what it had (:1122: `if rollout_expert_indices_for_turn is not None`)."""
+    kept: list = []
+    for t, call in enumerate(rec["engine_calls"]):
+        seq = call["prompt_token_ids"] + call["response_ids"]
+        new = [] if lost_after is not None and t >= lost_after else routes(seq, 0, len(seq) - 1, rec["global_step"])
+        if new:
+            kept = kept + new if appended else new
+        call["rollout_expert_indices_start"] = 0  # the engine routes the call's whole input
+        call["rollout_expert_indices_rows"], call["rollout_expert_indices_len"] = len(new), len(kept)
+    rec["rollout_expert_indices"] = kept[: len(rec["prompt_token_ids"]) + len(rec["response_ids"])]
+    return rec
+
+
+DAPO_CONTEXT = {"max_generate_length": 64, "overlong_buffer_len": 32, "overlong_buffer_penalty_factor": 1.0}
+
+
+def dapo(rows: list[dict]) -> list[dict]:
+    """The DAPO example trainer's soft overlong punishment (examples/train/algorithms/dapo/main_dapo.py:
+    38-79) on `rows`, recorded by the dump placed at the end of its postprocess_generator_output: the
+    penalty from `len(response_ids)` (:55, :62-70), subtracted from the reward, and kept as
+    `overlong_penalty`."""
+    L, B, f = (
+        DAPO_CONTEXT[k] for k in ("max_generate_length", "overlong_buffer_len", "overlong_buffer_penalty_factor")
+    )
+    for r in rows:
+        n = len(r["response_ids"])
+        penalty = -(n - (L - B)) / B * f if L - B < n <= L else 0.0
+        r["rewards"] = r["rewards"] + penalty
+        r["overlong_penalty"] = penalty
+    return rows
+
+
+def _single_turn_long() -> list[dict]:
+    """Single-turn samples (the DAPO example's setting, main_dapo.py:58) of 41 tokens: inside the buffer."""
+    return [
+        record(episode(90 + 10 * k + rep, 1, words=40), inst, rep, float(rep))
+        for k, inst in enumerate(("gsm8k-17", "aime-3"))
+        for rep in range(2)
+    ]
+
+
 def cases() -> dict[str, list[dict]]:
     """The SkyRL fixture cases."""
     compliant = _batch(False)
@@ -255,4 +304,9 @@ def cases() -> dict[str, list[dict]]:
         "abort_in_group_statistics": _abort_in_statistics(),
         "zero_variance_filtered": _zero_variance_filtered(),
         "trainer_mask_trains_more": _trainer_mask_trains_more(),
+        "compliant_moe": [with_routes(r) for r in _batch(False)],
+        "routes_appended_each_turn": [with_routes(r, appended=True) for r in _batch(False)],
+        "routes_lost_after_first_turn": [with_routes(r, lost_after=1) for r in _batch(False)],
+        "compliant_dapo": dapo(_single_turn_long()),
+        "dapo_penalty_counts_observations": dapo(_batch(False)),
     }

@@ -248,6 +248,44 @@ def actor(samples: list[dict], step: int, unmasked_kl: bool = False) -> dict:
     }
 
 
+LAYERS, TOPK, EXPERTS = 2, 2, 8  # --num-layers, --moe-router-topk and the experts of the MoE fixtures
+
+
+def routes(tokens: list[int], first: int, last: int, version: int) -> list[list[list[int]]]:
+    """The expert ids the engine at `version` chose at positions first .. last - 1 of `tokens`: top-k
+    distinct experts per layer, a function of the position, its token and the weights."""
+    out = []
+    for i in range(first, last):
+        base = (tokens[i] * 7 + i * 3 + version * 5) % EXPERTS
+        out.append([[(base + layer * 3 + k) % EXPERTS for k in range(TOPK)] for layer in range(LAYERS)])
+    return out
+
+
+def with_routes(rec: dict, incremental: bool = True, appended: bool = False) -> dict:
+    """`rec` as a --use-rollout-routing-replay run keeps it: each engine call's routes as slime applies
+    them (slime/utils/types.py:352-394), and per call the generate hook's `routed_experts_start_len`
+    (SGLang's meta_info value), `routed_experts_rows` (the rows SGLang returned) and `routed_experts_len` (the sample's rows after slime applied them).
+    SGLang routes every position of the call's input and output but the last; `incremental`: it
+    returns them from `routed_experts_start_len`, the rows the sample already holds (else from row 0,
+    recomputed by the call's weights). `appended`: a custom generate that concatenates each call's
+    rows onto the sample's instead of keeping `existing[:routed_experts_start_len]`."""
+    n_prompt = len(rec["tokens"]) - rec["response_length"]
+    kept: list = []
+    for call in rec["metadata"]["engine_calls"]:
+        end = n_prompt + call["response_length"] + len(call["tokens"])  # the tokens after this call
+        start = len(kept) if incremental else 0
+        new = routes(rec["tokens"], start, end - 1, int(call["weight_version"]))
+        kept = kept + new if appended else kept[:start] + new
+        call["routed_experts_start_len"] = start
+        call["routed_experts_rows"], call["routed_experts_len"] = len(new), len(kept)
+    rec["rollout_routed_experts"] = kept
+    return rec
+
+
+def _moe(batch: list[dict], **how: bool) -> list[dict]:
+    return [with_routes(rec, **how) for rec in batch]
+
+
 def cases() -> dict[str, list[dict]]:
     """The slime fixture cases."""
     batch = _batch(False)
@@ -264,4 +302,8 @@ def cases() -> dict[str, list[dict]]:
         "partial_rollout_mask_offpolicy": _partial(True),
         "removed_sample": _removed(False),
         "removed_sample_in_denominator": _removed(True),
+        "compliant_moe": _moe(_batch(False)),
+        "partial_rollout_moe": _moe(_partial(False)),
+        "routes_resumed_duplicated": _moe(_partial(False), incremental=False, appended=True),
+        "routes_of_resumed_weights": _moe(_partial(False), incremental=False),
     }
