@@ -440,3 +440,17 @@ def test_bad_routes_weights_or_versions_exit_2_naming_them(tmp_path: Path, edit,
     res = cli("check", "--from", "verifiers", path, *[a for kv in PRIME_RL for a in ("--context", kv)])
     lines = res.stderr.strip().splitlines()
     assert res.exit_code == 2 and len(lines) == 1 and says in lines[0], res.stderr
+
+
+def test_a_calls_top_k_becomes_the_turns_cut_off() -> None:
+    """`SamplingConfig(extra_body={"top_k": 20})` (verifiers 0.4.0 keeps a provider's keys) is the turn's
+    contract 1.3 `top_k`; a call without one leaves the field out (replay assumes no cut-off)."""
+    pytest.importorskip("verifiers.v1")
+    from verifiers.v1 import graph, trace, types
+
+    from rollout_audit.adapters.verifiers import to_contract
+
+    tr = _trace(trace, graph, types, 0, 1.0)
+    tr.calls[0].sampling = types.SamplingConfig(temperature=0.7, top_p=1.0, extra_body={"top_k": 20})
+    row = to_contract([tr.to_record()]).to_pylist()[0]
+    assert [t.get("top_k") for t in row["turns"]] == [20, None]

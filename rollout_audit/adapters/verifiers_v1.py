@@ -197,6 +197,8 @@ def _segment(
         turn |= {
             k: option(sampling, k, f"{at} sampling") for k in ("temperature", "top_p") if sampling.get(k) is not None
         }
+        if sampling.get("top_k") is not None:  # extra="allow" keeps a provider's top_k (0.4.0 types.py:274-299)
+            turn["top_k"] = whole(sampling["top_k"], "top_k", f"{at} sampling")
         if version is not None:
             turn["policy_version"] = version
         turn |= {k: option(context, k) for k in ("temperature", "top_p", "policy_version") if k not in turn}
@@ -286,7 +288,7 @@ def _replayed(trace: Mapping[str, Any], path: list[int], where: str, version: in
     """The branch's expert routes (contract 1.3): `routed_experts_version`, one entry per row of the
     nodes' routes in path order (null for the tokens of a node that has none), when the version of
     every engine call is known; `routed_experts_sha256` of the array the trainer replays when the
-    nodes tile the branch exactly (`Branch.routed_experts`, 0.4.0 trace.py:319-326: else it replays
+    nodes tile the branch exactly (`Branch.routed_experts`, 0.4.0 trace.py:320-326: else it replays
     none). Nothing when no node of the trace carries routes (not a routing-replay run)."""
     nodes = trace["nodes"]
     arrays = [(nid, _routes(nodes[nid], f"{where} node {nid}")) for nid in path]
