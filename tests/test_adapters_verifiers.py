@@ -22,6 +22,9 @@ from adapterhelp import (
     without,
 )
 
+import rollout_audit as ra
+from rollout_audit.contract.config import Config
+
 CONTEXT = [*IDENTITY, "policy_version=3"]
 
 
@@ -454,3 +457,36 @@ def test_a_calls_top_k_becomes_the_turns_cut_off() -> None:
     tr.calls[0].sampling = types.SamplingConfig(temperature=0.7, top_p=1.0, extra_body={"top_k": 20})
     row = to_contract([tr.to_record()]).to_pylist()[0]
     assert [t.get("top_k") for t in row["turns"]] == [20, None]
+
+
+PENALIZE = {"truncation": "penalize"}  # what --context trainer=prime-rl sets
+
+
+def test_rl_weights_are_gated_by_the_mask_as_prime_rl_trains_them() -> None:
+    """prime-rl's `rl` component trains `mask & (rl_w != 0)` (loss.py:382): an `rl` weight of 0 on the
+    sampled answer is a token dropped silently (M110 on the turn), an `rl` weight off the mask is not
+    trained and no finding."""
+    from rollout_audit.adapters.verifiers import to_contract
+
+    def rows(edit):
+        recs = records("verifiers", "compliant_prime_rl_echo")
+        for tr in recs:
+            edit(tr["nodes"])
+        return to_contract(recs, **dict(kv.split("=", 1) for kv in PRIME_RL))
+
+    def off_mask(nodes):
+        nodes[1]["loss_weights"] = {"rl": [1.0] * len(nodes[1]["token_ids"])}
+
+    assert ra.audit_tables(rows(off_mask), config=Config(**PENALIZE)).findings.height == 0
+
+    def dropped(nodes):
+        nodes[4]["loss_weights"] = {"rl": [0.0] * len(nodes[4]["token_ids"])}
+
+    found = ra.audit_tables(rows(dropped), config=Config(**PENALIZE)).findings
+    assert set(found["code"]) == {"M110"} and found.height == 4, found
+    assert all("dropped silently" in m for m in found["message"])
+
+
+@pytest.mark.parametrize("case", ["prime_rl_echo_on_next_action", "prime_rl_routes_duplicated"])
+def test_convert_keeps_the_streams_and_routes(case: str, tmp_path: Path) -> None:
+    same_after_convert("verifiers", case, PRIME_RL, tmp_path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -278,7 +279,7 @@ def _routes(node: Mapping[str, Any], at: str) -> np.ndarray | None:
         buf = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
         raise AdapterError(f"{at}: routed_experts.data is not base64") from None
-    size = int(np.prod(shape, dtype=np.int64)) * np.dtype(kind).itemsize
+    size = math.prod(shape) * np.dtype(kind).itemsize
     if size != len(buf):
         raise AdapterError(f"{at}: routed_experts: {len(buf)} bytes for a shape {shape} of {np.dtype(kind).name}")
     return np.frombuffer(buf, dtype=kind).reshape(shape)
