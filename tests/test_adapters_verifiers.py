@@ -22,6 +22,9 @@ from adapterhelp import (
     without,
 )
 
+import rollout_audit as ra
+from rollout_audit.contract.config import Config
+
 CONTEXT = [*IDENTITY, "policy_version=3"]
 
 
@@ -303,3 +306,187 @@ def test_a60a606_error_stops_are_told_apart_by_the_recorded_exception_class() ->
         "ToolsetError": (True, "tool_error"),
         "RuntimeError": (True, "env_error"),
     }
+
+
+# ---------------------------------------------------------------- contract 1.3: prime-rl's loss streams, expert routes
+
+STREAM_CASES = {
+    "compliant_prime_rl_echo": set(),
+    "prime_rl_echo_on_next_action": {"M101", "M110"},  # the template of the next turn, and its first action token
+    "prime_rl_echo_on_scaffold": {"M101", "M110"},  # the tool reply's wrap, which is_content marks as scaffold
+    "compliant_prime_rl_moe": set(),
+    "prime_rl_routes_duplicated": {"P505"},
+    "prime_rl_routes_lost": {"P505"},
+}
+
+
+@pytest.mark.parametrize("case", STREAM_CASES)
+def test_prime_rl_streams_and_routes_through_check_from(case: str) -> None:
+    """Each fixture through `check --from verifiers` with prime-rl's context: the compliant echo run and
+    MoE run audit clean with M110 / P505 run, each fault raises exactly its codes (every trace of the echo
+    faults, trace-1 of the route faults)."""
+    rep = report([fixture("verifiers", case)], "verifiers", PRIME_RL)
+    assert {f["code"] for f in rep["findings"]} == STREAM_CASES[case], rep["findings"]
+    ran = {"M110"} | ({"P505"} if "moe" in case or "routes" in case else set())
+    assert not ran & {n["code"] for n in rep["not_run"]}
+    named = {f["trajectory_id"] for f in rep["findings"]}
+    assert named == (set() if case.startswith("compliant") else {"trace-1"} if "routes" in case else
+                     {f"trace-{n}" for n in range(4)})  # fmt: skip
+
+
+def test_echo_weights_are_read_only_with_the_trainer_that_names_them() -> None:
+    """Without `--context trainer=prime-rl` the nodes' named weights are not read (their names are the
+    trainer's): M110 is not run and the echo tokens stay out of the loss mask (no M101 either)."""
+    rep = report([fixture("verifiers", "prime_rl_echo_on_next_action")], "verifiers", CONTEXT)
+    assert "M110" in {n["code"] for n in rep["not_run"]}
+    assert not {"M101", "M110"} & {f["code"] for f in rep["findings"]}
+
+
+def _episode(tmp_path: Path, name: str, traces: list, span: tuple[int, int], group: str = "g0") -> Path:
+    """verifiers 0.4.0 `Episode`s (one trace each) stamped as prime-rl's dispatcher stamps them, dumped
+    with `Episode.to_record()` and the documented routes encoding (the engine's payload: base64)."""
+    import base64
+
+    from verifiers.v1 import episode as vf_episode
+
+    lines = []
+    for tr in traces:
+        work = vf_episode.TrainWorkInfo(step=span[1], policy=vf_episode.PolicySpan(start=span[0], end=span[1]))
+        ep = vf_episode.Episode(task=tr.task, traces=[tr], group=vf_episode.GroupInfo(id=group), ok=True)
+        ep.record_run(vf_episode.TrainRunInfo(id="run-0", work=work))
+        rec = ep.to_record()
+        for t, out in zip(ep.traces, rec["traces"]):
+            for node, node_out in zip(t.nodes, out["nodes"]):
+                if node.routed_experts is not None:
+                    arr = node.routed_experts
+                    data = base64.b64encode(arr.tobytes()).decode()
+                    node_out["routed_experts"] = {"dtype": str(arr.dtype), "shape": list(arr.shape), "data": data}
+        lines.append(json.dumps(rec) + "\n")
+    path = tmp_path / name
+    path.write_text("".join(lines))
+    return path
+
+
+def test_real_episodes_with_echo_weights_and_routes(tmp_path: Path) -> None:
+    """Traces built with verifiers 0.4.0's classes, echo's `ce` weights stamped on the tool reply's body
+    (`MessageNode.loss_weights`, `is_content`), the engine's routes on every node (`routed_experts`),
+    wrapped in `Episode`s whose policy span has no drift: clean, with M110 and P505 run, the digest of
+    the routes `Branch.routed_experts` gives. A negative weight is M110; a second version inside the
+    span leaves the routes their digest only (P505 not run: no call's version is known)."""
+    pytest.importorskip("verifiers.v1")
+    import hashlib
+
+    import numpy as np
+    from verifiers.v1 import graph, trace, types
+
+    def traces(weight: float) -> list:
+        out = []
+        for n in range(2):
+            tr = _trace(trace, graph, types, n, float(n % 2))
+            tr.ok = True
+            tr.stop("agent_completed")
+            for k, node in enumerate(tr.nodes):
+                rows = len(node.token_ids)
+                node.routed_experts = (np.arange(rows * 4, dtype=np.int64).reshape(rows, 2, 2) + k) % 64
+                node.routed_experts = node.routed_experts.astype(np.uint8)
+            tool = tr.nodes[3]
+            tool.is_content = [False] * 4 + [True] * 2 + [False] * 2
+            tool.loss_weights = {"ce": [weight if c else 0.0 for c in tool.is_content]}
+            out.append(tr)
+        return out
+
+    good = traces(0.1)
+    path = _episode(tmp_path, "good.jsonl", good, (3, 3))
+    rep = report([path], "verifiers", PRIME_RL)
+    assert [f for f in rep["findings"] if f["severity"] != "info"] == [], rep["findings"]
+    assert not {"M110", "P505"} & {n["code"] for n in rep["not_run"]}
+
+    from rollout_audit.adapters.verifiers import to_contract
+
+    rows = to_contract([json.loads(x) for x in path.read_text().splitlines()], trainer="prime-rl").to_pylist()
+    branch = good[0].branches[0]
+    assert rows[0]["routed_experts_sha256"] == hashlib.sha256(branch.routed_experts.astype("<i4").tobytes()).hexdigest()
+    assert rows[0]["routed_experts_version"] == [3] * len(branch.token_ids)
+    assert rows[0]["loss_weight"] == pytest.approx([w or float(m) for w, m in zip(branch.loss_weights("ce"),
+                                                                                   branch.sampled_mask)])  # fmt: skip
+    assert rows[0]["group_id"] == "g0"
+
+    bad = report([_episode(tmp_path, "negative.jsonl", traces(-0.1), (3, 3))], "verifiers", PRIME_RL)
+    m110 = [f for f in bad["findings"] if f["code"] == "M110"]
+    assert len(m110) == 2 and all("negative or non-finite" in f["message"] for f in m110), bad["findings"]
+
+    drift = _episode(tmp_path, "drift.jsonl", traces(0.1), (3, 4))
+    rep = report([drift], "verifiers", [a for a in PRIME_RL if not a.startswith("policy_version")])
+    assert "P505" in {n["code"] for n in rep["not_run"]}
+    rows = to_contract([json.loads(x) for x in drift.read_text().splitlines()], trainer="prime-rl").to_pylist()
+    assert "routed_experts_version" not in rows[0] and len(rows[0]["routed_experts_sha256"]) == 64
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda ep: ep["run"]["work"]["policy"].update(start=4, end=4), "run.work.policy says version 4"),
+        (lambda ep: ep["traces"][0]["nodes"][0]["routed_experts"].update(data="not base64!"), "not base64"),
+        (lambda ep: ep["traces"][0]["nodes"][0]["routed_experts"].update(dtype="float32"), "uint8 or uint16"),
+        (lambda ep: ep["traces"][0]["nodes"][0]["routed_experts"].update(shape=[9, 2, 2]), "bytes for a shape"),
+        (lambda ep: ep["traces"][0]["nodes"][3].update(loss_weights={"ce": [0.1]}), "loss_weights.ce"),
+        (lambda ep: ep["traces"][0]["nodes"][3].update(is_content=[True]), "is_content of 1"),
+    ],
+)
+def test_bad_routes_weights_or_versions_exit_2_naming_them(tmp_path: Path, edit, says: str) -> None:
+    """A contradicted policy version, routes that do not decode to the shape they claim, weights or
+    content flags that do not line up with the node's tokens: one line naming the field, exit 2."""
+    recs = records("verifiers", "compliant_prime_rl_moe")
+    edit(recs[0])
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res = cli("check", "--from", "verifiers", path, *[a for kv in PRIME_RL for a in ("--context", kv)])
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1 and says in lines[0], res.stderr
+
+
+def test_a_calls_top_k_becomes_the_turns_cut_off() -> None:
+    """`SamplingConfig(extra_body={"top_k": 20})` (verifiers 0.4.0 keeps a provider's keys) is the turn's
+    contract 1.3 `top_k`; a call without one leaves the field out (replay assumes no cut-off)."""
+    pytest.importorskip("verifiers.v1")
+    from verifiers.v1 import graph, trace, types
+
+    from rollout_audit.adapters.verifiers import to_contract
+
+    tr = _trace(trace, graph, types, 0, 1.0)
+    tr.calls[0].sampling = types.SamplingConfig(temperature=0.7, top_p=1.0, extra_body={"top_k": 20})
+    row = to_contract([tr.to_record()]).to_pylist()[0]
+    assert [t.get("top_k") for t in row["turns"]] == [20, None]
+
+
+PENALIZE = {"truncation": "penalize"}  # what --context trainer=prime-rl sets
+
+
+def test_rl_weights_are_gated_by_the_mask_as_prime_rl_trains_them() -> None:
+    """prime-rl's `rl` component trains `mask & (rl_w != 0)` (loss.py:382): an `rl` weight of 0 on the
+    sampled answer is a token dropped silently (M110 on the turn), an `rl` weight off the mask is not
+    trained and no finding."""
+    from rollout_audit.adapters.verifiers import to_contract
+
+    def rows(edit):
+        recs = records("verifiers", "compliant_prime_rl_echo")
+        for tr in recs:
+            edit(tr["nodes"])
+        return to_contract(recs, **dict(kv.split("=", 1) for kv in PRIME_RL))
+
+    def off_mask(nodes):
+        nodes[1]["loss_weights"] = {"rl": [1.0] * len(nodes[1]["token_ids"])}
+
+    assert ra.audit_tables(rows(off_mask), config=Config(**PENALIZE)).findings.height == 0
+
+    def dropped(nodes):
+        nodes[4]["loss_weights"] = {"rl": [0.0] * len(nodes[4]["token_ids"])}
+
+    found = ra.audit_tables(rows(dropped), config=Config(**PENALIZE)).findings
+    assert set(found["code"]) == {"M110"} and found.height == 4, found
+    assert all("dropped silently" in m for m in found["message"])
+
+
+@pytest.mark.parametrize("case", ["prime_rl_echo_on_next_action", "prime_rl_routes_duplicated"])
+def test_convert_keeps_the_streams_and_routes(case: str, tmp_path: Path) -> None:
+    same_after_convert("verifiers", case, PRIME_RL, tmp_path)

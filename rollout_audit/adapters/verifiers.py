@@ -68,6 +68,10 @@ def trainer_policy(context: Mapping[str, Any]) -> tuple[str, str] | None:
     return f"{said}: truncation = {truncation!r} (--context trainer={name})", truncation
 
 
+LOSS_LACKS = (
+    "node loss_weights are named by the trainer that stamps them: pass --context trainer=prime-rl to read "
+    "them as prime-rl trains them (rl: the policy-gradient loss, ce: the echo cross-entropy)"
+)
 CONTEXT_LACKS = (
     "the engine's own prompt ids are not recorded (a legacy step's response without vLLM prompt_token_ids; "
     "a v1 Trace keeps the tokens on its nodes, not the engine's context per call)"
@@ -94,6 +98,13 @@ LACKS = {
     "num_trainable_tokens": "verifiers does not count trainable tokens per rollout",
     "verifier_success": "verifiers records rewards and metrics, not a verdict",
     "initial_state_checksum": "verifiers does not record environment state",
+    "loss_stream": LOSS_LACKS,
+    "loss_weight": LOSS_LACKS,
+    "routed_experts_version": "no node carries routed_experts, or the version of the engine calls is not "
+    "recorded: a Trace has none, and an Episode's run.work.policy gives one only when it starts and ends "
+    "at one version (its routes then keep only routed_experts_sha256)",
+    "routed_experts_sha256": "no node carries routed_experts, or the nodes' routes do not tile the branch "
+    "(verifiers' Branch.routed_experts is then None and the trainer replays none)",
 }
 
 
@@ -177,14 +188,17 @@ def _trajectories(rollout: Mapping[str, Any], n: int, context: Mapping[str, Any]
     ]
 
 
+def _reader(record: Mapping[str, Any]):
+    """The reader of a record: a v1 Episode (its `traces`), a v1 Trace (its `nodes`), else a legacy rollout."""
+    return v1.episode if "traces" in record else v1.trajectories if "nodes" in record else _trajectories
+
+
 @guarded("verifiers")
 def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     """Contract trajectories from verifiers `RolloutOutput` records with a `trajectory`, or v1 `Trace` records."""
     context = context_values(context, allowed=OWN_CONTEXT)
     rows: list[dict[str, Any]] = [
-        {**r, **origin(ro)}
-        for n, ro in enumerate(records)
-        for r in at_record(ro, v1.trajectories if "nodes" in ro else _trajectories, ro, n, context)
+        {**r, **origin(ro)} for n, ro in enumerate(records) for r in at_record(ro, _reader(ro), ro, n, context)
     ]
     second = [r.pop(v1.TRAINER_LOGPROBS, None) for r in rows]
     table = contract_table(rows, LACKS, "verifiers")

@@ -4,6 +4,8 @@ tokens = TrajectoryStepTokens, response = the server's chat completion with vLLM
 
 from __future__ import annotations
 
+import base64
+
 HEADER = [1, 30, 3]  # <|im_start|>assistant\n: the generation prompt
 P0 = [1, 32, 3, 20, 21, 2, 3, 1, 31, 3, 22, 23, 24, 2, 3, *HEADER]
 USER2 = [3, 1, 31, 3, 25, 26, 2, 3]  # the environment's next user message
@@ -188,9 +190,75 @@ def _prime_rl_group() -> list[dict]:
     return out
 
 
+# is_content of the trace's nodes (the renderer's body against its scaffold, a60a606 graph.py:92-100)
+CONTENT = [[False] * 3 + [True] * 2 + [False] * 2, [False] * 3 + [True] * 2 + [False] * 2,
+           [False] * 3 + [True] * 2 + [False], [False] * 4 + [True] * 2 + [False] * 2,
+           [False] * 3 + [True] * 2 + [False]]  # fmt: skip
+TOOL = 3  # the tool reply's node
+ALPHA = 0.1  # prime-rl echo's vetted weight of a tool body (configs/algorithm.py EchoRoleConfig.alpha)
+
+
+def _echo_group(run_on: bool = False, scaffold: bool = False) -> list[dict]:
+    """The group prime-rl trains with `algo.type = "echo"`: the tool reply's body (is_content) carries
+    `loss_weights = {"ce": [alpha on the body]}` (orchestrator/algo/echo.py:58-90). `run_on`: the
+    selected span runs on to the next message boundary, over the next assistant node's generation
+    prompt and first sampled token; `scaffold`: the whole tool span is weighted although the
+    renderer marked its wrap as scaffold."""
+    out = _prime_rl_group()
+    for tr in out:
+        for node, content in zip(tr["nodes"], CONTENT):
+            node["is_content"] = content
+        tool = tr["nodes"][TOOL]
+        tool["loss_weights"] = {"ce": [ALPHA if (c or scaffold) else 0.0 for c in tool["is_content"]]}
+        if run_on:
+            nxt = tr["nodes"][TOOL + 1]
+            cut = len(HEADER) + 1
+            nxt["loss_weights"] = {"ce": [ALPHA] * cut + [0.0] * (len(nxt["token_ids"]) - cut)}
+    return out
+
+
+def _routes(ids: list[int], salt: int, extra: int = 0) -> dict:
+    """A node's expert routes as the hook writes them: the engine's payload encoding (base64 of a uint8
+    [tokens, layers=2, top_k=2] array, prime-rl inference/vllm/routed_experts.py:11-33)."""
+    rows = len(ids) + extra
+    data = bytes((7 * r + 3 * layer + k + salt) % 64 for r in range(rows) for layer in range(2) for k in range(2))
+    return {"dtype": "uint8", "shape": [rows, 2, 2], "data": base64.b64encode(data).decode()}
+
+
+def _moe_episodes(duplicated: bool = False, lost: bool = False) -> list[dict]:
+    """prime-rl's dump of a mixture-of-experts run: one `Episode.to_record()` a line (monitors/file.py:
+    43-55), its trace's nodes with the routes the engine returned for their tokens, the group's
+    episodes generated without a weight update (`run.work.policy` from 3 to 3, dispatcher.py:627-646).
+    `duplicated`: the second turn's prefill appended the corrected last row of the first answer
+    instead of replacing its placeholder (graph.py `_replace_placeholder_routing_row`); `lost`: the
+    second turn's slice fell outside its array and its nodes were left without routes
+    (`_attribute_routed_experts`)."""
+    out = []
+    for n, tr in enumerate(_prime_rl_group()):
+        for k, node in enumerate(tr["nodes"]):
+            if lost and n == 1 and k >= TOOL:
+                continue
+            node["routed_experts"] = _routes(node["token_ids"], 5 * n + k, int(duplicated and n == 1 and k == 2))
+        tr = {key: v for key, v in tr.items() if v is not None}
+        tr["nodes"] = [{key: v for key, v in node.items() if v is not None} for node in tr["nodes"]]
+        work = {"type": "train", "step": 3, "policy": {"start": 3, "end": 3}}
+        out.append({
+            "id": f"episode-{n}", "env": {"id": "doors", "name": "doors"}, "task": tr["task"],
+            "group": {"id": "group-0"}, "run": {"type": "train", "id": "run-0", "name": "moe", "work": work},
+            "ok": True, "errors": [], "traces": [tr],
+        })  # fmt: skip
+    return out
+
+
 def cases() -> dict[str, list[dict]]:
     return {
         "compliant_prime_rl": _prime_rl_group(),
+        "compliant_prime_rl_echo": _echo_group(),
+        "prime_rl_echo_on_next_action": _echo_group(run_on=True),
+        "prime_rl_echo_on_scaffold": _echo_group(scaffold=True),
+        "compliant_prime_rl_moe": _moe_episodes(),
+        "prime_rl_routes_duplicated": _moe_episodes(duplicated=True),
+        "prime_rl_routes_lost": _moe_episodes(lost=True),
         "v1_compliant": [_trace(0, 1.0), _trace(1, 0.0)],
         "v1_stop_conditions": [_stopped(n, c, t, r) for n, (c, t, r) in enumerate(_STOPS)],
         "v1_truncation_scored": [
