@@ -219,3 +219,57 @@ def test_a_malformed_batch_row_exits_2_naming_it(tmp_path):
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     result = cli("check", "--from", "rllm", tmp_path / "d.jsonl", *opts(CONTEXT))
     assert result.exit_code == 2 and "d.jsonl:3: advantages: expected a number, got str" in result.output
+
+
+# ---------------------------------------------------------------- contract 1.3: routes (R3)
+
+
+def test_routes_of_a_step_after_a_weight_sync_replace_the_older_ones_p505():
+    """rLLM replays a segment's last routed step (transform.py:336-360): after a weight sync between the
+    turns, the first turn's tokens are replayed with the newer weights' routes (the class of verl#6046)."""
+    result = cli("check", "--from", "rllm", fixture("rllm", "routes_across_weight_sync"), *opts(CONTEXT),
+                 "--format", "json")  # fmt: skip
+    assert result.exit_code == 1, result.output
+    rep = json.loads(result.stdout)
+    assert [k for k in finding_keys(rep) if k[0] != "P504"] == [("P505", "task-7:1/solver", 0)]
+    clean = report([fixture("rllm", "compliant_routes")], "rllm", CONTEXT)
+    assert clean["findings"] == [] and "P505" not in {n["code"] for n in clean["not_run"]}
+
+
+def test_a_malformed_routing_header_exits_2_naming_it(tmp_path):
+    recs = read_dump(fixture("rllm", "compliant_routes"))
+    recs[0]["trajectories"][0]["steps"][1]["routing_matrices"][0] = '{"shape": [2, 2], "dtype": "object"}'
+    bad = tmp_path / "dump.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    result = cli("check", "--from", "rllm", bad, *opts(CONTEXT))
+    assert result.exit_code == 2 and "routing_matrices" in result.stderr and "Traceback" not in result.output
+
+
+def test_dump_batch_digests_the_routes_the_sampler_record_carries(tmp_path):
+    """A DataProto row holding the routes as transform.py places them (from the prompt's first position,
+    zeros past them) digests to what the adapter computes from the step's routing_matrices."""
+    pytest.importorskip("verl")
+    import base64
+
+    import numpy as np
+    import torch
+    from tensordict import TensorDict
+    from verl import DataProto
+
+    from rollout_audit.integrations.rllm import batch_records
+
+    ep = read_dump(fixture("rllm", "compliant_routes"))[0]
+    row = load("rllm").to_contract([ep], **dict(kv.split("=") for kv in CONTEXT)).to_pylist()[0]
+    s0, s1 = (s["model_output"] for s in ep["trajectories"][0]["steps"])
+    header, blob = s1["routing_matrices"]
+    routes = np.frombuffer(base64.b64decode(blob), np.int16).reshape(-1, *json.loads(header)["shape"])
+    n_p, n = len(s0["prompt_ids"]) + 2, len(row["token_ids"])  # two positions of left padding
+    placed = torch.zeros(1, n_p + n - len(s0["prompt_ids"]), *routes.shape[1:], dtype=torch.int16)
+    placed[0, 2 : 2 + len(routes)] = torch.from_numpy(routes.copy())
+    tensors = {
+        "prompts": torch.tensor([[0, 0, *s0["prompt_ids"]]]),
+        "attention_mask": torch.ones(1, placed.shape[1], dtype=torch.long).index_fill_(1, torch.tensor([0, 1]), 0),
+        "routed_experts": placed,
+    }
+    batch = DataProto(batch=TensorDict(tensors, batch_size=1), non_tensor_batch={}, meta_info={})
+    assert batch_records(batch, 12)[0]["routed_experts_sha256"] == row["routed_experts_sha256"]
