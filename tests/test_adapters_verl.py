@@ -449,14 +449,9 @@ def test_verl_reinforce_plus_plus_returns_are_token_returns_and_telescope_r413(t
 
 # ---------------------------------------------------------------- contract 1.3: routes (R3) and DAPO's overlong penalty
 
-DAPO = [
-    "--context",
-    "max_resp_len=64",
-    "--context",
-    "overlong_buffer_len=16",
-    "--context",
-    "overlong_penalty_factor=1.0",
-]
+DAPO_CONTEXT = ["max_resp_len=64", "overlong_buffer_len=16", "overlong_penalty_factor=1.0"]
+DAPO = [x for kv in DAPO_CONTEXT for x in ("--context", kv)]
+PAGE_CONTEXT = [*(f"{k}={v}" for k, v in CONTEXT.items()), "top_k=-1", "response_length=64"]
 
 
 @pytest.mark.parametrize(
@@ -545,7 +540,16 @@ def test_verl_classes_carry_routes_from_the_engine_to_the_trainer_hook():
     batch = _dataproto([{**rec, "response_logprobs": [0.0] * 4, "reward_score": 1.0}], {})
     batch.batch["routed_experts"] = torch.from_numpy(final.routed_experts.astype(np.int16)).unsqueeze(0)
     assert rec["routed_experts_sha256"] == routes_sha256(final.routed_experts, 7)
-    assert batch_records(batch, 5, {})[0]["routed_experts_sha256"] == rec["routed_experts_sha256"]
+    batch.non_tensor_batch["overlong_reward"] = np.array([-0.25])  # the legacy DAPO manager's, ray_trainer.py:1636
+    trained = batch_records(batch, 5, {})[0]
+    assert trained["routed_experts_sha256"] == rec["routed_experts_sha256"] and trained["overlong_reward"] == -0.25
     row = to_contract([rec], **CONTEXT).to_pylist()[0]
     assert row["routed_experts_version"] == [7, 7, 7, 7, 7, 8, 8]
     assert [t["policy_version"] for t in row["turns"]] == [7, 8]
+
+
+def test_convert_carries_the_overlong_settings_to_the_written_log(tmp_path):
+    found = convert_then_check_equals_check_from(
+        "verl", "dapo_overlong_counts_tool_tokens", tmp_path, context=[*PAGE_CONTEXT, *DAPO_CONTEXT]
+    )
+    assert [(f[0], f[1]) for f in found] == [("R414", "d91a01")]
