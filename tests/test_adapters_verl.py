@@ -499,13 +499,24 @@ def test_dapo_overlong_penalty_over_tool_tokens_is_r414_and_single_turn_is_clean
     assert without.exit_code == 0 and "R414" in {n["code"] for n in json.loads(without.stdout)["not_run"]}
 
 
-def test_malformed_route_provenance_exits_2_naming_it(tmp_path):
+@pytest.mark.parametrize(
+    ("path", "value", "named"),
+    [
+        (("engine_calls", 1, "routed_experts_versions"), [[3, "seven"]], "routed_experts_versions"),
+        (("engine_calls", 1, "routed_experts_rows"), 10**12, "routed_experts_rows"),  # never expanded
+        (("engine_calls", 1, "routed_experts_versions"), [[10**12, 7]], "routed_experts_versions"),
+    ],
+)
+def test_malformed_route_provenance_exits_2_naming_it(tmp_path, path, value, named):
     recs = read_dump(fixture("verl", "fully_async_routes"))
-    recs[1]["engine_calls"][1]["routed_experts_versions"] = [[3, "seven"]]
+    node = recs[1]
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
     bad = tmp_path / "dump.jsonl"
     bad.write_text("".join(json.dumps(r) + "\n" for r in recs))
     result = cli("check", "--from", "verl", bad, *PAGE)
-    assert result.exit_code == 2 and "routed_experts_versions" in result.stderr and "Traceback" not in result.output
+    assert result.exit_code == 2 and named in result.stderr and "Traceback" not in result.output
 
 
 def test_verl_classes_carry_routes_from_the_engine_to_the_trainer_hook():

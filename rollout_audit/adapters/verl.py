@@ -220,21 +220,28 @@ def _routes(rec: Mapping[str, Any], calls: list[Any], n_tok: int, where: str) ->
     if last is None:
         return out
     w = f"{where} engine_calls[{calls.index(last)}]"
+    have = integer(last, "routed_experts_rows", w)
+    # an attempt's routes cover at most the call's context and tokens; a merge may append each attempt's
+    seq = len(last.get("prompt_ids") or ()) + len(last.get("token_ids") or ())
+    if not 0 <= have <= seq * max(1, len(last.get(ATTEMPTS) or ())) or not 0 <= rows <= have:
+        raise AdapterError(
+            f"{w}: routed_experts_rows {have} (the sample's {rows}) is not a count of rows the call's attempts routed"
+        )
     runs = _pairs(last, ROUTE_RUNS, w)
     if runs is None:
         lo, hi = last.get("min_global_steps"), last.get("max_global_steps")
         version = _version(last, w)
         if version is None or (lo is not None and hi is not None and lo != hi):
             return out  # resumed across an update: which rows each version produced is not recorded
-        runs = [(integer(last, "routed_experts_rows", w), version)]
-    versions = [v for n, v in runs for _ in range(n)]
-    if len(versions) != integer(last, "routed_experts_rows", w):
+        runs = [(have, version)]
+    if sum(n for n, _ in runs) != have:
         raise AdapterError(
-            f"{w}: routed_experts_versions cover {len(versions)} rows, the call's routes have {last['routed_experts_rows']}"
+            f"{w}: routed_experts_versions cover {sum(n for n, _ in runs)} rows, the call's routes have {have}"
         )
-    if rows > len(versions):
-        raise AdapterError(f"{where}: routed_experts has {rows} rows, more than its last engine call's {len(versions)}")
-    out["routed_experts_version"] = versions[:rows] + [None] * (n_tok - rows)
+    versions: list[int | None] = []
+    for n, v in runs:  # the sample's rows: the call's, cut at prompt + response_length
+        versions += [v] * min(n, rows - len(versions))
+    out["routed_experts_version"] = versions + [None] * (n_tok - rows)
     return out
 
 
