@@ -12,7 +12,11 @@ advantage as rLLM's broadcast mode sets it: `float(advantage)` of its trajectory
 population std, and a group of one gets mean 0 and std 1, so its advantage is its raw reward).
 Compact filtering (`CompactFilteringConfig`, rllm/trainer/algorithms/config.py:111-161, defaults of
 rllm/trainer/config/rllm/base.yaml:111-120) skips an episode before grouping (transform.py:118-122):
-it keeps its reward (0.0 by the workflow) and no advantage."""
+it keeps its reward (0.0 by the workflow) and no advantage.
+
+Contract 1.3: `compliant_routes` (the compliant group with the verl engine's R3 `routing_matrices` on
+every step) and `routes_across_weight_sync` (a weight sync between two turns: the last step's routes,
+which rLLM replays, re-routed the first turn's tokens with the newer weights)."""
 
 from __future__ import annotations
 

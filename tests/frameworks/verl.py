@@ -17,7 +17,13 @@ min < max; a call whose cumulative tokens reach the budget ends with stop_reason
 `glm_boundary` (GLMContinuousTokenBuilder, utils/tokenizer/continuous_token.py: the sampled
 `<|observation|>` that ends a tool-calling turn is dropped and the tool message's own opens the
 context, mask 0) and `glm_boundary_dropped_answer` (a builder that also drops a token that is not a
-boundary id: a real mismatch)."""
+boundary id: a real mismatch).
+
+Contract 1.3, written through the hooks (`rollout_audit.integrations.verl`): `compliant_routes_vllm`
+(R3 routes of a synchronous vLLM run), `fully_async_routes` (SGLang, a call resumed across a weight
+update, routes merged as at HEAD), `routes_resumed_duplicated` (verl#6029) and `routes_resumed_replaced`
+(verl#6046); `compliant_dapo` (DAPO's overlong penalty on single-turn samples) and
+`dapo_overlong_counts_tool_tokens` (verl's DAPO manager on tool episodes: the length spans tool tokens)."""
 
 from __future__ import annotations
 
