@@ -458,7 +458,10 @@ PAGE_CONTEXT = [*(f"{k}={v}" for k, v in CONTEXT.items()), "top_k=-1", "response
     ("case", "message"),
     [
         ("routes_resumed_duplicated", "routed_experts_version has 91 entries for 57 tokens"),  # verl#6029
-        ("routes_resumed_replaced", "11 policy token(s) whose log-prob is replayed through routes of another version"),  # verl#6046
+        (
+            "routes_resumed_replaced",
+            "11 policy token(s) whose log-prob is replayed through routes of another version",
+        ),  # verl#6046
     ],
 )
 def test_resumed_partial_rollout_routes_are_p505_through_the_cli(case, message):

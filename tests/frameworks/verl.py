@@ -20,8 +20,8 @@ context, mask 0) and `glm_boundary_dropped_answer` (a builder that also drops a 
 boundary id: a real mismatch).
 
 Contract 1.3, written through the hooks (`rollout_audit.integrations.verl`): `compliant_routes_vllm`
-(R3 routes of a synchronous vLLM run), `fully_async_routes` (SGLang, a call resumed across a weight
-update, routes merged as at HEAD), `routes_resumed_duplicated` (verl#6029) and `routes_resumed_replaced`
+(R3 routes of a synchronous vLLM run), `fully_async_routes` (a call resumed across a weight update,
+routes merged as at HEAD), `routes_resumed_duplicated` (verl#6029) and `routes_resumed_replaced`
 (verl#6046); `compliant_dapo` (DAPO's overlong penalty on single-turn samples) and
 `dapo_overlong_counts_tool_tokens` (verl's DAPO manager on tool episodes: the length spans tool tokens)."""
 
