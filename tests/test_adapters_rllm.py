@@ -243,33 +243,3 @@ def test_a_malformed_routing_header_exits_2_naming_it(tmp_path):
     bad.write_text("".join(json.dumps(r) + "\n" for r in recs))
     result = cli("check", "--from", "rllm", bad, *opts(CONTEXT))
     assert result.exit_code == 2 and "routing_matrices" in result.stderr and "Traceback" not in result.output
-
-
-def test_dump_batch_digests_the_routes_the_sampler_record_carries(tmp_path):
-    """A DataProto row holding the routes as transform.py places them (from the prompt's first position,
-    zeros past them) digests to what the adapter computes from the step's routing_matrices."""
-    pytest.importorskip("verl")
-    import base64
-
-    import numpy as np
-    import torch
-    from tensordict import TensorDict
-    from verl import DataProto
-
-    from rollout_audit.integrations.rllm import batch_records
-
-    ep = read_dump(fixture("rllm", "compliant_routes"))[0]
-    row = load("rllm").to_contract([ep], **dict(kv.split("=") for kv in CONTEXT)).to_pylist()[0]
-    s0, s1 = (s["model_output"] for s in ep["trajectories"][0]["steps"])
-    header, blob = s1["routing_matrices"]
-    routes = np.frombuffer(base64.b64decode(blob), np.int16).reshape(-1, *json.loads(header)["shape"])
-    n_p, n = len(s0["prompt_ids"]) + 2, len(row["token_ids"])  # two positions of left padding
-    placed = torch.zeros(1, n_p + n - len(s0["prompt_ids"]), *routes.shape[1:], dtype=torch.int16)
-    placed[0, 2 : 2 + len(routes)] = torch.from_numpy(routes.copy())
-    tensors = {
-        "prompts": torch.tensor([[0, 0, *s0["prompt_ids"]]]),
-        "attention_mask": torch.ones(1, placed.shape[1], dtype=torch.long).index_fill_(1, torch.tensor([0, 1]), 0),
-        "routed_experts": placed,
-    }
-    batch = DataProto(batch=TensorDict(tensors, batch_size=1), non_tensor_batch={}, meta_info={})
-    assert batch_records(batch, 12)[0]["routed_experts_sha256"] == row["routed_experts_sha256"]

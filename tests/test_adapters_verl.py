@@ -523,16 +523,17 @@ def test_malformed_route_provenance_exits_2_naming_it(tmp_path, path, value, nam
 
 
 def test_verl_classes_carry_routes_from_the_engine_to_the_trainer_hook():
-    """verl 0.9.1's TokenOutput through HEAD's resume merge with the hook's `attempt` line, its
-    AgentLoopOutput, and a DataProto holding the routes as `_postprocess` aligns them: the sampler and the
-    trainer hook digest the same array, and the runs name each attempt's rows."""
+    """verl 0.9.1's TokenOutput through HEAD's resume merge with the hook's `attempt` line (vLLM: each
+    attempt routes all but its last token), its AgentLoopOutput, and a DataProto holding the routes as
+    `_postprocess` aligns them (a zero row for the last token) with the row count verl copied from
+    extra_fields: both hooks digest the engine's rows, and the runs name each attempt's rows."""
     pytest.importorskip("verl")
     import numpy as np
     import torch
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
     from verl.workers.rollout.replica import TokenOutput
 
-    from rollout_audit.adapters.base import routes_sha256
+    from rollout_audit.adapters.routes import digest
     from rollout_audit.integrations.verl import attempt, batch_records, engine_call, record
 
     rng = np.random.default_rng(0)
@@ -540,25 +541,32 @@ def test_verl_classes_carry_routes_from_the_engine_to_the_trainer_hook():
     final = TokenOutput(token_ids=[], log_probs=[], extra_fields={})
     for n, version in ((2, 7), (2, 8)):  # aborted after two tokens, resumed on newer weights
         new = ids[len(final.token_ids) : len(final.token_ids) + n]
-        routes = rng.integers(0, 8, (len(prompt) + len(final.token_ids) + n, 2, 2), dtype=np.int16)
+        routes = rng.integers(0, 8, (len(prompt) + len(final.token_ids) + n - 1, 2, 2), dtype=np.int16)
         out = TokenOutput(token_ids=new, routed_experts=routes, extra_fields={"global_steps": version})
         before = final.routed_experts
         final.token_ids.extend(new)
         final.routed_experts = routes if before is None else np.concatenate([before, routes[-n:]])
         attempt(final, out, before)
     call = engine_call(prompt, final)
-    assert call["attempts"] == [[2, 7], [2, 8]] and call["routed_experts_versions"] == [[5, 7], [2, 8]]
+    assert call["attempts"] == [[2, 7], [2, 8]] and call["routed_experts_versions"] == [[4, 7], [2, 8]]
     output = AgentLoopOutput(prompt_ids=prompt, response_ids=ids, response_mask=[1] * 4, routed_experts=final.routed_experts,
-                             metrics=AgentLoopMetrics())  # fmt: skip
+                             metrics=AgentLoopMetrics(), extra_fields={})  # fmt: skip
     rec = record(output, request_id="r0", uid="u0", engine_calls=[call])
+    assert (
+        rec["routed_experts_sha256"] == digest(final.routed_experts) and output.extra_fields["routed_experts_rows"] == 6
+    )
     batch = _dataproto([{**rec, "response_logprobs": [0.0] * 4, "reward_score": 1.0}], {})
-    batch.batch["routed_experts"] = torch.from_numpy(final.routed_experts.astype(np.int16)).unsqueeze(0)
-    assert rec["routed_experts_sha256"] == routes_sha256(final.routed_experts, 7)
-    batch.non_tensor_batch["overlong_reward"] = np.array([-0.25])  # the legacy DAPO manager's, ray_trainer.py:1636
+    aligned = torch.zeros(1, 7, 2, 2, dtype=torch.int16)
+    aligned[0, :6] = torch.from_numpy(final.routed_experts)
+    batch.batch["routed_experts"] = aligned
+    for key in ("routed_experts_rows", "overlong_reward"):  # agent_loop.py:1129-1135, ray_trainer.py:1636
+        batch.non_tensor_batch[key] = np.array(
+            [{"routed_experts_rows": 6, "overlong_reward": -0.25}[key]], dtype=object
+        )
     trained = batch_records(batch, 5, {})[0]
     assert trained["routed_experts_sha256"] == rec["routed_experts_sha256"] and trained["overlong_reward"] == -0.25
     row = to_contract([rec], **CONTEXT).to_pylist()[0]
-    assert row["routed_experts_version"] == [7, 7, 7, 7, 7, 8, 8]
+    assert row["routed_experts_version"] == [7, 7, 7, 7, 8, 8, None]
     assert [t["policy_version"] for t in row["turns"]] == [7, 8]
 
 

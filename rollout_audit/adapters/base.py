@@ -613,25 +613,3 @@ def rows_of(records: Iterable[Mapping[str, Any]], row: Callable[..., dict[str, A
             at = getattr(rec, "origin", None) or f"record {n}"
             raise AdapterError(f"{at}: a field has the wrong shape ({type(e).__name__}: {e})") from None
     return out
-
-
-def routes_sha256(routes: Any, positions: int | None = None) -> str:
-    """Contract 1.3 routed_experts_sha256 of an array of expert ids (positions × layers × top-k): the
-    hex SHA-256 of its int32 little-endian row-major bytes; with `positions`, of the array cut or
-    zero-filled to that many rows first (verl aligns an engine's routes to the sequence that way,
-    agent_loop.py `_postprocess`). A torch tensor is read through its numpy view on the CPU."""
-    import hashlib
-
-    import numpy as np
-
-    if hasattr(routes, "detach"):
-        routes = routes.detach().cpu().numpy()
-    arr = np.asarray(routes)
-    if arr.ndim != 3 or not np.issubdtype(arr.dtype, np.integer):
-        raise AdapterError(f"routed experts must be an integer array of positions × layers × top-k, got {arr.shape}")
-    if positions is not None and positions != arr.shape[0]:
-        aligned = np.zeros((positions, *arr.shape[1:]), arr.dtype)
-        n = min(positions, arr.shape[0])
-        aligned[:n] = arr[:n]
-        arr = aligned
-    return hashlib.sha256(np.ascontiguousarray(arr, dtype="<i4").tobytes()).hexdigest()

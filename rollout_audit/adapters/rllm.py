@@ -41,11 +41,11 @@ from .base import (
     numbers,
     objects,
     origin,
-    routes_sha256,
     step_of,
     wholes,
     with_policy,
 )
+from .routes import digest
 from .steps import (
     Call,
     engine_context,
@@ -220,8 +220,7 @@ def _with_routes(rows: list[dict[str, Any]], segments: list[Any]) -> None:
             continue
         arr, version = routes
         n = len(row["token_ids"])
-        if n <= 4 * len(arr):  # zero-filling far more positions than recorded would cost out of proportion to the dump
-            row["routed_experts_sha256"] = routes_sha256(arr, n)
+        row["routed_experts_sha256"] = digest(arr[:n])  # the rows transform.py places, cut at the row's end
         if version is not None:
             row["routed_experts_version"] = [version] * len(arr) + [None] * (n - len(arr))
 
@@ -341,10 +340,6 @@ def _trained(row: dict[str, Any], batch: Mapping[str, Any], where: str) -> None:
     row["loss_mask"] = row["loss_mask"][:first] + [a and b for a, b in zip(row["loss_mask"][first:], mask)] + cut
     rewards = [0.0 if v is None else float(v) for v in placed]
     row["token_reward"] = [0.0] * first + rewards + [0.0] * len(cut)
-    if batch.get("routed_experts_sha256") is not None:  # the routes the actor replays, as the batch holds them
-        if not isinstance(batch["routed_experts_sha256"], str):
-            raise AdapterError(f"{where}: routed_experts_sha256 must be a string")
-        row["routed_experts_sha256"] = batch["routed_experts_sha256"]
 
 
 @guarded("rLLM")

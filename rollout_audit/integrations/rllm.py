@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..adapters.base import routes_sha256
 from ..adapters.rllm import BATCH_ROWS, BATCH_TENSORS
 
 
@@ -25,7 +24,6 @@ def batch_records(batch: Any, global_step: int) -> list[dict[str, Any]]:
     n_prompt = int(tensors["prompts"].shape[1])
     attention = tensors["attention_mask"].tolist()
     columns = {k: tensors[k].tolist() for k in BATCH_TENSORS if k in tensors.keys()}
-    routes = tensors["routed_experts"] if "routed_experts" in tensors.keys() else None  # R3 (transform.py:215-226)
     out = []
     for i, att in enumerate(attention):
         n_resp, pad = int(sum(att[n_prompt:])), n_prompt - int(sum(att[:n_prompt]))
@@ -33,8 +31,6 @@ def batch_records(batch: Any, global_step: int) -> list[dict[str, Any]]:
         rec.update({k: _plain(extra[k][i]) for k in BATCH_ROWS if k in extra})
         for k, values in columns.items():
             rec[k] = values[i][pad:] if k == "prompts" else values[i][:n_resp]
-        if routes is not None:  # the routes the actor replays over the row's prompt and response positions
-            rec["routed_experts_sha256"] = routes_sha256(routes[i][pad : n_prompt + n_resp])
         out.append(rec)
     return out
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..adapters.base import routes_sha256
+from ..adapters.routes import rows_digest
 from ..adapters.verl import ALGORITHM, ATTEMPTS, BATCH_TENSORS, OVERLONG, READS, ROUTE_RUNS, VERSIONS
 
 __all__ = [
@@ -103,10 +103,12 @@ def record(output: Any, **fields: Any) -> dict[str, Any]:
     if isinstance(info, dict) and any(k in info for k in OVERLONG):  # DAPO's overlong_buffer.log
         rec["extra_fields"]["reward_extra_info"] = {k: info[k] for k in OVERLONG if k in info}
     routes = getattr(output, "routed_experts", None)
-    if routes is not None:  # R3: the rows the engine recorded, and the digest of the array the trainer replays
+    if routes is not None:  # R3: the engine's rows the trainer replays (_postprocess cuts them at the sequence)
         n = len(rec.get("prompt_ids") or ()) + len(rec.get("response_ids") or ())
         rec["routed_experts_rows"] = len(routes)
-        rec["routed_experts_sha256"] = routes_sha256(routes, n)
+        rec["routed_experts_sha256"] = rows_digest(routes, n)
+        if isinstance(getattr(output, "extra_fields", None), dict):  # to non_tensor_batch, for dump_batch
+            output.extra_fields["routed_experts_rows"] = min(len(routes), n)
     rec.update(fields)
     return rec
 
@@ -152,8 +154,8 @@ def batch_records(batch: Any, global_steps: int, algorithm: Any) -> list[dict[st
         rec.update({k: columns[k][i][: int(n)] for k in present})
         if "overlong_reward" in extra:  # DAPO's penalty, put in non_tensor_batch (ray_trainer.py:1636)
             rec["overlong_reward"] = _plain(extra["overlong_reward"][i])
-        if routes is not None:  # the routes the actor replays: the row's prompt and response positions
-            rec["routed_experts_sha256"] = routes_sha256(routes[i][valid[i]])
+        if routes is not None and "routed_experts_rows" in extra:  # the engine's rows the actor replays
+            rec["routed_experts_sha256"] = rows_digest(routes[i][valid[i]], int(extra["routed_experts_rows"][i]))
         out.append(rec)
     return out
 
@@ -170,5 +172,8 @@ def dump_batch(directory: str | os.PathLike, batch: Any, global_steps: int, algo
 
 
 def _plain(value: Any) -> Any:
-    """Tensors and numpy values as plain lists / numbers (`tolist`), anything else as its string."""
+    """Tensors and numpy values as plain lists / numbers (`tolist`), JSON's own types as they are,
+    anything else as its string."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
     return value.tolist() if hasattr(value, "tolist") else str(value)
