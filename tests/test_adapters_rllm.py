@@ -219,3 +219,27 @@ def test_a_malformed_batch_row_exits_2_naming_it(tmp_path):
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     result = cli("check", "--from", "rllm", tmp_path / "d.jsonl", *opts(CONTEXT))
     assert result.exit_code == 2 and "d.jsonl:3: advantages: expected a number, got str" in result.output
+
+
+# ---------------------------------------------------------------- contract 1.3: routes (R3)
+
+
+def test_routes_of_a_step_after_a_weight_sync_replace_the_older_ones_p505():
+    """rLLM replays a segment's last routed step (transform.py:336-360): after a weight sync between the
+    turns, the first turn's tokens are replayed with the newer weights' routes (the class of verl#6046)."""
+    result = cli("check", "--from", "rllm", fixture("rllm", "routes_across_weight_sync"), *opts(CONTEXT),
+                 "--format", "json")  # fmt: skip
+    assert result.exit_code == 1, result.output
+    rep = json.loads(result.stdout)
+    assert [k for k in finding_keys(rep) if k[0] != "P504"] == [("P505", "task-7:1/solver", 0)]
+    clean = report([fixture("rllm", "compliant_routes")], "rllm", CONTEXT)
+    assert clean["findings"] == [] and "P505" not in {n["code"] for n in clean["not_run"]}
+
+
+def test_a_malformed_routing_header_exits_2_naming_it(tmp_path):
+    recs = read_dump(fixture("rllm", "compliant_routes"))
+    recs[0]["trajectories"][0]["steps"][1]["routing_matrices"][0] = '{"shape": [2, 2], "dtype": "object"}'
+    bad = tmp_path / "dump.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    result = cli("check", "--from", "rllm", bad, *opts(CONTEXT))
+    assert result.exit_code == 2 and "routing_matrices" in result.stderr and "Traceback" not in result.output

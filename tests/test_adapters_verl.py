@@ -445,3 +445,133 @@ def test_verl_reinforce_plus_plus_returns_are_token_returns_and_telescope_r413(t
     rep = json.loads(result.stdout)
     assert result.exit_code == 0 and rep["findings"] == [], result.output
     assert not {"R411", "R412", "R413", "U607"} & {n["code"] for n in rep["not_run"]}
+
+
+# ---------------------------------------------------------------- contract 1.3: routes (R3) and DAPO's overlong penalty
+
+DAPO_CONTEXT = ["max_resp_len=64", "overlong_buffer_len=16", "overlong_penalty_factor=1.0"]
+DAPO = [x for kv in DAPO_CONTEXT for x in ("--context", kv)]
+PAGE_CONTEXT = [*(f"{k}={v}" for k, v in CONTEXT.items()), "top_k=-1", "response_length=64"]
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("routes_resumed_duplicated", "routed_experts_version has 91 entries for 57 tokens"),  # verl#6029
+        (
+            "routes_resumed_replaced",
+            "11 policy token(s) whose log-prob is replayed through routes of another version",
+        ),  # verl#6046
+    ],
+)
+def test_resumed_partial_rollout_routes_are_p505_through_the_cli(case, message):
+    result = cli("check", "--from", "verl", fixture("verl", case), *PAGE, "--format", "json")
+    assert result.exit_code == 1, result.output
+    errors = [f for f in findings(result) if f[0] != "P504"]
+    assert [(f[0], f[1]) for f in errors] == [("P505", "3e0f01")] and message in errors[0][4], errors
+
+
+def test_moe_dumps_of_a_correct_run_audit_clean_with_p505_run():
+    """vLLM routes (every position but the last sampled token: null there, read by no log-prob) audit
+    clean; a call resumed across a weight update, each attempt's rows with its version (verl's merge at
+    HEAD), has only P504's info (two versions in one episode)."""
+    vllm = cli("check", "--from", "verl", fixture("verl", "compliant_routes_vllm"), *PAGE, "--format", "json")
+    assert vllm.exit_code == 0 and findings(vllm) == [], vllm.output
+    assert "P505" not in {n["code"] for n in json.loads(vllm.stdout)["not_run"]}
+    resumed = cli("check", "--from", "verl", fixture("verl", "fully_async_routes"), *PAGE, "--format", "json")
+    assert resumed.exit_code == 0 and {f[0] for f in findings(resumed)} == {"P504"}, resumed.output
+    table = to_contract(read_dump(fixture("verl", "fully_async_routes")), **CONTEXT).to_pylist()
+    versions = [t["policy_version"] for t in table[1]["turns"]]
+    assert versions == [7, 7, 8]  # the resumed call is one turn per attempt
+    assert table[1]["routed_experts_version"].count(8) == len(table[1]["turns"][2]["sampled_token_ids"])
+
+
+def test_dapo_overlong_penalty_over_tool_tokens_is_r414_and_single_turn_is_clean():
+    """verl's DAPO manager counts the attention mask past the prompt, tool responses included
+    (dapo.py:121-126): on a ToolAgentLoop sample the penalty is not the one of the policy's tokens."""
+    bad = cli("check", "--from", "verl", fixture("verl", "dapo_overlong_counts_tool_tokens"), *PAGE, *DAPO,
+              "--format", "json")  # fmt: skip
+    assert bad.exit_code == 1 and [(f[0], f[1]) for f in findings(bad)] == [("R414", "d91a01")], bad.output
+    assert "expected 0" in findings(bad)[0][4]
+    good = cli("check", "--from", "verl", fixture("verl", "compliant_dapo"), *PAGE, *DAPO, "--format", "json")
+    assert good.exit_code == 0 and findings(good) == []
+    assert "R414" not in {n["code"] for n in json.loads(good.stdout)["not_run"]}
+    without = cli(
+        "check", "--from", "verl", fixture("verl", "dapo_overlong_counts_tool_tokens"), *PAGE, "--format", "json"
+    )
+    assert without.exit_code == 0 and "R414" in {n["code"] for n in json.loads(without.stdout)["not_run"]}
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "named"),
+    [
+        (("engine_calls", 1, "routed_experts_versions"), [[3, "seven"]], "routed_experts_versions"),
+        (("engine_calls", 1, "routed_experts_rows"), 10**12, "routed_experts_rows"),  # never expanded
+        (("engine_calls", 1, "routed_experts_versions"), [[10**12, 7]], "routed_experts_versions"),
+    ],
+)
+def test_malformed_route_provenance_exits_2_naming_it(tmp_path, path, value, named):
+    recs = read_dump(fixture("verl", "fully_async_routes"))
+    node = recs[1]
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    bad = tmp_path / "dump.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    result = cli("check", "--from", "verl", bad, *PAGE)
+    assert result.exit_code == 2 and named in result.stderr and "Traceback" not in result.output
+
+
+def test_verl_classes_carry_routes_from_the_engine_to_the_trainer_hook():
+    """verl 0.9.1's TokenOutput through HEAD's resume merge with the hook's `attempt` line (vLLM: each
+    attempt routes all but its last token), its AgentLoopOutput, and a DataProto holding the routes as
+    `_postprocess` aligns them (a zero row for the last token) with the row count verl copied from
+    extra_fields: both hooks digest the engine's rows, and the runs name each attempt's rows."""
+    pytest.importorskip("verl")
+    import numpy as np
+    import torch
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+    from verl.workers.rollout.replica import TokenOutput
+
+    from rollout_audit.adapters.routes import digest
+    from rollout_audit.integrations.verl import attempt, batch_records, engine_call, record
+
+    rng = np.random.default_rng(0)
+    prompt, ids = [5, 6, 7], [11, 12, 13, 14]
+    final = TokenOutput(token_ids=[], log_probs=[], extra_fields={})
+    for n, version in ((2, 7), (2, 8)):  # aborted after two tokens, resumed on newer weights
+        new = ids[len(final.token_ids) : len(final.token_ids) + n]
+        routes = rng.integers(0, 8, (len(prompt) + len(final.token_ids) + n - 1, 2, 2), dtype=np.int16)
+        out = TokenOutput(token_ids=new, routed_experts=routes, extra_fields={"global_steps": version})
+        before = final.routed_experts
+        final.token_ids.extend(new)
+        final.routed_experts = routes if before is None else np.concatenate([before, routes[-n:]])
+        attempt(final, out, before)
+    call = engine_call(prompt, final)
+    assert call["attempts"] == [[2, 7], [2, 8]] and call["routed_experts_versions"] == [[4, 7], [2, 8]]
+    output = AgentLoopOutput(prompt_ids=prompt, response_ids=ids, response_mask=[1] * 4, routed_experts=final.routed_experts,
+                             metrics=AgentLoopMetrics(), extra_fields={})  # fmt: skip
+    rec = record(output, request_id="r0", uid="u0", engine_calls=[call])
+    assert (
+        rec["routed_experts_sha256"] == digest(final.routed_experts) and output.extra_fields["routed_experts_rows"] == 6
+    )
+    batch = _dataproto([{**rec, "response_logprobs": [0.0] * 4, "reward_score": 1.0}], {})
+    aligned = torch.zeros(1, 7, 2, 2, dtype=torch.int16)
+    aligned[0, :6] = torch.from_numpy(final.routed_experts)
+    batch.batch["routed_experts"] = aligned
+    for key in ("routed_experts_rows", "overlong_reward"):  # agent_loop.py:1129-1135, ray_trainer.py:1636
+        batch.non_tensor_batch[key] = np.array(
+            [{"routed_experts_rows": 6, "overlong_reward": -0.25}[key]], dtype=object
+        )
+    trained = batch_records(batch, 5, {})[0]
+    assert trained["routed_experts_sha256"] == rec["routed_experts_sha256"] and trained["overlong_reward"] == -0.25
+    row = to_contract([rec], **CONTEXT).to_pylist()[0]
+    assert row["routed_experts_version"] == [7, 7, 7, 7, 8, 8, None]
+    assert [t["policy_version"] for t in row["turns"]] == [7, 8]
+
+
+def test_convert_carries_the_overlong_settings_to_the_written_log(tmp_path):
+    found = convert_then_check_equals_check_from(
+        "verl", "dapo_overlong_counts_tool_tokens", tmp_path, context=[*PAGE_CONTEXT, *DAPO_CONTEXT]
+    )
+    assert [(f[0], f[1]) for f in found] == [("R414", "d91a01")]

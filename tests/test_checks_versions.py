@@ -193,3 +193,20 @@ def test_p505_routes_once_from_each_turns_version(records):
     assert (
         f["trajectory_id"].to_list() == [t["trajectory_id"]] and f["position"][0] == 0 and "no route" in f["message"][0]
     )
+
+
+def test_p505_no_route_from_the_last_policy_token_on_is_not_a_lost_segment(records):
+    """The engine never routes its last sampled token, nor tool output after the last generation (verl
+    zero-fills and masks those rows): null there is no finding; null on the token before is."""
+    from rollout_audit.faults.versions import record_routes
+
+    trajs, ups = records
+    for t in trajs:
+        record_routes(t)
+    t = next(t for t in trajs if t["token_source"].count(2) >= 2)
+    last = max(i for i, s in enumerate(t["token_source"]) if s == 2)
+    t["routed_experts_version"][last:] = [None] * (len(t["token_ids"]) - last)
+    assert not loud(ra.audit(trajs, ups))
+    t["routed_experts_version"][last - 1] = None
+    f = only(ra.audit(trajs, ups), "P505")
+    assert f["trajectory_id"].to_list() == [t["trajectory_id"]] and "no route" in f["message"][0]

@@ -19,11 +19,14 @@ base.yaml), and the policy assumed is stated in the table metadata (`rollout_aud
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from ..contract import schema as S
@@ -42,6 +45,7 @@ from .base import (
     wholes,
     with_policy,
 )
+from .routes import digest
 from .steps import (
     Call,
     engine_context,
@@ -112,7 +116,14 @@ LACKS = {
     "num_trainable_tokens": "rLLM does not count trainable tokens per trajectory",
     "initial_state_checksum": "rLLM does not record environment state",
     "wall_clock_s": "rLLM does not record an episode's wall-clock time",
+    "routed_experts_version": "the steps carry no routing_matrices in the verl engine's [header, base64] form "
+    "(R3 off, or a Fireworks/Tinker engine's per-token strings), or no weight_version",
+    "routed_experts_sha256": "the steps carry no routing_matrices in the verl engine's [header, base64] form",
+    "overlong_penalty": "rLLM has no overlong penalty (no reward shaping by response length in rllm/)",
 }
+# the dtypes rLLM's verl engine writes in a routing header (verl's routed_experts: int16 since verl#7407, int32)
+ROUTE_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32")
+_ROUTES = "_routes"  # a turn's decoded routes while its trajectory is merged (not a contract field)
 
 
 def filtered(context: Mapping[str, Any]) -> frozenset[str]:
@@ -169,6 +180,51 @@ def _stop(episode: Mapping[str, Any]) -> dict[str, Any]:
     return stop_columns(flag, stop)
 
 
+def _routing(step: Mapping[str, Any], out: Mapping[str, Any], where: str) -> np.ndarray | None:
+    """A step's expert routes (positions × layers × top-k) from `routing_matrices` in the wire form of
+    rLLM's verl engine, [shape header JSON, base64 of the array's bytes] (verl_engine.py:144-148); None
+    without them or in another engine's per-token form (Fireworks, Tinker: one string per token)."""
+    rm = step.get("routing_matrices", out.get("routing_matrices"))
+    if rm is None:
+        return None
+    if not (isinstance(rm, list) and len(rm) == 2 and all(isinstance(x, str) for x in rm)) or not rm[0].startswith("{"):
+        return None
+    try:
+        header = json.loads(rm[0])
+        layers, topk = header["shape"]
+        name = header["dtype"]
+        raw = base64.b64decode(rm[1], validate=True)
+    except (ValueError, TypeError, KeyError, binascii.Error) as e:
+        raise AdapterError(f"{where}: routing_matrices is not [{{shape, dtype}}, base64]: {e}") from None
+    ok = all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (layers, topk))
+    if not ok or name not in ROUTE_DTYPES:
+        raise AdapterError(f"{where}: routing_matrices header must give shape [layers, topk] and an integer dtype")
+    dtype = np.dtype(name)
+    if len(raw) % (layers * topk * dtype.itemsize):
+        raise AdapterError(
+            f"{where}: routing_matrices holds {len(raw)} bytes, not whole rows of {layers} × {topk} {name}"
+        )
+    return np.frombuffer(raw, dtype).reshape(-1, layers, topk)
+
+
+def _with_routes(rows: list[dict[str, Any]], segments: list[Any]) -> None:
+    """Each segment's row with the routes rLLM's trainer replays (transform.py:336-360): the last step of
+    the segment that has routes, whose array covers the segment's prompt and response up to that step and is
+    placed from the prompt's first position (transform.py:215-226): its digest over the row's positions (zero
+    where none) and, when the step has a weight_version, that version on each of its rows (the version rLLM
+    recorded for the call, rollout_engine.py:88-90); null on the positions past the array."""
+    for row, seg in zip(rows, segments):
+        found = [t.pop(_ROUTES) for t in seg.turns if _ROUTES in t]
+        routes = next((r for r in reversed(found) if r is not None), None)
+        if routes is None:
+            continue
+        arr, version = routes
+        n = len(row["token_ids"])
+        row["routed_experts_sha256"] = digest(arr[:n])  # the rows transform.py places, cut at the row's end
+        if version is not None:
+            row["routed_experts_version"] = [version] * len(arr) + [None] * (n - len(arr))
+
+
 def _call(step: Mapping[str, Any], where: str, context: Mapping[str, Any]) -> Call | None:
     """A step as an engine call (None when it has no model_output: rLLM's transform skips it)."""
     out = need(step, "model_output", where)
@@ -192,6 +248,11 @@ def _call(step: Mapping[str, Any], where: str, context: Mapping[str, Any]) -> Ca
         **engine_context(prompt, "prompt_ids"),
         **{k: option(context, k) for k in ("temperature", "top_p") if context.get(k) is not None},
     }
+    routes = _routing(step, out, where)
+    if routes is not None:
+        if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+            raise AdapterError(f"{where}: weight_version must be an integer")
+        turn[_ROUTES] = (routes, version)
     return Call(prompt, sampled, out.get("logprobs"), turn)
 
 
@@ -214,7 +275,9 @@ def _trajectories(episode: Mapping[str, Any], n: int, context: Mapping[str, Any]
         common = {"task_id": task_id, "group_id": f"{at}{task_id}:{name}", **identity(context)}
         reward = None if dropped else traj.get("reward")
         outcome = {**stop, "reward": reward, "verifier_success": bool(episode.get("is_correct"))}
-        out += [{**common, **row} for row in episode_rows(f"{at}{eid}/{name}", segments, outcome)]
+        rows = [{**common, **row} for row in episode_rows(f"{at}{eid}/{name}", segments, outcome)]
+        _with_routes(rows, segments)
+        out += rows
     return out
 
 

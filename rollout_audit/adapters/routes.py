@@ -92,3 +92,12 @@ def replayed(rows: list[int | None], n_rows: int, n_tokens: int, pad_to_tokens: 
         raise AdapterError(f"{where}: the sample keeps {n_rows} route rows, its engine calls wrote {len(rows)}")
     out = rows[:n_rows]
     return out + [None] * (max(n_tokens - n_rows, 0) if pad_to_tokens else 1)
+
+
+def rows_digest(value: Any, rows: int | None = None) -> str:
+    """`digest` of a route array held by a trainer (numpy, or a torch tensor on any device), of its first
+    `rows` rows when given: the engine's rows the trainer replays, without the zero rows it pads with."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    arr = np.asarray(value)
+    return digest(arr if rows is None else arr[:rows])

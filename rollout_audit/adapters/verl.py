@@ -56,10 +56,16 @@ READS = {
         "reward_score",
         "num_turns",
         "extra_fields",
+        "routed_experts",
     },
-    "verl.workers.rollout.replica.TokenOutput": {"token_ids", "stop_reason", "extra_fields"},
+    "verl.workers.rollout.replica.TokenOutput": {"token_ids", "stop_reason", "extra_fields", "routed_experts"},
 }
 VERSIONS = ("global_steps", "min_global_steps", "max_global_steps")  # TokenOutput.extra_fields keys
+# what the hook's `attempt` records in TokenOutput.extra_fields inside a resuming client's loop: each
+# attempt's [new tokens, global_steps], and the merged routes' rows as runs [rows, global_steps]
+ATTEMPTS, ROUTE_RUNS = "attempts", "routed_experts_versions"
+# DAPO's reward_extra_info keys (reward_manager/dapo.py, overlong_buffer.log): the penalty added to the score
+OVERLONG = ("overlong_reward", "overlong")
 # The trainer-side hook (`integrations.verl.dump_batch`, after compute_advantage in RayPPOTrainer.fit):
 # the DataProto's tensor keys it writes per row, and the `config.algorithm` settings it copies
 BATCH_TENSORS = (
@@ -80,6 +86,14 @@ READS_BATCH = {
 # verl's own keyword context: the loop's limits (actor_rollout_ref.rollout.response_length,
 # .multi_turn.max_assistant_turns / max_user_turns) and top_k (-1 or 0: off)
 OWN_CONTEXT: dict[str, type] = {"response_length": int, "max_assistant_turns": int, "max_user_turns": int, "top_k": int}
+# DAPO's overlong penalty settings (reward.reward_kwargs: max_resp_len, overlong_buffer_cfg.len and
+# .penalty_factor) -> the audit's configuration keys R414 reads
+OVERLONG_CONTEXT = {
+    "max_resp_len": "max_response_tokens",
+    "overlong_buffer_len": "overlong_buffer",
+    "overlong_penalty_factor": "overlong_penalty_factor",
+}
+OWN_CONTEXT |= {"max_resp_len": int, "overlong_buffer_len": int, "overlong_penalty_factor": float}
 # TokenOutput.stop_reason -> the contract's finish_reason: vLLM folds stop and length into
 # "completed" (not mapped: it says neither); SGLang passes its own; fully-async resumes set "length"
 FINISH = {"stop": "stop", "length": "length", "abort": "abort", "aborted": "abort"}
@@ -106,6 +120,10 @@ LACKS = {
     "turns.sampled_token_ids": _NO_CALLS,
     "turns.template_context_length": _NO_TEMPLATE,
     "turns.template_context_sha256": _NO_TEMPLATE,
+    "routed_experts_version": "the records carry no routes' provenance: no routed_experts (R3 off), or the last "
+    "engine call was resumed across a weight update without the hook's `attempt` line",
+    "routed_experts_sha256": "the records carry no routed_experts (actor_rollout_ref.rollout.enable_rollout_routing_replay off)",
+    "overlong_penalty": "the records carry no overlong_reward (DAPO reward manager with overlong_buffer.log)",
 }
 
 
@@ -139,6 +157,94 @@ def _cut(ids: list[int], at: int, resp: list[int], cap: int | None) -> list[int]
     return ids[:kept]
 
 
+def _pairs(call: Mapping[str, Any], key: str, where: str) -> list[tuple[int, int | None]] | None:
+    """A hook list of [count, global_steps] pairs (`attempts`, `routed_experts_versions`); None when absent."""
+    raw = call.get(key)
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise AdapterError(f"{where}: {key} must be a list of [count, global_steps]")
+    out: list[tuple[int, int | None]] = []
+    for pair in raw:
+        ok = isinstance(pair, list) and len(pair) == 2
+        ok = ok and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in pair[:1] + [y for y in pair[1:] if y is not None]
+        )
+        if not ok or pair[0] < 0:
+            raise AdapterError(f"{where}: {key} must be a list of [count, global_steps] (integers, count >= 0)")
+        out.append((pair[0], pair[1]))
+    return out
+
+
+def _attempt_turns(call: Mapping[str, Any], ctx: list[int], ids: list[int], kept: list[int], w: str) -> list[dict]:
+    """A call the fully-async client resumed, as one turn per attempt that returned tokens (the hook's
+    `attempts`: [new tokens, global_steps]): attempt k's context is the call's prompt with the tokens
+    of the attempts before it (llm_server.py resubmits prompt_ids + final_output.token_ids), its
+    version its own. Without them (or one attempt), the call is one turn at its oldest version."""
+    parts = _pairs(call, ATTEMPTS, w)
+    if parts is not None and sum(n for n, _ in parts) != len(ids):
+        raise AdapterError(f"{w}: attempts count {sum(n for n, _ in parts)} tokens, the call returned {len(ids)}")
+    parts = [p for p in parts or () if p[0]]
+    if len(parts) < 2:
+        version = _version(call, w) if not parts or parts[0][1] is None else parts[0][1]
+        return [{"context": ctx, "ids": kept, "version": version}]
+    out, off = [], 0
+    for n, version in parts:
+        if off >= len(kept):
+            break
+        out.append({"context": ctx + ids[:off], "ids": kept[off : off + n], "version": version})
+        off += n
+    return out
+
+
+def _routes(rec: Mapping[str, Any], calls: list[Any], n_tok: int, where: str) -> dict[str, Any]:
+    """Contract 1.3 routed_experts_version and _sha256 of a sample whose agent loop kept the engine's routes
+    (R3): `AgentLoopOutput.routed_experts` is the last routed call's routes (ToolAgentLoop replaces them at
+    every call, tool_agent_loop.py:274-275), cut at prompt + response_length (:197-198); each of its rows
+    has the version of the attempt that produced it (the hook's `routed_experts_versions`, or the call's
+    one version when it was not resumed). Rows past the array (the last sampled token, tool output after
+    the last generation) are replayed as zeros, masked (agent_loop.py:126-138): null. Unknown
+    provenance (a resumed call without `attempt`'s record) writes no versions."""
+    out: dict[str, Any] = {}
+    sha = rec.get("routed_experts_sha256")
+    if sha is not None:
+        if not isinstance(sha, str):
+            raise AdapterError(f"{where}: routed_experts_sha256 must be a string")
+        out["routed_experts_sha256"] = sha
+    if rec.get("routed_experts_rows") is None:
+        return out
+    rows = integer(rec, "routed_experts_rows", where)
+    last = next(
+        (c for c in reversed(calls) if isinstance(c, Mapping) and c.get("routed_experts_rows") is not None), None
+    )
+    if last is None:
+        return out
+    w = f"{where} engine_calls[{calls.index(last)}]"
+    have = integer(last, "routed_experts_rows", w)
+    # an attempt's routes cover at most the call's context and tokens; a merge may append each attempt's
+    seq = len(last.get("prompt_ids") or ()) + len(last.get("token_ids") or ())
+    if not 0 <= have <= seq * max(1, len(last.get(ATTEMPTS) or ())) or not 0 <= rows <= have:
+        raise AdapterError(
+            f"{w}: routed_experts_rows {have} (the sample's {rows}) is not a count of rows the call's attempts routed"
+        )
+    runs = _pairs(last, ROUTE_RUNS, w)
+    if runs is None:
+        lo, hi = last.get("min_global_steps"), last.get("max_global_steps")
+        version = _version(last, w)
+        if version is None or (lo is not None and hi is not None and lo != hi):
+            return out  # resumed across an update: which rows each version produced is not recorded
+        runs = [(have, version)]
+    if sum(n for n, _ in runs) != have:
+        raise AdapterError(
+            f"{w}: routed_experts_versions cover {sum(n for n, _ in runs)} rows, the call's routes have {have}"
+        )
+    versions: list[int | None] = []
+    for n, v in runs:  # the sample's rows: the call's, cut at prompt + response_length
+        versions += [v] * min(n, rows - len(versions))
+    out["routed_experts_version"] = versions + [None] * (n_tok - rows)
+    return out
+
+
 def _engine_turns(
     calls: list[Any],
     n_prompt: int,
@@ -153,7 +259,7 @@ def _engine_turns(
     may be cut at response_length (`cap`: its turn then has the ids verl kept); a declared boundary edit
     removes the call's last id from the sequence."""
     policy: list[int] = []
-    turns = []
+    turns: list[dict[str, Any]] = []
     for t, call in enumerate(calls):
         w = f"{where} engine_calls[{t}]"
         if not isinstance(call, Mapping):
@@ -167,24 +273,25 @@ def _engine_turns(
         if last:
             kept = _cut(kept, start, resp, cap)
         policy += range(start, min(start + len(kept), len(resp)))
-        turn = {
-            "turn_id": t,
-            "context_length": len(ctx),
-            "context_sha256": context_sha256(ctx),
-            "sampled_token_ids": kept,
-        }
-        if call.get("template_ids") is not None:
-            tmpl = ints(call, "template_ids", w)
-            turn.update(template_context_length=len(tmpl), template_context_sha256=context_sha256(tmpl))
         stop = call.get("stop_reason")
         if stop is not None and not isinstance(stop, str):
             raise AdapterError(f"{w}: stop_reason must be a string")
-        if FINISH.get(stop or ""):
-            turn["finish_reason"] = FINISH[stop or ""]
-        version = _version(call, w)
-        if version is not None:
-            turn["policy_version"] = version
-        turns.append(turn)
+        parts = _attempt_turns(call, ctx, ids, kept, w)
+        for k, part in enumerate(parts):
+            turn = {
+                "turn_id": len(turns),
+                "context_length": len(part["context"]),
+                "context_sha256": context_sha256(part["context"]),
+                "sampled_token_ids": part["ids"],
+            }
+            if k == 0 and call.get("template_ids") is not None:
+                tmpl = ints(call, "template_ids", w)
+                turn.update(template_context_length=len(tmpl), template_context_sha256=context_sha256(tmpl))
+            if k == len(parts) - 1 and FINISH.get(stop or ""):
+                turn["finish_reason"] = FINISH[stop or ""]
+            if part["version"] is not None:
+                turn["policy_version"] = part["version"]
+            turns.append(turn)
     return policy, turns
 
 
@@ -244,7 +351,13 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
         out["behavior_logprobs"] = logprobs_column(len(prompt), lp, sampled)
     if rec.get("reward_score") is not None:
         out["reward"] = number(rec["reward_score"], "reward_score", where)
-    out |= _stop(turns[-1].get("finish_reason") if turns else None, len(turns), len(resp), ctx)
+    info = (rec.get("extra_fields") or {}).get("reward_extra_info")
+    if isinstance(info, Mapping) and info.get("overlong_reward") is not None:
+        out["overlong_penalty"] = number(info["overlong_reward"], "reward_extra_info.overlong_reward", where)
+    if calls:
+        out |= _routes(rec, calls, len(prompt) + len(resp), where)
+    n_calls = len(calls) if calls else len(turns)
+    out |= _stop(turns[-1].get("finish_reason") if turns else None, n_calls, len(resp), ctx)
     return with_context(out, ctx)
 
 
@@ -335,6 +448,12 @@ def _trained(row: dict[str, Any], rec: Mapping[str, Any], n_prompt: int, where: 
     if rec.get("adv_estimator") == "reinforce_plus_plus" and rec.get("gamma") in (1, 1.0):
         ret = numbers(aligned(rec, "returns", resp, where), "returns", where)
         row["token_returns"] = [0.0] * n_prompt + [r or 0.0 for r in ret]
+    if rec.get("overlong_reward") is not None:  # DAPO's penalty as the trainer's reward manager computed it
+        row["overlong_penalty"] = number(rec["overlong_reward"], "overlong_reward", where)
+    if rec.get("routed_experts_sha256") is not None:  # the routes the actor replays, as the trainer holds them
+        if not isinstance(rec["routed_experts_sha256"], str):
+            raise AdapterError(f"{where}: routed_experts_sha256 must be a string")
+        row["routed_experts_sha256"] = rec["routed_experts_sha256"]
     if rec.get(OLD_LOGPROBS) is not None:
         old = numbers(aligned(rec, OLD_LOGPROBS, resp, where), OLD_LOGPROBS, where)
         sampled = [s == 2 for s in row["token_source"][n_prompt:]]
@@ -373,6 +492,9 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
     rows = with_top_k(rows_of(sampler, row, ctx), ctx.get("top_k"))
     settings: dict[str, Any] = {"truncation": "penalize"}
     said = POLICY
+    if all(k in ctx for k in OVERLONG_CONTEXT):  # DAPO's overlong buffer, as the run configured it
+        settings |= {key: ctx[k] for k, key in OVERLONG_CONTEXT.items()}
+        said += "; R414 recomputes DAPO's overlong penalty from max_resp_len, overlong_buffer_len and overlong_penalty_factor"
     if trainer:
         rows = _with_trainer(rows, trainer)
         if any(OLD_LOGPROBS in r for r in rows):

@@ -304,8 +304,9 @@ def routes_replayed(b: BatchView, cfg) -> pl.DataFrame | None:
     is then only right when each position is replayed once, with the routes of the weights that
     produced it. Resumed partial rollouts duplicated, then lost, the routes of the older weights
     (verl#6029, #6046; SkyRL#1908). Recomputed per trajectory: the array has one entry per token
-    (more means a segment was appended twice, fewer that one was lost), none null but the last
-    token's (engines route every position but the last: its output predicts nothing), the routes
+    (more means a segment was appended twice, fewer that one was lost), none null before the last
+    policy token (engines route every position but the last, and a trainer that keeps the last
+    call's routes has none for tool output after it: no log-prob reads them), the routes
     at the position before each policy token (where its log-prob is read) come from its turn's
     policy_version, and every other token's (prompt, tool output) from the version of one of the
     episode's turns. Keep the routes of each engine call
@@ -335,6 +336,11 @@ def routes_replayed(b: BatchView, cfg) -> pl.DataFrame | None:
     lost = np.zeros(t.row.size, bool) if have is None else lst.fits[t.row] & ~have
     ends = (t.starts + t.n_tok - 1)[t.n_tok > 0]
     lost[ends] = False  # the last token's route predicts nothing: engines return one row fewer than tokens
+    if lost.any():  # nor does any route from the last policy token on (tool output after the last generation)
+        at = np.arange(t.row.size)
+        last = np.full(b.n, -1)
+        np.maximum.at(last, t.row[t.policy], at[t.policy])
+        lost &= at < last[t.row]
     key = b.turn_key
     turn_v = np.full(t.row.size, np.nan)
     idx, _, _ = b.policy_by_turn  # the policy tokens that belong to a turn

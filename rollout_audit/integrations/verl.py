@@ -14,10 +14,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..adapters.verl import ALGORITHM, BATCH_TENSORS, READS, VERSIONS
+from ..adapters.routes import rows_digest
+from ..adapters.verl import ALGORITHM, ATTEMPTS, BATCH_TENSORS, OVERLONG, READS, ROUTE_RUNS, VERSIONS
+
+__all__ = [
+    "ATTEMPTS",
+    "ROUTE_RUNS",
+    "attempt",
+    "batch_records",
+    "boundary_ids",
+    "dump",
+    "dump_batch",
+    "engine_call",
+    "record",
+]
 
 # AgentLoopOutput fields the adapter reads (verl/experimental/agent_loop/agent_loop.py), extra_fields apart
-FIELDS = tuple(sorted(READS["verl.experimental.agent_loop.agent_loop.AgentLoopOutput"] - {"extra_fields"}))
+FIELDS = tuple(
+    sorted(READS["verl.experimental.agent_loop.agent_loop.AgentLoopOutput"] - {"extra_fields", "routed_experts"})
+)
 # the JSON-safe part of extra_fields that ToolAgentLoop sets: scores, and the weight versions of the
 # episode's first call (global_steps, min_global_steps) and of its last (max_global_steps)
 EXTRA = ("turn_scores", "tool_rewards", *VERSIONS)
@@ -37,7 +52,34 @@ def engine_call(prompt_ids: Sequence[int], output: Any, template_ids: Sequence[i
     }
     if template_ids is not None:
         call["template_ids"] = list(template_ids)
+    routes = getattr(output, "routed_experts", None)
+    if routes is not None:  # R3: the rows of the engine's routes (its context and its tokens)
+        call["routed_experts_rows"] = len(routes)
+    for key in (ATTEMPTS, ROUTE_RUNS):  # recorded by `attempt` inside a resuming client's loop
+        if extra.get(key) is not None:
+            call[key] = extra[key]
     return call
+
+
+def attempt(final_output: Any, output: Any, routes_before: Any) -> None:
+    """One attempt of a call that the fully-async client resumes after an abort (the loop of
+    `FullyAsyncLLMServerClient.generate`, llm_server.py, after it merged `output` into `final_output`;
+    `routes_before` is `final_output.routed_experts` before that merge). Records in
+    `final_output.extra_fields` the attempt's new tokens and weight version (`attempts`), and which
+    version produced each row of the merged routes, as runs [rows, version] (`routed_experts_versions`):
+    routes the merge took whole from this attempt are all of its version, rows it appended are."""
+    extra = final_output.extra_fields
+    version = (getattr(output, "extra_fields", None) or {}).get("global_steps")
+    extra.setdefault(ATTEMPTS, []).append([len(output.token_ids), version])
+    merged: Any = getattr(final_output, "routed_experts", None)
+    new: Any = getattr(output, "routed_experts", None)
+    if merged is None or merged is routes_before:
+        return  # no routes, or the merge kept them as they were
+    if merged is new:  # taken whole: every row from this attempt's prefill and decode
+        extra[ROUTE_RUNS] = [[len(merged), version]]
+        return
+    grown = len(merged) - (0 if routes_before is None else len(routes_before))
+    extra[ROUTE_RUNS] = [*extra.get(ROUTE_RUNS, []), [grown, version]]
 
 
 def boundary_ids(builder: Any) -> list[int]:
@@ -57,6 +99,16 @@ def record(output: Any, **fields: Any) -> dict[str, Any]:
     rec: dict[str, Any] = {k: getattr(output, k, None) for k in FIELDS}
     extra = getattr(output, "extra_fields", None) or {}
     rec["extra_fields"] = {k: extra[k] for k in EXTRA if k in extra}
+    info = extra.get("reward_extra_info")
+    if isinstance(info, dict) and any(k in info for k in OVERLONG):  # DAPO's overlong_buffer.log
+        rec["extra_fields"]["reward_extra_info"] = {k: info[k] for k in OVERLONG if k in info}
+    routes = getattr(output, "routed_experts", None)
+    if routes is not None:  # R3: the engine's rows the trainer replays (_postprocess cuts them at the sequence)
+        n = len(rec.get("prompt_ids") or ()) + len(rec.get("response_ids") or ())
+        rec["routed_experts_rows"] = len(routes)
+        rec["routed_experts_sha256"] = rows_digest(routes, n)
+        if isinstance(getattr(output, "extra_fields", None), dict):  # to non_tensor_batch, for dump_batch
+            output.extra_fields["routed_experts_rows"] = min(len(routes), n)
     rec.update(fields)
     return rec
 
@@ -88,6 +140,8 @@ def batch_records(batch: Any, global_steps: int, algorithm: Any) -> list[dict[st
     lengths = tensors["attention_mask"][:, n_prompt:].sum(-1).tolist()
     present = [k for k in BATCH_TENSORS if k in tensors.keys()]
     columns = {k: tensors[k].tolist() for k in present}
+    routes: Any = tensors["routed_experts"] if "routed_experts" in tensors.keys() else None
+    valid: Any = tensors["attention_mask"].bool() if routes is not None else None
     settings = {k: _setting(algorithm, k) for k in ALGORITHM}
     out = []
     for i, n in enumerate(lengths):
@@ -98,6 +152,10 @@ def batch_records(batch: Any, global_steps: int, algorithm: Any) -> list[dict[st
             **settings,
         }
         rec.update({k: columns[k][i][: int(n)] for k in present})
+        if "overlong_reward" in extra:  # DAPO's penalty, put in non_tensor_batch (ray_trainer.py:1636)
+            rec["overlong_reward"] = _plain(extra["overlong_reward"][i])
+        if routes is not None and "routed_experts_rows" in extra:  # the engine's rows the actor replays
+            rec["routed_experts_sha256"] = rows_digest(routes[i][valid[i]], int(extra["routed_experts_rows"][i]))
         out.append(rec)
     return out
 
@@ -114,5 +172,8 @@ def dump_batch(directory: str | os.PathLike, batch: Any, global_steps: int, algo
 
 
 def _plain(value: Any) -> Any:
-    """Tensors and numpy values as plain lists / numbers (`tolist`), anything else as its string."""
+    """Tensors and numpy values as plain lists / numbers (`tolist`), JSON's own types as they are,
+    anything else as its string."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
     return value.tolist() if hasattr(value, "tolist") else str(value)

@@ -12,13 +12,21 @@ advantage as rLLM's broadcast mode sets it: `float(advantage)` of its trajectory
 population std, and a group of one gets mean 0 and std 1, so its advantage is its raw reward).
 Compact filtering (`CompactFilteringConfig`, rllm/trainer/algorithms/config.py:111-161, defaults of
 rllm/trainer/config/rllm/base.yaml:111-120) skips an episode before grouping (transform.py:118-122):
-it keeps its reward (0.0 by the workflow) and no advantage."""
+it keeps its reward (0.0 by the workflow) and no advantage.
+
+Contract 1.3: `compliant_routes` (the compliant group with the verl engine's R3 `routing_matrices` on
+every step) and `routes_across_weight_sync` (a weight sync between two turns: the last step's routes,
+which rLLM replays, re-routed the first turn's tokens with the newer weights)."""
 
 from __future__ import annotations
 
+import base64
 import copy
+import json
 import statistics
 from typing import Any
+
+import numpy as np
 
 SYSTEM_USER = [
     1,
@@ -237,8 +245,48 @@ def trainer(cap: int | None = None, fully_async: bool = False) -> list[dict]:
     return eps + rows
 
 
+# ---------------------------------------------------------------- MoE routing replay (R3)
+
+LAYERS, TOP_K, EXPERTS = 2, 2, 8  # a tiny MoE: positions x layers x top-k expert ids
+
+
+def routing_matrices(rows: int, seed: int) -> list[str]:
+    """ModelOutput.routing_matrices as rLLM's verl engine writes them (verl_engine.py:144-148): a JSON
+    header of the shape past the first axis and the dtype (verl's int16, verl#7407), and the base64 of
+    the array's bytes."""
+    arr = np.random.default_rng(seed).integers(0, EXPERTS, (rows, LAYERS, TOP_K), dtype=np.int16)
+    header = json.dumps({"shape": [LAYERS, TOP_K], "dtype": str(arr.dtype)})
+    return [header, base64.b64encode(arr.tobytes()).decode("ascii")]
+
+
+def with_routes(ep: dict, seed: int, versions: tuple[int, int] | None = None) -> dict:
+    """`ep` with R3 routes on every step: verl's server (vLLM) returns the routes of every position fed
+    through the model, the step's prompt and all but its last sampled token; Step.to_dict carries them
+    (rllm/types.py:187). `versions`: each step's weight_version (a weight sync between the turns, with
+    rLLM's turn-level gating, rllm/trainer/algorithms/config.py:94)."""
+    ep = copy.deepcopy(ep)
+    for k, step in enumerate(ep["trajectories"][0]["steps"]):
+        out = step["model_output"]
+        out["routing_matrices"] = routing_matrices(len(out["prompt_ids"]) + len(out["completion_ids"]) - 1, seed + k)
+        step["routing_matrices"] = out["routing_matrices"]
+        if versions is not None:
+            out["weight_version"] = step["weight_version"] = versions[k]
+    return ep
+
+
+def compliant_routes(sync_between_turns: bool = False) -> list[dict]:
+    """The compliant group with routing replay; with `sync_between_turns`, rollout 1's second step was
+    sampled after a weight sync (version 4): rLLM's transform keeps the routes of a segment's last routed
+    step (transform.py:336-360), whose prefill re-routed the first step's tokens with the new weights."""
+    return [
+        with_routes(ep, 10 * n, (3, 4) if sync_between_turns and n == 1 else None) for n, ep in enumerate(compliant())
+    ]
+
+
 def cases() -> dict[str, list[dict]]:
     return {
+        "compliant_routes": compliant_routes(),
+        "routes_across_weight_sync": compliant_routes(sync_between_turns=True),
         "trainer_compliant": trainer(),
         "trainer_fully_async": trainer(fully_async=True),
         "trainer_row_cut_at_cap": trainer(cap=10),

@@ -17,11 +17,22 @@ min < max; a call whose cumulative tokens reach the budget ends with stop_reason
 `glm_boundary` (GLMContinuousTokenBuilder, utils/tokenizer/continuous_token.py: the sampled
 `<|observation|>` that ends a tool-calling turn is dropped and the tool message's own opens the
 context, mask 0) and `glm_boundary_dropped_answer` (a builder that also drops a token that is not a
-boundary id: a real mismatch)."""
+boundary id: a real mismatch).
+
+Contract 1.3, written through the hooks (`rollout_audit.integrations.verl`): `compliant_routes_vllm`
+(R3 routes of a synchronous vLLM run), `fully_async_routes` (a call resumed across a weight update,
+routes merged as at HEAD), `routes_resumed_duplicated` (verl#6029) and `routes_resumed_replaced`
+(verl#6046); `compliant_dapo` (DAPO's overlong penalty on single-turn samples) and
+`dapo_overlong_counts_tool_tokens` (verl's DAPO manager on tool episodes: the length spans tool tokens)."""
 
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
+
+import numpy as np
+
+from rollout_audit.integrations import verl as hook
 
 from .chat import Episode, episode
 
@@ -296,9 +307,139 @@ def _cut_at_response_length() -> list[dict]:
     return out
 
 
+# ---------------------------------------------------------------- MoE routing replay (R3)
+
+LAYERS, TOP_K, EXPERTS = 2, 2, 8  # a tiny MoE: the routes are positions x layers x top-k expert ids
+
+
+def _engine_routes(rng: np.random.Generator, context: int, tokens: int) -> np.ndarray:
+    """The routes one vLLM call returns (TokenOutput.routed_experts): every position fed through the
+    model, its context and all but its last sampled token (agent_loop.py:132-137)."""
+    return rng.integers(0, EXPERTS, (context + tokens - 1, LAYERS, TOP_K), dtype=np.int16)
+
+
+def _client_call(
+    rng: np.random.Generator, ctx: list[int], ids: list[int], attempts: list[tuple[int, int]], merge: str
+) -> SimpleNamespace:
+    """One `server_manager.generate` call as the fully-async client runs it (llm_server.py:402-452): each
+    attempt resubmits the prompt with the tokens so far; the routes are merged as `merge` says: `per_attempt`
+    (HEAD, verl#6046's fix: the first attempt's whole, then each resumed attempt's rows of its new tokens),
+    `whole` (before verl#6029's fix: each attempt's whole routes appended) or `replace` (verl#6029's fix that
+    verl#6046 corrected: the last attempt's routes replace the older weights'). The hook's `attempt` line
+    runs after each merge; the call's versions are set as llm_server.py does."""
+    final = SimpleNamespace(token_ids=[], routed_experts=None, extra_fields={}, stop_reason=None)
+    off = 0
+    for k, (n, version) in enumerate(attempts):
+        new = ids[off : off + n]
+        out = SimpleNamespace(
+            token_ids=new,
+            routed_experts=_engine_routes(rng, len(ctx) + off, n),
+            extra_fields={"global_steps": version},
+            stop_reason="aborted" if k < len(attempts) - 1 else "completed",
+        )
+        before = final.routed_experts
+        final.token_ids = final.token_ids + new
+        if before is None or merge == "replace":
+            final.routed_experts = out.routed_experts
+        else:
+            tail = out.routed_experts if merge == "whole" else out.routed_experts[-n:]
+            final.routed_experts = np.concatenate([before, tail])
+        final.stop_reason = out.stop_reason
+        hook.attempt(final, out, before)
+        off += n
+    final.extra_fields.update(
+        global_steps=attempts[-1][1], min_global_steps=attempts[0][1], max_global_steps=attempts[-1][1]
+    )
+    return final
+
+
+def _moe_record(
+    ep: Episode, request_id: str, uid: str, calls: list[list[tuple[int, int]]], sync: bool, merge: str, seed: int
+) -> dict:
+    """A ToolAgentLoop sample with routing replay, through the hooks: per call `attempts` [(tokens,
+    version)] (a call of one attempt was not resumed); the loop keeps the last call's routes
+    (tool_agent_loop.py:274-275) cut at prompt + response_length (:197-198)."""
+    rng = np.random.default_rng(seed)
+    finals = [_client_call(rng, c, o, a, merge) for c, o, a in zip(ep.contexts(), ep.outputs, calls)]
+    if sync:  # no resuming client: the engine's own TokenOutput (no attempt records)
+        for f in finals:
+            for key in (hook.ATTEMPTS, hook.ROUTE_RUNS):
+                f.extra_fields.pop(key)
+    output = SimpleNamespace(
+        prompt_ids=ep.prompt,
+        response_ids=ep.response(),
+        response_mask=ep.mask(),
+        response_logprobs=ep.response_logprobs(),
+        reward_score=float(int(request_id[-1]) % 2),
+        num_turns=2 * len(ep.outputs),
+        extra_fields={"turn_scores": [], "tool_rewards": [], **finals[0].extra_fields},
+        routed_experts=finals[-1].routed_experts[: len(ep.prompt) + RESPONSE_LENGTH],
+    )
+    for key in (hook.ATTEMPTS, hook.ROUTE_RUNS):
+        output.extra_fields.pop(key, None)
+    output.extra_fields["max_global_steps"] = finals[-1].extra_fields["max_global_steps"]
+    engine_calls = [hook.engine_call(c, f) for c, f in zip(ep.contexts(), finals)]
+    return hook.record(output, request_id=request_id, uid=uid, engine_calls=engine_calls)
+
+
+def _moe(sync: bool = False, merge: str = "per_attempt") -> list[dict]:
+    """One group of two tool episodes with routing replay on vLLM. Fully async: `3e0f00` sampled at
+    version 7; `3e0f01`'s second call was aborted after 3 tokens by a weight update and resumed at
+    version 8. Synchronous (`sync`, version 4): both calls of each episode at one version."""
+    out = []
+    for rep in range(2):
+        ep = episode(900 + rep, 2)
+        if sync:
+            calls = [[(len(o), STEP)] for o in ep.outputs]
+        elif rep == 0:
+            calls = [[(len(o), 7)] for o in ep.outputs]
+        else:
+            calls = [[(len(ep.outputs[0]), 7)], [(3, 7), (len(ep.outputs[1]) - 3, 8)]]
+        out.append(_moe_record(ep, f"3e0f{rep:02d}", "3e0f", calls, sync, merge, seed=rep))
+    return out
+
+
+# ---------------------------------------------------------------- DAPO's overlong penalty
+
+MAX_RESP_LEN, OVERLONG_BUFFER, OVERLONG_FACTOR = 64, 16, 1.0  # reward_kwargs.max_resp_len, overlong_buffer_cfg
+
+
+def dapo_penalty(length: int) -> float:
+    """verl's DAPO reward manager (reward_manager/dapo.py:121-126): exceed_len = valid_response_length -
+    (max_resp_len - overlong_buffer.len); min(-exceed_len / len * penalty_factor, 0)."""
+    return min(-(length - (MAX_RESP_LEN - OVERLONG_BUFFER)) / OVERLONG_BUFFER * OVERLONG_FACTOR, 0.0)
+
+
+def _dapo(tools: bool = False) -> list[dict]:
+    """One group of two samples scored by verl's DAPO reward manager with overlong_buffer.log, which puts
+    `overlong_reward` in reward_extra_info and adds it to the score. Without `tools`, SingleTurnAgentLoop
+    samples of 40 and 56 tokens: the valid response length dapo.py reads is the policy's. With `tools`,
+    ToolAgentLoop samples: the length dapo.py reads is the attention mask past the prompt, tool responses
+    included (the class of OpenRLHF#1243/#1252), so `d91a01` (22 sampled tokens in 56) is penalised."""
+    out = []
+    for rep in range(2):
+        ep = episode(950 + rep, 3 if tools and rep == 1 else 1)
+        if not tools:  # pad the answer to 40 / 56 tokens, still ending with <|im_end|>
+            rng = random.Random(rep)
+            pad = (40, 56)[rep] - len(ep.outputs[0])
+            ep.outputs[0] = [rng.randrange(1000, 30000) for _ in range(pad)] + ep.outputs[0]
+            ep.logprobs[0] = [round(-rng.uniform(0.01, 2.0), 4) for _ in range(pad)] + ep.logprobs[0]
+        penalty = round(dapo_penalty(len(ep.response())), 6)
+        rec = record(ep, f"{'d91a' if tools else 'da90'}{rep:02d}", "d91a" if tools else "da90", float(rep) + penalty)
+        rec["extra_fields"]["reward_extra_info"] = {"overlong_reward": penalty, "overlong": penalty < 0}
+        out.append(rec)
+    return out
+
+
 def cases() -> dict[str, list[dict]]:
     """The verl fixture cases."""
     return {
+        "fully_async_routes": _moe(),
+        "compliant_routes_vllm": _moe(sync=True),
+        "routes_resumed_duplicated": _moe(merge="whole"),
+        "routes_resumed_replaced": _moe(merge="replace"),
+        "compliant_dapo": _dapo(),
+        "dapo_overlong_counts_tool_tokens": _dapo(tools=True),
         "trainer_compliant": _trainer(),
         "trainer_rejected_in_group_statistics": _trainer("rejected"),
         "trainer_mask_from_attention": _trainer("attention_mask"),
