@@ -503,7 +503,7 @@ def convert(framework: str, src: str, dst: str, context: dict[str, str], echo: E
     from ..contract.config import Config
     from ..reporting.outputs import atomic_directory, check_new_directory, check_output
     from ..reporting.report import printable
-    from ..session import policy_table, with_policy
+    from ..session import adapter_waives_denominators, policy_table, with_policy
 
     check_output(dst, [src])  # a dump is not a contract log: DST may sit next to it, never inside it
     check_new_directory(dst)
@@ -524,6 +524,12 @@ def convert(framework: str, src: str, dst: str, context: dict[str, str], echo: E
             (tmp / "pyproject.toml").write_text(policy_table(conv))
     said = f"; the trainer's policy in {Path(dst) / 'pyproject.toml'}" if conv.settings else ""
     echo(f"wrote {dst} ({trajectories.num_rows} trajectories{said})")
+    if adapter_waives_denominators(conv):  # the adapter's word does not travel inside the log
+        echo(
+            f"rollout-audit: note: {printable(dst)}: {framework}'s update records carry no loss reduction nor "
+            "denominator; audit it with denominator_not_recorded = true in your own configuration (--config FILE)",
+            err=True,
+        )
 
 
 # ------------------------------------------------------------------ demo
