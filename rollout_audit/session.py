@@ -31,7 +31,7 @@ import polars as pl
 from .adapters.convert import Converted, convert
 from .contract.config import LOG_CONTEXT, Config, find_config, log_config
 from .contract.errors import ConfigError
-from .contract.schema import IDENTITY
+from .contract.schema import IDENTITY, USER_WAIVED, not_recorded
 from .reading import storage
 from .reading.io import Discovery, discover
 from .reading.log import Log
@@ -218,10 +218,24 @@ def with_policy(cfg: Config, conv: Converted) -> Config:
     """`cfg` with the settings of the trainer policy a conversion derived, for every key the
     configuration does not set; each such key is named in the source."""
     update = {k: v for k, v in conv.settings.items() if k not in cfg.model_fields_set}
-    if not update:
-        return cfg
-    said = ", ".join(f"{k} = {json.dumps(v)}" for k, v in update.items())
-    return cfg.model_copy(update=update).with_source(f"{cfg.source}; from the trainer's policy: {said}")
+    if update:
+        said = ", ".join(f"{k} = {json.dumps(v)}" for k, v in update.items())
+        cfg = cfg.model_copy(update=update).with_source(f"{cfg.source}; from the trainer's policy: {said}")
+    if adapter_waives_denominators(conv) and "denominator_not_recorded" not in cfg.model_fields_set:
+        cfg = cfg.model_copy(update={"denominator_not_recorded": True}).with_source(
+            f"{cfg.source}; from the adapter: denominator_not_recorded = true"
+        )
+    return cfg
+
+
+def adapter_waives_denominators(conv: Converted) -> bool:
+    """The adapter declared that its framework records neither the loss reduction nor its
+    denominator (rLLM; verl's step-level hook): its own word, on the tables it built in memory,
+    which the audit of the conversion takes as the user's (a log's file metadata alone never is)."""
+    if conv.updates is None:
+        return False
+    said = not_recorded(conv.updates.schema.metadata, user_waived=True)
+    return USER_WAIVED <= {k.removeprefix("updates.") for k in said}
 
 
 def policy_table(conv: Converted) -> str:
@@ -231,6 +245,11 @@ def policy_table(conv: Converted) -> str:
     lines = [f"# {conv.policy}" if conv.policy else "# the trainer's policy, as its adapter derived it"]
     lines.append("[tool.rollout-audit]")
     lines += [f"{k} = {json.dumps(v)}" for k, v in keys.items()]
+    if adapter_waives_denominators(conv):  # a log cannot waive its own denominators: the user says it
+        lines.append(
+            "# the trainer records no loss reduction nor denominator: audit this log with "
+            "denominator_not_recorded = true in your own configuration (--config FILE)"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -20,6 +20,7 @@ from adapterhelp import (
     records,
     report,
     same_after_convert,
+    users_word,
     without,
 )
 
@@ -115,7 +116,7 @@ def test_convert_writes_the_policy_the_log_was_trained_under(tmp_path: Path) -> 
     res = cli("convert", "--from", "rllm", fixture("rllm", "compact_filtering"), tmp_path / "log", *opts(CONTEXT))
     assert res.exit_code == 0, res.output
     assert 'truncation = "penalize"' in (tmp_path / "log" / "pyproject.toml").read_text()
-    after = cli("check", tmp_path / "log", "--format", "json")
+    after = cli("check", tmp_path / "log", "--format", "json", *users_word(res, tmp_path))
     direct = report([fixture("rllm", "compact_filtering")], "rllm", CONTEXT)
     assert finding_keys(json.loads(after.stdout)) == finding_keys(direct) == [("T303", "12/task-7:3/solver", None)]
 

@@ -309,3 +309,39 @@ def test_t307_not_run_when_nothing_bounds_the_reward(records):
             t["stop_reason"] = "task_budget"
     rep = audit(trajs, ups, truncation="penalize")
     assert "needs truncation_penalty" in rep.not_run["T307"]
+
+
+# ---------------------------------------------------------------- T308
+
+
+def test_t308_truncated_episode_paid_an_outcome_under_bootstrap(records):
+    trajs, ups = records
+    tid = paid_truncation(trajs)
+    (t,) = [t for t in trajs if t["trajectory_id"] == tid]
+    assert t["final_value"] is not None and sum(x["reward"] for x in t["turns"]) < 1.0  # bootstraps, earned less
+    f = rows(audit(trajs, ups, truncation="bootstrap"), "T308")
+    assert f["trajectory_id"].to_list() == [tid]
+    assert "has reward 1, more than its turns were paid" in f["message"][0], f["message"][0]
+    for policy in ("exclude", "penalize"):  # T304 and T307 bound the reward there
+        assert "T308" not in audit(trajs, ups, truncation=policy).codes()
+
+
+def test_t308_silent_when_a_truncated_episode_is_paid_what_its_turns_earned(records):
+    trajs, ups = records
+    for t in trajs:
+        if t["truncated"]:
+            t["turns"][0]["reward"] = 0.25  # a milestone reached before the cut is the episode's to keep
+            t["reward"] = sum(x["reward"] for x in t["turns"]) - 0.125  # less than earned: a penalty, allowed
+    rep = audit(trajs, ups, truncation="bootstrap", select=["T308"])
+    assert "T308" not in rep.codes() and "T308" not in rep.not_run
+    assert any(t["truncated"] and t["reward"] > 0 for t in trajs)  # compared, not skipped
+
+
+def test_t308_not_run_under_bootstrap_without_turn_rewards(records):
+    trajs, ups = records
+    paid_truncation(trajs)
+    for t in trajs:
+        for x in t["turns"]:
+            del x["reward"]
+    assert "turns.reward" in audit(trajs, ups, truncation="bootstrap", select=["T308"]).not_run["T308"]
+    assert "T308" not in audit(trajs, ups, select=["T308"]).not_run  # nothing to bound under exclude

@@ -151,6 +151,55 @@ def test_an_adapter_dump_still_audits_with_what_its_trainer_lacks(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+# as rLLM's adapter declares them: by column name, and as the checks name their inputs
+NO_DENOMINATORS = {k: "not recorded here" for c in ("reduction", "loss_denominator") for k in (c, f"updates.{c}")}
+
+
+def _user_says_no_denominators(tmp_path: Path) -> Path:
+    mine = tmp_path / "mine.toml"
+    mine.write_text("[tool.rollout-audit]\ndenominator_not_recorded = true\n")
+    return mine
+
+
+def test_a_log_cannot_waive_its_own_loss_denominators(tmp_path):
+    """Update records that drop reduction and loss_denominator and declare both not recorded (what
+    rLLM's converted updates say) are S005, as if undeclared, until the user says the trainer records
+    neither: a log's own declaration or configuration would switch U601/U602 off on its own word."""
+    log = tmp_path / "log"
+    shutil.copytree(ROOT / "fixtures" / "compliant", log)
+    for col in ("reduction", "loss_denominator"):
+        _drop(log, "updates", col, NO_DENOMINATORS)
+    r = cli("check", str(log), "--format", "concise")
+    assert r.returncode == 1 and "S005" in r.stdout and "denominator_not_recorded = true" in r.stdout, r.stdout
+    own = (log / "pyproject.toml").read_text()
+    (log / "pyproject.toml").write_text(own + "denominator_not_recorded = true\n")
+    r = cli("check", str(log))
+    assert r.returncode == 2 and "denominator_not_recorded: refused" in r.stderr, r.stderr
+    (log / "pyproject.toml").write_text(own)
+    r = cli("check", str(log), "--config", str(_user_says_no_denominators(tmp_path)), "--format", "json")
+    rep = json.loads(r.stdout)
+    assert r.returncode == 0 and rep["findings"] == [], r.stdout[-600:]
+    reasons = {n["code"]: n["reason"] for n in rep["not_run"]}
+    assert reasons["U601"] == reasons["U602"] == "not recorded here"
+
+
+@pytest.mark.parametrize("name", ["rllm", "verl"])
+def test_the_adapter_of_a_conversion_vouches_for_what_its_trainer_does_not_record(tmp_path, name):
+    """`check --from` audits a trainer that records no loss denominators clean (its adapter knows);
+    the log `convert` writes does not carry that word: the user states it to audit the log alone."""
+    src, ctx = str(DUMPS / name / "trainer_compliant.jsonl"), [*CONTEXT, "--context=reset_seed=0"]
+    direct = cli("check", "--from", name, src, *ctx, "--format", "json")
+    rep = json.loads(direct.stdout)
+    assert direct.returncode == 0 and rep["findings"] == [], direct.stdout[-600:]
+    assert {"U601", "U602"} <= {n["code"] for n in rep["not_run"]}
+    out = tmp_path / "conv"
+    conv = cli("convert", "--from", name, src, str(out), *ctx)
+    assert conv.returncode == 0 and "denominator_not_recorded = true" in conv.stderr, conv.stderr
+    assert cli("check", str(out)).returncode == 1
+    after = cli("check", str(out), "--config", str(_user_says_no_denominators(tmp_path)), "--format", "json")
+    assert after.returncode == 0 and json.loads(after.stdout)["not_run"] == rep["not_run"], after.stdout[-600:]
+
+
 # ---------------------------------------------------------------- 3. keys a log may carry, bounded
 
 # Each key a log's own configuration may carry, at extreme values, on the broken fixture whose fault it
@@ -162,16 +211,7 @@ EXTREMES = [
     ("truncation_paid_as_success", "truncation_penalty", "1e308", 'truncation = "penalize"'),
     ("truncation_paid_as_success", "truncation_penalty", "-1e9", 'truncation = "penalize"'),
     ("truncation_paid_as_success", "truncation", '"exclude"', ""),
-    pytest.param(
-        "truncation_paid_as_success",
-        "truncation",
-        '"bootstrap"',
-        "",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="a real policy; no check bounds a truncated episode's reward under bootstrap (T307 is penalize's)",
-        ),
-    ),
+    ("truncation_paid_as_success", "truncation", '"bootstrap"', ""),  # T308: an outcome paid at the cut
     ("first_visit_paid_twice", "first_visit_components", "[]", ""),
     ("first_visit_paid_twice", "first_visit_components", '["not_a_component"]', ""),
     ("budget_cut_logged_as_terminated", "max_response_tokens", "1048577", ""),

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from adapterhelp import CONTEXT, FIXTURES, cli, context_args
+from adapterhelp import CONTEXT, FIXTURES, cli, context_args, users_word
 from click.testing import CliRunner
 
 import rollout_audit as ra
@@ -97,7 +97,7 @@ def test_convert_then_check_is_check_from_on_every_dump(tmp_path):
             assert cli("check", "--from", name, src, *context_args()).exit_code == 2, conv.output
             continue
         direct = cli("check", "--from", name, src, *context_args(), "--format", "json")
-        after = cli("check", out, "--format", "json")
+        after = cli("check", out, "--format", "json", *users_word(conv, tmp_path))  # what the log cannot vouch for
         assert direct.exit_code == after.exit_code, (name, case, direct.output, after.output)
         strip = [(c, s, t, u, p) for c, s, t, u, p, _ in _json(direct.stdout)[0]]
         assert strip == [(c, s, t, u, p) for c, s, t, u, p, _ in _json(after.stdout)[0]], (name, case)

@@ -38,6 +38,11 @@ def ragged_index(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, n
     return starts[owner] + np.arange(owner.size, dtype=np.int64) - offs[owner], owner
 
 
+def stop_reason(b: Any) -> pl.Expr:
+    """The batch's stop_reason, or a null one when the log has none (for a message that names it)."""
+    return pl.col("stop_reason") if "stop_reason" in b.traj.columns else pl.lit(None, pl.String).alias("stop_reason")
+
+
 def num(e: pl.Expr) -> pl.Expr:
     """A float rendered for a message: integers without '.0', others to 6 significant places."""
     as_int = e.cast(pl.Int64, strict=False)

@@ -18,7 +18,7 @@ from ..contract import schema as S
 from ..contract.registry import NotRun, rule
 from ..frames.batch import as_bools, segment_sum, validity
 from ..frames.views import BatchView, frame_of
-from .common import TokenList, beyond, may_differ, num, of_rows, token_list, tolerance
+from .common import TokenList, beyond, may_differ, num, of_rows, stop_reason, token_list, tolerance
 
 _G = pl.col("_gamma")
 _GT = pl.col("_g_t")  # γ^t
@@ -947,7 +947,7 @@ def terminal_value(b: BatchView, cfg) -> pl.DataFrame | None:
     maybe &= may_differ(vals, np.zeros(b.n), cfg)
     if not maybe.any():
         return None
-    reason = pl.col("stop_reason") if "stop_reason" in b.traj.columns else pl.lit(None, pl.String).alias("stop_reason")
+    reason = stop_reason(b)
     t = b.traj.filter(pl.Series(maybe)).select("trajectory_id", "final_value", reason)
     bad = t.filter(_off(pl.col("final_value").cast(pl.Float64), pl.lit(0.0), cfg))
     return bad.rechunk().select(

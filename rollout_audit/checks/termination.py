@@ -11,7 +11,7 @@ from ..contract import schema as S
 from ..contract.registry import NotRun, rule
 from ..frames.batch import as_bools, validity
 from ..frames.views import BatchView
-from .common import num
+from .common import num, stop_reason, tolerance
 
 LAUNDERED = ("length", "abort")  # engine finish reasons that mean "cut off", not "done"
 
@@ -272,7 +272,7 @@ def laundered_truncation(b: BatchView, cfg) -> pl.DataFrame | None:
     last = tr.filter(pl.Series(is_last) & pl.col("finish_reason").is_in(list(LAUNDERED)))
     if last.is_empty():
         return None
-    reason = pl.col("stop_reason") if "stop_reason" in b.traj.columns else pl.lit(None, pl.String).alias("stop_reason")
+    reason = stop_reason(b)
     term = b.traj.filter(pl.col("terminated").fill_null(False)).select("_row", reason)
     bad = last.join(term, on="_row", how="inner")
     return bad.rechunk().select(
@@ -315,7 +315,7 @@ def budget_filled_not_truncated(b: BatchView, cfg) -> pl.DataFrame | None:
         )
     t = b.tokens
     n = np.bincount(t.row[t.turn >= 0], minlength=b.n)
-    reason = pl.col("stop_reason") if "stop_reason" in b.traj.columns else pl.lit(None, pl.String).alias("stop_reason")
+    reason = stop_reason(b)
     full = b.traj.select("trajectory_id", "_row", "terminated", reason).with_columns(
         pl.Series("n_resp", n[b.traj["_row"].to_numpy()])
     )
@@ -408,5 +408,62 @@ def truncation_penalty(log, cfg) -> pl.DataFrame | None:
             num(r),
             num(pl.col("_bound")),
             "_what",
+        ).alias("message"),
+    )
+
+
+@rule(
+    "T308",
+    "truncated episode paid more than its turns under bootstrap",
+    requires=("truncated", "reward"),
+    optional=("turns.reward", "stop_reason"),
+    config=("truncation", "atol", "rtol"),
+)
+def bootstrap_paid_outcome(b: BatchView, cfg) -> pl.DataFrame | None:
+    """Under truncation = "bootstrap", a collector-truncated episode's reward exceeds the sum of
+    the rewards its turns were paid (turns.reward).
+
+    Lesson “Success, termination, truncation, and infrastructure failure”: under `bootstrap` the
+    return of an episode the collector cut is completed by the critic's value of the state it was
+    cut at, final_value V(h_T) (T304 requires it): G = Σ r_t + γ^k·V(h_T). The episode earned what
+    its transitions were paid and reached no outcome, so none is paid: the critic's value already
+    stands for everything after the cut. A reward above the turns' sum is an outcome paid at the
+    cut (an environment that scores the partial transcript like a finished one: SkyRL at
+    max_generate_length), counted twice with V(h_T), and it teaches that running into the limit
+    is as good as solving the task. Compared within atol + rtol·|sum|; episodes with a null
+    reward, or with a turn whose reward is null, are not compared; not run under `bootstrap`
+    without turns.reward. Under the other policies T304 and T307 bound the reward. Fix the
+    trainer to pay a truncated episode only its transitions' rewards (SkyRL:
+    zero_reward_on_non_stop), or state the policy you actually use.
+    """
+    if cfg.truncation != "bootstrap":
+        return None
+    tr = b.turns
+    if "reward" not in tr.columns:
+        raise NotRun(
+            "turns.reward absent: under truncation = bootstrap a truncated episode's reward is bounded by its turns'"
+        )
+    # in numpy, the rewarded truncated rows (usually few): only their turns are summed
+    maybe = as_bools(b.col("truncated")) & validity(b.col("reward"))
+    if not maybe.any():
+        return None
+    rows = pl.Series("_row", np.flatnonzero(maybe), dtype=tr.schema["_row"])
+    paid = (
+        tr.filter(pl.col("_row").is_in(rows.implode()))
+        .group_by("_row")
+        .agg(pl.col("reward").cast(pl.Float64).sum().alias("_paid"), pl.col("reward").null_count().alias("_nulls"))
+        .filter(pl.col("_nulls") == 0)
+    )
+    reason = stop_reason(b)
+    t = b.traj.select("trajectory_id", "_row", pl.col("reward").cast(pl.Float64), reason).join(paid, on="_row")
+    bad = t.filter(~(pl.col("reward") <= pl.col("_paid") + tolerance(pl.col("_paid"), cfg)))
+    return bad.rechunk().select(
+        "trajectory_id",
+        pl.format(
+            "truncated episode (stop_reason {}) has reward {}, more than its turns were paid ({}) under truncation "
+            "= bootstrap: the critic's final_value stands for what follows the cut, so no outcome is paid at it",
+            pl.col("stop_reason").fill_null("null"),
+            num(pl.col("reward")),
+            num(pl.col("_paid")),
         ).alias("message"),
     )

@@ -177,6 +177,12 @@ class Config(BaseModel):
     compare_logprobs: str | None = Field(
         None, description="A second per-token log-prob column (the trainer's recomputation) to compare with."
     )
+    denominator_not_recorded: bool = Field(
+        False,
+        description="The trainer records neither its loss reduction nor its denominator (rLLM; `check --from rllm` "
+        "sets it): a log whose update files declare both not recorded (rollout_log.not_recorded) is audited without "
+        "them. Never from a configuration inside the log: a log cannot waive its own denominators.",
+    )
     max_turn_log_ratio: float = Field(
         0.6931, gt=0, description="|log pi_other / pi_behaviour| of a turn above which it is extreme."
     )

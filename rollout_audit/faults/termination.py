@@ -84,3 +84,33 @@ def truncation_paid_as_success(ctx: Ctx) -> list[str]:
     t["reward"] = float(success)  # type: ignore[arg-type]
     recredit(t)
     return [t["trajectory_id"]]
+
+
+@fault("outcome_paid_at_bootstrap_cut", {"T308"}, config={"truncation": "bootstrap"})
+def outcome_paid_at_bootstrap_cut(ctx: Ctx) -> list[str]:
+    """Under truncation = bootstrap, an episode cut at the turn limit is paid the success reward on
+    top of the critic's value of the state it was cut at: its turns earned nothing, the
+    environment scored the partial transcript as a finished one."""
+    success = max(
+        (
+            o["reward"]
+            for o in ctx.trajs
+            if o["terminated"] and o["stop_reason"] == "success" and o["reward"] is not None
+        ),
+        default=None,
+    )
+
+    def earned_less(t: dict) -> bool:
+        paid = [x.get("reward") for x in t["turns"]]
+        return (
+            t["truncated"]
+            and t.get("final_value") is not None  # bootstraps (T304 holds)
+            and success is not None
+            and None not in paid
+            and sum(paid) < success
+        )
+
+    t = ctx.pick(earned_less, "truncated episode with a final_value whose turns earned less than a success")
+    t["reward"] = float(success)  # type: ignore[arg-type]
+    recredit(t)
+    return [t["trajectory_id"]]

@@ -47,13 +47,16 @@ def _target(name: str, found: pa.DataType, table: str) -> tuple[pa.DataType | No
     return exp, None
 
 
-def schema_plan(f: LogFile, table: str = "trajectories") -> tuple[dict[str, pa.DataType], list[Problem]]:
-    """Columns to read with their target types, and the schema problems (S001) of the file."""
+def schema_plan(
+    f: LogFile, table: str = "trajectories", user_waived: bool = False
+) -> tuple[dict[str, pa.DataType], list[Problem]]:
+    """Columns to read with their target types, and the schema problems (S001) of the file.
+    `user_waived`: the user says the trainer records no loss denominators (S.USER_WAIVED)."""
     targets: dict[str, pa.DataType] = {}
     problems: list[Problem] = []
     names = set(f.schema.names)
     problems += [(c, "column name occurs more than once; not audited") for c in duplicate_columns(f.schema)]
-    declared = S.not_recorded(f.schema.metadata)  # the producer's framework does not record these
+    declared = S.not_recorded(f.schema.metadata, user_waived)  # the producer's framework does not record these
     for c in S.columns(table):
         if c.requirement == "R" and c.name not in names and c.name not in declared:
             problems.append((c.name, "required column missing" + _unwaived(c.name, f.schema.metadata)))
@@ -84,6 +87,11 @@ def _unwaived(name: str, meta: dict[bytes, bytes] | None) -> str:
     """Why a required column the file declares not recorded is still missing (S001)."""
     if name not in S.meta_object(meta, S.META_NOT_RECORDED):
         return ""
+    if S.waivable(name, S.not_recorded(meta), user_waived=True):  # USER_WAIVED, declared as the contract allows
+        return (
+            " (rollout_log.not_recorded waives it only when the user says the trainer records no loss denominators: "
+            "denominator_not_recorded = true in your own configuration; check --from sets it for rLLM and verl)"
+        )
     return " (rollout_log.not_recorded cannot waive it: the contract requires it of every producer)"
 
 
@@ -298,23 +306,28 @@ def _long_rows(f: LogFile, rg: int, limit: int) -> list[Problem]:
     return over_tokens(lengths, id_col, limit, size.first_row, also)[1]
 
 
-def read_updates(files: Sequence[LogFile], broken: list[Problem], max_row_group_bytes: int) -> pl.DataFrame | None:
+def read_updates(
+    files: Sequence[LogFile], broken: list[Problem], max_row_group_bytes: int, user_waived: bool = False
+) -> pl.DataFrame | None:
     """Every update record, cast to the contract, with its `file`. A file with schema
     problems, or a row group too large to decode, is left out; a column whose values do not
     fit is dropped; all go to `broken`."""
-    frames = [df for f in files if (df := read_update_file(f, broken, max_row_group_bytes)) is not None]
+    frames = [df for f in files if (df := read_update_file(f, broken, max_row_group_bytes, user_waived)) is not None]
     if not frames:
         return None
     return pl.concat(frames, how="diagonal_relaxed")
 
 
-def read_update_file(f: LogFile, broken: list[Problem], max_row_group_bytes: int) -> pl.DataFrame | None:
-    """The update records of one file, as `read_updates` has them (None: the file is left out)."""
+def read_update_file(
+    f: LogFile, broken: list[Problem], max_row_group_bytes: int, user_waived: bool = False
+) -> pl.DataFrame | None:
+    """The update records of one file, as `read_updates` has them (None: the file is left out).
+    `user_waived`: as in `schema_plan`."""
     too_large = [why for rg, g in enumerate(f.groups) if (why := row_group_too_large(g, rg, max_row_group_bytes))]
     if too_large:
         broken.append((f.path, "update records: " + "; ".join(too_large)))
         return None
-    targets, problems = schema_plan(f, "updates")
+    targets, problems = schema_plan(f, "updates", user_waived)
     if problems:
         broken.append((f.path, "update records: " + "; ".join(f"{c}: {p}" for c, p in problems)))
         return None

@@ -37,7 +37,11 @@ def run_audit(disc: Discovery, cfg: Config | None = None, options: Options | Non
     broken = list(disc.broken)
     # an executor that reads the update records in its own tasks (`reads_updates`) gets None
     reads = getattr(run, "reads_updates", False)
-    updates = None if reads else read_updates(disc.of_kind("updates"), broken, cfg.max_row_group_bytes)
+    updates = (
+        None
+        if reads
+        else read_updates(disc.of_kind("updates"), broken, cfg.max_row_group_bytes, cfg.denominator_not_recorded)
+    )
     work = Work(
         disc,
         runner,

@@ -200,7 +200,7 @@ class Runner:
         """Take a file's declarations: what its producer does not record (with the reasons), and
         the configuration the selected rules derive from its metadata (`Rule.declare`)."""
         with self._lock:
-            self.declared.update(S.not_recorded(meta))
+            self.declared.update(S.not_recorded(meta, self.cfg.denominator_not_recorded))
             for r in self.rules.values():
                 if r.declare is not None:
                     update = r.declare(self.cfg, meta, self._configured)
