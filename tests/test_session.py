@@ -25,7 +25,9 @@ LOGS = ["compliant", *BROKEN]  # the agent's compliant log and every broken one
 
 
 def _key(f: dict) -> tuple:
-    return (f["code"], f["severity"], f["trajectory_id"], f["turn"], f["position"], f["message"])
+    # a finding without a turn or position (null) sorts before those with one
+    fields = (f["code"], f["severity"], f["trajectory_id"], f["turn"], f["position"], f["message"])
+    return tuple((v is not None, v) for v in fields)
 
 
 def _lib(rep: ra.Report) -> tuple[int, list[tuple], list[str]]:
