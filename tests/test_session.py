@@ -25,18 +25,21 @@ LOGS = ["compliant", *BROKEN]  # the agent's compliant log and every broken one
 
 
 def _key(f: dict) -> tuple:
+    return (f["code"], f["severity"], f["trajectory_id"], f["turn"], f["position"], f["message"])
+
+
+def _order(key: tuple) -> tuple:
     # a finding without a turn or position (null) sorts before those with one
-    fields = (f["code"], f["severity"], f["trajectory_id"], f["turn"], f["position"], f["message"])
-    return tuple((v is not None, v) for v in fields)
+    return tuple((v is not None, v) for v in key)
 
 
 def _lib(rep: ra.Report) -> tuple[int, list[tuple], list[str]]:
-    return rep.exit_code(), sorted(_key(f) for f in rep.findings.to_dicts()), sorted(rep.not_run)
+    return rep.exit_code(), sorted((_key(f) for f in rep.findings.to_dicts()), key=_order), sorted(rep.not_run)
 
 
 def _json(stdout: str) -> tuple[list[tuple], list[str]]:
     doc = json.loads(stdout)
-    return sorted(_key(f) for f in doc["findings"]), sorted(n["code"] for n in doc["not_run"])
+    return sorted((_key(f) for f in doc["findings"]), key=_order), sorted(n["code"] for n in doc["not_run"])
 
 
 def _watch_step(tmp: Path, step: Path, *frm: str) -> dict:
