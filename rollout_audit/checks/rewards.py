@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from ..contract import schema as S
 from ..contract.registry import NotRun, rule
+from ..frames import native
 from ..frames.batch import as_bools, segment_sum, validity
 from ..frames.views import BatchView, frame_of
 from .common import TokenList, beyond, may_differ, num, of_rows, stop_reason, token_list, tolerance
@@ -677,16 +678,6 @@ def _source_name() -> pl.Expr:
     return pl.col("_src").replace_strict(list(names), list(names.values()), default="invalid source")
 
 
-def _to_go(v: np.ndarray, row: np.ndarray) -> np.ndarray:
-    """Per element: the sum of v over it and every later element of the same row (`row` sorted):
-    the running sum at its row's last element, less the running sum before it."""
-    if not v.size:
-        return v
-    c = np.cumsum(v)
-    last = np.flatnonzero(np.r_[row[1:] != row[:-1], True])  # each row's last element
-    return np.repeat(c[last], np.diff(last, prepend=-1)) - c + v
-
-
 def _at(lst: TokenList, at: np.ndarray) -> np.ndarray:
     """The list's values at the token indices `at` in float64, a null read as 0."""
     v = lst.values[at].astype(np.float64)
@@ -837,7 +828,7 @@ def token_returns(b: BatchView, cfg) -> pl.DataFrame | None:
         pol = pol[rows[t.row[pol]]]
     g = ret.values
     within = lambda e, at: ~beyond(g[at], e, cfg)
-    expected = _to_go(term(pol), t.row[pol])
+    expected = native.to_go(term(pol), t.row[pol])
     bad = ~within(expected, pol)
     if not ret.complete:
         bad &= ret.present[pol]
@@ -847,7 +838,7 @@ def token_returns(b: BatchView, cfg) -> pl.DataFrame | None:
         # rows with a differing token only
         every = np.flatnonzero(rows[t.row] & np.isin(t.row, t.row[pol[bad]]))
         e, summed, wrong = np.full(t.row.size, np.nan), np.zeros(t.row.size, bool), np.zeros(t.row.size, bool)
-        e[pol], summed[every], wrong[pol[bad]] = expected, within(_to_go(term(every), t.row[every]), every), True
+        e[pol], summed[every], wrong[pol[bad]] = expected, within(native.to_go(term(every), t.row[every]), every), True
         off = _first(b, wrong, _g=g, _e=e, _all=summed).select(
             "trajectory_id",
             "turn",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from types import ModuleType
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -85,3 +86,115 @@ def token_counts_numpy(n_tok: np.ndarray, source: np.ndarray, mask: np.ndarray, 
     code = np.repeat(np.arange(0, n * per, per, dtype=np.intp), n_tok)
     code += small
     return np.bincount(code, minlength=n * per).reshape(n, N_SOURCE, 2, N_LP)
+
+
+class TurnPass(NamedTuple):
+    """What one pass over a batch's tokens gives per turn (`Tokens.turn_key`, `policy_by_turn`,
+    `turn_values`): each token's turn key, the policy tokens of each turn grouped in token order
+    (`grouped`, with `n_policy` and `start` per turn) and the per-turn counts, log-prob sums and first
+    policy position."""
+
+    key: np.ndarray  # per token: the index of its turn among the batch's turns, -1 if none
+    grouped: np.ndarray  # the policy tokens that belong to a turn, grouped by turn key in token order
+    n_policy: np.ndarray  # per turn: its policy tokens
+    start: np.ndarray  # per turn: where its run begins in `index`
+    n_trainable: np.ndarray  # per turn: its tokens in the loss (any source)
+    n_lp_valid: np.ndarray  # per turn: its policy tokens with a valid log-prob
+    lp_sum: np.ndarray  # per turn: the sum of those log-probs in float64, as np.add.reduceat sums the run
+    first: np.ndarray  # per turn: the position in its row of its first policy token, -1 if none
+
+
+def turn_pass(
+    n_tok: np.ndarray,
+    turn_start: np.ndarray,
+    turn_count: np.ndarray,
+    turn: np.ndarray,
+    source: np.ndarray,
+    mask: np.ndarray,
+    lp: np.ndarray,
+    present: np.ndarray,
+) -> TurnPass:
+    """The per-turn values of a batch's tokens (rows of `n_tok` consecutive tokens; row r owns the
+    turns turn_start[r] .. turn_start[r] + turn_count[r] - 1): two native calls, or numpy."""
+    n_turns = int(turn_count.sum())
+    key_t = np.int32 if n_turns < 2**31 else np.int64
+    if ACTIVE is None:
+        return turn_pass_numpy(n_tok, turn_start, turn_count, turn, source, mask, lp, present, key_t=key_t)
+    rows = [np.ascontiguousarray(a, np.int64) for a in (n_tok, turn_start, turn_count)]
+    turn, source, lp = (np.ascontiguousarray(a) for a in (turn, source, lp))
+    mask, present = (np.ascontiguousarray(a).view(np.uint8) for a in (mask, present))
+    key = np.empty(turn.size, key_t)
+    count, n_trainable = np.empty(n_turns, np.int64), np.empty(n_turns, np.int64)
+    ACTIVE.turn_keys(*rows, turn, source, mask, key, count, n_trainable)
+    index = np.empty(int(count.sum()), np.int64)
+    start, n_valid, lp_sum, first = (np.empty(n_turns, t) for t in (np.int64, np.int64, np.float64, np.int64))
+    ACTIVE.turn_sums(*rows, key, source, lp, present, count, index, start, n_valid, lp_sum, first)
+    return TurnPass(key, index, count, start, n_trainable, n_valid, lp_sum, first)
+
+
+def turn_pass_numpy(*arrays: np.ndarray, key_t: Any) -> TurnPass:
+    """`turn_pass` in numpy (the same arrays): repeat, compare, stable grouping, bincount and
+    reduceat passes."""
+    n_tok, turn_start, turn_count, turn, source, mask, lp, present = arrays
+    n_turns = int(turn_count.sum())
+    key = np.repeat(turn_start.astype(key_t, copy=False), n_tok)
+    key += turn
+    # one unsigned comparison finds both turn < 0 and turn >= the row's turn count
+    bad = turn.view(np.uint32) >= np.repeat(turn_count.astype(np.uint32), n_tok)
+    if bad.any():
+        key[bad] = -1
+    index = np.flatnonzero((source == 2) & (key >= 0))
+    kp = key[index]
+    if kp.size > 1 and (np.diff(kp) < 0).any():  # token_turn not in turn order: group stably
+        order = np.argsort(kp, kind="stable")
+        index, kp = index[order], kp[order]
+    # kp is sorted: each turn's run is found by binary search (no pass over the tokens)
+    bounds = np.searchsorted(kp, np.arange(n_turns + 1, dtype=kp.dtype))
+    count, start = np.diff(bounds), bounds[:-1]
+    has = count > 0
+    first = np.full(n_turns, -1, np.int64)
+    head = index[start[has]]
+    row_start = np.zeros(n_tok.size + 1, np.int64)
+    np.cumsum(n_tok, out=row_start[1:])
+    first[has] = head - row_start[np.searchsorted(row_start, head, side="right") - 1]
+    valid = lp_states(lp[index], present[index]) == 1
+    lpv = np.where(valid, lp[index], 0.0)  # summed in float64: turn sums are compared in float64
+    km = key[mask]
+    km = km[km >= 0]
+    return TurnPass(
+        key,
+        index,
+        count,
+        start,
+        np.bincount(km, minlength=n_turns),
+        segment_sum(valid.view(np.uint8), start, has, np.int64),
+        segment_sum(lpv, start, has, np.float64),
+        first,
+    )
+
+
+def segment_sum(x: np.ndarray, start: np.ndarray, has: np.ndarray, dtype: Any) -> np.ndarray:
+    """Sums of consecutive segments of `x` beginning at `start` (0 where a segment is empty)."""
+    out = np.zeros(start.size, dtype)
+    if has.any():
+        out[has] = np.add.reduceat(x, start[has], dtype=dtype)
+    return out
+
+
+def to_go(v: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """Per element: the sum of v (float64) over it and every later element of the same row (`row`
+    sorted): the running sum at its row's last element, less the running sum before it, plus it."""
+    if ACTIVE is not None and v.size:
+        out = np.empty(v.size, np.float64)
+        ACTIVE.to_go(np.ascontiguousarray(v, np.float64), np.ascontiguousarray(row), out)
+        return out
+    return to_go_numpy(v, row)
+
+
+def to_go_numpy(v: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """`to_go` in numpy: a cumulative sum, each row's last running sum repeated."""
+    if not v.size:
+        return v
+    c = np.cumsum(v)
+    last = np.flatnonzero(np.r_[row[1:] != row[:-1], True])  # each row's last element
+    return np.repeat(c[last], np.diff(last, prepend=-1)) - c + v
