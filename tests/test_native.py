@@ -231,6 +231,46 @@ def test_native_to_go_equals_numpy(compiled, lens, seed, wide):
     assert np.array_equal(np.isnan(out), nan) and out[~nan].tobytes() == want[~nan].tobytes()
 
 
+@settings(max_examples=150, deadline=None)
+@given(turn_rows, st.integers(0, 2**32 - 1), st.booleans())
+def test_native_routes_equal_numpy(compiled, rows, seed, complete):
+    """P505's per-token conditions: lost routes, policy tokens replayed with another version than
+    their turn's, other tokens outside their row's versions; with NaN values and versions, rows
+    whose list does not fit, and tokens outside every turn."""
+    rng = np.random.default_rng(seed)
+    n_tok = np.array([len(t) for _, t in rows], np.int64)
+    turn_count = np.array([k for k, _ in rows], np.int64)
+    turn_start = np.zeros(n_tok.size, np.int64)
+    np.cumsum(turn_count[:-1], out=turn_start[1:])
+    turn = np.array([x for _, t in rows for x in t], np.int32)
+    source = rng.integers(0, 6, turn.size).astype(np.uint8)
+    key = native.turn_pass_numpy(
+        n_tok,
+        turn_start,
+        turn_count,
+        turn,
+        source,
+        *(np.zeros(turn.size, t) for t in (bool, np.float32, bool)),
+        key_t=np.int32,
+    ).key
+    pv = rng.integers(0, 4, int(turn_count.sum())).astype(np.float64)
+    pv[rng.random(pv.size) < 0.1] = np.nan
+    lo, hi = rng.integers(0, 3, n_tok.size).astype(np.float64), rng.integers(1, 5, n_tok.size).astype(np.float64)
+    v = rng.integers(0, 5, turn.size).astype(np.float64)
+    v[rng.random(v.size) < 0.1] = np.nan
+    present = None if complete else rng.random(turn.size) < 0.8
+    fits = rng.random(n_tok.size) < 0.8
+    args = (n_tok, key, source, v, present, fits, pv, lo, hi)
+    want = native.routes_numpy(*args)
+    active, native.ACTIVE = native.ACTIVE, compiled
+    try:
+        got = native.routes(*args)
+    finally:
+        native.ACTIVE = active
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w)
+
+
 @pytest.fixture(scope="module")
 def base():
     return make_log(n_tasks=4, group_size=4, n_versions=2, seed=0)

@@ -667,6 +667,94 @@ done:
     return finish(&bs, ok);
 }
 
+/* routes(n_tok, key, source, v, present, fits, pv, lo, hi, lost, wrong, other): P505's three
+ * per-token conditions over a batch's routes `v` (float64, NaN where none): `lost`, a token of a
+ * row whose list fits without a value, before its row's last policy token (no log-prob reads the
+ * routes from there on; only when `present` is given: empty means every token has one); `wrong`, a
+ * policy token (source 2) of a turn (key >= 0), not its row's first, whose log-prob is read
+ * through the routes at the position before it, when those differ from its turn's version
+ * pv[key] (NaN differs; a turn without a version, or no value at that position, is not
+ * compared); `other`, a token the policy did not sample whose value lies outside its row's
+ * [lo, hi] (NaN is not outside). */
+static PyObject *routes(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[12];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
+                          &o[9], &o[10], &o[11]))
+        return NULL;
+    buffers bs = {.got = 0};
+    int ok = 0;
+    Py_buffer *ntok = arg(&bs, o[0], 8, -1, 0, "n_tok"), *key = ntok ? arg(&bs, o[1], 0, -1, 0, "key") : NULL;
+    if (!key)
+        goto done;
+    Py_ssize_t rows = ntok->len / 8, total = key->len / key->itemsize;
+    Py_buffer *src = arg(&bs, o[2], 1, total, 0, "source"), *v = src ? arg(&bs, o[3], 8, total, 0, "v") : NULL;
+    Py_buffer *pres = v ? arg(&bs, o[4], 1, -1, 0, "present") : NULL;
+    Py_buffer *fits = pres ? arg(&bs, o[5], 1, rows, 0, "fits") : NULL;
+    Py_buffer *pv = fits ? arg(&bs, o[6], 8, -1, 0, "pv") : NULL;
+    Py_buffer *lo = pv ? arg(&bs, o[7], 8, rows, 0, "lo") : NULL, *hi = lo ? arg(&bs, o[8], 8, rows, 0, "hi") : NULL;
+    Py_buffer *lost = hi ? arg(&bs, o[9], 1, total, 1, "lost") : NULL;
+    Py_buffer *wrong = lost ? arg(&bs, o[10], 1, total, 1, "wrong") : NULL;
+    Py_buffer *other = wrong ? arg(&bs, o[11], 1, total, 1, "other") : NULL;
+    if (!other)
+        goto done;
+    const int64_t *n_tok = ntok->buf;
+    Py_ssize_t sum = 0, n_turns = pv->len / 8;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        if (n_tok[r] < 0)
+            break;
+        sum += n_tok[r];
+    }
+    if (sum != total || (pres->len && pres->len != total)) {
+        PyErr_SetString(PyExc_ValueError, "routes: token counts, present and the token arrays do not line up");
+        goto done;
+    }
+    const int32_t *k32 = key->buf;
+    const int64_t *k64 = key->buf;
+    int wide = key->itemsize == 8, complete = pres->len == 0;
+    const uint8_t *sp = src->buf, *pp = pres->buf, *fp = fits->buf;
+    const double *vp = v->buf, *pvp = pv->buf, *lop = lo->buf, *hip = hi->buf;
+    uint8_t *lp_ = lost->buf, *wp = wrong->buf, *op = other->buf;
+    Py_ssize_t bad = -1;
+    Py_BEGIN_ALLOW_THREADS;
+    Py_ssize_t j = 0;
+    for (Py_ssize_t r = 0; r < rows && bad < 0; r++) {
+        double rlo = lop[r], rhi = hip[r];
+        uint8_t rfits = fp[r] != 0;
+        Py_ssize_t row0 = j, end = j + n_tok[r], last = end - 1;
+        while (last >= row0 && sp[last] != 2) /* the row's last policy token: no route is read from it on */
+            last--;
+        for (; j < end; j++) {
+            lp_[j] = complete || j >= last ? 0 : rfits & !pp[j];
+            if (sp[j] != 2) {
+                wp[j] = 0;
+                op[j] = vp[j] < rlo || vp[j] > rhi;
+                continue;
+            }
+            op[j] = 0;
+            int64_t k = wide ? k64[j] : k32[j];
+            if (k < 0 || j == row0) {
+                wp[j] = 0;
+                continue;
+            }
+            if (k >= n_turns) {
+                bad = j;
+                break;
+            }
+            double tv = pvp[k], before = vp[j - 1];
+            wp[j] = !(before == tv) && !isnan(tv) && (complete || pp[j - 1]);
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    if (bad >= 0) {
+        PyErr_Format(PyExc_ValueError, "routes: the key of token %zd names no turn", bad);
+        goto done;
+    }
+    ok = 1;
+done:
+    return finish(&bs, ok);
+}
+
 static PyObject *sha_extensions(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
@@ -685,6 +773,9 @@ static PyMethodDef methods[] = {
      "turn_sums(n_tok, turn_start, turn_count, key, source, lp, lp_present, n_policy, index, start, n_lp_valid, "
      "lp_sum, first): policy tokens grouped by turn and per-turn log-prob sums, GIL released."},
     {"to_go", to_go, METH_VARARGS, "to_go(v, row, out): reward-to-go within each row, GIL released."},
+    {"routes", routes, METH_VARARGS,
+     "routes(n_tok, key, source, v, present, fits, pv, lo, hi, lost, wrong, other): P505's per-token conditions, "
+     "GIL released."},
     {"sha_extensions", sha_extensions, METH_NOARGS, "Whether the CPU's SHA instructions are used."},
     {NULL, NULL, 0, NULL},
 };

@@ -198,3 +198,67 @@ def to_go_numpy(v: np.ndarray, row: np.ndarray) -> np.ndarray:
     c = np.cumsum(v)
     last = np.flatnonzero(np.r_[row[1:] != row[:-1], True])  # each row's last element
     return np.repeat(c[last], np.diff(last, prepend=-1)) - c + v
+
+
+def routes(
+    n_tok: np.ndarray,
+    key: np.ndarray,
+    source: np.ndarray,
+    v: np.ndarray,
+    present: np.ndarray | None,
+    fits: np.ndarray,
+    pv: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """P505's per-token conditions over the routes `v` of a batch's tokens (NaN where none), as bool
+    arrays: (lost) a token of a row whose list fits (`fits`) without a value (`present`; None: every
+    token has one) before its row's last policy token (no log-prob reads the routes from there on);
+    (wrong) a policy token of a turn (`key` >= 0), not its row's first, whose log-prob is read
+    through the routes at the position before it, when those differ from its turn's version
+    pv[key] (a turn without a version, or no value at that position, is not compared); (other) a
+    token the policy did not sample whose value lies outside its row's [lo, hi]."""
+    if ACTIVE is None:
+        return routes_numpy(n_tok, key, source, v, present, fits, pv, lo, hi)
+    total = key.size
+    lost, wrong, other = (np.empty(total, np.bool_) for _ in range(3))
+    have = np.zeros(0, np.uint8) if present is None else np.ascontiguousarray(present).view(np.uint8)
+    ACTIVE.routes(
+        np.ascontiguousarray(n_tok, np.int64),
+        np.ascontiguousarray(key),
+        np.ascontiguousarray(source),
+        np.ascontiguousarray(v, np.float64),
+        have,
+        np.ascontiguousarray(fits).view(np.uint8),
+        np.ascontiguousarray(pv, np.float64),
+        np.ascontiguousarray(lo, np.float64),
+        np.ascontiguousarray(hi, np.float64),
+        lost.view(np.uint8),
+        wrong.view(np.uint8),
+        other.view(np.uint8),
+    )
+    return lost, wrong, other
+
+
+def routes_numpy(*arrays: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`routes` in numpy (the same arguments): per-token gathers of the turns' and rows' versions."""
+    n_tok, key, source, v, present, fits, pv, lo, hi = arrays
+    row = np.repeat(np.arange(n_tok.size), n_tok)
+    starts = np.zeros(n_tok.size + 1, np.int64)
+    np.cumsum(n_tok, out=starts[1:])
+    policy = source == 2
+    lost = np.zeros(row.size, bool) if present is None else fits[row] & ~present
+    if lost.any():  # no log-prob reads a route from the row's last policy token on
+        at = np.arange(row.size)
+        last = np.full(n_tok.size, -1)
+        np.maximum.at(last, row[policy], at[policy])
+        lost &= at < last[row]
+    idx = np.flatnonzero(policy & (key >= 0))  # the policy tokens that belong to a turn
+    idx = idx[idx > starts[row[idx]]]  # but a row's first (no position before it)
+    turn_v = pv[key[idx]]
+    bad = v[idx - 1] != turn_v  # NaN (no route, or a list that does not line up) compares unequal
+    bad &= ~np.isnan(turn_v) if present is None else ~np.isnan(turn_v) & present[idx - 1]
+    wrong = np.zeros(row.size, bool)
+    wrong[idx[bad]] = True
+    other = ~policy & ((v < lo[row]) | (v > hi[row]))
+    return lost, wrong, other
