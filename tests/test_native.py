@@ -271,6 +271,43 @@ def test_native_routes_equal_numpy(compiled, rows, seed, complete):
         assert np.array_equal(g, w)
 
 
+def _both(compiled, func, *args):
+    """`func` on the native core, then on the numpy path."""
+    active, native.ACTIVE = native.ACTIVE, compiled
+    try:
+        got = func(*args)
+    finally:
+        native.ACTIVE = None
+    try:
+        want = func(*args)
+    finally:
+        native.ACTIVE = active
+    return got, want
+
+
+@settings(max_examples=150, deadline=None)
+@given(turn_rows, st.integers(0, 2**32 - 1), st.booleans(), st.booleans(), st.booleans())
+def test_native_reward_terms_and_placement_equal_numpy(compiled, rows, seed, single, with_kl, complete):
+    """R411's misplaced rewards and per-row placed counts, R413's reward − KL terms: the same on
+    float32 and float64 lists with NaN, infinities, signed zeros, zeros and absent values."""
+    rng = np.random.default_rng(seed)
+    n_tok = np.array([len(t) for _, t in rows], np.int64)
+    turn = np.array([x for _, t in rows for x in t], np.int32)
+    source = rng.integers(0, 6, turn.size).astype(np.uint8)
+    source[rng.random(turn.size) < 0.5] = 2
+    dt = np.float32 if single else np.float64
+    lists = [rng.choice(np.r_[SPECIAL, 0.0, 0.0, 0.5], turn.size).astype(dt) for _ in range(2)]
+    present = [None if complete else rng.random(turn.size) < 0.8 for _ in range(2)]
+    at = np.flatnonzero(source == 2)
+    with np.errstate(invalid="ignore"):  # inf - inf
+        got, want = _both(compiled, native.terms, at, lists[0], present[0], lists[1] if with_kl else None, present[1])
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan) and got[~nan].tobytes() == want[~nan].tobytes()
+    flags = np.ones(turn.size, bool) if complete else present[0]
+    got, want = _both(compiled, native.placement, n_tok, source, turn, lists[0], flags)
+    assert all(g.dtype == w.dtype and np.array_equal(g, w) for g, w in zip(got, want))
+
+
 @pytest.fixture(scope="module")
 def base():
     return make_log(n_tasks=4, group_size=4, n_versions=2, seed=0)

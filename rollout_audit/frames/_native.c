@@ -667,6 +667,114 @@ done:
     return finish(&bs, ok);
 }
 
+/* The value of a float32 or float64 buffer at i, in double. */
+static inline double fget(const Py_buffer *b, Py_ssize_t i) {
+    return b->itemsize == 4 ? (double)((const float *)b->buf)[i] : ((const double *)b->buf)[i];
+}
+
+/* terms(at, rew, rew_present, kl, kl_present, out): R413's per-token terms at the tokens `at`
+ * (int64): rew[at] - kl[at] in float64, a value not present counting 0.0 (an empty `*_present`:
+ * every one is; an empty `kl`: no KL term). */
+static PyObject *terms(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[6];
+    if (!PyArg_ParseTuple(args, "OOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5]))
+        return NULL;
+    buffers bs = {.got = 0};
+    int ok = 0;
+    Py_buffer *at = arg(&bs, o[0], 8, -1, 0, "at"), *rew = at ? arg(&bs, o[1], 0, -1, 0, "rew") : NULL;
+    if (!rew)
+        goto done;
+    Py_ssize_t n = at->len / 8, total = rew->len / rew->itemsize;
+    Py_buffer *rp = arg(&bs, o[2], 1, -1, 0, "rew_present"), *kl = rp ? arg(&bs, o[3], 0, -1, 0, "kl") : NULL;
+    Py_buffer *kp = kl ? arg(&bs, o[4], 1, -1, 0, "kl_present") : NULL;
+    Py_buffer *out = kp ? arg(&bs, o[5], 8, n, 1, "out") : NULL;
+    if (!out)
+        goto done;
+    if ((rp->len && rp->len != total) || (kl->len && kl->len != total * kl->itemsize) || (kp->len && kp->len != total)) {
+        PyErr_SetString(PyExc_ValueError, "terms: rew, kl and their present flags must cover the same tokens");
+        goto done;
+    }
+    const int64_t *ap = at->buf;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (ap[i] < 0 || ap[i] >= total) {
+            PyErr_Format(PyExc_ValueError, "terms: token %lld is not among %zd", (long long)ap[i], total);
+            goto done;
+        }
+    const uint8_t *rpp = rp->buf, *kpp = kp->buf;
+    int has_kl = kl->len > 0;
+    double *op = out->buf;
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t j = ap[i];
+        double r = rp->len && !rpp[j] ? 0.0 : fget(rew, j);
+        op[i] = has_kl ? r - (kp->len && !kpp[j] ? 0.0 : fget(kl, j)) : r;
+    }
+    Py_END_ALLOW_THREADS;
+    ok = 1;
+done:
+    return finish(&bs, ok);
+}
+
+/* placement(n_tok, source, turn, v, present, wrong, n_placed): R411's per-token condition: a
+ * token whose value is placed (present and not 0; NaN is placed) and that is not the last policy
+ * token of its turn (the next policy token of its row has another token_turn, or there is none)
+ * -> wrong; and per row how many are placed. */
+static PyObject *placement(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[7];
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6]))
+        return NULL;
+    buffers bs = {.got = 0};
+    int ok = 0;
+    Py_buffer *ntok = arg(&bs, o[0], 8, -1, 0, "n_tok"), *src = ntok ? arg(&bs, o[1], 1, -1, 0, "source") : NULL;
+    if (!src)
+        goto done;
+    Py_ssize_t rows = ntok->len / 8, total = src->len;
+    Py_buffer *turn = arg(&bs, o[2], 4, total, 0, "turn"), *v = turn ? arg(&bs, o[3], 0, total, 0, "v") : NULL;
+    Py_buffer *pres = v ? arg(&bs, o[4], 1, total, 0, "present") : NULL;
+    Py_buffer *wrong = pres ? arg(&bs, o[5], 1, total, 1, "wrong") : NULL;
+    Py_buffer *np_ = wrong ? arg(&bs, o[6], 8, rows, 1, "n_placed") : NULL;
+    if (!np_)
+        goto done;
+    const int64_t *n_tok = ntok->buf;
+    Py_ssize_t sum = 0;
+    for (Py_ssize_t r = 0; r < rows; r++)
+        sum += n_tok[r] < 0 ? total + 1 : n_tok[r];
+    if (sum != total) {
+        PyErr_SetString(PyExc_ValueError, "placement: token counts do not add up to the token arrays' length");
+        goto done;
+    }
+    const uint8_t *sp = src->buf, *pp = pres->buf;
+    const int32_t *tt = turn->buf;
+    uint8_t *wp = wrong->buf;
+    int64_t *npp = np_->buf;
+    Py_BEGIN_ALLOW_THREADS;
+    Py_ssize_t j = 0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        Py_ssize_t prev = -1; /* the row's previous policy token: last of its turn unless the next one shares it */
+        int64_t placed = 0;
+        for (Py_ssize_t end = j + n_tok[r]; j < end; j++) {
+            double x = fget(v, j);
+            uint8_t put = pp[j] && !(x == 0.0);
+            placed += put;
+            wp[j] = put;
+            if (sp[j] == 2) {
+                if (prev >= 0 && tt[j] != tt[prev])
+                    wp[prev] = 0; /* prev ends its turn: a value there is in place */
+                prev = j;
+            }
+        }
+        if (prev >= 0)
+            wp[prev] = 0; /* the row's last policy token ends its turn */
+        npp[r] = placed;
+    }
+    Py_END_ALLOW_THREADS;
+    ok = 1;
+done:
+    return finish(&bs, ok);
+}
+
 /* routes(n_tok, key, source, v, present, fits, pv, lo, hi, lost, wrong, other): P505's three
  * per-token conditions over a batch's routes `v` (float64, NaN where none): `lost`, a token of a
  * row whose list fits without a value, before its row's last policy token (no log-prob reads the
@@ -773,6 +881,9 @@ static PyMethodDef methods[] = {
      "turn_sums(n_tok, turn_start, turn_count, key, source, lp, lp_present, n_policy, index, start, n_lp_valid, "
      "lp_sum, first): policy tokens grouped by turn and per-turn log-prob sums, GIL released."},
     {"to_go", to_go, METH_VARARGS, "to_go(v, row, out): reward-to-go within each row, GIL released."},
+    {"terms", terms, METH_VARARGS, "terms(at, rew, rew_present, kl, kl_present, out): R413's terms, GIL released."},
+    {"placement", placement, METH_VARARGS,
+     "placement(n_tok, source, turn, v, present, wrong, n_placed): R411's misplaced values, GIL released."},
     {"routes", routes, METH_VARARGS,
      "routes(n_tok, key, source, v, present, fits, pv, lo, hi, lost, wrong, other): P505's per-token conditions, "
      "GIL released."},

@@ -262,3 +262,75 @@ def routes_numpy(*arrays: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     wrong[idx[bad]] = True
     other = ~policy & ((v < lo[row]) | (v > hi[row]))
     return lost, wrong, other
+
+
+def _flags(present: np.ndarray | None) -> np.ndarray:
+    """A per-token present flag for the native core (empty: every token has a value)."""
+    return np.zeros(0, np.uint8) if present is None else np.ascontiguousarray(present).view(np.uint8)
+
+
+def terms(
+    at: np.ndarray,
+    rew: np.ndarray,
+    rew_present: np.ndarray | None,
+    kl: np.ndarray | None,
+    kl_present: np.ndarray | None,
+) -> np.ndarray:
+    """R413's per-token terms at the token indices `at`: rew − kl in float64, a value not present
+    counting 0 (`*_present` None: every token has one; `kl` None: no KL term)."""
+    if ACTIVE is None:
+        return terms_numpy(at, rew, rew_present, kl, kl_present)
+    out = np.empty(at.size, np.float64)
+    klv = np.zeros(0, np.float64) if kl is None else np.ascontiguousarray(kl)
+    ACTIVE.terms(
+        np.ascontiguousarray(at, np.int64), np.ascontiguousarray(rew), _flags(rew_present), klv, _flags(kl_present), out
+    )
+    return out
+
+
+def terms_numpy(*arrays: Any) -> np.ndarray:
+    """`terms` in numpy (the same arguments): a gather and a cast per list."""
+    at, rew, rew_present, kl, kl_present = arrays
+
+    def one(values: np.ndarray, present: np.ndarray | None) -> np.ndarray:
+        v = values[at].astype(np.float64)
+        if present is not None:
+            v[~present[at]] = 0.0
+        return v
+
+    return one(rew, rew_present) if kl is None else one(rew, rew_present) - one(kl, kl_present)
+
+
+def placement(
+    n_tok: np.ndarray, source: np.ndarray, turn: np.ndarray, v: np.ndarray, present: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """R411's per-token condition: (wrong) a value placed (present and not 0; NaN is placed) on a
+    token that is not the last policy token of its turn (the next policy token of its row has
+    another token_turn, or there is none); and per row how many values are placed."""
+    if ACTIVE is None:
+        return placement_numpy(n_tok, source, turn, v, present)
+    wrong, n_placed = np.empty(source.size, np.bool_), np.empty(n_tok.size, np.int64)
+    ACTIVE.placement(
+        np.ascontiguousarray(n_tok, np.int64),
+        np.ascontiguousarray(source),
+        np.ascontiguousarray(turn),
+        np.ascontiguousarray(v),
+        _flags(present),
+        wrong.view(np.uint8),
+        n_placed,
+    )
+    return wrong, n_placed
+
+
+def placement_numpy(*arrays: Any) -> tuple[np.ndarray, np.ndarray]:
+    """`placement` in numpy (the same arguments): the policy tokens' rows and turns compared with
+    the next one's, a bincount of the placed tokens' rows."""
+    n_tok, source, turn, v, present = arrays
+    row = np.repeat(np.arange(n_tok.size), n_tok)
+    p = np.flatnonzero(source == 2)
+    last = np.zeros(row.size, bool)
+    if p.size:
+        rp, kp = row[p], turn[p]
+        last[p] = np.r_[(rp[1:] != rp[:-1]) | (kp[1:] != kp[:-1]), True]
+    placed = present & ~(v == 0)
+    return placed & ~last, np.bincount(row[placed], minlength=n_tok.size)
