@@ -208,6 +208,8 @@ def test_turn_sums_refuse_inconsistent_counts(compiled):
     out = [np.empty(1, t) for t in (np.int64, np.int64, np.float64, np.int64)]
     with pytest.raises(ValueError, match="not those of turn_keys"):  # two policy tokens counted, three found
         compiled.turn_sums(n_tok, ts, tc, key, src, lp, pres, np.array([2]), np.empty(2, np.int64), *out)
+    with pytest.raises(ValueError, match="as many entries"):  # a negative count
+        compiled.turn_sums(n_tok, ts, tc, key, src, lp, pres, np.array([-1]), np.empty(0, np.int64), *out)
     with pytest.raises(ValueError, match="outside the batch"):
         compiled.turn_sums(n_tok, ts, np.array([2]), key, src, lp, pres, np.array([3]), np.empty(3, np.int64), *out)
 

@@ -513,7 +513,7 @@ static PyObject *turn_sums(PyObject *self, PyObject *args) {
     const int64_t *n_tok = ntok->buf, *t_start = ts->buf, *t_count = tc->buf, *np_ = npol->buf;
     Py_ssize_t m = 0;
     for (Py_ssize_t k = 0; k < n_turns; k++)
-        m += np_[k];
+        m += np_[k] < 0 ? idx->len + 1 : np_[k]; /* a negative count can never add up */
     if (idx->len != m * 8) {
         PyErr_SetString(PyExc_ValueError, "index: as many entries as policy tokens in turns expected");
         goto done;
