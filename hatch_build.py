@@ -37,7 +37,7 @@ def compile_native(root: Path, out_dir: Path) -> Path:
         raise RuntimeError(f"no C compiler ({cc[0]})")
     target = out_dir / ("_native" + suffix)
     include = sysconfig.get_paths()["include"]
-    cmd = [*cc, "-O2", "-fPIC", "-shared", "-I", include, str(root / SOURCE), "-o", str(target)]
+    cmd = [*cc, "-O2", "-ffp-contract=off", "-fPIC", "-shared", "-I", include, str(root / SOURCE), "-o", str(target)]
     if sys.platform == "darwin":
         cmd[1:1] = ["-undefined", "dynamic_lookup"]
     done = subprocess.run(cmd, capture_output=True, text=True)

@@ -141,6 +141,175 @@ def test_native_token_counts_equal_numpy(compiled, n_tok, seed, single):
     assert np.array_equal(got, want)
 
 
+# a batch for the per-turn pass: per row, its turn count and its tokens' token_turn values (in
+# range, -1, past the row's turns, and out of turn order)
+turn_rows = st.lists(
+    st.tuples(st.integers(0, 5), st.lists(st.integers(-2, 6), min_size=0, max_size=300)), min_size=0, max_size=8
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(turn_rows, st.integers(0, 2**32 - 1), st.booleans(), st.booleans())
+def test_native_turn_pass_equals_numpy(compiled, rows, seed, single, ordered):
+    """Turn keys, policy tokens grouped by turn, per-turn counts, first positions and float64
+    log-prob sums: the same bits as the numpy path (np.add.reduceat's pairwise order), on log-probs
+    of every magnitude with NaN, infinities, signed zeros and absent values."""
+    rng = np.random.default_rng(seed)
+    n_tok = np.array([len(t) for _, t in rows], np.int64)
+    turn_count = np.array([k for k, _ in rows], np.int64)
+    turn_start = np.zeros(n_tok.size, np.int64)
+    np.cumsum(turn_count[:-1], out=turn_start[1:])
+    turn = np.array([x for _, t in rows for x in (sorted(t) if ordered else t)], np.int32)
+    total = turn.size
+    source = rng.integers(0, 6, total).astype(np.uint8)
+    source[rng.random(total) < 0.5] = 2
+    mask = rng.random(total) < 0.5
+    lp = -np.exp(rng.normal(0, 8, total)) * rng.choice([1, -1], total, p=[0.95, 0.05])
+    special = rng.random(total) < 0.1
+    lp[special] = rng.choice(SPECIAL, int(special.sum()))
+    lp = lp.astype(np.float32 if single else np.float64)
+    present = rng.random(total) < 0.9
+    args = (n_tok, turn_start, turn_count, turn, source, mask, lp, present)
+    want = native.turn_pass_numpy(*args, key_t=np.int32)
+    active = native.ACTIVE
+    native.ACTIVE = compiled
+    try:
+        got = native.turn_pass(*args)
+    finally:
+        native.ACTIVE = active
+    for name, g, w in zip(want._fields, got, want):
+        assert g.dtype == w.dtype and g.tobytes() == w.tobytes(), name
+
+
+def test_long_turns_sum_as_numpy_does(compiled):
+    """Turns of up to 20,000 policy tokens: the pairwise sum's recursion and numpy's buffering."""
+    rng = np.random.default_rng(7)
+    lens = [1, 7, 8, 9, 127, 128, 129, 130, 1000, 8191, 8193, 20000]
+    n_tok = np.array(lens, np.int64)
+    ones = np.ones(n_tok.size, np.int64)
+    total = int(n_tok.sum())
+    args = (n_tok, np.arange(n_tok.size, dtype=np.int64), ones, np.zeros(total, np.int32))
+    for dt in (np.float32, np.float64):
+        lp = (-np.exp(rng.normal(0, 6, total))).astype(dt)
+        tail = (np.full(total, 2, np.uint8), np.zeros(total, bool), lp, np.ones(total, bool))
+        want = native.turn_pass_numpy(*args, *tail, key_t=np.int32)
+        active, native.ACTIVE = native.ACTIVE, compiled
+        try:
+            got = native.turn_pass(*args, *tail)
+        finally:
+            native.ACTIVE = active
+        assert got.lp_sum.tobytes() == want.lp_sum.tobytes()
+
+
+def test_turn_sums_refuse_inconsistent_counts(compiled):
+    n_tok, ts, tc = np.array([3], np.int64), np.array([0], np.int64), np.array([1], np.int64)
+    key, src = np.zeros(3, np.int32), np.full(3, 2, np.uint8)
+    lp, pres = np.zeros(3, np.float32), np.ones(3, np.uint8)
+    out = [np.empty(1, t) for t in (np.int64, np.int64, np.float64, np.int64)]
+    with pytest.raises(ValueError, match="not those of turn_keys"):  # two policy tokens counted, three found
+        compiled.turn_sums(n_tok, ts, tc, key, src, lp, pres, np.array([2]), np.empty(2, np.int64), *out)
+    with pytest.raises(ValueError, match="as many entries"):  # a negative count
+        compiled.turn_sums(n_tok, ts, tc, key, src, lp, pres, np.array([-1]), np.empty(0, np.int64), *out)
+    with pytest.raises(ValueError, match="outside the batch"):
+        compiled.turn_sums(n_tok, ts, np.array([2]), key, src, lp, pres, np.array([3]), np.empty(3, np.int64), *out)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 30), min_size=0, max_size=10), st.integers(0, 2**32 - 1), st.booleans())
+def test_native_to_go_equals_numpy(compiled, lens, seed, wide):
+    """The reward-to-go per row: the same bits as numpy's cumulative sum and differences, on values
+    of every magnitude with NaN, infinities and signed zeros."""
+    rng = np.random.default_rng(seed)
+    row = np.repeat(np.arange(len(lens)), lens).astype(np.int64 if wide else np.int32)
+    v = rng.normal(0, 1, row.size) * np.exp(rng.normal(0, 10, row.size))
+    special = rng.random(row.size) < 0.05
+    v[special] = rng.choice(SPECIAL, int(special.sum()))
+    out = np.empty(row.size, np.float64)
+    compiled.to_go(v, row, out)
+    with np.errstate(invalid="ignore"):  # inf - inf
+        want = native.to_go_numpy(v, row)
+    # the same bits, NaN aside: which NaN operand an addition passes on is the compiler's choice
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(out), nan) and out[~nan].tobytes() == want[~nan].tobytes()
+
+
+@settings(max_examples=150, deadline=None)
+@given(turn_rows, st.integers(0, 2**32 - 1), st.booleans())
+def test_native_routes_equal_numpy(compiled, rows, seed, complete):
+    """P505's per-token conditions: lost routes, policy tokens replayed with another version than
+    their turn's, other tokens outside their row's versions; with NaN values and versions, rows
+    whose list does not fit, and tokens outside every turn."""
+    rng = np.random.default_rng(seed)
+    n_tok = np.array([len(t) for _, t in rows], np.int64)
+    turn_count = np.array([k for k, _ in rows], np.int64)
+    turn_start = np.zeros(n_tok.size, np.int64)
+    np.cumsum(turn_count[:-1], out=turn_start[1:])
+    turn = np.array([x for _, t in rows for x in t], np.int32)
+    source = rng.integers(0, 6, turn.size).astype(np.uint8)
+    key = native.turn_pass_numpy(
+        n_tok,
+        turn_start,
+        turn_count,
+        turn,
+        source,
+        *(np.zeros(turn.size, t) for t in (bool, np.float32, bool)),
+        key_t=np.int32,
+    ).key
+    pv = rng.integers(0, 4, int(turn_count.sum())).astype(np.float64)
+    pv[rng.random(pv.size) < 0.1] = np.nan
+    lo, hi = rng.integers(0, 3, n_tok.size).astype(np.float64), rng.integers(1, 5, n_tok.size).astype(np.float64)
+    v = rng.integers(0, 5, turn.size).astype(np.float64)
+    v[rng.random(v.size) < 0.1] = np.nan
+    present = None if complete else rng.random(turn.size) < 0.8
+    fits = rng.random(n_tok.size) < 0.8
+    args = (n_tok, key, source, v, present, fits, pv, lo, hi)
+    want = native.routes_numpy(*args)
+    active, native.ACTIVE = native.ACTIVE, compiled
+    try:
+        got = native.routes(*args)
+    finally:
+        native.ACTIVE = active
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w)
+
+
+def _both(compiled, func, *args):
+    """`func` on the native core, then on the numpy path."""
+    active, native.ACTIVE = native.ACTIVE, compiled
+    try:
+        got = func(*args)
+    finally:
+        native.ACTIVE = None
+    try:
+        want = func(*args)
+    finally:
+        native.ACTIVE = active
+    return got, want
+
+
+@settings(max_examples=150, deadline=None)
+@given(turn_rows, st.integers(0, 2**32 - 1), st.booleans(), st.booleans(), st.booleans())
+def test_native_reward_terms_and_placement_equal_numpy(compiled, rows, seed, single, with_kl, complete):
+    """R411's misplaced rewards and per-row placed counts, R413's reward − KL terms: the same on
+    float32 and float64 lists with NaN, infinities, signed zeros, zeros and absent values."""
+    rng = np.random.default_rng(seed)
+    n_tok = np.array([len(t) for _, t in rows], np.int64)
+    turn = np.array([x for _, t in rows for x in t], np.int32)
+    source = rng.integers(0, 6, turn.size).astype(np.uint8)
+    source[rng.random(turn.size) < 0.5] = 2
+    dt = np.float32 if single else np.float64
+    lists = [rng.choice(np.r_[SPECIAL, 0.0, 0.0, 0.5], turn.size).astype(dt) for _ in range(2)]
+    present = [None if complete else rng.random(turn.size) < 0.8 for _ in range(2)]
+    at = np.flatnonzero(source == 2)
+    with np.errstate(invalid="ignore"):  # inf - inf
+        got, want = _both(compiled, native.terms, at, lists[0], present[0], lists[1] if with_kl else None, present[1])
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan) and got[~nan].tobytes() == want[~nan].tobytes()
+    flags = np.ones(turn.size, bool) if complete else present[0]
+    got, want = _both(compiled, native.placement, n_tok, source, turn, lists[0], flags)
+    assert all(g.dtype == w.dtype and np.array_equal(g, w) for g, w in zip(got, want))
+
+
 @pytest.fixture(scope="module")
 def base():
     return make_log(n_tasks=4, group_size=4, n_versions=2, seed=0)

@@ -16,9 +16,10 @@ import pyarrow.compute as pc
 
 from ..contract import schema as S
 from ..contract.registry import NotRun, rule
+from ..frames import native
 from ..frames.batch import as_bools, segment_sum, validity
 from ..frames.views import BatchView, frame_of
-from .common import TokenList, beyond, may_differ, num, of_rows, stop_reason, token_list, tolerance
+from .common import beyond, may_differ, num, of_rows, stop_reason, token_list, tolerance
 
 _G = pl.col("_gamma")
 _GT = pl.col("_g_t")  # γ^t
@@ -677,24 +678,6 @@ def _source_name() -> pl.Expr:
     return pl.col("_src").replace_strict(list(names), list(names.values()), default="invalid source")
 
 
-def _to_go(v: np.ndarray, row: np.ndarray) -> np.ndarray:
-    """Per element: the sum of v over it and every later element of the same row (`row` sorted):
-    the running sum at its row's last element, less the running sum before it."""
-    if not v.size:
-        return v
-    c = np.cumsum(v)
-    last = np.flatnonzero(np.r_[row[1:] != row[:-1], True])  # each row's last element
-    return np.repeat(c[last], np.diff(last, prepend=-1)) - c + v
-
-
-def _at(lst: TokenList, at: np.ndarray) -> np.ndarray:
-    """The list's values at the token indices `at` in float64, a null read as 0."""
-    v = lst.values[at].astype(np.float64)
-    if not lst.complete:
-        v[~lst.present[at]] = 0.0
-    return v
-
-
 @rule(
     "R411",
     "reward placed on a token other than the last policy token of its turn",
@@ -721,13 +704,7 @@ def reward_placement(b: BatchView, cfg) -> pl.DataFrame | None:
     """
     lst = token_list(b, "token_reward")
     t = b.tokens
-    p = t.policy_index
-    last = np.zeros(t.row.size, bool)
-    if p.size:
-        rp, kp = t.row[p], t.turn[p]
-        last[p] = np.r_[(rp[1:] != rp[:-1]) | (kp[1:] != kp[:-1]), True]
-    placed = lst.present & ~(lst.values == 0)
-    wrong = placed & ~last
+    wrong, n_placed = native.placement(t.n_tok, t.source, t.turn, lst.values, lst.present)
     off = None
     if wrong.any():
         what = (
@@ -749,9 +726,8 @@ def reward_placement(b: BatchView, cfg) -> pl.DataFrame | None:
     lost = None
     if "reward" in b.traj.columns:
         rows = b.traj["_row"].to_numpy()
-        n_placed = np.bincount(t.row[placed], minlength=b.n)[rows]
         lost = (
-            b.traj.with_columns(pl.Series("_np", n_placed), pl.Series("_fits", lst.fits[rows]))
+            b.traj.with_columns(pl.Series("_np", n_placed[rows]), pl.Series("_fits", lst.fits[rows]))
             .filter(pl.col("_fits") & (pl.col("_np") == 0) & ~(pl.col("reward").cast(pl.Float64) == 0).fill_null(True))
             .select(
                 "trajectory_id",
@@ -829,7 +805,13 @@ def token_returns(b: BatchView, cfg) -> pl.DataFrame | None:
 
     def term(at: np.ndarray) -> np.ndarray:
         """reward − KL at the token indices `at` (a null counts 0)."""
-        return _at(rew, at) if kl is None else _at(rew, at) - _at(kl, at)
+        return native.terms(
+            at,
+            rew.values,
+            None if rew.complete else rew.present,
+            None if kl is None else kl.values,
+            None if kl is None or kl.complete else kl.present,
+        )
 
     t = b.tokens
     pol = t.policy_index
@@ -837,7 +819,7 @@ def token_returns(b: BatchView, cfg) -> pl.DataFrame | None:
         pol = pol[rows[t.row[pol]]]
     g = ret.values
     within = lambda e, at: ~beyond(g[at], e, cfg)
-    expected = _to_go(term(pol), t.row[pol])
+    expected = native.to_go(term(pol), t.row[pol])
     bad = ~within(expected, pol)
     if not ret.complete:
         bad &= ret.present[pol]
@@ -847,7 +829,7 @@ def token_returns(b: BatchView, cfg) -> pl.DataFrame | None:
         # rows with a differing token only
         every = np.flatnonzero(rows[t.row] & np.isin(t.row, t.row[pol[bad]]))
         e, summed, wrong = np.full(t.row.size, np.nan), np.zeros(t.row.size, bool), np.zeros(t.row.size, bool)
-        e[pol], summed[every], wrong[pol[bad]] = expected, within(_to_go(term(every), t.row[every]), every), True
+        e[pol], summed[every], wrong[pol[bad]] = expected, within(native.to_go(term(every), t.row[every]), every), True
         off = _first(b, wrong, _g=g, _e=e, _all=summed).select(
             "trajectory_id",
             "turn",

@@ -6,7 +6,9 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from ..contract import schema as S
 from ..contract.registry import BY_UPDATE, NotRun, rule
+from ..frames import native
 from ..frames.views import BatchView
 from .common import of_rows, token_list, where_first
 
@@ -332,28 +334,10 @@ def routes_replayed(b: BatchView, cfg) -> pl.DataFrame | None:
         lo[some] = np.fmin.reduceat(pv, start[some])
         hi[some] = np.fmax.reduceat(pv, start[some])
     v = lst.values
-    have = None if lst.complete else lst.present  # complete: a value on every token (the usual case)
-    lost = np.zeros(t.row.size, bool) if have is None else lst.fits[t.row] & ~have
-    ends = (t.starts + t.n_tok - 1)[t.n_tok > 0]
-    lost[ends] = False  # the last token's route predicts nothing: engines return one row fewer than tokens
-    if lost.any():  # nor does any route from the last policy token on (tool output after the last generation)
-        at = np.arange(t.row.size)
-        last = np.full(b.n, -1)
-        np.maximum.at(last, t.row[t.policy], at[t.policy])
-        lost &= at < last[t.row]
     key = b.turn_key
-    turn_v = np.full(t.row.size, np.nan)
-    idx, _, _ = b.policy_by_turn  # the policy tokens that belong to a turn
-    turn_v[idx] = pv[key[idx]]
-    # a token's log-prob is read at the position before it: the routes there are the ones its
-    # version must have produced (a row's first token has none)
-    idx = idx[idx > t.starts[t.row[idx]]]
-    v_before = np.concatenate(([np.nan], v[:-1]))
-    wrong_turn = np.zeros(t.row.size, bool)
-    bad = v_before[idx] != turn_v[idx]  # NaN (no route, or a list that does not line up) compares unequal
-    bad &= ~np.isnan(turn_v[idx]) if have is None else ~np.isnan(turn_v[idx]) & have[idx - 1]
-    wrong_turn[idx[bad]] = True
-    other = ~t.policy & ((v < lo[t.row]) | (v > hi[t.row]))
+    lost, wrong_turn, other = native.routes(
+        t.n_tok, key, t.source, v, None if lst.complete else lst.present, lst.fits, pv, lo, hi
+    )
     for where, what in (
         (lost, "no route of their own position recorded for {} token(s): a lost or misplaced segment; first at "),
         (
@@ -370,9 +354,11 @@ def routes_replayed(b: BatchView, cfg) -> pl.DataFrame | None:
             continue
         loc = b.locate(where)
         idx = t.starts[loc["_row"].to_numpy()] + loc["position"].to_numpy()
-        loc = loc.with_columns(
-            pl.Series("_v", (v_before if where is wrong_turn else v)[idx]), pl.Series("_tv", turn_v[idx])
-        )
+        turn_v = np.full(idx.size, np.nan)  # the version of the token's turn (policy tokens of a turn)
+        of_turn = (t.source[idx] == S.POLICY) & (key[idx] >= 0)
+        turn_v[of_turn] = pv[key[idx[of_turn]]]
+        # a policy token's log-prob is replayed through the routes at the position before it
+        loc = loc.with_columns(pl.Series("_v", v[idx - 1 if where is wrong_turn else idx]), pl.Series("_tv", turn_v))
         tail = pl.format(" (routes of version {}", pl.col("_v").cast(pl.Int64)) + pl.when(
             pl.col("_tv").is_not_nan()
         ).then(pl.format(", turn sampled at {})", pl.col("_tv").cast(pl.Int64))).otherwise(pl.lit(")"))

@@ -310,6 +310,559 @@ done:
     return result;
 }
 
+/* Numpy's pairwise summation of doubles (what np.add.reduce and reduceat run for a contiguous
+ * float64 segment): below 8 values a running sum from -0.0, up to 128 eight accumulators combined
+ * as a tree then the rest, above that the two halves (split at a multiple of 8) summed apart. The
+ * same order gives the same bits, so per-turn sums equal the numpy path's exactly. */
+static double pairwise_sum(const double *a, Py_ssize_t n) {
+    if (n < 8) {
+        double res = -0.0;
+        for (Py_ssize_t i = 0; i < n; i++)
+            res += a[i];
+        return res;
+    }
+    if (n <= 128) {
+        double r[8];
+        Py_ssize_t i;
+        for (int k = 0; k < 8; k++)
+            r[k] = a[k];
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int k = 0; k < 8; k++)
+                r[k] += a[i + k];
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++)
+            res += a[i];
+        return res;
+    }
+    Py_ssize_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return pairwise_sum(a, n2) + pairwise_sum(a + n2, n - n2);
+}
+
+/* What np.add.reduceat gives for one non-empty segment: its first value plus the pairwise sum of
+ * the others. */
+static double segment_sum(const double *a, Py_ssize_t n) {
+    return n > 1 ? a[0] + pairwise_sum(a + 1, n - 1) : a[0];
+}
+
+/* Buffers of a call, released in reverse order on every path. */
+typedef struct {
+    Py_buffer b[16];
+    int got;
+} buffers;
+
+/* Releases the call's buffers; None when it succeeded, NULL (the error set) otherwise. */
+static PyObject *finish(buffers *bs, int ok) {
+    while (bs->got > 0)
+        PyBuffer_Release(&bs->b[--bs->got]);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* The next argument as a C-contiguous buffer of `itemsize`-byte items (0: 4 or 8, a float array)
+ * with `n` items (-1: any), writable when `out`. */
+static Py_buffer *arg(buffers *bs, PyObject *o, Py_ssize_t itemsize, Py_ssize_t n, int out, const char *name) {
+    Py_buffer *v = &bs->b[bs->got];
+    if (get_buffer(o, v, PyBUF_FORMAT | (out ? PyBUF_WRITABLE : 0), itemsize, name) < 0)
+        return NULL;
+    bs->got++;
+    if (!itemsize && v->itemsize != 4 && v->itemsize != 8) {
+        PyErr_Format(PyExc_TypeError, "%s: float32 or float64 expected", name);
+        return NULL;
+    }
+    if (n >= 0 && v->len != n * v->itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd items expected, got %zd", name, n, v->len / v->itemsize);
+        return NULL;
+    }
+    return v;
+}
+
+/* The rows' layout shared by the per-turn passes: per row its token count and the index of its
+ * first turn among the batch's n_turns turns, consistent with the token arrays' length. */
+static int check_rows(const int64_t *n_tok, const int64_t *t_start, const int64_t *t_count, Py_ssize_t rows,
+                      Py_ssize_t total, Py_ssize_t n_turns, Py_ssize_t *max_tok) {
+    Py_ssize_t sum = 0, mx = 0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        if (n_tok[r] < 0 || t_count[r] < 0 || t_start[r] < 0 || t_start[r] + t_count[r] > n_turns) {
+            PyErr_Format(PyExc_ValueError, "row %zd: negative count or turns outside the batch's", r);
+            return -1;
+        }
+        sum += n_tok[r];
+        mx = n_tok[r] > mx ? n_tok[r] : mx;
+    }
+    if (sum != total) {
+        PyErr_SetString(PyExc_ValueError, "token counts do not add up to the token arrays' length");
+        return -1;
+    }
+    *max_tok = mx;
+    return 0;
+}
+
+/* turn_keys(n_tok, turn_start, turn_count, turn, source, mask, key, n_policy, n_trainable):
+ * per token its turn's index among the batch's turns (turn_start[row] + token_turn; -1 when
+ * token_turn is negative or not below the row's turn count) into `key` (int32 or int64), and
+ * per turn how many of its tokens are policy tokens (source 2) and how many are in the loss. */
+static PyObject *turn_keys(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[9];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8]))
+        return NULL;
+    buffers bs = {.got = 0};
+    int ok = 0;
+    Py_buffer *ntok = arg(&bs, o[0], 8, -1, 0, "n_tok");
+    if (!ntok)
+        goto done;
+    Py_ssize_t rows = ntok->len / 8;
+    Py_buffer *ts = arg(&bs, o[1], 8, rows, 0, "turn_start"), *tc = ts ? arg(&bs, o[2], 8, rows, 0, "turn_count") : NULL;
+    Py_buffer *turn = tc ? arg(&bs, o[3], 4, -1, 0, "turn") : NULL;
+    if (!turn)
+        goto done;
+    Py_ssize_t total = turn->len / 4;
+    Py_buffer *src = arg(&bs, o[4], 1, total, 0, "source"), *mask = src ? arg(&bs, o[5], 1, total, 0, "mask") : NULL;
+    Py_buffer *key = mask ? arg(&bs, o[6], 0, total, 1, "key") : NULL;
+    Py_buffer *npol = key ? arg(&bs, o[7], 8, -1, 1, "n_policy") : NULL;
+    if (!npol)
+        goto done;
+    Py_ssize_t n_turns = npol->len / 8, max_tok;
+    Py_buffer *ntr = arg(&bs, o[8], 8, n_turns, 1, "n_trainable");
+    if (!ntr || check_rows(ntok->buf, ts->buf, tc->buf, rows, total, n_turns, &max_tok) < 0)
+        goto done;
+    const int64_t *n_tok = ntok->buf, *t_start = ts->buf, *t_count = tc->buf;
+    const int32_t *tt = turn->buf;
+    const uint8_t *sp = src->buf, *mp = mask->buf;
+    int64_t *np_ = npol->buf, *nt = ntr->buf;
+    int wide = key->itemsize == 8;
+    int32_t *k32 = key->buf;
+    int64_t *k64 = key->buf;
+    Py_BEGIN_ALLOW_THREADS;
+    memset(np_, 0, (size_t)n_turns * 8);
+    memset(nt, 0, (size_t)n_turns * 8);
+    /* the counts of the current turn are kept in registers and added when the turn changes:
+     * consecutive tokens mostly share a turn, and a store per token would chain through memory */
+    Py_ssize_t j = 0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        int64_t base = t_start[r], cur = -1, pol = 0, tr = 0;
+        uint32_t count = (uint32_t)t_count[r]; /* as the numpy path compares: both as uint32 */
+        for (Py_ssize_t end = j + n_tok[r]; j < end; j++) {
+            int64_t k = (uint32_t)tt[j] < count ? base + tt[j] : -1;
+            if (wide)
+                k64[j] = k;
+            else
+                k32[j] = (int32_t)k;
+            if (k != cur) {
+                if (cur >= 0) {
+                    np_[cur] += pol;
+                    nt[cur] += tr;
+                }
+                cur = k;
+                pol = tr = 0;
+            }
+            pol += sp[j] == 2;
+            tr += mp[j] != 0;
+        }
+        if (cur >= 0) {
+            np_[cur] += pol;
+            nt[cur] += tr;
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    ok = 1;
+done:
+    return finish(&bs, ok);
+}
+
+/* turn_sums(n_tok, turn_start, turn_count, key, source, lp, lp_present, n_policy, index, start,
+ * n_lp_valid, lp_sum, first): with the keys and policy counts of turn_keys, the indices of the
+ * policy tokens that belong to a turn grouped by turn in token order (`index`, int64; `start`:
+ * where each turn's run begins), and per turn how many of them have a valid log-prob (present,
+ * finite, <= 0), the sum of those log-probs in float64 (a token without one counts 0.0; summed
+ * as np.add.reduceat sums the run), and the position in its row of the turn's first policy token
+ * (-1 when it has none). */
+static PyObject *turn_sums(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[13];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
+                          &o[9], &o[10], &o[11], &o[12]))
+        return NULL;
+    buffers bs = {.got = 0};
+    int ok = 0;
+    double *vbuf = NULL;
+    Py_buffer *ntok = arg(&bs, o[0], 8, -1, 0, "n_tok");
+    if (!ntok)
+        goto done;
+    Py_ssize_t rows = ntok->len / 8;
+    Py_buffer *ts = arg(&bs, o[1], 8, rows, 0, "turn_start"), *tc = ts ? arg(&bs, o[2], 8, rows, 0, "turn_count") : NULL;
+    Py_buffer *key = tc ? arg(&bs, o[3], 0, -1, 0, "key") : NULL;
+    if (!key)
+        goto done;
+    Py_ssize_t total = key->len / key->itemsize;
+    Py_buffer *src = arg(&bs, o[4], 1, total, 0, "source"), *lp = src ? arg(&bs, o[5], 0, total, 0, "lp") : NULL;
+    Py_buffer *pres = lp ? arg(&bs, o[6], 1, total, 0, "lp_present") : NULL;
+    Py_buffer *npol = pres ? arg(&bs, o[7], 8, -1, 0, "n_policy") : NULL;
+    if (!npol)
+        goto done;
+    Py_ssize_t n_turns = npol->len / 8, max_tok;
+    Py_buffer *idx = arg(&bs, o[8], 8, -1, 1, "index");
+    Py_buffer *st = idx ? arg(&bs, o[9], 8, n_turns, 1, "start") : NULL;
+    Py_buffer *nv = st ? arg(&bs, o[10], 8, n_turns, 1, "n_lp_valid") : NULL;
+    Py_buffer *sum = nv ? arg(&bs, o[11], 8, n_turns, 1, "lp_sum") : NULL;
+    Py_buffer *first = sum ? arg(&bs, o[12], 8, n_turns, 1, "first") : NULL;
+    if (!first || check_rows(ntok->buf, ts->buf, tc->buf, rows, total, n_turns, &max_tok) < 0)
+        goto done;
+    const int64_t *n_tok = ntok->buf, *t_start = ts->buf, *t_count = tc->buf, *np_ = npol->buf;
+    Py_ssize_t m = 0;
+    for (Py_ssize_t k = 0; k < n_turns; k++)
+        m += np_[k] < 0 ? idx->len + 1 : np_[k]; /* a negative count can never add up */
+    if (idx->len != m * 8) {
+        PyErr_SetString(PyExc_ValueError, "index: as many entries as policy tokens in turns expected");
+        goto done;
+    }
+    const int32_t *k32 = key->buf;
+    const int64_t *k64 = key->buf;
+    int wide = key->itemsize == 8;
+    /* the values of one row's policy tokens in turns, grouped as `index` */
+    int64_t row_cap = 0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        int64_t c = 0;
+        for (int64_t k = t_start[r]; k < t_start[r] + t_count[r]; k++)
+            c += np_[k];
+        row_cap = c > row_cap ? c : row_cap;
+    }
+    vbuf = PyMem_RawMalloc(((size_t)row_cap + 1) * sizeof(double));
+    if (!vbuf) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const uint8_t *sp = src->buf, *pp = pres->buf;
+    const float *lp32 = lp->buf;
+    const double *lp64 = lp->buf;
+    int single = lp->itemsize == 4;
+    int64_t *ix = idx->buf, *sv = st->buf, *nvp = nv->buf, *fp = first->buf;
+    double *sp_sum = sum->buf;
+    Py_ssize_t bad = -1;
+    Py_BEGIN_ALLOW_THREADS;
+    int64_t at = 0;
+    for (Py_ssize_t k = 0; k < n_turns; k++) {
+        sv[k] = at;
+        at += np_[k];
+        nvp[k] = 0;
+        sp_sum[k] = 0.0;
+        fp[k] = -1;
+    }
+    Py_ssize_t j = 0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        Py_ssize_t row0 = j, end = j + n_tok[r];
+        int64_t k0 = t_start[r], nk = t_count[r];
+        if (!nk) {
+            j = end;
+            continue;
+        }
+        int64_t base = sv[k0];  /* the row's policy tokens in turns occupy index[base:...] */
+        /* `first` holds each turn's fill cursor meanwhile (relative to base) */
+        for (int64_t k = k0; k < k0 + nk; k++)
+            fp[k] = sv[k] - base;
+        /* the current turn's fill cursor and valid count stay in registers until the turn changes */
+        int64_t cur = -1, p = 0, lim = 0, nvalid = 0;
+        for (; j < end; j++) {
+            int64_t k = wide ? k64[j] : k32[j];
+            if (k < 0 || sp[j] != 2)
+                continue;
+            if (k != cur) {
+                if (k < k0 || k >= k0 + nk) { /* not a key of this row's turns: refused below */
+                    bad = j;
+                    break;
+                }
+                if (cur >= 0) {
+                    fp[cur] = p;
+                    nvp[cur] += nvalid;
+                }
+                cur = k;
+                p = fp[k];
+                lim = sv[k] - base + np_[k];
+                nvalid = 0;
+            }
+            if (p >= lim) { /* more policy tokens than turn_keys counted */
+                bad = j;
+                break;
+            }
+            double v = single ? (double)lp32[j] : lp64[j];
+            int valid = pp[j] && v <= 0.0 && v > -HUGE_VAL;
+            ix[base + p] = j;
+            vbuf[p++] = valid ? v : 0.0;
+            nvalid += valid;
+        }
+        if (bad >= 0)
+            break;
+        if (cur >= 0) {
+            fp[cur] = p;
+            nvp[cur] += nvalid;
+        }
+        /* every cursor must have reached its turn's end: the policy counts were this pass's */
+        for (int64_t k = k0; k < k0 + nk; k++)
+            if (fp[k] != sv[k] - base + np_[k])
+                bad = row0;
+        if (bad >= 0)
+            break;
+        for (int64_t k = k0; k < k0 + nk; k++) {
+            int64_t c = np_[k], p = sv[k] - base;
+            if (c) {
+                sp_sum[k] = segment_sum(vbuf + p, c);
+                fp[k] = ix[sv[k]] - row0;
+            } else
+                fp[k] = -1;
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    if (bad >= 0) {
+        PyErr_Format(PyExc_ValueError, "turn_sums: keys or policy counts not those of turn_keys (token %zd)", bad);
+        goto done;
+    }
+    ok = 1;
+done:
+    PyMem_RawFree(vbuf);
+    return finish(&bs, ok);
+}
+
+/* to_go(v, row, out): per element, the sum of v over it and every later element of its row
+ * (`row`, int32 or int64, sorted), computed as the numpy path does: a running sum over the whole
+ * array (np.cumsum's order), then out[i] = (c[last of its row] - c[i]) + v[i]. */
+static PyObject *to_go(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[3];
+    if (!PyArg_ParseTuple(args, "OOO", &o[0], &o[1], &o[2]))
+        return NULL;
+    buffers bs = {.got = 0};
+    int ok = 0;
+    Py_buffer *v = arg(&bs, o[0], 8, -1, 0, "v");
+    if (!v)
+        goto done;
+    Py_ssize_t n = v->len / 8;
+    Py_buffer *row = arg(&bs, o[1], 0, n, 0, "row"), *out = row ? arg(&bs, o[2], 8, n, 1, "out") : NULL;
+    if (!out)
+        goto done;
+    const double *vp = v->buf;
+    double *op = out->buf;
+    const int32_t *r32 = row->buf;
+    const int64_t *r64 = row->buf;
+    int wide = row->itemsize == 8;
+    Py_BEGIN_ALLOW_THREADS;
+    double c = 0.0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        c = i ? c + vp[i] : vp[i];
+        op[i] = c;
+    }
+    for (Py_ssize_t i = 0; i < n;) {
+        int64_t rid = wide ? r64[i] : r32[i];
+        Py_ssize_t e = i;
+        while (e + 1 < n && (wide ? r64[e + 1] : r32[e + 1]) == rid)
+            e++;
+        double last = op[e];
+        for (; i <= e; i++)
+            op[i] = (last - op[i]) + vp[i];
+    }
+    Py_END_ALLOW_THREADS;
+    ok = 1;
+done:
+    return finish(&bs, ok);
+}
+
+/* The value of a float32 or float64 buffer at i, in double. */
+static inline double fget(const Py_buffer *b, Py_ssize_t i) {
+    return b->itemsize == 4 ? (double)((const float *)b->buf)[i] : ((const double *)b->buf)[i];
+}
+
+/* terms(at, rew, rew_present, kl, kl_present, out): R413's per-token terms at the tokens `at`
+ * (int64): rew[at] - kl[at] in float64, a value not present counting 0.0 (an empty `*_present`:
+ * every one is; an empty `kl`: no KL term). */
+static PyObject *terms(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[6];
+    if (!PyArg_ParseTuple(args, "OOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5]))
+        return NULL;
+    buffers bs = {.got = 0};
+    int ok = 0;
+    Py_buffer *at = arg(&bs, o[0], 8, -1, 0, "at"), *rew = at ? arg(&bs, o[1], 0, -1, 0, "rew") : NULL;
+    if (!rew)
+        goto done;
+    Py_ssize_t n = at->len / 8, total = rew->len / rew->itemsize;
+    Py_buffer *rp = arg(&bs, o[2], 1, -1, 0, "rew_present"), *kl = rp ? arg(&bs, o[3], 0, -1, 0, "kl") : NULL;
+    Py_buffer *kp = kl ? arg(&bs, o[4], 1, -1, 0, "kl_present") : NULL;
+    Py_buffer *out = kp ? arg(&bs, o[5], 8, n, 1, "out") : NULL;
+    if (!out)
+        goto done;
+    if ((rp->len && rp->len != total) || (kl->len && kl->len != total * kl->itemsize) || (kp->len && kp->len != total)) {
+        PyErr_SetString(PyExc_ValueError, "terms: rew, kl and their present flags must cover the same tokens");
+        goto done;
+    }
+    const int64_t *ap = at->buf;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (ap[i] < 0 || ap[i] >= total) {
+            PyErr_Format(PyExc_ValueError, "terms: token %lld is not among %zd", (long long)ap[i], total);
+            goto done;
+        }
+    const uint8_t *rpp = rp->buf, *kpp = kp->buf;
+    int has_kl = kl->len > 0;
+    double *op = out->buf;
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t j = ap[i];
+        double r = rp->len && !rpp[j] ? 0.0 : fget(rew, j);
+        op[i] = has_kl ? r - (kp->len && !kpp[j] ? 0.0 : fget(kl, j)) : r;
+    }
+    Py_END_ALLOW_THREADS;
+    ok = 1;
+done:
+    return finish(&bs, ok);
+}
+
+/* placement(n_tok, source, turn, v, present, wrong, n_placed): R411's per-token condition: a
+ * token whose value is placed (present and not 0; NaN is placed) and that is not the last policy
+ * token of its turn (the next policy token of its row has another token_turn, or there is none)
+ * -> wrong; and per row how many are placed. */
+static PyObject *placement(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[7];
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6]))
+        return NULL;
+    buffers bs = {.got = 0};
+    int ok = 0;
+    Py_buffer *ntok = arg(&bs, o[0], 8, -1, 0, "n_tok"), *src = ntok ? arg(&bs, o[1], 1, -1, 0, "source") : NULL;
+    if (!src)
+        goto done;
+    Py_ssize_t rows = ntok->len / 8, total = src->len;
+    Py_buffer *turn = arg(&bs, o[2], 4, total, 0, "turn"), *v = turn ? arg(&bs, o[3], 0, total, 0, "v") : NULL;
+    Py_buffer *pres = v ? arg(&bs, o[4], 1, total, 0, "present") : NULL;
+    Py_buffer *wrong = pres ? arg(&bs, o[5], 1, total, 1, "wrong") : NULL;
+    Py_buffer *np_ = wrong ? arg(&bs, o[6], 8, rows, 1, "n_placed") : NULL;
+    if (!np_)
+        goto done;
+    const int64_t *n_tok = ntok->buf;
+    Py_ssize_t sum = 0;
+    for (Py_ssize_t r = 0; r < rows; r++)
+        sum += n_tok[r] < 0 ? total + 1 : n_tok[r];
+    if (sum != total) {
+        PyErr_SetString(PyExc_ValueError, "placement: token counts do not add up to the token arrays' length");
+        goto done;
+    }
+    const uint8_t *sp = src->buf, *pp = pres->buf;
+    const int32_t *tt = turn->buf;
+    uint8_t *wp = wrong->buf;
+    int64_t *npp = np_->buf;
+    Py_BEGIN_ALLOW_THREADS;
+    Py_ssize_t j = 0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        Py_ssize_t prev = -1; /* the row's previous policy token: last of its turn unless the next one shares it */
+        int64_t placed = 0;
+        for (Py_ssize_t end = j + n_tok[r]; j < end; j++) {
+            double x = fget(v, j);
+            uint8_t put = pp[j] && !(x == 0.0);
+            placed += put;
+            wp[j] = put;
+            if (sp[j] == 2) {
+                if (prev >= 0 && tt[j] != tt[prev])
+                    wp[prev] = 0; /* prev ends its turn: a value there is in place */
+                prev = j;
+            }
+        }
+        if (prev >= 0)
+            wp[prev] = 0; /* the row's last policy token ends its turn */
+        npp[r] = placed;
+    }
+    Py_END_ALLOW_THREADS;
+    ok = 1;
+done:
+    return finish(&bs, ok);
+}
+
+/* routes(n_tok, key, source, v, present, fits, pv, lo, hi, lost, wrong, other): P505's three
+ * per-token conditions over a batch's routes `v` (float64, NaN where none): `lost`, a token of a
+ * row whose list fits without a value, before its row's last policy token (no log-prob reads the
+ * routes from there on; only when `present` is given: empty means every token has one); `wrong`, a
+ * policy token (source 2) of a turn (key >= 0), not its row's first, whose log-prob is read
+ * through the routes at the position before it, when those differ from its turn's version
+ * pv[key] (NaN differs; a turn without a version, or no value at that position, is not
+ * compared); `other`, a token the policy did not sample whose value lies outside its row's
+ * [lo, hi] (NaN is not outside). */
+static PyObject *routes(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[12];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
+                          &o[9], &o[10], &o[11]))
+        return NULL;
+    buffers bs = {.got = 0};
+    int ok = 0;
+    Py_buffer *ntok = arg(&bs, o[0], 8, -1, 0, "n_tok"), *key = ntok ? arg(&bs, o[1], 0, -1, 0, "key") : NULL;
+    if (!key)
+        goto done;
+    Py_ssize_t rows = ntok->len / 8, total = key->len / key->itemsize;
+    Py_buffer *src = arg(&bs, o[2], 1, total, 0, "source"), *v = src ? arg(&bs, o[3], 8, total, 0, "v") : NULL;
+    Py_buffer *pres = v ? arg(&bs, o[4], 1, -1, 0, "present") : NULL;
+    Py_buffer *fits = pres ? arg(&bs, o[5], 1, rows, 0, "fits") : NULL;
+    Py_buffer *pv = fits ? arg(&bs, o[6], 8, -1, 0, "pv") : NULL;
+    Py_buffer *lo = pv ? arg(&bs, o[7], 8, rows, 0, "lo") : NULL, *hi = lo ? arg(&bs, o[8], 8, rows, 0, "hi") : NULL;
+    Py_buffer *lost = hi ? arg(&bs, o[9], 1, total, 1, "lost") : NULL;
+    Py_buffer *wrong = lost ? arg(&bs, o[10], 1, total, 1, "wrong") : NULL;
+    Py_buffer *other = wrong ? arg(&bs, o[11], 1, total, 1, "other") : NULL;
+    if (!other)
+        goto done;
+    const int64_t *n_tok = ntok->buf;
+    Py_ssize_t sum = 0, n_turns = pv->len / 8;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        if (n_tok[r] < 0)
+            break;
+        sum += n_tok[r];
+    }
+    if (sum != total || (pres->len && pres->len != total)) {
+        PyErr_SetString(PyExc_ValueError, "routes: token counts, present and the token arrays do not line up");
+        goto done;
+    }
+    const int32_t *k32 = key->buf;
+    const int64_t *k64 = key->buf;
+    int wide = key->itemsize == 8, complete = pres->len == 0;
+    const uint8_t *sp = src->buf, *pp = pres->buf, *fp = fits->buf;
+    const double *vp = v->buf, *pvp = pv->buf, *lop = lo->buf, *hip = hi->buf;
+    uint8_t *lp_ = lost->buf, *wp = wrong->buf, *op = other->buf;
+    Py_ssize_t bad = -1;
+    Py_BEGIN_ALLOW_THREADS;
+    Py_ssize_t j = 0;
+    for (Py_ssize_t r = 0; r < rows && bad < 0; r++) {
+        double rlo = lop[r], rhi = hip[r];
+        uint8_t rfits = fp[r] != 0;
+        Py_ssize_t row0 = j, end = j + n_tok[r], last = end - 1;
+        while (last >= row0 && sp[last] != 2) /* the row's last policy token: no route is read from it on */
+            last--;
+        for (; j < end; j++) {
+            lp_[j] = complete || j >= last ? 0 : rfits & !pp[j];
+            if (sp[j] != 2) {
+                wp[j] = 0;
+                op[j] = vp[j] < rlo || vp[j] > rhi;
+                continue;
+            }
+            op[j] = 0;
+            int64_t k = wide ? k64[j] : k32[j];
+            if (k < 0 || j == row0) {
+                wp[j] = 0;
+                continue;
+            }
+            if (k >= n_turns) {
+                bad = j;
+                break;
+            }
+            double tv = pvp[k], before = vp[j - 1];
+            wp[j] = !(before == tv) && !isnan(tv) && (complete || pp[j - 1]);
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    if (bad >= 0) {
+        PyErr_Format(PyExc_ValueError, "routes: the key of token %zd names no turn", bad);
+        goto done;
+    }
+    ok = 1;
+done:
+    return finish(&bs, ok);
+}
+
 static PyObject *sha_extensions(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
@@ -321,6 +874,19 @@ static PyMethodDef methods[] = {
      "prefix_sha256(data, lo, hi, first, out): SHA-256 of consecutive prefixes, GIL released."},
     {"token_counts", token_counts, METH_VARARGS,
      "token_counts(n_tok, source, mask, lp, lp_present, out): per-row token counts by category, GIL released."},
+    {"turn_keys", turn_keys, METH_VARARGS,
+     "turn_keys(n_tok, turn_start, turn_count, turn, source, mask, key, n_policy, n_trainable): turn keys and "
+     "per-turn counts, GIL released."},
+    {"turn_sums", turn_sums, METH_VARARGS,
+     "turn_sums(n_tok, turn_start, turn_count, key, source, lp, lp_present, n_policy, index, start, n_lp_valid, "
+     "lp_sum, first): policy tokens grouped by turn and per-turn log-prob sums, GIL released."},
+    {"to_go", to_go, METH_VARARGS, "to_go(v, row, out): reward-to-go within each row, GIL released."},
+    {"terms", terms, METH_VARARGS, "terms(at, rew, rew_present, kl, kl_present, out): R413's terms, GIL released."},
+    {"placement", placement, METH_VARARGS,
+     "placement(n_tok, source, turn, v, present, wrong, n_placed): R411's misplaced values, GIL released."},
+    {"routes", routes, METH_VARARGS,
+     "routes(n_tok, key, source, v, present, fits, pv, lo, hi, lost, wrong, other): P505's per-token conditions, "
+     "GIL released."},
     {"sha_extensions", sha_extensions, METH_NOARGS, "Whether the CPU's SHA instructions are used."},
     {NULL, NULL, 0, NULL},
 };

@@ -25,6 +25,7 @@ from . import native
 TOKEN_LISTS = S.TOKEN_LISTS
 _NSRC, _NLP = native.N_SOURCE, native.N_LP  # token_source 0..4 and 5 otherwise; log-prob null, valid, invalid
 _SRC = (0, 1, 3, 4, 5)
+segment_sum = native.segment_sum  # per-row sums of the checks' per-turn values (R4xx)
 
 # per-trajectory counts (`Tokens.stats`) and the token lists each is computed from
 STAT_INPUTS: dict[str, tuple[str, ...]] = {
@@ -312,32 +313,25 @@ class Tokens:
         return df
 
     @cached_property
+    def turn_pass(self) -> native.TurnPass:
+        """Turn keys, the policy tokens grouped by turn and the per-turn counts and sums, in one
+        pass over the tokens (`native.turn_pass`)."""
+        b = self.batch
+        return native.turn_pass(
+            self.n_tok, b.turn_start, b.turn_counts, self.turn, self.source, self.mask, self.lp, self.lp_present
+        )
+
+    @property
     def turn_key(self) -> np.ndarray:
         """Per token: index of its turn in `turns` (flattened over the batch), -1 if none."""
-        T = self.batch.turn_counts
-        n_tok = self.n_tok
-        dt = np.int32 if int(T.sum()) < 2**31 else np.int64
-        key = np.repeat(self.batch.turn_start.astype(dt, copy=False), n_tok)
-        key += self.turn
-        # one unsigned comparison finds both turn < 0 and turn >= the row's turn count
-        bad = self.turn.view(np.uint32) >= np.repeat(T.astype(np.uint32), n_tok)
-        if bad.any():
-            key[bad] = -1
-        return key
+        return self.turn_pass.key
 
-    @cached_property
+    @property
     def policy_by_turn(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(index, count, start): indices of the policy tokens that belong to a turn, grouped
         by turn key in position order; per turn key, how many and where its first one sits."""
-        key = self.turn_key
-        index = np.flatnonzero(self.policy & (key >= 0))
-        kp = key[index]
-        if kp.size > 1 and (np.diff(kp) < 0).any():  # token_turn not in turn order: group stably
-            order = np.argsort(kp, kind="stable")
-            index, kp = index[order], kp[order]
-        # kp is sorted: each turn's run is found by binary search (no pass over the tokens)
-        bounds = np.searchsorted(kp, np.arange(int(self.batch.turn_counts.sum()) + 1, dtype=kp.dtype))
-        return index, np.diff(bounds), bounds[:-1]
+        tp = self.turn_pass
+        return tp.grouped, tp.n_policy, tp.start
 
     @cached_property
     def turn_values(self) -> list[pl.Series]:
@@ -346,43 +340,25 @@ class Tokens:
         n_turns = int(self.batch.turn_counts.sum())
         if not self.ok.any() or not n_turns:
             return []
-        key = self.turn_key
-        index, count, start = self.policy_by_turn
-        has = count > 0
-        first = np.full(n_turns, -1, np.int64)
-        head = index[start[has]]
-        first[has] = head - self.starts[self.row[head]]
-        # the policy tokens are grouped by turn: per-turn sums are segment sums at `start`
-        valid = self.lp_state[index] == 1
-        lp = np.where(valid, self.lp[index], 0.0)  # float64: turn sums are compared in float64
-        km = key[self.mask]
-        km = km[km >= 0]
+        tp = self.turn_pass
         cols = {
-            "rc_n_policy": count,
-            "rc_n_trainable": np.bincount(km, minlength=n_turns),
-            "rc_n_lp_valid": segment_sum(valid.view(np.uint8), start, has, np.int64),
-            "rc_lp_sum": segment_sum(lp, start, has, np.float64),
+            "rc_n_policy": tp.n_policy,
+            "rc_n_trainable": tp.n_trainable,
+            "rc_n_lp_valid": tp.n_lp_valid,
+            "rc_lp_sum": tp.lp_sum,
         }
         nulls = ~self.ok[self.batch.turn_parent]
         rc = [pl.Series(k, v) for k, v in cols.items()]
         if nulls.any():
             ns = pl.Series(nulls)
             rc = [c.set(ns, None) for c in rc]
-        first_null = nulls | ~has
+        first_null = nulls | (tp.n_policy == 0)
         rc.append(
-            pl.Series("rc_first_policy_pos", first).set(pl.Series(first_null), None)
+            pl.Series("rc_first_policy_pos", tp.first).set(pl.Series(first_null), None)
             if first_null.any()
-            else pl.Series("rc_first_policy_pos", first)
+            else pl.Series("rc_first_policy_pos", tp.first)
         )
         return rc
-
-
-def segment_sum(x: np.ndarray, start: np.ndarray, has: np.ndarray, dtype: Any) -> np.ndarray:
-    """Sums of consecutive segments of `x` beginning at `start` (0 where a segment is empty)."""
-    out = np.zeros(start.size, dtype)
-    if has.any():
-        out[has] = np.add.reduceat(x, start[has], dtype=dtype)
-    return out
 
 
 class Batch:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 from types import ModuleType
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -85,3 +86,251 @@ def token_counts_numpy(n_tok: np.ndarray, source: np.ndarray, mask: np.ndarray, 
     code = np.repeat(np.arange(0, n * per, per, dtype=np.intp), n_tok)
     code += small
     return np.bincount(code, minlength=n * per).reshape(n, N_SOURCE, 2, N_LP)
+
+
+class TurnPass(NamedTuple):
+    """What one pass over a batch's tokens gives per turn (`Tokens.turn_key`, `policy_by_turn`,
+    `turn_values`): each token's turn key, the policy tokens of each turn grouped in token order
+    (`grouped`, with `n_policy` and `start` per turn) and the per-turn counts, log-prob sums and first
+    policy position."""
+
+    key: np.ndarray  # per token: the index of its turn among the batch's turns, -1 if none
+    grouped: np.ndarray  # the policy tokens that belong to a turn, grouped by turn key in token order
+    n_policy: np.ndarray  # per turn: its policy tokens
+    start: np.ndarray  # per turn: where its run begins in `index`
+    n_trainable: np.ndarray  # per turn: its tokens in the loss (any source)
+    n_lp_valid: np.ndarray  # per turn: its policy tokens with a valid log-prob
+    lp_sum: np.ndarray  # per turn: the sum of those log-probs in float64, as np.add.reduceat sums the run
+    first: np.ndarray  # per turn: the position in its row of its first policy token, -1 if none
+
+
+def turn_pass(
+    n_tok: np.ndarray,
+    turn_start: np.ndarray,
+    turn_count: np.ndarray,
+    turn: np.ndarray,
+    source: np.ndarray,
+    mask: np.ndarray,
+    lp: np.ndarray,
+    present: np.ndarray,
+) -> TurnPass:
+    """The per-turn values of a batch's tokens (rows of `n_tok` consecutive tokens; row r owns the
+    turns turn_start[r] .. turn_start[r] + turn_count[r] - 1): two native calls, or numpy."""
+    n_turns = int(turn_count.sum())
+    key_t = np.int32 if n_turns < 2**31 else np.int64
+    if ACTIVE is None:
+        return turn_pass_numpy(n_tok, turn_start, turn_count, turn, source, mask, lp, present, key_t=key_t)
+    rows = [np.ascontiguousarray(a, np.int64) for a in (n_tok, turn_start, turn_count)]
+    turn, source, lp = (np.ascontiguousarray(a) for a in (turn, source, lp))
+    mask, present = (np.ascontiguousarray(a).view(np.uint8) for a in (mask, present))
+    key = np.empty(turn.size, key_t)
+    count, n_trainable = np.empty(n_turns, np.int64), np.empty(n_turns, np.int64)
+    ACTIVE.turn_keys(*rows, turn, source, mask, key, count, n_trainable)
+    index = np.empty(int(count.sum()), np.int64)
+    start, n_valid, lp_sum, first = (np.empty(n_turns, t) for t in (np.int64, np.int64, np.float64, np.int64))
+    ACTIVE.turn_sums(*rows, key, source, lp, present, count, index, start, n_valid, lp_sum, first)
+    return TurnPass(key, index, count, start, n_trainable, n_valid, lp_sum, first)
+
+
+def turn_pass_numpy(*arrays: np.ndarray, key_t: Any) -> TurnPass:
+    """`turn_pass` in numpy (the same arrays): repeat, compare, stable grouping, bincount and
+    reduceat passes."""
+    n_tok, turn_start, turn_count, turn, source, mask, lp, present = arrays
+    n_turns = int(turn_count.sum())
+    key = np.repeat(turn_start.astype(key_t, copy=False), n_tok)
+    key += turn
+    # one unsigned comparison finds both turn < 0 and turn >= the row's turn count
+    bad = turn.view(np.uint32) >= np.repeat(turn_count.astype(np.uint32), n_tok)
+    if bad.any():
+        key[bad] = -1
+    index = np.flatnonzero((source == 2) & (key >= 0))
+    kp = key[index]
+    if kp.size > 1 and (np.diff(kp) < 0).any():  # token_turn not in turn order: group stably
+        order = np.argsort(kp, kind="stable")
+        index, kp = index[order], kp[order]
+    # kp is sorted: each turn's run is found by binary search (no pass over the tokens)
+    bounds = np.searchsorted(kp, np.arange(n_turns + 1, dtype=kp.dtype))
+    count, start = np.diff(bounds), bounds[:-1]
+    has = count > 0
+    first = np.full(n_turns, -1, np.int64)
+    head = index[start[has]]
+    row_start = np.zeros(n_tok.size + 1, np.int64)
+    np.cumsum(n_tok, out=row_start[1:])
+    first[has] = head - row_start[np.searchsorted(row_start, head, side="right") - 1]
+    valid = lp_states(lp[index], present[index]) == 1
+    lpv = np.where(valid, lp[index], 0.0)  # summed in float64: turn sums are compared in float64
+    km = key[mask]
+    km = km[km >= 0]
+    return TurnPass(
+        key,
+        index,
+        count,
+        start,
+        np.bincount(km, minlength=n_turns),
+        segment_sum(valid.view(np.uint8), start, has, np.int64),
+        segment_sum(lpv, start, has, np.float64),
+        first,
+    )
+
+
+def segment_sum(x: np.ndarray, start: np.ndarray, has: np.ndarray, dtype: Any) -> np.ndarray:
+    """Sums of consecutive segments of `x` beginning at `start` (0 where a segment is empty)."""
+    out = np.zeros(start.size, dtype)
+    if has.any():
+        out[has] = np.add.reduceat(x, start[has], dtype=dtype)
+    return out
+
+
+def to_go(v: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """Per element: the sum of v (float64) over it and every later element of the same row (`row`
+    sorted): the running sum at its row's last element, less the running sum before it, plus it."""
+    if ACTIVE is not None and v.size:
+        out = np.empty(v.size, np.float64)
+        ACTIVE.to_go(np.ascontiguousarray(v, np.float64), np.ascontiguousarray(row), out)
+        return out
+    return to_go_numpy(v, row)
+
+
+def to_go_numpy(v: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """`to_go` in numpy: a cumulative sum, each row's last running sum repeated."""
+    if not v.size:
+        return v
+    c = np.cumsum(v)
+    last = np.flatnonzero(np.r_[row[1:] != row[:-1], True])  # each row's last element
+    return np.repeat(c[last], np.diff(last, prepend=-1)) - c + v
+
+
+def routes(
+    n_tok: np.ndarray,
+    key: np.ndarray,
+    source: np.ndarray,
+    v: np.ndarray,
+    present: np.ndarray | None,
+    fits: np.ndarray,
+    pv: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """P505's per-token conditions over the routes `v` of a batch's tokens (NaN where none), as bool
+    arrays: (lost) a token of a row whose list fits (`fits`) without a value (`present`; None: every
+    token has one) before its row's last policy token (no log-prob reads the routes from there on);
+    (wrong) a policy token of a turn (`key` >= 0), not its row's first, whose log-prob is read
+    through the routes at the position before it, when those differ from its turn's version
+    pv[key] (a turn without a version, or no value at that position, is not compared); (other) a
+    token the policy did not sample whose value lies outside its row's [lo, hi]."""
+    if ACTIVE is None:
+        return routes_numpy(n_tok, key, source, v, present, fits, pv, lo, hi)
+    total = key.size
+    lost, wrong, other = (np.empty(total, np.bool_) for _ in range(3))
+    have = np.zeros(0, np.uint8) if present is None else np.ascontiguousarray(present).view(np.uint8)
+    ACTIVE.routes(
+        np.ascontiguousarray(n_tok, np.int64),
+        np.ascontiguousarray(key),
+        np.ascontiguousarray(source),
+        np.ascontiguousarray(v, np.float64),
+        have,
+        np.ascontiguousarray(fits).view(np.uint8),
+        np.ascontiguousarray(pv, np.float64),
+        np.ascontiguousarray(lo, np.float64),
+        np.ascontiguousarray(hi, np.float64),
+        lost.view(np.uint8),
+        wrong.view(np.uint8),
+        other.view(np.uint8),
+    )
+    return lost, wrong, other
+
+
+def routes_numpy(*arrays: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`routes` in numpy (the same arguments): per-token gathers of the turns' and rows' versions."""
+    n_tok, key, source, v, present, fits, pv, lo, hi = arrays
+    row = np.repeat(np.arange(n_tok.size), n_tok)
+    starts = np.zeros(n_tok.size + 1, np.int64)
+    np.cumsum(n_tok, out=starts[1:])
+    policy = source == 2
+    lost = np.zeros(row.size, bool) if present is None else fits[row] & ~present
+    if lost.any():  # no log-prob reads a route from the row's last policy token on
+        at = np.arange(row.size)
+        last = np.full(n_tok.size, -1)
+        np.maximum.at(last, row[policy], at[policy])
+        lost &= at < last[row]
+    idx = np.flatnonzero(policy & (key >= 0))  # the policy tokens that belong to a turn
+    idx = idx[idx > starts[row[idx]]]  # but a row's first (no position before it)
+    turn_v = pv[key[idx]]
+    bad = v[idx - 1] != turn_v  # NaN (no route, or a list that does not line up) compares unequal
+    bad &= ~np.isnan(turn_v) if present is None else ~np.isnan(turn_v) & present[idx - 1]
+    wrong = np.zeros(row.size, bool)
+    wrong[idx[bad]] = True
+    other = ~policy & ((v < lo[row]) | (v > hi[row]))
+    return lost, wrong, other
+
+
+def _flags(present: np.ndarray | None) -> np.ndarray:
+    """A per-token present flag for the native core (empty: every token has a value)."""
+    return np.zeros(0, np.uint8) if present is None else np.ascontiguousarray(present).view(np.uint8)
+
+
+def terms(
+    at: np.ndarray,
+    rew: np.ndarray,
+    rew_present: np.ndarray | None,
+    kl: np.ndarray | None,
+    kl_present: np.ndarray | None,
+) -> np.ndarray:
+    """R413's per-token terms at the token indices `at`: rew − kl in float64, a value not present
+    counting 0 (`*_present` None: every token has one; `kl` None: no KL term)."""
+    if ACTIVE is None:
+        return terms_numpy(at, rew, rew_present, kl, kl_present)
+    out = np.empty(at.size, np.float64)
+    klv = np.zeros(0, np.float64) if kl is None else np.ascontiguousarray(kl)
+    ACTIVE.terms(
+        np.ascontiguousarray(at, np.int64), np.ascontiguousarray(rew), _flags(rew_present), klv, _flags(kl_present), out
+    )
+    return out
+
+
+def terms_numpy(*arrays: Any) -> np.ndarray:
+    """`terms` in numpy (the same arguments): a gather and a cast per list."""
+    at, rew, rew_present, kl, kl_present = arrays
+
+    def one(values: np.ndarray, present: np.ndarray | None) -> np.ndarray:
+        v = values[at].astype(np.float64)
+        if present is not None:
+            v[~present[at]] = 0.0
+        return v
+
+    return one(rew, rew_present) if kl is None else one(rew, rew_present) - one(kl, kl_present)
+
+
+def placement(
+    n_tok: np.ndarray, source: np.ndarray, turn: np.ndarray, v: np.ndarray, present: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """R411's per-token condition: (wrong) a value placed (present and not 0; NaN is placed) on a
+    token that is not the last policy token of its turn (the next policy token of its row has
+    another token_turn, or there is none); and per row how many values are placed."""
+    if ACTIVE is None:
+        return placement_numpy(n_tok, source, turn, v, present)
+    wrong, n_placed = np.empty(source.size, np.bool_), np.empty(n_tok.size, np.int64)
+    ACTIVE.placement(
+        np.ascontiguousarray(n_tok, np.int64),
+        np.ascontiguousarray(source),
+        np.ascontiguousarray(turn),
+        np.ascontiguousarray(v),
+        _flags(present),
+        wrong.view(np.uint8),
+        n_placed,
+    )
+    return wrong, n_placed
+
+
+def placement_numpy(*arrays: Any) -> tuple[np.ndarray, np.ndarray]:
+    """`placement` in numpy (the same arguments): the policy tokens' rows and turns compared with
+    the next one's, a bincount of the placed tokens' rows."""
+    n_tok, source, turn, v, present = arrays
+    row = np.repeat(np.arange(n_tok.size), n_tok)
+    p = np.flatnonzero(source == 2)
+    last = np.zeros(row.size, bool)
+    if p.size:
+        rp, kp = row[p], turn[p]
+        last[p] = np.r_[(rp[1:] != rp[:-1]) | (kp[1:] != kp[:-1]), True]
+    placed = present & ~(v == 0)
+    return placed & ~last, np.bincount(row[placed], minlength=n_tok.size)
