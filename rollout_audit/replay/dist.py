@@ -65,9 +65,9 @@ def processed_logprobs(
     top_k = np.asarray(top_k, dtype=np.int64)
     top_p = np.asarray(top_p, dtype=np.float64)
     if support is not None:
-        recorded = support.any(axis=1)
-        z = np.where(recorded[:, None] & ~support, -np.inf, z)
-        top_k, top_p = np.where(recorded, 0, top_k), np.where(recorded, 1.0, top_p)
+        recorded = np.any(support, axis=1, keepdims=True)
+        z = np.where(recorded & ~support, -np.inf, z)
+        top_k, top_p = np.where(recorded[:, 0], 0, top_k), np.where(recorded[:, 0], 1.0, top_p)
     z = _top_k(z, top_k)
     logp = _top_p(log_softmax(z), top_p)
     if greedy.any():
