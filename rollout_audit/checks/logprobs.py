@@ -287,14 +287,20 @@ def outside_nucleus(b: BatchView, cfg) -> pl.DataFrame | None:
         )
     rows = np.flatnonzero(nuc.good)
     if rows.size:
-        token, _ = ragged_index(t.starts[rows], t.n_tok[rows])
-        owner = np.repeat(token, nuc.length)
-        inside = np.zeros(t.ids.size, bool)
-        inside[owner[nuc.ids == t.ids[owner]]] = True
-        size = np.zeros(t.ids.size, np.int64)
-        size[token] = nuc.length
-        bad = (size > 0) & ~inside
+        whole = bool(np.array_equal(nuc.good, b.ok))  # every row's record read: the tokens in their order
+        token = None if whole else ragged_index(t.starts[rows], t.n_tok[rows])[0]
+        held = t.ids if token is None else t.ids[token]
+        recorded = nuc.length > 0
+        # per token with a span: does any of its kept ids equal it (one pass over the kept ids)
+        same = np.repeat(held, nuc.length) == nuc.ids
+        spans = nuc.length[recorded]  # the non-empty spans, back to back in nuc.ids
+        at = np.concatenate([[0], np.cumsum(spans)[:-1]]).astype(np.int64)
+        hit = np.logical_or.reduceat(same, at) if same.size else np.zeros(0, bool)
+        bad = np.zeros(t.ids.size, bool)
+        bad[np.flatnonzero(recorded) if token is None else token[recorded]] = ~hit
         if bad.any():
+            size = np.zeros(t.ids.size, np.int64)
+            size[slice(None) if token is None else token] = nuc.length
             loc = b.locate(bad)
             first = t.starts[loc["_row"].to_numpy()] + loc["position"].to_numpy()
             loc = loc.with_columns(pl.Series("_id", t.ids[first].astype(np.int64)), pl.Series("_k", size[first]))

@@ -40,9 +40,12 @@ def _lengths(a: pa.Array) -> np.ndarray:
 
 
 def _flat(a: pa.Array, rows: np.ndarray) -> np.ndarray:
+    """The values of rows `rows`, flattened in row order, as stored (a null is -1, in int64)."""
     part = a.take(pa.array(rows, pa.int64())) if rows.size != len(a) else a
     flat = pc.list_flatten(part)
-    return pc.cast(flat, pa.int64()).fill_null(-1).to_numpy(zero_copy_only=False)
+    if flat.null_count:
+        flat = pc.cast(flat, pa.int64()).fill_null(-1)
+    return flat.to_numpy(zero_copy_only=False)
 
 
 def read_nucleus(offsets: pa.Array, ids: pa.Array, n_tok: np.ndarray, ok: np.ndarray) -> Nucleus:
@@ -67,7 +70,8 @@ def read_nucleus(offsets: pa.Array, ids: pa.Array, n_tok: np.ndarray, ok: np.nda
     off = _flat(offsets, shaped)
     counts = n_off[shaped]
     first_at = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    step = np.diff(off)
+    # two non-negative int32 offsets differ by an int32; a negative one could overflow the difference
+    step = np.diff(off if off.size and off.min() >= 0 else off.astype(np.int64))
     inner = np.ones(step.size, bool)
     inner[(first_at[1:] - 1)] = False  # the step from one row's last offset to the next row's first
     falls = np.flatnonzero(inner & (step < 0))
@@ -84,6 +88,7 @@ def read_nucleus(offsets: pa.Array, ids: pa.Array, n_tok: np.ndarray, ok: np.nda
     good[keep] = True
     if not keep.size:
         return Nucleus(good, np.zeros(0, np.int64), np.zeros(0, np.int64), why)
-    idx, _ = ragged(first_at[valid], counts[valid] - 1)
-    length = off[idx + 1] - off[idx]
-    return Nucleus(good, length.astype(np.int64), _flat(ids, keep), why)
+    length = step[inner]  # per token of the shaped rows, in row order
+    if not valid.all():
+        length = length[np.repeat(valid, counts - 1)]
+    return Nucleus(good, length, _flat(ids, keep), why)
