@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from adapterhelp import IDENTITY, cli, context_args, fixture, opts
+from adapterhelp import IDENTITY, cli, context_args, fixture, missing_field_exits_2, opts
 
 from rollout_audit.adapters import load
 from rollout_audit.adapters.base import contract_table, read_dump
@@ -82,6 +82,18 @@ def test_a_malformed_nucleus_record_is_named_not_read_and_never_a_crash(tmp_path
     code, rep = _check(tmp_path / "log", "--select", "L210")
     assert code == 1 and _found(rep) == {("L210", row["trajectory_id"])}, rep["findings"]
     assert why in rep["findings"][0]["message"] and "not read" in rep["findings"][0]["message"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("rollout_top_p_token_offsets", [0, 1]),  # not one more than the response: cannot be aligned
+        ("rollout_top_p_token_offsets", None),  # ids without their offsets
+        ("rollout_top_p_token_ids", "x"),
+    ],
+)
+def test_a_slime_nucleus_that_cannot_be_aligned_exits_2_naming_the_field(tmp_path, field, value):
+    missing_field_exits_2("slime", "top_p_nucleus", field, tmp_path, value)
 
 
 # ---------------------------------------------------------------- replay over the recorded support
