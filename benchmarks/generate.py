@@ -420,6 +420,7 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
         "loss_stream": _list(tok_start, pa.array(np.zeros(ntok, np.uint8))),
         "loss_weight": _list(tok_start, pa.array(mask.astype(np.float32))),
         "overlong_penalty": pa.array(np.zeros(n)),
+        **_nucleus(ids, pol, tok_start),
     }
     schema = file_schema(plan.shape)
     turn_type = schema.field("turns").type.value_type
@@ -439,8 +440,25 @@ NOT_GENERATED = frozenset(
         "split_context_id",
         "loss_excluded",
         "routed_experts_sha256",  # no expert ids are generated to digest
+        "split_exposed_position",
+        "split_exposed_logprob_id",
     }
 )
+
+
+def _nucleus(ids: np.ndarray, pol: np.ndarray, tok_start: np.ndarray) -> dict[str, pa.Array]:
+    """Contract 1.3's recorded nucleus: each policy token kept with one other id (a top-p that keeps
+    two), every other token an empty span; the offsets count every token of a row, one more."""
+    kept = np.where(pol, 2, 0)
+    flat = np.concatenate([[0], np.cumsum(kept)])
+    counts = np.diff(tok_start) + 1
+    first = np.repeat(tok_start[:-1], counts)
+    at = first + np.arange(counts.sum()) - np.repeat(_offsets(counts)[:-1], counts)
+    pairs = np.stack([ids[pol], ids[pol] + 1], axis=1).reshape(-1).astype(np.int32)
+    return {
+        "nucleus_ids": _list(flat[tok_start], pa.array(pairs)),
+        "nucleus_offsets": _list(_offsets(counts), pa.array((flat[at] - flat[first]).astype(np.int32))),
+    }
 
 
 def file_schema(shape: Shape) -> pa.Schema:

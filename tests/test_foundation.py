@@ -101,14 +101,22 @@ def test_missing_required_column_s001_and_checks_not_run(tmp_path, records):
     assert s001["file"][0].endswith("x.parquet")
     assert not rep.ok
     # every check that reads loss_mask says so, and no other check is missing
-    readers = {c for c, r in ra.all_rules().items() if "loss_mask" in r.requires and not r.preview}
+    # (a check that also requires a column this log never recorded names both: M111)
+    readers = {
+        c
+        for c, r in ra.all_rules().items()
+        if "loss_mask" in r.requires
+        and not r.preview
+        and all(q in t.column_names or q == "loss_mask" or "." in q for q in r.requires)
+    }
     assert {"M101", "M102", "M103"} <= readers  # the mask checks at least
     assert {c: w for c, w in rep.not_run.items() if c in readers} == {c: "column loss_mask absent" for c in readers}
     no_updates = {c for c, r in ra.all_rules().items() if any(q.startswith("updates") for q in r.requires)}
     assert all(rep.not_run[c] == "the log has no update records" for c in no_updates)
     # configuration needed (R408, T306), no template render (M107); replay is off by default; no
-    # per-token loss evidence (contract 1.2: R411-R413), no routes or overlong penalty (contract 1.3: P505, R414)
-    evidence = {"R411", "R412", "R413", "P505", "R414"}
+    # per-token loss evidence (contract 1.2: R411-R413), no routes or overlong penalty (contract 1.3: P505, R414),
+    # no recorded nucleus or split's exposed token (contract 1.3: L210, M111)
+    evidence = {"R411", "R412", "R413", "P505", "R414", "L210", "M111"}
     assert (
         set(rep.not_run) - readers == {"R408", "T306", "M107", "L205", "L206", "L207", "L209"} | no_updates | evidence
     )

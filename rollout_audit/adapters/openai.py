@@ -146,7 +146,7 @@ def _call(line: Mapping[str, Any], where: str, version: int | None) -> Call:
         **{k: option(request, k, f"{where}.request") for k in ("temperature", "top_p") if request.get(k) is not None},
         **({"policy_version": version} if version is not None else {}),
     }
-    call = Call(prompt, sampled, _logprobs(choice), turn)
+    call = Call(prompt, sampled, _logprobs(choice), turn, logprob_ids=logprob_ids(choice))
     recorded_logprobs(call, where)  # checked here, where the record is known (the session merges its calls later)
     return call
 
@@ -198,3 +198,30 @@ def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     said, truncation = trainer_policy(context)
     table = contract_table(rows, LACKS, "openai")
     return with_policy(table, said, truncation=truncation) if truncation else table
+
+
+def logprob_ids(choice: Mapping[str, Any]) -> list[int | None] | None:
+    """Per sampled token, the id its log-prob entry names: vLLM writes an entry's token as
+    "token_id:N" when the request sets return_tokens_as_token_ids (chat `content[].token`,
+    completions `tokens`). None when no entry names an id; an entry in another form names none.
+    This is the engine's own record of which token each log-prob is for, independent of
+    `token_ids` (the ids a server bug can replace, microsoft/agent-lightning#326)."""
+    lp = choice.get("logprobs")
+    if not isinstance(lp, Mapping):
+        return None
+    if isinstance(lp.get("content"), list):
+        tokens = [e.get("token") if isinstance(e, Mapping) else None for e in lp["content"]]
+    elif isinstance(lp.get("tokens"), list):
+        tokens = list(lp["tokens"])
+    else:
+        return None
+    out = [_named_id(t) for t in tokens]
+    return out if any(i is not None for i in out) else None
+
+
+def _named_id(token: Any) -> int | None:
+    """N of a "token_id:N" entry (a non-negative integer of at most 10 digits), else None."""
+    if not isinstance(token, str) or not token.startswith("token_id:"):
+        return None
+    digits = token[len("token_id:") :]
+    return int(digits) if digits.isdigit() and len(digits) <= 10 and int(digits) < 2**31 else None

@@ -240,6 +240,7 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
         lp = numbers(aligned(rec, "rollout_log_probs", mask, where), "rollout_log_probs", where)
         out["behavior_logprobs"] = logprobs_column(n_prompt, lp, sampled)
     out.update(_routes(rec, len(tokens), where))
+    out.update(nucleus_columns(rec, n_prompt, n_resp, where))
     return with_context(out, ctx)
 
 
@@ -411,3 +412,26 @@ def updates(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table | 
     table = records_to_table(rows, kind="updates")
     meta = {**(table.schema.metadata or {}), S.META_NOT_RECORDED: json.dumps(UPDATE_LACKS, sort_keys=True).encode()}
     return table.replace_schema_metadata(meta)
+
+
+def nucleus_columns(rec: Mapping[str, Any], n_prompt: int, n_resp: int, where: str) -> dict[str, Any]:
+    """slime's recorded top-p nucleus as contract 1.3 nucleus_ids / nucleus_offsets (empty when the
+    sample has none: top_p 1, or top-p replay off). `Sample.rollout_top_p_token_ids` holds the kept
+    ids of every response token, flattened, and `rollout_top_p_token_offsets` one offset more than the
+    response (slime/utils/types.py:122-125; SGLang's meta_info merged call by call, :325-350, a tool
+    output's tokens padded with empty spans, :304-314; slime asserts the shape, ray/rollout.py:720-729).
+    The prompt's tokens get empty spans in front: the offsets then count every token. The values are
+    carried as recorded (L210 names offsets that do not fit); only a length that cannot be aligned
+    with the response is refused."""
+    ids, offsets = rec.get("rollout_top_p_token_ids"), rec.get("rollout_top_p_token_offsets")
+    if ids is None and offsets is None:
+        return {}
+    if ids is None or offsets is None:
+        raise AdapterError(f"{where}: rollout_top_p_token_ids and rollout_top_p_token_offsets come together")
+    kept = ints(rec, "rollout_top_p_token_ids", where)
+    at = ints(rec, "rollout_top_p_token_offsets", where)
+    if len(at) != n_resp + 1:
+        raise AdapterError(
+            f"{where}: {len(at)} rollout_top_p_token_offsets for {n_resp} response tokens (want one more)"
+        )
+    return {"nucleus_ids": kept, "nucleus_offsets": [0] * n_prompt + at}

@@ -39,6 +39,7 @@ class Call:
     logprobs: Sequence[float | None] | None
     turn: dict[str, Any] = field(default_factory=dict)
     mask: Sequence[Any] | None = None  # the framework's loss mask on the sampled ids (None: all trained)
+    logprob_ids: Sequence[int | None] | None = None  # per sampled id: the id its log-prob entry names (None: not named)
 
 
 @dataclass
@@ -52,6 +53,8 @@ class Segment:
     turns: list[dict[str, Any]] = field(default_factory=list)
     loss_mask: list[bool] = field(default_factory=list)
     split: dict[str, Any] = field(default_factory=dict)  # where this segment's first context left the previous one
+    logprob_ids: list[int | None] = field(default_factory=list)  # per token: the id its log-prob entry names
+    exposed: dict[str, Any] = field(default_factory=dict)  # where the next segment's first context left this one
 
     def add(
         self,
@@ -68,6 +71,7 @@ class Segment:
         self.loss_mask += [bool(m) for m in mask] if mask is not None else [source == S.POLICY] * len(ids)
         self.behavior_logprobs += list(lps) if lps is not None else [None] * len(ids)
         self.token_turn += [turn] * len(ids)
+        self.logprob_ids += [None] * len(ids)
 
     def columns(self) -> dict[str, Any]:
         """The token-level and turn columns."""
@@ -118,6 +122,8 @@ def merge(calls: Sequence[Call], where: str) -> list[Segment]:
             delta, source = prompt[len(seg.token_ids) :], 3
         else:
             split = divergence(seg.token_ids, prompt) if seg is not None else {}
+            if seg is not None:
+                seg.exposed = exposed(seg, split["split_position"])
             seg = Segment(split=split)
             segments.append(seg)
             delta, source = prompt, 1
@@ -128,7 +134,19 @@ def merge(calls: Sequence[Call], where: str) -> list[Segment]:
         if mask is not None and len(mask) != len(completion):
             raise AdapterError(f"{where} call {n}: a mask of {len(mask)} for {len(completion)} sampled ids")
         seg.add(completion, S.POLICY, recorded_logprobs(call, f"{where} call {n}"), mask)
+        if call.logprob_ids is not None and len(call.logprob_ids) == len(completion):
+            seg.logprob_ids[len(seg.logprob_ids) - len(completion) :] = list(call.logprob_ids)
     return segments
+
+
+def exposed(seg: Segment, position: int) -> dict[str, Any]:
+    """What a split exposes on the segment it leaves (contract 1.3): the position and the id the
+    engine's log-prob entry names there, when the engine sampled that position and its entry names
+    an id (from the engine's response, never from the mask); empty otherwise."""
+    named = seg.logprob_ids[position] if position < len(seg.logprob_ids) else None
+    if named is None:
+        return {}
+    return {"split_exposed_position": position, "split_exposed_logprob_id": named}
 
 
 def episode_rows(episode_id: str, segments: Sequence[Segment], outcome: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -146,6 +164,7 @@ def episode_rows(episode_id: str, segments: Sequence[Segment], outcome: Mapping[
             "split_from": episode_id,
             "split_continues": j < last,
             **seg.split,
+            **seg.exposed,
             **(outcome if j == last else dict.fromkeys(outcome)),
         }
         for j, seg in enumerate(segments)

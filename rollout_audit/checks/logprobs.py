@@ -9,7 +9,8 @@ import polars as pl
 
 from ..contract.registry import rule
 from ..frames.views import BatchView
-from .common import source_breakdown, tolerance, where_first
+from ..replay.nucleus import read_nucleus
+from .common import ragged_index, source_breakdown, tolerance, where_first
 
 
 @rule(
@@ -241,3 +242,80 @@ def placeholder_logprob(b: BatchView, cfg) -> pl.DataFrame | None:
         .add(where_first())
         .alias("message"),
     )
+
+
+@rule(
+    "L210",
+    "sampled token outside the nucleus the engine recorded for it",
+    "error",
+    requires=("token_ids", "nucleus_ids", "nucleus_offsets"),
+    optional=("token_turn",),
+)
+def outside_nucleus(b: BatchView, cfg) -> pl.DataFrame | None:
+    """A token whose nucleus the engine recorded (contract 1.3 nucleus_ids, nucleus_offsets: slime's
+    rollout_top_p_token_ids with their offsets) is not among its own recorded ids.
+
+    Lesson “Token-level and sequence-level probability ratios”: with top-p (or top-k) the behaviour
+    distribution is the model's softmax renormalised over the nucleus, and a trainer that replays
+    the sampler (slime masks the training logits to the recorded ids before its log-softmax) scores
+    each token over its own recorded support. A sampled token is always inside the support it was
+    drawn from, so a token outside it means the record and the tokens are misaligned: the spans
+    shifted by a position (the logits row that predicts token p is row p − 1), a resumed call's
+    spans appended without rebasing, the ids of another sample. The trainer then gives that token a
+    probability of zero under its own replayed distribution (an infinite or clamped ratio), and
+    replay renormalises over the wrong support. Tokens with an empty span (prompt, tool output, a
+    turn sampled without a cut-off) record nothing and are not judged; a record whose offsets do
+    not fit the tokens (not one more than the tokens, not from 0 to the number of ids, decreasing)
+    is named and not read. Align the nucleus with the token it was sampled for, in the same order
+    as the log-probs.
+    """
+    if not b.ok.any():
+        return None
+    t = b.tokens
+    nuc = read_nucleus(b.col("nucleus_offsets"), b.col("nucleus_ids"), t.n_tok, b.ok)
+    parts: list[pl.DataFrame] = []
+    broken = [r for r, w in enumerate(nuc.why) if w is not None]
+    if broken:
+        parts.append(
+            pl.DataFrame(
+                {
+                    "trajectory_id": b.ids.gather(broken),
+                    "message": [f"{nuc.why[r]}; the nucleus is not read" for r in broken],
+                },
+                schema={"trajectory_id": pl.String, "message": pl.String},
+            )
+        )
+    rows = np.flatnonzero(nuc.good)
+    if rows.size:
+        whole = bool(np.array_equal(nuc.good, b.ok))  # every row's record read: the tokens in their order
+        token = None if whole else ragged_index(t.starts[rows], t.n_tok[rows])[0]
+        held = t.ids if token is None else t.ids[token]
+        recorded = nuc.length > 0
+        # per token with a span: does any of its kept ids equal it (one pass over the kept ids)
+        same = np.repeat(held, nuc.length) == nuc.ids
+        spans = nuc.length[recorded]  # the non-empty spans, back to back in nuc.ids
+        at = np.concatenate([[0], np.cumsum(spans)[:-1]]).astype(np.int64)
+        hit = np.logical_or.reduceat(same, at) if same.size else np.zeros(0, bool)
+        bad = np.zeros(t.ids.size, bool)
+        bad[np.flatnonzero(recorded) if token is None else token[recorded]] = ~hit
+        if bad.any():
+            size = np.zeros(t.ids.size, np.int64)
+            size[slice(None) if token is None else token] = nuc.length
+            loc = b.locate(bad)
+            first = t.starts[loc["_row"].to_numpy()] + loc["position"].to_numpy()
+            loc = loc.with_columns(pl.Series("_id", t.ids[first].astype(np.int64)), pl.Series("_k", size[first]))
+            parts.append(
+                loc.select(
+                    "trajectory_id",
+                    "turn",
+                    "position",
+                    pl.format(
+                        "{} sampled token(s) outside the nucleus the engine recorded for them; first at ",
+                        "n",
+                    )
+                    .add(where_first())
+                    .add(pl.format(": id {} is not among its {} recorded id(s)", "_id", "_k"))
+                    .alias("message"),
+                )
+            )
+    return pl.concat(parts, how="diagonal_relaxed") if parts else None

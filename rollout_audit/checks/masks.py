@@ -717,3 +717,86 @@ def _stream_finding(b: BatchView, where: np.ndarray, what: str) -> pl.DataFrame:
         )
         .alias("message"),
     )
+
+
+@rule(
+    "M111",
+    "a split exposes a trained token whose log-prob the engine recorded for another id",
+    "error",
+    requires=("token_ids", "loss_mask", "behavior_logprobs", "split_exposed_position", "split_exposed_logprob_id"),
+    optional=("token_turn",),
+)
+def split_exposes_wrong_id(b: BatchView, cfg) -> pl.DataFrame | None:
+    """A segment that a later split left trains, at the position the split exposed
+    (split_exposed_position), an id other than the one the engine's own log-prob record names there
+    (split_exposed_logprob_id), with that log-prob.
+
+    Lesson “Log-probabilities must be captured at every turn” (token in, token out): a split (M108)
+    says the next engine context did not extend the sequence so far. When the engine really sampled
+    the id the sequence holds and the text was tokenized again differently (retokenization drift),
+    the trained token and its log-prob belong together: M108 warns that the credit is split. When
+    the engine's log-prob record names another id at that position, the server returned a wrong id
+    for the token it sampled (microsoft/agent-lightning#326: vLLM's return_token_ids under streaming
+    with a tool parser dropped or replaced control tokens), and the next context, rendered from the
+    text, has the right one: the trainer trains the wrong id with the probability of the sampled
+    one, a ratio of two different tokens, and runs collapse within a few steps. Recomputed on the
+    row that trains the token: loss_mask true and a behaviour log-prob at split_exposed_position,
+    and token_ids there differs from split_exposed_logprob_id (the id the engine's log-prob entry
+    names, recorded from the engine's response, never from the mask). Without the log-prob record's
+    id (null) nothing is claimed. Fix the server (vllm-project/vllm#29074) or take the sampled ids
+    from the log-prob entries, and drop the affected turns.
+    """
+    at, named = b.col("split_exposed_position"), b.col("split_exposed_logprob_id")
+    if at.null_count == b.n or named.null_count == b.n or not b.ok.any():
+        return None
+    t = b.tokens
+    pos = at.cast(pa.int64()).fill_null(-1).to_numpy(zero_copy_only=False)
+    want = named.cast(pa.int64()).fill_null(-1).to_numpy(zero_copy_only=False)
+    rows = np.flatnonzero(
+        b.ok
+        & (pos >= 0)
+        & at.is_valid().to_numpy(zero_copy_only=False)
+        & named.is_valid().to_numpy(zero_copy_only=False)
+    )
+    if not rows.size:
+        return None
+    p = pos[rows]
+    inside = p < t.n_tok[rows]
+    g = t.starts[rows] + np.where(inside, p, 0)
+    held = np.where(inside, t.ids[g].astype(np.int64), -1)
+    trained = inside & t.mask[g] & t.lp_present[g]
+    bad = trained & (held != want[rows])
+    outside = ~inside
+    if not (bad.any() or outside.any()):
+        return None
+    keep = bad | outside
+    r = rows[keep]
+    turn = t.turn[g[keep]].astype(np.int64) if "token_turn" in b.lists else np.full(r.size, -1, np.int64)
+    df = pl.DataFrame(
+        {
+            "trajectory_id": b.ids.gather(r),
+            "position": p[keep],
+            "turn": pl.Series(turn).set(pl.Series((turn < 0) | outside[keep]), None),
+            "held": held[keep],
+            "named": want[r],
+            "outside": outside[keep],
+            "n_tok": t.n_tok[r].astype(np.int64),
+        }
+    )
+    return df.select(
+        "trajectory_id",
+        pl.when(~pl.col("outside")).then("turn").alias("turn"),
+        pl.when(~pl.col("outside")).then("position").alias("position"),
+        pl.when(pl.col("outside"))
+        .then(pl.format("split_exposed_position {} lies outside the segment's {} tokens", "position", "n_tok"))
+        .otherwise(
+            pl.format(
+                "the split exposes position {}: the segment trains id {} there with the log-prob the engine "
+                "recorded for id {} (the id its log-prob entry names): the server returned another id than it sampled",
+                "position",
+                "held",
+                "named",
+            )
+        )
+        .alias("message"),
+    )

@@ -29,6 +29,8 @@ _READS = (
     "turns.temperature",
     "turns.top_p",
     "turns.top_k",
+    "nucleus_ids",
+    "nucleus_offsets",
 )
 _REPLAY_CONFIG = (
     "replay",

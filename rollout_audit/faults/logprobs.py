@@ -67,3 +67,37 @@ def decoding_params_dropped(ctx: Ctx) -> list[str]:
     t = ctx.pick()
     t["turns"][0]["temperature"] = None
     return [t["trajectory_id"]]
+
+
+def record_nucleus(t: dict, shift: int = 0) -> None:
+    """The engine's nucleus record of a trajectory sampled at top_p 0.9 (contract 1.3 nucleus_ids,
+    nucleus_offsets): each policy token's kept ids, the sampled id first and two others; the spans
+    sit `shift` positions earlier than the tokens they were sampled for (0: aligned)."""
+    n = len(t["token_ids"])
+    spans: list[list[int]] = [[] for _ in range(n)]
+    for i in policy_positions(t):
+        if 0 <= i - shift < n:
+            spans[i - shift] = [t["token_ids"][i], t["token_ids"][i] + 7, t["token_ids"][i] + 13]
+    t["nucleus_ids"] = [k for s in spans for k in s]
+    t["nucleus_offsets"] = [0]
+    for s in spans:
+        t["nucleus_offsets"].append(t["nucleus_offsets"][-1] + len(s))
+    for tr in t["turns"]:
+        tr["top_p"] = 0.9
+
+
+@fault("nucleus_shifted_one", {"L210"})
+def nucleus_shifted_one(ctx: Ctx) -> list[str]:
+    """The recorded nucleus is aligned with the logits rows instead of the tokens: the kept ids of
+    the token at position p sit at p − 1 (the row whose logits predict it), so sampled tokens lie
+    outside the support recorded for them (the token before each sampled one is judged against
+    the sampled one's nucleus), and a trainer that masks its logits to the recorded
+    ids gives them probability zero."""
+
+    def distinct(t: dict) -> bool:
+        ids = t["token_ids"]
+        return any(i >= 1 and ids[i - 1] - ids[i] not in (0, 7, 13) for i in policy_positions(t))
+
+    t = ctx.pick(distinct, "trajectory whose policy tokens differ from the tokens before them")
+    record_nucleus(t, shift=1)
+    return [t["trajectory_id"]]

@@ -162,3 +162,31 @@ def loss_weight_on_masked_token(ctx: Ctx) -> list[str]:
     )
     t["loss_weight"][t["token_source"].index(3)] = 1.0
     return [t["trajectory_id"]]
+
+
+@fault("control_token_id_replaced", {"M111"})
+def control_token_id_replaced(ctx: Ctx) -> list[str]:
+    """The server returned a wrong id for a control token it sampled (microsoft/agent-lightning#326:
+    vLLM return_token_ids under streaming with a tool parser): the segment trains that id with the
+    log-prob of the sampled one, and the next context, rendered from the text, has the sampled id,
+    so the trainer split the episode there; the engine's log-prob entry names the sampled id.
+
+    The replaced token opens the segment's last turn, so no later turn of this row holds it; the
+    turn's returned ids (sampled_token_ids) carry the wrong id too, as the server returned them."""
+
+    def target(t: dict) -> int | None:
+        pos = policy_positions(t, turn=len(t["turns"]) - 1)
+        ok = [i for i in pos if t["loss_mask"][i] and t["behavior_logprobs"][i] is not None]
+        return ok[0] if ok else None
+
+    t = ctx.pick(lambda t: bool(t["turns"]) and target(t) is not None, "trajectory with a trained last turn")
+    at = target(t)
+    assert at is not None
+    sampled = t["token_ids"][at]
+    t["token_ids"][at] = sampled + 1
+    tr = t["turns"][t["token_turn"][at]]
+    if tr.get("sampled_token_ids"):
+        tr["sampled_token_ids"][policy_positions(t, turn=t["token_turn"][at]).index(at)] = sampled + 1
+    t["split_exposed_position"] = at
+    t["split_exposed_logprob_id"] = sampled
+    return [t["trajectory_id"]]

@@ -21,7 +21,10 @@ class ReplayRequest:
     log-prob comes from the model's output after reading `token_ids[traj[i]][:position[i]]`. Decoding
     parameters are per token (its turn's): temperature, top_p (1.0 = off), top_k (0 = off). `rows` is
     the Arrow slice of these trajectories (with `turns`), for replayers that rebuild more context
-    (e.g. a controller's action mask from the logged observations).
+    (e.g. a controller's action mask from the logged observations). `support_ids` with
+    `support_offsets` (one more than the scored tokens) is the nucleus the engine recorded for each
+    scored token (contract 1.3 nucleus_ids): scored over it instead of top_p / top_k where its span
+    is not empty (`support_mask`).
     """
 
     version: int
@@ -33,6 +36,25 @@ class ReplayRequest:
     top_p: np.ndarray
     top_k: np.ndarray
     rows: pa.Table
+    support_ids: np.ndarray | None = None
+    support_offsets: np.ndarray | None = None
+
+    def support_mask(self, index: np.ndarray, vocab: int) -> np.ndarray | None:
+        """[len(index), vocab] True on the recorded nucleus of scored tokens `index` (a row with no
+        recorded nucleus is all False: the decoding parameters apply); None when none is recorded.
+        Ids at or past `vocab` are not in the model's vocabulary and are left out."""
+        if self.support_ids is None or self.support_offsets is None:
+            return None
+        lo, hi = self.support_offsets[index], self.support_offsets[index + 1]
+        if not (hi > lo).any():
+            return None
+        owner = np.repeat(np.arange(len(index)), hi - lo)
+        begin = np.concatenate([[0], np.cumsum(hi - lo)[:-1]]).astype(np.int64)
+        ids = self.support_ids[lo[owner] + np.arange(owner.size) - begin[owner]]
+        inside = (ids >= 0) & (ids < vocab)
+        mask = np.zeros((len(index), vocab), bool)
+        mask[owner[inside], ids[inside]] = True
+        return mask
 
     @property
     def tokens(self) -> np.ndarray:

@@ -1,5 +1,6 @@
 """Decoding distributions in numpy: the log-prob of a token under the base softmax and under the
-distribution a sampler actually drew from (action mask → temperature → top-k → top-p → renormalise)."""
+distribution a sampler actually drew from (action mask → temperature → top-k → top-p → renormalise;
+where the engine recorded the nucleus it kept, the recorded support replaces top-k and top-p)."""
 
 from __future__ import annotations
 
@@ -40,12 +41,20 @@ def _top_p(logp: np.ndarray, top_p: np.ndarray) -> np.ndarray:
 
 
 def processed_logprobs(
-    logits: np.ndarray, temperature: np.ndarray, top_p: np.ndarray, top_k: np.ndarray, mask: np.ndarray | None = None
+    logits: np.ndarray,
+    temperature: np.ndarray,
+    top_p: np.ndarray,
+    top_k: np.ndarray,
+    mask: np.ndarray | None = None,
+    support: np.ndarray | None = None,
 ) -> np.ndarray:
     """[N, V] log-probs of the distribution sampled from, one row per scored token with its own parameters.
 
     `logits` may be raw scores or base log-probs (the same distribution after a shift). Temperature <= 0
     means greedy: all mass on the arg-max. `mask` (True = allowed) is the producer's action mask.
+    `support` (True = kept) is the nucleus the engine recorded: a row with one is renormalised over it
+    after the temperature, as a trainer replaying the sampler does, and top-k / top-p are not
+    recomputed there; a row without one (all False) gets top-k and top-p.
     """
     z = np.asarray(logits, dtype=np.float64)
     if mask is not None:
@@ -53,8 +62,14 @@ def processed_logprobs(
     t = np.asarray(temperature, dtype=np.float64)
     greedy = ~(t > 0)
     z = z / np.where(greedy, 1.0, t)[:, None]
-    z = _top_k(z, np.asarray(top_k, dtype=np.int64))
-    logp = _top_p(log_softmax(z), np.asarray(top_p, dtype=np.float64))
+    top_k = np.asarray(top_k, dtype=np.int64)
+    top_p = np.asarray(top_p, dtype=np.float64)
+    if support is not None:
+        recorded = np.any(support, axis=1, keepdims=True)
+        z = np.where(recorded & ~support, -np.inf, z)
+        top_k, top_p = np.where(recorded[:, 0], 0, top_k), np.where(recorded[:, 0], 1.0, top_p)
+    z = _top_k(z, top_k)
+    logp = _top_p(log_softmax(z), top_p)
     if greedy.any():
         best = np.argmax(z, axis=1)
         one_hot = np.where(np.arange(z.shape[1])[None, :] == best[:, None], 0.0, -np.inf)
@@ -69,9 +84,11 @@ def token_logprobs(
     top_p: np.ndarray,
     top_k: np.ndarray,
     mask: np.ndarray | None = None,
+    support: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(sampled, base) log-probs of `tokens` [N] under the processed and the base distributions of [N, V] logits."""
+    """(sampled, base) log-probs of `tokens` [N] under the processed and the base distributions of [N, V]
+    logits (`support`: the recorded nucleus, see `processed_logprobs`)."""
     rows = np.arange(len(tokens))
     base = log_softmax(np.asarray(logits, dtype=np.float64))[rows, tokens]
-    sampled = processed_logprobs(logits, temperature, top_p, top_k, mask)[rows, tokens]
+    sampled = processed_logprobs(logits, temperature, top_p, top_k, mask, support)[rows, tokens]
     return sampled, base

@@ -13,6 +13,7 @@ from ..contract.schema import POLICY
 
 TOKEN_COLUMNS = ("trajectory_id", "token_ids", "token_source", "behavior_logprobs", "token_turn", "turns")
 TURN_PARAMS = ("policy_version", "temperature", "top_p", "top_k")
+NUCLEUS = ("nucleus_ids", "nucleus_offsets")  # read when the log records them (contract 1.3): replay's support
 
 
 def stratified_sample(traj: pl.DataFrame, n: int) -> pl.DataFrame:
@@ -94,4 +95,23 @@ def token_frame(rows: pa.Table, second: str | None = None) -> pl.DataFrame:
             raise ValueError(f"column {second} is not aligned with token_ids")
         frame["second"] = other[keep]
     df = pl.DataFrame(frame).with_columns(pl.col("top_k").cast(pl.Int64))
+    if all(c in rows.column_names for c in NUCLEUS):
+        df = df.with_columns(_support(rows, lengths, keep))
     return df.filter(pl.col("policy_version").is_not_nan()).with_columns(pl.col("policy_version").cast(pl.Int64))
+
+
+def _support(rows: pa.Table, lengths: np.ndarray, keep: np.ndarray) -> pl.Series:
+    """Per kept token: the ids of the nucleus the engine recorded for it (empty where it recorded
+    none, or where a row's record is malformed: L210 names those)."""
+    from .nucleus import ragged, read_nucleus
+
+    nuc = read_nucleus(rows.column("nucleus_offsets"), rows.column("nucleus_ids"), lengths, np.ones(len(lengths), bool))
+    size = np.zeros(int(lengths.sum()), np.int64)
+    begin = np.zeros(size.size, np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    token, _ = ragged(starts[nuc.good], lengths[nuc.good])
+    size[token], begin[token] = nuc.length, nuc.start
+    idx, _ = ragged(begin[keep], size[keep])
+    offsets = np.concatenate([[0], np.cumsum(size[keep])]).astype(np.int32)
+    arr = pa.ListArray.from_arrays(pa.array(offsets), pa.array(nuc.ids[idx], pa.int64()))
+    return pl.Series("support", arr)

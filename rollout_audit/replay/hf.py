@@ -57,6 +57,11 @@ class HFReplayer:
                 cols = torch.from_numpy(request.position[sel] - 1).to(device)
                 z = logits[rows, cols].double().cpu().numpy()
                 sampled[sel], base[sel] = token_logprobs(
-                    z, tokens[sel], request.temperature[sel], request.top_p[sel], request.top_k[sel]
+                    z,
+                    tokens[sel],
+                    request.temperature[sel],
+                    request.top_p[sel],
+                    request.top_k[sel],
+                    support=request.support_mask(sel, z.shape[1]),
                 )
         return ReplayResult(sampled=sampled, base=base)

@@ -116,7 +116,12 @@ class HTTPReplayer:
             dists = self._distributions(base_url, model, [request.token_ids[i].tolist() for i in chunk], want)
             z = self._dense(dists, request.traj[sel] - lo, request.position[sel])
             sampled[sel], base[sel] = token_logprobs(
-                z, tokens[sel], request.temperature[sel], request.top_p[sel], request.top_k[sel]
+                z,
+                tokens[sel],
+                request.temperature[sel],
+                request.top_p[sel],
+                request.top_k[sel],
+                support=request.support_mask(sel, z.shape[1]),
             )
         return ReplayResult(sampled=sampled, base=base)
 

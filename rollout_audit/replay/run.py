@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .base import NotConfigured, Replayer, ReplayRequest
-from .frame import TOKEN_COLUMNS, read_rows, stratified_sample, token_frame
+from .frame import NUCLEUS, TOKEN_COLUMNS, read_rows, stratified_sample, token_frame
 
 
 def sampled_rows(
@@ -34,9 +34,9 @@ def sampled_rows(
         if ids == []:
             continue
         t = (
-            read_rows(f, ids, TOKEN_COLUMNS + extra)
+            read_rows(f, ids, TOKEN_COLUMNS + NUCLEUS + extra)
             if f not in memory
-            else _memory_rows(memory[f], ids, TOKEN_COLUMNS + extra)
+            else _memory_rows(memory[f], ids, TOKEN_COLUMNS + NUCLEUS + extra)
         )
         parts.append(t.append_column("file", pa.array([f] * t.num_rows, pa.string())))
     if not parts:
@@ -57,6 +57,15 @@ def _request(rows: pa.Table, tokens: pl.DataFrame, version: int) -> tuple[Replay
     lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False).astype(np.int64)
     flat = pc.list_flatten(ids).to_numpy(zero_copy_only=False).astype(np.int64)
     token_ids = np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
+    support: dict[str, np.ndarray] = {}
+    if "support" in sel.columns:
+        spans = sel["support"].to_arrow()
+        support = {
+            "support_ids": pc.list_flatten(spans).to_numpy(zero_copy_only=False).astype(np.int64),
+            "support_offsets": np.concatenate(
+                [[0], np.cumsum(pc.list_value_length(spans).to_numpy(zero_copy_only=False))]
+            ).astype(np.int64),
+        }
     req = ReplayRequest(
         version=version,
         token_ids=token_ids,
@@ -67,6 +76,7 @@ def _request(rows: pa.Table, tokens: pl.DataFrame, version: int) -> tuple[Replay
         top_p=sel["top_p"].to_numpy(),
         top_k=sel["top_k"].to_numpy(),
         rows=sub,
+        **support,
     )
     return req, sel["_i"].to_numpy()
 

@@ -12,8 +12,17 @@ P0 = [1, 31, 3, 22, 23, 24, 2, 3, *HEADER]
 TOOL = [3, 1, 33, 3, 40, 41, 2, 3]  # the tool's reply as the template renders it
 
 
-def _pair(session: str, turn: int, prompt: list[int], ids: list[int], lps: list[float], finish: str) -> dict:
-    """One request/response pair of a session."""
+def _pair(
+    session: str,
+    turn: int,
+    prompt: list[int],
+    ids: list[int],
+    lps: list[float],
+    finish: str,
+    named: list[int] | None = None,
+) -> dict:
+    """One request/response pair of a session; `named`: the ids the log-prob entries name, when the
+    server returned other `token_ids` than it sampled."""
     request = {
         "messages": [{"role": "user", "content": "open the door"}],
         "logprobs": True,
@@ -37,7 +46,7 @@ def _pair(session: str, turn: int, prompt: list[int], ids: list[int], lps: list[
                 "logprobs": {
                     "content": [
                         {"token": f"token_id:{i}", "logprob": lp, "bytes": None, "top_logprobs": []}
-                        for i, lp in zip(ids, lps)
+                        for i, lp in zip(named or ids, lps)
                     ]
                 },
                 "finish_reason": finish,
@@ -82,5 +91,25 @@ def retokenized() -> list[dict]:
     ]  # fmt: skip
 
 
+def control_token_replaced() -> list[dict]:
+    """microsoft/agent-lightning#326: streaming with a tool parser, the server returned a wrong id (7)
+    for the control token it sampled (2, <|im_end|>) in `token_ids`, while its log-prob entry names
+    the sampled one ("token_id:2"). The next prompt, rendered from the text, has 2 there: the trainer
+    starts a new sequence (M108), and the first segment trains 7 with the log-prob of 2 (M111)."""
+    sid = "episode-0"
+    a0, a1 = [50, 51, 2], [60, 61, 62, 2]
+    p1 = P0 + a0 + TOOL + HEADER
+    return [
+        _pair(sid, 0, P0, [50, 51, 7], [-0.5, -0.25, -0.125], "tool_calls", named=a0),
+        _pair(sid, 1, p1, a1, [-0.75, -0.375, -0.0625, -0.03125], "stop"),
+        {"session": sid, "end": {"stop_reason": "success", "reward": 1.0, "policy_version": 5, "task_id": "door-3",
+                                 "group_id": "door-3"}},
+    ]  # fmt: skip
+
+
 def cases() -> dict[str, list[dict]]:
-    return {"compliant": _session(0, 1.0) + _session(1, 0.0), "retokenized": retokenized()}
+    return {
+        "compliant": _session(0, 1.0) + _session(1, 0.0),
+        "retokenized": retokenized(),
+        "control_token_replaced": control_token_replaced(),
+    }

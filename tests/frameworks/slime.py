@@ -5,7 +5,9 @@ on the masked stale prefix), `partial_rollout_multi_turn` (no engine calls, an a
 turn), `removed_sample` (with the train data record) and `reinforce_plus_plus` (with the actor
 record). Faults: `openrlhf_cut_not_truncated` (T306), `removed_sample_in_denominator` (U601),
 `removed_sample_trained` (U607), `failed_in_statistics` (U608), `group_norm_over_batch` (U603) and
-`returns_kl_unmasked` (THUDM/slime#1370, R413).
+`returns_kl_unmasked` (THUDM/slime#1370, R413). With top-p replay: `top_p_nucleus` (compliant, the
+nucleus SGLang returned for every sampled token) and `top_p_nucleus_shifted` (L210: the spans one
+position late).
 
 Shapes as at THUDM/slime 624b824: Sample fields `group_index`, `index`, `rollout_id`, `tokens`,
 `response_length`, `reward`, `loss_mask`, `weight_versions`, `rollout_log_probs`, `remove_sample`,
@@ -217,6 +219,44 @@ def _partial_multi_turn() -> list[dict]:
     return out
 
 
+def nucleus(ep: Episode, seed: int, late: bool = False) -> tuple[list[int], list[int]]:
+    """`rollout_top_p_token_ids` and `_offsets` as slime keeps them with top-p replay on
+    (slime/utils/types.py:122-125): per response token, the ids SGLang kept, the sampled one among
+    two to four (in the order SGLang returns them, not sorted); a tool output's tokens get empty
+    spans (types.py:304-314). `late`: each span recorded one position after its token (the first
+    response token's span empty, the last one's dropped), a hook that aligned the record with the
+    logits rows."""
+    rng = random.Random(seed)
+    spans: list[list[int]] = []
+    for out, obs in zip(ep.outputs, ep.observations):
+        for tok in out:
+            others = rng.sample(range(3, 900), rng.randint(1, 3))
+            kept = [k for k in others if k != tok]
+            kept.insert(rng.randint(0, len(kept)), tok)
+            spans.append(kept)
+        spans += [[] for _ in obs]
+    if late:
+        spans = [[], *spans[:-1]]
+    ids, offsets = [], [0]
+    for s in spans:
+        ids += s
+        offsets.append(len(ids))
+    return ids, offsets
+
+
+def _top_p(late: bool) -> list[dict]:
+    """The compliant batch sampled with --rollout-top-p 0.9 and top-p replay: each sample carries its
+    recorded nucleus (with `late`, sample 2's record is one position late)."""
+    out = []
+    for i, (group, turns) in enumerate(((0, 1), (0, 1), (1, 3), (1, 3))):
+        ep = episode(200 + i, turns)
+        rec = record(ep, i, group, float(i % 2))
+        ids, offsets = nucleus(ep, 300 + i, late=late and i == 2)
+        rec["rollout_top_p_token_ids"], rec["rollout_top_p_token_offsets"] = ids, offsets
+        out.append(rec)
+    return out
+
+
 def actor(samples: list[dict], step: int, unmasked_kl: bool = False) -> dict:
     """The actor hook's record (--rollout-data-postprocess-path, after compute_advantages_and_returns,
     slime/backends/megatron_utils/actor.py:503-506) for --advantage-estimator reinforce_plus_plus:
@@ -306,4 +346,6 @@ def cases() -> dict[str, list[dict]]:
         "partial_rollout_moe": _moe(_partial(False)),
         "routes_resumed_duplicated": _moe(_partial(False), incremental=False, appended=True),
         "routes_of_resumed_weights": _moe(_partial(False), incremental=False),
+        "top_p_nucleus": _top_p(False),
+        "top_p_nucleus_shifted": _top_p(True),
     }
