@@ -69,9 +69,13 @@ def test_the_configured_truncation_policy_wins_over_the_trainers(tmp_path: Path)
     assert "trained with their reward: truncation = 'penalize'" in res.stderr
 
 
-def test_grpo_group_of_one_is_u604_on_its_trajectory() -> None:
+def test_grpo_group_of_one_is_u603_and_u604_on_its_trajectory() -> None:
+    # rLLM's normalised GRPO is declared grpo_population_std, so U603 recomputes it: the group of one
+    # kept its raw reward (mean 0, std 1) where it has no baseline (rllm-org/rllm#776)
     rep = report([fixture("rllm", "grpo_group_of_one")], "rllm", FILTERING)
-    assert finding_keys(rep) == [("U604", "12/task-9:0/solver", None)]
+    assert finding_keys(rep) == [("U603", "12/task-9:0/solver", None), ("U604", "12/task-9:0/solver", None)]
+    u603 = next(f for f in rep["findings"] if f["code"] == "U603")
+    assert "(grpo_population_std): advantage 0.999999 recorded, expected 0" in u603["message"], u603["message"]
 
 
 def test_grpo_without_std_declares_the_estimator_so_u603_recomputes() -> None:
@@ -134,14 +138,15 @@ def test_a_directory_of_step_dumps_keeps_the_step_in_the_identity(tmp_path: Path
 
 
 def test_a_nan_advantage_reaches_the_update_and_is_flagged(tmp_path: Path) -> None:
-    """task-9's group is degenerate (both rewards 1.0): a NaN advantage there is U604, not an exit 2."""
+    """task-9's group is degenerate (both rewards 1.0): a NaN advantage there is U604 and U603 (its
+    recomputed advantage is 0), not an exit 2."""
     recs = records("rllm", "compact_filtering")
     for step in recs[4]["trajectories"][0]["steps"]:
         step["advantage"] = float("nan")
     src = tmp_path / "step-000012.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in recs))
     rep = report([src], "rllm", FILTERING)
-    assert finding_keys(rep) == [("U604", "12/task-9:0/solver", None)]
+    assert finding_keys(rep) == [("U603", "12/task-9:0/solver", None), ("U604", "12/task-9:0/solver", None)]
 
 
 # ---------------------------------------------------------------- the trainer side: the rows rLLM trains

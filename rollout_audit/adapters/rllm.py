@@ -81,8 +81,7 @@ FILTER_DEFAULTS = {
     "error": True,
 }
 # rLLM's algorithm.adv_estimator (and norm_adv_by_std_in_grpo) -> the contract's estimator; rLLM's
-# GRPO divides by the population std (np.std, ddof 0), which the contract's `grpo` (ddof 1) is not,
-# so normalised GRPO is left undeclared (U603 not run, U604 still runs)
+# normalised GRPO divides by the population std (np.std, ddof 0): the contract's grpo_population_std
 ESTIMATORS = {"grpo": "grpo_no_std", "rloo": "rloo", "reinforce": "reinforce"}
 CONTEXT: dict[str, type] = {
     "compact_filtering": bool,
@@ -461,7 +460,7 @@ def _update_table(updates: list[dict[str, Any]], context: Mapping[str, Any]) -> 
     """The update records with the declared estimator and what rLLM does not record."""
     name = str(context.get("adv_estimator", "grpo"))
     normalised = name == "grpo" and context.get("norm_adv_by_std_in_grpo", True)
-    estimator = None if normalised else ESTIMATORS.get(name)
+    estimator = "grpo_population_std" if normalised else ESTIMATORS.get(name)
     rows: list[Mapping[str, Any]] = [
         {**u, **({"advantage_estimator": estimator} if estimator else {})} for u in updates
     ]
@@ -470,12 +469,7 @@ def _update_table(updates: list[dict[str, Any]], context: Mapping[str, Any]) -> 
     table = records_to_table(rows, kind="updates")
     lacks = dict(UPDATE_LACKS)
     if estimator is None:
-        why = (
-            "rLLM's normalised GRPO divides by the population std (np.std), which no contract estimator is "
-            "(grpo uses ddof 1); U604 still runs"
-            if normalised
-            else f"rLLM's estimator {name!r} has no contract counterpart"
-        )
+        why = f"rLLM's estimator {name!r} has no contract counterpart"
         lacks |= {"advantage_estimator": why, "updates.advantage_estimator": why}
     meta = {**(table.schema.metadata or {}), S.META_NOT_RECORDED: json.dumps(lacks, sort_keys=True).encode()}
     return table.replace_schema_metadata(meta)
