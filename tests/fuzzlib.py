@@ -1146,3 +1146,179 @@ def run_workflow_case(case: Case, work: Path, run, timeout: float = 60) -> tuple
         problems.remove("exit 2 names no input")
     problems += follow_ups(case, out, run)
     return out, problems
+
+
+# ---------------------------------------------------------------- contract 1.3 evidence in trainer dumps
+
+# The framework fixtures that carry the 1.3 evidence (expert routes, loss streams and weights, overlong
+# penalties), compliant and faulty, with the context their page documents (DAPO settings, the trainer)
+_VERL = ["response_length=64", "top_k=-1", "temperature=1.0", "top_p=1.0"]
+_VERL_DAPO = [*_VERL, "max_resp_len=64", "overlong_buffer_len=16", "overlong_penalty_factor=1.0"]
+_SKYRL = ["temperature=1.0", "top_p=1.0"]
+_SKYRL_DAPO = [*_SKYRL, "max_generate_length=64", "overlong_buffer_len=32", "overlong_buffer_penalty_factor=1.0"]
+_PRIME = ["trainer=prime-rl"]
+EVIDENCE = (
+    ("verl", "compliant_routes_vllm", _VERL),
+    ("verl", "fully_async_routes", _VERL),
+    ("verl", "routes_resumed_duplicated", _VERL),
+    ("verl", "routes_resumed_replaced", _VERL),
+    ("verl", "compliant_dapo", _VERL_DAPO),
+    ("verl", "dapo_overlong_counts_tool_tokens", _VERL_DAPO),
+    ("rllm", "compliant_routes", ["temperature=0.7", "top_p=1.0"]),
+    ("rllm", "routes_across_weight_sync", ["temperature=0.7", "top_p=1.0"]),
+    ("slime", "compliant_moe", _SKYRL),
+    ("slime", "partial_rollout_moe", _SKYRL),
+    ("slime", "routes_of_resumed_weights", _SKYRL),
+    ("slime", "routes_resumed_duplicated", _SKYRL),
+    ("skyrl", "compliant_moe", _SKYRL),
+    ("skyrl", "routes_appended_each_turn", _SKYRL),
+    ("skyrl", "routes_lost_after_first_turn", _SKYRL),
+    ("skyrl", "compliant_dapo", _SKYRL_DAPO),
+    ("skyrl", "dapo_penalty_counts_observations", _SKYRL_DAPO),
+    ("verifiers", "compliant_prime_rl", _PRIME),
+    ("verifiers", "compliant_prime_rl_echo", [*_PRIME, "policy_version=3"]),
+    ("verifiers", "compliant_prime_rl_moe", _PRIME),
+    ("verifiers", "prime_rl_echo_on_next_action", [*_PRIME, "policy_version=3"]),
+    ("verifiers", "prime_rl_echo_on_scaffold", [*_PRIME, "policy_version=3"]),
+    ("verifiers", "prime_rl_routes_duplicated", _PRIME),
+    ("verifiers", "prime_rl_routes_lost", _PRIME),
+)
+# the record keys of that evidence: a mutation lands under one of them most of the time
+EVIDENCE_KEYS = frozenset(
+    {
+        "routed_experts",
+        "routed_experts_rows",
+        "routed_experts_sha256",
+        "routed_experts_versions",
+        "routed_experts_start_len",
+        "routed_experts_len",
+        "rollout_routed_experts",
+        "rollout_expert_indices",
+        "rollout_expert_indices_start",
+        "rollout_expert_indices_rows",
+        "rollout_expert_indices_len",
+        "routing_matrices",
+        "attempts",
+        "weight_version",
+        "weight_versions",
+        "global_steps",
+        "min_global_steps",
+        "max_global_steps",
+        "loss_weights",
+        "mask",
+        "is_content",
+        "overlong_reward",
+        "overlong_penalty",
+        "reward_extra_info",
+        "extra_fields",
+        "run",
+        "work",
+        "policy",
+        "start",
+        "end",
+        "group",
+        "shape",
+        "dtype",
+        "data",
+    }
+)
+_BIG = 10**12
+# values that claim huge sizes in a few bytes, headers and payloads of the wrong form, counts of the wrong
+# sign or type, NaN and infinite weights and penalties, strings with terminal and CI escapes
+EVIDENCE_LEAVES: list = [
+    _BIG,
+    2**31,
+    2**63 - 1,
+    -(2**31) - 1,
+    -3,
+    0.5,
+    float("nan"),
+    float("-inf"),
+    "////",
+    "AAAA" * 64,
+    "!!!",
+    "\x1b[2J\n::error::forged<script>",
+    "a" * 64,
+    [[_BIG, 7]],
+    [[-1, 7]],
+    [[3, 10**30]],
+    [[0, 7]] * 3,
+    [[[_BIG, 1]]],
+    [[[-1, 0]]],
+    [[[0.5, 1]]],
+    [[[True, False]]],
+    [[]],
+    {"dtype": "uint8", "shape": [_BIG, 2, 2], "data": "AAAA"},
+    {"dtype": "uint8", "shape": [0, 10**18, 10**18], "data": ""},
+    {"dtype": "uint16", "shape": [2**31, 2**31, 2], "data": ""},
+    {"dtype": "float64", "shape": [1, 1, 1], "data": "AAAAAAAAAAA="},
+    {"dtype": "object", "shape": [1, 1, 1], "data": "AA=="},
+    {"dtype": "uint8", "shape": [400, 1, 1], "data": "AAAA" * 100},
+    {"rl": [float("nan")] * 3, "ce": [float("inf")] * 3},
+    {"ce": "1.0"},
+    {"start": _BIG, "end": -1},
+    {"overlong_reward": float("nan")},
+    ['{"shape": [1000000000000, 1000000000000], "dtype": "int8"}', ""],
+    ['{"shape": [2, 2], "dtype": "float64"}', "AAAA"],
+    ['{"shape": [2, 2], "dtype": "int64"}', "////////////////////////////////////////////"],
+    ["{" + '"shape": ' + "[" * 3000 + "]" * 3000 + "}", "AAAA"],
+    ['{"shape": [2, 2], "dtype": "int16", "x": "' + "a" * 20_000 + '"}', "AAAA"],
+    ["{}", "AAAA"],
+]
+# hostile values of a `--context` option: out of range, not finite, too long, with escapes
+CONTEXT_VALUES = ["0", "-1", "-64", "nan", "inf", "1e309", "9" * 30, "", "true", "\x1b[2J\n::error::x", "2.5"]
+
+
+def _evidence_paths(rec: dict) -> list[tuple]:
+    """The paths of a record under one of EVIDENCE_KEYS."""
+    return [p for p in _paths(rec) if any(k in EVIDENCE_KEYS for k in p if isinstance(k, str))]
+
+
+def evidence_case(seed: int) -> tuple[str, str, list[str], bytes]:
+    """A framework, its fixture, the context and the bytes of a mutated dump of one of the EVIDENCE
+    fixtures: one to three values set, removed or duplicated, mostly under the evidence's keys, from
+    LEAVES and EVIDENCE_LEAVES; for some cases one context value hostile instead or as well."""
+    import random
+
+    rng = random.Random(f"evidence:{seed}")
+    fw, name, ctx = EVIDENCE[seed % len(EVIDENCE)]
+    lines = [json.loads(x) for x in (DUMP_ROOT / fw / f"{name}.jsonl").read_text().splitlines() if x.strip()]
+    ctx = list(ctx)
+    if rng.random() < 0.2:
+        k = rng.randrange(len(ctx))
+        ctx[k] = ctx[k].split("=", 1)[0] + "=" + rng.choice(CONTEXT_VALUES)
+    raws: list[str] = []
+    for _ in range(rng.randint(0 if ctx != EVIDENCE[seed % len(EVIDENCE)][2] else 1, 3)):
+        rec = rng.choice(lines)
+        paths = _evidence_paths(rec) if rng.random() < 0.8 else _paths(rec)
+        paths = paths or _paths(rec)
+        if not paths:
+            continue
+        leaf = rng.choice(EVIDENCE_LEAVES if rng.random() < 0.7 else LEAVES)
+        if isinstance(leaf, tuple):
+            raws.append(leaf[1])
+            leaf = _RAW.format(len(raws) - 1)
+        _set(rec, rng.choice(paths), leaf, rng.choice(["set", "set", "set", "delete", "duplicate"]))
+    text = "\n".join(json.dumps(x) for x in lines) + "\n"
+    for i, raw in enumerate(raws):
+        text = text.replace(json.dumps(_RAW.format(i)), raw)
+    return fw, name, ctx, text.encode()
+
+
+def prepare_evidence(seed: int, work: Path) -> WorkflowCase:
+    """`check --from FW DUMP` (three cases in four) or `convert --from FW DUMP OUT` then `check OUT`
+    on the mutated EVIDENCE dump of `seed`, with its context."""
+    import random
+
+    fw, name, ctx, data = evidence_case(seed)
+    dump = work / "dump.jsonl"
+    dump.write_bytes(data)
+    context = [x for kv in [*DUMP_CONTEXT, *ctx] for x in ("--context", kv)]
+    label = f"{fw}:{name}"
+    if random.Random(f"evidence-command:{seed}").random() < 0.75:
+        args = ["check", "--from", fw, str(dump), *context, "--format", "json"]
+        return WorkflowCase("evidence", seed, args, [dump], label, "json")
+    out = work / "converted"
+    follow = [FollowUp(["check", str(out), "--format", "json"], (0, 1), (0, 1, 2), "check of the converted log")]
+    args = ["convert", "--from", fw, str(dump), str(out), *context]
+    return WorkflowCase("evidence", seed, args, [dump], label, "text", follow, None, [work])
