@@ -1278,6 +1278,7 @@ def evidence_case(seed: int) -> tuple[str, str, list[str], bytes]:
     """A framework, its fixture, the context and the bytes of a mutated dump of one of the EVIDENCE
     fixtures: one to three values set, removed or duplicated, mostly under the evidence's keys, from
     LEAVES and EVIDENCE_LEAVES; for some cases one context value hostile instead or as well."""
+    import copy
     import random
 
     rng = random.Random(f"evidence:{seed}")
@@ -1294,7 +1295,7 @@ def evidence_case(seed: int) -> tuple[str, str, list[str], bytes]:
         paths = paths or _paths(rec)
         if not paths:
             continue
-        leaf = rng.choice(EVIDENCE_LEAVES if rng.random() < 0.7 else LEAVES)
+        leaf = copy.deepcopy(rng.choice(EVIDENCE_LEAVES if rng.random() < 0.7 else LEAVES))  # never shared
         if isinstance(leaf, tuple):
             raws.append(leaf[1])
             leaf = _RAW.format(len(raws) - 1)
