@@ -334,3 +334,28 @@ def test_new_findings_escape_dump_strings_in_the_html_report(evil_dumps, tmp_pat
     html = page.read_text()
     assert "<script>alert(1)</script>" not in html and "&lt;script&gt;alert(1)" in html
     assert "\x1b" not in html
+
+
+# ---------------------------------------------------------------- the checks on a converted log's 1.3 columns
+
+
+@pytest.mark.parametrize("version", [2**63 - 1, -(2**63)])
+def test_a_route_version_at_the_ends_of_int64_is_p505_not_a_crashed_check(tmp_path, version):
+    """routed_experts_version holds int64: one past 2^53 is rounded as the turns' versions are, and named."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    log = tmp_path / "log"
+    r = cli("convert", "--from", "skyrl", str(DUMPS / "skyrl" / "compliant_moe.jsonl"), str(log), *_context(SAMPLING))
+    assert_clean_exit(r, (0,))
+    part = next((log / "trajectories").glob("*.parquet"))
+    t = pq.read_table(part)
+    i = t.schema.get_field_index("routed_experts_version")
+    values = [None if v is None else [None if x is None else version for x in v] for v in t.column(i).to_pylist()]
+    pq.write_table(t.set_column(i, t.schema.field(i), pa.array(values, t.schema.field(i).type)), part)
+    r = cli("check", str(log), "--format", "json")
+    assert_clean_exit(r, (1,))
+    report = json.loads(r.stdout)
+    assert not report["check_errors"], report["check_errors"]
+    messages = [f["message"] for f in report["findings"] if f["code"] == "P505"]
+    assert messages and all("routes of version" in m for m in messages), messages
