@@ -336,43 +336,44 @@ def run_cli(args: list[str], work: Path, timeout: float = 120) -> Outcome:
 # ---------------------------------------------------------------- the long campaign (outside CI)
 
 
+def random_op(rng, columns: list[str]) -> tuple:
+    """One mutation of `ops`' vocabulary on one of `columns` (or a turn field), drawn from `rng`."""
+    col = rng.choice([*columns, "turns.action_text", "turns.policy_version", "turns.turn_id"])
+    kind = rng.choice(
+        [
+            "drop",
+            "dup",
+            "bad_utf8",
+            "lists_shorter",
+            "dictionary",
+            "large",
+            "null",
+            "retype",
+            "rename",
+            "extreme",
+            "hostile",
+            "rows",
+            "strip_meta",
+        ]
+    )
+    param = {
+        "null": rng.randrange(4),
+        "retype": rng.randrange(len(TYPES)),
+        "rows": rng.randrange(6),
+        "rename": rng.choice([*columns, "", "x" * 300, "a.b"]),
+        "hostile": rng.randrange(len(HOSTILE)),
+        "extreme": rng.choice([float("nan"), float("inf"), -1.0, 2.0**62, -(2.0**62)]),
+    }.get(kind, 0)
+    return kind, col, param
+
+
 def random_case(seed: int) -> tuple[list, list, tuple[str, int], str]:
     """A case drawn from the same vocabulary as `ops` with a plain seeded RNG (fast to draw)."""
     import random
 
     rng = random.Random(seed)
-
-    def one(columns: list[str]) -> tuple:
-        col = rng.choice([*columns, "turns.action_text", "turns.policy_version", "turns.turn_id"])
-        kind = rng.choice(
-            [
-                "drop",
-                "dup",
-                "bad_utf8",
-                "lists_shorter",
-                "dictionary",
-                "large",
-                "null",
-                "retype",
-                "rename",
-                "extreme",
-                "hostile",
-                "rows",
-                "strip_meta",
-            ]
-        )
-        param = {
-            "null": rng.randrange(4),
-            "retype": rng.randrange(len(TYPES)),
-            "rows": rng.randrange(6),
-            "rename": rng.choice([*columns, "", "x" * 300, "a.b"]),
-            "hostile": rng.randrange(len(HOSTILE)),
-            "extreme": rng.choice([float("nan"), float("inf"), -1.0, 2.0**62, -(2.0**62)]),
-        }.get(kind, 0)
-        return kind, col, param
-
-    traj = [one(TRAJ_COLUMNS) for _ in range(rng.randint(1, 3))]
-    upd = [one(UPDATE_COLUMNS) for _ in range(rng.randint(0, 1))]
+    traj = [random_op(rng, TRAJ_COLUMNS) for _ in range(rng.randint(1, 3))]
+    upd = [random_op(rng, UPDATE_COLUMNS) for _ in range(rng.randint(0, 1))]
     how = rng.choice([("none", 0), ("truncate", rng.randrange(100)), ("flip", rng.randrange(2**31))])
     fmt = rng.choice(["json", "json", "json", "github", "junit", "text"])
     return traj, upd, how, fmt
@@ -451,6 +452,9 @@ def _set(doc, path: tuple, value, op: str) -> None:
 REGRESSION_SEEDS = {
     "dumps": [341, 887, 153, 262, 353, 773, 1450, 1669, 2091, 4264, 416, 3745],
     "configs": [404, 48, 83, 162],
+    # the contract 1.3 evidence (`--kind evidence`): 871 and 1422 (an rLLM routing header nested too
+    # deeply: internal error), 168 and 581 (a list or a string where verl's extra_fields are: no field named)
+    "evidence": [871, 1422, 168, 581],
 }
 
 
@@ -1306,17 +1310,65 @@ def evidence_case(seed: int) -> tuple[str, str, list[str], bytes]:
     return fw, name, ctx, text.encode()
 
 
-def prepare_evidence(seed: int, work: Path) -> WorkflowCase:
-    """`check --from FW DUMP` (three cases in four) or `convert --from FW DUMP OUT` then `check OUT`
-    on the mutated EVIDENCE dump of `seed`, with its context."""
+# the contract 1.3 columns (and the turn fields) an Arrow-level mutation of a converted fixture aims at
+EVIDENCE_COLUMNS = [
+    "routed_experts_version",
+    "routed_experts_sha256",
+    "loss_stream",
+    "loss_weight",
+    "overlong_penalty",
+    "turns.top_k",
+    "loss_mask",
+    "token_source",
+]
+
+
+def _evidence_log(seed: int, work: Path) -> WorkflowCase:
+    """`check LOG` on an EVIDENCE fixture converted clean, its 1.3 columns mutated at the Arrow level
+    (`random_op`), with the trainer policy of the conversion as the log's own configuration."""
     import random
 
+    from rollout_audit.adapters.convert import convert
+    from rollout_audit.session import policy_table
+
+    rng = random.Random(f"evidence-log:{seed}")
+    fw, name, ctx = EVIDENCE[seed % len(EVIDENCE)]
+    context = dict(kv.split("=", 1) for kv in [*DUMP_CONTEXT, *ctx])
+    conv = convert(fw, [DUMP_ROOT / fw / f"{name}.jsonl"], context)
+    trajectories, updates = conv.tables()
+    log = work / "log"
+    (log / "trajectories").mkdir(parents=True)
+    table = trajectories
+    for op in [random_op(rng, EVIDENCE_COLUMNS) for _ in range(rng.randint(1, 3))]:
+        try:
+            table = mutate(table, [op])
+        except UnicodeDecodeError:  # an op that reads back a column made invalid UTF-8 by the one before
+            continue
+    pq.write_table(table, log / "trajectories" / "part-0000.parquet")
+    if updates is not None:
+        (log / "updates").mkdir()
+        pq.write_table(updates, log / "updates" / "part-0000.parquet")
+    (log / "pyproject.toml").write_text(policy_table(conv))
+    # the formats that say on stderr why a log was not audited (text prints it in the report itself)
+    fmt = rng.choice(["json", "json", "github", "junit"])
+    return WorkflowCase("evidence", seed, ["check", str(log), "--format", fmt], [log], f"{fw}:{name}:log", fmt)
+
+
+def prepare_evidence(seed: int, work: Path) -> WorkflowCase:
+    """`check --from FW DUMP` (six cases in ten), `convert --from FW DUMP OUT` then `check OUT` (two in
+    ten) on the mutated EVIDENCE dump of `seed` with its context, or `check LOG` on the fixture converted
+    clean with its 1.3 columns mutated (two in ten, `_evidence_log`)."""
+    import random
+
+    pick = random.Random(f"evidence-command:{seed}").random()
+    if pick >= 0.8:
+        return _evidence_log(seed, work)
     fw, name, ctx, data = evidence_case(seed)
     dump = work / "dump.jsonl"
     dump.write_bytes(data)
     context = [x for kv in [*DUMP_CONTEXT, *ctx] for x in ("--context", kv)]
     label = f"{fw}:{name}"
-    if random.Random(f"evidence-command:{seed}").random() < 0.75:
+    if pick < 0.6:
         args = ["check", "--from", fw, str(dump), *context, "--format", "json"]
         return WorkflowCase("evidence", seed, args, [dump], label, "json")
     out = work / "converted"
