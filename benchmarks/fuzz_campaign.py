@@ -5,6 +5,7 @@ audited through the CLI's `main` as a user's `rollout-audit check` runs it.
     nice -n 19 python benchmarks/fuzz_campaign.py --kind configs --cases 1000 --out configs.jsonl
     nice -n 19 python benchmarks/fuzz_campaign.py --kind logs --cases 1000 --out logs.jsonl
     nice -n 19 python benchmarks/fuzz_campaign.py --kind workflow --cases 2400 --out workflow.jsonl
+    nice -n 19 python benchmarks/fuzz_campaign.py --kind evidence --cases 480 --out evidence.jsonl
     python benchmarks/fuzz_campaign.py --kind dumps --isolate --seeds 341,887   # confirm a finding
     python benchmarks/fuzz_campaign.py --kind dumps --write 341 /tmp/case       # the case's files and command
 
@@ -14,7 +15,10 @@ configuration (inside the log, or `--config`); `--kind logs` audits a log with A
 mutations; `--kind workflow` runs the workflow commands in turn (a baseline file mutated,
 `diff` of two mutated logs, `filter` then `check OUT`, `watch` with a writer process,
 `convert` of a mutated dump then `check OUT`, a configuration at every depth of a log with the
-log named at every depth), where an exit 0 that the follow-up contradicts is a silent pass. A case
+log named at every depth), where an exit 0 that the follow-up contradicts is a silent pass;
+`--kind evidence` mutates the contract 1.3 evidence of the framework fixtures that carry it (expert
+routes, loss weights, overlong penalties: `fuzzlib.EVIDENCE`, in turn, with the context their page
+documents, sometimes made hostile) and runs `check --from`, or `convert` then `check OUT`. A case
 is a seed: the same seed is the same files.
 
 By default a long-lived worker process runs the cases one after another in-process (the imports
@@ -82,6 +86,10 @@ class _Cases:
 
         if self.kind == "workflow":
             return prepare_workflow(seed, work, self.records)
+        if self.kind == "evidence":
+            from fuzzlib import prepare_evidence
+
+            return prepare_evidence(seed, work)
         if self.kind == "dumps":
             return prepare_dump(seed, work)
         if self.kind == "configs":
@@ -99,6 +107,10 @@ def label(kind: str, seed: int) -> str:
         from fuzzlib import WORKFLOW
 
         return WORKFLOW[seed % len(WORKFLOW)]
+    if kind == "evidence":
+        from fuzzlib import EVIDENCE
+
+        return ":".join(EVIDENCE[seed % len(EVIDENCE)][:2])
     return config_case(seed)[0] if kind == "configs" else random_case(seed)[3]
 
 
@@ -148,7 +160,7 @@ def _worker(conn, kind: str, memory_mb: int, timeout: int) -> None:
         t, cpu = time.perf_counter(), time.process_time()
         peak_reset()
         signal.alarm(timeout)
-        if kind == "workflow":  # with its writer process and follow-up commands
+        if kind in ("workflow", "evidence"):  # with its writer process and follow-up commands
             from fuzzlib import run_workflow_case
 
             out, problems = run_workflow_case(case, work, lambda args, work=work: run_in_process(args, work))
@@ -159,7 +171,7 @@ def _worker(conn, kind: str, memory_mb: int, timeout: int) -> None:
         seconds = time.perf_counter() - t
         cpu = time.process_time() - cpu
         tempfile.tempdir = None
-        if kind != "workflow":
+        if kind not in ("workflow", "evidence"):
             problems = judge(case, out, before)
         if any(temp.iterdir()):
             problems.append("temporary files left")
@@ -228,7 +240,7 @@ def _isolated(kind: str, seeds: list[int], a, emit) -> None:
         with tempfile.TemporaryDirectory(dir=scratch) as tmp:
             case = cases.write(seed, Path(tmp))
             t = time.perf_counter()
-            if kind == "workflow":
+            if kind in ("workflow", "evidence"):
                 from fuzzlib import run_cli, run_workflow_case
 
                 out, problems = run_workflow_case(case, Path(tmp), lambda args: run_cli(args, Path(tmp), a.timeout))
@@ -253,7 +265,7 @@ def _seeds(text: str) -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kind", choices=["logs", "dumps", "configs", "workflow"], default="logs")
+    ap.add_argument("--kind", choices=["logs", "dumps", "configs", "workflow", "evidence"], default="logs")
     ap.add_argument("--cases", type=int, default=5000)
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--seeds", type=_seeds, help="these seeds instead of --first-seed/--cases (comma-separated)")

@@ -336,43 +336,44 @@ def run_cli(args: list[str], work: Path, timeout: float = 120) -> Outcome:
 # ---------------------------------------------------------------- the long campaign (outside CI)
 
 
+def random_op(rng, columns: list[str]) -> tuple:
+    """One mutation of `ops`' vocabulary on one of `columns` (or a turn field), drawn from `rng`."""
+    col = rng.choice([*columns, "turns.action_text", "turns.policy_version", "turns.turn_id"])
+    kind = rng.choice(
+        [
+            "drop",
+            "dup",
+            "bad_utf8",
+            "lists_shorter",
+            "dictionary",
+            "large",
+            "null",
+            "retype",
+            "rename",
+            "extreme",
+            "hostile",
+            "rows",
+            "strip_meta",
+        ]
+    )
+    param = {
+        "null": rng.randrange(4),
+        "retype": rng.randrange(len(TYPES)),
+        "rows": rng.randrange(6),
+        "rename": rng.choice([*columns, "", "x" * 300, "a.b"]),
+        "hostile": rng.randrange(len(HOSTILE)),
+        "extreme": rng.choice([float("nan"), float("inf"), -1.0, 2.0**62, -(2.0**62)]),
+    }.get(kind, 0)
+    return kind, col, param
+
+
 def random_case(seed: int) -> tuple[list, list, tuple[str, int], str]:
     """A case drawn from the same vocabulary as `ops` with a plain seeded RNG (fast to draw)."""
     import random
 
     rng = random.Random(seed)
-
-    def one(columns: list[str]) -> tuple:
-        col = rng.choice([*columns, "turns.action_text", "turns.policy_version", "turns.turn_id"])
-        kind = rng.choice(
-            [
-                "drop",
-                "dup",
-                "bad_utf8",
-                "lists_shorter",
-                "dictionary",
-                "large",
-                "null",
-                "retype",
-                "rename",
-                "extreme",
-                "hostile",
-                "rows",
-                "strip_meta",
-            ]
-        )
-        param = {
-            "null": rng.randrange(4),
-            "retype": rng.randrange(len(TYPES)),
-            "rows": rng.randrange(6),
-            "rename": rng.choice([*columns, "", "x" * 300, "a.b"]),
-            "hostile": rng.randrange(len(HOSTILE)),
-            "extreme": rng.choice([float("nan"), float("inf"), -1.0, 2.0**62, -(2.0**62)]),
-        }.get(kind, 0)
-        return kind, col, param
-
-    traj = [one(TRAJ_COLUMNS) for _ in range(rng.randint(1, 3))]
-    upd = [one(UPDATE_COLUMNS) for _ in range(rng.randint(0, 1))]
+    traj = [random_op(rng, TRAJ_COLUMNS) for _ in range(rng.randint(1, 3))]
+    upd = [random_op(rng, UPDATE_COLUMNS) for _ in range(rng.randint(0, 1))]
     how = rng.choice([("none", 0), ("truncate", rng.randrange(100)), ("flip", rng.randrange(2**31))])
     fmt = rng.choice(["json", "json", "json", "github", "junit", "text"])
     return traj, upd, how, fmt
@@ -451,6 +452,9 @@ def _set(doc, path: tuple, value, op: str) -> None:
 REGRESSION_SEEDS = {
     "dumps": [341, 887, 153, 262, 353, 773, 1450, 1669, 2091, 4264, 416, 3745],
     "configs": [404, 48, 83, 162],
+    # the contract 1.3 evidence (`--kind evidence`): 871 and 1422 (an rLLM routing header nested too
+    # deeply: internal error), 168 and 581 (a list or a string where verl's extra_fields are: no field named)
+    "evidence": [871, 1422, 168, 581],
 }
 
 
@@ -1146,3 +1150,228 @@ def run_workflow_case(case: Case, work: Path, run, timeout: float = 60) -> tuple
         problems.remove("exit 2 names no input")
     problems += follow_ups(case, out, run)
     return out, problems
+
+
+# ---------------------------------------------------------------- contract 1.3 evidence in trainer dumps
+
+# The framework fixtures that carry the 1.3 evidence (expert routes, loss streams and weights, overlong
+# penalties), compliant and faulty, with the context their page documents (DAPO settings, the trainer)
+_VERL = ["response_length=64", "top_k=-1", "temperature=1.0", "top_p=1.0"]
+_VERL_DAPO = [*_VERL, "max_resp_len=64", "overlong_buffer_len=16", "overlong_penalty_factor=1.0"]
+_SKYRL = ["temperature=1.0", "top_p=1.0"]
+_SKYRL_DAPO = [*_SKYRL, "max_generate_length=64", "overlong_buffer_len=32", "overlong_buffer_penalty_factor=1.0"]
+_PRIME = ["trainer=prime-rl"]
+EVIDENCE = (
+    ("verl", "compliant_routes_vllm", _VERL),
+    ("verl", "fully_async_routes", _VERL),
+    ("verl", "routes_resumed_duplicated", _VERL),
+    ("verl", "routes_resumed_replaced", _VERL),
+    ("verl", "compliant_dapo", _VERL_DAPO),
+    ("verl", "dapo_overlong_counts_tool_tokens", _VERL_DAPO),
+    ("rllm", "compliant_routes", ["temperature=0.7", "top_p=1.0"]),
+    ("rllm", "routes_across_weight_sync", ["temperature=0.7", "top_p=1.0"]),
+    ("slime", "compliant_moe", _SKYRL),
+    ("slime", "partial_rollout_moe", _SKYRL),
+    ("slime", "routes_of_resumed_weights", _SKYRL),
+    ("slime", "routes_resumed_duplicated", _SKYRL),
+    ("skyrl", "compliant_moe", _SKYRL),
+    ("skyrl", "routes_appended_each_turn", _SKYRL),
+    ("skyrl", "routes_lost_after_first_turn", _SKYRL),
+    ("skyrl", "compliant_dapo", _SKYRL_DAPO),
+    ("skyrl", "dapo_penalty_counts_observations", _SKYRL_DAPO),
+    ("verifiers", "compliant_prime_rl", _PRIME),
+    ("verifiers", "compliant_prime_rl_echo", [*_PRIME, "policy_version=3"]),
+    ("verifiers", "compliant_prime_rl_moe", _PRIME),
+    ("verifiers", "prime_rl_echo_on_next_action", [*_PRIME, "policy_version=3"]),
+    ("verifiers", "prime_rl_echo_on_scaffold", [*_PRIME, "policy_version=3"]),
+    ("verifiers", "prime_rl_routes_duplicated", _PRIME),
+    ("verifiers", "prime_rl_routes_lost", _PRIME),
+)
+# the record keys of that evidence: a mutation lands under one of them most of the time
+EVIDENCE_KEYS = frozenset(
+    {
+        "routed_experts",
+        "routed_experts_rows",
+        "routed_experts_sha256",
+        "routed_experts_versions",
+        "routed_experts_start_len",
+        "routed_experts_len",
+        "rollout_routed_experts",
+        "rollout_expert_indices",
+        "rollout_expert_indices_start",
+        "rollout_expert_indices_rows",
+        "rollout_expert_indices_len",
+        "routing_matrices",
+        "attempts",
+        "weight_version",
+        "weight_versions",
+        "global_steps",
+        "min_global_steps",
+        "max_global_steps",
+        "loss_weights",
+        "mask",
+        "is_content",
+        "overlong_reward",
+        "overlong_penalty",
+        "reward_extra_info",
+        "extra_fields",
+        "run",
+        "work",
+        "policy",
+        "start",
+        "end",
+        "group",
+        "shape",
+        "dtype",
+        "data",
+    }
+)
+_BIG = 10**12
+# values that claim huge sizes in a few bytes, headers and payloads of the wrong form, counts of the wrong
+# sign or type, NaN and infinite weights and penalties, strings with terminal and CI escapes
+EVIDENCE_LEAVES: list = [
+    _BIG,
+    2**31,
+    2**63 - 1,
+    -(2**31) - 1,
+    -3,
+    0.5,
+    float("nan"),
+    float("-inf"),
+    "////",
+    "AAAA" * 64,
+    "!!!",
+    "\x1b[2J\n::error::forged<script>",
+    "a" * 64,
+    [[_BIG, 7]],
+    [[-1, 7]],
+    [[3, 10**30]],
+    [[0, 7]] * 3,
+    [[[_BIG, 1]]],
+    [[[-1, 0]]],
+    [[[0.5, 1]]],
+    [[[True, False]]],
+    [[]],
+    {"dtype": "uint8", "shape": [_BIG, 2, 2], "data": "AAAA"},
+    {"dtype": "uint8", "shape": [0, 10**18, 10**18], "data": ""},
+    {"dtype": "uint16", "shape": [2**31, 2**31, 2], "data": ""},
+    {"dtype": "float64", "shape": [1, 1, 1], "data": "AAAAAAAAAAA="},
+    {"dtype": "object", "shape": [1, 1, 1], "data": "AA=="},
+    {"dtype": "uint8", "shape": [400, 1, 1], "data": "AAAA" * 100},
+    {"rl": [float("nan")] * 3, "ce": [float("inf")] * 3},
+    {"ce": "1.0"},
+    {"start": _BIG, "end": -1},
+    {"overlong_reward": float("nan")},
+    ['{"shape": [1000000000000, 1000000000000], "dtype": "int8"}', ""],
+    ['{"shape": [2, 2], "dtype": "float64"}', "AAAA"],
+    ['{"shape": [2, 2], "dtype": "int64"}', "////////////////////////////////////////////"],
+    ["{" + '"shape": ' + "[" * 3000 + "]" * 3000 + "}", "AAAA"],
+    ['{"shape": [2, 2], "dtype": "int16", "x": "' + "a" * 20_000 + '"}', "AAAA"],
+    ["{}", "AAAA"],
+]
+# hostile values of a `--context` option: out of range, not finite, too long, with escapes
+CONTEXT_VALUES = ["0", "-1", "-64", "nan", "inf", "1e309", "9" * 30, "", "true", "\x1b[2J\n::error::x", "2.5"]
+
+
+def _evidence_paths(rec: dict) -> list[tuple]:
+    """The paths of a record under one of EVIDENCE_KEYS."""
+    return [p for p in _paths(rec) if any(k in EVIDENCE_KEYS for k in p if isinstance(k, str))]
+
+
+def evidence_case(seed: int) -> tuple[str, str, list[str], bytes]:
+    """A framework, its fixture, the context and the bytes of a mutated dump of one of the EVIDENCE
+    fixtures: one to three values set, removed or duplicated, mostly under the evidence's keys, from
+    LEAVES and EVIDENCE_LEAVES; for some cases one context value hostile instead or as well."""
+    import copy
+    import random
+
+    rng = random.Random(f"evidence:{seed}")
+    fw, name, ctx = EVIDENCE[seed % len(EVIDENCE)]
+    lines = [json.loads(x) for x in (DUMP_ROOT / fw / f"{name}.jsonl").read_text().splitlines() if x.strip()]
+    ctx = list(ctx)
+    if rng.random() < 0.2:
+        k = rng.randrange(len(ctx))
+        ctx[k] = ctx[k].split("=", 1)[0] + "=" + rng.choice(CONTEXT_VALUES)
+    raws: list[str] = []
+    for _ in range(rng.randint(0 if ctx != EVIDENCE[seed % len(EVIDENCE)][2] else 1, 3)):
+        rec = rng.choice(lines)
+        paths = _evidence_paths(rec) if rng.random() < 0.8 else _paths(rec)
+        paths = paths or _paths(rec)
+        if not paths:
+            continue
+        leaf = copy.deepcopy(rng.choice(EVIDENCE_LEAVES if rng.random() < 0.7 else LEAVES))  # never shared
+        if isinstance(leaf, tuple):
+            raws.append(leaf[1])
+            leaf = _RAW.format(len(raws) - 1)
+        _set(rec, rng.choice(paths), leaf, rng.choice(["set", "set", "set", "delete", "duplicate"]))
+    text = "\n".join(json.dumps(x) for x in lines) + "\n"
+    for i, raw in enumerate(raws):
+        text = text.replace(json.dumps(_RAW.format(i)), raw)
+    return fw, name, ctx, text.encode()
+
+
+# the contract 1.3 columns (and the turn fields) an Arrow-level mutation of a converted fixture aims at
+EVIDENCE_COLUMNS = [
+    "routed_experts_version",
+    "routed_experts_sha256",
+    "loss_stream",
+    "loss_weight",
+    "overlong_penalty",
+    "turns.top_k",
+    "loss_mask",
+    "token_source",
+]
+
+
+def _evidence_log(seed: int, work: Path) -> WorkflowCase:
+    """`check LOG` on an EVIDENCE fixture converted clean, its 1.3 columns mutated at the Arrow level
+    (`random_op`), with the trainer policy of the conversion as the log's own configuration."""
+    import random
+
+    from rollout_audit.adapters.convert import convert
+    from rollout_audit.session import policy_table
+
+    rng = random.Random(f"evidence-log:{seed}")
+    fw, name, ctx = EVIDENCE[seed % len(EVIDENCE)]
+    context = dict(kv.split("=", 1) for kv in [*DUMP_CONTEXT, *ctx])
+    conv = convert(fw, [DUMP_ROOT / fw / f"{name}.jsonl"], context)
+    trajectories, updates = conv.tables()
+    log = work / "log"
+    (log / "trajectories").mkdir(parents=True)
+    table = trajectories
+    for op in [random_op(rng, EVIDENCE_COLUMNS) for _ in range(rng.randint(1, 3))]:
+        try:
+            table = mutate(table, [op])
+        except UnicodeDecodeError:  # an op that reads back a column made invalid UTF-8 by the one before
+            continue
+    pq.write_table(table, log / "trajectories" / "part-0000.parquet")
+    if updates is not None:
+        (log / "updates").mkdir()
+        pq.write_table(updates, log / "updates" / "part-0000.parquet")
+    (log / "pyproject.toml").write_text(policy_table(conv))
+    # the formats that say on stderr why a log was not audited (text prints it in the report itself)
+    fmt = rng.choice(["json", "json", "github", "junit"])
+    return WorkflowCase("evidence", seed, ["check", str(log), "--format", fmt], [log], f"{fw}:{name}:log", fmt)
+
+
+def prepare_evidence(seed: int, work: Path) -> WorkflowCase:
+    """`check --from FW DUMP` (six cases in ten), `convert --from FW DUMP OUT` then `check OUT` (two in
+    ten) on the mutated EVIDENCE dump of `seed` with its context, or `check LOG` on the fixture converted
+    clean with its 1.3 columns mutated (two in ten, `_evidence_log`)."""
+    import random
+
+    pick = random.Random(f"evidence-command:{seed}").random()
+    if pick >= 0.8:
+        return _evidence_log(seed, work)
+    fw, name, ctx, data = evidence_case(seed)
+    dump = work / "dump.jsonl"
+    dump.write_bytes(data)
+    context = [x for kv in [*DUMP_CONTEXT, *ctx] for x in ("--context", kv)]
+    label = f"{fw}:{name}"
+    if pick < 0.6:
+        args = ["check", "--from", fw, str(dump), *context, "--format", "json"]
+        return WorkflowCase("evidence", seed, args, [dump], label, "json")
+    out = work / "converted"
+    follow = [FollowUp(["check", str(out), "--format", "json"], (0, 1), (0, 1, 2), "check of the converted log")]
+    args = ["convert", "--from", fw, str(dump), str(out), *context]
+    return WorkflowCase("evidence", seed, args, [dump], label, "text", follow, None, [work])

@@ -613,3 +613,26 @@ def rows_of(records: Iterable[Mapping[str, Any]], row: Callable[..., dict[str, A
             at = getattr(rec, "origin", None) or f"record {n}"
             raise AdapterError(f"{at}: a field has the wrong shape ({type(e).__name__}: {e})") from None
     return out
+
+
+def in_range(context: Mapping[str, Any], bounds: Mapping[str, tuple[float | None, float | None]]) -> None:
+    """AdapterError naming the key for a context value (already typed by `context_values`) outside
+    its [low, high] bounds (None: unbounded): a trainer limit of 0 or below, a negative penalty factor,
+    a budget no trainer has. The settings a policy derives from them reach the audit as they are."""
+    for key, (low, high) in bounds.items():
+        value = context.get(key)
+        if value is None:
+            continue
+        if (low is not None and value < low) or (high is not None and value > high):
+            span = f"at least {low}" if high is None else f"between {low} and {high}"
+            raise AdapterError(f"context {key}={short(value)} is out of range: expected {span}")
+
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def sha256_hex(value: Any, field: str, where: str) -> str:
+    """`value` as a hex SHA-256 (64 lower-case hex digits), or AdapterError naming the field and record."""
+    if not isinstance(value, str) or not _HEX64.fullmatch(value):
+        raise AdapterError(f"{where}: {field}: expected a 64-digit hex SHA-256, got {short(value)}")
+    return value

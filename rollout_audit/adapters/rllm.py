@@ -41,11 +41,12 @@ from .base import (
     numbers,
     objects,
     origin,
+    short,
     step_of,
     wholes,
     with_policy,
 )
-from .routes import digest
+from .routes import INT32, digest
 from .steps import (
     Call,
     engine_context,
@@ -122,6 +123,7 @@ LACKS = {
 }
 # the dtypes rLLM's verl engine writes in a routing header (verl's routed_experts: int16 since verl#7407, int32)
 ROUTE_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32")
+MAX_HEADER = 4096  # characters of a routing header (an engine's are a few dozen)
 _ROUTES = "_routes"  # a turn's decoded routes while its trajectory is merged (not a contract field)
 
 
@@ -188,22 +190,36 @@ def _routing(step: Mapping[str, Any], out: Mapping[str, Any], where: str) -> np.
         return None
     if not (isinstance(rm, list) and len(rm) == 2 and all(isinstance(x, str) for x in rm)) or not rm[0].startswith("{"):
         return None
+    if len(rm[0]) > MAX_HEADER:  # a shape and a dtype name: a few dozen characters
+        raise AdapterError(
+            f"{where}: routing_matrices header is {len(rm[0])} characters, not a {{shape, dtype}} header"
+        )
     try:
         header = json.loads(rm[0])
         layers, topk = header["shape"]
         name = header["dtype"]
         raw = base64.b64decode(rm[1], validate=True)
-    except (ValueError, TypeError, KeyError, binascii.Error) as e:
-        raise AdapterError(f"{where}: routing_matrices is not [{{shape, dtype}}, base64]: {e}") from None
-    ok = all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in (layers, topk))
-    if not ok or name not in ROUTE_DTYPES:
-        raise AdapterError(f"{where}: routing_matrices header must give shape [layers, topk] and an integer dtype")
+    except (ValueError, TypeError, KeyError, binascii.Error, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else short(str(e))
+        raise AdapterError(f"{where}: routing_matrices is not [{{shape, dtype}}, base64]: {why}") from None
+    ok = all(isinstance(x, int) and not isinstance(x, bool) and 0 < x < INT32 for x in (layers, topk))
+    if not ok or not isinstance(name, str) or name not in ROUTE_DTYPES:
+        raise AdapterError(
+            f"{where}: routing_matrices header must give shape [layers, topk] (positive integers) and an integer "
+            f"dtype ({', '.join(ROUTE_DTYPES)}), got shape {short(header.get('shape'))} dtype {short(name)}"
+        )
     dtype = np.dtype(name)
-    if len(raw) % (layers * topk * dtype.itemsize):
+    try:  # numpy refuses a shape whose size overflows its index type, rows or none
+        if len(raw) % (layers * topk * dtype.itemsize):
+            raise ValueError
+        arr = np.frombuffer(raw, dtype).reshape(-1, layers, topk)
+    except ValueError:
         raise AdapterError(
             f"{where}: routing_matrices holds {len(raw)} bytes, not whole rows of {layers} × {topk} {name}"
-        )
-    return np.frombuffer(raw, dtype).reshape(-1, layers, topk)
+        ) from None
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= INT32):
+        raise AdapterError(f"{where}: routing_matrices: expert ids must lie in 0 .. 2^31 - 1")
+    return arr
 
 
 def _with_routes(rows: list[dict[str, Any]], segments: list[Any]) -> None:

@@ -60,7 +60,8 @@ def written_by(calls: Sequence[tuple[int | None, int, int, int]], where: str) ->
                 f"{where} engine call {t}: the route array holds {after} rows after the call's {rows}, "
                 f"but only {len(rows_of)} before it"
             )
-        rows_of = rows_of[:placed] + [version if placed == start else None] * rows
+        del rows_of[placed:]  # in place: a long list of calls costs the rows they write, not a copy each
+        rows_of.extend([version if placed == start else None] * rows)
     return rows_of
 
 
@@ -69,15 +70,25 @@ def call_routes(
     versions: Sequence[int | None],
     keys: tuple[str, str, str],
     where: str,
+    limit: int,
 ) -> list[int | None] | None:
     """`written_by` over the hook's per-call fields `keys` (the first position the engine routed, the
-    rows it returned, the array's rows after the call); None when a call lacks one."""
+    rows it returned, the array's rows after the call); None when a call lacks one. `limit`: the most
+    rows a call may return (the sample's tokens and route rows): a count past it is an AdapterError
+    naming the field before any row is built, so a dump claiming 10^12 rows costs nothing. The array
+    after a call may be longer (a generator that appends each call's array to the last one holds more
+    rows than positions: P505's case), by at most the call's rows (`written_by`); a start past the
+    sample places the call's rows elsewhere than computed (P505 again), and builds nothing."""
     if not calls or any(c.get(k) is None for c in calls for k in keys):
         return None
     steps = []
     for t, (c, v) in enumerate(zip(calls, versions)):
         w = f"{where} engine call {t}"
         start, rows, after = (whole(c[k], k, w) for k in keys)
+        if rows > limit:
+            raise AdapterError(
+                f"{w}: {keys[1]} {rows} is more than the {limit} positions of the sample's tokens and routes"
+            )
         steps.append((v, start, rows, after))
     return written_by(steps, where)
 

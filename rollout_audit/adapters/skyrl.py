@@ -50,6 +50,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..contract import schema as S
+from ..contract.config import LOG_BOUNDS
 from ..contract.schema import STOP_FLAGS, context_sha256
 from ..reading.records import records_to_table
 from .base import (
@@ -58,6 +59,7 @@ from .base import (
     context_values,
     contract_table,
     flags,
+    in_range,
     ints,
     lacks,
     logprobs_column,
@@ -85,6 +87,13 @@ STOPS = {
 }
 # SkyRL's names of the DAPO settings -> the audit configuration keys R414 reads
 DAPO = {"max_generate_length": int, "overlong_buffer_len": int, "overlong_buffer_penalty_factor": float}
+# what each may be: a budget and a buffer of at least one token, within what an audit configuration
+# accepts; a factor of 0 or more
+DAPO_BOUNDS: dict[str, tuple[float | None, float | None]] = {
+    "max_generate_length": (1, LOG_BOUNDS["max_response_tokens"]),
+    "overlong_buffer_len": (1, LOG_BOUNDS["max_response_tokens"]),
+    "overlong_buffer_penalty_factor": (0, None),
+}
 DAPO_SETTINGS = {
     "max_generate_length": "max_response_tokens",
     "overlong_buffer_len": "overlong_buffer",
@@ -251,7 +260,7 @@ def _routes(rec: Mapping[str, Any], n_tokens: int, turns: list[dict], where: str
     if calls and version is not None:
         calls = objects(calls, "engine_calls", where)
         keys = ("rollout_expert_indices_start", "rollout_expert_indices_rows", "rollout_expert_indices_len")
-        rows = call_routes(calls, [version] * len(calls), keys, where)
+        rows = call_routes(calls, [version] * len(calls), keys, where, n_tokens + len(arr))
         if rows is not None:
             out["routed_experts_version"] = replayed(rows, len(arr), n_tokens, True, where)
     return out
@@ -302,6 +311,7 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
     """SkyRL generator rows as contract trajectories (context: the generator's
     zero_reward_on_non_stop and apply_overlong_filtering, which the dump does not carry)."""
     ctx = context_values(context, CONTEXT)
+    in_range(ctx, DAPO_BOUNDS)
     recs = _samples(records)
     rows = rows_of(recs, row, ctx)
     if any(r.get("is_last_step") is not None for r in recs):

@@ -184,6 +184,8 @@ def _call_version(call: Mapping[str, Any], where: str) -> int | None:
     version = call.get("weight_version")
     if version is None:
         return None
+    if isinstance(version, (int, float)):  # a number is a whole one within int64 (bools, 2.5 and inf refused)
+        return whole(version, "weight_version", where)
     try:
         return whole(int(version), "weight_version", where)
     except (TypeError, ValueError):
@@ -263,7 +265,7 @@ def _routes(rec: Mapping[str, Any], n_tokens: int, where: str) -> dict[str, Any]
         calls = objects(calls, "metadata.engine_calls", where)
         versions = [_call_version(c, f"{where} metadata.engine_calls[{t}]") for t, c in enumerate(calls)]
         keys = ("routed_experts_start_len", "routed_experts_rows", "routed_experts_len")
-        rows = call_routes(calls, versions, keys, where)
+        rows = call_routes(calls, versions, keys, where, n_tokens + len(arr))
         if rows is not None:
             out["routed_experts_version"] = replayed(rows, len(arr), n_tokens, False, where)
     return out

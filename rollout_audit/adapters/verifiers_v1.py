@@ -280,9 +280,14 @@ def _routes(node: Mapping[str, Any], at: str) -> np.ndarray | None:
     except (binascii.Error, ValueError):
         raise AdapterError(f"{at}: routed_experts.data is not base64") from None
     size = math.prod(shape) * np.dtype(kind).itemsize
-    if size != len(buf):
-        raise AdapterError(f"{at}: routed_experts: {len(buf)} bytes for a shape {shape} of {np.dtype(kind).name}")
-    return np.frombuffer(buf, dtype=kind).reshape(shape)
+    try:  # numpy refuses a shape whose size overflows its index type, even with no rows ([0, 10^18, 10^18])
+        if size != len(buf):
+            raise ValueError
+        return np.frombuffer(buf, dtype=kind).reshape(shape)
+    except ValueError:
+        raise AdapterError(
+            f"{at}: routed_experts: {len(buf)} bytes for a shape {short(shape)} of {np.dtype(kind).name}"
+        ) from None
 
 
 def _replayed(trace: Mapping[str, Any], path: list[int], where: str, version: int | None) -> dict[str, Any]:

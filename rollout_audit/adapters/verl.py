@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..contract import schema as S
+from ..contract.config import LOG_BOUNDS
 from ..contract.schema import context_sha256
 from ..reading.records import records_to_table
 from .base import (
@@ -31,15 +32,18 @@ from .base import (
     context_values,
     contract_table,
     flags,
+    in_range,
     integer,
     ints,
     lacks,
     logprobs_column,
+    mapping,
     need,
     number,
     numbers,
     rows_of,
     runs,
+    sha256_hex,
     token_columns,
     with_context,
     with_policy,
@@ -94,6 +98,17 @@ OVERLONG_CONTEXT = {
     "overlong_penalty_factor": "overlong_penalty_factor",
 }
 OWN_CONTEXT |= {"max_resp_len": int, "overlong_buffer_len": int, "overlong_penalty_factor": float}
+# what each limit may be: a response of at least one token, a turn limit of 0 (off, as verl reads it) or
+# more, top_k -1 or 0 (off) or a cut-off, DAPO's budget within what an audit configuration accepts
+BOUNDS: dict[str, tuple[float | None, float | None]] = {
+    "response_length": (1, None),
+    "max_assistant_turns": (0, None),
+    "max_user_turns": (0, None),
+    "top_k": (-1, 2**31 - 1),
+    "max_resp_len": (1, LOG_BOUNDS["max_response_tokens"]),
+    "overlong_buffer_len": (1, LOG_BOUNDS["max_response_tokens"]),
+    "overlong_penalty_factor": (0, None),
+}
 # TokenOutput.stop_reason -> the contract's finish_reason: vLLM folds stop and length into
 # "completed" (not mapped: it says neither); SGLang passes its own; fully-async resumes set "length"
 FINISH = {"stop": "stop", "length": "length", "abort": "abort", "aborted": "abort"}
@@ -208,9 +223,7 @@ def _routes(rec: Mapping[str, Any], calls: list[Any], n_tok: int, where: str) ->
     out: dict[str, Any] = {}
     sha = rec.get("routed_experts_sha256")
     if sha is not None:
-        if not isinstance(sha, str):
-            raise AdapterError(f"{where}: routed_experts_sha256 must be a string")
-        out["routed_experts_sha256"] = sha
+        out["routed_experts_sha256"] = sha256_hex(sha, "routed_experts_sha256", where)
     if rec.get("routed_experts_rows") is None:
         return out
     rows = integer(rec, "routed_experts_rows", where)
@@ -351,8 +364,9 @@ def row(rec: Mapping[str, Any], n: int, ctx: Mapping[str, Any]) -> dict[str, Any
         out["behavior_logprobs"] = logprobs_column(len(prompt), lp, sampled)
     if rec.get("reward_score") is not None:
         out["reward"] = number(rec["reward_score"], "reward_score", where)
-    info = (rec.get("extra_fields") or {}).get("reward_extra_info")
-    if isinstance(info, Mapping) and info.get("overlong_reward") is not None:
+    extra = mapping(rec.get("extra_fields"), "extra_fields", where)
+    info = mapping(extra.get("reward_extra_info"), "extra_fields.reward_extra_info", where)
+    if info.get("overlong_reward") is not None:
         out["overlong_penalty"] = number(info["overlong_reward"], "reward_extra_info.overlong_reward", where)
     if calls:
         out |= _routes(rec, calls, len(prompt) + len(resp), where)
@@ -451,9 +465,7 @@ def _trained(row: dict[str, Any], rec: Mapping[str, Any], n_prompt: int, where: 
     if rec.get("overlong_reward") is not None:  # DAPO's penalty as the trainer's reward manager computed it
         row["overlong_penalty"] = number(rec["overlong_reward"], "overlong_reward", where)
     if rec.get("routed_experts_sha256") is not None:  # the routes the actor replays, as the trainer holds them
-        if not isinstance(rec["routed_experts_sha256"], str):
-            raise AdapterError(f"{where}: routed_experts_sha256 must be a string")
-        row["routed_experts_sha256"] = rec["routed_experts_sha256"]
+        row["routed_experts_sha256"] = sha256_hex(rec["routed_experts_sha256"], "routed_experts_sha256", where)
     if rec.get(OLD_LOGPROBS) is not None:
         old = numbers(aligned(rec, OLD_LOGPROBS, resp, where), OLD_LOGPROBS, where)
         sampled = [s == 2 for s in row["token_source"][n_prompt:]]
@@ -488,6 +500,7 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
     """verl agent-loop records as contract trajectories; with trainer-side records (`dump_batch`), what
     the trainer trained of them."""
     ctx = context_values(context, allowed=OWN_CONTEXT)
+    in_range(ctx, BOUNDS)
     sampler, trainer = _split(list(records))
     rows = with_top_k(rows_of(sampler, row, ctx), ctx.get("top_k"))
     settings: dict[str, Any] = {"truncation": "penalize"}

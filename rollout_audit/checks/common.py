@@ -102,7 +102,9 @@ class TokenList:
         whole = bool(self.fits.all())  # the usual case: no take, and the values come out in token order
         flat = (a if whole else a.take(pa.array(np.flatnonzero(self.fits)))).flatten()
         if not (pa.types.is_float32(flat.type) or pa.types.is_float64(flat.type)):
-            flat = flat.cast(pa.float64())
+            # an integer past 2^53 (a version no trainer reaches) is rounded as polars casts the turns' own,
+            # not an ArrowInvalid that crashes the check
+            flat = flat.cast(pa.float64(), safe=False)
         vals = flat.to_numpy(zero_copy_only=False)  # NaN under a null
         valid = pc.is_valid(flat).to_numpy(zero_copy_only=False) if flat.null_count else np.ones(len(flat), bool)
         self.complete = whole and not flat.null_count  # a value on every token: `present` need not be read

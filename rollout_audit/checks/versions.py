@@ -359,9 +359,9 @@ def routes_replayed(b: BatchView, cfg) -> pl.DataFrame | None:
         turn_v[of_turn] = pv[key[idx[of_turn]]]
         # a policy token's log-prob is replayed through the routes at the position before it
         loc = loc.with_columns(pl.Series("_v", v[idx - 1 if where is wrong_turn else idx]), pl.Series("_tv", turn_v))
-        tail = pl.format(" (routes of version {}", pl.col("_v").cast(pl.Int64)) + pl.when(
-            pl.col("_tv").is_not_nan()
-        ).then(pl.format(", turn sampled at {})", pl.col("_tv").cast(pl.Int64))).otherwise(pl.lit(")"))
+        tail = pl.format(" (routes of version {}", _version_text("_v")) + pl.when(pl.col("_tv").is_not_nan()).then(
+            pl.format(", turn sampled at {})", _version_text("_tv"))
+        ).otherwise(pl.lit(")"))
         parts.append(
             loc.select(
                 "trajectory_id",
@@ -372,3 +372,10 @@ def routes_replayed(b: BatchView, cfg) -> pl.DataFrame | None:
         )
     kept = [d for d in parts if d.height]
     return pl.concat(kept, how="diagonal_relaxed") if kept else None
+
+
+def _version_text(name: str) -> pl.Expr:
+    """A version held as a float, printed as the integer it was (one past int64, 2^63 after rounding, as
+    the float itself rather than a failed cast)."""
+    col = pl.col(name)
+    return col.cast(pl.Int64, strict=False).cast(pl.String).fill_null(col.cast(pl.String))
