@@ -1,7 +1,8 @@
 """rLLM adapter: `Episode.to_dict()` dumps audit clean with the not-run list docs/frameworks/rllm.md
 predicts; missing log-probs (rLLM's transform pads them with 0.0) are L201 on the trajectory; a run
 with compact filtering audits clean once the filter is given as context, and says which policy it
-assumed; update records from `Step.advantage` catch a GRPO group of one (U604)."""
+assumed; update records from `Step.advantage` catch a GRPO group of one (U604); rewards an AgentFlow
+normalised to zero while the verdicts vary are G703."""
 
 from __future__ import annotations
 
@@ -249,3 +250,23 @@ def test_a_malformed_routing_header_exits_2_naming_it(tmp_path):
     bad.write_text("".join(json.dumps(r) + "\n" for r in recs))
     result = cli("check", "--from", "rllm", bad, *opts(CONTEXT))
     assert result.exit_code == 2 and "routing_matrices" in result.stderr and "Traceback" not in result.output
+
+
+def test_rewards_normalised_per_trajectory_are_g703_and_the_compliant_dumps_stay_clean_of_it() -> None:
+    """An AgentFlow that set each trajectory's reward normalised over the trajectory itself (every
+    reward 0.0, alibaba/ROLL#397) while rLLM took is_correct from the evaluator: G703, a warning, so
+    `check` exits 0 and `--strict` blocks; every compliant rLLM dump stays clean of it."""
+    src = fixture("rllm", "rewards_normalised_per_trajectory")
+    rep = report([src], "rllm", CONTEXT)
+    assert finding_keys(rep) == [("G703", None, None)], rep["findings"]
+    msg = rep["findings"][0]["message"]
+    assert "all 2 groups of two or more trajectories are degenerate" in msg, msg
+    assert "success rate is 0.500" in msg and "2 successes in 4 scored trajectories" in msg, msg
+    strict = cli("check", src, "--from", "rllm", *opts(CONTEXT), "--strict")
+    assert strict.exit_code == 1 and "G703" in strict.stdout, strict.output
+    for case, context in (("compliant", CONTEXT), ("compact_filtering", FILTERING), ("compliant_routes", CONTEXT)):
+        clean = report([fixture("rllm", case)], "rllm", context)
+        assert clean["findings"] == [], (case, clean["findings"])
+        assert "G703" not in {n["code"] for n in clean["not_run"]}, case
+    for case in ("trainer_compliant", "trainer_fully_async"):
+        assert _check(case)[:2] == (0, set()), case

@@ -194,6 +194,19 @@ def grpo_group_of_one() -> list[dict]:
     return _after_advantages(eps, 12, FILTERED)
 
 
+def rewards_normalised_per_trajectory() -> list[dict]:
+    """An AgentFlow whose multi-trajectory evaluator sets each trajectory's reward itself, normalised
+    over the trajectory's own steps (alibaba/ROLL#397's grouping by trajectory: R - R = 0): rLLM keeps
+    a reward the flow set (rllm/engine/agentflow_engine.py:692-695) and takes `is_correct` from the
+    evaluator's verdict (:698), so two groups of two hold one success each and every reward is 0.0."""
+    return [
+        _episode("task-7:0", 0, "env_done", True, 0.0),
+        _episode("task-7:1", 1, "env_done", False, 0.0),
+        _episode("task-9:0", 4, "env_done", True, 0.0),
+        _episode("task-9:1", 5, "env_done", False, 0.0),
+    ]
+
+
 # ---------------------------------------------------------------- the trainer side (dump_batch)
 
 
@@ -294,4 +307,5 @@ def cases() -> dict[str, list[dict]]:
         "logprobs_missing": logprobs_missing(),
         "compact_filtering": compact_filtering(),
         "grpo_group_of_one": grpo_group_of_one(),
+        "rewards_normalised_per_trajectory": rewards_normalised_per_trajectory(),
     }
