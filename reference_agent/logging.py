@@ -74,6 +74,8 @@ TRAJECTORY_SCHEMA = pa.schema(
         ("token_kl", pa.list_(pa.float32())),
         ("token_returns", pa.list_(pa.float32())),
         ("loss_weight", pa.list_(pa.float32())),
+        ("nucleus_ids", pa.list_(pa.int32())),
+        ("nucleus_offsets", pa.list_(pa.int32())),
     ]
 )
 

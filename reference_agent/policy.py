@@ -73,6 +73,12 @@ def decoding_distribution(
     return logp
 
 
+def kept_actions(logp: torch.Tensor) -> torch.Tensor:
+    """The actions a decoding distribution can sample (True = kept after the action mask and top-p): its
+    finite log-probs. The log records them, as token ids, as the nucleus each action was sampled from."""
+    return torch.isfinite(logp)
+
+
 def save_checkpoint(policy: RecurrentActorCritic, path: str | Path, version: int, tokenizer_id: str) -> None:
     """Write the weights as safetensors (never pickle) with the config and version in metadata."""
     tensors = {k: v.detach().contiguous().clone() for k, v in policy.state_dict().items()}

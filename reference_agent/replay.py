@@ -56,7 +56,8 @@ def replay_logprobs(checkpoint_dir: str | Path, trajectory_row: dict[str, Any]) 
 
 class AgentReplayer:
     """The auditor's replayer for this agent (rollout_audit.replay.Replayer): batched GRU passes over padded
-    trajectories of one version, the controller's action mask rebuilt from the logged observations."""
+    trajectories of one version, the controller's action mask rebuilt from the logged observations and
+    narrowed to the recorded nucleus where the log records one (`recorded_support`)."""
 
     def __init__(self, checkpoints: dict[str, str] | str | None, batch_size: int = 256) -> None:
         self.checkpoints = checkpoints
@@ -80,16 +81,31 @@ class AgentReplayer:
                 logits = policy(torch.from_numpy(ids))[0]
                 z[sel] = logits[torch.from_numpy(request.traj[sel] - lo), torch.from_numpy(request.position[sel] - 1)]
         action = torch.from_numpy(_action_index(request.tokens))[:, None]
+        mask, top_p = recorded_support(request, controller_masks(request.rows, request.traj, request.turn))
         sampled = decoding_distribution(
             z,
-            torch.from_numpy(controller_masks(request.rows, request.traj, request.turn)),
+            torch.from_numpy(mask),
             torch.tensor(request.temperature, dtype=torch.float32),
-            torch.tensor(request.top_p, dtype=torch.float32),
+            torch.tensor(top_p, dtype=torch.float32),
         )
         base = torch.log_softmax(z, dim=-1)
         return ReplayResult(
             sampled=sampled.gather(1, action)[:, 0].double().numpy(), base=base.gather(1, action)[:, 0].double().numpy()
         )
+
+
+def recorded_support(request: ReplayRequest, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The [N, A] actions to renormalise over and the top_p to apply, per scored token: where the log
+    records the nucleus the token was sampled from (contract 1.3 nucleus_ids, a non-empty span), the
+    controller's mask narrowed to the recorded actions and no top-p (the recorded support replaces its
+    recomputation, as rollout_audit.replay.processed_logprobs does); elsewhere the mask and the logged top_p."""
+    action_ids = Tokenizer().action_ids
+    top_p = np.asarray(request.top_p, dtype=np.float64)
+    support = request.support_mask(np.arange(len(request.traj)), max(action_ids) + 1)
+    if support is None or request.support_offsets is None:
+        return mask, top_p
+    recorded = np.diff(request.support_offsets) > 0
+    return np.where(recorded[:, None], mask & support[:, action_ids], mask), np.where(recorded, 1.0, top_p)
 
 
 def replayer(cfg: Any) -> AgentReplayer:

@@ -51,6 +51,7 @@ from reference_agent.policy import (
     PolicyConfig,
     RecurrentActorCritic,
     decoding_distribution,
+    kept_actions,
     load_checkpoint,
     sample_action,
     save_checkpoint,
@@ -306,7 +307,7 @@ def _play_turn(
     else:
         logits, value, _ = policy.read(ep.tr.ids[ep.last_obs_start : ctx_len], None)
     ep.fed = ctx_len
-    a, lp = _choose_action(ep, logits, torch.from_numpy(controller_mask(ep.observations)))
+    a, lp, kept = _choose_action(ep, logits, torch.from_numpy(controller_mask(ep.observations)))
     action, action_id = ACTIONS[a], tok.action_ids[a]
     ep.tr.emit([action_id], SRC_POLICY, t, lp)
     latency = time.perf_counter() - t_gen
@@ -319,6 +320,7 @@ def _play_turn(
             "action": action,
             "action_id": action_id,
             "logprob": lp,
+            "nucleus": np.asarray(tok.action_ids)[kept].tolist(),  # the token ids it was sampled from
             "value": value,
             "context_length": ctx_len,
             "reward": reward,
@@ -338,14 +340,16 @@ def _play_turn(
     return terminated, obs, info
 
 
-def _choose_action(ep: Episode, logits: torch.Tensor, mask: torch.Tensor) -> tuple[int, float]:
-    """The action and its behaviour log-prob: greedy over the allowed actions (log-prob 0 by
-    convention), or one draw from the decoding distribution (temperature, top-p) the log records."""
+def _choose_action(ep: Episode, logits: torch.Tensor, mask: torch.Tensor) -> tuple[int, float, np.ndarray]:
+    """The action, its behaviour log-prob and the actions it was drawn from (indices, ascending): greedy
+    over the allowed actions (log-prob 0 by convention, the arg-max alone), or one draw from the decoding
+    distribution (temperature, top-p) the log records, whose support is the actions that mask and top-p keep."""
     if ep.greedy:
-        return int(torch.argmax(logits.masked_fill(~mask, float("-inf")))), 0.0
+        a = int(torch.argmax(logits.masked_fill(~mask, float("-inf"))))
+        return a, 0.0, np.array([a])
     logp = decoding_distribution(logits, mask, ep.temperature, ep.top_p)
     a = sample_action(logp, ep.rng)  # type: ignore[arg-type]
-    return a, float(np.float32(logp[a]))
+    return a, float(np.float32(logp[a])), np.flatnonzero(kept_actions(logp).numpy())
 
 
 def _close_turn(ep: Episode, tok: Tokenizer, t: int, obs: str) -> None:
@@ -669,6 +673,19 @@ def _record(
         **token_credit(tr.source, float(sum(s["reward"] for s in steps)) if terminated else None),
         # contract 1.3: the policy loss sums each trained token's surrogate with weight 1 (one loss stream)
         "loss_weight": [1.0 if m else 0.0 for m in loss_mask],
+        **nucleus_record(len(tr.ids), steps),
+    }
+
+
+def nucleus_record(n_tokens: int, steps: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Contract 1.3 nucleus_ids / nucleus_offsets: each action token's support (the token ids of the
+    actions the mask and top-p kept when it was sampled), in token order; every other token an empty
+    span (nothing was sampled there). A step's action token sits at its context_length."""
+    lengths = np.zeros(n_tokens, dtype=np.int64)
+    lengths[[s["context_length"] for s in steps]] = [len(s["nucleus"]) for s in steps]
+    return {
+        "nucleus_ids": [i for s in steps for i in s["nucleus"]],
+        "nucleus_offsets": np.concatenate([[0], np.cumsum(lengths)]).tolist(),
     }
 
 

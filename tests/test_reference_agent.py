@@ -238,6 +238,31 @@ def test_behaviour_logprobs_match_replay_from_checkpoint(run_dir: Path) -> None:
         assert np.nanmax(np.abs(replayed - logged)) < 1e-5
 
 
+def test_nucleus_is_the_support_each_action_was_sampled_from(run_dir: Path) -> None:
+    """Each action token records the token ids of the actions its mask and top-p kept (contract 1.3
+    nucleus_ids / nucleus_offsets), every other token an empty span; recomputed from the checkpoint of
+    its version with the run's decoding parameters, the span is the decoding distribution's support,
+    and top-p cuts some of them below the mask."""
+    tok = Tokenizer()
+    cut = False
+    for row in _rows(run_dir):
+        off, ids = row["nucleus_offsets"], row["nucleus_ids"]
+        assert len(off) == len(row["token_ids"]) + 1 and off[0] == 0 and off[-1] == len(ids)
+        spans = {i: ids[off[i] : off[i + 1]] for i in range(len(row["token_ids"])) if off[i + 1] > off[i]}
+        assert set(spans) == {i for i, s in enumerate(row["token_source"]) if s == 2}
+        observations = [OBS_RESET]
+        for turn in row["turns"]:
+            pos, mask = turn["context_length"], controller_mask(observations)
+            policy = load_checkpoint(run_dir / "checkpoints" / f"v{turn['policy_version']}.safetensors")
+            logits = policy(torch.tensor([row["token_ids"][:pos]]))[0][0, -1]
+            logp = decoding_distribution(logits, torch.from_numpy(mask), TEST_CFG.temperature, TEST_CFG.top_p)
+            assert row["token_ids"][pos] in spans[pos]
+            assert spans[pos] == [tok.action_ids[a] for a in np.flatnonzero(torch.isfinite(logp).numpy())]
+            cut |= len(spans[pos]) < mask.sum()
+            observations.append(turn["observation_text"] or "")
+    assert cut
+
+
 def test_replay_detects_wrong_decoding_params(run_dir: Path) -> None:
     row = _rows(run_dir)[0]
     wrong = dict(row, turns=[dict(t, temperature=1.0, top_p=1.0) for t in row["turns"]])

@@ -73,6 +73,24 @@ def test_replay_faults_are_caught(run: Path, fault: str, tmp_path: Path) -> None
         assert "policy version 0:" not in " ".join(rep.findings["message"].to_list())
 
 
+def test_replay_renormalises_over_the_recorded_nucleus(run: Path, tmp_path: Path) -> None:
+    """With the nucleus recorded, replay scores each action over the actions it was sampled from, not over
+    a top-p recomputed from the turn's field: a log whose turns claim top_p 1 replays clean with its
+    nucleus, and is caught (L205) once the nucleus is dropped and replay must recompute from top_p."""
+    rows = pq.read_table(run / "trajectories" / "part-0000.parquet").to_pylist()
+    wide = [dict(r, turns=[dict(t, top_p=1.0) for t in r["turns"]]) for r in rows]
+    for name, drop in (("with", False), ("without", True)):
+        (tmp_path / name / "trajectories").mkdir(parents=True)
+        table = to_table(wide, "trajectories")
+        if drop:
+            table = table.drop_columns(["nucleus_ids", "nucleus_offsets"])
+        pq.write_table(table, tmp_path / name / "trajectories" / "part-0000.parquet")
+    codes, rep = _codes(tmp_path / "with", _cfg(run, replay=len(rows)))
+    assert codes == set(), rep.render()
+    codes, rep = _codes(tmp_path / "without", _cfg(run, replay=len(rows)))
+    assert "L205" in codes, rep.render()
+
+
 def test_version_stamped_at_completion_is_named_with_the_version_that_sampled(run: Path, tmp_path: Path) -> None:
     """rllm-org/rllm#622: every turn of the episodes of the first two rounds is stamped with the next
     round's version (the weights live when the generation completed), tokens and log-probs unchanged.
@@ -140,7 +158,7 @@ def test_cli_replay_option(run: Path, tmp_path: Path) -> None:
         f'replay_checkpoints = "{run / "checkpoints" / "v{version}.safetensors"}"\n'
     )
     ok = CliRunner().invoke(main, ["check", str(run), "--select", "L2", "--replay", "16", "--config", str(conf)])
-    assert ok.exit_code == 0 and "9 checks run, 0 partially run, 0 not run" in ok.output, ok.output
+    assert ok.exit_code == 0 and "10 checks run, 0 partially run, 0 not run" in ok.output, ok.output
     bad = CliRunner().invoke(
         main,
         [

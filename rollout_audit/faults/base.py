@@ -128,6 +128,25 @@ def drop_token(t: dict, pos: int) -> None:
     for c in PER_TOKEN:  # the trainer built its per-token terms on the sequence it holds
         if t.get(c) is not None:
             del t[c][pos]
+    off = t.get("nucleus_offsets")
+    if off is not None:  # the token's recorded nucleus goes with it (offsets: one more than the tokens)
+        lo, hi = off[pos], off[pos + 1]
+        if t.get("nucleus_ids") is not None:
+            del t["nucleus_ids"][lo:hi]
+        t["nucleus_offsets"] = off[: pos + 1] + [o - (hi - lo) for o in off[pos + 2 :]]
+
+
+def replace_token(t: dict, pos: int, new_id: int) -> None:
+    """Token `pos` holds `new_id` where the producer's record says which id was sampled: in token_ids and,
+    where the log records the nucleus it was sampled from, in its span (the record that returned the
+    id names the same one), so that no other check sees a sampled token outside its recorded nucleus."""
+    old = t["token_ids"][pos]
+    t["token_ids"][pos] = new_id
+    off, ids = t.get("nucleus_offsets"), t.get("nucleus_ids")
+    if off is not None and ids is not None and pos + 1 < len(off):
+        for k in range(off[pos], off[pos + 1]):
+            if ids[k] == old:
+                ids[k] = new_id
 
 
 def recredit(t: dict) -> None:

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from .base import SEPARATOR, Ctx, drop_token, fault, n_trainable, policy_positions, sync_denominator, template_follows
+from .base import (
+    SEPARATOR,
+    Ctx,
+    drop_token,
+    fault,
+    n_trainable,
+    policy_positions,
+    replace_token,
+    sync_denominator,
+    template_follows,
+)
 
 
 @fault("tool_tokens_trained", {"M101"}, group="tokens-2")
@@ -83,7 +93,7 @@ def retokenized_from_text(ctx: Ctx) -> list[str]:
     engine sampled (the behaviour log-probs now belong to other tokens)."""
     t = ctx.pick(lambda t: len(t["turns"]) >= 2, "trajectory with two turns")
     for i in policy_positions(t, turn=0):
-        t["token_ids"][i] += 1
+        replace_token(t, i, t["token_ids"][i] + 1)
     template_follows(t)  # the template tokenizes the text as the trainer did
     return [t["trajectory_id"]]
 
@@ -183,7 +193,7 @@ def control_token_id_replaced(ctx: Ctx) -> list[str]:
     at = target(t)
     assert at is not None
     sampled = t["token_ids"][at]
-    t["token_ids"][at] = sampled + 1
+    replace_token(t, at, sampled + 1)
     tr = t["turns"][t["token_turn"][at]]
     if tr.get("sampled_token_ids"):
         tr["sampled_token_ids"][policy_positions(t, turn=t["token_turn"][at]).index(at)] = sampled + 1
