@@ -202,12 +202,16 @@ def _band(st: dict) -> pl.DataFrame | None:
 
 def _merge_band(parts: list) -> tuple:
     """G702 over partitions by task: the counts add up, then the rate and the finding follow."""
+    st = _summed(parts, ("scored", "successes", "tasks", "tasks_below_band", "tasks_above_band"))
+    return (st, None, _band(st)) if st else (None, None, None)
+
+
+def _summed(parts: list, keys: tuple[str, ...]) -> dict | None:
+    """The counts of the partitions that have any, added up, with their band; None when none has."""
     parts = [p for p in parts if p]
     if not parts:
-        return None, None, None
-    st = {k: sum(p[k] for p in parts) for k in ("scored", "successes", "tasks", "tasks_below_band", "tasks_above_band")}
-    st["band"] = parts[0]["band"]
-    return st, None, _band(st)
+        return None
+    return {**{k: sum(p[k] for p in parts) for k in keys}, "band": parts[0]["band"]}
 
 
 @rule(
@@ -269,9 +273,5 @@ def _degenerate(st: dict) -> pl.DataFrame | None:
 
 def _merge_degenerate(parts: list) -> tuple:
     """G703 over partitions by task (a group never spans two tasks): the counts add up, then the finding follows."""
-    parts = [p for p in parts if p]
-    if not parts:
-        return None, None, None
-    st = {k: sum(p[k] for p in parts) for k in ("groups", "degenerate", "scored", "successes")}
-    st["band"] = parts[0]["band"]
-    return st, None, _degenerate(st)
+    st = _summed(parts, ("groups", "degenerate", "scored", "successes"))
+    return (st, None, _degenerate(st)) if st else (None, None, None)

@@ -274,7 +274,7 @@ def outside_nucleus(b: BatchView, cfg) -> pl.DataFrame | None:
     t = b.tokens
     nuc = read_nucleus(b.col("nucleus_offsets"), b.col("nucleus_ids"), t.n_tok, b.ok)
     parts: list[pl.DataFrame] = []
-    broken = [r for r, w in enumerate(nuc.why) if w is not None]
+    broken = sorted(nuc.why)
     if broken:
         parts.append(
             pl.DataFrame(

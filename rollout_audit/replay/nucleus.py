@@ -15,12 +15,12 @@ import pyarrow.compute as pc
 class Nucleus:
     """The nucleus record of some rows. `good` rows (per row) hold a well-formed record; their tokens,
     concatenated in row order, have `length` kept ids each, whose ids are `ids` (token order).
-    `why` names what is wrong with each row that has a record but not a well-formed one (None elsewhere)."""
+    `why` names what is wrong with each row (by index) that has a record but not a well-formed one."""
 
     good: np.ndarray
     length: np.ndarray
     ids: np.ndarray
-    why: list[str | None]
+    why: dict[int, str]
 
     @property
     def start(self) -> np.ndarray:
@@ -60,7 +60,7 @@ def read_nucleus(offsets: pa.Array, ids: pa.Array, n_tok: np.ndarray, ok: np.nda
     n_off = _lengths(offsets)
     n_ids = np.maximum(_lengths(ids), 0)
     have = ok & (n_off >= 0)
-    why: list[str | None] = [None] * n
+    why: dict[int, str] = {}
     shaped = np.flatnonzero(have & (n_off == n_tok + 1))
     for r in np.flatnonzero(have & (n_off != n_tok + 1)).tolist():
         why[r] = f"nucleus_offsets has {n_off[r]} entries for {n_tok[r]} tokens (want one more)"
