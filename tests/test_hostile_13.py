@@ -372,3 +372,28 @@ def test_evidence_campaign_cases_stay_fixed(tmp_path, seed):
     case = prepare_evidence(seed, tmp_path)
     out, problems = run_workflow_case(case, tmp_path, lambda args: run_cli(args, tmp_path, 120))
     assert not problems, (problems, out.exit, out.stderr[-3000:])
+
+
+def test_a_log_file_with_a_trainer_column_is_renamed_into_place_whole(tmp_path: Path) -> None:
+    """write_table with a column the contract does not define (verl's old_log_probs): the file appears
+    under its name only with that column, leaves no staged file behind, and replaces a link at its name
+    instead of writing through it."""
+    import pyarrow.parquet as pq
+
+    from rollout_audit.adapters.convert import write_table
+    from rollout_audit.faults import read_records
+    from rollout_audit.reading.records import records_to_table
+
+    trajs, _ = read_records(ROOT / "fixtures" / "compliant")
+    table = records_to_table(trajs[:2], kind="trajectories")
+    table = table.append_column("old_log_probs", table.column("behavior_logprobs"))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    out = tmp_path / "trajectories"
+    out.mkdir()
+    (out / "part-0000.parquet").symlink_to(victim)
+    write_table(out / "part-0000.parquet", table, "trajectories", validate=False)
+    assert victim.read_text() == "keep"
+    assert not (out / "part-0000.parquet").is_symlink()
+    assert "old_log_probs" in pq.read_schema(out / "part-0000.parquet").names
+    assert sorted(p.name for p in out.iterdir()) == ["part-0000.parquet"]

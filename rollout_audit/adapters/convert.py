@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -92,14 +94,27 @@ def write_table(
 
     known = {c.name for c in S.columns(kind)}
     extra = [c for c in table.column_names if c not in known]
-    with RolloutWriter(path, kind=kind, validate=validate, config=config) as w:
-        w.write(table.drop_columns(extra) if extra else table)
-    if extra:
-        written = pq.read_table(path)
+    if not extra:
+        with RolloutWriter(path, kind=kind, validate=validate, config=config) as w:
+            w.write(table)
+        return
+    # the writer's file is staged under a name readers skip (a `watch` never sees it without its extra
+    # columns), the extras appended, and the whole renamed into place at once
+    final = Path(path)
+    stage = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.staged.tmp")
+    done = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with RolloutWriter(stage, kind=kind, validate=validate, config=config) as w:
+            w.write(table.drop_columns(extra))
+        written = pq.read_table(stage)
         meta = written.schema.metadata
         for name in extra:
             written = written.append_column(name, table.column(name))
-        pq.write_table(written.replace_schema_metadata(meta), path)
+        pq.write_table(written.replace_schema_metadata(meta), done)
+        os.replace(done, final)
+    finally:
+        stage.unlink(missing_ok=True)
+        done.unlink(missing_ok=True)
 
 
 __all__ = ["Converted", "convert", "write_table"]
