@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
+from .contract.version import __version__ as __version__
+
 _EXPORTS = {
     "Config": "contract.config",
     "load_config": "contract.config",
     "audit": "api",
     "audit_tables": "api",
     "Options": "running.options",
-    "RolloutWriter": "writer",
+    "RolloutWriter": "writing",
     "UsageError": "contract.errors",
     "Log": "reading.log",
     "scan": "reading.log",

@@ -879,7 +879,7 @@ def _baseline_doc(rng, records, hostile: str) -> bytes:
     import polars as pl
 
     from rollout_audit import __version__
-    from rollout_audit.workflow.policy import BASELINE_FORMAT, content_digests
+    from rollout_audit.session.verdict import BASELINE_FORMAT, content_digests
 
     ids = sorted(t["trajectory_id"] for t in records[0])[:16]
     rows = pl.DataFrame(
@@ -1329,7 +1329,7 @@ def _evidence_log(seed: int, work: Path) -> WorkflowCase:
     import random
 
     from rollout_audit.adapters.convert import convert
-    from rollout_audit.session import policy_table
+    from rollout_audit.session.dumps import policy_table
 
     rng = random.Random(f"evidence-log:{seed}")
     fw, name, ctx = EVIDENCE[seed % len(EVIDENCE)]

@@ -735,7 +735,7 @@ def test_a_setting_that_cannot_be_used_is_exit_2_naming_the_configuration(tmp_pa
 def test_a_baseline_that_is_not_a_small_json_file_is_one_line_exit_2(tmp_path, log, kind):
     """Given with --baseline, or named by a configuration: a FIFO without a writer never blocks the
     audit, a file past MAX_BASELINE_BYTES is refused unread (a sparse file: no disk used)."""
-    from rollout_audit.workflow.policy import MAX_BASELINE_BYTES, BaselineError, read_baseline
+    from rollout_audit.session.verdict import MAX_BASELINE_BYTES, BaselineError, read_baseline
 
     base = tmp_path / "accepted.json"
     if kind == "fifo":

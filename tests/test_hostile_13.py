@@ -380,9 +380,9 @@ def test_a_log_file_with_a_trainer_column_is_renamed_into_place_whole(tmp_path: 
     instead of writing through it."""
     import pyarrow.parquet as pq
 
-    from rollout_audit.adapters.convert import write_table
     from rollout_audit.faults import read_records
     from rollout_audit.reading.records import records_to_table
+    from rollout_audit.writing import write_table
 
     trajs, _ = read_records(ROOT / "fixtures" / "compliant")
     table = records_to_table(trajs[:2], kind="trajectories")

@@ -4,12 +4,15 @@ Every module of rollout_audit is read with `ast` (nothing is imported), and ever
 at module level, inside a function or under `if TYPE_CHECKING`, is resolved to a module of the
 package. Layers, bottom-up:
 
-    contract < reading < frames < replay < checks < running < reporting < top
+    contract < reading < frames < replay < checks < running < writing < reporting < adapters
+        < session < workflow < top
 
 `replay` (the replayer interface, the replayers and the sampling of the tokens they score) sits
-below the checks because L205-L207 call it. `top` is everything else: cli, testing,
-pytest_plugin, synth, writer, faults, dev, adapters, integrations and the package's own __init__. A module may import its own layer and any
-layer below. Within a layer, modules must not import each other in a cycle (a cycle that spans
+below the checks because L205-L207 call it; `writing` validates what it writes with the runner.
+`session` is the one audit every entry point goes through, `workflow` the long-run workflows on
+top of it (watch, diff, filter). `top` is what faces the user: cli, api, testing, validation,
+pytest_plugin, integrations, and the tools beside the audit (synth, faults, dev) and the
+package's own __init__. A module may import its own layer and any layer below. Within a layer, modules must not import each other in a cycle (a cycle that spans
 layers always holds an upward import, which is reported as such). A package's __init__ counts as
 a module of its own; importing a submodule is not counted as importing its package.
 """
@@ -21,7 +24,19 @@ from pathlib import Path
 
 PKG = "rollout_audit"
 ROOT = Path(__file__).resolve().parent.parent / PKG
-LAYERS = ["contract", "reading", "frames", "replay", "checks", "running", "reporting"]
+LAYERS = [
+    "contract",
+    "reading",
+    "frames",
+    "replay",
+    "checks",
+    "running",
+    "writing",
+    "reporting",
+    "adapters",
+    "session",
+    "workflow",
+]
 TOP = len(LAYERS)
 
 # Imports that break the layering today, as (importer, imported), names relative to rollout_audit.

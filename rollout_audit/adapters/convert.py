@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..contract.errors import AdapterError
 from . import load
@@ -82,39 +79,4 @@ def convert(framework: str, paths: Sequence[str | os.PathLike], context: Mapping
     )
 
 
-def write_table(
-    path: str | os.PathLike, table: pa.Table, kind: str, validate: bool = True, config: Config | None = None
-) -> None:
-    """`table` as the contract log file `path` (RolloutWriter), with the columns the contract does not
-    define appended afterwards as they are: a trainer's second per-token log-prob column (verl's
-    `old_log_probs`), which L207 reads when the configuration names it (`compare_logprobs`).
-    `config`: what the writer validates under (the trainer's own stop reasons)."""
-    from ..contract import schema as S
-    from ..writer import RolloutWriter
-
-    known = {c.name for c in S.columns(kind)}
-    extra = [c for c in table.column_names if c not in known]
-    if not extra:
-        with RolloutWriter(path, kind=kind, validate=validate, config=config) as w:
-            w.write(table)
-        return
-    # the writer's file is staged under a name readers skip (a `watch` never sees it without its extra
-    # columns), the extras appended, and the whole renamed into place at once
-    final = Path(path)
-    stage = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.staged.tmp")
-    done = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with RolloutWriter(stage, kind=kind, validate=validate, config=config) as w:
-            w.write(table.drop_columns(extra))
-        written = pq.read_table(stage)
-        meta = written.schema.metadata
-        for name in extra:
-            written = written.append_column(name, table.column(name))
-        pq.write_table(written.replace_schema_metadata(meta), done)
-        os.replace(done, final)
-    finally:
-        stage.unlink(missing_ok=True)
-        done.unlink(missing_ok=True)
-
-
-__all__ = ["Converted", "convert", "write_table"]
+__all__ = ["Converted", "convert"]

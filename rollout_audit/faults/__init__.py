@@ -104,7 +104,7 @@ def write_records(
     and `reward_components` are the producer's declarations written into each trajectory file."""
     from pathlib import Path
 
-    from ..writer import RolloutWriter
+    from ..writing import RolloutWriter
 
     dst = Path(dst)
     size = -(-len(trajs) // parts)

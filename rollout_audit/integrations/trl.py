@@ -20,7 +20,6 @@ import pyarrow as pa
 import torch
 from trl import GRPOTrainer
 
-from ..adapters.convert import write_table
 from ..adapters.trl import (
     TRAINER_LOGPROBS,
     TRL_LACKS,
@@ -36,6 +35,7 @@ from ..contract.config import Config
 from ..contract.errors import AuditFailed
 from ..reading.records import records_to_table
 from ..reporting.report import Report
+from ..writing import write_table
 
 Policy = Literal["warn", "raise", "skip"]
 __all__ = [

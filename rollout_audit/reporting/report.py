@@ -168,7 +168,7 @@ def _coda(rep: Report, show_not_run: bool = True) -> list[str]:
 
 
 def _policy_lines(rep: Report) -> list[str]:
-    """What tolerated rates and a baseline (`rollout_audit.workflow.policy`) did, one line each."""
+    """What tolerated rates and a baseline (`rollout_audit.session.verdict`) did, one line each."""
     out = []
     for code, t in rep.summary.get("tolerated", {}).items():
         state, what = ("within", "reported as warnings") if t["within"] else ("above", "errors")

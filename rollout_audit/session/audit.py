@@ -15,30 +15,24 @@ An audit, in order:
 
 from __future__ import annotations
 
-import json
 import os
-import re
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from .adapters.convert import Converted, convert
-from .contract.config import LOG_CONTEXT, Config, find_config, log_config
-from .contract.errors import ConfigError
-from .contract.schema import IDENTITY, USER_WAIVED, not_recorded
-from .reading import storage
-from .reading.io import Discovery, discover
-from .reading.log import Log
-from .running.engine import memory_discovery, run_audit
-from .running.options import Options
-from .running.report import Report
-from .workflow.policy import (
+from ..adapters.convert import Converted, convert
+from ..contract.config import Config, find_config, log_config
+from ..contract.errors import ConfigError
+from ..reading import storage
+from ..reading.io import Discovery, discover
+from ..reading.log import Log
+from ..running.engine import memory_discovery, run_audit
+from ..running.options import Options
+from ..running.report import Report
+from .dumps import as_log, relabel, with_policy
+from .verdict import (
     Tokens,
     apply_tolerated,
     settle,
@@ -48,7 +42,7 @@ from .workflow.policy import (
     trajectory_tokens,
 )
 
-__all__ = ["Audited", "Request", "as_log", "configure", "relabel", "run"]
+__all__ = ["Audited", "Request", "configure", "run"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,119 +206,3 @@ def _discovery(request: Request) -> Discovery:
     if paths is not None:
         return discover(paths)
     return memory_discovery(request.source, request.updates)
-
-
-def with_policy(cfg: Config, conv: Converted) -> Config:
-    """`cfg` with the settings of the trainer policy a conversion derived, for every key the
-    configuration does not set; each such key is named in the source."""
-    update = {k: v for k, v in conv.settings.items() if k not in cfg.model_fields_set}
-    if update:
-        said = ", ".join(f"{k} = {json.dumps(v)}" for k, v in update.items())
-        cfg = cfg.model_copy(update=update).with_source(f"{cfg.source}; from the trainer's policy: {said}")
-    if adapter_waives_denominators(conv) and "denominator_not_recorded" not in cfg.model_fields_set:
-        cfg = cfg.model_copy(update={"denominator_not_recorded": True}).with_source(
-            f"{cfg.source}; from the adapter: denominator_not_recorded = true"
-        )
-    return cfg
-
-
-def adapter_waives_denominators(conv: Converted) -> bool:
-    """The adapter declared that its framework records neither the loss reduction nor its
-    denominator (rLLM; verl's step-level hook): its own word, on the tables it built in memory,
-    which the audit of the conversion takes as the user's (a log's file metadata alone never is)."""
-    if conv.updates is None:
-        return False
-    said = not_recorded(conv.updates.schema.metadata, user_waived=True)
-    return USER_WAIVED <= {k.removeprefix("updates.") for k in said}
-
-
-def policy_table(conv: Converted) -> str:
-    """The trainer policy keys a conversion derived, as a `[tool.rollout-audit]` table that a
-    converted log carries as its own configuration (all of them are "how the run was produced")."""
-    keys = {k: v for k, v in conv.settings.items() if k in LOG_CONTEXT}
-    lines = [f"# {conv.policy}" if conv.policy else "# the trainer's policy, as its adapter derived it"]
-    lines.append("[tool.rollout-audit]")
-    lines += [f"{k} = {json.dumps(v)}" for k, v in keys.items()]
-    if adapter_waives_denominators(conv):  # a log cannot waive its own denominators: the user says it
-        lines.append(
-            "# the trainer records no loss reduction nor denominator: audit this log with "
-            "denominator_not_recorded = true in your own configuration (--config FILE)"
-        )
-    return "\n".join(lines) + "\n"
-
-
-@contextmanager
-def as_log(conv: Converted) -> Iterator[str]:
-    """The converted tables written as a contract log in a private temporary directory, removed on
-    exit whatever happens; yields its path."""
-    from .adapters.convert import write_table
-
-    root = Path(tempfile.mkdtemp(prefix="rollout-audit-from-"))
-    try:
-        for kind, table in zip(("trajectories", "updates"), conv.tables()):
-            if table is not None and table.num_rows:
-                (root / kind).mkdir()
-                write_table(root / kind / "part-0000.parquet", table, kind, validate=False)
-        yield str(root)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def relabel(rep: Report, conv: Converted, root: str) -> Report:
-    """`rep` of the log `as_log` wrote, with each finding naming the dump record of its trajectory
-    (or the dump files, for a finding on no trajectory) instead of the temporary files."""
-    dump = ", ".join(conv.sources)
-    ids = conv.trajectories.column("trajectory_id").to_pylist() if conv.trajectories.num_rows else []
-    where = pl.DataFrame(
-        {"trajectory_id": [None if i is None else str(i) for i in ids], "_origin": conv.origins},
-        schema={"trajectory_id": pl.String, "_origin": pl.String},
-    ).unique("trajectory_id", keep="first")
-    f = rep.findings
-    inside = pl.col("file").str.starts_with(root)
-    named = (
-        f.join(where, on="trajectory_id", how="left", nulls_equal=False)
-        if f.height
-        else f.with_columns(pl.lit(None, pl.String).alias("_origin"))
-    )
-    rep.findings = _context_hint(
-        named.with_columns(
-            pl.when(inside).then(pl.coalesce("_origin", pl.lit(dump))).otherwise(pl.col("file")).alias("file")
-        )
-        .drop("_origin")
-        .with_columns(pl.col("message").str.replace_all(re.escape(root) + r"[^,)\s]*", dump))  # a temp file: the dump
-    )
-
-    def text(s: Any) -> Any:
-        return s.replace(root, dump) if isinstance(s, str) else s
-
-    rep.not_run = {k: text(v) for k, v in rep.not_run.items()}
-    rep.partial = {k: text(v) for k, v in rep.partial.items()}
-    rep.unfulfilled = {k: text(v) for k, v in rep.unfulfilled.items()}
-    rep.crashes = [{k: text(v) for k, v in c.items()} for c in rep.crashes]
-    if rep.unusable is not None:
-        rep.unusable = text(rep.unusable)
-    rep.summary["dump_files"] = len(conv.files)  # how much of the dump was read, and what was not
-    if conv.skipped:
-        rep.summary["dump_files_not_read"] = list(conv.skipped)
-    if conv.policy:
-        rep.summary["trainer_policy"] = conv.policy
-        rep.summary["trainer_policy_settings"] = dict(conv.settings)
-    return rep
-
-
-def _context_hint(findings: pl.DataFrame) -> pl.DataFrame:
-    """E801 on a dump names the `--context KEY=VALUE` that supplies each identity it found missing:
-    a trainer's dump seldom records them, and the context is how the audit is told."""
-    if findings.is_empty():
-        return findings
-    said = [
-        pl.when(pl.col("message").str.contains(key, literal=True)).then(pl.lit(f"--context {key}=..."))
-        for key in IDENTITY
-    ]
-    hint = pl.concat_str(said, separator=" ", ignore_nulls=True)
-    return findings.with_columns(
-        pl.when((pl.col("code") == "E801") & (hint != ""))
-        .then(pl.concat_str([pl.col("message"), pl.lit("; pass "), hint]))
-        .otherwise(pl.col("message"))
-        .alias("message")
-    )

@@ -9,9 +9,9 @@ from typing import NoReturn
 
 import click
 
-from .contract.errors import RolloutAuditError
-from .workflow import commands
-from .workflow.commands import first_line as _first_line
+from ..contract.errors import RolloutAuditError
+from . import commands
+from .commands import first_line as _first_line
 
 FORMATS = ("text", "concise", "json", "github", "junit")
 
@@ -26,7 +26,7 @@ def _codes(values: tuple[str, ...]) -> list[str]:
 
 def _known_codes(values: tuple[str, ...]) -> list[str]:
     """`_codes`, each one a check's code or a prefix of one."""
-    from .checks import all_rules
+    from ..checks import all_rules
 
     codes = _codes(values)
     known = all_rules()
@@ -406,10 +406,10 @@ def explain(code, list_all) -> None:
 @click.option("--list", "list_all", is_flag=True, help="List every configuration key with its description.")
 def config_cmd(key, list_all) -> None:
     """Explain a configuration key: its type, default, where it may be set, and the checks that read it."""
-    from .reporting.settings import key_entry, keys
+    from ..reporting.settings import key_entry, keys
 
     if list_all or not key:
-        from .contract.config import Config
+        from ..contract.config import Config
 
         for k in keys():
             click.echo(f"{k:<26} {Config.model_fields[k].description}")
@@ -421,7 +421,7 @@ def config_cmd(key, list_all) -> None:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def schema(fmt) -> None:
     """Print the log contract (columns, types, requirement levels)."""
-    from .contract import schema as S
+    from ..contract import schema as S
 
     if fmt == "json":
         click.echo(json.dumps(S.contract(), indent=1))
@@ -551,7 +551,7 @@ def faults(ctx, list_all) -> None:
         import shutil
         import textwrap
 
-        from .faults import FAULTS
+        from ..faults import FAULTS
 
         room = max(shutil.get_terminal_size((120, 24)).columns - 58, 40)  # descriptions wrap, never cut
         for f in FAULTS.values():

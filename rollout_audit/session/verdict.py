@@ -17,11 +17,11 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from .. import __version__
 from ..checks import all_rules
 from ..contract.config import Config, read_bounded
 from ..contract.errors import ConfigError, UsageError
 from ..contract.registry import SEVERITY_ORDER
+from ..contract.version import __version__
 from ..reading.io import Discovery
 from ..reading.log import Log
 from ..reporting.outputs import write_atomic

@@ -150,7 +150,7 @@ def logs_of(paths: Sequence[str], echo: Echo) -> list[tuple[list[str], str | Non
 
 def write_baseline(done, path: str, echo: Echo) -> int:
     """Record one log's findings (after its tolerated rates) in `path`: exit 0."""
-    from . import policy
+    from ..session import verdict as policy
 
     log, a = done
     if not a.report.complete:
@@ -310,8 +310,8 @@ def diff(
     """`rollout-audit diff A B`: both audits, what changed between them; the diff's exit code."""
     from ..reporting.report import incomplete, json_text, printable
     from ..session import Request, run
-    from .diff import diff as compare
-    from .diff import render_diff
+    from ..workflow.diff import diff as compare
+    from ..workflow.diff import render_diff
 
     reps = [run(Request(source=[p], config_file=config_path, use_baseline=False)).report for p in (a, b)]
     d = compare([a], [b], reps[0], reps[1], z_noise=z_noise, allow_lost_coverage=allow_lost_coverage)
@@ -340,7 +340,7 @@ def filter_flagged(log: str, out: str, *, select: list[str], config_path: str | 
     from ..reporting.report import incomplete, printable
     from ..running.options import Options
     from ..session import Request, run
-    from .filter import filter_log
+    from ..workflow.filter import filter_log
 
     check_output(out, [log], writes_log=True)
     check_new_directory(out)
@@ -420,8 +420,8 @@ def watch(
     """`rollout-audit watch DIRECTORY`: audit each step as the trainer writes it; the watch's exit code."""
     from ..reporting.outputs import check_output
     from ..reporting.report import printable
-    from .events import EventFile
-    from .watch import Watcher, step_auditor
+    from ..workflow.events import EventFile
+    from ..workflow.watch import Watcher, step_auditor
 
     for out in (status, metrics, tensorboard):  # never inside the watched log, onto a step, or into a FIFO
         if out is not None:
@@ -499,11 +499,11 @@ def convert(framework: str, src: str, dst: str, context: dict[str, str], echo: E
     """`rollout-audit convert`: a trainer's dump at SRC written as a contract log in DST, with the
     trainer's policy as the log's own configuration."""
     from ..adapters.convert import convert as read_dump
-    from ..adapters.convert import write_table
     from ..contract.config import Config
     from ..reporting.outputs import atomic_directory, check_new_directory, check_output
     from ..reporting.report import printable
-    from ..session import adapter_waives_denominators, policy_table, with_policy
+    from ..session.dumps import adapter_waives_denominators, policy_table, with_policy
+    from ..writing import write_table
 
     check_output(dst, [src])  # a dump is not a contract log: DST may sit next to it, never inside it
     check_new_directory(dst)
