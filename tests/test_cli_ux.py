@@ -280,7 +280,7 @@ def test_the_demo_training_progress_bar_counts_rounds():
 def test_default_colour_needs_a_terminal_and_no_no_color(monkeypatch):
     import io
 
-    from rollout_audit.cli.main import _tty_colour
+    from rollout_audit.cli.options import tty_colour as _tty_colour
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

@@ -12,9 +12,12 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..contract.errors import RolloutAuditError, UsageError
+
+if TYPE_CHECKING:
+    from . import options
 
 Echo = Callable[..., Any]  # click.echo: (message, err=False, color=None)
 
@@ -114,12 +117,12 @@ def _toml(settings: dict) -> str:
     return "\n".join(f"# {k} = (not set)" if v is None else f"{k} = {_toml_value(v)}" for k, v in settings.items())
 
 
-def show_settings(paths: Sequence[str], config_path: str | None, replay: int | None, preview: bool, echo: Echo) -> None:
-    """`check --show-settings`: the configuration the audit of `paths` would use, and where it came from."""
+def show_settings(opts: options.CheckOptions, echo: Echo) -> None:
+    """`check --show-settings`: the configuration the audit of its paths would use, and where it came from."""
     from ..contract.config import LOG_CONTEXT
-    from ..session import Request, configure
+    from ..session import configure
 
-    cfg, file = configure(Request(source=list(paths), config_file=config_path, replay=replay, preview=preview))
+    cfg, file = configure(opts.request(opts.paths))
     echo(f"# configuration: {cfg.source if ', over ' in cfg.source else file or cfg.source}")
     echo(f"# a configuration inside the audited directory may set only: {', '.join(LOG_CONTEXT)}")
     echo("[tool.rollout-audit]\n" + _toml(cfg.settings()))
@@ -161,101 +164,54 @@ def write_baseline(done, path: str, echo: Echo) -> int:
     return 0
 
 
-def check(
-    paths: Sequence[str],
-    *,
-    select: list[str],
-    ignore: list[str],
-    fmt: str,
-    config_path: str | None,
-    strict: bool,
-    show_all: bool,
-    quiet: bool,
-    color: bool,
-    merge: bool,
-    output: str | None,
-    workers: int,
-    ray: bool | str | None,
-    replay: int | None,
-    framework: str | None,
-    context: dict[str, str],
-    baseline: str | None,
-    write_baseline_to: str | None,
-    show_not_run: bool,
-    preview: bool,
-    echo: Echo,
-) -> int:
+def check(opts: options.CheckOptions, echo: Echo) -> int:
     """`rollout-audit check`: audit each log (or all PATHS as one), print the reports, return the
     worst exit code. `color`: colour the text format when it goes to stdout."""
     from ..reporting.outputs import check_output, write_atomic
     from ..reporting.report import render_logs
     from ..running.cluster import quiet_ray
-    from ..running.options import Options
-    from ..session import Request, run
+    from ..session import run
 
-    for out in (output, write_baseline_to):
+    paths = opts.paths
+    for out in (opts.output, opts.write_baseline):
         if out:
             check_output(out, paths)
-    opts = Options(select=tuple(select), ignore=tuple(ignore), workers=workers, ray=ray, tune=True)
-    found = [(list(paths), None)] if merge or framework else logs_of(paths, echo)
-    logs = [log for log, _ in found]
-    within = dict((id(log), w) for log, w in found)
-    if (baseline or write_baseline_to) and len(logs) > 1:
+    running = opts.running()
+    found = [(list(paths), None)] if opts.merge or opts.framework else logs_of(paths, echo)
+    if (opts.baseline or opts.write_baseline) and len(found) > 1:
         raise UsageError("a baseline belongs to one log: give one PATH, or --merge")
-
-    def request(log: list[str]) -> Request:
-        return Request(
-            source=log,
-            framework=framework,
-            context=context,
-            config_file=config_path,
-            replay=replay,
-            preview=preview,
-            options=opts,
-            baseline=baseline,
-            use_baseline=not write_baseline_to,
-            log_root=within[id(log)],  # the directory of runs it was found in: its trust boundary
-        )
-
-    with quiet_ray(opts):  # Ray's own log lines never reach the user's output
-        done = [(log, run(request(log))) for log in logs]
+    with quiet_ray(running):  # Ray's own log lines never reach the user's output
+        done = [
+            (log, run(opts.request(log, options=running, use_baseline=not opts.write_baseline, log_root=within)))
+            for log, within in found  # `within`: the directory of runs it was found in, its trust boundary
+        ]
     for _, a in done:
         if a.converted is not None and a.converted.policy:  # the trainer's own policy, from its configuration
             echo(f"rollout-audit: note: {a.converted.policy}", err=True)
         warn_not_dumps(a.converted, echo)
-    if write_baseline_to:
-        return write_baseline(done[0], write_baseline_to, echo)
+    if opts.write_baseline:
+        return write_baseline(done[0], opts.write_baseline, echo)
     reports = [(log, a.report) for log, a in done]
-    painted = fmt == "text" and not output and color
-    limit = None if show_all else done[0][1].cfg.max_examples
-    text = render_logs(reports, fmt, limit=limit, color=painted, strict=strict, quiet=quiet, show_not_run=show_not_run)
-    if output:
-        write_atomic(output, text + "\n")
+    fmt = opts.fmt
+    painted = fmt == "text" and not opts.output and opts.color
+    limit = None if opts.show_all else done[0][1].cfg.max_examples
+    text = render_logs(
+        reports, fmt, limit=limit, color=painted, strict=opts.strict, quiet=opts.quiet, show_not_run=opts.show_not_run
+    )
+    if opts.output:
+        write_atomic(opts.output, text + "\n")
     elif text:
         echo(text, color=painted)  # click strips styles off a non-terminal unless told
     for log, rep in reports:
-        if fmt != "text" or output or quiet:  # the report is elsewhere or cut short: say why on stderr too
+        if fmt != "text" or opts.output or opts.quiet:  # the report is elsewhere or cut short: say why on stderr too
             say_incomplete(rep, log, echo)
-    return max(rep.exit_code(strict) for _, rep in reports)
+    return max(rep.exit_code(opts.strict) for _, rep in reports)
 
 
 # ------------------------------------------------------------------ report
 
 
-def report(
-    paths: Sequence[str],
-    *,
-    output: str,
-    config_path: str | None,
-    select: list[str],
-    ignore: list[str],
-    framework: str | None,
-    context: dict[str, str],
-    replay: int | None,
-    baseline: str | None,
-    preview: bool,
-    echo: Echo,
-) -> int:
+def report(opts: options.ReportOptions, echo: Echo) -> int:
     """`rollout-audit report`: the audit `check` makes, written as an HTML page with the log's
     statistics; the audit's exit code."""
     from ..reading.io import discover
@@ -264,22 +220,11 @@ def report(
     from ..reporting.outputs import check_output, write_atomic
     from ..reporting.stats import distributions, log_stats
     from ..running.engine import memory_discovery
-    from ..running.options import Options
-    from ..session import Request, run
+    from ..session import run
 
+    paths, output = opts.paths, opts.output
     check_output(output, paths)
-    a = run(
-        Request(
-            source=list(paths),
-            framework=framework,
-            context=context,
-            config_file=config_path,
-            replay=replay,
-            preview=preview,
-            options=Options(select=tuple(select), ignore=tuple(ignore), tune=True),
-            baseline=baseline,
-        )
-    )
+    a = run(opts.request(paths))
     rep = a.report
     try:
         disc = memory_discovery(*a.converted.tables()) if a.converted is not None else discover(list(paths))
@@ -296,26 +241,17 @@ def report(
 # ------------------------------------------------------------------ diff
 
 
-def diff(
-    a: str,
-    b: str,
-    *,
-    fmt: str,
-    config_path: str | None,
-    z_noise: float,
-    every: bool,
-    allow_lost_coverage: bool,
-    echo: Echo,
-) -> int:
+def diff(opts: options.DiffOptions, echo: Echo) -> int:
     """`rollout-audit diff A B`: both audits, what changed between them; the diff's exit code."""
     from ..reporting.report import incomplete, json_text, printable
     from ..session import Request, run
     from ..workflow.diff import diff as compare
     from ..workflow.diff import render_diff
 
-    reps = [run(Request(source=[p], config_file=config_path, use_baseline=False)).report for p in (a, b)]
-    d = compare([a], [b], reps[0], reps[1], z_noise=z_noise, allow_lost_coverage=allow_lost_coverage)
-    echo(json_text(d) if fmt == "json" else render_diff(d, every))
+    a, b = opts.a, opts.b
+    reps = [run(Request(source=[p], config_file=opts.config_file, use_baseline=False)).report for p in (a, b)]
+    d = compare([a], [b], reps[0], reps[1], z_noise=opts.z_noise, allow_lost_coverage=opts.allow_lost_coverage)
+    echo(json_text(d) if opts.fmt == "json" else render_diff(d, opts.every))
     if d["exit_code"] == 2:  # one line naming each incomplete side
         why = [
             f"{side} {printable(p)}: {'; '.join(incomplete(r))}"
@@ -329,7 +265,7 @@ def diff(
 # ------------------------------------------------------------------ filter
 
 
-def filter_flagged(log: str, out: str, *, select: list[str], config_path: str | None, echo: Echo) -> int:
+def filter_flagged(opts: options.FilterOptions, echo: Echo) -> int:
     """`rollout-audit filter LOG OUT`: audit LOG, copy it to OUT without the trajectories the
     selected checks flagged (and the updates that named them), then audit the copy: its exit code."""
     import polars as pl
@@ -342,10 +278,11 @@ def filter_flagged(log: str, out: str, *, select: list[str], config_path: str | 
     from ..session import Request, run
     from ..workflow.filter import filter_log
 
+    log, out, select = opts.log, opts.out, opts.select
     check_output(out, [log], writes_log=True)
     check_new_directory(out)
-    opts = Options(select=tuple(select))
-    done = run(Request(source=[log], config_file=config_path, options=opts))
+    running = Options(select=select)
+    done = run(Request(source=[log], config_file=opts.config_file, options=running))
     rep = done.report
     if not rep.complete:
         raise UsageError(f"{printable(log)}: the audit is incomplete ({'; '.join(incomplete(rep))}): nothing written")
@@ -371,17 +308,17 @@ def filter_flagged(log: str, out: str, *, select: list[str], config_path: str | 
     unplaced = f.height - flagged.height
     if unplaced:
         echo(f"kept: {unplaced} finding(s) of the selected codes name no trajectory (see `check`)")
-    return _filtered_verdict(out, config_path, opts, select, log, echo)
+    return _filtered_verdict(out, opts.config_file, running, select, log, echo)
 
 
-def _filtered_verdict(out, config_path, opts, sel, log, echo: Echo) -> int:
+def _filtered_verdict(out, config_file, running, sel, log, echo: Echo) -> int:
     """Audit the copy `filter` wrote, as `check OUT` would (with the same selection), print its
     verdict, and return its exit code: `filter LOG OUT && train OUT` goes ahead only on a copy
     that passes."""
     from ..reporting.report import incomplete, printable, verdict_line
     from ..session import Request, run
 
-    rep = run(Request(source=[out], config_file=config_path, options=opts)).report
+    rep = run(Request(source=[out], config_file=config_file, options=running)).report
     code = rep.exit_code()
     scope = f" (checks {', '.join(sel)})" if sel else ""
     echo(f"the copy{scope}: {verdict_line(rep)}")
@@ -402,27 +339,14 @@ def _filtered_verdict(out, config_path, opts, sel, log, echo: Echo) -> int:
 # ------------------------------------------------------------------ watch
 
 
-def watch(
-    directory: str,
-    *,
-    framework: str | None,
-    context: dict[str, str],
-    config_path: str | None,
-    status: str | None,
-    metrics: str | None,
-    tensorboard: str | None,
-    fail_fast: bool,
-    interval: float,
-    idle: float | None,
-    max_steps: int | None,
-    echo: Echo,
-) -> int:
+def watch(opts: options.WatchOptions, echo: Echo) -> int:
     """`rollout-audit watch DIRECTORY`: audit each step as the trainer writes it; the watch's exit code."""
     from ..reporting.outputs import check_output
     from ..reporting.report import printable
     from ..workflow.events import EventFile
     from ..workflow.watch import Watcher, step_auditor
 
+    directory, status, metrics, tensorboard = opts.directory, opts.status, opts.metrics, opts.tensorboard
     for out in (status, metrics, tensorboard):  # never inside the watched log, onto a step, or into a FIFO
         if out is not None:
             check_output(out, [directory])
@@ -433,15 +357,21 @@ def watch(
         raise UsageError(f"--tensorboard {tensorboard}: cannot write an event file there ({e.strerror or e})") from None
     w = Watcher(
         root,
-        step_auditor(config_path, root, framework, context),
+        step_auditor(opts.config_file, root, opts.framework, dict(opts.context)),
         Path(status) if status else None,
         Path(metrics) if metrics else None,
         events,
         ignore={Path(p).resolve() for p in (status, metrics, events and events.path) if p},
-        native=not framework,
+        native=not opts.framework,
     )
     try:
-        code = w.follow(lambda line: echo(line), interval=interval, idle=idle, fail_fast=fail_fast, max_steps=max_steps)
+        code = w.follow(
+            lambda line: echo(line),
+            interval=opts.interval,
+            idle=opts.idle,
+            fail_fast=opts.fail_fast,
+            max_steps=opts.max_steps,
+        )
     except KeyboardInterrupt:
         code = w.finish(lambda line: echo(line))
     echo(f"watched {printable(directory)}: {len(w.steps)} step(s), worst exit code {w.worst}, exit {code}", err=True)
@@ -463,9 +393,7 @@ def stats(paths: Sequence[str], fmt: str, echo: Echo) -> None:
     echo(json_text(d) if fmt == "json" else render_stats(d))
 
 
-def show(
-    path: str, trajectory_id: str, *, color: bool, tokenizer_dir: str | None, ids: bool, width: int, echo: Echo
-) -> None:
+def show(opts: options.ShowOptions, echo: Echo) -> None:
     """`rollout-audit show PATH ID`: one trajectory turn by turn with the findings `check PATH` reports on it."""
     import polars as pl
 
@@ -475,10 +403,11 @@ def show(
     from ..running.options import Options
     from ..session import Request, run
 
+    path, trajectory_id, color = opts.path, opts.trajectory_id, opts.color
     log = scan(path)
     warn_unreadable(log.broken, echo)
     try:
-        dec = from_directory(tokenizer_dir) if tokenizer_dir else None
+        dec = from_directory(opts.tokenizer_dir) if opts.tokenizer_dir else None
     except DecodeError as e:
         raise UsageError(str(e)) from None
     if log.trajectories.filter(pl.col("trajectory_id") == trajectory_id).select(pl.len()).collect().item() == 0:
@@ -489,13 +418,13 @@ def show(
         t = transcript(log, trajectory_id, rep.findings)
     except KeyError as e:
         raise UsageError(str(e.args[0])) from None
-    echo(render(t, color=color, width=width, decoder=dec, ids=ids), color=color)  # --color survives a pipe
+    echo(render(t, color=color, width=opts.width, decoder=dec, ids=opts.ids), color=color)  # --color survives a pipe
 
 
 # ------------------------------------------------------------------ convert
 
 
-def convert(framework: str, src: str, dst: str, context: dict[str, str], echo: Echo) -> None:
+def convert(opts: options.ConvertOptions, echo: Echo) -> None:
     """`rollout-audit convert`: a trainer's dump at SRC written as a contract log in DST, with the
     trainer's policy as the log's own configuration."""
     from ..adapters.convert import convert as read_dump
@@ -505,9 +434,10 @@ def convert(framework: str, src: str, dst: str, context: dict[str, str], echo: E
     from ..session.dumps import adapter_waives_denominators, policy_table, with_policy
     from ..writing import write_table
 
+    framework, src, dst = opts.framework, opts.src, opts.dst
     check_output(dst, [src])  # a dump is not a contract log: DST may sit next to it, never inside it
     check_new_directory(dst)
-    conv = read_dump(framework, [src], context)
+    conv = read_dump(framework, [src], dict(opts.context))
     policy = with_policy(Config(), conv)  # validated under the trainer's own stop reasons
     trajectories, updates = conv.tables()
     with atomic_directory(dst) as tmp:  # DST appears whole or not at all

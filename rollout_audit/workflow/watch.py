@@ -290,7 +290,7 @@ def named_verdict(rep: Report) -> str:
     return f"{verdict(rep)}: {named}{line[len(verdict(rep)) + 2 + len(head) :]}"
 
 
-def step_auditor(config_path: str | None, root: Path, framework: str | None, context: dict) -> Callable:
+def step_auditor(config_file: str | None, root: Path, framework: str | None, context: dict) -> Callable:
     """Audit one step's file as a log of its own (a framework's dump: converted first), through the
     session `check` goes through; its report and its figures."""
     import polars as pl
@@ -300,11 +300,11 @@ def step_auditor(config_path: str | None, root: Path, framework: str | None, con
     from ..session import Request, configure, run
     from .figures import audit_figures, trainable_share
 
-    configure(Request(source=[str(root)], config_file=config_path))  # a refused configuration stops the watch at once
+    configure(Request(source=[str(root)], config_file=config_file))  # a refused configuration stops the watch at once
 
     def audit_step(path: Path) -> tuple[Report, dict]:
         a = run(
-            Request(source=[str(path)], framework=framework, context=context, config_file=config_path, log_root=root)
+            Request(source=[str(path)], framework=framework, context=context, config_file=config_file, log_root=root)
         )
         if a.converted is not None:
             share = trainable_share(pl.from_arrow(a.converted.tables()[0]))  # type: ignore[arg-type]
