@@ -77,3 +77,16 @@ def test_an_unknown_code_is_refused_once_in_one_line():
     assert res.stderr.strip().splitlines() == [
         "rollout-audit: error: unknown check code or prefix 'Z999'; see `rollout-audit explain --list`"
     ]
+
+
+def test_report_audits_each_log_on_its_own_as_check_does(tmp_path):
+    from click.testing import CliRunner
+
+    two = ["fixtures/compliant", "fixtures/broken/loss_over_whole_transcript"]
+    out = tmp_path / "r.html"
+    rep = CliRunner().invoke(main, ["report", *two, "-o", str(out)])
+    chk = CliRunner().invoke(main, ["check", *two, "--format", "json"])
+    assert rep.exit_code == chk.exit_code == 1
+    page = out.read_text()
+    assert 'id="logs"' in page and 'id="log0-verdict"' in page and 'id="log1-verdict"' in page
+    assert "S002" not in page  # two logs are not one log with every trajectory id twice

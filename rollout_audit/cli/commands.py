@@ -151,6 +151,19 @@ def logs_of(paths: Sequence[str], echo: Echo) -> list[tuple[list[str], str | Non
     return logs
 
 
+def audit_logs(opts: options.AuditOptions, echo: Echo, baseline: bool = False, **kw: Any) -> list:
+    """Each log of the request's paths (or all of them as one, with --merge or --from) audited on
+    its own: `(paths of the log, Audited)`. `baseline`: a baseline is written, which belongs to one
+    log as the one read does; `kw`: what the command adds to each request."""
+    from ..session import run
+
+    found = [(list(opts.paths), None)] if opts.merge or opts.framework else logs_of(opts.paths, echo)
+    if (opts.baseline or baseline) and len(found) > 1:
+        raise UsageError("a baseline belongs to one log: give one PATH, or --merge")
+    # `within`: the directory of runs the log was found in, its trust boundary
+    return [(log, run(opts.request(log, log_root=within, **kw))) for log, within in found]
+
+
 def write_baseline(done, path: str, echo: Echo) -> int:
     """Record one log's findings (after its tolerated rates) in `path`: exit 0."""
     from ..session import verdict as policy
@@ -170,21 +183,14 @@ def check(opts: options.CheckOptions, echo: Echo) -> int:
     from ..reporting.outputs import check_output, write_atomic
     from ..reporting.report import render_logs
     from ..running.cluster import quiet_ray
-    from ..session import run
 
     paths = opts.paths
     for out in (opts.output, opts.write_baseline):
         if out:
             check_output(out, paths)
     running = opts.running()
-    found = [(list(paths), None)] if opts.merge or opts.framework else logs_of(paths, echo)
-    if (opts.baseline or opts.write_baseline) and len(found) > 1:
-        raise UsageError("a baseline belongs to one log: give one PATH, or --merge")
     with quiet_ray(running):  # Ray's own log lines never reach the user's output
-        done = [
-            (log, run(opts.request(log, options=running, use_baseline=not opts.write_baseline, log_root=within)))
-            for log, within in found  # `within`: the directory of runs it was found in, its trust boundary
-        ]
+        done = audit_logs(opts, echo, bool(opts.write_baseline), options=running, use_baseline=not opts.write_baseline)
     for _, a in done:
         if a.converted is not None and a.converted.policy:  # the trainer's own policy, from its configuration
             echo(f"rollout-audit: note: {a.converted.policy}", err=True)
@@ -220,22 +226,24 @@ def report(opts: options.ReportOptions, echo: Echo) -> int:
     from ..reporting.outputs import check_output, write_atomic
     from ..reporting.stats import distributions, log_stats
     from ..running.engine import memory_discovery
-    from ..session import run
 
     paths, output = opts.paths, opts.output
     check_output(output, paths)
-    a = run(opts.request(paths))
-    rep = a.report
-    try:
-        disc = memory_discovery(*a.converted.tables()) if a.converted is not None else discover(list(paths))
-        log = Log(disc)
-        st = {**log_stats(log), "distributions": distributions(log)} if disc.of_kind("trajectories") else None
-    except Exception:  # noqa: BLE001 - statistics are a courtesy; a broken log still gets its findings page
-        st = None
-    write_atomic(output, render_html(rep, st, ", ".join(map(str, paths))))
+    pages, reports = [], []
+    for log, a in audit_logs(opts, echo):  # each log audited on its own, as `check` does
+        try:
+            disc = memory_discovery(*a.converted.tables()) if a.converted is not None else discover(log)
+            read = Log(disc)
+            st = {**log_stats(read), "distributions": distributions(read)} if disc.of_kind("trajectories") else None
+        except Exception:  # noqa: BLE001 - statistics are a courtesy; a broken log still gets its findings page
+            st = None
+        pages.append((", ".join(map(str, log)), a.report, st))
+        reports.append((log, a.report))
+    write_atomic(output, render_html(pages))
     echo(f"wrote {output}")
-    say_incomplete(rep, paths, echo)
-    return rep.exit_code()
+    for log, rep in reports:
+        say_incomplete(rep, log, echo)
+    return max(rep.exit_code() for _, rep in reports)
 
 
 # ------------------------------------------------------------------ diff

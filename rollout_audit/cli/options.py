@@ -179,6 +179,10 @@ class AuditOptions(Parsed):
         type=click.IntRange(0),
         help="Replay N trajectories stratified by policy version (L205-L207, L209; needs a configured replayer).",
     )
+    merge: bool = flag(
+        "--merge",
+        help="Audit all PATHS as one log (partitions of one log); by default each PATH is a log of its own.",
+    )
     baseline: str | None = option(
         "--baseline",
         type=click.Path(dir_okay=False),
@@ -228,10 +232,6 @@ class CheckOptions(AuditOptions):
     show_not_run: bool = flag(
         "--show-not-run",
         help="Text format: each check not run with its reason, one per line.",
-    )
-    merge: bool = flag(
-        "--merge",
-        help="Audit all PATHS as one log (partitions of one log); by default each PATH is a log of its own.",
     )
     output: str | None = option(
         "-o",

@@ -3,6 +3,7 @@ examples, and plots of the distributions where the catalogued faults show. No Ja
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from html import escape
 
 import polars as pl
@@ -37,26 +38,48 @@ _STATUS = {  # status -> (label, css class, sort order)
 }
 
 
-def render_html(rep: Report, stats: dict | None, title: str) -> str:
-    """The whole page as one string; every log string is escaped."""
-    t = escape(printable(title))
-    return "\n".join(
-        [
-            f'<!doctype html><html lang="en"><meta charset="utf-8"><link rel="icon" href="data:,"><title>rollout-audit: {t}</title>',
-            f"<style>{_CSS}</style><body><h1>rollout-audit report: {t}</h1>",
-            _verdict(rep),
-            "<h2>Checks</h2>",
-            _check_table(rep),
-            "<h2>Findings</h2>",
-            _findings(rep),
-            "<h2>Distributions</h2>",
-            '<p class="note">Where the catalogued faults show. Red marks only what the audit found at fault (a '
-            "value off its recomputation, a source trained on that must not be, an impossible value); blue a value "
-            "recomputed that held; grey a value shown, not judged. Each plot's legend names its colours.</p>",
-            f'<div class="plots">{"".join(figures(rep, stats or {}))}</div>',
-            "</body></html>",
+def render_html(logs: Sequence[tuple[str, Report, dict | None]]) -> str:
+    """The whole page as one string, for the logs `(title, report, statistics)`: one log's report,
+    or several, each under its title after one line per log with its verdict (each log's element
+    ids prefixed, so that every id stays unique). Every log string is escaped."""
+    if len(logs) == 1:
+        title, rep, stats = logs[0]
+        t = escape(printable(title))
+        body = [f"<h1>rollout-audit report: {t}</h1>", *_log(rep, stats, "")]
+    else:
+        t = f"{len(logs)} logs"
+        rows = []
+        for i, (title, rep, _) in enumerate(logs):
+            cls, head, detail = verdict(rep)
+            rows.append(
+                f'<tr><td><a href="#log{i}">{escape(printable(title))}</a></td>'
+                f'<td class="status {cls}">{escape(head)}</td><td>{escape(detail)}</td></tr>'
+            )
+        body = [
+            f"<h1>rollout-audit report: {t}, each audited on its own</h1>",
+            f'<table id="logs"><tr><th>log</th><th>verdict</th><th>why</th></tr>{"".join(rows)}</table>',
         ]
-    )
+        for i, (title, rep, stats) in enumerate(logs):
+            body += [f'<h2 class="log" id="log{i}">{escape(printable(title))}</h2>', *_log(rep, stats, f"log{i}-")]
+    head = f'<!doctype html><html lang="en"><meta charset="utf-8"><link rel="icon" href="data:,"><title>rollout-audit: {t}</title>'
+    return "\n".join([head, f"<style>{_CSS}</style><body>", *body, "</body></html>"])
+
+
+def _log(rep: Report, stats: dict | None, ids: str) -> list[str]:
+    """One log's part of the page: its verdict, its findings first, then every check, then the
+    distributions. `ids`: the prefix of its element ids."""
+    return [
+        _verdict(rep, ids),
+        "<h2>Findings</h2>",
+        _findings(rep, ids),
+        "<h2>Checks</h2>",
+        _check_table(rep, ids),
+        "<h2>Distributions</h2>",
+        '<p class="note">Where the catalogued faults show. Red marks only what the audit found at fault (a '
+        "value off its recomputation, a source trained on that must not be, an impossible value); blue a value "
+        "recomputed that held; grey a value shown, not judged. Each plot's legend names its colours.</p>",
+        f'<div class="plots">{"".join(figures(rep, stats or {}))}</div>',
+    ]
 
 
 def verdict(rep: Report) -> tuple[str, str, str]:
@@ -76,7 +99,7 @@ def verdict(rep: Report) -> tuple[str, str, str]:
     return "ok", "OK: no finding blocks training", notes
 
 
-def _verdict(rep: Report) -> str:
+def _verdict(rep: Report, ids: str) -> str:
     cls, head, detail = verdict(rep)
     s = rep.summary
     counts = (
@@ -84,18 +107,23 @@ def _verdict(rep: Report) -> str:
         f"{len(s['checks_crashed'])} crashed; {s['rows_read']} trajectories, {s['tokens_read']} tokens read"
     )
     return (
-        f'<div class="verdict {cls}" id="verdict"><strong>{escape(head)}</strong><br>{escape(detail)}'
-        f"<br><small>{escape(counts)}</small>{_replayed(rep)}</div>"
+        f'<div class="verdict {cls}" id="{ids}verdict"><strong>{escape(head)}</strong><br>{escape(detail)}'
+        f"<br><small>{escape(counts)}</small>{_replayed(rep, ids)}</div>"
     )
 
 
-def _replayed(rep: Report) -> str:
-    """What replay recomputed, or why it did not run (replay checks listed as not run)."""
+def _not_replayed(rep: Report) -> str | None:
+    """Why replay did not run, when it did not."""
+    return None if rep.summary.get("replay") else rep.not_run.get("L205") or rep.unfulfilled.get("L205")
+
+
+def _replayed(rep: Report, ids: str) -> str:
+    """What replay recomputed, or why it did not run (said here once; the replay checks' rows point here)."""
     done = rep.summary.get("replay")
     if done:
-        return f'<br><small id="replay">{escape(printable(replay_line(done)))}</small>'
-    why = rep.not_run.get("L205") or rep.unfulfilled.get("L205")
-    return f'<br><small id="replay">not replayed: {escape(printable(why))}</small>' if why else ""
+        return f'<br><small id="{ids}replay">{escape(printable(replay_line(done)))}</small>'
+    why = _not_replayed(rep)
+    return f'<br><small id="{ids}replay">not replayed: {escape(printable(why))}</small>' if why else ""
 
 
 def check_status(rep: Report) -> pl.DataFrame:
@@ -141,21 +169,25 @@ def check_status(rep: Report) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=schema).sort("order", "code")
 
 
-def _check_table(rep: Report) -> str:
+def _check_table(rep: Report, ids: str) -> str:
     st = check_status(rep)
+    replay_why = _not_replayed(rep)
     body = []
     for r in st.iter_rows(named=True):
         label, cls, _ = _STATUS[r["status"]]
         rule = rep.rules[r["code"]]
+        reason = escape(printable(r["reason"]))
+        if r["status"] == "notrun" and replay_why and r["reason"] == replay_why:  # said once, in the verdict
+            reason = f'<a href="#{ids}replay">not replayed (why: under the verdict)</a>'
         body.append(
-            f'<tr id="check-{r["code"]}" data-status="{r["status"]}"><td>{_code_link(r["code"], r["findings"])}</td>'
+            f'<tr id="{ids}check-{r["code"]}" data-status="{r["status"]}"><td>{_code_link(r["code"], r["findings"], ids)}</td>'
             f'<td class="status {cls}">{label}</td><td class="num">{r["findings"]}</td>'
             f'<td class="{_severity_class(r["status"], rule.severity)}">{rule.severity}</td>'
             f"<td><details><summary>{escape(rule.name)}</summary><pre>{escape(rule.explanation)}</pre></details></td>"
-            f"<td>{escape(printable(r['reason']))}</td></tr>"
+            f"<td>{reason}</td></tr>"
         )
     return (
-        '<table id="checks"><tr><th>code</th><th>status</th><th>findings</th><th>severity</th>'
+        f'<table id="{ids}checks"><tr><th>code</th><th>status</th><th>findings</th><th>severity</th>'
         f"<th>rule (click for the explanation)</th><th>reason / coverage</th></tr>{''.join(body)}</table>"
     )
 
@@ -170,14 +202,14 @@ def _severity_class(status: str, severity: str) -> str:
     return "sev-quiet"
 
 
-def _code_link(code: str, findings: int) -> str:
+def _code_link(code: str, findings: int, ids: str) -> str:
     """A code, linked to its findings when it has some."""
-    return f'<a href="#f-{code}">{code}</a>' if findings else code
+    return f'<a href="#{ids}f-{code}">{code}</a>' if findings else code
 
 
-def _findings(rep: Report) -> str:
+def _findings(rep: Report, ids: str) -> str:
     if rep.findings.is_empty():
-        return '<p id="no-findings">No findings.</p>'
+        return f'<p id="{ids}no-findings">No findings.</p>'
     out = []
     for (code,), grp in rep.findings.group_by("code", maintain_order=True):
         sev = grp["severity"][0]
@@ -194,7 +226,7 @@ def _findings(rep: Report) -> str:
             else ""
         )
         out.append(
-            f'<section class="code" id="f-{code}"><h3 class="sev-{sev}">{code} [{sev}] {escape(name)}: '
+            f'<section class="code" id="{ids}f-{code}"><h3 class="sev-{sev}">{code} [{sev}] {escape(name)}: '
             f"{grp.height} finding{'s' * (grp.height != 1)}</h3><table><tr>{head}</tr>{''.join(rows)}</table>{more}"
             "</section>"
         )
