@@ -89,4 +89,4 @@ def test_report_audits_each_log_on_its_own_as_check_does(tmp_path):
     assert rep.exit_code == chk.exit_code == 1
     page = out.read_text()
     assert 'id="logs"' in page and 'id="log0-verdict"' in page and 'id="log1-verdict"' in page
-    assert "S002" not in page  # two logs are not one log with every trajectory id twice
+    assert "f-S002" not in page  # two logs are not one log with every trajectory id twice
