@@ -89,6 +89,8 @@ LACKS = {
     "terminated": "NeMo Gym's capture records no stop reason; pass --context stop_reason=...",
     "truncated": "NeMo Gym's capture records no stop reason; pass --context stop_reason=...",
     "infra_error": "NeMo Gym's capture records no stop reason; pass --context stop_reason=...",
+    "reward": "a TokenEntry carries no reward (the rollout record does); pass --context reward=... for a capture "
+    "without its rollout record",
     "turns.policy_version": "a TokenEntry and a rebuilt rollout carry no weight version; pass --context policy_version=...",
     "turns.temperature": "NeMo Gym's capture records no sampling parameters; pass --context temperature=...",
     "turns.top_p": "NeMo Gym's capture records no sampling parameters; pass --context top_p=...",
