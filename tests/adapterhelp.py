@@ -32,7 +32,9 @@ CONTEXT = {
 
 
 def fixture(name: str, case: str) -> Path:
-    return FIXTURES / name / f"{case}.jsonl"
+    """A case's dump: its JSON Lines file, or its directory for a dump of binary files (prime-rl)."""
+    lines, folder = FIXTURES / name / f"{case}.jsonl", FIXTURES / name / case
+    return folder if folder.is_dir() and not lines.exists() else lines
 
 
 def audit(name: str, case: str, **cfg) -> ra.Report:

@@ -41,6 +41,7 @@ from ..contract import schema as S
 from . import nemo_gym_digest as D
 from .base import (
     AdapterError,
+    _regular,
     context_values,
     contract_table,
     dump_files,
@@ -101,6 +102,7 @@ LACKS = {
     "verifier_success": "NeMo Gym records a reward, not a verifier verdict",
     "initial_state_checksum": "NeMo Gym's capture does not see environment state",
 }
+MAX_TOKENS = 1 << 27  # tokens a rollout's capture may expand to (delta prompts rebuilt, branches copied)
 USER, OBSERVATION = 1, 3  # token_source of the first prompt, and of what a later prompt adds
 CONTEXT = {"reward": float, "policy_version": int, "stop_reason": str}
 
@@ -120,7 +122,7 @@ def read_dump(paths: Sequence[str | os.PathLike]) -> tuple[list[Path], list[Path
     lost = _incomplete(files, other)
     read = [f for f in files if _rollout_of(f) not in lost]
     other += [f for f in files if _rollout_of(f) in lost]
-    records = [r for f in read for r in read_records(f)]
+    records: list[Mapping[str, Any]] = [r for f in read for r in read_records(f)]
     return read, sorted(other), records
 
 
@@ -154,6 +156,7 @@ def _incomplete(files: Sequence[Path], other: Sequence[Path]) -> set[str]:
         if not f.name.endswith(INTENTS):
             continue
         rid = _rollout_of(f)
+        _regular(f)
         try:
             intents = {ln.strip() for ln in f.read_text("utf-8", errors="replace").splitlines() if ln.strip()}
         except OSError as e:
@@ -312,26 +315,27 @@ def _entry(rec: Mapping[str, Any], where: str) -> dict[str, Any]:
 
 
 def _full_prompts(entries: dict[str, dict[str, Any]]) -> None:
-    """A delta entry's full prompt, rebuilt through its parent chain (builder.py:201-261)."""
-    done: dict[str, list[int]] = {}
-
-    def cumulative(cid: str, depth: int = 0) -> list[int]:
-        if cid in done:
-            return done[cid]
-        e = entries.get(cid)
-        if e is None or depth > 10_000:
-            raise AdapterError(f"a delta prompt's parent chain is broken at call {cid}")
-        prefix = cumulative(e["parent"], depth + 1) if e["delta"] else []
-        done[cid] = prefix + e["prompt"] + e["gen"]
-        return done[cid]
-
-    for e in entries.values():
-        if e["delta"]:
-            try:
-                full = cumulative(e["id"])
-            except AdapterError as err:
-                raise AdapterError(f"{e['at']}: prompt_is_delta: {err}") from None
-            e["prompt"], e["delta"] = full[: len(full) - len(e["gen"])], False
+    """A delta entry's full prompt, rebuilt through its parent chain (builder.py:201-261), within a
+    budget of MAX_TOKENS rebuilt tokens per rollout (a long chain of tiny deltas would otherwise grow
+    quadratically)."""
+    budget = MAX_TOKENS
+    for e in [e for e in entries.values() if e["delta"]]:
+        chain, cursor, seen = [], e, set()
+        while cursor["delta"]:  # up to the nearest stored-whole (or already rebuilt) ancestor
+            chain.append(cursor)
+            seen.add(cursor["id"])
+            parent = entries.get(cursor["parent"])
+            if parent is None or parent["id"] in seen:
+                raise AdapterError(f"{e['at']}: prompt_is_delta: the parent chain is broken at call {cursor['parent']}")
+            cursor = parent
+        full = cursor["prompt"] + cursor["gen"]
+        for link in reversed(chain):
+            full = full + link["prompt"]
+            budget -= len(full)
+            if budget < 0:
+                raise AdapterError(f"{e['at']}: prompt_is_delta: the chain rebuilds more than {MAX_TOKENS} tokens")
+            link["prompt"], link["delta"] = full, False
+            full = full + link["gen"]
 
 
 def _verify_entry(e: dict[str, Any]) -> None:
@@ -381,6 +385,8 @@ def _capture_rows(rid: str, entries: dict[str, dict[str, Any]], reward: Any, ctx
         if not kids:
             paths.append(path)
         stack += [[*path, k] for k in reversed(kids)]
+    if sum(len(live[c]["prompt"]) + len(live[c]["gen"]) for path in paths for c in path[-1:]) > MAX_TOKENS:
+        raise AdapterError(f"rollout {rid}: its capture's branches expand to more than {MAX_TOKENS} tokens")
     rows = []
     for k, path in enumerate(paths):
         tid = f"{rid}/capture" + (f"/{k}" if len(paths) > 1 else "")
@@ -472,7 +478,9 @@ def _verify_staged(rec: Mapping[str, Any], at: str) -> None:
     except (KeyError, TypeError, ValueError, OverflowError, struct.error) as e:
         raise AdapterError(f"{at}: the staged record cannot be digested ({e})") from None
     if found != full["digest"]:
-        raise AdapterError(f"{at}: digest: recorded {full['digest'][:16]}..., the staged contents hash to {found[:16]}...")
+        raise AdapterError(
+            f"{at}: digest: recorded {full['digest'][:16]}..., the staged contents hash to {found[:16]}..."
+        )
 
 
 def _receipt(
@@ -519,7 +527,9 @@ def _receipt(
             raise AdapterError(f"{at}: call {cid}: no staged record of this call among the files read")
         for key in ("parent_call_id", "prev_len", "delta_len", "cum_len", "weight_version", "digest", "chain_hash"):
             if m.get(key) != s.get(key):
-                raise AdapterError(f"{at}: call {cid}: {key}: {short(m.get(key))} in the manifest, {short(s.get(key))} staged")
+                raise AdapterError(
+                    f"{at}: call {cid}: {key}: {short(m.get(key))} in the manifest, {short(s.get(key))} staged"
+                )
         ids = wholes(s["token_ids_delta"], "token_ids_delta", at)
         running = D.chain_hash(running, ids)
         if running != m["chain_hash"]:
@@ -547,7 +557,11 @@ def _receipt(
         "token_turn": token_turn,
         "turns": turns,
     }
-    return {**_common(rid, rid, ctx, None if reward is None else option({"reward": reward}, "reward", at)), **row, **origin(rec)}
+    return {
+        **_common(rid, rid, ctx, None if reward is None else option({"reward": reward}, "reward", at)),
+        **row,
+        **origin(rec),
+    }
 
 
 __all__ = ["read_dump", "rollout_id", "to_contract"]

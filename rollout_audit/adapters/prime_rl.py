@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from .base import (
@@ -72,7 +73,7 @@ def read_dump(paths: Sequence[str | os.PathLike]) -> tuple[list[Path], list[Path
     other: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            bins += sorted(f for f in p.rglob("rank_*.bin") if BATCH.search(f.as_posix()))
+            bins += _batch_files(p)
             try:
                 found, rest = dump_files(p)
             except AdapterError:
@@ -92,6 +93,15 @@ def read_dump(paths: Sequence[str | os.PathLike]) -> tuple[list[Path], list[Path
     records: list[Mapping[str, Any]] = [s for f in bins for s in samples(f)]
     records += [r for f in traces for r in read_records(f)]
     return [*bins, *traces], other, records
+
+
+def _batch_files(root: Path) -> list[Path]:
+    """Every `step_N/rank_r.bin` under `root` (symlinked directories not followed, hidden ones skipped)."""
+    out = []
+    for d, dirs, names in os.walk(root):
+        dirs[:] = sorted(x for x in dirs if not x.startswith("."))
+        out += [Path(d) / n for n in sorted(names) if BATCH.search((Path(d) / n).as_posix())]
+    return out
 
 
 def _decode(path: Path) -> list[Any]:
@@ -115,7 +125,7 @@ def samples(path: Path) -> list[Mapping[str, Any]]:
     """Every packed sample of a batch file, unpadded, as a record naming its step, rank, micro batch."""
     found = BATCH.search(path.as_posix())
     step, rank = (int(found.group(1)), int(found.group(2))) if found else (None, None)
-    out = []
+    out: list[Mapping[str, Any]] = []
     for m, raw in enumerate(_decode(path)):
         where = f"{path}: micro batch {m}"
         if not isinstance(raw, list) or not REQUIRED <= len(raw) <= len(FIELDS):
@@ -128,18 +138,24 @@ def samples(path: Path) -> list[Mapping[str, Any]]:
         pos = wholes(mb["position_ids"], "position_ids", where)
         temps = numbers(mb["temperatures"], "temperatures", where)
         lengths = wholes(mb["sequence_lengths"], "sequence_lengths", where)
-        for name, values in (("loss_mask", mask), ("inference_logprobs", lps), ("advantages", adv)):
-            if len(values) != len(ids):
-                raise AdapterError(f"{where}: {name}: {len(values)} values for {len(ids)} input_ids")
-        for name, values in (("position_ids", pos), ("temperatures", temps)):
-            if len(values) != len(ids):
-                raise AdapterError(f"{where}: {name}: {len(values)} values for {len(ids)} input_ids")
+        sizes = {
+            "loss_mask": len(mask),
+            "inference_logprobs": len(lps),
+            "advantages": len(adv),
+            "position_ids": len(pos),
+            "temperatures": len(temps),
+        }
+        for name, n in sizes.items():
+            if n != len(ids):
+                raise AdapterError(f"{where}: {name}: {n} values for {len(ids)} input_ids")
         if sum(lengths) != len(ids) or any(n <= 0 for n in lengths):
             raise AdapterError(f"{where}: sequence_lengths: {sum(lengths)} tokens in all, {len(ids)} input_ids")
+        zeros = np.flatnonzero(np.asarray(pos, dtype=object) == 0)  # where position ids restart
         start = 0
         for k, n in enumerate(lengths):
             end = start + n
-            restart = next((i for i in range(start + 1, end) if pos[i] == 0), end)  # the padding's own 0
+            later = zeros[(zeros > start) & (zeros < end)]
+            restart = int(later[0]) if later.size else end  # the padding's own 0
             rec = {
                 KIND: True,
                 "step": step,
@@ -165,7 +181,8 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
 
     context = context_values(context, verifiers.OWN_CONTEXT)
     context.setdefault("trainer", "prime-rl")
-    trained, traces = [], []
+    trained: list[Mapping[str, Any]] = []
+    traces: list[Mapping[str, Any]] = []
     for rec in records:
         (trained if rec.get(KIND) else traces).append(rec)
     table = verifiers.to_contract(traces, **context)
