@@ -113,6 +113,14 @@ def missing_field_exits_2(name: str, case: str, field: str, tmp_path: Path, valu
     return lines[0]
 
 
+def one_line(result: Result) -> str:
+    """The one line on stderr of a run that could not complete (exit 2, no traceback)."""
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output and "internal error" not in result.stderr, result.stderr
+    return lines[0]
+
+
 # ---------------------------------------------------------------- JSON reports of the CLI
 
 IDENTITY = ["environment_id=doors", "environment_version=v1", "verifier_version=v1", "reset_seed=0"]

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from adapterhelp import FIXTURES, cli, opts
+from adapterhelp import FIXTURES, cli, one_line, opts
 from frameworks import nemo_gym as gen
 
 from rollout_audit.adapters import load
@@ -104,17 +104,10 @@ def _write(tmp: Path, records: list[dict], name: str = "dump.jsonl") -> Path:
     return p
 
 
-def _one_line(res) -> str:
-    assert res.exit_code == 2, res.output
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in res.output and "internal error" not in res.stderr, res.stderr
-    return lines[0]
-
-
-def test_an_entry_whose_digest_disagrees_with_its_tokens_is_one_line(tmp_path):
+def test_an_entry_whose_digest_disagrees_with_its_tokens_isone_line(tmp_path):
     recs = gen.captured("1-0")
     recs[1]["digest"] = D.entry_digest([9, 9, 9])
-    line = _one_line(check(_write(tmp_path, recs))[0])
+    line = one_line(check(_write(tmp_path, recs))[0])
     assert "dump.jsonl:2" in line and "rollout 1-0 call call-b" in line and "digest" in line, line
 
 
@@ -124,17 +117,17 @@ def test_a_delta_prompt_is_rebuilt_through_its_parent_before_its_digest_is_check
     table = load("nemo_gym").to_contract(read_dump(_write(tmp_path, recs)), policy_version=1)
     assert table.column("token_ids").to_pylist()[0][-2:] == [54, 2]
     recs[2]["prompt_token_ids"] = [99, *gen.TOOL[1:]]  # the suffix was rewritten: the chain no longer hashes
-    line = _one_line(check(_write(tmp_path, recs))[0])
+    line = one_line(check(_write(tmp_path, recs))[0])
     assert "call call-c" in line and "digest" in line, line
 
 
-def test_a_ledger_chain_hash_that_does_not_chain_is_one_line(tmp_path):
+def test_a_ledger_chain_hash_that_does_not_chain_isone_line(tmp_path):
     recs = gen.ledger("2-0")
     receipt, a, b = recs
     b["chain_hash"] = D.chain_hash(None, b["token_ids_delta"])  # chained from nothing, not from call-1
     b["digest"] = D.staged_digest(b)  # the staged record is consistent with itself
     receipt["manifest"][1] |= {"chain_hash": b["chain_hash"], "digest": b["digest"]}
-    line = _one_line(check(_write(tmp_path, [receipt, a, b]))[0])
+    line = one_line(check(_write(tmp_path, [receipt, a, b]))[0])
     assert "rollout 2-0" in line and "call call-2" in line and "chain_hash" in line, line
 
 
@@ -146,17 +139,17 @@ def test_a_ledger_chain_hash_that_does_not_chain_is_one_line(tmp_path):
         (lambda r: r.update(terminal_model_call_id="call-7"), "terminal_model_call_id"),
     ],
 )
-def test_a_receipt_whose_manifest_does_not_form_a_chain_is_one_line(tmp_path, edit, field):
+def test_a_receipt_whose_manifest_does_not_form_a_chain_isone_line(tmp_path, edit, field):
     receipt, a, b = gen.ledger("2-0")
     edit(receipt)
-    line = _one_line(check(_write(tmp_path, [receipt, a, b]))[0])
+    line = one_line(check(_write(tmp_path, [receipt, a, b]))[0])
     assert "receipt of rollout 2-0" in line and field in line, line
 
 
-def test_a_staged_record_edited_after_staging_is_one_line(tmp_path):
+def test_a_staged_record_edited_after_staging_isone_line(tmp_path):
     receipt, a, b = gen.ledger("2-0")
     a["generation_log_probs_delta"][-1] = -9.0
-    line = _one_line(check(_write(tmp_path, [receipt, a, b]))[0])
+    line = one_line(check(_write(tmp_path, [receipt, a, b]))[0])
     assert "dump.jsonl:2" in line and "call call-1" in line and "digest" in line, line
 
 
@@ -168,17 +161,17 @@ def test_a_staged_record_edited_after_staging_is_one_line(tmp_path):
         (lambda item: item.update(generation_token_ids=[1, "x"]), "generation_token_ids"),
     ],
 )
-def test_a_rebuilt_item_of_the_wrong_shape_is_one_line(tmp_path, edit, field):
+def test_a_rebuilt_item_of_the_wrong_shape_isone_line(tmp_path, edit, field):
     rec = gen.rollout(0, 0, 1.0, [[50, 51, 2], [52, 53, 2]])
     edit(rec["response"]["output"][1])
-    line = _one_line(check(_write(tmp_path, [rec]))[0])
+    line = one_line(check(_write(tmp_path, [rec]))[0])
     assert "dump.jsonl:1" in line and "rollout 0-0" in line and "output[1]" in line and field in line, line
 
 
 def test_a_newer_token_entry_is_refused(tmp_path):
     recs = gen.captured("1-0")
     recs[0]["schema_version"] = 2
-    line = _one_line(check(_write(tmp_path, recs))[0])
+    line = one_line(check(_write(tmp_path, recs))[0])
     assert "schema_version 2" in line, line
 
 
@@ -186,6 +179,18 @@ def test_a_masked_rollout_is_excluded_from_the_loss(tmp_path):
     rec = gen.rollout(0, 0, 1.0, [[50, 51, 2]]) | {"mask_sample": True}
     row = load("nemo_gym").to_contract(read_dump(_write(tmp_path, [rec])), policy_version=1).to_pylist()[0]
     assert row["loss_excluded"] is True and not any(row["loss_mask"])
+
+
+def test_a_masked_rollout_gym_could_not_rebuild_is_named_not_audited(tmp_path):
+    tokenless = gen.rollout(1, 0, 0.0, [[50, 2]]) | {"mask_sample": True}
+    for item in tokenless["response"]["output"]:
+        del item["prompt_token_ids"], item["generation_token_ids"], item["generation_log_probs"]
+    res, rep = check(_write(tmp_path, [gen.rollout(0, 0, 1.0, [[50, 2]]), tokenless]))
+    assert res.exit_code == 0 and rep["summary"]["rows_read"] == 1, res.output
+    assert "1 rollout record(s) masked by NeMo Gym" in res.stderr and "dump.jsonl:2" in res.stderr
+    del tokenless["mask_sample"]  # not masked, and no token ids: the capture was never rebuilt
+    line = one_line(check(_write(tmp_path, [tokenless]))[0])
+    assert "rollout 1-0" in line and "no output item carries generation_token_ids" in line, line
 
 
 def test_a_capture_store_directory_reads_entries_and_names_what_it_does_not_read(tmp_path):
@@ -205,6 +210,6 @@ def test_a_capture_store_directory_reads_entries_and_names_what_it_does_not_read
     assert {"3-0.tokens.jsonl", "4-0.tokens.jsonl", "4-0.tokens.incomplete", "1-0.tokens.state.json"} <= skipped
 
 
-def test_a_line_of_no_known_kind_is_one_line(tmp_path):
-    line = _one_line(check(_write(tmp_path, [{"hello": 1}]))[0])
+def test_a_line_of_no_known_kind_isone_line(tmp_path):
+    line = one_line(check(_write(tmp_path, [{"hello": 1}]))[0])
     assert "dump.jsonl:1" in line and "not a NeMo Gym record" in line, line

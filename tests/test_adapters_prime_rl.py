@@ -13,7 +13,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from adapterhelp import FIXTURES, cli, opts
+from adapterhelp import FIXTURES, cli, one_line, opts
 from frameworks import prime_rl as gen
 
 CONTEXT = opts(
@@ -55,22 +55,15 @@ def _dump(tmp: Path, data: bytes) -> Path:
     return root
 
 
-def _one_line(res) -> str:
-    assert res.exit_code == 2, res.output
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in res.output and "internal error" not in res.stderr, res.stderr
-    return lines[0]
-
-
 def test_a_truncated_batch_is_one_line_naming_the_file(tmp_path):
     data = (FIXTURES / "prime_rl" / "compliant" / BIN).read_bytes()
-    line = _one_line(check(_dump(tmp_path, data[: len(data) // 2]))[0])
+    line = one_line(check(_dump(tmp_path, data[: len(data) // 2]))[0])
     assert "rank_0.bin" in line and "not a complete msgpack batch" in line, line
 
 
-def test_bytes_after_the_batch_are_one_line(tmp_path):
+def test_bytes_after_the_batch_areone_line(tmp_path):
     data = (FIXTURES / "prime_rl" / "compliant" / BIN).read_bytes()
-    line = _one_line(check(_dump(tmp_path, data + b"\x00"))[0])
+    line = one_line(check(_dump(tmp_path, data + b"\x00"))[0])
     assert "rank_0.bin" in line and "bytes after" in line, line
 
 
@@ -81,36 +74,36 @@ def test_bytes_after_the_batch_are_one_line(tmp_path):
 def test_a_field_of_the_wrong_type_is_one_line_naming_it(tmp_path, index, value, field):
     batches = msgpack.unpackb((FIXTURES / "prime_rl" / "compliant" / BIN).read_bytes(), raw=False)
     batches[1][index] = value
-    line = _one_line(check(_dump(tmp_path, msgpack.packb(batches)))[0])
+    line = one_line(check(_dump(tmp_path, msgpack.packb(batches)))[0])
     assert "micro batch 1" in line and field in line, line
 
 
-def test_a_micro_batch_of_the_wrong_arity_or_lengths_is_one_line(tmp_path):
+def test_a_micro_batch_of_the_wrong_arity_or_lengths_isone_line(tmp_path):
     batches = msgpack.unpackb((FIXTURES / "prime_rl" / "compliant" / BIN).read_bytes(), raw=False)
-    line = _one_line(check(_dump(tmp_path, msgpack.packb([batches[0][:4]])))[0])
+    line = one_line(check(_dump(tmp_path, msgpack.packb([batches[0][:4]])))[0])
     assert "micro batch 0" in line and "fields" in line, line
     batches[0][2] = batches[0][2][:-1]
-    line = _one_line(check(_dump(tmp_path / "b", msgpack.packb(batches)))[0])
+    line = one_line(check(_dump(tmp_path / "b", msgpack.packb(batches)))[0])
     assert "micro batch 0" in line and "advantages" in line, line
 
 
-def test_padding_in_the_loss_is_one_line():
-    line = _one_line(check(FIXTURES / "prime_rl" / "padding_trained")[0])
+def test_padding_in_the_loss_isone_line():
+    line = one_line(check(FIXTURES / "prime_rl" / "padding_trained")[0])
     assert "micro batch 0 sample 0" in line and "padding" in line, line
 
 
-def test_a_sample_no_trace_has_is_one_line(tmp_path):
+def test_a_sample_no_trace_has_isone_line(tmp_path):
     batches = msgpack.unpackb((FIXTURES / "prime_rl" / "compliant" / BIN).read_bytes(), raw=False)
     batches[0][0][0] = 999
-    line = _one_line(check(_dump(tmp_path, msgpack.packb(batches)))[0])
+    line = one_line(check(_dump(tmp_path, msgpack.packb(batches)))[0])
     assert "micro batch 0 sample 0" in line and "input_ids" in line and "no verifiers trace" in line, line
 
 
-def test_batches_without_traces_are_one_line(tmp_path):
+def test_batches_without_traces_areone_line(tmp_path):
     root = tmp_path / "run"
     (root / BIN).parent.mkdir(parents=True)
     shutil.copy(FIXTURES / "prime_rl" / "compliant" / BIN, root / BIN)
-    line = _one_line(check(root)[0])
+    line = one_line(check(root)[0])
     assert "no verifiers trace files" in line, line
 
 

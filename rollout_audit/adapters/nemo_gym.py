@@ -32,6 +32,7 @@ import os
 import re
 import struct
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ from .base import (
     short,
     whole,
     wholes,
+    with_policy,
 )
 from .steps import (
     Call,
@@ -198,13 +200,26 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
         kinds[_kind(rec, _at(rec, n))].append(rec)
     rows: list[dict[str, Any]] = []
     rewards: dict[str, Any] = {}
+    tokenless: list[str] = []  # masked rollouts Gym could not rebuild: nothing of them is trained
     for n, rec in enumerate(kinds["rollout"], 1):
-        row, reward = _rollout(rec, _at(rec, n), ctx)
+        built = _rollout(rec, _at(rec, n), ctx)
+        if built is None:
+            tokenless.append(_at(rec, n))
+            continue
+        row, reward = built
         rows.append(row)
         rewards[row["trajectory_id"]] = reward
     rows += _captures(kinds["entry"], rewards, ctx)
     rows += _ledger(kinds["receipt"], kinds["staged"], ctx)
-    return contract_table(rows, LACKS, "nemo_gym")
+    table = contract_table(rows, LACKS, "nemo_gym")
+    if not tokenless:
+        return table
+    said = (
+        f"{len(tokenless)} rollout record(s) masked by NeMo Gym with no token ids in their output (mask_sample, "
+        f"not rebuilt: nothing of them is trained), not audited: {', '.join(tokenless[:5])}"
+        + (", ..." if len(tokenless) > 5 else "")
+    )
+    return with_policy(table, said)
 
 
 def _common(rid: str, task: str, ctx: Mapping[str, Any], reward: Any) -> dict[str, Any]:
@@ -248,8 +263,9 @@ def _text(item: Mapping[str, Any]) -> str | None:
     return text or (item.get("arguments") if isinstance(item.get("arguments"), str) else None)
 
 
-def _rollout(rec: Mapping[str, Any], where: str, ctx: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
-    """One rebuilt rollout as a trajectory: each token-bearing output item one engine call."""
+def _rollout(rec: Mapping[str, Any], where: str, ctx: Mapping[str, Any]) -> tuple[dict[str, Any], Any] | None:
+    """One rebuilt rollout as a trajectory: each token-bearing output item one engine call; None for a
+    rollout Gym masked without rebuilding it (`delivery.py:74-84`: no token ids, `mask_sample`)."""
     rid = rollout_id(rec, where)
     response = mapping(need(rec, "response", where), "response", where)
     items = objects(need(response, "output", f"{where}: response"), "response.output", where)
@@ -265,6 +281,8 @@ def _rollout(rec: Mapping[str, Any], where: str, ctx: Mapping[str, Any]) -> tupl
         prompt = wholes(need(item, "prompt_token_ids", at), "prompt_token_ids", at)
         turn = _turn(prompt, ctx) | {"sampled_token_ids": gen, "action_text": _text(item)}
         calls.append(Call(prompt, gen, lps, turn))
+    if not calls and rec.get("mask_sample") is True:
+        return None
     if not calls:
         raise AdapterError(f"{where}: rollout {rid}: no output item carries generation_token_ids (not rebuilt)")
     reward = rec.get("reward", option(ctx, "reward"))
@@ -394,35 +412,45 @@ def _capture_rows(rid: str, entries: dict[str, dict[str, Any]], reward: Any, ctx
     return rows
 
 
+@dataclass
+class _Chain:
+    """A sequence built call by call: each call's new prompt tokens (user context on the first call,
+    observation after), then its generated tokens (policy) with their log-probs, and its turn."""
+
+    seq: list[int] = field(default_factory=list)
+    source: list[int] = field(default_factory=list)
+    lps: list[float | None] = field(default_factory=list)
+    token_turn: list[int] = field(default_factory=list)
+    turns: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, new: Sequence[int], gen: Sequence[int], lps: Sequence[float | None], turn: dict[str, Any]) -> None:
+        t = len(self.turns)
+        self.seq += [*new, *gen]
+        self.source += [USER if not t else OBSERVATION] * len(new) + [S.POLICY] * len(gen)
+        self.token_turn += [t - 1] * len(new) + [t] * len(gen)
+        self.lps += [None] * len(new) + list(lps)
+        self.turns.append({"turn_id": t, **turn, "sampled_token_ids": list(gen)})
+
+    def row(self, tid: str) -> dict[str, Any]:
+        return {
+            "trajectory_id": tid,
+            "token_ids": self.seq,
+            "token_source": self.source,
+            "loss_mask": [s == S.POLICY for s in self.source],
+            "behavior_logprobs": self.lps,
+            "token_turn": self.token_turn,
+            "turns": self.turns,
+        }
+
+
 def _along(tid: str, path: Sequence[dict[str, Any]], ctx: Mapping[str, Any]) -> dict[str, Any]:
     """The sequence the recorded links claim: each child continues its parent's sequence with the
     part of its own prompt past that sequence; its turn records its own prompt as the engine context."""
-    seq: list[int] = []
-    source: list[int] = []
-    lps: list[float | None] = []
-    token_turn: list[int] = []
-    turns = []
-    for t, e in enumerate(path):
-        new = e["prompt"][len(seq) :] if t else e["prompt"]
-        seq += new
-        source += [USER if not t else OBSERVATION] * len(new)
-        token_turn += [t - 1] * len(new)
-        lps += [None] * len(new)
-        seq += e["gen"]
-        source += [S.POLICY] * len(e["gen"])
-        token_turn += [t] * len(e["gen"])
-        lps += recorded_logprobs(Call(e["prompt"], e["gen"], e["lps"]), e["at"])
-        turns.append({"turn_id": t, **_turn(e["prompt"], ctx), "sampled_token_ids": e["gen"]})
-    return {
-        "trajectory_id": tid,
-        "token_ids": seq,
-        "token_source": source,
-        "loss_mask": [s == S.POLICY for s in source],
-        "behavior_logprobs": lps,
-        "token_turn": token_turn,
-        "turns": turns,
-        **origin(path[0]["rec"]),
-    }
+    chain = _Chain()
+    for e in path:
+        lps = recorded_logprobs(Call(e["prompt"], e["gen"], e["lps"]), e["at"])
+        chain.add(e["prompt"][len(chain.seq) :], e["gen"], lps, _turn(e["prompt"], ctx))
+    return {**chain.row(tid), **origin(path[0]["rec"])}
 
 
 # ---------------------------------------------------------------- external-staging ledger
@@ -515,13 +543,9 @@ def _receipt(
         chain.append(cursor)
         cursor = manifest[cursor].get("parent_call_id")
     chain.reverse()
-    seq: list[int] = []
-    source: list[int] = []
-    lps: list[float | None] = []
-    token_turn: list[int] = []
-    turns = []
+    built = _Chain()
     running: str | None = None
-    for t, cid in enumerate(chain):
+    for cid in chain:
         m, s = manifest[cid], staged.get((rid, cid))
         if s is None:
             raise AdapterError(f"{at}: call {cid}: no staged record of this call among the files read")
@@ -540,23 +564,11 @@ def _receipt(
             raise AdapterError(f"{at}: call {cid}: token_mask_delta: not a prompt carry then a generation")
         gen_lps = numbers(s["generation_log_probs_delta"], "generation_log_probs_delta", at)
         version = whole(m.get("weight_version"), "weight_version", at)
-        turns.append({"turn_id": t, **_turn(seq + ids[:carry], ctx, version), "sampled_token_ids": ids[carry:]})
-        seq += ids
-        source += [USER if not t else OBSERVATION] * carry + [S.POLICY] * (len(ids) - carry)
-        token_turn += [t - 1] * carry + [t] * (len(ids) - carry)
-        lps += [None] * carry + list(gen_lps[carry:])
-    if D.prefix_hash(seq) != manifest[chain[-1]].get("cumulative_hash"):
+        built.add(ids[:carry], ids[carry:], gen_lps[carry:], _turn(built.seq + ids[:carry], ctx, version))
+    if D.prefix_hash(built.seq) != manifest[chain[-1]].get("cumulative_hash"):
         raise AdapterError(f"{at}: call {chain[-1]}: cumulative_hash: does not cover the linearized tokens")
     reward = rec.get("reward", option(ctx, "reward"))
-    row = {
-        "trajectory_id": rid,
-        "token_ids": seq,
-        "token_source": source,
-        "loss_mask": [s == S.POLICY for s in source],
-        "behavior_logprobs": lps,
-        "token_turn": token_turn,
-        "turns": turns,
-    }
+    row = built.row(rid)
     return {
         **_common(rid, rid, ctx, None if reward is None else option({"reward": reward}, "reward", at)),
         **row,
