@@ -213,3 +213,31 @@ def test_a_capture_store_directory_reads_entries_and_names_what_it_does_not_read
 def test_a_line_of_no_known_kind_isone_line(tmp_path):
     line = one_line(check(_write(tmp_path, [{"hello": 1}]))[0])
     assert "dump.jsonl:1" in line and "not a NeMo Gym record" in line, line
+
+
+@pytest.mark.parametrize(
+    "kind, field, value",
+    [
+        ("entry", "created_at", [1]),
+        ("entry", "prompt_token_ids", [1, -5]),
+        ("staged", "rollout_id", 7),
+        ("staged", "prev_len", -1),
+        ("rollout", "content", 3),
+    ],
+)
+def test_a_field_of_the_wrong_type_found_by_fuzzing_is_one_line(tmp_path, kind, field, value):
+    if kind == "entry":
+        recs = gen.captured("1-0")
+        recs[1][field] = value
+    elif kind == "staged":
+        recs = gen.ledger("2-0")
+        recs[1][field] = value
+    else:
+        recs = [gen.rollout(0, 0, 1.0, [[50, 2]])]
+        recs[0]["response"]["output"][0][field] = value
+    res = check(_write(tmp_path, recs))[0]
+    if kind == "rollout":  # content is the action's text only: an odd one is no text, not an error
+        assert res.exit_code == 0, res.output
+        return
+    line = one_line(res)
+    assert "dump.jsonl:2" in line and field in line, line

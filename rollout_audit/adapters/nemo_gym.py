@@ -48,6 +48,7 @@ from .base import (
     dump_files,
     mapping,
     need,
+    number,
     numbers,
     objects,
     origin,
@@ -258,7 +259,8 @@ def rollout_id(rec: Mapping[str, Any], where: str) -> str:
 
 
 def _text(item: Mapping[str, Any]) -> str | None:
-    parts = [c.get("text") for c in item.get("content") or () if isinstance(c, Mapping)]
+    content = item.get("content")
+    parts = [c.get("text") for c in content if isinstance(c, Mapping)] if isinstance(content, list) else []
     text = "".join(p for p in parts if isinstance(p, str))
     return text or (item.get("arguments") if isinstance(item.get("arguments"), str) else None)
 
@@ -301,17 +303,25 @@ def _rollout(rec: Mapping[str, Any], where: str, ctx: Mapping[str, Any]) -> tupl
 # ---------------------------------------------------------------- TokenEntry capture files
 
 
+def _token_ids(values: Any, field: str, at: str) -> list[int]:
+    """Token ids as Gym's digests encode them: unsigned 64-bit integers (records.py:79-93)."""
+    ids = wholes(values, field, at)
+    if ids and min(ids) < 0:
+        raise AdapterError(f"{at}: {field}: a negative token id ({min(ids)})")
+    return ids
+
+
 def _entry(rec: Mapping[str, Any], where: str) -> dict[str, Any]:
     version = whole(rec.get("schema_version", ENTRY_SCHEMA_VERSION), "schema_version", where)
     if version > ENTRY_SCHEMA_VERSION:
         raise AdapterError(f"{where}: schema_version {version}: newer than the TokenEntry version 1 this reads")
     cid = need(rec, "model_call_id", where)
     at = f"{where}: rollout {rec.get('rollout_id')} call {cid}"
-    gen = wholes(rec["generation_token_ids"], "generation_token_ids", at)
+    gen = _token_ids(rec["generation_token_ids"], "generation_token_ids", at)
     lps = numbers(need(rec, "generation_log_probs", at), "generation_log_probs", at)
     if len(lps) != len(gen):  # records.py:202-206 refuses it too
         raise AdapterError(f"{at}: generation_log_probs: {len(lps)} log-probs for {len(gen)} generated tokens")
-    prompt = wholes(need(rec, "prompt_token_ids", at), "prompt_token_ids", at)
+    prompt = _token_ids(need(rec, "prompt_token_ids", at), "prompt_token_ids", at)
     parent = rec.get("parent_call_id")
     if rec.get("prompt_is_delta") and parent is None:
         raise AdapterError(f"{at}: prompt_is_delta without a parent_call_id")
@@ -326,7 +336,7 @@ def _entry(rec: Mapping[str, Any], where: str) -> dict[str, Any]:
         "delta": bool(rec.get("prompt_is_delta")),
         "digest": None if digest is None else sha256_hex(digest, "digest", at),
         "cum_len": None if rec.get("cum_len") is None else whole(rec["cum_len"], "cum_len", at),
-        "created": rec.get("created_at") or 0.0,
+        "created": number(rec.get("created_at") or 0.0, "created_at", at),
         "at": at,
         "rec": rec,
     }
@@ -485,6 +495,12 @@ def _versions(rec: Mapping[str, Any], at: str) -> None:
 def _verify_staged(rec: Mapping[str, Any], at: str) -> None:
     """A staged call's own digests against its contents (staging/records.py:139-207)."""
     _versions(rec, at)
+    for key in ("rollout_id", "model_call_id", "mode", "parent_call_id"):
+        if not isinstance(rec.get(key), str) and not (key == "parent_call_id" and rec.get(key) is None):
+            raise AdapterError(f"{at}: {key}: expected a string, got {short(rec.get(key))}")
+    for key in ("prev_len", "delta_len", "cum_len", "weight_version"):
+        if whole(need(rec, key, at), key, at) < 0:
+            raise AdapterError(f"{at}: {key}: expected an unsigned integer, got {short(rec[key])}")
     full = {
         "schema_version": D.STAGING_SCHEMA_VERSION,
         "digest_version": D.STAGING_DIGEST_VERSION,
@@ -492,7 +508,7 @@ def _verify_staged(rec: Mapping[str, Any], at: str) -> None:
         "extras_digest": D.extras_digest(None),
         **rec,
     }
-    ids = wholes(need(rec, "token_ids_delta", at), "token_ids_delta", at)
+    ids = _token_ids(need(rec, "token_ids_delta", at), "token_ids_delta", at)
     for key in ("token_mask_delta", "generation_log_probs_delta"):
         values = numbers(need(rec, key, at), key, at)
         if len(values) != len(ids):
