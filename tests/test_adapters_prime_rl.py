@@ -22,8 +22,8 @@ CONTEXT = opts(
 BIN = Path("rollouts") / "step_0" / "rank_0.bin"
 
 
-def check(path: Path):
-    res = cli("check", "--from", "prime_rl", path, *CONTEXT, "--format", "json")
+def check(path: Path, *extra: str):
+    res = cli("check", "--from", "prime_rl", path, *CONTEXT, "--format", "json", *extra)
     return res, (json.loads(res.stdout) if res.stdout.startswith("{") else None)
 
 
@@ -46,6 +46,20 @@ def test_log_probs_one_position_late_are_l208_on_every_sample():
     res, rep = check(FIXTURES / "prime_rl" / "logprobs_shifted")
     assert res.exit_code == 0, res.output  # a warning
     assert {f["trajectory_id"] for f in rep["findings"] if f["code"] == "L208"} == {f"trace-{n}" for n in range(4)}
+
+
+def test_the_advantages_are_the_group_relative_credit_prime_rl_grpo_gives():
+    ok, rep = check(FIXTURES / "prime_rl" / "compliant", "--context", "algo=grpo")
+    assert ok.exit_code == 0 and rep["findings"] == [], ok.output
+    assert {"U603", "U604", "U605", "U606"} <= set(rep["summary"]["checks_run"]), rep["summary"]["checks_run"]
+    res, rep = check(FIXTURES / "prime_rl" / "baseline_dropped", "--context", "algo=grpo")
+    assert res.exit_code == 1, res.output
+    assert {(f["code"], f["trajectory_id"]) for f in rep["findings"]} == {("U603", f"trace-{n}") for n in range(4)}
+    # without the algorithm prime-rl was configured with, no estimator is assumed
+    res, rep = check(FIXTURES / "prime_rl" / "baseline_dropped")
+    assert res.exit_code == 0 and "U603" in {n["code"] for n in rep["not_run"]}, res.output
+    line = one_line(check(FIXTURES / "prime_rl" / "compliant", "--context", "algo=ppo")[0])
+    assert "algo" in line and "grpo" in line, line
 
 
 def _dump(tmp: Path, data: bytes) -> Path:

@@ -19,6 +19,7 @@ applied against the provenance the engine recorded."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,8 +29,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..contract import schema as S
+from ..reading.records import records_to_table
 from .base import (
     MAX_DUMP_BYTES,
+    META_ORIGINS,
+    META_POLICY,
     AdapterError,
     _regular,
     context_values,
@@ -63,7 +68,18 @@ FIELDS = (
 )
 REQUIRED = 9  # the fields without a default
 BATCH = re.compile(r"step_(\d+)[/\\]rank_(\d+)\.bin$")
-KIND = "_prime_rl_sample"  # the key a decoded trainer sample carries among the dump's records
+KIND = "_prime_rl_sample"
+# [orchestrator.algo] types at 559b447 (packages/prime-rl-configs/src/prime_rl/configs/algorithm.py:200-367)
+ALGOS = (
+    "grpo",
+    "echo",
+    "max_rl",
+    "rae",
+    "hierarchical_grpo",
+    "opd",
+    "opsd",
+    "sft",
+)  # the key a decoded trainer sample carries among the dump's records
 
 
 def read_dump(paths: Sequence[str | os.PathLike]) -> tuple[list[Path], list[Path], list[Mapping[str, Any]]]:
@@ -174,26 +190,41 @@ def samples(path: Path) -> list[Mapping[str, Any]]:
     return out
 
 
-@guarded("prime_rl")
-def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table:
-    """The trainer's samples as contract trajectories: each joined to its verifiers trace branch."""
+# prime-rl's [orchestrator.algo] type, as context (its configuration is not in the batch): the
+# algorithms whose credit is GRPO's reward minus the group mean (configs/algorithm.py:200-225,
+# orchestrator/algo/grpo.py:25-45), without a length penalty
+OWN_CONTEXT = {"algo": str}
+GROUP_MEAN_ALGOS = ("grpo", "echo")
+UPDATE_LACKS = {
+    **{
+        k: "prime-rl's batch records no loss reduction nor denominator (each loss component is normalised "
+        "by its own global token count, computed in the trainer)"
+        for c in ("reduction", "loss_denominator")
+        for k in (c, f"updates.{c}")
+    },
+    **{
+        k: "prime-rl's batch does not say which weights the trainer starts the step from"
+        for k in ("trainer_version", "updates.trainer_version")
+    },
+}
+
+
+def _join(records: Iterable[Mapping[str, Any]], context: dict[str, Any]) -> tuple[pa.Table, list[int], list]:
+    """The verifiers trace table, the row of each trainer sample in it, and the samples: each sample
+    joined to the trace branch with its token ids (branches with the same ids in the order read)."""
     from . import verifiers
 
-    context = context_values(context, verifiers.OWN_CONTEXT)
     context.setdefault("trainer", "prime-rl")
     trained: list[Mapping[str, Any]] = []
     traces: list[Mapping[str, Any]] = []
     for rec in records:
         (trained if rec.get(KIND) else traces).append(rec)
-    table = verifiers.to_contract(traces, **context)
-    ids = table.column("token_ids").to_pylist()
+    table = verifiers.to_contract(traces, **{k: v for k, v in context.items() if k not in OWN_CONTEXT})
     by_ids: dict[tuple[int, ...], list[int]] = {}
-    for i, seq in enumerate(ids):
+    for i, seq in enumerate(table.column("token_ids").to_pylist()):
         by_ids.setdefault(tuple(seq), []).append(i)
     rows: list[int] = []
     taken: set[int] = set()
-    masks: list[list[bool]] = []
-    lps: list[list[float | None]] = []
     for s in trained:
         at = getattr(s, "origin", None) or "a trainer sample"
         if s["padding_trained"]:
@@ -204,28 +235,74 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
         free = [i for i in same if i not in taken]
         if not free:
             raise AdapterError(f"{at}: input_ids: every trace branch with these tokens is already trained")
-        taken.add(free[0])  # branches with the same tokens are joined in the order read
+        taken.add(free[0])
         rows.append(free[0])
-        masks.append(s["loss_mask"])
-        # the trainer's log-probs where it trains; elsewhere prime-rl's 0.0 placeholder is no log-prob
-        lps.append([lp if m else None for lp, m in zip(s["inference_logprobs"], s["loss_mask"])])
     if not rows:
         raise AdapterError("no trainer sample in the batches")
+    return table, rows, trained
+
+
+def _context(context: Mapping[str, Any]) -> dict[str, Any]:
+    from . import verifiers
+
+    return context_values(context, {**verifiers.OWN_CONTEXT, **OWN_CONTEXT})
+
+
+@guarded("prime_rl")
+def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table:
+    """The trainer's samples as contract trajectories: each joined to its verifiers trace branch, with
+    the trainer's loss mask and, where it trains, its inference log-probs."""
+    table, rows, trained = _join(records, _context(context))
+    masks = [s["loss_mask"] for s in trained]
+    # the trainer's log-probs where it trains; elsewhere prime-rl's 0.0 placeholder is no log-prob
+    lps = [[lp if m else None for lp, m in zip(s["inference_logprobs"], s["loss_mask"])] for s in trained]
+    meta = table.schema.metadata or {}
     out = table.take(pa.array(rows))
-    meta = out.schema.metadata
     out = out.set_column(out.schema.get_field_index("loss_mask"), "loss_mask", pa.array(masks, pa.list_(pa.bool_())))
     col = out.schema.get_field_index("behavior_logprobs")
     out = out.set_column(col, "behavior_logprobs", pa.array(lps, pa.list_(pa.float32())))
-    out = out.replace_schema_metadata(meta)
     origins = [str(getattr(s, "origin", "")) for s in trained]
-    import json
-
-    from .base import META_ORIGINS, META_POLICY
-
-    out = out.replace_schema_metadata({**(out.schema.metadata or {}), META_ORIGINS: json.dumps(origins).encode()})
-    policy = json.loads((meta or {}).get(META_POLICY) or b"{}")
+    out = out.replace_schema_metadata({**meta, META_ORIGINS: json.dumps(origins).encode()})
+    policy = json.loads(meta.get(META_POLICY) or b"{}")
     said = (policy.get("said") or "") + (
         f"; {len(rows)} trainer samples joined to their trace branches by token ids, "
         f"{table.num_rows - len(rows)} trace branches in no batch (not trained, not audited)"
     )
     return with_policy(out, said.lstrip("; "), **policy.get("settings", {}))
+
+
+@guarded("prime_rl")
+def updates(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table | None:
+    """One update record per step directory: the samples its ranks trained, each with its advantage
+    (the one value on its trained tokens, as prime-rl broadcasts a scalar credit: `batch.py:355-366`).
+    A step where some sample's advantages differ between trained tokens, or train none, records no
+    advantages. The estimator only from `--context algo=grpo|echo`."""
+    ctx = _context(context)
+    table, rows, trained = _join(records, dict(ctx))
+    tids = table.column("trajectory_id").to_pylist()
+    steps: dict[int, dict[str, Any]] = {}
+    for i, s in zip(rows, trained):
+        u = steps.setdefault(s["step"] or 0, {"ids": [], "adv": [], "broadcast": True})
+        values = {a for a, m in zip(s["advantages"], s["loss_mask"]) if m}
+        u["ids"].append(tids[i])
+        u["adv"].append(next(iter(values)) if len(values) == 1 else None)
+        u["broadcast"] = u["broadcast"] and len(values) == 1
+    algo = ctx.get("algo")
+    if algo is not None and algo not in ALGOS:
+        raise AdapterError(f"context 'algo': {algo!r} is not one of prime-rl's algorithms ({', '.join(ALGOS)})")
+    estimator = {"advantage_estimator": "grpo_no_std"} if algo in GROUP_MEAN_ALGOS else {}
+    updates: list[Mapping[str, Any]] = [
+        {
+            "update_step": k,
+            "trajectory_ids": u["ids"],
+            **({"advantages": u["adv"], **estimator} if u["broadcast"] else {}),
+        }
+        for k, u in sorted(steps.items())
+    ]
+    out = records_to_table(updates, kind="updates")
+    lacks = dict(UPDATE_LACKS)
+    if not estimator:
+        why = "the estimator is prime-rl's [orchestrator.algo] type: pass --context algo=grpo (or echo) when it is one"
+        lacks |= {"advantage_estimator": why, "updates.advantage_estimator": why}
+    meta = {**(out.schema.metadata or {}), S.META_NOT_RECORDED: json.dumps(lacks, sort_keys=True).encode()}
+    return out.replace_schema_metadata(meta)

@@ -100,7 +100,15 @@ def logprobs_shifted(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-CASES = ("compliant", "tool_reply_trained", "logprobs_shifted", "padding_trained")
+def baseline_dropped(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The raw reward broadcast as the advantage (the group mean never subtracted)."""
+    out = copy.deepcopy(samples)
+    for s in out:
+        s["advantages"] = [a + GROUP_MEAN if m else 0.0 for a, m in zip(s["advantages"], s["mask"])]
+    return out
+
+
+CASES = ("compliant", "tool_reply_trained", "logprobs_shifted", "baseline_dropped", "padding_trained")
 
 
 def cases() -> dict[str, list[dict]]:
@@ -115,5 +123,6 @@ def files() -> dict[str, bytes]:
         "compliant/rollouts/step_0/rank_0.bin": batch(samples),
         "tool_reply_trained/rollouts/step_0/rank_0.bin": batch(trained_tool_reply(samples)),
         "logprobs_shifted/rollouts/step_0/rank_0.bin": batch(logprobs_shifted(samples)),
+        "baseline_dropped/rollouts/step_0/rank_0.bin": batch(baseline_dropped(samples)),
         "padding_trained/rollouts/step_0/rank_0.bin": msgpack.packb([padded], use_bin_type=True),
     }
