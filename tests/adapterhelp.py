@@ -32,7 +32,9 @@ CONTEXT = {
 
 
 def fixture(name: str, case: str) -> Path:
-    return FIXTURES / name / f"{case}.jsonl"
+    """A case's dump: its JSON Lines file, or its directory for a dump of binary files (prime-rl)."""
+    lines, folder = FIXTURES / name / f"{case}.jsonl", FIXTURES / name / case
+    return folder if folder.is_dir() and not lines.exists() else lines
 
 
 def audit(name: str, case: str, **cfg) -> ra.Report:
@@ -108,6 +110,14 @@ def missing_field_exits_2(name: str, case: str, field: str, tmp_path: Path, valu
     assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and field in lines[0] and "internal error" not in lines[0], result.stderr
+    return lines[0]
+
+
+def one_line(result: Result) -> str:
+    """The one line on stderr of a run that could not complete (exit 2, no traceback)."""
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output and "internal error" not in result.stderr, result.stderr
     return lines[0]
 
 

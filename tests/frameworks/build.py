@@ -11,7 +11,9 @@ module's `cases() -> dict[str, list[dict]]` maps a case name (`compliant`, or th
 that framework's per-sample records, in the framework's own field names and types (tensors as plain
 lists). Each case becomes one JSON Lines file, one record a line, keys in the order given, so the
 fixtures read like a real dump. Generators must be deterministic (no clock, no unseeded randomness).
-Names without a module are skipped, so each adapter adds its own generator independently.
+Names without a module are skipped, so each adapter adds its own generator independently. A module
+may also have `files() -> dict[str, bytes]`: binary fixtures (prime-rl's msgpack batches) by their path
+under fixtures/frameworks/<name>/.
 """
 
 from __future__ import annotations
@@ -42,13 +44,22 @@ def render(records: list[dict]) -> str:
     return "".join(json.dumps(r, separators=(",", ":"), ensure_ascii=False) + "\n" for r in records)
 
 
-def expected() -> dict[Path, str]:
-    """Every fixture file and its text, as the generators make them."""
-    return {
+def expected() -> dict[Path, str | bytes]:
+    """Every fixture file and its text (or bytes), as the generators make them."""
+    out: dict[Path, str | bytes] = {
         ROOT / name / f"{case}.jsonl": render(records)
         for name, mod in generators().items()
         for case, records in mod.cases().items()
     }
+    for name, mod in generators().items():
+        out |= {ROOT / name / rel: data for rel, data in getattr(mod, "files", dict)().items()}
+    return out
+
+
+def _differs(p: Path, content: str | bytes) -> bool:
+    if not p.exists():
+        return True
+    return p.read_bytes() != content if isinstance(content, bytes) else p.read_text(encoding="utf-8") != content
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,13 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     files = expected()
     if args.check:
-        stale = [p for p, text in files.items() if not p.exists() or p.read_text(encoding="utf-8") != text]
+        stale = [p for p, content in files.items() if _differs(p, content)]
         for p in stale:
             print(f"stale: {p.relative_to(ROOT.parents[1])}", file=sys.stderr)
         return 1 if stale else 0
-    for p, text in files.items():
+    for p, content in files.items():
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text, encoding="utf-8")
+        if isinstance(content, bytes):
+            p.write_bytes(content)
+        else:
+            p.write_text(content, encoding="utf-8")
     print(f"wrote {len(files)} fixture files under {ROOT.relative_to(ROOT.parents[1])}")
     return 0
 
