@@ -52,9 +52,13 @@ def _plain(table: pa.Table) -> pa.Table:
 def convert(framework: str, paths: Sequence[str | os.PathLike], context: Mapping[str, Any]) -> Converted:
     """The dump files at `paths` as contract tables, through the adapter of `framework`."""
     adapter = load(framework)
-    listed = [dump_files(p) for p in paths]
-    files = [f for found, _ in listed for f in found]
-    records = [r for f in files for r in read_records(f)]
+    if adapter.read_dump is not None:
+        files, other, records = adapter.read_dump(paths)
+        listed = [(files, other)]
+    else:
+        listed = [dump_files(p) for p in paths]
+        files = [f for found, _ in listed for f in found]
+        records = [r for f in files for r in read_records(f)]
     try:
         trajectories = adapter.to_contract(records, **context)
         updates = adapter.updates(records, **context) if adapter.updates else None
