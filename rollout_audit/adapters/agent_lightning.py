@@ -25,15 +25,13 @@ from typing import Any
 import pyarrow as pa
 
 from .base import AdapterError, at_record, context_values, mapping, need, number, short, whole, wholes
-from .exchanges import CONTEXT, Session, aligned_logprobs, entry_logprobs, table
-from .openai import LACKS as OPENAI_LACKS
+from .exchanges import CONTEXT, Session, entry_logprobs, lacks, table
 from .openai import logprob_ids
 from .steps import Call, engine_context, finish_reason, guarded, option
 
 FRAMEWORK = "agent-lightning"
 LACKS = {
-    **{k: v.replace("an OpenAI-compatible server", FRAMEWORK) for k, v in OPENAI_LACKS.items()},
-    "stop_reason": f"{FRAMEWORK}'s events do not say why the episode ended; pass --context stop_reason=...",
+    **lacks(FRAMEWORK, "pass --context stop_reason=... (a reward event gives the reward, model_version the version)"),
     "reward": f"the attempt has no reward event ({FRAMEWORK} records one with event_type 'reward')",
     "turns.policy_version": f"the model_request events carry no model_version ({FRAMEWORK}'s Model.version)",
 }

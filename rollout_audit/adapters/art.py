@@ -27,7 +27,6 @@ import pyarrow as pa
 
 from ..contract import schema as S
 from .base import (
-    ORIGIN,
     AdapterError,
     at_record,
     context_values,
@@ -35,22 +34,21 @@ from .base import (
     mapping,
     need,
     objects,
+    origin,
     runs,
     short,
     whole,
     wholes,
     with_policy,
 )
-from .exchanges import CONTEXT, join
-from .openai import LACKS as OPENAI_LACKS
+from .exchanges import CONTEXT, join, lacks
 from .openai import trainer_policy
 from .steps import Call, engine_context, finish_reason, guarded, identity, option, stop_columns
 
 FRAMEWORK = "ART"
 EXACT, SAMPLED = 1 << 0, 1 << 1
 LACKS = {
-    **{k: v.replace("an OpenAI-compatible server", FRAMEWORK) for k, v in OPENAI_LACKS.items()},
-    "stop_reason": "ART records no stop cause for a trajectory; pass --context stop_reason=...",
+    **lacks(FRAMEWORK, "pass --context stop_reason=..."),
     "turns.policy_version": "the trajectory has no initial_policy_version, or its initial and final versions "
     "differ (ART does not say which weights sampled which turn)",
     "turns.temperature": "the trajectory has no chat_completions exchange with a temperature",
@@ -89,7 +87,11 @@ def _calls(traj: Mapping[str, Any], where: str) -> list[Call]:
             "finish_reason": finish_reason(choice.get("finish_reason")),
             "sampled_token_ids": ids,
             **engine_context(prompt),
-            **{k2: option(request, k2, f"{w}.request") for k2 in ("temperature", "top_p") if request.get(k2) is not None},
+            **{
+                k2: option(request, k2, f"{w}.request")
+                for k2 in ("temperature", "top_p")
+                if request.get(k2) is not None
+            },
         }
         out.append(Call(prompt, ids, None, turn))
     return out
@@ -110,7 +112,9 @@ def _row(rec: Mapping[str, Any], where: str, tid: str, group: str | None, contex
     sampled = [bool(f & SAMPLED) for f in flags]
     bad = next((i for i, f in enumerate(flags) if f & SAMPLED and not f & EXACT), None)
     if bad is not None:
-        raise AdapterError(f"{where}: flags[{bad}]: SAMPLED without EXACT (ART refuses it: regenerate the tokenization)")
+        raise AdapterError(
+            f"{where}: flags[{bad}]: SAMPLED without EXACT (ART refuses it: regenerate the tokenization)"
+        )
     traj = mapping(need(rec, "trajectory", where), "trajectory", where)
     turns_at = runs(sampled)
     first = turns_at[0][0] if turns_at else len(tokens)
@@ -159,11 +163,14 @@ def _rows(rec: Mapping[str, Any], n: int, context: Mapping[str, Any]) -> list[di
     where = getattr(rec, "origin", None) or f"record {n}"
     if rec.get("format") == "art.trajectories":
         raise AdapterError(f"{where}: an ART compact payload (compact_dump()): dump with model_dump(mode='json')")
-    at = {ORIGIN: rec.origin} if getattr(rec, "origin", None) else {}
+    at = origin(rec)
     if "trajectories" in rec:  # a TokenizedTrajectoryGroup
         group = f"group {n}"
         members = objects(rec["trajectories"], "trajectories", where)
-        return [{**_row(t, f"{where} trajectories[{k}]", f"{group}/{k}", group, context), **at} for k, t in enumerate(members)]
+        return [
+            {**_row(t, f"{where} trajectories[{k}]", f"{group}/{k}", group, context), **at}
+            for k, t in enumerate(members)
+        ]
     return [{**_row(rec, where, f"trajectory {n}", option(context, "group_id"), context), **at}]
 
 

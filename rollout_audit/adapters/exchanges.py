@@ -21,7 +21,7 @@ import pyarrow as pa
 from ..contract import schema as S
 from .base import ORIGIN, AdapterError, contract_table, numbers, with_policy
 from .openai import trainer_policy
-from .steps import Call, episode_rows, identity, merge, option, stop_columns
+from .steps import Call, episode_rows, identity, identity_lacks, merge, option, stop_columns
 
 # what M111 reads: the ids the engine's own log-prob entries name at a split (contract 1.3)
 EXPOSED = ("split_exposed_position", "split_exposed_logprob_id")
@@ -35,9 +35,7 @@ def aligned_logprobs(values: Any, n: int, field: str, where: str, why: str = "")
         return None
     lps = numbers(values, field, where)
     if len(lps) != n:
-        raise AdapterError(
-            f"{where}: {field}: {len(lps)} log-probs for {n} sampled token ids, cannot be aligned{why}"
-        )
+        raise AdapterError(f"{where}: {field}: {len(lps)} log-probs for {n} sampled token ids, cannot be aligned{why}")
     return lps
 
 
@@ -66,6 +64,35 @@ def stream_cost(framework: str, streamed: int, calls: int, first: str) -> dict[s
         "(microsoft/agent-lightning#326) from retokenization drift; call without stream to keep them"
     )
     return dict.fromkeys(EXPOSED, why)
+
+
+def lacks(framework: str, outcome: str) -> dict[str, str]:
+    """What a capture layer's exchange records do not say, with the reason; `outcome` says how the
+    user gives the stop cause, reward and policy version instead."""
+    stop = f"{framework} does not record why the episode ended; {outcome}"
+    return {
+        **identity_lacks(
+            framework,
+            {
+                "environment_id": "the environment",
+                "environment_version": "the environment version",
+                "verifier_version": "the verifier version",
+                "reset_seed": "a reset seed",
+                "tokenizer_id": "the tokenizer identity",
+            },
+        ),
+        **dict.fromkeys(("stop_reason", "terminated", "truncated", "infra_error"), stop),
+        "reward": f"{framework} records no reward here; {outcome}",
+        "turns.policy_version": f"{framework} does not say which weights answered; {outcome}",
+        "turns.temperature": "the requests did not set temperature (the server's default is not in the response)",
+        "turns.top_p": "the requests did not set top_p (the server's default is not in the response); "
+        "pass --context top_p=... for the server's",
+        "turns.logprob": f"{framework} keeps token log-probs, not a per-turn log-prob",
+        "turns.num_policy_tokens": f"{framework} does not count policy tokens per turn",
+        "num_trainable_tokens": f"{framework} does not count trainable tokens",
+        "verifier_success": f"{framework} records no verdict",
+        "initial_state_checksum": f"{framework} does not see environment state",
+    }
 
 
 @dataclass

@@ -40,20 +40,16 @@ from .base import (
     whole,
     wholes,
 )
-from .exchanges import CONTEXT, Session, aligned_logprobs, entry_logprobs, table
-from .openai import LACKS as OPENAI_LACKS
+from .exchanges import CONTEXT, Session, aligned_logprobs, entry_logprobs, lacks, table
 from .openai import logprob_ids
 from .steps import Call, engine_context, finish_reason, guarded, option
 
 FRAMEWORK = "rllm-model-gateway"
-LACKS = {
-    **{k: v.replace("an OpenAI-compatible server", FRAMEWORK) for k, v in OPENAI_LACKS.items()},
-    "stop_reason": f"{FRAMEWORK} does not know why the episode ended; add an end line "
-    '{"session_id": ..., "end": {"stop_reason": ...}} or pass --context stop_reason=...',
-    "reward": f"{FRAMEWORK} records no reward (rLLM's Episode has it); add an end line or pass --context reward=...",
-    "turns.policy_version": f"{FRAMEWORK} 0.1.0 records no weight_version; add an end line or pass "
-    "--context policy_version=...",
-}
+LACKS = lacks(
+    FRAMEWORK,
+    'add an end line {"session_id": ..., "end": {...}} per session (docs/frameworks/rllm_gateway.md) '
+    "or pass --context stop_reason=... / reward=... / policy_version=...",
+)
 END_FIELDS = ("reward", "policy_version", "stop_reason", "task_id", "group_id")
 # data_process.py:54 and :89 (0.1.0) keep only entries whose logprob is not null
 DROPS = (
@@ -185,7 +181,11 @@ def _call(rec: Mapping[str, Any], where: str, version: int | None) -> tuple[Call
         "sampled_token_ids": completion,
         "action_text": message.get("content") if isinstance(message.get("content"), str) else None,
         **engine_context(prompt),
-        **{k: option(request, k, f"{where}.raw_request") for k in ("temperature", "top_p") if request.get(k) is not None},
+        **{
+            k: option(request, k, f"{where}.raw_request")
+            for k in ("temperature", "top_p")
+            if request.get(k) is not None
+        },
         **({"policy_version": turn_version} if turn_version is not None else {}),
     }
     return Call(prompt, completion, lps, turn, logprob_ids=named), not raw

@@ -25,7 +25,9 @@ def _request_event(rollout: str, turn: int, prompt: list[int], ids: list[int], l
         "top_logprobs": 0,
         "return_tokens_as_token_ids": True,
     }
-    content = [{"token": f"token_id:{i}", "logprob": lp, "bytes": None, "top_logprobs": []} for i, lp in zip(named or ids, lps)]
+    content = [
+        {"token": f"token_id:{i}", "logprob": lp, "bytes": None, "top_logprobs": []} for i, lp in zip(named or ids, lps)
+    ]
     response = {
         "id": f"chatcmpl-{rollout}-{turn}",
         "object": "chat.completion",
@@ -39,7 +41,13 @@ def _request_event(rollout: str, turn: int, prompt: list[int], ids: list[int], l
     data = {"model": server["model"], "model_version": version, "request": request, "response": response,
             "server": server, "latency_ms": 20.0, "http_status": 200, "status": "ok", "retry_count": 0,
             "routed_experts": None, "usage": response["usage"], "finish_reason": finish}  # fmt: skip
-    return {"event_type": "model_request", "rollout_id": rollout, "attempt_id": "0", "timestamp": 100.0 + turn, "data": data}
+    return {
+        "event_type": "model_request",
+        "rollout_id": rollout,
+        "attempt_id": "0",
+        "timestamp": 100.0 + turn,
+        "data": data,
+    }
 
 
 def _reward(rollout: str, value: float) -> dict:
