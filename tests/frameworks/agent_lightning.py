@@ -103,7 +103,7 @@ def temperature_override() -> list[dict]:
     schema's form: the request as the agent sent it, the change in `adjusted_params` (schemas.py:45-46).
     A reader that believed `request.temperature` would see nothing; with --context
     rollout_temperature=0.7 the first such event is refused, naming adjusted_params.temperature."""
-    events = _rollout(0, 1.0, temperature=0.7) + _rollout(1, 0.0, temperature=0.7)
+    events = _rollout(0, 1.0, temperature=0.7) + _rollout(1, 1.0, temperature=0.7)
     for e in events:
         if e["event_type"] == "model_request":
             e["data"]["adjusted_params"] = {"temperature": 1.0}
