@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from adapterhelp import cli, fixture
+from frameworks.rllm_gateway import null_logprob_dropped
 
 from rollout_audit.adapters.base import read_dump
 from rollout_audit.adapters.exchanges import join
@@ -38,14 +39,20 @@ def refused(res) -> str:
     return lines[0]
 
 
-def store(tmp: Path, case: str) -> Path:
+def written(tmp: Path, records: list[dict]) -> Path:
+    f = tmp / "traces.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return f
+
+
+def store(tmp: Path, case: str | list[dict]) -> Path:
     """The fixture's traces written into a SQLite store by the gateway's own SqliteTraceStore, and its
     end lines into a JSON file beside it (the gateway records no outcome)."""
     gw = pytest.importorskip("rllm_model_gateway.store.sqlite_store")
     from rllm_model_gateway.models import TraceRecord
 
     tmp.mkdir(exist_ok=True)
-    recs = read_dump(fixture("rllm_gateway", case))
+    recs = read_dump(fixture("rllm_gateway", case)) if isinstance(case, str) else case
     traces = [TraceRecord(**r).model_dump() for r in recs if "end" not in r]  # the fixture is the gateway's shape
     ends = [dict(r) for r in recs if "end" in r]
 
@@ -109,9 +116,9 @@ def test_streamed_response_without_raw_body_says_what_m111_costs() -> None:
 
 
 def test_dropped_null_logprob_is_refused_naming_file_record_and_field(tmp_path: Path) -> None:
-    line = refused(check("rllm_gateway", fixture("rllm_gateway", "null_logprob_dropped"), *IDENTITY))
-    assert "null_logprob_dropped.jsonl:1: logprobs: 2 log-probs for 3 sampled token ids" in line
-    d = store(tmp_path / "s", "null_logprob_dropped")
+    line = refused(check("rllm_gateway", written(tmp_path, null_logprob_dropped()), *IDENTITY))
+    assert "traces.jsonl:1: logprobs: 2 log-probs for 3 sampled token ids" in line
+    d = store(tmp_path / "s", null_logprob_dropped())
     line = refused(check("rllm_gateway", d, *IDENTITY))
     assert f"{d / 'gateway_traces.db'}:trace 'episode-0-t0': logprobs: 2 log-probs for 3" in line
 
