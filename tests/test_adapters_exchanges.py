@@ -115,6 +115,16 @@ def test_streamed_response_without_raw_body_says_what_m111_costs() -> None:
     ] == "columns split_exposed_position, split_exposed_logprob_id absent"
 
 
+def test_one_streamed_session_among_others_leaves_m111_not_run_naming_it(tmp_path: Path) -> None:
+    """M111's evidence is declared for the whole dump: a check that ran on the sessions with raw
+    bodies only would be silent on the streamed one and still say it ran."""
+    kept = read_dump(fixture("rllm_gateway", "control_token_replaced"))
+    streamed = [r for r in read_dump(fixture("rllm_gateway", "compliant_streamed")) if r["session_id"] == "episode-1"]
+    rep = json.loads(check("rllm_gateway", written(tmp_path, [*kept, *streamed]), *IDENTITY).stdout)
+    why = {n["code"]: n["reason"] for n in rep["not_run"]}["M111"]
+    assert "2 of 4 responses without their raw body" in why and "traces.jsonl:4 (session episode-1)" in why
+
+
 def test_dropped_null_logprob_is_refused_naming_file_record_and_field(tmp_path: Path) -> None:
     line = refused(check("rllm_gateway", written(tmp_path, null_logprob_dropped()), *IDENTITY))
     assert "traces.jsonl:1: logprobs: 2 log-probs for 3 sampled token ids" in line

@@ -21,7 +21,7 @@ import pyarrow as pa
 from ..contract import schema as S
 from .base import ORIGIN, AdapterError, contract_table, numbers, with_policy
 from .openai import trainer_policy
-from .steps import Call, episode_rows, identity, identity_lacks, merge, option, stop_columns
+from .steps import Call, episode_rows, identity_lacks, merge, outcome
 
 # what M111 reads: the ids the engine's own log-prob entries name at a split (contract 1.3)
 EXPOSED = ("split_exposed_position", "split_exposed_logprob_id")
@@ -121,17 +121,8 @@ def table(
     first record), and the trainer's truncation policy when the context names it."""
     rows: list[dict[str, Any]] = []
     for sid, s in sessions.items():
-        out = {**{k: v for k, v in (s.outcome or {}).items() if v is not None}}
-        stop = out.get("stop_reason", option(context, "stop_reason"))
-        reward = out.get("reward", option(context, "reward"))
-        extra: dict[str, Any] = {} if stop is None else stop_columns(S.stop_reasons().get(stop), stop)
-        extra |= {} if reward is None else {"reward": reward}
-        group = out.get("group_id", option(context, "group_id"))
-        common = {
-            "task_id": out.get("task_id", option(context, "task_id") or sid),
-            **({"group_id": group} if group is not None else {}),
-            **identity(context),
-        }
+        out = {k: v for k, v in (s.outcome or {}).items() if v is not None}
+        extra, common = outcome(sid, out, context)
         where = {ORIGIN: s.origin} if s.origin else {}
         version = out.get("policy_version")
         for call in s.calls:  # the weights the session's outcome names, on every turn that names none

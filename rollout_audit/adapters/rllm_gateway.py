@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import stat
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,10 +24,10 @@ from typing import Any
 import pyarrow as pa
 
 from .base import (
-    MAX_DUMP_BYTES,
     MAX_LINE_BYTES,
     AdapterError,
     Record,
+    _regular,
     at_record,
     context_values,
     dump_form,
@@ -88,6 +87,8 @@ def read_dump(paths: Sequence[str | os.PathLike]) -> tuple[list[Path], list[Path
 
 
 def _is_sqlite(p: Path) -> bool:
+    """Whether `p` starts with SQLite's header (a FIFO or a device is refused unopened: it could block)."""
+    _regular(p)
     try:
         with p.open("rb") as fh:
             return fh.read(16) == SQLITE_MAGIC
@@ -100,10 +101,7 @@ def _store(p: Path) -> Iterator[Record]:
     read through a read-only connection (`mode=ro`: nothing is written to the store, not even a
     journal), with the schema's SQL functions untrusted and a bound on the work a crafted file can
     ask for."""
-    st = p.stat()
-    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_DUMP_BYTES:
-        raise AdapterError(f"{p}: not a regular file of at most {MAX_DUMP_BYTES} bytes")
-    budget = [max(10**7, _STEPS_PER_BYTE * st.st_size) // 1000]
+    budget = [max(10**7, _STEPS_PER_BYTE * _regular(p)) // 1000]
 
     def spend() -> int:
         budget[0] -= 1

@@ -8,7 +8,7 @@ records into a SQLite store with the gateway's own `SqliteTraceStore` as well.""
 
 from __future__ import annotations
 
-from .openai import HEADER, P0, TOOL
+from .openai import HEADER, P0, TOOL, _pair
 
 
 def _trace(
@@ -27,40 +27,12 @@ def _trace(
     `token_ids` than it sampled; `stream`: built from chunks (no raw body; nulls dropped from the
     log-probs, data_process.py:89); `logprobs`: False when the client asked for none (the gateway
     adds `logprobs` only when the request has no such key, middleware.py:116)."""
-    request = {
-        "model": "policy",
-        "messages": [{"role": "user", "content": "open the door"}],
-        "temperature": 0.7,
-        "top_p": 1.0,
-        "max_tokens": 16,
-        "logprobs": logprobs,
-        "return_tokens_as_token_ids": True,
-        "extra_body": {"return_token_ids": True},
-        "return_token_ids": True,
-        **({"stream": True} if stream else {}),
-    }
-    content = [
-        {"token": f"token_id:{i}", "logprob": lp, "bytes": None, "top_logprobs": []} for i, lp in zip(named or ids, lps)
-    ]
-    response = {
-        "id": f"chatcmpl-{session}-{turn}",
-        "object": "chat.completion",
-        "created": 0,
-        "model": "policy",
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": "open"},
-                "logprobs": {"content": content} if logprobs else None,
-                "finish_reason": finish,
-                "stop_reason": None,
-                "token_ids": ids,
-            }
-        ],
-        "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)},
-        "prompt_logprobs": None,
-        "prompt_token_ids": prompt,
-    }
+    pair = _pair(session, turn, prompt, ids, lps, finish, named)  # the vLLM request/response of the openai fixtures
+    request = {**pair["request"], "logprobs": logprobs, "extra_body": {"return_token_ids": True}}
+    request |= {"stream": True} if stream else {}
+    response = pair["response"]
+    if not logprobs:
+        response["choices"][0]["logprobs"] = None
     kept = [float(lp) for lp in lps if lp is not None] if logprobs else []
     return {
         "trace_id": f"{session}-t{turn}",
