@@ -169,6 +169,25 @@ def test_a_store_that_is_not_the_gateways_is_one_line(tmp_path: Path, sql: str, 
     assert said in refused(check("rllm_gateway", db, *IDENTITY))
 
 
+def test_a_wal_store_is_read_without_a_file_beside_it_or_refused_while_its_wal_holds_pages(tmp_path: Path) -> None:
+    recs = [r for r in read_dump(fixture("rllm_gateway", "compliant")) if "end" not in r]
+    db = tmp_path / "wal.db"
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("CREATE TABLE traces (trace_id TEXT PRIMARY KEY, data TEXT NOT NULL, created_at REAL NOT NULL)")
+    con.executemany(
+        "INSERT INTO traces VALUES (?, ?, ?)", [(r["trace_id"], json.dumps(r), k) for k, r in enumerate(recs)]
+    )
+    con.commit()
+    con.close()  # the last connection merges the WAL and removes it
+    before = sorted(p.name for p in tmp_path.iterdir())
+    res = check("rllm_gateway", db, *IDENTITY)
+    assert res.exit_code == 0 and json.loads(res.stdout)["summary"]["rows_read"] == 2, res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == before == ["wal.db"]
+    (tmp_path / "wal.db-wal").write_bytes(b"")
+    assert "a WAL-mode store with a wal.db-wal beside it" in refused(check("rllm_gateway", db, *IDENTITY))
+
+
 def test_a_db_file_that_is_not_sqlite_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "gateway_traces.db").write_bytes(b"\x00\x01 not a database")
     line = refused(check("rllm_gateway", tmp_path, *IDENTITY))

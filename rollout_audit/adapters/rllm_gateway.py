@@ -96,6 +96,23 @@ def _is_sqlite(p: Path) -> bool:
         raise AdapterError(f"{p}: cannot read: {e.strerror or e}") from None
 
 
+def _read_only(p: Path) -> str:
+    """The URI parameters that open `p` without writing anything. `mode=ro` for a rollback-journal
+    store (the gateway's: `journal_mode=DELETE`, store/sqlite_store.py:64); a WAL-mode file (header
+    bytes 18-19 equal to 2) would get `-wal` and `-shm` files created beside it even read-only, so it
+    is opened `immutable=1` when no `-wal` holds unmerged pages, and refused when one does."""
+    with p.open("rb") as fh:
+        head = fh.read(20)
+    if head[18:20] != b"\x02\x02":
+        return "mode=ro"
+    if Path(f"{p}-wal").exists():
+        raise AdapterError(
+            f"{p}: a WAL-mode store with a {p.name}-wal beside it: reading would write beside the store; "
+            "stop its writer or checkpoint it (PRAGMA wal_checkpoint) first"
+        )
+    return "mode=ro&immutable=1"
+
+
 def _store(p: Path) -> Iterator[Record]:
     """The traces of a gateway store in the order the gateway wrote them (created_at, then insertion),
     read through a read-only connection (`mode=ro`: nothing is written to the store, not even a
@@ -108,7 +125,7 @@ def _store(p: Path) -> Iterator[Record]:
         return 1 if budget[0] < 0 else 0
 
     try:
-        conn = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
+        conn = sqlite3.connect(f"{p.resolve().as_uri()}?{_read_only(p)}", uri=True)
     except sqlite3.Error as e:
         raise AdapterError(f"{p}: cannot open the SQLite store read-only: {e}") from None
     try:
