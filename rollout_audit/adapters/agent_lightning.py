@@ -25,8 +25,8 @@ from typing import Any
 import pyarrow as pa
 
 from .base import AdapterError, at_record, context_values, mapping, need, number, short, whole, wholes
-from .exchanges import CONTEXT, Session, entry_logprobs, lacks, table
-from .openai import logprob_ids
+from .exchanges import Session, entry_logprobs, lacks, table
+from .openai import CONTEXT, logprob_ids
 from .steps import Call, engine_context, finish_reason, guarded, option
 
 FRAMEWORK = "agent-lightning"

@@ -41,8 +41,8 @@ from .base import (
     wholes,
     with_policy,
 )
-from .exchanges import CONTEXT, join, lacks
-from .openai import trainer_policy
+from .exchanges import join, lacks
+from .openai import CONTEXT, trainer_policy
 from .steps import Call, engine_context, finish_reason, guarded, identity, option, stop_columns
 
 FRAMEWORK = "ART"

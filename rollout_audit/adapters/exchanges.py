@@ -104,10 +104,6 @@ class Session:
     outcome: dict[str, Any] | None = None  # stop_reason, reward, policy_version, task_id, group_id
 
 
-CONTEXT = {"reward": float, "policy_version": int, "stop_reason": str, "task_id": str, "group_id": str}
-CONTEXT |= {"trainer": str, "truncation": str}
-
-
 def table(
     sessions: Mapping[str, Session],
     lacks: Mapping[str, str],

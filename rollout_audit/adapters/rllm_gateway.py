@@ -39,8 +39,8 @@ from .base import (
     whole,
     wholes,
 )
-from .exchanges import CONTEXT, Session, aligned_logprobs, entry_logprobs, lacks, table
-from .openai import logprob_ids
+from .exchanges import Session, aligned_logprobs, entry_logprobs, lacks, table
+from .openai import CONTEXT, logprob_ids
 from .steps import Call, engine_context, finish_reason, guarded, option
 
 FRAMEWORK = "rllm-model-gateway"
