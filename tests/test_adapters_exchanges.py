@@ -335,44 +335,27 @@ def test_a_call_that_ends_past_the_row_meets_nothing() -> None:
 HOSTILE = [4975.7, 2**63, -1, "0", "", None, True, [], {}, [None], "\x1b[2J\n::error::x", float("nan")]
 
 
-def _leaves(x, path: tuple = ()) -> list[tuple]:
-    """Paths of every value of a record (lists: their first two elements)."""
-    out = [path] if path else []
-    if isinstance(x, dict):
-        for k, v in x.items():
-            out += _leaves(v, (*path, k))
-    elif isinstance(x, list):
-        for i, v in enumerate(x[:2]):
-            out += _leaves(v, (*path, i))
-    return out
-
-
-def _set(rec, path: tuple, value):
-    import copy
-
-    out = copy.deepcopy(rec)
-    node = out
-    for k in path[:-1]:
-        node = node[k]
-    node[path[-1]] = value
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["rllm_gateway", "agent_lightning", "art"])
 def test_a_hostile_value_anywhere_converts_or_is_one_adapter_error(tmp_path: Path, name: str) -> None:
-    """Every field of the compliant fixture's first record set to each hostile value: the conversion
+    """Every value of the compliant fixture's first record (lists: their first four) set to each hostile value: the conversion
     succeeds or fails with an AdapterError naming the file (never another exception); a sample of
     them through the CLI exits 0, 1 or 2 with no traceback."""
+    import copy
+
+    from fuzzlib import _paths, _set
+
     from rollout_audit.adapters.convert import convert
     from rollout_audit.contract.errors import AdapterError
 
     recs = [dict(r) for r in read_dump(fixture(name, "compliant"))]
     f = tmp_path / "dump.jsonl"
     n = len(HOSTILE)  # each field gets four of the values, in turn, so every value meets every kind of field
-    cases = [(p, HOSTILE[(i + j) % n]) for i, p in enumerate(_leaves(recs[0])) for j in range(0, n, 3)]
+    cases = [(p, HOSTILE[(i + j) % n]) for i, p in enumerate(_paths(recs[0])) for j in range(0, n, 3)]
     for k, (path, value) in enumerate(cases):
-        f.write_text("".join(json.dumps(r) + "\n" for r in [_set(recs[0], path, value), *recs[1:]]))
+        first = copy.deepcopy(recs[0])
+        _set(first, path, value, "set")
+        f.write_text("".join(json.dumps(r) + "\n" for r in [first, *recs[1:]]))
         try:
             convert(name, [f], {})
         except AdapterError as e:
