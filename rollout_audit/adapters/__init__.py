@@ -3,7 +3,8 @@ contract tables. An adapter is an `Adapter`: a name, `to_contract(records, **con
 when the trainer records its updates, `updates(records, **context)`. Adapters are registered by
 name, as the executors are (`register_adapter`); the built-in ones are the modules
 `rollout_audit.adapters.<name>`, each exposing those two functions, and `read_dump(paths)` when its
-framework writes files that are not JSON Lines or Parquet (prime-rl's msgpack batches).
+framework writes files that are not JSON Lines or Parquet (prime-rl's msgpack batches,
+rllm-model-gateway's SQLite store).
 
 Adapters record, never invent: only values the framework recorded reach the log; placeholders
 become nulls and what the framework does not say stays absent (or "unknown")."""
@@ -50,6 +51,9 @@ _REGISTRY: dict[str, Callable[[], Adapter]] = {
 }
 _REGISTRY["nemo_gym"] = _module("nemo_gym")
 _REGISTRY["prime_rl"] = _module("prime_rl")
+_REGISTRY["rllm_gateway"] = _module("rllm_gateway")
+_REGISTRY["agent_lightning"] = _module("agent_lightning")
+_REGISTRY["art"] = _module("art")
 NAMES = tuple(_REGISTRY)
 
 

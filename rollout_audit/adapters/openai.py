@@ -17,7 +17,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..contract import schema as S
 from .base import (
     AdapterError,
     at_record,
@@ -36,12 +35,11 @@ from .steps import (
     episode_rows,
     finish_reason,
     guarded,
-    identity,
     identity_lacks,
     merge,
     option,
+    outcome,
     recorded_logprobs,
-    stop_columns,
 )
 
 LACKS = {
@@ -173,16 +171,7 @@ def _episode(sid: str, pairs: list[dict], end: Mapping[str, Any], context: Mappi
     version = end.get("policy_version", option(context, "policy_version"))
     calls = [at_record(p, _call, p, f"session {sid} record {k}", version) for k, p in enumerate(pairs)]
     segments = merge(calls, f"session {sid}")
-    stop = end.get("stop_reason", option(context, "stop_reason"))
-    reward = end.get("reward", option(context, "reward"))
-    extra: dict[str, Any] = {} if stop is None else stop_columns(S.stop_reasons().get(stop), stop)
-    extra |= {} if reward is None else {"reward": reward}
-    group = end.get("group_id", option(context, "group_id"))
-    common = {
-        "task_id": end.get("task_id", option(context, "task_id") or sid),
-        **({"group_id": group} if group is not None else {}),
-        **identity(context),
-    }
+    extra, common = outcome(sid, end, context)
     return [{**common, **row} for row in episode_rows(sid, segments, extra)]
 
 

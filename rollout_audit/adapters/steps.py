@@ -236,6 +236,22 @@ def stop_columns(flag: str | None, stop_reason: str) -> dict[str, Any]:
     return {f: f == flag for f in S.STOP_FLAGS} | {"stop_reason": stop_reason}
 
 
+def outcome(sid: str, end: Mapping[str, Any], context: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A session's outcome columns (stop flags, stop_reason, reward: the last segment's) and the columns
+    every segment shares (task, group, identity), from its end record or else the context."""
+    stop = end.get("stop_reason", option(context, "stop_reason"))
+    reward = end.get("reward", option(context, "reward"))
+    extra: dict[str, Any] = {} if stop is None else stop_columns(S.stop_reasons().get(stop), stop)
+    extra |= {} if reward is None else {"reward": reward}
+    group = end.get("group_id", option(context, "group_id"))
+    common = {
+        "task_id": end.get("task_id", option(context, "task_id") or sid),
+        **({"group_id": group} if group is not None else {}),
+        **identity(context),
+    }
+    return extra, common
+
+
 def identity_lacks(framework: str, what: Mapping[str, str]) -> dict[str, str]:
     """Why identity columns may be absent: the framework does not record them (`what` names each as the
     framework would), and the context option that supplies it."""
