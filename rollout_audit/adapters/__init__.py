@@ -39,7 +39,7 @@ def _module(name: str) -> Callable[[], Adapter]:
 
 
 _REGISTRY: dict[str, Callable[[], Adapter]] = {
-    n: _module(n) for n in ("verl", "skyrl", "slime", "rllm", "verifiers", "openai")
+    n: _module(n) for n in ("verl", "skyrl", "slime", "rllm", "verifiers", "openai", "trl")
 }
 NAMES = tuple(_REGISTRY)
 
