@@ -27,6 +27,19 @@ from .steps import guarded, identity
 
 # the fields of TRL's own classes the converter and the guard read (tests/test_framework_drift.py)
 READS = {
+    "trl.RLOOConfig": {
+        "normalize_advantages",
+        "beta",
+        "reward_clip_range",
+        "num_generations",
+        "steps_per_generation",
+        "num_iterations",
+        "mask_truncated_completions",
+        "max_completion_length",
+        "temperature",
+        "top_p",
+        "gradient_accumulation_steps",
+    },
     "trl.GRPOConfig": {
         "mask_truncated_completions",
         "loss_type",
