@@ -47,7 +47,7 @@ def _module(name: str) -> Callable[[], Adapter]:
 
 
 _REGISTRY: dict[str, Callable[[], Adapter]] = {
-    n: _module(n) for n in ("verl", "skyrl", "slime", "rllm", "verifiers", "openai")
+    n: _module(n) for n in ("verl", "skyrl", "slime", "rllm", "verifiers", "openai", "trl")
 }
 _REGISTRY["nemo_gym"] = _module("nemo_gym")
 _REGISTRY["prime_rl"] = _module("prime_rl")

@@ -94,6 +94,7 @@ CONTEXT: dict[str, type] = {
 # The trainer-side hook (`integrations.rllm.dump_batch`): the DataProto row's identity (non_tensor_batch,
 # rllm/trainer/verl/transform.py `_batch_tensors_and_build_data_proto`) and the tensors it writes
 BATCH_ROWS = ("step_ids", "episode_ids", "group_roles", "is_pad_step")
+MISSING = "rollout_audit_missing"  # a line `integrations.rllm.AuditedBackend` writes for what it lost
 BATCH_TENSORS = ("prompts", "responses", "response_mask", "traj_rewards", "advantages", "rollout_log_probs")
 
 LACKS = {
@@ -301,6 +302,11 @@ def _split(records: Iterable[dict]) -> tuple[list[dict], list[dict]]:
     episodes: list[dict] = []
     rows: list[dict] = []
     for rec in records:
+        if isinstance(rec, Mapping) and MISSING in rec:
+            where = getattr(rec, "origin", None) or "the dump"
+            raise AdapterError(
+                f"{where}: the recorder did not record {short(rec[MISSING])}: this run's record is incomplete"
+            )
         (rows if isinstance(rec, Mapping) and "responses" in rec else episodes).append(rec)
     return episodes, rows
 

@@ -13,16 +13,33 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from ..contract import schema as S
+from ..reading.records import records_to_table
+from .base import AdapterError, context_values, flags, need, number, short, whole, wholes, with_policy
+from .steps import guarded, identity
 
 # the fields of TRL's own classes the converter and the guard read (tests/test_framework_drift.py)
 READS = {
+    "trl.RLOOConfig": {
+        "normalize_advantages",
+        "beta",
+        "reward_clip_range",
+        "num_generations",
+        "steps_per_generation",
+        "num_iterations",
+        "mask_truncated_completions",
+        "max_completion_length",
+        "temperature",
+        "top_p",
+        "gradient_accumulation_steps",
+    },
     "trl.GRPOConfig": {
         "mask_truncated_completions",
         "loss_type",
@@ -129,6 +146,8 @@ def _turn_extras(extras: Sequence[Mapping] | None, n_turns: np.ndarray) -> dict[
 
 
 def _tokenizer_id(tokenizer: Any) -> str:
+    if isinstance(tokenizer, _RecordedTokenizer) and tokenizer.tokenizer_id:
+        return str(tokenizer.tokenizer_id)
     name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
     template = getattr(tokenizer, "chat_template", None) or ""
     return f"{name}@{hashlib.sha256(str(template).encode()).hexdigest()[:12]}"
@@ -230,7 +249,7 @@ def records_from_batch(
         if inputs.get(key) is not None:  # on policy tokens only: TRL's 0.0 elsewhere is no log-prob
             lp = _np(inputs[key]).astype(np.float32)
             lp_full = np.concatenate([np.zeros(pid.shape, np.float32), lp], 1)[valid]
-            cols[column] = _lists(lp_full, lengths, pa.float32(), mask=~present)
+            cols[column] = _lists(lp_full, lengths, pa.float32(), mask=~present | np.isnan(lp_full))
     cols["token_turn"] = _lists(tturn, lengths, pa.int16())
     cols["turns"] = _turns(n_turns, policy_version, temperature, top_p, extras)
     cols["terminated"] = pa.array(~truncated)
@@ -359,7 +378,7 @@ def _reduction(
         return "token", max(n_tokens, 1.0) * ga, float(ga)
     if loss_type in ("grpo", "sapo"):
         return "seq_mean_token_mean", float(n_seq * ga), float(ga)
-    if loss_type == "luspo":
+    if loss_type in ("luspo", "rloo"):  # RLOOTrainer: per-sequence ratio × advantage, mean over sequences
         return "seq_mean_token_sum", float(n_seq * ga), float(ga)
     if loss_type == "dr_grpo":
         if max_completion_length is None:
@@ -395,7 +414,8 @@ def update_from_step(
     """
     cm = _np(inputs["completion_mask"]).astype(bool)
     tm = _np(inputs["tool_mask"]).astype(bool) if inputs.get("tool_mask") is not None else np.ones_like(cm)
-    window = float(_np(inputs["num_items_in_batch"]).sum())
+    n_items = inputs.get("num_items_in_batch")  # GRPO's generation-window token count; RLOO's batch has none
+    window = float((cm & tm).sum()) if n_items is None else float(_np(n_items).sum())
     reduction, denom, scale = _reduction(
         loss_type,
         n_seq=len(trajectory_ids),
@@ -432,3 +452,293 @@ def advantage_estimator(trainer: Any) -> str | None:
     if getattr(trainer, "multi_objective_aggregation", "sum_then_normalize") != "sum_then_normalize":
         return None
     return {"group": "grpo", "none": "grpo_no_std"}.get(str(trainer.scale_rewards))
+
+
+# ---------------------------------------------------------------- recorded runs: `--from trl`
+
+# The key and version of a record `integrations.trl.RolloutRecorder` writes: one JSON line per sample a
+# rollout_func returned, as it returned it, with the call it came from and the trainer's settings.
+ROLLOUT_RECORD = "trl_rollout"
+ROLLOUT_VERSION = 1
+# A row of TRL's own `log_completions` Parquet (`{output_dir}/completions/completions_{step:05d}.parquet`,
+# grpo_trainer.py:3340-3357 in trl 1.16.0): step, prompt, completion, one column per reward function, advantage.
+COMPLETION_KEYS = ("step", "prompt", "advantage")
+_NO_REWARD = (
+    "a rollout_func runs before TRL's reward functions: the rewards are in TRL's log_completions Parquet "
+    "(GRPOConfig(log_completions=True)); pass its completions/ directory too"
+)
+_NO_LOSS = "TRL's records (rollout_func output, log_completions) do not say how the loss was reduced"
+_NO_VERSION = "TRL's records do not carry the trainer's weight version at the update"
+RECORDED_UPDATE_LACKS = {
+    **{k: _NO_LOSS for c in ("reduction", "loss_denominator") for k in (c, f"updates.{c}")},
+    **{k: _NO_VERSION for k in ("trainer_version", "updates.trainer_version")},
+}
+
+
+class _RecordedTokenizer:
+    """What records_from_batch reads of a tokenizer, from the recorder's `trainer` settings."""
+
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        self.pad_token_id = settings.get("pad_token_id")
+        eos = settings.get("eos_token_ids") or []
+        self.eos_token_id = eos[0] if eos else None
+        self.name_or_path = str(settings.get("tokenizer") or "")
+        self.tokenizer_id = settings.get("tokenizer_id")
+
+
+def _split_recorded(records: Iterable[Mapping[str, Any]]) -> tuple[list[list[Mapping]], list[Mapping]]:
+    """(the train-mode rollout_func calls, each its samples in TRL's gathered order; log_completions rows)."""
+    calls: dict[int, list[Mapping]] = {}
+    rows: list[Mapping] = []
+    for n, rec in enumerate(records, 1):
+        where = getattr(rec, "origin", None) or f"record {n}"
+        if not isinstance(rec, Mapping):
+            raise AdapterError(f"{where}: not an object")
+        if ROLLOUT_RECORD in rec:
+            if rec[ROLLOUT_RECORD] != ROLLOUT_VERSION:
+                raise AdapterError(
+                    f"{where}: {ROLLOUT_RECORD} record version {short(rec[ROLLOUT_RECORD])}; this rollout-audit "
+                    f"reads version {ROLLOUT_VERSION}"
+                )
+            if "missing" in rec:
+                raise AdapterError(
+                    f"{where}: the RolloutRecorder did not record {short(rec['missing'])}: this run's record is "
+                    "incomplete"
+                )
+            if rec.get("mode", "train") == "train":
+                calls.setdefault(whole(need(rec, "call", where), "call", where), []).append(rec)
+        elif all(k in rec for k in COMPLETION_KEYS):
+            rows.append(rec)
+        else:
+            raise AdapterError(
+                f"{where}: neither a RolloutRecorder record ({ROLLOUT_RECORD!r}) nor a log_completions row "
+                f"({', '.join(COMPLETION_KEYS)})"
+            )
+    ordered = []
+    for c in sorted(calls):
+        samples = sorted(calls[c], key=lambda r: (r.get("process", 0), r.get("index", 0)))
+        ordered.append(samples)
+    return ordered, rows
+
+
+def _plainer(value: Any) -> Any:
+    """A prompt as a comparable value: mappings without null entries (Parquet gives a struct every key)."""
+    if isinstance(value, Mapping):
+        return {k: _plainer(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)) or hasattr(value, "tolist"):
+        return [_plainer(v) for v in (value.tolist() if hasattr(value, "tolist") else value)]
+    return value
+
+
+def _matched_rows(calls: list[list[Mapping]], rows: list[Mapping]) -> dict[int, list[Mapping]]:
+    """Call index -> its log_completions rows. TRL writes, at every logging step S, the latest generation
+    batch (a deque of generation_batch_size rows, grpo_trainer.py:1088-1095): the one generated at the
+    newest global step before S. Two logging steps of one generation repeat it; the first is kept. Each
+    match is verified: as many rows as samples, and the same prompts in the same order."""
+    by_step: dict[int, list[Mapping]] = {}
+    for r in rows:
+        by_step.setdefault(whole(r["step"], "step", getattr(r, "origin", None) or "log_completions row"), []).append(r)
+    steps = [int(s[0].get("step", 0)) for s in calls]
+    out: dict[int, list[Mapping]] = {}
+    for s, group in sorted(by_step.items()):
+        before = [i for i, g in enumerate(steps) if g < s]
+        if not before:
+            raise AdapterError(
+                f"{getattr(group[0], 'origin', None) or 'log_completions'}: rows of step {s}, but no recorded "
+                "rollout_func call before that step"
+            )
+        i = before[-1]
+        if i in out:
+            continue
+        samples = calls[i]
+        where = getattr(group[0], "origin", None) or f"log_completions step {s}"
+        if len(group) != len(samples):
+            raise AdapterError(
+                f"{where}: {len(group)} rows at step {s} for {len(samples)} samples of the rollout_func call at "
+                f"step {steps[i]} (a run on several processes needs every process's recorder file)"
+            )
+        for k, (r, smp) in enumerate(zip(group, samples)):
+            if _plainer(r["prompt"]) != _plainer(smp.get("prompt")):
+                raise AdapterError(
+                    f"{getattr(r, 'origin', None) or where}: row {k} has another prompt than sample {k} of the "
+                    f"rollout_func call at step {steps[i]}: not that call's completions"
+                )
+            text = _completion_text(r["completion"])
+            if text is not None and smp.get("completion_text") is not None and text != smp["completion_text"]:
+                raise AdapterError(
+                    f"{getattr(r, 'origin', None) or where}: row {k} has another completion than sample {k} of the "
+                    f"rollout_func call at step {steps[i]}: not that call's completions"
+                )
+        out[i] = group
+    return out
+
+
+def _completion_text(value: Any) -> str | None:
+    """The text of a logged completion that is one string or one assistant message (None otherwise: a
+    parsed tool call, several messages; then only the prompts join the records)."""
+    value = _plainer(value)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], Mapping):
+        content = value[0].get("content")
+        return content if isinstance(content, str) and set(value[0]) <= {"role", "content"} else None
+    return None
+
+
+def _pad(lists: list[list[Any]], left: bool, fill: Any, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+    width = max((len(x) for x in lists), default=0)
+    arr = np.full((len(lists), width), fill, dtype=dtype)
+    mask = np.zeros((len(lists), width), bool)
+    for i, x in enumerate(lists):
+        if not x:
+            continue
+        sl = slice(width - len(x), width) if left else slice(0, len(x))
+        arr[i, sl] = x
+        mask[i, sl] = True
+    return arr, mask
+
+
+def _call_batch(samples: list[Mapping], n: int) -> tuple[dict[str, Any], list[Mapping], Mapping[str, Any]]:
+    """One recorded call as the padded batch records_from_batch reads (TRL pads the same way:
+    prompts left, completions right), the per-sample extras, and the trainer's settings."""
+    settings = samples[0].get("trainer") or {}
+    where = getattr(samples[0], "origin", None) or f"rollout_func call {n}"
+    prompts = [wholes(need(r, "prompt_ids", where), "prompt_ids", where) for r in samples]
+    comps = [wholes(need(r, "completion_ids", where), "completion_ids", where) for r in samples]
+    pad = settings.get("pad_token_id")
+    pid, pm = _pad(prompts, True, 0 if pad is None else pad, np.int64)
+    cid, cm = _pad(comps, False, 0 if pad is None else pad, np.int64)
+    batch: dict[str, Any] = {"prompt_ids": pid, "prompt_mask": pm, "completion_ids": cid, "completion_mask": cm}
+    lps = []
+    for r, c in zip(samples, comps):
+        lp = need(r, "logprobs", where)
+        lp = [] if lp is None else lp
+        if len(lp) != len(c):
+            raise AdapterError(f"{where}: logprobs has {len(lp)} values for {len(c)} completion_ids")
+        lps.append([math.nan if v is None else float(v) for v in lp])
+    batch["sampling_per_token_logps"] = _pad(lps, False, math.nan, np.float64)[0]
+    if any(r.get("env_mask") is not None for r in samples):
+        masks = [flags(need(r, "env_mask", where), "env_mask", where) for r in samples]
+        if any(len(m) != len(c) for m, c in zip(masks, comps)):
+            raise AdapterError(f"{where}: env_mask must have one value per completion id")
+        batch["tool_mask"] = _pad(masks, False, False, bool)[0]
+    if settings.get("mask_truncated_completions"):  # TRL zeroes a truncated completion's mask (grpo_trainer.py:2492)
+        ends = set(settings.get("eos_token_ids") or []) | ({pad} if pad is not None else set())
+        for i, c in enumerate(comps):
+            if c and c[-1] not in ends:
+                cm[i] = False
+    return batch, list(samples), settings
+
+
+def _recorded(records: Iterable[Mapping[str, Any]]) -> tuple[list[list[Mapping]], dict[int, list[Mapping]]]:
+    calls, rows = _split_recorded(records)
+    if not calls:
+        raise AdapterError("no RolloutRecorder records of a training call (rollout_audit.integrations.trl)")
+    return calls, _matched_rows(calls, rows)
+
+
+def _rewards(rows: list[Mapping], settings: Mapping[str, Any]) -> np.ndarray:
+    """The reward TRL normalised: the weighted sum of the reward functions' columns, NaN where every
+    function returned None (grpo_trainer.py: `nansum`, unscorable rows NaN)."""
+    names = list(settings.get("reward_func_names") or [])
+    weights = list(settings.get("reward_weights") or [1.0] * len(names))
+    if not names or len(weights) != len(names):
+        raise AdapterError("the RolloutRecorder record names no reward functions (trainer.reward_func_names)")
+    where = getattr(rows[0], "origin", None) or "log_completions"
+    vals = np.array(
+        [[math.nan if r.get(k) is None else number(r.get(k), k, where) for k in names] for r in rows], np.float64
+    )
+    total = np.nansum(vals * np.asarray(weights, np.float64)[None, :], axis=1)
+    total[np.isnan(vals).all(axis=1)] = np.nan
+    return total
+
+
+def _batch_id(samples: list[Mapping], n: int) -> str:
+    return f"gen{int(samples[0].get('step', 0)):05d}.{n}"
+
+
+@guarded("TRL")
+def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
+    """Contract trajectories from what `RolloutRecorder` recorded of each rollout_func call (train mode),
+    with the rewards of TRL's log_completions rows of that call when they are given. Each call becomes
+    the batch TRL built from it (records_from_batch) under the trainer settings the recorder wrote."""
+    given = identity(context_values(context))
+    calls, matched = _recorded(records)
+    tables = []
+    said, truncation = "", "penalize"
+    for n, samples in enumerate(calls):
+        batch, extras, settings = _call_batch(samples, n)
+        rows = matched.get(n)
+        t = records_from_batch(
+            batch,
+            tokenizer=_RecordedTokenizer(settings),
+            policy_version=int(samples[0].get("step", 0)),
+            batch_id=_batch_id(samples, n),
+            group_size=settings.get("num_generations"),
+            rewards=None if rows is None else _rewards(rows, settings),
+            temperature=settings.get("temperature"),
+            top_p=settings.get("top_p"),
+            eos_token_ids=settings.get("eos_token_ids"),
+            environment_id=given.get("environment_id"),
+            environment_version=given.get("environment_version"),
+            verifier_version=given.get("verifier_version"),
+            reset_seed=given.get("reset_seed"),
+            extras=extras,
+            mask_truncated_completions=bool(settings.get("mask_truncated_completions", False)),
+        )
+        truncation, said = trainer_policy(_Args(settings))
+        tables.append(t)
+    meta = tables[0].schema.metadata or {}
+    lacks = json.loads(meta.get(S.META_NOT_RECORDED, b"{}"))
+    if "reward" in lacks:
+        lacks["reward"] = _NO_REWARD
+    table = pa.concat_tables(tables, promote_options="permissive")
+    table = table.replace_schema_metadata({**meta, S.META_NOT_RECORDED: json.dumps(lacks, sort_keys=True).encode()})
+    return with_policy(table, said, truncation=truncation, grpo_epsilon=1e-4)
+
+
+class _Args:
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        self.mask_truncated_completions = bool(settings.get("mask_truncated_completions", False))
+
+
+@guarded("TRL")
+def updates(records: Iterable[dict], **context: Any) -> pa.Table | None:
+    """One update record per rollout_func call whose log_completions rows were given: the advantages TRL
+    logged for that generation batch (gathered over processes), the batch as the window TRL normalised
+    rewards over, and the estimator its settings follow (`scale_rewards`). None without those rows."""
+    context_values(context)
+    calls, matched = _recorded(records)
+    recs: list[Mapping[str, Any]] = []
+    for n, samples in enumerate(calls):
+        rows = matched.get(n)
+        if rows is None:
+            continue
+        settings = samples[0].get("trainer") or {}
+        ids = [f"{_batch_id(samples, n)}/{i}" for i in range(len(samples))]
+        where = getattr(rows[0], "origin", None) or "log_completions"
+        rec: dict[str, Any] = {
+            "update_step": int(rows[0]["step"]),
+            "trajectory_ids": ids,
+            "advantages": [number(r["advantage"], "advantage", where) for r in rows],
+            "window_trajectory_ids": ids,
+        }
+        est = _estimator(settings)
+        if est is not None:
+            rec["advantage_estimator"] = est
+        recs.append(rec)
+    if not recs:
+        return None
+    table = records_to_table(recs, kind="updates")
+    lacks = dict(RECORDED_UPDATE_LACKS)
+    if any("advantage_estimator" not in r for r in recs):
+        why = "TRL's settings (scale_rewards='batch' or normalize_then_sum) follow no contract estimator"
+        lacks |= {"advantage_estimator": why, "updates.advantage_estimator": why}
+    meta = {**(table.schema.metadata or {}), S.META_NOT_RECORDED: json.dumps(lacks, sort_keys=True).encode()}
+    return table.replace_schema_metadata(meta)
+
+
+def _estimator(settings: Mapping[str, Any]) -> str | None:
+    if settings.get("multi_objective_aggregation", "sum_then_normalize") != "sum_then_normalize":
+        return None
+    return {"group": "grpo", "none": "grpo_no_std"}.get(str(settings.get("scale_rewards", "group")))

@@ -1,14 +1,19 @@
-"""TRL: a guard that audits `GRPOTrainer` in the loop.
+"""TRL: a recorder for a `rollout_func`, and guards that audit `GRPOTrainer` and `RLOOTrainer` in the loop.
 
-`AuditedGRPOTrainer` converts each generation batch and each micro-batch update with
-`rollout_audit.adapters.trl` and audits them before the optimizer step (warn, raise or skip),
-under the truncation policy the trainer's own `GRPOConfig` follows (`trainer_policy`), and can
-write the contract log with `RolloutWriter`.
+`RolloutRecorder(rollout_func, log_dir)` is passed to `GRPOTrainer(rollout_func=...)` in place of the
+user's function: it calls it and writes what it returned, unchanged, one JSON line per sample, for
+`rollout-audit check --from trl LOG_DIR OUTPUT_DIR/completions` (with TRL's own `log_completions`
+Parquet for the rewards and advantages). `AuditedGRPOTrainer` / `AuditedRLOOTrainer` convert each
+generation batch and each micro-batch update with `rollout_audit.adapters.trl` and audit them before
+the optimizer step (warn, raise or skip), under the truncation policy the trainer's own configuration
+follows (`trainer_policy`), and can write the contract log with `RolloutWriter`.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,12 +23,15 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 import torch
-from trl import GRPOTrainer
+from trl import GRPOTrainer, RLOOTrainer
 
 from ..adapters.trl import (
+    ROLLOUT_RECORD,
+    ROLLOUT_VERSION,
     TRAINER_LOGPROBS,
     TRL_LACKS,
     _np,
+    _tokenizer_id,
     advantage_estimator,
     recomputes_logprobs,
     records_from_batch,
@@ -43,9 +51,12 @@ __all__ = [
     "AuditFailed",
     "AuditSettings",
     "AuditedGRPOTrainer",
+    "AuditedRLOOTrainer",
+    "RolloutRecorder",
     "advantage_estimator",
     "records_from_batch",
     "recomputes_logprobs",
+    "trainer_settings",
     "trainer_policy",
     "update_from_step",
 ]
@@ -82,14 +93,27 @@ def _summary(what: str, report: Report) -> str:
     )
 
 
-class AuditedGRPOTrainer(GRPOTrainer):
-    """`GRPOTrainer` that audits every generation batch and every micro-batch update before
-    the optimizer step. `audit=AuditSettings(policy=...)`: `warn` (default), `raise`
-    (AuditFailed), or `skip` (the loss mask of trajectories with an error finding is zeroed,
-    all of them when a finding names none; a failing update trains with a zero loss).
-    The truncation policy is the one the trainer's `GRPOConfig` follows (`trainer_policy`),
-    stated once as a warning, unless `audit.config` sets `truncation` itself.
-    Reports are kept in `audit_reports` as (label, Report)."""
+class _Guard:
+    """What the guards share: the audit of each generation batch (`_generate_and_score_completions`) and
+    of each micro-batch update (`compute_loss`), both methods TRL's GRPOTrainer and RLOOTrainer define
+    with the same signature and the same batch keys. A subclass says how its trainer reduces the loss
+    (`_loss_type`), which estimator its advantages follow (`_estimator`) and how a skipped row is kept
+    out of the loss (`_skip_rows`)."""
+
+    audit: AuditSettings
+    args: Any
+    state: Any
+    accelerator: Any
+    model: Any
+    processing_class: Any
+    num_generations: Any
+    num_iterations: Any
+    temperature: float
+    top_p: float
+    eos_token_ids: Any
+    max_completion_length: Any
+    current_gradient_accumulation_steps: int
+    _metrics: Any
 
     def __init__(self, *args: Any, audit: AuditSettings | None = None, **kwargs: Any) -> None:
         self.audit = audit or AuditSettings()
@@ -98,7 +122,7 @@ class AuditedGRPOTrainer(GRPOTrainer):
         self._ra_table: pa.Table | None = None
         self._ra_rewards: torch.Tensor | None = None
         self._ra_micro = 0
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
         truncation, why = trainer_policy(self.args)
         if "truncation" in self.audit.config.model_fields_set:
             if self.audit.config.truncation != truncation:
@@ -109,15 +133,25 @@ class AuditedGRPOTrainer(GRPOTrainer):
         else:
             self.audit.config = self.audit.config.model_copy(update={"truncation": truncation})
             warnings.warn(f"rollout-audit: auditing under the policy TRL follows: {why}", stacklevel=2)
-        recomputed = recomputes_logprobs(self.args, bool(getattr(self, "use_vllm", False)))
+        recomputed = self._recomputes()
         if recomputed and "compare_logprobs" not in self.audit.config.model_fields_set:
             # L207 compares the engine's log-probs with the trainer's recomputation, no replayer needed
             self.audit.config = self.audit.config.model_copy(update={"compare_logprobs": TRAINER_LOGPROBS})
         self._write_policy()
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # type: ignore[override]
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        weighted = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+    def _recomputes(self) -> bool:
+        """Whether the batch carries the trainer's per-token recomputation (`old_per_token_logps`)."""
+        return False
+
+    def _loss_type(self) -> str:
+        raise NotImplementedError
+
+    def _estimator(self) -> str | None:
+        raise NotImplementedError
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # type: ignore[no-untyped-def]
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # type: ignore[misc]
+        weighted = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)  # type: ignore[attr-defined]
         weighted[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan  # TRL's unscorable rows
         self._ra_rewards = weighted
         return rewards_per_func
@@ -145,13 +179,13 @@ class AuditedGRPOTrainer(GRPOTrainer):
             environment_version=a.environment_version,
             verifier_version=a.verifier_version,
             reset_seed=a.reset_seed,
-            extras=list(inputs) if self.rollout_func is not None else None,
+            extras=list(inputs) if getattr(self, "rollout_func", None) is not None else None,
             excluded=excluded,
             mask_truncated_completions=bool(getattr(self.args, "mask_truncated_completions", False)),
         )
 
-    def _generate_and_score_completions(self, inputs):  # type: ignore[override]
-        out = super()._generate_and_score_completions(inputs)
+    def _generate_and_score_completions(self, inputs):  # type: ignore[no-untyped-def]
+        out = super()._generate_and_score_completions(inputs)  # type: ignore[misc]
         if not bool(getattr(self.model, "training", False)):
             return out
         batch_id = f"gen{self._ra_generation:05d}"
@@ -186,20 +220,14 @@ class AuditedGRPOTrainer(GRPOTrainer):
         return np.isin(ids, errors["trajectory_id"].to_list())
 
     def _skip_rows(self, out: dict, bad: np.ndarray) -> dict:
-        """Zero the loss mask (through tool_mask, so attention is unchanged) of the excluded rows."""
-        cm = out["completion_mask"]
-        tm = out.get("tool_mask")
-        keep = torch.as_tensor(~bad, device=cm.device, dtype=cm.dtype).unsqueeze(1)
-        out["tool_mask"] = (torch.ones_like(cm) if tm is None else tm) * keep
-        out["num_items_in_batch"] = self.accelerator.gather((cm * out["tool_mask"]).sum()).sum()
-        return out
+        raise NotImplementedError
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # type: ignore[override]
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # type: ignore[no-untyped-def]
         rows = inputs.get("_ra_row")
         failed = False
         if rows is not None and bool(getattr(self.model, "training", False)) and self._ra_table is not None:
             failed = self._audit_update(inputs, _np(rows))
-        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)  # type: ignore[misc]
         return loss * 0.0 if failed else loss
 
     def _audit_update(self, inputs: Mapping[str, Any], rows: np.ndarray) -> bool:
@@ -211,7 +239,7 @@ class AuditedGRPOTrainer(GRPOTrainer):
         rec = update_from_step(
             inputs,
             trajectory_ids=list(ids[rows]),
-            loss_type=self.loss_type,
+            loss_type=self._loss_type(),
             update_step=self.state.global_step,
             trainer_version=self.state.global_step,
             gradient_accumulation_steps=self.current_gradient_accumulation_steps,
@@ -219,7 +247,7 @@ class AuditedGRPOTrainer(GRPOTrainer):
             num_processes=self.accelerator.num_processes,
             max_completion_length=self.max_completion_length,
             window_trajectory_ids=list(ids) if self.accelerator.num_processes == 1 else None,
-            advantage_estimator=advantage_estimator(self),
+            advantage_estimator=self._estimator(),
             max_policy_lag=max(spans - 1, 0),
         )
         label = f"update {self.state.global_step}.{self._ra_micro}"
@@ -258,7 +286,7 @@ class AuditedGRPOTrainer(GRPOTrainer):
         c = self.audit.config
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(
-            "# the policy the trainer's GRPOConfig follows, written by AuditedGRPOTrainer\n"
+            f"# the policy the trainer's configuration follows, written by {type(self).__name__}\n"
             f'[tool.rollout-audit]\ntruncation = "{c.truncation}"\ngrpo_epsilon = {c.grpo_epsilon!r}\n'
             + (f"compare_logprobs = {json.dumps(c.compare_logprobs)}\n" if c.compare_logprobs else "")
         )
@@ -268,3 +296,155 @@ class AuditedGRPOTrainer(GRPOTrainer):
             return
         # the contract columns through RolloutWriter, then old_per_token_logps as they are (L207 reads them)
         write_table(Path(self.audit.log_dir) / kind / name, table, kind, validate=False)
+
+
+class AuditedGRPOTrainer(_Guard, GRPOTrainer):
+    """`GRPOTrainer` that audits every generation batch and every micro-batch update before
+    the optimizer step. `audit=AuditSettings(policy=...)`: `warn` (default), `raise`
+    (AuditFailed), or `skip` (the loss mask of trajectories with an error finding is zeroed,
+    all of them when a finding names none; a failing update trains with a zero loss).
+    The truncation policy is the one the trainer's `GRPOConfig` follows (`trainer_policy`),
+    stated once as a warning, unless `audit.config` sets `truncation` itself.
+    Reports are kept in `audit_reports` as (label, Report)."""
+
+    def _recomputes(self) -> bool:
+        return recomputes_logprobs(self.args, bool(getattr(self, "use_vllm", False)))
+
+    def _loss_type(self) -> str:
+        return str(self.loss_type)
+
+    def _estimator(self) -> str | None:
+        return advantage_estimator(self)
+
+    def _skip_rows(self, out: dict, bad: np.ndarray) -> dict:
+        """Zero the loss mask (through tool_mask, so attention is unchanged) of the excluded rows."""
+        cm = out["completion_mask"]
+        tm = out.get("tool_mask")
+        keep = torch.as_tensor(~bad, device=cm.device, dtype=cm.dtype).unsqueeze(1)
+        out["tool_mask"] = (torch.ones_like(cm) if tm is None else tm) * keep
+        out["num_items_in_batch"] = self.accelerator.gather((cm * out["tool_mask"]).sum()).sum()
+        return out
+
+
+class AuditedRLOOTrainer(_Guard, RLOOTrainer):
+    """`RLOOTrainer` under the same guard as `AuditedGRPOTrainer` (same `audit=` settings). RLOO's loss is a
+    sequence-level ratio times the advantage, averaged over the micro-batch's sequences and divided by
+    gradient accumulation by the HF Trainer (rloo_trainer.py:1794-1842 in trl 1.16.0): declared
+    `seq_mean_token_sum` over B × GA. Its advantages are the leave-one-out baseline (rloo_trainer.py:1683-1693),
+    declared `rloo` unless `normalize_advantages`, a KL term in the reward (`beta` != 0, RLOO's default 0.05)
+    or `reward_clip_range` change them: then no contract estimator matches and U603 is not run. RLOO keeps
+    no per-token behaviour log-probs (only the sequence sum `old_logps`), so the L checks are not run.
+    Under `skip` a flagged row's advantage is zeroed (its sequence term then carries no gradient)."""
+
+    def _loss_type(self) -> str:
+        return "rloo"
+
+    def _estimator(self) -> str | None:
+        plain = not self.normalize_advantages and self.beta == 0.0 and not self.reward_clip_range  # type: ignore[attr-defined]
+        return "rloo" if plain else None
+
+    def _skip_rows(self, out: dict, bad: np.ndarray) -> dict:
+        adv = out["advantages"]
+        out["advantages"] = adv * torch.as_tensor(~bad, device=adv.device, dtype=adv.dtype)
+        return out
+
+
+# ---------------------------------------------------------------- the rollout_func recorder
+
+_REQUIRED = ("prompt_ids", "completion_ids", "logprobs")  # what GRPOTrainer requires (grpo_trainer.py:2211)
+
+
+def trainer_settings(trainer: Any) -> dict[str, Any]:
+    """What the audit needs of the trainer that called the rollout_func, read from it."""
+    args = trainer.args
+    tok = trainer.processing_class
+    return {
+        "temperature": getattr(trainer, "temperature", None),
+        "top_p": getattr(trainer, "top_p", None),
+        "num_generations": getattr(trainer, "num_generations", None),
+        "eos_token_ids": [int(x) for x in getattr(trainer, "eos_token_ids", None) or [tok.eos_token_id]],
+        "pad_token_id": getattr(tok, "pad_token_id", None),
+        "tokenizer": getattr(tok, "name_or_path", None),
+        "tokenizer_id": _tokenizer_id(tok),
+        "mask_truncated_completions": bool(getattr(args, "mask_truncated_completions", False)),
+        "scale_rewards": str(getattr(trainer, "scale_rewards", getattr(args, "scale_rewards", "group"))),
+        "multi_objective_aggregation": str(getattr(trainer, "multi_objective_aggregation", "sum_then_normalize")),
+        "reward_func_names": list(getattr(trainer, "reward_func_names", []) or []),
+        "reward_weights": [float(w) for w in _np(getattr(trainer, "reward_weights", []))],
+        "loss_type": getattr(trainer, "loss_type", None),
+        "num_processes": int(trainer.accelerator.num_processes),
+        "trainer": type(trainer).__name__,
+    }
+
+
+class RolloutRecorder:
+    """A rollout_func that calls `rollout_func` and records what it returned, unchanged: for each sample,
+    its prompt, `prompt_ids`, `completion_ids`, `logprobs`, `env_mask`, `logprob_token_ids` and every other
+    per-sample field (turn_context_ids, turn_sampled_token_ids, ...), with the call's number, the trainer's
+    global step and mode, and `trainer_settings`. It forwards the very object the function returned. A
+    record it cannot write is a warning, never a failed step; what it did not write is named in
+    `missing` and as a `missing` line in its file, which `check --from trl` refuses to pass over (exit 2)."""
+
+    def __init__(self, rollout_func: Any, log_dir: str | os.PathLike) -> None:
+        self.rollout_func = rollout_func
+        self.log_dir = Path(log_dir)
+        self.calls = 0
+        self.missing: list[str] = []
+        self.__name__ = getattr(rollout_func, "__name__", "rollout_func")
+
+    def __call__(self, prompts: list, trainer: Any) -> Any:
+        output = self.rollout_func(prompts, trainer)
+        try:
+            self._record(prompts, trainer, output)
+        except Exception as e:  # noqa: BLE001 - the recorder never stops training; it says what it lost
+            self._lost(f"call {self.calls}: {type(e).__name__}: {e}")
+        self.calls += 1
+        return output
+
+    def _record(self, prompts: list, trainer: Any, output: Any) -> None:
+        missing = [k for k in _REQUIRED if k not in output]
+        if missing:  # TRL raises on it right after; nothing to record
+            self._lost(f"call {self.calls}: the rollout_func returned no {', '.join(missing)}")
+            return
+        n = len(output["completion_ids"])
+        per_sample = {
+            k: v for k, v in output.items() if isinstance(v, (list, tuple)) and len(v) == n and k not in _REQUIRED
+        }
+        head = {
+            ROLLOUT_RECORD: ROLLOUT_VERSION,
+            "call": self.calls,
+            "process": int(trainer.accelerator.process_index),
+            "step": int(trainer.state.global_step),
+            "mode": "train" if bool(getattr(trainer.model, "training", True)) else "eval",
+            "trainer": trainer_settings(trainer),
+        }
+        tok = trainer.processing_class
+        with self._file().open("a", encoding="utf-8") as fh:
+            for i in range(n):
+                rec = {**head, "index": i, "prompt": prompts[i] if i < len(prompts) else None}
+                rec.update({k: output[k][i] for k in _REQUIRED})
+                rec.update({k: v[i] for k, v in per_sample.items()})
+                # the completion as TRL decodes it for its reward functions and log_completions when the
+                # tokenizer parses no response (grpo_trainer.py:2241-2245): what joins the two records
+                rec["completion_text"] = tok.decode(list(output["completion_ids"][i]), skip_special_tokens=True)
+                fh.write(json.dumps(rec, default=_plain) + "\n")
+
+    def _file(self) -> Path:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        return self.log_dir / f"trl-rollouts-{socket.gethostname()}-{os.getpid()}.jsonl"
+
+    def _lost(self, what: str) -> None:
+        self.missing.append(what)
+        warnings.warn(f"rollout-audit: RolloutRecorder did not record {what}", stacklevel=3)
+        try:
+            with self._file().open("a", encoding="utf-8") as fh:
+                fh.write(json.dumps({ROLLOUT_RECORD: ROLLOUT_VERSION, "missing": what}) + "\n")
+        except OSError:
+            pass
+
+
+def _plain(value: Any) -> Any:
+    """Tensors and numpy values as lists / numbers."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
