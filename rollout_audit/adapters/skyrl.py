@@ -58,6 +58,7 @@ from .base import (
     aligned,
     context_values,
     contract_table,
+    declared,
     flags,
     in_range,
     ints,
@@ -317,7 +318,7 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
     if any(r.get("is_last_step") is not None for r in recs):
         rows = _segments(rows, recs)
     _zero_variance_filtered(rows, list(records))
-    table = contract_table(rows, LACKS)
+    table = contract_table(rows, declared(recs, LACKS))
     return with_policy(table, policy(ctx), truncation="penalize", **dapo_settings(ctx))
 
 
@@ -392,7 +393,10 @@ def _row_ids(rows: list[tuple[int, Mapping[str, Any], str]]) -> list[tuple[str, 
     ids: list[tuple[str, str, bool | None, int]] = []
     counts: dict[str, int] = {}
     for step, rec, where in rows:
-        traj, task, _ = _trajectory(rec, 0, None if step < 0 else step)
+        # the fully-async trainer trains a group at a later step than the one that named its rows
+        named = rec.get("global_step_when_scheduled")
+        at = whole(named, "global_step_when_scheduled", where) if named is not None else step
+        traj, task, _ = _trajectory(rec, 0, None if at < 0 else at)
         last = _last_step(rec, where)
         k = counts.get(traj, 0)
         counts[traj] = k + 1
