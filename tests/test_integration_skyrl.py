@@ -68,7 +68,10 @@ class Generator:
             tid = r["trajectory_ids"]
             for call in r["engine_calls"]:
                 out = await self.client.generate(
-                    {"prompt_token_ids": [call["prompt_token_ids"]], "session_ids": [f"{tid['instance_id']}_{tid['repetition_id']}"]}
+                    {
+                        "prompt_token_ids": [call["prompt_token_ids"]],
+                        "session_ids": [f"{tid['instance_id']}_{tid['repetition_id']}"],
+                    }
                 )
                 ids = out["response_ids"][0]
                 at = len(call["prompt_token_ids"]) - len(r["prompt_token_ids"]) + len(ids)
@@ -87,7 +90,9 @@ class RayPPOTrainer:
 
     def __init__(self, generator, trainer_rows, step):
         self.generator, self.trainer_rows, self.global_step = generator, trainer_rows, step
-        self.cfg = SimpleNamespace(trainer=SimpleNamespace(algorithm=SimpleNamespace(advantage_estimator="grpo", grpo_norm_by_std=True)))
+        self.cfg = SimpleNamespace(
+            trainer=SimpleNamespace(algorithm=SimpleNamespace(advantage_estimator="grpo", grpo_norm_by_std=True))
+        )
 
     def convert_to_training_input(self, generator_output, uids):
         width = max(len(r) for r in generator_output["response_ids"]) + 2
@@ -111,7 +116,9 @@ class Batch(SimpleNamespace):
 
 class FullyAsyncRayPPOTrainer(RayPPOTrainer):
     async def group(self, generator_input):
-        kwargs = {"disable_tqdm": True} if "disable_tqdm" in inspect.signature(self.generator.generate).parameters else {}
+        kwargs = (
+            {"disable_tqdm": True} if "disable_tqdm" in inspect.signature(self.generator.generate).parameters else {}
+        )
         return await self.generator.generate(generator_input, **kwargs)  # fully_async_trainer.py:920-930
 
 
@@ -122,7 +129,9 @@ def experiment(rows, trainer_rows, step, trainer_cls=RayPPOTrainer, step_wise=Fa
         def get_generator(self, cfg, tokenizer, inference_engine_client):
             return Generator(inference_engine_client, rows, step_wise)
 
-        def get_trainer(self, cfg, tracker, tokenizer, train_dataset, eval_dataset, inference_engine_client, generator, colocate_pg):
+        def get_trainer(
+            self, cfg, tracker, tokenizer, train_dataset, eval_dataset, inference_engine_client, generator, colocate_pg
+        ):
             return trainer_cls(generator, trainer_rows, step)
 
     return Exp
@@ -166,7 +175,9 @@ def test_the_dump_holds_the_fixture_rows_and_audits_clean(tmp_path, case):
     rows, trainer_rows, dumped = run(tmp_path, case)
     samples = [r for r in dumped if "advantages" not in r]
     for got, want in zip(samples, rows, strict=True):
-        assert {k: got[k] for k in want if k != "engine_calls"} == {k: v for k, v in want.items() if k != "engine_calls"}
+        assert {k: got[k] for k in want if k != "engine_calls"} == {
+            k: v for k, v in want.items() if k != "engine_calls"
+        }
         assert [(c["prompt_token_ids"], c["response_ids"], c["weight_version"]) for c in got["engine_calls"]] == [
             (c["prompt_token_ids"], c["response_ids"], 4) for c in want["engine_calls"]
         ]
@@ -183,7 +194,9 @@ def test_the_eos_appended_after_the_call_is_not_the_engines_and_is_m101(tmp_path
     first, so the EOS the mask trains is not among the engine's ids (NovaSky-AI/SkyRL#758)."""
     rows, _, dumped = run(tmp_path, "eos_appended_logprob_zero")
     assert dumped[3]["response_ids"][-1] == EOS and dumped[3]["response_ids"] == rows[3]["response_ids"]
-    assert [c["response_ids"] for c in dumped[3]["engine_calls"]] == [c["response_ids"] for c in rows[3]["engine_calls"]]
+    assert [c["response_ids"] for c in dumped[3]["engine_calls"]] == [
+        c["response_ids"] for c in rows[3]["engine_calls"]
+    ]
     res, rep = _check(tmp_path / "dump")
     assert res.exit_code == 1
     assert {(f["code"], f["trajectory_id"]) for f in rep["findings"]} == {("M101", "3/search-4_1")}
@@ -193,7 +206,9 @@ def test_step_wise_rows_get_their_own_call_and_audit_clean(tmp_path):
     rows, trainer_rows, dumped = run(tmp_path, "step_wise", step_wise=True)
     samples = [r for r in dumped if "advantages" not in r]
     assert [len(r["engine_calls"]) for r in samples] == [1] * len(rows)
-    assert [r["engine_calls"][0]["response_ids"] for r in samples] == [r["engine_calls"][0]["response_ids"] for r in rows]
+    assert [r["engine_calls"][0]["response_ids"] for r in samples] == [
+        r["engine_calls"][0]["response_ids"] for r in rows
+    ]
     assert [r["is_last_step"] for r in dumped if "advantages" in r] == [r["is_last_step"] for r in trainer_rows]
     res, rep = _check(tmp_path / "dump")
     assert res.exit_code == 0 and rep["findings"] == [], res.output
@@ -210,9 +225,17 @@ def test_fully_async_groups_are_named_by_the_step_that_scheduled_them(tmp_path):
 
 
 def test_a_row_whose_session_made_no_call_is_declared_not_recorded(tmp_path):
-    gen = integ.RecordingGenerator(Generator(integ.RecordingClient(Client([])), [], False), integ.RecordingClient(Client([])), integ.Dump(tmp_path))
+    gen = integ.RecordingGenerator(
+        Generator(integ.RecordingClient(Client([])), [], False), integ.RecordingClient(Client([])), integ.Dump(tmp_path)
+    )
     tid = [TrajectoryID("gsm8k-17", 0)]
-    out = {"prompt_token_ids": [[1, 2]], "response_ids": [[3, EOS]], "rewards": [1.0], "loss_masks": [[1, 1]], "stop_reasons": ["stop"]}
+    out = {
+        "prompt_token_ids": [[1, 2]],
+        "response_ids": [[3, EOS]],
+        "rewards": [1.0],
+        "loss_masks": [[1, 1]],
+        "stop_reasons": ["stop"],
+    }
     rec = gen.records(out, tid, ["gsm8k-17_0"], {"gsm8k-17_0": None}, {"global_step": 1})[0]
     assert "engine_calls" not in rec and "generator.batched=true" in rec[UNRECORDED]["token_source"]
     (tmp_path / "d").mkdir()
@@ -224,13 +247,24 @@ def test_a_row_whose_session_made_no_call_is_declared_not_recorded(tmp_path):
 
 def test_an_evaluation_batch_is_not_dumped_and_forwards_unchanged(tmp_path):
     client = integ.RecordingClient(Client([{"prompt_token_ids": [1], "response_ids": [2, EOS]}]))
-    rows = [{"trajectory_ids": {"instance_id": "a", "repetition_id": 0}, "prompt_token_ids": [1], "response_ids": [2, EOS],
-             "rewards": 1.0, "loss_masks": [1, 1], "stop_reasons": "stop", "rollout_logprobs": [-0.1, -0.2],
-             "engine_calls": [{"prompt_token_ids": [1], "response_ids": [2, EOS]}]}]
+    rows = [
+        {
+            "trajectory_ids": {"instance_id": "a", "repetition_id": 0},
+            "prompt_token_ids": [1],
+            "response_ids": [2, EOS],
+            "rewards": 1.0,
+            "loss_masks": [1, 1],
+            "stop_reasons": "stop",
+            "rollout_logprobs": [-0.1, -0.2],
+            "engine_calls": [{"prompt_token_ids": [1], "response_ids": [2, EOS]}],
+        }
+    ]
     inner = Generator(client, rows, False)
     gen = integ.RecordingGenerator(inner, client, integ.Dump(tmp_path / "d"))
     assert "disable_tqdm" in inspect.signature(gen.generate).parameters
-    out = asyncio.run(gen.generate({"trajectory_ids": [TrajectoryID("a", 0)], "batch_metadata": BatchMetadata(1, "eval")}))
+    out = asyncio.run(
+        gen.generate({"trajectory_ids": [TrajectoryID("a", 0)], "batch_metadata": BatchMetadata(1, "eval")})
+    )
     assert out["response_ids"] == [[2, EOS]] and not (tmp_path / "d").exists() and client.calls == {}
 
 

@@ -64,7 +64,15 @@ from ..adapters.base import UNRECORDED
 # the skyrl releases these wrappers were read against
 TESTED = ("0.4.0",)
 # GeneratorOutput lists the sampler record carries, under SkyRL's names (what adapters/skyrl.py reads)
-SAMPLE_KEYS = ("prompt_token_ids", "response_ids", "rewards", "loss_masks", "stop_reasons", "rollout_logprobs", "is_last_step")
+SAMPLE_KEYS = (
+    "prompt_token_ids",
+    "response_ids",
+    "rewards",
+    "loss_masks",
+    "stop_reasons",
+    "rollout_logprobs",
+    "is_last_step",
+)
 # TrainingInputBatch tensors the trainer record carries, cut to the row's response
 BATCH_KEYS = ("advantages", "response_mask", "loss_mask")
 # what SkyRL names and calls, for the drift test: module -> class -> names this module relies on
@@ -263,7 +271,10 @@ def _calls_of_row(calls: list[dict[str, Any]] | None, rows: int, k: int) -> tupl
     if rows == 1:
         return calls, None
     if len(calls) != rows:
-        return None, f"a step-wise episode of {rows} rows made {len(calls)} engine calls: they do not pair with its rows"
+        return (
+            None,
+            f"a step-wise episode of {rows} rows made {len(calls)} engine calls: they do not pair with its rows",
+        )
     return [calls[k]], None
 
 
@@ -273,7 +284,7 @@ def is_fully_async(trainer: Any) -> bool:
 
 
 @functools.cache
-def audited_trainer_class(base: type) -> type:
+def audited_trainer_class(base: Any) -> type:
     """A subclass of the trainer's own class that writes the trainer-side record: after
     `compute_advantages_and_returns`, one record per row with its per-token `advantages`,
     `response_mask` and `loss_mask` over its response (response tensors are right-aligned, the row's
@@ -283,6 +294,7 @@ def audited_trainer_class(base: type) -> type:
     class Audited(base):  # type: ignore[valid-type, misc]
         rollout_audit_generator: RecordingGenerator | None = None
         rollout_audit_dump: Dump | None = None
+        _rollout_audit_rows: list[tuple[dict[str, Any] | None, int]] | None = None
 
         def convert_to_training_input(self, generator_output: Any, uids: Any) -> Any:
             batch = super().convert_to_training_input(generator_output, uids)
@@ -294,7 +306,7 @@ def audited_trainer_class(base: type) -> type:
 
         def compute_advantages_and_returns(self, data: Any) -> Any:
             data = super().compute_advantages_and_returns(data)
-            rows = getattr(self, "_rollout_audit_rows", None)
+            rows = self._rollout_audit_rows
             if self.rollout_audit_dump is not None and rows is not None:
                 self.rollout_audit_dump.write(trainer_records(self, data, rows))
                 self._rollout_audit_rows = None

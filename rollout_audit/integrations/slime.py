@@ -251,7 +251,9 @@ def sample_record(sample: Any) -> dict[str, Any]:
     return rec
 
 
-def log_rollout(rollout_id: int, args: Any, samples: Sequence[Any], rollout_extra_metrics: Any, rollout_time: Any) -> bool:
+def log_rollout(
+    rollout_id: int, args: Any, samples: Sequence[Any], rollout_extra_metrics: Any, rollout_time: Any
+) -> bool:
     """Write the rollout's sampler records; then your log function, whose answer is returned."""
     _append(f"slime-{rollout_id}.jsonl", [sample_record(s) for s in samples])
     _last_rollout["rollout_id"] = int(rollout_id)
@@ -310,7 +312,10 @@ def postprocess(args: Any, rollout_id: int, rollout_data: Mapping[str, Any]) -> 
     """The actor record of this rank, then your postprocess function."""
     if all(k in rollout_data for k in ACTOR_KEYS):  # the last pipeline stage
         rank = _rank()
-        _append(f"slime-actor-{rollout_id}-{rank}-{socket.gethostname()}.jsonl", [actor_record(args, rollout_id, rollout_data)])
+        _append(
+            f"slime-actor-{rollout_id}-{rank}-{socket.gethostname()}.jsonl",
+            [actor_record(args, rollout_id, rollout_data)],
+        )
     inner = os.environ.get(ENV_POSTPROCESS)
     if inner:
         load(inner)(args, rollout_id, rollout_data)
