@@ -301,3 +301,16 @@ def test_skyrl_source_shapes():
         for cls, names in classes.items():
             gone += [f"{path}: {cls}.{n}" for n in sorted(names - _names(tree, cls))]
     assert gone == []
+
+
+def test_a_batch_holding_a_row_the_generator_did_not_return_gets_no_trainer_record(tmp_path):
+    """Merged step-wise rows are new lists: the batch's group statistics cannot be stated in part."""
+    client = integ.RecordingClient(Client([]))
+    gen = integ.RecordingGenerator(Generator(client, [], False), client, integ.Dump(tmp_path / "d"))
+    row = {"advantages": [0.5, 0.5], "response_mask": [1, 1], "loss_mask": [1, 1]}
+    trainer = integ.audited_trainer_class(RayPPOTrainer)(gen, [row], 3)
+    trainer.rollout_audit_dump, trainer.rollout_audit_generator = gen._dump, gen
+    batch = trainer.convert_to_training_input({"response_ids": [[5, EOS]]}, ["a"])
+    with pytest.warns(UserWarning, match="step 3 has no trainer record"):
+        assert trainer.compute_advantages_and_returns(batch) is batch
+    assert not (tmp_path / "d").exists()

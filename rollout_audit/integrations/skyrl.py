@@ -39,8 +39,9 @@ What it cannot record is written on the records (`rollout_audit_unrecorded`) and
 in "not run": engine calls when the generator sends no session ids (`generator.batched=true`,
 `skyrl_gym_generator.py:898-904`) or a step-wise episode's calls do not pair with its rows;
 routed experts and sample supports (0.4.0 keeps them as `RoutedExpertIndices` / `SampleSupport`
-objects, base.py:57-60: not dumped); trainer rows the batch holds under another list (step-wise
-merging, `trainer.py:1090`), which get no trainer record.
+objects, base.py:57-58: not dumped). A training batch holding a row the generator did not return
+as it is (step-wise merging, `trainer.py:1090`) gets no trainer record at all (a warning says so),
+since part of a batch would misstate its group statistics.
 """
 
 from __future__ import annotations
@@ -306,10 +307,18 @@ def audited_trainer_class(base: Any) -> type:
 
         def compute_advantages_and_returns(self, data: Any) -> Any:
             data = super().compute_advantages_and_returns(data)
-            rows = self._rollout_audit_rows
-            if self.rollout_audit_dump is not None and rows is not None:
-                self.rollout_audit_dump.write(trainer_records(self, data, rows))
-                self._rollout_audit_rows = None
+            rows, self._rollout_audit_rows = self._rollout_audit_rows, None
+            if self.rollout_audit_dump is None or rows is None:
+                return data
+            if any(ident is None for ident, _ in rows):
+                # part of a batch would misstate its group statistics: none of it is written
+                warnings.warn(
+                    "rollout-audit: SkyRL trained rows the generator did not return as they are (merged "
+                    f"step-wise rows?); step {self.global_step} has no trainer record",
+                    stacklevel=2,
+                )
+                return data
+            self.rollout_audit_dump.write(trainer_records(self, data, rows))
             return data
 
     Audited.__name__ = Audited.__qualname__ = f"Audited{base.__name__}"
@@ -317,7 +326,7 @@ def audited_trainer_class(base: Any) -> type:
 
 
 def trainer_records(trainer: Any, data: Any, rows: Sequence[tuple[dict | None, int]]) -> list[dict[str, Any]]:
-    """The trainer record of each row the generator's records name (the others have none)."""
+    """The trainer record of each row (by its sampler record's identity)."""
     alg = trainer.cfg.trainer.algorithm
     last = (getattr(data, "metadata", None) or {}).get("is_last_step")
     out = []
@@ -355,7 +364,8 @@ def audited_experiment(base: type, audit_dir: str | os.PathLike[str]) -> type:
 
         def get_trainer(self, *args: Any, **kwargs: Any) -> Any:
             trainer = super().get_trainer(*args, **kwargs)
-            trainer.__class__ = audited_trainer_class(type(trainer))
+            base_cls: Any = type(trainer)
+            trainer.__class__ = audited_trainer_class(base_cls)
             trainer.rollout_audit_dump = dump
             gen = getattr(self, "rollout_audit_generator", None)
             trainer.rollout_audit_generator = gen
