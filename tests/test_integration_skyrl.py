@@ -16,6 +16,8 @@ import asyncio
 import inspect
 import json
 import os
+import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -314,3 +316,41 @@ def test_a_batch_holding_a_row_the_generator_did_not_return_gets_no_trainer_reco
     with pytest.warns(UserWarning, match="step 3 has no trainer record"):
         assert trainer.compute_advantages_and_returns(batch) is batch
     assert not (tmp_path / "d").exists()
+
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "frameworks" / "skyrl.md"
+
+
+def test_the_page_uses_exactly_the_options_the_entry_point_has():
+    """Each `python -m rollout_audit.integrations.skyrl` command of the page's "Set these options"
+    parses with the entry point's parser, and together they use every option it has; the
+    fallback paste's dump keys hold every GeneratorOutput list the integration writes."""
+    text = PAGE.read_text()
+    section = text.split("## Set these options", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", section, flags=re.M | re.S)
+    used: set[str] = set()
+    for block in blocks:
+        line = block.replace("\\\n", " ")
+        for cmd in (ln for ln in line.splitlines() if ln.startswith("python -m rollout_audit.integrations.skyrl")):
+            argv = shlex.split(cmd)[3:]
+            opts, rest = integ.parse(argv)
+            assert opts.audit_dir == "rollout_dumps" and all("=" in r for r in rest), cmd
+            used |= {a for a in argv if a.startswith("--")}
+    parser_opts = {"--audit-dir", "--experiment"}
+    assert used == parser_opts
+    assert {
+        o for a in integ.parse(["--audit-dir", "x"])[0].__dict__ for o in [f"--{a.replace('_', '-')}"]
+    } == parser_opts
+    for keys in re.findall(r"keys = \((.*?)\)", text, flags=re.S):
+        assert set(integ.SAMPLE_KEYS) <= set(re.findall(r'"(\w+)"', keys))
+
+
+@pytest.mark.parametrize("said", [{"no_such_field": "x"}, {"token_source": 3}, "everything"])
+def test_a_recorder_word_the_adapter_does_not_know_is_one_line_and_exit_2(tmp_path, said):
+    """A dump's `rollout_audit_unrecorded` only explains an absent field: any other content is refused."""
+    rec = dict(read_dump(fixture("skyrl", "compliant"))[0])
+    rec[UNRECORDED] = said
+    (tmp_path / "skyrl-3.jsonl").write_text(json.dumps(rec) + "\n")
+    res = cli("check", "--from", "skyrl", tmp_path, *context_args())
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert res.stderr.count("\n") == 1 and f"skyrl-3.jsonl:1: {UNRECORDED}" in res.stderr, res.stderr

@@ -14,6 +14,7 @@ import asyncio
 import copy
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -209,3 +210,27 @@ def test_slime_source_shapes():
     sample = next(c for c in types.body if isinstance(c, ast.ClassDef) and c.name == "Sample")
     have = {i.target.id for i in sample.body if isinstance(i, ast.AnnAssign)}
     assert integ.RELIES["slime/utils/types.py"]["Sample"] - have == set()
+
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "frameworks" / "slime.md"
+
+
+def _blocks(section: str) -> list[str]:
+    return re.findall(r"^```[^\n]*\n(.*?)^```", section, flags=re.M | re.S)
+
+
+def test_the_page_sets_exactly_the_options_and_variables_the_code_has():
+    """The page's "Set these options" command names each option the integration is named by, with
+    its function, and the code has no option or variable the page does not name."""
+    text = PAGE.read_text()
+    section = text.split("## Set these options", 1)[1].split("\n## ", 1)[0]
+    command = next(b for b in _blocks(section) if "rollout_audit.integrations.slime" in b)
+    pairs = dict(re.findall(r"(--[a-z-]+) rollout_audit\.integrations\.slime\.(\w+)", command))
+    assert pairs == integ.OPTIONS
+    assert all(callable(getattr(integ, fn)) for fn in pairs.values())
+    named = set(re.findall(r"ROLLOUT_AUDIT_[A-Z_]+", section)) - {"ROLLOUT_AUDIT_SLIME_SRC"}  # the drift test's
+    code = {v for k, v in vars(integ).items() if k.startswith("ENV_")}
+    assert named == code
+    assert f"{integ.ENV_DIR}=" in command
+    keys = re.search(r"keys = \((.*?)\)", text, flags=re.S)
+    assert keys and tuple(re.findall(r'"(\w+)"', keys.group(1))) == integ.SAMPLE_KEYS
