@@ -40,8 +40,9 @@ in "not run": engine calls when the generator sends no session ids (`generator.b
 `skyrl_gym_generator.py:898-904`) or a step-wise episode's calls do not pair with its rows;
 routed experts and sample supports (0.4.0 keeps them as `RoutedExpertIndices` / `SampleSupport`
 objects, base.py:57-58: not dumped). A training batch holding a row the generator did not return
-as it is (step-wise merging, `trainer.py:1090`) gets no trainer record at all (a warning says so),
-since part of a batch would misstate its group statistics.
+once, as it is (step-wise merging, `trainer.py:1090`; dynamic sampling's `replace` repeats rows,
+`utils/trainer_utils.py:433-500`) gets no trainer record at all (a warning says so), since part of
+a batch would misstate its group statistics.
 """
 
 from __future__ import annotations
@@ -313,8 +314,8 @@ def audited_trainer_class(base: Any) -> type:
             if any(ident is None for ident, _ in rows):
                 # part of a batch would misstate its group statistics: none of it is written
                 warnings.warn(
-                    "rollout-audit: SkyRL trained rows the generator did not return as they are (merged "
-                    f"step-wise rows?); step {self.global_step} has no trainer record",
+                    "rollout-audit: SkyRL trained rows the generator did not return once each (merged step-wise "
+                    f"rows, or rows repeated by dynamic sampling's replace); step {self.global_step} has no trainer record",
                     stacklevel=2,
                 )
                 return data
