@@ -108,6 +108,7 @@ def rollout(tmp_path, monkeypatch, case, generate="replay_generate"):
         s = Sample(want["group_index"], want["index"], want["rollout_id"], list(want["tokens"][:n_prompt]))
         s = asyncio.run(integ.generate(ARGS, s, {}))
         assert integ.sample_hook(ARGS, s, rollout_id=5, evaluation=False) is None
+        assert s.metadata == {}  # the evidence is kept beside the sample, not in it
         samples.append(s)
     assert integ.log_rollout(5, ARGS, samples, {}, 1.0) is False
     for train in (r for r in recs if "rollout_mask_sums" in r):
@@ -152,8 +153,10 @@ def test_slimes_own_generate_is_recorded_as_one_call(tmp_path, monkeypatch):
     monkeypatch.setattr(integ, "SLIME_GENERATE", f"{__name__}.single_call_generate")
     monkeypatch.delenv(integ.ENV_GENERATE, raising=False)
     s = asyncio.run(integ.generate(ARGS, Sample(index=0, group_index=0, tokens=[1, 2]), {}))
-    assert s.metadata["engine_calls"] == [{"response_length": 0, "tokens": [7, 8, 9], "weight_version": "3"}]
-    assert s.tokens == [1, 2, 7, 8, 9] and UNRECORDED not in s.metadata
+    assert s.tokens == [1, 2, 7, 8, 9] and s.metadata == {}  # the sample is slime's, unchanged
+    rec = integ.sample_record(s)
+    assert rec["metadata"]["engine_calls"] == [{"response_length": 0, "tokens": [7, 8, 9], "weight_version": "3"}]
+    assert UNRECORDED not in rec and s.metadata == {}
 
 
 def test_a_generate_that_records_no_call_is_declared_not_recorded(tmp_path, monkeypatch):

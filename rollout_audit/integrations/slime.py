@@ -16,9 +16,8 @@ that returned, unchanged; recording is on the side:
 - `generate` (`--custom-generate-function-path`, `slime/utils/arguments.py:477-484`, called at
   `slime/rollout/sglang_rollout.py:251-260`): calls `ROLLOUT_AUDIT_SLIME_GENERATE` (default slime's
   `slime.rollout.sglang_rollout:generate`, one engine call that appends exactly the ids SGLang
-  returned, :152-221). Around slime's own generate it records that call in
-  `sample.metadata["engine_calls"]`: the `response_length` before it, the ids it added, the
-  `weight_version` slime appended for it (`types.py:397-398`). A generate of your own makes its own
+  returned, :152-221). Around slime's own generate it records that call: the `response_length`
+  before it, the ids it added, the `weight_version` slime appended for it (`types.py:397-398`). A generate of your own makes its own
   calls: record each with `engine_call(sample, tokens, meta_info)` right before its
   `append_response_tokens(..., trainable=True)`; a sample whose response grew without a recorded
   call is marked (below), never given calls derived from its tokens or mask.
@@ -42,10 +41,14 @@ that returned, unchanged; recording is on the side:
   196-199, 503-506`): writes the actor record of the rank (last pipeline stage only: the others
   have no `returns`), then calls `ROLLOUT_AUDIT_SLIME_POSTPROCESS` if set.
 
-The dump directory is `ROLLOUT_AUDIT_DIR` (slime's parser takes no option of ours); the rollout
-manager and the actor ranks must all see it. What the functions cannot record is written on the
-sample (`metadata.rollout_audit_unrecorded`, carried into the record) and named by `check` in
-"not run": per-call routes (the wrapper does not see SGLang's `meta_info`), a call's context.
+The evidence is kept beside each sample, in this process (generate, the sample hooks and the log
+function all run in slime's rollout manager), never in it: the sample slime trains is the one it
+made. The sampler record carries the calls in its copy of `metadata` as `engine_calls`, where the
+adapter reads them. The dump directory is `ROLLOUT_AUDIT_DIR` (slime's parser takes no option of
+ours); the rollout manager and the actor ranks must all see it. What the functions cannot record is
+written on the record (`rollout_audit_unrecorded`) and named by `check` in "not run": per-call
+routes (the wrapper does not see SGLang's `meta_info`), a call's context. Evaluation samples are
+neither recorded nor dumped.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ import os
 import socket
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -120,13 +124,44 @@ RELIES = {
     },
     "slime/utils/types.py": {"Sample": set(SAMPLE_KEYS)},
 }
-SEEN = "rollout_audit_generate"  # metadata key: a recording generate saw the sample
 NO_ROUTES = (
     "the slime generate wrapper does not see SGLang's meta_info, so it records no per-call routed_experts_start_len, "
     "_rows and _len"
 )
+_KEEP = 1 << 17  # samples recorded and never logged (filtered, evaluation) are forgotten past this many
 _lock = threading.Lock()
 _last_rollout: dict[str, int] = {}
+
+
+@dataclass
+class Evidence:
+    """What the functions recorded for one sample, kept beside it (never in it: a recorder does not
+    change what it forwards): its engine calls, and what could not be recorded, with why."""
+
+    sample: Any
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    unrecorded: dict[str, str] = field(default_factory=dict)
+    seen: bool = False  # a recording generate ran on it
+
+
+_evidence: dict[int, Evidence] = {}  # id(sample) -> its evidence, the sample held so the id stays its own
+
+
+def evidence(sample: Any) -> Evidence:
+    """The sample's evidence (made on first use)."""
+    with _lock:
+        ev = _evidence.get(id(sample))
+        if ev is None or ev.sample is not sample:
+            ev = _evidence[id(sample)] = Evidence(sample)
+            while len(_evidence) > _KEEP:
+                del _evidence[next(iter(_evidence))]
+        return ev
+
+
+def _take(sample: Any) -> Evidence | None:
+    with _lock:
+        ev = _evidence.pop(id(sample), None)
+    return ev if ev is not None and ev.sample is sample else None
 
 
 def _dir() -> Path:
@@ -162,15 +197,11 @@ def load(path: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def _unrecorded(sample: Any, field: str, reason: str) -> None:
-    sample.metadata.setdefault(UNRECORDED, {})[field] = reason
-
-
 def engine_call(sample: Any, tokens: Sequence[int], meta_info: Mapping[str, Any] | None = None) -> None:
     """Record one engine call of your own generate, right before its
     `sample.append_response_tokens(..., trainable=True)`: the sample's response length before it, the
     ids SGLang returned, and its weight version."""
-    sample.metadata.setdefault("engine_calls", []).append(
+    evidence(sample).calls.append(
         {
             "response_length": sample.response_length,
             "tokens": list(tokens),
@@ -183,68 +214,81 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any], eval
     """slime's generate (or yours, `ROLLOUT_AUDIT_SLIME_GENERATE`), recording its engine calls."""
     path = os.environ.get(ENV_GENERATE) or SLIME_GENERATE
     inner = load(path)
-    before = (sample.response_length, len(sample.weight_versions), len(sample.metadata.get("engine_calls", ())))
-    if "evaluation" in inspect.signature(inner).parameters:
-        result = await inner(args, sample, sampling_params, evaluation=evaluation)
+    if evaluation:  # not trained, not dumped
+        return (
+            await inner(args, sample, sampling_params, evaluation=True)
+            if _takes_evaluation(inner)
+            else (await inner(args, sample, sampling_params))
+        )
+    ev = evidence(sample)
+    before = (sample.response_length, len(sample.weight_versions), len(ev.calls))
+    if _takes_evaluation(inner):  # as slime calls it (sglang_rollout.py:255-258)
+        result = await inner(args, sample, sampling_params, evaluation=False)
     else:
         result = await inner(args, sample, sampling_params)
     for s in result if isinstance(result, list) else [result]:
-        _after(s, sample, before, own=path == SLIME_GENERATE)
+        _after(s, sample, before, path)
     return result
 
 
-def _after(sample: Any, given: Any, before: tuple[int, int, int], own: bool) -> None:
+def _takes_evaluation(function: Any) -> bool:
+    return "evaluation" in inspect.signature(function).parameters
+
+
+def _after(sample: Any, given: Any, before: tuple[int, int, int], path: str) -> None:
     """Record the call slime's own generate made, or check that yours recorded its calls."""
-    meta = sample.metadata
-    meta[SEEN] = True
+    ev = evidence(sample)
+    ev.seen = True
     if sample is not given:  # a generate that returned other samples: nothing to compare with
-        if not meta.get("engine_calls"):
-            _unrecorded(sample, "token_source", "a custom generate returned a new sample without engine_call records")
+        if not ev.calls:
+            ev.unrecorded["token_source"] = f"{path} returned a new sample and recorded no engine_call for it"
         return
     n0, v0, c0 = before
     grew = sample.response_length - n0
-    if own:
-        if grew > 0:
+    if path == SLIME_GENERATE:
+        if grew > 0:  # one call, its ids appended as SGLang returned them (sglang_rollout.py:200-219)
             versions = sample.weight_versions
-            meta.setdefault("engine_calls", []).append(
+            ev.calls.append(
                 {
                     "response_length": n0,
                     "tokens": list(sample.tokens[len(sample.tokens) - grew :]),
                     "weight_version": versions[v0] if len(versions) > v0 else None,
                 }
             )
-    elif grew > 0 and len(meta.get("engine_calls", ())) == c0:
-        _unrecorded(
-            sample,
-            "token_source",
-            f"{os.environ.get(ENV_GENERATE)} added {grew} response tokens and recorded no engine_call "
-            "(rollout_audit.integrations.slime.engine_call)",
+    elif grew > 0 and len(ev.calls) == c0:
+        ev.unrecorded["token_source"] = (
+            f"{path} added {grew} response tokens and recorded no engine_call "
+            "(rollout_audit.integrations.slime.engine_call)"
         )
     if sample.rollout_routed_experts is not None:
-        _unrecorded(sample, "routed_experts_version", NO_ROUTES)
+        ev.unrecorded["routed_experts_version"] = NO_ROUTES
 
 
 def sample_hook(args: Any, sample: Any, *, rollout_id: int | None = None, evaluation: bool = False) -> None:
     """Mark a sample no recording generate saw (its provenance is then declared not recorded)."""
-    if not sample.metadata.get(SEEN) and not sample.metadata.get("engine_calls"):
-        _unrecorded(
-            sample,
-            "token_source",
+    if evaluation:
+        return None
+    ev = evidence(sample)
+    if not ev.seen and not ev.calls:
+        ev.unrecorded["token_source"] = (
             "the sample was generated without rollout_audit.integrations.slime.generate (a per-sample "
-            "generate_function_path, slime/rollout/sglang_rollout.py:251-252, or the option not set)",
+            "generate_function_path, slime/rollout/sglang_rollout.py:251-252, or the option not set)"
         )
     return None
 
 
 def sample_record(sample: Any) -> dict[str, Any]:
-    """One sampler record: `Sample.to_dict()`'s keys the adapter reads, with what was not recorded."""
+    """One sampler record: `Sample.to_dict()`'s keys the adapter reads, the recorded engine calls in
+    its `metadata` (the record's copy), and what was not recorded."""
     d = sample.to_dict()
     rec = {k: d.get(k) for k in SAMPLE_KEYS}
     meta = dict(rec.get("metadata") or {})
-    said = meta.pop(UNRECORDED, None)
-    if not meta.get(SEEN) and not meta.get("engine_calls"):
-        said = {**(said or {}), "token_source": "the sample went through no recording generate or sample hook"}
-    meta.pop(SEEN, None)
+    ev = _take(sample)
+    said = dict(ev.unrecorded) if ev is not None else {}
+    if ev is not None and ev.calls:
+        meta["engine_calls"] = ev.calls
+    elif not meta.get("engine_calls") and "token_source" not in said:
+        said["token_source"] = "the sample went through no recording generate or sample hook"
     rec["metadata"] = meta
     if said:
         rec[UNRECORDED] = said
