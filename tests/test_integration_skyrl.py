@@ -354,3 +354,34 @@ def test_a_recorder_word_the_adapter_does_not_know_is_one_line_and_exit_2(tmp_pa
     res = cli("check", "--from", "skyrl", tmp_path, *context_args())
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert res.stderr.count("\n") == 1 and f"skyrl-3.jsonl:1: {UNRECORDED}" in res.stderr, res.stderr
+
+
+class SyncingClient(Client):
+    """A client whose weights are synced while a call runs (the fully-async trainer's pause/resume)."""
+
+    async def generate(self, input_batch, model=None):
+        out = await super().generate(input_batch, model)
+        self.weight_version += 1
+        return {**out, "response_logprobs": [[-0.5] * len(ids) for ids in out["response_ids"]]}
+
+
+def test_a_call_keeps_its_log_probs_and_both_weight_versions_when_a_sync_moved_them():
+    inner = SyncingClient([{"prompt_token_ids": [1, 2], "response_ids": [3, EOS]}])
+    client = integ.RecordingClient(inner)
+    prompt = [1, 2]
+    out = asyncio.run(client.generate({"prompt_token_ids": [prompt], "session_ids": ["a_0"]}, model="m"))
+    out["response_ids"][0].append(EOS)  # what the agent loop may do after a stop string
+    prompt.append(9)
+    assert client.calls == {
+        "a_0": [
+            {
+                "prompt_token_ids": [1, 2],
+                "response_ids": [3, EOS],
+                "stop_reason": "stop",
+                "response_logprobs": [-0.5, -0.5],
+                "weight_version": 4,
+                "weight_version_at_return": 5,
+            }
+        ]
+    }
+    assert client.weight_version == 5  # every other attribute is the client's own

@@ -14,9 +14,9 @@ these shapes). What each override does (file:line in that wheel):
   wrapped in a `RecordingGenerator`. The client wrapper keeps, per `session_ids` entry of every
   `generate` call (`InferenceEngineInput`, `inference_servers/base.py:25-37`; the agent loop's session
   is `{instance_id}_{repetition_id}`, `generators/skyrl_gym_generator.py:383-385`, passed at :479-488),
-  the prompt ids it was given and the `response_ids` it returned, copied before the agent loop appends
-  an EOS to that list (:531-545), with the client's `weight_version` at dispatch
-  (`remote_inference_client.py:452-462`). The generator wrapper writes one record per row of each
+  the prompt ids it was given and the `response_ids` (and `response_logprobs`) it returned, copied
+  before the agent loop appends an EOS to that list (:531-545), with the client's `weight_version` at
+  dispatch (`remote_inference_client.py:452-462`), and at return when a weight sync moved it. The generator wrapper writes one record per row of each
   training `GeneratorOutput` (`generators/base.py:40-69`) with those calls joined by session id.
   `get_inference_client` is not overridden: the trainer pickles that client to its policy workers
   (`backends/skyrl_train/workers/worker_dispatch.py:637-646`) and checks `isinstance(...,
@@ -152,17 +152,26 @@ class RecordingClient:
         return getattr(self._inner, name)
 
     async def generate(self, input_batch: Mapping[str, Any], *args: Any, **kwargs: Any) -> Any:
+        sessions = input_batch.get("session_ids") or []
+        prompts = [list(p) for p in input_batch.get("prompt_token_ids") or ()] if sessions else []
         version = getattr(self._inner, "weight_version", None)
         output = await self._inner.generate(input_batch, *args, **kwargs)
-        sessions = input_batch.get("session_ids")
-        prompts = input_batch.get("prompt_token_ids")
-        if sessions and prompts:
-            stops = output.get("stop_reasons") or [None] * len(prompts)
-            for session, prompt, ids, stop in zip(sessions, prompts, output["response_ids"], stops):
-                call = {"prompt_token_ids": list(prompt), "response_ids": list(ids), "stop_reason": stop}
-                if isinstance(version, int):
-                    call["weight_version"] = version
-                self.calls.setdefault(str(session), []).append(call)
+        if not prompts:
+            return output
+        after = getattr(self._inner, "weight_version", None)
+        n = len(prompts)
+        stops = output.get("stop_reasons") or [None] * n
+        logprobs = output.get("response_logprobs") or [None] * n
+        for session, prompt, ids, stop, lp in zip(sessions, prompts, output["response_ids"], stops, logprobs):
+            # copied now: the agent loop appends an EOS to this very list (skyrl_gym_generator.py:531-545)
+            call: dict[str, Any] = {"prompt_token_ids": prompt, "response_ids": list(ids), "stop_reason": stop}
+            if lp is not None:
+                call["response_logprobs"] = list(lp)
+            if isinstance(version, int):
+                call["weight_version"] = version
+                if isinstance(after, int) and after != version:  # the weights moved while it ran
+                    call["weight_version_at_return"] = after
+            self.calls.setdefault(str(session), []).append(call)
         return output
 
 
