@@ -49,10 +49,12 @@ class Client:
     weight_version = 4
 
     def __init__(self, calls):
-        self.answers = {tuple(c["prompt_token_ids"]): c["response_ids"] for c in calls}
+        self.answers = {}  # prompt -> its answers in the fixture's order (a prompt drawn again answers anew)
+        for c in calls:
+            self.answers.setdefault(tuple(c["prompt_token_ids"]), []).append(c["response_ids"])
 
     async def generate(self, input_batch, model=None):
-        ids = [list(self.answers[tuple(p)]) for p in input_batch["prompt_token_ids"]]
+        ids = [list(self.answers[tuple(p)].pop(0)) for p in input_batch["prompt_token_ids"]]
         return {"responses": ["" for _ in ids], "response_ids": ids, "stop_reasons": ["stop" for _ in ids]}
 
 
@@ -61,11 +63,21 @@ class Generator:
     call, the EOS appended to the returned list where the row has it after a stop string."""
 
     def __init__(self, client, rows, step_wise):
-        self.client, self.rows, self.step_wise = client, rows, step_wise
+        self.client, self.rows, self.step_wise = client, list(rows), step_wise
+
+    def take(self, tid):
+        """The next rows of trajectory `tid` (an episode's rows are consecutive)."""
+        at = next(i for i, r in enumerate(self.rows) if TrajectoryID(**r["trajectory_ids"]) == tid)
+        end = at
+        while end < len(self.rows) and TrajectoryID(**self.rows[end]["trajectory_ids"]) == tid:
+            end += 1
+            if not self.step_wise:
+                break
+        mine, self.rows[at:end] = self.rows[at:end], []
+        return mine
 
     async def generate(self, input_batch, disable_tqdm=False):
-        tids = input_batch["trajectory_ids"]
-        mine = [r for r in self.rows if TrajectoryID(**r["trajectory_ids"]) in tids]
+        mine = [r for tid in input_batch["trajectory_ids"] for r in self.take(tid)]
         for r in mine:
             tid = r["trajectory_ids"]
             for call in r["engine_calls"]:
@@ -122,6 +134,12 @@ class FullyAsyncRayPPOTrainer(RayPPOTrainer):
             {"disable_tqdm": True} if "disable_tqdm" in inspect.signature(self.generator.generate).parameters else {}
         )
         return await self.generator.generate(generator_input, **kwargs)  # fully_async_trainer.py:920-930
+
+    def train_groups(self, outputs):
+        """One training step over groups generated earlier: their lists concatenated as
+        `concatenate_generator_outputs` does (generators/utils.py:271-276, the rows' own lists)."""
+        out = {k: [x for o in outputs for x in o[k]] for k in ("response_ids", "rewards")}
+        return self.compute_advantages_and_returns(self.convert_to_training_input(out, []))
 
 
 def experiment(rows, trainer_rows, step, trainer_cls=RayPPOTrainer, step_wise=False):
@@ -385,3 +403,57 @@ def test_a_call_keeps_its_log_probs_and_both_weight_versions_when_a_sync_moved_t
         ]
     }
     assert client.weight_version == 5  # every other attribute is the client's own
+
+
+def _grpo(rewards):
+    """GRPO's outcome advantages of one group: (r - mean) / (Bessel std + 1e-6)."""
+    mean = sum(rewards) / len(rewards)
+    std = (sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1)) ** 0.5
+    return [(r - mean) / (std + 1e-6) for r in rewards]
+
+
+@pytest.mark.parametrize("case", ["two prompts", "one prompt twice", "sign flipped"])
+def test_fully_async_groups_trained_later_keep_their_names_and_their_group_advantages(tmp_path, case):
+    """Two groups scheduled at steps 7 and 9, trained together at step 10: the trainer records are
+    named by the step that scheduled each group. Of two prompts, U603 recomputes each group's GRPO
+    advantages (and a sign flipped is U603). Of one prompt drawn twice (an epoch boundary inside the
+    staleness window), SkyRL's GRPO pools both groups under their one uid: that update's advantages
+    are not written, never a finding."""
+    rows = [dict(r) for r in read_dump(fixture("skyrl", "fully_async"))]
+    if case != "one prompt twice":
+        for r in rows[2:]:
+            r["trajectory_ids"] = {**r["trajectory_ids"], "instance_id": "gsm8k-18"}
+    rewards = [r["rewards"] for r in rows]
+    adv = _grpo(rewards) if case == "one prompt twice" else _grpo(rewards[:2]) + _grpo(rewards[2:])
+    if case == "sign flipped":
+        adv = [-a for a in adv]
+    trainer_rows = [
+        {
+            "advantages": [a] * len(r["response_ids"]),
+            "response_mask": [1] * len(r["response_ids"]),
+            "loss_mask": r["loss_masks"],
+        }
+        for a, r in zip(adv, rows)
+    ]
+    calls = [c for r in rows for c in r["engine_calls"]]
+    exp = integ.audited_experiment(experiment(rows, trainer_rows, 0, FullyAsyncRayPPOTrainer), tmp_path / "dump")()
+    client = Client(calls)
+    gen = exp.get_generator(None, None, client)
+    trainer = exp.get_trainer(None, None, None, None, None, client, gen, None)
+    outputs = []
+    for at, group in ((7, rows[:2]), (9, rows[2:])):
+        trainer.global_step = at
+        tids = [TrajectoryID(**r["trajectory_ids"]) for r in group]
+        meta = BatchMetadata(at - 1, "train")
+        outputs.append(asyncio.run(trainer.group({"trajectory_ids": tids, "batch_metadata": meta})))
+    trainer.global_step = 10
+    trainer.train_groups(outputs)
+    dumped = [r for p in sorted((tmp_path / "dump").iterdir()) for r in read_dump(p)]
+    named = [(r["global_step"], r["global_step_when_scheduled"]) for r in dumped if "advantages" in r]
+    assert named == [(10, 7), (10, 7), (10, 9), (10, 9)]
+    res, rep = _check(tmp_path / "dump")
+    if case == "sign flipped":
+        assert res.exit_code == 1 and {f["code"] for f in rep["findings"]} == {"U603"}, res.output
+    else:
+        assert res.exit_code == 0 and rep["findings"] == [], res.output
+        assert ("U603" in rep["not_run"]) == (case == "one prompt twice")
