@@ -15,6 +15,7 @@ import copy
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -237,3 +238,57 @@ def test_the_page_sets_exactly_the_options_and_variables_the_code_has():
     assert f"{integ.ENV_DIR}=" in command
     keys = re.search(r"keys = \((.*?)\)", text, flags=re.S)
     assert keys and tuple(re.findall(r'"(\w+)"', keys.group(1))) == integ.SAMPLE_KEYS
+
+
+MANAGER = '''
+import ray
+
+
+@ray.remote
+class RolloutManager:
+    """slime's manager in the shape the default converter relies on (slime/ray/rollout.py:366-395,
+    :608-645): a Ray actor class whose conversion reads args, the custom functions and
+    _post_process_rewards."""
+
+    def _post_process_rewards(self, samples):
+        if self.custom_reward_post_process_func is not None:
+            return self.custom_reward_post_process_func(self.args, samples)
+        raw = [s.reward for s in samples]
+        return raw, [r - sum(raw) / len(raw) for r in raw]
+
+    def _convert_samples_to_train_data(self, samples):
+        if self.custom_convert_samples_to_train_data_func is not None:
+            return self.custom_convert_samples_to_train_data_func(self.args, samples)
+        raw, rewards = self._post_process_rewards(samples)
+        masks = [[0] * s.response_length if s.remove_sample else s.loss_mask for s in samples]
+        ids = [s.index for s in samples]
+        return {
+            "sample_indices": ids, "rollout_ids": ids, "rollout_mask_sums": [sum(m) for m in masks],
+            "rewards": rewards, "raw_reward": raw, "loss_masks": masks,
+        }
+'''
+
+
+def test_convert_runs_slimes_own_converter_of_the_ray_actor_class(tmp_path, monkeypatch):
+    """The default converter is the manager's, taken from under `@ray.remote`, on the state it reads;
+    its train data is returned unchanged and written as the train data record."""
+    pytest.importorskip("ray")
+    pkg = tmp_path / "pkg" / "slime" / "ray"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "rollout.py").write_text(MANAGER)
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
+    for name in [m for m in sys.modules if m == "slime" or m.startswith("slime.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setenv(integ.ENV_DIR, str(tmp_path / "dump"))
+    monkeypatch.delenv(integ.ENV_CONVERT, raising=False)
+    samples = [
+        Sample(0, 0, None, [1, 2, 3], 2, 1.0, [1, 1]),
+        Sample(0, 1, None, [1, 2, 4], 2, 0.0, [1, 1], remove_sample=True),
+    ]
+    args = SimpleNamespace(custom_reward_post_process_path=None, **dict.fromkeys(integ.TRAIN_ARGS))
+    data = integ.convert(args, samples)
+    assert data["rewards"] == [0.5, -0.5] and data["loss_masks"] == [[1, 1], [0, 0]]
+    (rec,) = [r for p in (tmp_path / "dump").iterdir() for r in read_dump(p)]
+    assert {k: rec[k] for k in integ.TRAIN_KEYS} == data and set(rec["args"]) == set(integ.TRAIN_ARGS)

@@ -312,13 +312,15 @@ def default_converter(args: Any, samples: list[Any]) -> Any:
     (slime/ray/rollout.py:388-395, :608-645), the custom converter left out (it is this module)."""
     from slime.ray.rollout import RolloutManager
 
+    # the class under `@ray.remote` (rollout.py:366-367): Ray keeps it as __ray_actor_class__
+    manager = getattr(RolloutManager, "__ray_actor_class__", RolloutManager)
     post = getattr(args, "custom_reward_post_process_path", None)
     state: Any = type("ManagerState", (), {})()
     state.args = args
     state.custom_convert_samples_to_train_data_func = None
     state.custom_reward_post_process_func = load(post) if post else None
-    state._post_process_rewards = functools.partial(RolloutManager._post_process_rewards, state)
-    return RolloutManager._convert_samples_to_train_data(state, samples)
+    state._post_process_rewards = functools.partial(manager._post_process_rewards, state)
+    return manager._convert_samples_to_train_data(state, samples)
 
 
 def train_record(args: Any, train_data: Mapping[str, Any], rollout_id: int | None) -> dict[str, Any]:
