@@ -457,3 +457,21 @@ def test_fully_async_groups_trained_later_keep_their_names_and_their_group_advan
     else:
         assert res.exit_code == 0 and rep["findings"] == [], res.output
         assert ("U603" in rep["not_run"]) == (case == "one prompt twice")
+
+
+def test_the_entry_point_without_skyrl_says_so_in_one_line():
+    """As a user starts it where skyrl is not installed (this machine): one line, exit status set."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("skyrl") is not None:
+        pytest.skip("skyrl is installed: the entry point would start training")
+    run = subprocess.run(
+        [sys.executable, "-m", "rollout_audit.integrations.skyrl", "--audit-dir", "d", "trainer.epochs=1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert run.stderr.strip() == "rollout-audit: skyrl is not installed here (skyrl 0.4.0 needs Python >= 3.12)"

@@ -432,6 +432,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         installed: str | None = version("skyrl")
     except PackageNotFoundError:
         installed = None
+    if installed is None:
+        raise SystemExit("rollout-audit: skyrl is not installed here (skyrl 0.4.0 needs Python >= 3.12)")
     if (line := version_warning(installed)) is not None:
         print(line, file=sys.stderr)
     import ray
