@@ -636,3 +636,29 @@ def sha256_hex(value: Any, field: str, where: str) -> str:
     if not isinstance(value, str) or not _HEX64.fullmatch(value):
         raise AdapterError(f"{where}: {field}: expected a 64-digit hex SHA-256, got {short(value)}")
     return value
+
+
+# a recorder's own word on what it could not record, on a dump record: {contract field: reason}
+UNRECORDED = "rollout_audit_unrecorded"
+
+
+def declared(records: Iterable[Mapping[str, Any]], lacks: Mapping[str, str]) -> dict[str, str]:
+    """`lacks` with the reasons the records' recorder gave (`UNRECORDED`) in place of the adapter's:
+    a field the recorder could not record keeps its place in "not run", with the recorder's reason.
+    A reason only names why a field is absent (`contract_table` writes it only where the rows lack
+    the field), so it cannot weaken the audit; a field the adapter does not know is refused."""
+    said: dict[str, list[str]] = {}
+    for n, rec in enumerate(records, 1):
+        value = rec.get(UNRECORDED)
+        if value is None:
+            continue
+        where = getattr(rec, "origin", None) or f"record {n}"
+        if not isinstance(value, Mapping):
+            raise AdapterError(f"{where}: {UNRECORDED} must be an object of field: reason")
+        for field, reason in value.items():
+            if field not in lacks or not isinstance(reason, str):
+                raise AdapterError(f"{where}: {UNRECORDED} names {short(field)}, not a field this adapter declares")
+            reasons = said.setdefault(field, [])
+            if reason not in reasons and len(reasons) < 4:
+                reasons.append(reason[:500])
+    return {**lacks, **{f: "; ".join(r) for f, r in said.items()}}

@@ -58,6 +58,7 @@ from .base import (
     aligned,
     context_values,
     contract_table,
+    declared,
     flags,
     in_range,
     ints,
@@ -317,7 +318,7 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
     if any(r.get("is_last_step") is not None for r in recs):
         rows = _segments(rows, recs)
     _zero_variance_filtered(rows, list(records))
-    table = contract_table(rows, LACKS)
+    table = contract_table(rows, declared(recs, LACKS))
     return with_policy(table, policy(ctx), truncation="penalize", **dapo_settings(ctx))
 
 
@@ -386,21 +387,25 @@ def _trainer_rows(records: Iterable[Mapping[str, Any]]) -> list[tuple[int, Mappi
     return out
 
 
-def _row_ids(rows: list[tuple[int, Mapping[str, Any], str]]) -> list[tuple[str, str, bool]]:
-    """(contract trajectory id, instance id, whether the row's reward formed the statistics) of each
-    trainer row, named as `to_contract` names the generator's rows (step-wise: `{episode}#{k}`)."""
-    ids: list[tuple[str, str, bool | None, int]] = []
+def _row_ids(rows: list[tuple[int, Mapping[str, Any], str]]) -> list[tuple[str, str, bool, str]]:
+    """(contract trajectory id, instance id, whether the row's reward formed the statistics, contract
+    group id) of each trainer row, named as `to_contract` names the generator's rows (step-wise:
+    `{episode}#{k}`)."""
+    ids: list[tuple[str, str, bool | None, int, str]] = []
     counts: dict[str, int] = {}
     for step, rec, where in rows:
-        traj, task, _ = _trajectory(rec, 0, None if step < 0 else step)
+        # the fully-async trainer trains a group at a later step than the one that named its rows
+        named = rec.get("global_step_when_scheduled")
+        at = whole(named, "global_step_when_scheduled", where) if named is not None else step
+        traj, task, group = _trajectory(rec, 0, None if at < 0 else at)
         last = _last_step(rec, where)
         k = counts.get(traj, 0)
         counts[traj] = k + 1
-        ids.append((traj, task, last, k))
+        ids.append((traj, task, last, k, group))
     totals = dict(counts)
     return [
-        (f"{traj}#{k}" if last is not None and totals[traj] > 1 else traj, task, last is not False)
-        for traj, task, last, k in ids
+        (f"{traj}#{k}" if last is not None and totals[traj] > 1 else traj, task, last is not False, group)
+        for traj, task, last, k, group in ids
     ]
 
 
@@ -438,12 +443,17 @@ def updates(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table | 
         }
         est = (rec0.get("advantage_estimator"), bool(rec0.get("grpo_norm_by_std", True)))
         groups: dict[str, int] = {}
+        named_as: dict[str, set[str]] = {}
         for _, _, ids in members:
             if ids[2]:
                 groups[ids[1]] = groups.get(ids[1], 0) + 1
+                named_as.setdefault(ids[1], set()).add(ids[3])
         # SkyRL's GRPO gives a group of one mean 0 and std 1 (ppo_utils.py:1378-1380), where the
-        # contract's GRPO gives 0: such an update's advantages are not written
-        if est in ESTIMATORS and all(c > 1 for c in groups.values()):
+        # contract's GRPO gives 0; and it groups a batch by uid, the instance id (trainer.py:1151-1215):
+        # the fully-async trainer can train two groups of one prompt, scheduled at different steps
+        # (two contract groups), as one. Such an update's advantages are not written
+        pooled = any(len(g) > 1 for g in named_as.values())
+        if est in ESTIMATORS and all(c > 1 for c in groups.values()) and not pooled:
             upd["advantages"] = [_advantage(rec, where) for rec, where, _ in members]
             upd["advantage_estimator"] = ESTIMATORS[est]
         elif est[0] is None:

@@ -46,6 +46,7 @@ from .base import (
     aligned,
     context_values,
     contract_table,
+    declared,
     flags,
     integer,
     ints,
@@ -332,9 +333,10 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
     the actor's token-level terms when the dump holds its records."""
     ctx = context_values(context, CONTEXT)
     records = list(records)
-    rows = rows_of(_samples(records), row, ctx)
+    samples = _samples(records)
+    rows = rows_of(samples, row, ctx)
     _token_terms(rows, records)
-    return contract_table(rows, LACKS)
+    return contract_table(rows, declared(samples, LACKS))
 
 
 _NO_TRAINER_VERSION = "slime's train data does not record the actor's weight version"
