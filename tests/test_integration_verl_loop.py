@@ -102,7 +102,7 @@ def test_registry_builds_the_recording_loop_and_the_record_audits(tmp_path, engi
     assert isinstance(loop.inner.server_manager, RecordingServer)
     out = asyncio.run(loop.run({"temperature": 1.0}, uid="u0", session_id=0, global_steps=4))
     assert out.response_ids == [3, 4, 5] and out.response_logprobs == [-0.5, -0.25, -0.125]
-    recs = read_dump(tmp_path)
+    recs = read_dump(tmp_path / "rollout-audit")
     assert recs[0]["request_id"] == "u0_0_0" and recs[0]["engine_calls"][0]["token_ids"] == [3, 4, 5]
     assert recs[0]["engine_calls"][0]["global_steps"] == 3 and "template_ids" in recs[0]["not_recorded"]
     t = to_contract(recs).to_pylist()[0]

@@ -7,8 +7,8 @@ verl/experimental/agent_loop/agent_loop.py:534-539, :683-693). It builds the use
 it, and writes one record per `AgentLoopOutput` it returns (`integrations.verl.dump`) with every
 engine call the loop made: the ids the engine was given, the ids and stop reason it returned, the
 weight versions of `TokenOutput.extra_fields`. What the loop returns and what the engine returns are
-forwarded unchanged; the records go to `audit_dir`, else `trainer.rollout_data_dir` (verl's own dump,
-which the adapter reads beside them).
+forwarded unchanged; the records go to `audit_dir`, else `<trainer.rollout_data_dir>/rollout-audit` (beside verl's
+own text dump, which the adapter does not read yet).
 
 `CONFIG` is the YAML for verl's two built-in loops (`single_turn_agent`, `tool_agent`): it registers
 this wrapper under their names, so the dataset's `agent_name` column reaches the wrapper unchanged."""
@@ -24,6 +24,8 @@ from typing import Any
 from . import verl as hook
 
 CONFIG = Path(__file__).with_name("verl_agent_loops.yaml")
+# the records' folder under trainer.rollout_data_dir: verl's own {step}.jsonl text dump stays beside it
+SUBDIR = "rollout-audit"
 # what the wrapper cannot see from outside the user's loop: said in every record (`not_recorded`)
 NOT_RECORDED = {
     "template_ids": "the conversation the loop renders stays inside the user's loop (M107 not run)",
@@ -98,7 +100,8 @@ class AuditedAgentLoop:
     ):
         trainer_config = kwargs.get("trainer_config")
         config = getattr(trainer_config, "config", None)
-        directory = audit_dir or _setting(config, "trainer", "rollout_data_dir")
+        verl_dir = _setting(config, "trainer", "rollout_data_dir")
+        directory = audit_dir or (str(Path(verl_dir) / SUBDIR) if verl_dir else None)
         if not directory:
             raise ValueError(
                 "rollout-audit's verl agent loop needs a directory: set trainer.rollout_data_dir "
