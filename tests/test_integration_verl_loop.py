@@ -1,0 +1,136 @@
+"""verl's agent-loop registry builds rollout-audit's recording loop by configuration (no source edit):
+the shipped YAML loaded as verl loads it, `hydra.utils.instantiate` of the entry with the arguments
+verl passes, a user loop inside calling the engine through a real HTTP server on 127.0.0.1; the record
+the adapter reads has the engine's ids, and the output is forwarded unchanged. The drift test fails
+when verl's registry or the arguments it passes change."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+pytest.importorskip("verl")
+pytest.importorskip("cachetools")
+
+
+class _Engine(BaseHTTPRequestHandler):
+    """Stands in for the inference server: returns the next three ids after the prompt."""
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        last = body["prompt_ids"][-1]
+        out = {"token_ids": [last + 1, last + 2, last + 3], "log_probs": [-0.5, -0.25, -0.125]}
+        data = json.dumps(out).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+class HttpClient:
+    """A server manager that posts to the loopback engine and returns verl's TokenOutput."""
+
+    def __init__(self, url):
+        self.url = url
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        import urllib.request
+
+        from verl.workers.rollout.replica import TokenOutput
+
+        req = urllib.request.Request(self.url, json.dumps({"prompt_ids": prompt_ids}).encode(), method="POST")
+        raw = await asyncio.get_running_loop().run_in_executor(None, lambda: urllib.request.urlopen(req).read())
+        out = json.loads(raw)
+        return TokenOutput(stop_reason="completed", extra_fields={"global_steps": 3}, **out)
+
+
+class UserLoop:
+    """A user's loop: one engine call, the AgentLoopOutput verl expects."""
+
+    def __init__(self, server_manager, **kwargs):
+        self.server_manager = server_manager
+
+    async def run(self, sampling_params, **kwargs):
+        from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+
+        out = await self.server_manager.generate("req-1", prompt_ids=[1, 2], sampling_params=sampling_params)
+        return AgentLoopOutput(
+            prompt_ids=[1, 2],
+            response_ids=out.token_ids,
+            response_mask=[1, 1, 1],
+            response_logprobs=out.log_probs,
+            reward_score=1.0,
+            num_turns=2,
+            metrics=AgentLoopMetrics(),
+        )
+
+
+@pytest.fixture
+def engine():
+    srv = HTTPServer(("127.0.0.1", 0), _Engine)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/generate"
+    srv.shutdown()
+
+
+def test_registry_builds_the_recording_loop_and_the_record_audits(tmp_path, engine):
+    import hydra
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+
+    from rollout_audit.adapters.base import read_dump
+    from rollout_audit.adapters.verl import to_contract
+    from rollout_audit.integrations.verl_loop import CONFIG, RecordingServer
+
+    entries = OmegaConf.load(CONFIG)  # as AgentLoopWorker.__init__ loads agent_loop_config_path
+    entry = next(e for e in entries if e.name == "single_turn_agent")
+    entry.agent_loop = f"{__name__}.UserLoop"
+    cfg = OmegaConf.create({"trainer": {"rollout_data_dir": str(tmp_path)}})
+    loop = hydra.utils.instantiate(
+        config=entry, trainer_config=DictConfigWrap(cfg), server_manager=HttpClient(engine), tokenizer=None,
+        processor=None, hf_model_type=None, dataset_cls=None, data_config=DictConfigWrap(cfg), tools=None,
+    )  # fmt: skip
+    assert isinstance(loop.inner.server_manager, RecordingServer)
+    out = asyncio.run(loop.run({"temperature": 1.0}, uid="u0", session_id=0, global_steps=4))
+    assert out.response_ids == [3, 4, 5] and out.response_logprobs == [-0.5, -0.25, -0.125]
+    recs = read_dump(tmp_path / "rollout-audit")
+    assert recs[0]["request_id"] == "u0_0_0" and recs[0]["engine_calls"][0]["token_ids"] == [3, 4, 5]
+    assert recs[0]["engine_calls"][0]["global_steps"] == 3 and "template_ids" in recs[0]["not_recorded"]
+    t = to_contract(recs).to_pylist()[0]
+    assert t["token_source"] == [1, 1, 2, 2, 2] and t["turns"][0]["policy_version"] == 3
+
+
+def test_a_loop_without_a_directory_fails_loudly():
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap
+
+    from rollout_audit.integrations.verl_loop import AuditedAgentLoop
+
+    with pytest.raises(ValueError, match="rollout_data_dir"):
+        AuditedAgentLoop(agent_loop=f"{__name__}.UserLoop", trainer_config=DictConfigWrap(OmegaConf.create({})))
+
+
+def test_drift_verl_registry_and_build_arguments():
+    """What the wrapper relies on in verl: the registry dict and `register`, the config key, the keyword
+    arguments AgentLoopWorker passes to hydra.utils.instantiate, and LLMServerClient.generate's signature."""
+    from verl.experimental.agent_loop import agent_loop
+    from verl.workers.rollout.llm_server import LLMServerClient
+
+    from rollout_audit.integrations.verl_loop import BUILD_ARGS
+
+    assert isinstance(agent_loop._agent_loop_registry, dict) and callable(agent_loop.register)
+    src = inspect.getsource(agent_loop.AgentLoopWorker)
+    assert "agent.agent_loop_config_path" in src and "hydra.utils.instantiate" in src
+    build = inspect.getsource(agent_loop.AgentLoopWorker._run_agent_loop)
+    assert [a for a in BUILD_ARGS if f"{a}=" not in build] == []
+    params = inspect.signature(LLMServerClient.generate).parameters
+    assert list(params)[:4] == ["self", "request_id", "prompt_ids", "sampling_params"]
