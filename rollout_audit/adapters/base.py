@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..contract.capture import KEY as CAPTURE_KEY
 from ..contract.errors import AdapterError
 
 _MISSING = object()
@@ -66,6 +67,9 @@ META_ORIGINS = b"rollout_audit.origins"  # JSON list: the dump record of each tr
 # JSON {"said": one sentence, "settings": {configuration key: value}}: the trainer policy a conversion
 # derived from the trainer's configuration, and the audit settings that state it
 META_POLICY = b"rollout_audit.policy"
+# one line: the recorded sessions a conversion left out because their capture is incomplete
+# (rollout_audit.contract.capture); the audit of the conversion cannot be "ok" with it
+META_INCOMPLETE = b"rollout_audit.incomplete"
 
 
 def with_policy(table: pa.Table, said: str, **settings: Any) -> pa.Table:
@@ -137,7 +141,11 @@ def read_records(path: str | os.PathLike) -> Iterator[Record]:
             if form == "jsonl.gz"
             else iter(lambda: fh.readline(MAX_LINE_BYTES + 1), b"")
         )
+        capture: dict[str, Any] | None = None  # the first line of a recorder's session file
         for n, raw in enumerate(lines, 1):
+            if capture is not None and not raw.endswith(b"\n") and _torn(raw):
+                yield located(torn_line(capture, len(raw)), f"{p}:{n}")
+                break
             total += len(raw)
             if total > MAX_DUMP_BYTES:
                 raise AdapterError(
@@ -161,7 +169,23 @@ def read_records(path: str | os.PathLike) -> Iterator[Record]:
                 raise AdapterError(f"{p}:{n}: {str(e).split(';')[0]}") from None
             if not isinstance(rec, dict):
                 raise AdapterError(f"{p}:{n}: a record must be a JSON object, not {type(rec).__name__}")
+            if n == 1 and rec.get("kind") == "start" and CAPTURE_KEY in rec:
+                capture = rec
             yield located(rec, f"{p}:{n}")
+
+
+def _torn(raw: bytes) -> bool:
+    """A last line without its newline that does not parse: a write the recorder did not finish."""
+    try:
+        json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return True
+    return False
+
+
+def torn_line(start: Mapping[str, Any], size: int) -> dict[str, Any]:
+    """The record standing for a capture file's torn last line: its session is incomplete."""
+    return {CAPTURE_KEY: start[CAPTURE_KEY], "kind": "torn", "session": start.get("session"), "bytes": size}
 
 
 def read_dump(path: str | os.PathLike) -> list[Record]:

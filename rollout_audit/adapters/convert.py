@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from ..contract.errors import AdapterError
 from . import load
-from .base import META_ORIGINS, META_POLICY, dump_files, read_records
+from .base import META_INCOMPLETE, META_ORIGINS, META_POLICY, dump_files, read_records
 
 if TYPE_CHECKING:
     from ..contract.config import Config
@@ -33,6 +33,7 @@ class Converted:
     settings: Mapping[str, Any] = field(default_factory=dict)  # the audit settings that policy implies
     files: tuple[str, ...] = ()  # every dump file read
     skipped: tuple[str, ...] = ()  # the files of a dump directory that are not dump files (named, not read)
+    incomplete: str | None = None  # the recorded sessions left out, their capture incomplete (one line)
 
     def configured(self, cfg: Config) -> Config:
         """`cfg` with the settings of the trainer's policy, for every key the configuration does not set."""
@@ -45,7 +46,9 @@ class Converted:
 
 
 def _plain(table: pa.Table) -> pa.Table:
-    meta = {k: v for k, v in (table.schema.metadata or {}).items() if k not in (META_ORIGINS, META_POLICY)}
+    meta = {
+        k: v for k, v in (table.schema.metadata or {}).items() if k not in (META_ORIGINS, META_POLICY, META_INCOMPLETE)
+    }
     return table.replace_schema_metadata(meta)
 
 
@@ -80,6 +83,7 @@ def convert(framework: str, paths: Sequence[str | os.PathLike], context: Mapping
         policy.get("settings", {}),
         tuple(map(str, files)),
         skipped,
+        incomplete.decode() if (incomplete := (trajectories.schema.metadata or {}).get(META_INCOMPLETE)) else None,
     )
 
 

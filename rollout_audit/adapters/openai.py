@@ -17,7 +17,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..contract import capture as C
 from .base import (
+    META_INCOMPLETE,
     AdapterError,
     at_record,
     context_values,
@@ -29,6 +31,8 @@ from .base import (
     wholes,
     with_policy,
 )
+from .captured import pair as exchange_pair
+from .captured import version_error
 from .steps import (
     Call,
     engine_context,
@@ -149,27 +153,64 @@ def _call(line: Mapping[str, Any], where: str, version: int | None) -> Call:
     return call
 
 
-def _sessions(records: Iterable[dict]) -> dict[str, tuple[list[dict], dict[str, Any]]]:
-    """Pairs and end record of each session, in the order first seen."""
+def _sessions(records: Iterable[dict]) -> tuple[dict[str, tuple[list[dict], dict[str, Any]]], dict[str, str]]:
+    """Pairs and end record of each session, in the order first seen; and for each session the
+    capture recorder wrote (`rollout-audit capture`), why it is incomplete, when it is: no end
+    record, an incomplete marker, a torn last line."""
     out: dict[str, tuple[list[dict], dict[str, Any]]] = {}
+    captured: dict[str, list[str]] = {}  # session -> what makes it incomplete
+    ended: set[str] = set()
     for n, rec in enumerate(records):
         where = getattr(rec, "origin", None) or f"record {n}"
+        if C.KEY in rec and (refused := version_error(rec, where)):
+            raise AdapterError(refused)
         sid = str(need(rec, "session", where))
         pairs, end = out.setdefault(sid, ([], {}))
+        kind = rec.get("kind") if C.KEY in rec else None
+        if C.KEY in rec:
+            gaps = captured.setdefault(sid, [])
+            if kind == "incomplete":
+                gaps.append(f"{where}: {short(rec.get('reason'))}")
+            elif kind == "torn":
+                gaps.append(f"{where}: a torn last line ({rec.get('bytes')} bytes: the recorder stopped mid-write)")
+            elif kind == "exchange":
+                got = at_record(rec, exchange_pair, rec, where)
+                if got is not None:
+                    pairs.append(got)
+                continue
+            elif kind not in ("start", "end"):
+                raise AdapterError(f"{where}: kind: {short(kind)} is not one of {', '.join(C.KINDS)}")
         if "end" in rec:
+            ended.add(sid)
             fields = rec["end"]
             if not isinstance(fields, Mapping):
                 raise AdapterError(f"{where}: end: expected an object, got {type(fields).__name__} {short(fields)}")
             end.update({k: option(fields, k, f"{where}: end") for k in END_FIELDS if fields.get(k) is not None})
-        else:
+        elif kind is None:
             pairs.append(rec)
-    return out
+    incomplete = {
+        sid: "; ".join(
+            gaps or ["no end record (POST /sessions/ID/end never came: the session ran on, or the recorder stopped)"]
+        )
+        for sid, gaps in captured.items()
+        if gaps or sid not in ended
+    }
+    for pairs, _ in out.values():  # a recorder numbers a session's exchanges as it dispatched them
+        if pairs and "weight_version" in pairs[0]:
+            pairs.sort(key=_turn)
+    return out, incomplete
+
+
+def _turn(pair: Mapping[str, Any]) -> int:
+    """The turn a recorder gave an exchange (0 when it gave none)."""
+    t = pair.get("turn")
+    return t if isinstance(t, int) else 0
 
 
 def _episode(sid: str, pairs: list[dict], end: Mapping[str, Any], context: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Contract records of one session."""
     version = end.get("policy_version", option(context, "policy_version"))
-    calls = [at_record(p, _call, p, f"session {sid} record {k}", version) for k, p in enumerate(pairs)]
+    calls = [at_record(p, _call, p, f"session {sid} record {k}", _dispatched(p, version)) for k, p in enumerate(pairs)]
     segments = merge(calls, f"session {sid}")
     extra, common = outcome(sid, end, context)
     return [{**common, **row} for row in episode_rows(sid, segments, extra)]
@@ -179,14 +220,40 @@ def _episode(sid: str, pairs: list[dict], end: Mapping[str, Any], context: Mappi
 def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     """Contract trajectories from recorded OpenAI-compatible sessions."""
     context = context_values(context, CONTEXT)
+    sessions, incomplete = _sessions(records)
     rows: list[Mapping[str, Any]] = [
         {**r, **origin(pairs[0] if pairs else {})}
-        for sid, (pairs, end) in _sessions(records).items()
+        for sid, (pairs, end) in sessions.items()
+        if sid not in incomplete
         for r in _episode(sid, pairs, end, context)
     ]
     said, truncation = trainer_policy(context)
+    if incomplete and not rows:
+        raise AdapterError(incomplete_line(incomplete, len(sessions)))
     table = contract_table(rows, LACKS, "openai")
+    if incomplete:  # the complete sessions are audited; the audit cannot be "ok" (session.dumps)
+        meta = {**(table.schema.metadata or {}), META_INCOMPLETE: incomplete_line(incomplete, len(sessions)).encode()}
+        table = table.replace_schema_metadata(meta)
     return with_policy(table, said, truncation=truncation) if truncation else table
+
+
+def incomplete_line(incomplete: Mapping[str, str], sessions: int, shown: int = 5) -> str:
+    """'not run: capture incomplete: 2 of 64 recorded sessions: s3 (…); s9 (…)'."""
+    named = "; ".join(f"session {sid}: {why}" for sid, why in list(incomplete.items())[:shown])
+    more = f"; and {len(incomplete) - shown} more" if len(incomplete) > shown else ""
+    return f"not run: capture incomplete: {len(incomplete)} of {sessions} sessions not audited: {named}{more}"
+
+
+def _dispatched(pair: Mapping[str, Any], version: int | None) -> int | None:
+    """The policy version a recorded exchange was dispatched under (the trainer's header or the
+    version posted to the recorder, else the engine's `weight_version` field) when it is an
+    integer; else the session's (its end record, the context). SGLang's default "default" names none."""
+    said = pair.get("weight_version")
+    if isinstance(said, int) and not isinstance(said, bool):
+        return said
+    if isinstance(said, str) and said.isdigit() and len(said) <= 18:
+        return int(said)
+    return version
 
 
 def logprob_ids(choice: Mapping[str, Any]) -> list[int | None] | None:

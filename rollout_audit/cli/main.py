@@ -270,5 +270,8 @@ def faults_matrix(src, parts) -> None:
     sys.exit(commands.fault_matrix(src, parts, click.echo))
 
 
+main.add_command(__import__("rollout_audit.capture.command", fromlist=["capture"]).capture)  # the recorder proxy
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

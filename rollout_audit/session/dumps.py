@@ -112,6 +112,8 @@ def relabel(rep: Report, conv: Converted, root: str) -> Report:
     rep.summary["dump_files"] = len(conv.files)  # how much of the dump was read, and what was not
     if conv.skipped:
         rep.summary["dump_files_not_read"] = list(conv.skipped)
+    if conv.incomplete:  # sessions the recorder did not record whole: not audited, so never "ok"
+        rep.unfulfilled["capture"] = text(conv.incomplete)
     if conv.policy:
         rep.summary["trainer_policy"] = conv.policy
         rep.summary["trainer_policy_settings"] = dict(conv.settings)

@@ -1,0 +1,395 @@
+"""A passive recording proxy in front of an OpenAI-compatible server (vLLM, SGLang, a router).
+
+Every request is forwarded to the upstream as the client sent it (its body byte for byte, its
+headers but the hop-by-hop ones), and every response back as the upstream sent it, streamed
+chunk by chunk when it streams; nothing is added, rendered or converted. Each exchange is one
+line of `rollout_audit.contract.capture` in the session's file, written with one `write` and
+synced to disk before the client can hold the whole response: a non-streamed body is sent after
+the sync; a stream's chunks go out as they arrive, but the chunk holding `data: [DONE]` and the
+end of the response only after it.
+
+Routes (on the recorder's own address):
+
+- `/sessions/{id}/…` forwards `…` to the upstream, recorded as session `id`; any other path is
+  forwarded as it is, recorded under the session of the `X-Rollout-Session` header;
+- `POST /sessions/{id}/end` (or `POST /end` with the header), a JSON object of `stop_reason`,
+  `reward`, `policy_version`, `task_id`, `group_id`: the session's end, answered once every
+  exchange of the session in flight is recorded; never forwarded;
+- `POST /capture/weight_version` `{"version": N}`: the policy version stamped on the exchanges
+  dispatched from then on (a request's own `X-Weight-Version` header wins); never forwarded.
+
+A request without a session is forwarded unrecorded when it is a GET (a client listing models)
+and refused (400) otherwise: a recorder that drops what it was asked to record would pass in
+silence. An unreachable upstream is answered 502, a timeout 504, both recorded; an upstream's
+own error is relayed as it is. Memory per exchange is bounded by `max_body` (a larger response is
+forwarded whole, not recorded, and its session marked incomplete); sessions hold no open file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+
+from ..contract import capture as F
+
+HOP = frozenset(
+    h.lower()
+    for h in (
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Host",
+        "Content-Length",
+    )
+)
+_SESSION_PATH = re.compile(rf"^/sessions/({F.SESSION_PATTERN})(/.*)?$")
+_SESSION = re.compile(rf"^{F.SESSION_PATTERN}$")
+DONE = b"data: [DONE]"
+
+
+@dataclass
+class Session:
+    """What the recorder keeps of a live session: the next turn, the exchanges in flight, a write lock."""
+
+    turns: int = 0
+    inflight: int = 0
+    idle: asyncio.Condition = field(default_factory=asyncio.Condition)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class Recorder:
+    """The proxy: `app()` is its aiohttp application."""
+
+    def __init__(
+        self,
+        upstream: str,
+        out: str | os.PathLike,
+        *,
+        max_body: int = 64 << 20,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 600.0,
+        version: str = "",
+    ) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.out = Path(out)
+        self.max_body = max_body
+        self.timeout = ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
+        self.version = version
+        self.weight_version: str | None = None
+        self.sessions: dict[str, Session] = {}
+        self.client: ClientSession | None = None
+
+    # ------------------------------------------------------------ the application
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    async def _start(self, _: web.Application) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        # no pool limit: 64 sessions streaming at once each hold one upstream connection
+        self.client = ClientSession(
+            connector=TCPConnector(limit=0),
+            timeout=self.timeout,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+        )
+
+    async def _stop(self, _: web.Application) -> None:
+        if self.client is not None:
+            await self.client.close()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        if path == "/capture/weight_version" and request.method == "POST":
+            return await self._set_weight_version(request)
+        sid, rest = self._session(request)
+        if sid is not None and not _SESSION.match(sid):
+            return _refuse(400, f"session {sid[:80]!r} is not {F.SESSION_PATTERN}")
+        if rest == "/end" and request.method == "POST":
+            if sid is None:
+                return _refuse(400, f"POST /end needs a session: /sessions/ID/end or the {F.SESSION_HEADER} header")
+            return await self._end(request, sid)
+        if sid is None and request.method != "GET":
+            return _refuse(
+                400, f"no session: send to /sessions/ID/… or set the {F.SESSION_HEADER} header (nothing forwarded)"
+            )
+        return await self._forward(request, sid, rest)
+
+    def _session(self, request: web.Request) -> tuple[str | None, str]:
+        """The session of a request and the upstream path it goes to."""
+        m = _SESSION_PATH.match(request.path)
+        if m:
+            return m.group(1), m.group(2) or "/"
+        return request.headers.get(F.SESSION_HEADER), request.path
+
+    # ------------------------------------------------------------ forwarding
+
+    async def _forward(self, request: web.Request, sid: str | None, path: str) -> web.StreamResponse:
+        assert self.client is not None
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
+        url = self.upstream + path + (f"?{request.query_string}" if request.query_string else "")
+        if sid is None:
+            return await self._pass(request, url, headers, body)
+        state = self.sessions.setdefault(sid, Session())
+        turn, state.turns = state.turns, state.turns + 1
+        state.inflight += 1
+        version, source = request.headers.get(F.WEIGHT_HEADER), "header"
+        if version is None:
+            version, source = self.weight_version, "set"
+        line: dict[str, Any] = {
+            F.KEY: F.VERSION,
+            "kind": "exchange",
+            "session": sid,
+            "turn": turn,
+            "method": request.method,
+            "path": path,
+            "endpoint": _endpoint(path),
+            "dispatched_at": time.time(),
+            "weight_version": version,
+            "weight_version_from": source if version is not None else None,
+            "request_body": F.body(body),
+        }
+        try:
+            return await self._exchange(request, sid, url, headers, body, line)
+        finally:
+            state.inflight -= 1
+            async with state.idle:
+                state.idle.notify_all()
+
+    async def _exchange(
+        self, request: web.Request, sid: str, url: str, headers: dict[str, str], body: bytes, line: dict[str, Any]
+    ) -> web.StreamResponse:
+        """Forward one recorded request; record the exchange before the client holds all of the response."""
+        assert self.client is not None
+        try:
+            upstream = await self.client.request(request.method, url, headers=headers, data=body, allow_redirects=False)
+        except (ClientError, OSError, asyncio.TimeoutError) as e:
+            timed_out = isinstance(e, asyncio.TimeoutError)
+            status = 504 if timed_out else 502
+            why = f"upstream {self.upstream} {'timed out' if timed_out else 'unreachable'}: {type(e).__name__}: {e}"
+            reply = _error_body(why, "upstream_timeout" if timed_out else "upstream_unreachable")
+            line |= {"status": status, "content_type": "application/json", "response_body": F.body(reply)}
+            await self._write(sid, line | {"completed_at": time.time(), "error": why})
+            return web.Response(status=status, body=reply, content_type="application/json")
+        async with upstream:
+            line |= {"status": upstream.status, "content_type": upstream.headers.get("Content-Type")}
+            if upstream.headers.get("Content-Encoding"):
+                line["content_encoding"] = upstream.headers["Content-Encoding"]
+            out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP}
+            streamed = upstream.headers.get("Content-Length") is None
+            if not streamed:
+                try:
+                    data = await upstream.read()
+                except (ClientError, asyncio.TimeoutError) as e:
+                    return await self._broken(request, sid, line, b"", f"upstream failed mid-response: {e!r}", None)
+                if len(data) > self.max_body:
+                    await self._write(sid, line | {"completed_at": time.time(), "response_body": None})
+                    await self._incomplete(sid, f"turn {line['turn']}: a response of {len(data)} bytes, over the limit")
+                else:
+                    await self._write(sid, line | {"completed_at": time.time(), "response_body": F.body(data)})
+                return web.Response(status=upstream.status, body=data, headers=out_headers)
+            response = web.StreamResponse(status=upstream.status, headers=out_headers)
+            await response.prepare(request)
+            kept: list[bytes] | None = []
+            size = 0
+            held = b""
+            try:
+                async for chunk in upstream.content.iter_any():
+                    size += len(chunk)
+                    if kept is not None:
+                        if size > self.max_body:
+                            kept = None
+                        else:
+                            kept.append(chunk)
+                    if held or DONE in chunk:  # the end of the stream waits for the record
+                        held += chunk
+                    else:
+                        await response.write(chunk)
+            except (ClientError, asyncio.TimeoutError) as e:
+                return await self._broken(
+                    request, sid, line, b"".join(kept or []), f"upstream failed mid-stream: {e!r}", response, held
+                )
+            except (ConnectionError, RuntimeError) as e:  # the client went away
+                return await self._broken(
+                    request, sid, line, b"".join(kept or []), f"client gone mid-stream: {e!r}", None
+                )
+            if kept is None:
+                await self._write(sid, line | {"completed_at": time.time(), "response_body": None})
+                await self._incomplete(sid, f"turn {line['turn']}: a stream of {size} bytes, over the limit")
+            else:
+                await self._write(sid, line | {"completed_at": time.time(), "response_body": F.body(b"".join(kept))})
+            try:
+                if held:
+                    await response.write(held)
+                await response.write_eof()
+            except (ConnectionError, RuntimeError) as e:
+                await self._incomplete(sid, f"turn {line['turn']}: client gone before the end of the stream: {e!r}")
+            return response
+
+    async def _broken(
+        self,
+        request: web.Request,
+        sid: str,
+        line: dict[str, Any],
+        got: bytes,
+        why: str,
+        response: web.StreamResponse | None,
+        held: bytes = b"",
+    ) -> web.StreamResponse:
+        """An exchange cut off mid-way: what arrived is recorded with the reason, the session marked
+        incomplete, and the client's connection closed without a clean end (as the upstream's was)."""
+        await self._write(sid, line | {"completed_at": time.time(), "response_body": F.body(got), "error": why})
+        await self._incomplete(sid, f"turn {line['turn']}: {why}")
+        if response is not None:
+            if held:
+                try:
+                    await response.write(held)
+                except (ConnectionError, RuntimeError):
+                    pass
+            if request.transport is not None:
+                request.transport.abort()
+            return response
+        if request.transport is not None:
+            request.transport.abort()
+        return web.Response(status=502)
+
+    async def _pass(self, request: web.Request, url: str, headers: dict[str, str], body: bytes) -> web.StreamResponse:
+        """A request of no session (a GET): forwarded and relayed, not recorded."""
+        assert self.client is not None
+        try:
+            async with self.client.request(
+                request.method, url, headers=headers, data=body, allow_redirects=False
+            ) as upstream:
+                data = await upstream.read()
+                out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP}
+                return web.Response(status=upstream.status, body=data, headers=out_headers)
+        except (ClientError, OSError, asyncio.TimeoutError) as e:
+            why = f"upstream {self.upstream} unreachable: {type(e).__name__}: {e}"
+            return web.Response(
+                status=502, body=_error_body(why, "upstream_unreachable"), content_type="application/json"
+            )
+
+    # ------------------------------------------------------------ the recorder's own calls
+
+    async def _end(self, request: web.Request, sid: str) -> web.Response:
+        try:
+            fields = json.loads(await request.read() or b"{}")
+        except ValueError as e:
+            return _refuse(400, f"end: the body is not JSON: {e}")
+        if not isinstance(fields, dict):
+            return _refuse(400, "end: the body must be a JSON object")
+        state = self.sessions.setdefault(sid, Session())
+        async with state.idle:  # every exchange dispatched before the end is recorded before it
+            await state.idle.wait_for(lambda: state.inflight == 0)
+        await self._write(sid, {F.KEY: F.VERSION, "kind": "end", "session": sid, "end": fields})
+        turns = state.turns
+        if state.inflight == 0:
+            self.sessions.pop(sid, None)
+        return web.json_response({"session": sid, "exchanges": turns})
+
+    async def _set_weight_version(self, request: web.Request) -> web.Response:
+        try:
+            doc = json.loads(await request.read())
+        except ValueError as e:
+            return _refuse(400, f"weight_version: the body is not JSON: {e}")
+        version = doc.get("version") if isinstance(doc, dict) else None
+        if version is None or isinstance(version, bool) or not isinstance(version, (int, str)):
+            return _refuse(400, 'weight_version: expected {"version": N}')
+        self.weight_version = str(version)
+        return web.json_response({"weight_version": self.weight_version})
+
+    # ------------------------------------------------------------ the record
+
+    async def _incomplete(self, sid: str, reason: str) -> None:
+        await self._write(sid, {F.KEY: F.VERSION, "kind": "incomplete", "session": sid, "reason": reason})
+
+    async def _write(self, sid: str, record: dict[str, Any]) -> None:
+        """Append one line to the session's file and sync it (in a worker thread, never on the loop)."""
+        state = self.sessions.setdefault(sid, Session())
+        data = (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode("utf-8")
+        async with state.lock:
+            await asyncio.to_thread(self._append, sid, data)
+
+    def _append(self, sid: str, data: bytes) -> None:
+        path = self.out / f"{sid}.jsonl"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size:
+                _cut_torn_tail(fd, path)
+            if os.fstat(fd).st_size == 0:
+                start = {F.KEY: F.VERSION, "kind": "start", "session": sid, "upstream": self.upstream}
+                start |= {"recorder": self.version, "started_at": time.time()}
+                data = (json.dumps(start, separators=(",", ":")) + "\n").encode() + data
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _cut_torn_tail(fd: int, path: Path) -> None:
+    """A file a killed recorder left with a torn last line is cut back to its last whole line
+    before anything is appended (the torn line was never answered: its client saw no response)."""
+    size = os.fstat(fd).st_size
+    with path.open("rb") as fh:
+        fh.seek(max(0, size - 1))
+        if fh.read(1) == b"\n":
+            return
+        back = min(size, 1 << 20)
+        while True:
+            fh.seek(size - back)
+            tail = fh.read(back)
+            cut = tail.rfind(b"\n")
+            if cut >= 0 or back == size:
+                os.truncate(path, size - back + cut + 1 if cut >= 0 else 0)
+                return
+            back = min(size, back * 2)
+
+
+def _endpoint(path: str) -> str:
+    """`chat/completions` of `/v1/chat/completions`, `generate` of `/generate`."""
+    p = path.lstrip("/")
+    return p[3:] if p.startswith("v1/") else p
+
+
+def _error_body(message: str, kind: str) -> bytes:
+    return json.dumps({"error": {"message": message, "type": kind, "code": None}}).encode()
+
+
+def _refuse(status: int, message: str) -> web.Response:
+    return web.Response(
+        status=status, body=_error_body(f"rollout-audit capture: {message}", "capture"), content_type="application/json"
+    )
+
+
+async def serve(recorder: Recorder, host: str, port: int, ready: Any = None) -> None:
+    """Run `recorder` on host:port until cancelled; `ready(url)` is called once it listens."""
+    runner = web.AppRunner(recorder.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    try:
+        bound = runner.addresses[0][1] if runner.addresses else port
+        if ready is not None:
+            ready(f"http://{host}:{bound}")
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
