@@ -74,8 +74,7 @@ def convert_then_check_equals_check_from(
     converted = cli("convert", "--from", name, src, out, *ctx)
     assert converted.exit_code == 0, converted.output + converted.stderr
     direct = cli("check", "--from", name, src, *ctx, "--format", "json", *options)
-    word = [] if "--config" in options else users_word(converted, tmp_path)
-    after = cli("check", out, "--format", "json", *options, *word)
+    after = cli("check", out, "--format", "json", *with_users_word(options, converted, tmp_path))
     assert (direct.exit_code, findings(direct)) == (after.exit_code, findings(after)), (direct.output, after.output)
     assert json.loads(direct.stdout)["not_run"] == json.loads(after.stdout)["not_run"]
     return findings(direct)
@@ -83,13 +82,29 @@ def convert_then_check_equals_check_from(
 
 def users_word(converted: Result, tmp: Path) -> list[str]:
     """What the user states to audit a converted log as `check --from` audits the dump: the adapter
-    vouched that its trainer records no loss denominators, which the log cannot say of itself
-    (`--config` with denominator_not_recorded = true, when `convert` said so on stderr)."""
-    if "denominator_not_recorded = true" not in converted.stderr:
+    vouched for the required columns its trainer does not record (`not_recorded = [...]`) and for
+    the loss denominators (`denominator_not_recorded = true`), which the log cannot say of itself;
+    a `--config` with what `convert` said on stderr."""
+    lines = re.findall(r"(not_recorded = \[[^]]*\]|denominator_not_recorded = true)", converted.stderr)
+    if not lines:
         return []
     mine = tmp / "users-word.toml"
-    mine.write_text("[tool.rollout-audit]\ndenominator_not_recorded = true\n")
+    mine.write_text("[tool.rollout-audit]\n" + "\n".join(dict.fromkeys(lines)) + "\n")
     return ["--config", str(mine)]
+
+
+def with_users_word(options: tuple[str, ...], converted: Result, tmp: Path) -> list[str]:
+    """`options` with what `convert` asked the user to state (`users_word`), added to the `--config`
+    file the options name (its settings last in it) or as a `--config` of its own."""
+    word = users_word(converted, tmp)
+    if not word or "--config" not in options:
+        return [*options, *word]
+    out = list(options)
+    i = out.index("--config") + 1
+    both = tmp / "users-config.toml"
+    both.write_text(Path(out[i]).read_text() + "\n" + Path(word[1]).read_text().split("\n", 1)[1])
+    out[i] = str(both)
+    return out
 
 
 _MISSING = object()

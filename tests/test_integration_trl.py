@@ -30,7 +30,9 @@ CHATML = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 TOOL = "\n<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
-CFG = ra.Config(grpo_epsilon=1e-4)  # TRL's group std: Bessel-corrected, ε = 1e-4
+# TRL records no behaviour log-probs: a log on disk cannot waive that column itself, the user says it
+NOT_RECORDED = ["behavior_logprobs"]
+CFG = ra.Config(grpo_epsilon=1e-4, not_recorded=NOT_RECORDED)  # TRL's group std: Bessel-corrected, ε = 1e-4
 # the bug injected into the rollout_func's output, by optimizer step (one generation per step)
 SCHEDULE = {0: "clean", 1: "env_mask_ones", 2: "raw_logprobs", 3: "retokenize"}
 
@@ -284,10 +286,10 @@ def test_default_path_log_audits_with_window_denominator(default_run):
     assert "TRL does not record behaviour log-probs" in rep.not_run["L201"]
     assert rep.codes("error") == set(), rep.render()
     assert 'truncation = "penalize"' in (log / "pyproject.toml").read_text()
-    assert ra.audit(log).codes("error") == set()
+    assert ra.audit(log, config=ra.Config(not_recorded=NOT_RECORDED)).codes("error") == set()
     # TRL rewards and trains on length-capped completions: a user who sets truncation = exclude is told
     truncated = pl.read_parquet(log / "trajectories")["truncated"].any()
-    strict = ra.audit(log, config=ra.Config(grpo_epsilon=1e-4, truncation="exclude"))
+    strict = ra.audit(log, config=ra.Config(grpo_epsilon=1e-4, truncation="exclude", not_recorded=NOT_RECORDED))
     assert strict.codes("error") == ({"T304", "U606"} if truncated else set()), strict.render()
     assert pq.read_schema(next((log / "trajectories").iterdir())).metadata[b"rollout_log.schema_version"] == b"1.3"
 
@@ -393,7 +395,7 @@ def test_defaults_audit_under_the_policy_trl_follows(capped_run):
     t = pl.read_parquet(log / "trajectories")
     assert t["truncated"].all() and t["reward"].is_not_null().all() and "loss_excluded" not in t.columns
     _all_reports_clean(trainer)
-    assert ra.audit(log).codes("error") == set()
+    assert ra.audit(log, config=ra.Config(not_recorded=NOT_RECORDED)).codes("error") == set()
 
 
 def test_masked_truncation_audits_as_what_it_is(masked_run):
@@ -407,7 +409,7 @@ def test_masked_truncation_audits_as_what_it_is(masked_run):
     ups = pl.read_parquet(log / "updates")
     assert ups["window_tokens"].to_list() == [0.0] and ups["loss_denominator"].to_list() == [1.0]  # TRL's clamp
     _all_reports_clean(trainer)
-    rep = ra.audit(log)
+    rep = ra.audit(log, config=ra.Config(not_recorded=NOT_RECORDED))
     assert rep.codes("error") == set() and not {"T304", "M102", "U601", "U606"} & rep.codes(), rep.render()
 
 

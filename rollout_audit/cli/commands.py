@@ -439,7 +439,7 @@ def convert(opts: options.ConvertOptions, echo: Echo) -> None:
     from ..contract.config import Config
     from ..reporting.outputs import atomic_directory, check_new_directory, check_output
     from ..reporting.report import printable
-    from ..session.dumps import adapter_waives_denominators, policy_table, with_policy
+    from ..session.dumps import adapter_waives, adapter_waives_denominators, policy_table, with_policy
     from ..writing import write_table
 
     framework, src, dst = opts.framework, opts.src, opts.dst
@@ -462,7 +462,13 @@ def convert(opts: options.ConvertOptions, echo: Echo) -> None:
             (tmp / "pyproject.toml").write_text(policy_table(conv))
     said = f"; the trainer's policy in {Path(dst) / 'pyproject.toml'}" if conv.settings else ""
     echo(f"wrote {dst} ({trajectories.num_rows} trajectories{said})")
-    if adapter_waives_denominators(conv):  # the adapter's word does not travel inside the log
+    if waived := adapter_waives(conv):  # the adapter's word does not travel inside the log
+        echo(
+            f"rollout-audit: note: {printable(dst)}: {framework}'s dump does not record {', '.join(waived)}; "
+            f"audit it with not_recorded = {json.dumps(waived)} in your own configuration (--config FILE)",
+            err=True,
+        )
+    if adapter_waives_denominators(conv):
         echo(
             f"rollout-audit: note: {printable(dst)}: {framework}'s update records carry no loss reduction nor "
             "denominator; audit it with denominator_not_recorded = true in your own configuration (--config FILE)",

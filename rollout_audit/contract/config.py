@@ -183,6 +183,13 @@ class Config(BaseModel):
         "sets it): a log whose update files declare both not recorded (rollout_log.not_recorded) is audited without "
         "them. Never from a configuration inside the log: a log cannot waive its own denominators.",
     )
+    not_recorded: list[str] = Field(
+        default_factory=list,
+        description='Required columns the trainer does not record (e.g. ["behavior_logprobs", "reward"]; '
+        "`turns.policy_version` for a turn field), each one the contract lets a producer leave out "
+        "(not_recorded_waivable): a file that declares such a column not recorded (rollout_log.not_recorded) "
+        "is audited without it. Never from a configuration inside the log: a log cannot waive its own columns.",
+    )
     max_turn_log_ratio: float = Field(
         0.6931, gt=0, description="|log pi_other / pi_behaviour| of a turn above which it is extreme."
     )
@@ -225,6 +232,28 @@ class Config(BaseModel):
         if any(not c.strip() for c in v):
             raise ValueError("an empty code or prefix matches every check; remove it")
         return v
+
+    @field_validator("not_recorded")
+    @classmethod
+    def _waivable(cls, v: list[str]) -> list[str]:
+        """Only what the contract lets a producer leave out: `loss_mask` is required of every producer."""
+        from .schema import waivable_names
+
+        bad = sorted({c.removeprefix("updates.") for c in v} - waivable_names())
+        if bad:
+            raise ValueError(
+                f"{bad[0]!r} cannot be left out: the columns a trainer may not record are "
+                + ", ".join(sorted(waivable_names()))
+            )
+        return v
+
+    def waived(self) -> frozenset[str]:
+        """The required columns the user says the trainer does not record: `not_recorded`, and the
+        loss reduction and denominator under `denominator_not_recorded`."""
+        from .schema import USER_WAIVED
+
+        said = frozenset(c.removeprefix("updates.") for c in self.not_recorded)
+        return said | USER_WAIVED if self.denominator_not_recorded else said
 
     @field_validator("replay_checkpoints")
     @classmethod

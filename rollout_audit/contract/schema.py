@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -166,33 +166,38 @@ def meta_object(meta: Mapping[bytes, bytes] | None, key: bytes) -> dict:
     return d if isinstance(d, dict) else {}
 
 
-# Required columns a file's `not_recorded` waives only when the user says so too (configuration
-# `denominator_not_recorded`, which `check --from rllm` sets): a log that drops the loss denominators
-# would otherwise switch off U601/U602 on its own word
+# Required columns a file's `not_recorded` waives only together (configuration
+# `denominator_not_recorded` says both): a log that states its reduction states its denominator too
 USER_WAIVED = frozenset({"reduction", "loss_denominator"})
 
 
-def not_recorded(meta: Mapping[bytes, bytes] | None, user_waived: bool = True) -> dict[str, str]:
+def waivable_names() -> frozenset[str]:
+    """The required columns the contract lets a producer leave out (`not_recorded_waivable`)."""
+    return frozenset(contract().get("not_recorded_waivable", {}))
+
+
+def not_recorded(meta: Mapping[bytes, bytes] | None, believed: Collection[str]) -> dict[str, str]:
     """Columns a file declares its framework does not record, with the reason (empty when the
     metadata is absent or not a JSON object of strings: a hostile value is ignored, not trusted).
-    `user_waived`: the user says the trainer records none of USER_WAIVED, so the file may name them;
-    an audit passes what the user said (the declaration as written keeps them)."""
+    The one rule of trust for a file's word on itself: a required column is waived only when it is
+    in `believed`, what the user's configuration says the trainer does not record (`Config.waived`)
+    or, for a table an adapter built in memory, every waivable column (`waivable_names()`). A
+    file on disk never waives a required column on its own word; optional ones it may name freely
+    (that only gives the reason a check is not run)."""
     d = meta_object(meta, META_NOT_RECORDED)
     said = {str(k)[:200]: str(v)[:500] for k, v in d.items() if isinstance(k, str) and isinstance(v, str)}
-    return {k: v for k, v in said.items() if waivable(k, said, user_waived)}
+    return {k: v for k, v in said.items() if waivable(k, said, believed)}
 
 
-def waivable(name: str, declared: Mapping[str, str], user_waived: bool = False) -> bool:
+def waivable(name: str, declared: Mapping[str, str], believed: Collection[str]) -> bool:
     """A file's `not_recorded` may name `name`: an optional or recommended column, or a required one
-    the contract lists in `not_recorded_waivable` (reduction and loss_denominator only together, and
-    only with `user_waived`: rLLM records neither; a log that states its reduction states its
-    denominator too)."""
+    the contract lists in `not_recorded_waivable` that `believed` holds (reduction and
+    loss_denominator only together: rLLM records neither; a log that states its reduction states
+    its denominator too)."""
     bare = name.removeprefix("updates.")
     if bare not in _required_names():
         return True
-    if bare not in contract().get("not_recorded_waivable", {}):
-        return False
-    if bare in USER_WAIVED and not user_waived:
+    if bare not in waivable_names() or bare not in believed:
         return False
     pair = {"reduction": "loss_denominator", "loss_denominator": "reduction"}.get(bare)
     return pair is None or pair in declared or f"updates.{pair}" in declared

@@ -34,7 +34,7 @@ def batches(
     pending: list[Part] = []
     rows = tokens = 0
     limits = (cfg.max_row_group_bytes, cfg.max_tokens_per_trajectory)
-    read = parts(files, columns, batch_rows, broken, *limits, run_tokens=BATCH_TOKENS // 2)
+    read = parts(files, columns, batch_rows, broken, *limits, run_tokens=BATCH_TOKENS // 2, waived=cfg.waived())
     for part, k in (piece for whole in read for piece in _by_tokens(whole)):
         n = part.table.num_rows
         small = not part.problems and part.sources is None and 0 < n <= batch_rows // 2 and k <= BATCH_TOKENS // 2

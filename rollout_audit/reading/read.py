@@ -4,7 +4,7 @@ in-memory tables (an in-memory table is a `LogFile` holding its table)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 import polars as pl
@@ -47,19 +47,28 @@ def _target(name: str, found: pa.DataType, table: str) -> tuple[pa.DataType | No
     return exp, None
 
 
+def believed(f: LogFile, waived: Collection[str]) -> frozenset[str]:
+    """The required columns `f`'s own `rollout_log.not_recorded` may waive: for a table held in
+    memory (an adapter's conversion, or tables the caller built) every one the contract allows;
+    for a file on disk only those the user says the trainer does not record (`Config.waived`):
+    nothing inside an audited directory weakens the audit on its own word."""
+    return S.waivable_names() if f.table is not None else frozenset(waived)
+
+
 def schema_plan(
-    f: LogFile, table: str = "trajectories", user_waived: bool = False
+    f: LogFile, table: str = "trajectories", waived: Collection[str] = ()
 ) -> tuple[dict[str, pa.DataType], list[Problem]]:
     """Columns to read with their target types, and the schema problems (S001) of the file.
-    `user_waived`: the user says the trainer records no loss denominators (S.USER_WAIVED)."""
+    `waived`: the required columns the user says the trainer does not record (`Config.waived`)."""
     targets: dict[str, pa.DataType] = {}
     problems: list[Problem] = []
     names = set(f.schema.names)
     problems += [(c, "column name occurs more than once; not audited") for c in duplicate_columns(f.schema)]
-    declared = S.not_recorded(f.schema.metadata, user_waived)  # the producer's framework does not record these
+    trust = believed(f, waived)
+    declared = S.not_recorded(f.schema.metadata, trust)  # the producer's framework does not record these
     for c in S.columns(table):
         if c.requirement == "R" and c.name not in names and c.name not in declared:
-            problems.append((c.name, "required column missing" + _unwaived(c.name, f.schema.metadata)))
+            problems.append((c.name, "required column missing" + _unwaived(c.name, f.schema.metadata, trust)))
     duplicated = {c.split(".")[0] for c, _ in problems}
     for fld in (x for x in f.schema if x.name not in duplicated):
         tgt, prob = _target(fld.name, fld.type, table)
@@ -77,22 +86,31 @@ def schema_plan(
                 problems.append(
                     (
                         f"turns.{tc.name}",
-                        "required turn field missing" + _unwaived(f"turns.{tc.name}", f.schema.metadata),
+                        "required turn field missing" + _unwaived(f"turns.{tc.name}", f.schema.metadata, trust),
                     )
                 )
     return targets, problems
 
 
-def _unwaived(name: str, meta: dict[bytes, bytes] | None) -> str:
+def _unwaived(name: str, meta: dict[bytes, bytes] | None, trust: frozenset[str]) -> str:
     """Why a required column the file declares not recorded is still missing (S001)."""
     if name not in S.meta_object(meta, S.META_NOT_RECORDED):
         return ""
-    if S.waivable(name, S.not_recorded(meta), user_waived=True):  # USER_WAIVED, declared as the contract allows
+    bare = name.removeprefix("updates.")
+    if bare not in S.waivable_names():
+        return " (rollout_log.not_recorded cannot waive it: the contract requires it of every producer)"
+    if bare in S.USER_WAIVED:
+        if bare in trust:
+            return " (reduction and loss_denominator are waived only together)"
         return (
-            " (rollout_log.not_recorded waives it only when the user says the trainer records no loss denominators: "
-            "denominator_not_recorded = true in your own configuration; check --from sets it for rLLM and verl)"
+            " (the log's own rollout_log.not_recorded does not waive it: a log cannot vouch for itself; if the "
+            "trainer records no loss denominators, say so in your own configuration: denominator_not_recorded = "
+            "true; check --from sets it for rLLM and verl)"
         )
-    return " (rollout_log.not_recorded cannot waive it: the contract requires it of every producer)"
+    return (
+        " (the log's own rollout_log.not_recorded does not waive it: a log cannot vouch for itself; if the "
+        f'trainer does not record it, say so in your own configuration: not_recorded = ["{bare}"])'
+    )
 
 
 def cast(table: pa.Table, targets: dict[str, pa.DataType]) -> tuple[pa.Table, list[Problem]]:
@@ -135,6 +153,7 @@ def parts(
     max_row_group_bytes: int,
     max_tokens: int,
     run_tokens: int = 0,
+    waived: Collection[str] = (),
 ) -> Iterator[Part]:
     """Batches of `columns` (those a file has) from every trajectory file, validated (strings
     and lists in full, before anything reaches polars), capped and cast to the contract. A file
@@ -142,7 +161,7 @@ def parts(
 
     Consecutive small files of one schema, up to `batch_rows` rows and `run_tokens` tokens, are
     read as a run and sanitized together, one part listing them in `sources`: per file, only the
-    Parquet read is paid."""
+    Parquet read is paid. `waived`: as in `schema_plan`."""
     last: tuple[pa.Schema | None, tuple[dict[str, pa.DataType], list[Problem]]] = (None, ({}, []))
     run: list[LogFile] = []
     run_plan = last[1]
@@ -151,7 +170,7 @@ def parts(
     job = _Job(columns, batch_rows, broken, limits)
     for f in files:
         if last[0] is None or not f.schema.equals(last[0]):  # consecutive files mostly share a schema
-            last = (f.schema, schema_plan(f))
+            last = (f.schema, schema_plan(f, waived=waived))
         plan = last[1]
         small = _small(f, plan, limits) and f.groups[0].tokens <= run_tokens
         if run and (
@@ -307,27 +326,27 @@ def _long_rows(f: LogFile, rg: int, limit: int) -> list[Problem]:
 
 
 def read_updates(
-    files: Sequence[LogFile], broken: list[Problem], max_row_group_bytes: int, user_waived: bool = False
+    files: Sequence[LogFile], broken: list[Problem], max_row_group_bytes: int, waived: Collection[str] = ()
 ) -> pl.DataFrame | None:
     """Every update record, cast to the contract, with its `file`. A file with schema
     problems, or a row group too large to decode, is left out; a column whose values do not
     fit is dropped; all go to `broken`."""
-    frames = [df for f in files if (df := read_update_file(f, broken, max_row_group_bytes, user_waived)) is not None]
+    frames = [df for f in files if (df := read_update_file(f, broken, max_row_group_bytes, waived)) is not None]
     if not frames:
         return None
     return pl.concat(frames, how="diagonal_relaxed")
 
 
 def read_update_file(
-    f: LogFile, broken: list[Problem], max_row_group_bytes: int, user_waived: bool = False
+    f: LogFile, broken: list[Problem], max_row_group_bytes: int, waived: Collection[str] = ()
 ) -> pl.DataFrame | None:
     """The update records of one file, as `read_updates` has them (None: the file is left out).
-    `user_waived`: as in `schema_plan`."""
+    `waived`: as in `schema_plan`."""
     too_large = [why for rg, g in enumerate(f.groups) if (why := row_group_too_large(g, rg, max_row_group_bytes))]
     if too_large:
         broken.append((f.path, "update records: " + "; ".join(too_large)))
         return None
-    targets, problems = schema_plan(f, "updates", user_waived)
+    targets, problems = schema_plan(f, "updates", waived)
     if problems:
         broken.append((f.path, "update records: " + "; ".join(f"{c}: {p}" for c, p in problems)))
         return None

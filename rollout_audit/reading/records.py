@@ -19,7 +19,7 @@ def _meta(kind: str, fields: Sequence[pa.Field] = (), found: Mapping[bytes, byte
     if said in S.contract()["versions"] and S.newer(said, version):  # the producer states a later version it uses
         version = said
     meta = {S.META_VERSION: version.encode(), S.META_KIND: kind.encode()}
-    declared = S.not_recorded(found)
+    declared = S.not_recorded(found, S.waivable_names())  # as written: the audit decides what it believes
     if declared:
         meta[S.META_NOT_RECORDED] = json.dumps(declared, sort_keys=True).encode()
     if (found or {}).get(S.META_TOKENIZER):  # how to decode the ids: the producer's declaration, kept as given

@@ -304,7 +304,7 @@ def read_updates_task(job: Job, chunk: int, files: list[tuple[int, LogFile]], st
     broken: list[tuple[str, str]] = []
     frames, schemas, counts = [], [], []
     for i, f in files:
-        df = read_update_file(f, broken, job.cfg.max_row_group_bytes, job.cfg.denominator_not_recorded)
+        df = read_update_file(f, broken, job.cfg.max_row_group_bytes, job.cfg.waived())
         if df is None:
             continue
         schemas.append((i, dict(df.schema)))
@@ -569,7 +569,7 @@ def _stages(ray: Any, work: Work, ex: RayExecutor, job: Job, stores: Stores, kep
     if updates is None:
         job = replace(job, by_update=(), routed=())  # the update checks lack their input: the runner says so
     if any(_reads_updates(r) for r in kept):  # a check on the driver reads update records: it gets them
-        updates = read_updates(update_files, [], work.cfg.max_row_group_bytes, work.cfg.denominator_not_recorded)
+        updates = read_updates(update_files, [], work.cfg.max_row_group_bytes, work.cfg.waived())
     total = 0
     for i in sorted(first):  # each read file's first record in the log's update records
         first[i], total = total, total + first[i]

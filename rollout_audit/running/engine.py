@@ -14,7 +14,7 @@ import pyarrow as pa
 from ..contract.config import Config
 from ..reading.batches import why_unusable
 from ..reading.io import Discovery
-from ..reading.read import memory_file, read_updates
+from ..reading.read import believed, memory_file, read_updates
 from . import distributed  # noqa: F401  (registers the `ray` executor)
 from .executors import Work, executor
 from .memory import tune_allocator
@@ -33,15 +33,11 @@ def run_audit(disc: Discovery, cfg: Config | None = None, options: Options | Non
         tune_allocator()
     runner = Runner(cfg, opts.select, opts.ignore, rules=opts.rules)
     for f in disc.files:
-        runner.declare(f.schema.metadata)
+        runner.declare(f.schema.metadata, believed(f, cfg.waived()))
     broken = list(disc.broken)
     # an executor that reads the update records in its own tasks (`reads_updates`) gets None
     reads = getattr(run, "reads_updates", False)
-    updates = (
-        None
-        if reads
-        else read_updates(disc.of_kind("updates"), broken, cfg.max_row_group_bytes, cfg.denominator_not_recorded)
-    )
+    updates = None if reads else read_updates(disc.of_kind("updates"), broken, cfg.max_row_group_bytes, cfg.waived())
     work = Work(
         disc,
         runner,

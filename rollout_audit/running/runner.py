@@ -196,11 +196,12 @@ class Runner:
                 self.findings.append(norm)
         return True, None
 
-    def declare(self, meta: dict[bytes, bytes] | None) -> None:
-        """Take a file's declarations: what its producer does not record (with the reasons), and
+    def declare(self, meta: dict[bytes, bytes] | None, believed: frozenset[str]) -> None:
+        """Take a file's declarations: what its producer does not record (with the reasons; of the
+        required columns only those `believed`, see `reading.read.believed`), and
         the configuration the selected rules derive from its metadata (`Rule.declare`)."""
         with self._lock:
-            self.declared.update(S.not_recorded(meta, self.cfg.denominator_not_recorded))
+            self.declared.update(S.not_recorded(meta, believed))
             for r in self.rules.values():
                 if r.declare is not None:
                     update = r.declare(self.cfg, meta, self._configured)

@@ -17,7 +17,7 @@ import polars as pl
 
 from ..adapters.convert import Converted
 from ..contract.config import LOG_CONTEXT, Config
-from ..contract.schema import IDENTITY, USER_WAIVED, not_recorded
+from ..contract.schema import IDENTITY, USER_WAIVED, not_recorded, waivable_names
 from ..running.report import Report
 from ..writing import write_table
 
@@ -33,7 +33,25 @@ def with_policy(cfg: Config, conv: Converted) -> Config:
         cfg = cfg.model_copy(update={"denominator_not_recorded": True}).with_source(
             f"{cfg.source}; from the adapter: denominator_not_recorded = true"
         )
+    more = [c for c in adapter_waives(conv) if c not in cfg.not_recorded]
+    if more:
+        cfg = cfg.model_copy(update={"not_recorded": [*cfg.not_recorded, *more]}).with_source(
+            f"{cfg.source}; from the adapter: not_recorded = {json.dumps(more)}"
+        )
     return cfg
+
+
+def adapter_waives(conv: Converted) -> list[str]:
+    """The required columns (other than the loss denominators, see `adapter_waives_denominators`)
+    the adapter declared its framework does not record, on the tables it built in memory: its own
+    word, which the audit of the conversion takes as the user's (the written log's file metadata
+    alone never is)."""
+    out: list[str] = []
+    for table in conv.tables():
+        if table is not None:
+            said = not_recorded(table.schema.metadata, waivable_names())
+            out += [b for k in said if (b := k.removeprefix("updates.")) in waivable_names() - USER_WAIVED]
+    return sorted(set(out))
 
 
 def adapter_waives_denominators(conv: Converted) -> bool:
@@ -42,7 +60,7 @@ def adapter_waives_denominators(conv: Converted) -> bool:
     which the audit of the conversion takes as the user's (a log's file metadata alone never is)."""
     if conv.updates is None:
         return False
-    said = not_recorded(conv.updates.schema.metadata, user_waived=True)
+    said = not_recorded(conv.updates.schema.metadata, waivable_names())
     return USER_WAIVED <= {k.removeprefix("updates.") for k in said}
 
 
@@ -53,6 +71,11 @@ def policy_table(conv: Converted) -> str:
     lines = [f"# {conv.policy}" if conv.policy else "# the trainer's policy, as its adapter derived it"]
     lines.append("[tool.rollout-audit]")
     lines += [f"{k} = {json.dumps(v)}" for k, v in keys.items()]
+    if adapter_waives(conv):  # a log cannot waive its own columns: the user says it
+        lines.append(
+            "# the trainer does not record some required columns: audit this log with "
+            f"not_recorded = {json.dumps(adapter_waives(conv))} in your own configuration (--config FILE)"
+        )
     if adapter_waives_denominators(conv):  # a log cannot waive its own denominators: the user says it
         lines.append(
             "# the trainer records no loss reduction nor denominator: audit this log with "

@@ -168,7 +168,7 @@ def _fsync_path(path: Path, directory: bool = False) -> None:
 def contract_problems(table: pa.Table, kind: str, config: Config | None = None) -> list[str]:
     """Structural problems of an in-memory batch, as messages (the writer refuses on any)."""
     f = memory_file(table, kind)
-    targets, problems = schema_plan(f, kind, config is not None and config.denominator_not_recorded)
+    targets, problems = schema_plan(f, kind, config.waived() if config is not None else ())
     if kind == "updates":
         return [f"S001 {c}: {p}" for c, p in problems]
     data, cast_problems = cast(table.select([c for c in table.column_names if c in targets]), targets)
