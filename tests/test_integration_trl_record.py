@@ -209,8 +209,10 @@ def test_rloo_guard_audits_a_real_step_clean_with_its_leave_one_out_advantages_r
         assert rep.ok, (label, rep.findings)
     update = next(rep for label, rep in trainer.audit_reports if label.startswith("update"))
     assert "U603" not in update.not_run
-    code = cli("check", tmp_path / "log", "--format", "json").exit_code
-    assert code == 0
+    cfg = tmp_path / "user.toml"  # RLOO records no behaviour log-probs: only the user's word waives them
+    cfg.write_text('[tool.rollout-audit]\nnot_recorded = ["behavior_logprobs"]\n')
+    res = cli("check", tmp_path / "log", "--config", cfg, "--format", "json")
+    assert res.exit_code == 0, res.output
 
 
 def test_rloo_with_the_sample_in_its_own_baseline_is_u603(tmp_path):
