@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_hostile import assert_clean_exit, cli
+from hostilehelp import assert_clean_exit, cli
 
 ROOT = Path(__file__).resolve().parent.parent
 DUMPS = ROOT / "fixtures" / "frameworks"
