@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
+import itertools
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -69,7 +77,6 @@ SLOW_MODULES = {
     "test_replay_hf",
     "test_report_browser",
     "test_report_html",
-    "test_session",
     "test_show",
     "test_storage",
     "test_streaming",
@@ -80,8 +87,86 @@ SLOW_MODULES = {
 }
 
 
+# The native core (rollout_audit/frames/_native.c) in every process of the session: the installed
+# one, else compiled once by the controller with the build hook's own command (a plain clone run
+# with PYTHONPATH has none) and loaded by each worker from the path below. In-process audits then run
+# the C code; a test that starts its own Python process gets what the package would import there.
+NATIVE_ENV = "ROLLOUT_AUDIT_SUITE_NATIVE"
+ROOT = Path(__file__).resolve().parent.parent
+NATIVE_STATUS: list[str] = []
+
+
+def compile_native(out_dir: Path) -> Path:
+    """The extension compiled by hatch_build.compile_native into `out_dir` (RuntimeError without a compiler)."""
+    spec = importlib.util.spec_from_file_location("hatch_build", ROOT / "hatch_build.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    return hook.compile_native(ROOT, out_dir)
+
+
+def load_native(path: Path):
+    """The compiled extension at `path`, as the module `rollout_audit.frames._native`."""
+    spec = importlib.util.spec_from_file_location("rollout_audit.frames._native", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _native_core(config) -> str:
+    from rollout_audit.frames import native
+
+    if os.environ.get("ROLLOUT_AUDIT_NO_NATIVE") == "1":
+        return "pure-Python path (ROLLOUT_AUDIT_NO_NATIVE=1)"
+    if native.ACTIVE is not None:
+        return f"native core as installed ({Path(native.ACTIVE.__file__).name})"
+    path = os.environ.get(NATIVE_ENV)
+    if not path:  # the controller (or a run without workers) compiles it; workers inherit the path
+        out = Path(tempfile.mkdtemp(prefix="rollout-audit-suite-native-"))
+        config.add_cleanup(lambda: shutil.rmtree(out, ignore_errors=True))
+        try:
+            path = str(compile_native(out))
+        except RuntimeError as exc:
+            return f"pure-Python path: the native core is not installed and could not be built ({exc})"
+        os.environ[NATIVE_ENV] = path
+    native.ACTIVE = sys.modules["rollout_audit.frames._native"] = load_native(Path(path))
+    return "native core compiled for this session (not installed: pip install -e . builds it)"
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: part of the full suite only (deselect with -m 'not slow')")
+    NATIVE_STATUS[:] = [_native_core(config)]
+
+
+def pytest_report_header(config):
+    return f"rollout-audit: {NATIVE_STATUS[0]}" if NATIVE_STATUS else None
+
+
+def _slow_deselected(config) -> bool:
+    """Whether `-m` deselects every test marked slow, whatever its other marks: then the slow
+    modules are not even imported (collecting them imports torch, trl, Ray and the rest)."""
+    expr = config.getoption("markexpr", "")
+    if not expr:
+        return False
+    from _pytest.mark.expression import Expression
+
+    try:
+        compiled = Expression.compile(expr)
+    except SyntaxError:  # pytest reports a bad expression itself
+        return False
+    others = sorted(set(re.findall(r"[A-Za-z_][\w.]*", expr)) - {"slow", "and", "or", "not"})
+    if len(others) > 8:
+        return False
+    for bits in itertools.product((False, True), repeat=len(others)):
+        marks = frozenset({"slow", *(m for m, on in zip(others, bits) if on)})
+        if compiled.evaluate(marks.__contains__):
+            return False
+    return True
+
+
+def pytest_ignore_collect(collection_path, config):
+    if collection_path.suffix == ".py" and collection_path.stem in SLOW_MODULES and _slow_deselected(config):
+        return True
+    return None
 
 
 def pytest_collection_modifyitems(config, items):

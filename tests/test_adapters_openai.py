@@ -30,13 +30,15 @@ from rollout_audit.adapters.base import read_dump
 from rollout_audit.contract.config import Config
 from rollout_audit.integrations.openai import SessionRecorder
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
 REPLAY = ["L205", "L206"]
+# the tests below that take `model_dir` build a tiny GPT-2, serve it and replay against it: the slow tier
+served = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
     from benchmarks.tinylm import build
 
     torch.set_num_threads(1)
@@ -60,6 +62,7 @@ def _record(model_dir: str, mode: str, path: Path, sessions: int = 6) -> str:
     return url  # the server keeps serving (daemon thread) for replay
 
 
+@served
 @pytest.mark.parametrize("mode", ["processed_logprobs", "raw_logprobs"])
 def test_recorded_session_converts_and_raw_logprobs_are_l206(model_dir: str, mode: str, tmp_path: Path) -> None:
     path = tmp_path / "dump" / "sessions.jsonl"  # convert refuses an output next to a file it reads
@@ -110,6 +113,7 @@ def test_what_the_server_cannot_know_comes_from_the_context() -> None:
     )
 
 
+@served
 def test_check_from_replays_and_names_the_dump_records(
     model_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -149,6 +153,7 @@ def test_check_from_with_replay_and_no_replayer_exits_2(tmp_path: Path) -> None:
     )
 
 
+@served
 def test_a_context_that_does_not_extend_the_session_is_m108_counted_once(model_dir: str, tmp_path: Path) -> None:
     """A real agent loop whose next context holds another id for the turn's last control token than the
     one the server returned (the loop writes its canonical end-of-turn id, or the server returned a

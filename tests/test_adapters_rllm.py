@@ -183,6 +183,7 @@ def test_a_row_cut_at_the_cap_loses_its_reward_r411_and_its_last_turn_m102():
     assert found == {("R411", "12/task-7:0/solver"), ("M102", "12/task-7:0/solver")}
 
 
+@pytest.mark.slow  # imports verl and torch
 def test_dump_batch_writes_a_verl_dataproto_as_the_fixture_rows(tmp_path):
     """rLLM trains a verl DataProto: `dump_batch` of one built as transform.py pads it (prompts left,
     responses right, attention_mask) writes the fixture's rows back, with the identity of non_tensor_batch."""

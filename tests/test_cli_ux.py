@@ -260,6 +260,7 @@ def test_the_pre_commit_hook_runs_the_installed_command():
     assert res.exit_code == 0 and res.stdout == ""
 
 
+@pytest.mark.slow  # imports the reference agent, and torch with it
 def test_the_demo_training_progress_bar_counts_rounds():
     import io
 

@@ -11,7 +11,18 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from fuzzlib import FILE_DAMAGE, REGRESSION_SEEDS, TRAJ_COLUMNS, UPDATE_COLUMNS, build_log, digest, ops, run_cli
+from fuzzlib import (
+    FILE_DAMAGE,
+    REGRESSION_SEEDS,
+    TRAJ_COLUMNS,
+    UPDATE_COLUMNS,
+    build_log,
+    digest,
+    ops,
+    prepare_evidence,
+    run_cli,
+    run_workflow_case,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -110,8 +121,20 @@ WORKFLOW_RECORDS = make_log(n_tasks=2, group_size=2, n_versions=2, seed=5)
 
 @pytest.mark.parametrize("seed", range(WORKFLOW_EXAMPLES))
 def test_workflow_commands_never_crash_nor_pass_silently(tmp_path, seed):
-    from fuzzlib import prepare_workflow, run_cli, run_workflow_case
+    from fuzzlib import prepare_workflow
 
     case = prepare_workflow(seed, tmp_path, WORKFLOW_RECORDS)
     out, problems = run_workflow_case(case, tmp_path, lambda args: run_cli(args, tmp_path, 120))
     assert not problems, (case.label, problems, out.exit, out.stderr[-3000:])
+
+
+# ---------------------------------------------------------------- what the evidence campaign found
+
+
+@pytest.mark.parametrize("seed", REGRESSION_SEEDS["evidence"])
+def test_evidence_campaign_cases_stay_fixed(tmp_path, seed):
+    """`benchmarks/fuzz_campaign.py --kind evidence` cases that failed before the fixes, each in its own
+    process forked from the preloaded server (a native crash or a hang is an outcome, not a dead run)."""
+    case = prepare_evidence(seed, tmp_path)
+    out, problems = run_workflow_case(case, tmp_path, lambda args: run_cli(args, tmp_path, 120))
+    assert not problems, (problems, out.exit, out.stderr[-3000:])

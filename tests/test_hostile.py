@@ -9,7 +9,6 @@ import json
 import os
 import tempfile
 import xml.dom.minidom
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,18 +17,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fuzzlib import run_cli
+from hostilehelp import Run, assert_clean_exit, cli
 
 from rollout_audit import Config, RolloutWriter, audit
 from rollout_audit.contract.config import tomllib  # tomllib, or tomli before Python 3.11
 from rollout_audit.reading.io import discover
 from rollout_audit.synth import make_log
-
-
-@dataclass
-class Run:
-    returncode: int | None  # None: hung, killed after the timeout
-    stdout: str
-    stderr: str
 
 
 def child(*args: str, timeout: float = 120) -> Run:
@@ -38,27 +31,6 @@ def child(*args: str, timeout: float = 120) -> Run:
     with tempfile.TemporaryDirectory() as work:
         out = run_cli(list(args), Path(work), timeout=timeout)
     return Run(out.exit, out.stdout, out.stderr)
-
-
-def cli(*args: str, cwd: Path | None = None) -> Run:
-    """`rollout-audit ARGS` in this process (the fast path, for cases that cannot crash natively)."""
-    from click.testing import CliRunner
-
-    from rollout_audit.cli import main
-
-    old = Path.cwd()
-    os.chdir(cwd or old)
-    try:
-        r = CliRunner().invoke(main, list(args))
-    finally:
-        os.chdir(old)
-    tb = "" if r.exception is None or isinstance(r.exception, SystemExit) else "Traceback " + repr(r.exception)
-    return Run(r.exit_code, r.stdout, r.stderr + tb)
-
-
-def assert_clean_exit(r: Run, codes: tuple[int, ...] = (0, 1, 2)) -> None:
-    assert r.returncode in codes, (r.returncode, r.stderr[-2000:])
-    assert "Traceback" not in r.stderr and "Traceback" not in r.stdout, r.stderr[-2000:]
 
 
 def digest(root: Path) -> dict[str, str]:

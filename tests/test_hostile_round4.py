@@ -18,7 +18,8 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 import tomllib
-from test_hostile import assert_clean_exit, child, cli
+from hostilehelp import assert_clean_exit, cli
+from test_hostile import child
 
 from rollout_audit import audit
 from rollout_audit.contract import schema as S

@@ -2,22 +2,21 @@
 prefix digests and per-row token counts on hypothesis-generated batches, and the same audit on
 every named fault.
 
-The extension is compiled here with the build hook's own command when the tree was not
-installed with it, so these tests always run the C code."""
+The session compiles the extension with the build hook's own command when the tree was not
+installed with it (tests/conftest.py), so these tests always run the C code."""
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import faultgroups
 import numpy as np
 import pytest
+from conftest import compile_native, load_native
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,25 +25,14 @@ from rollout_audit.reading.io import discover
 from rollout_audit.running.engine import run_audit
 from rollout_audit.synth import make_log
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load(path: Path):
-    spec = importlib.util.spec_from_file_location("rollout_audit.frames._native", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    """The extension as installed, or compiled now by hatch_build.compile_native."""
+    """The extension the session runs (tests/conftest.py: installed, or compiled for the session), or
+    compiled now by hatch_build.compile_native (a session started with ROLLOUT_AUDIT_NO_NATIVE=1)."""
     if native.ACTIVE is not None:
         return native.ACTIVE
-    spec = importlib.util.spec_from_file_location("hatch_build", ROOT / "hatch_build.py")
-    hook = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hook)
-    return _load(hook.compile_native(ROOT, tmp_path_factory.mktemp("native")))
+    return load_native(compile_native(tmp_path_factory.mktemp("native")))
 
 
 def _native_digests(mod, data, lo, hi, first):

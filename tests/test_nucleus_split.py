@@ -107,6 +107,7 @@ def test_processed_logprobs_renormalise_over_the_recorded_support_instead_of_top
     assert np.allclose(np.exp(out[1]), [0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0])  # top-p 0.7 where nothing is recorded
 
 
+@pytest.mark.slow  # a model served on loopback
 def test_replay_scores_each_token_over_its_recorded_nucleus_against_a_real_server(tmp_path):
     """A session sampled on loopback, its log-probs recorded over a nucleus the test chooses (the sampled
     id and the three most likely others, at temperature 0.7): replay through the HTTP replayer

@@ -7,10 +7,12 @@ random search: RA_EXAMPLES=300 python -m pytest tests/test_properties.py.
 from __future__ import annotations
 
 import ast
+import copy
 import os
 from pathlib import Path
 
 import polars as pl
+from checkhelp import only
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -231,3 +233,24 @@ def test_random_fault_is_caught(log, name, seed):
     assert f.codes <= found, f"{name}: expected {sorted(f.codes)}, found {sorted(found)}"
     named = set(serious(rep).filter(pl.col("code").is_in(list(f.codes)))["trajectory_id"].drop_nulls().to_list())
     assert set(touched) <= named or name.startswith("update_names"), (touched, named)
+
+
+@given(data=st.data())
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_m106_mixes_longer_engine_turns_with_differing_ids(clean_records, data):
+    """Any mix of turns whose engine sampled more ids than the trainer kept (a cut last turn) and
+    turns whose ids differ: one M106 finding per touched turn, whatever the mix, never a crash."""
+    trajs, ups = copy.deepcopy(clean_records)
+    touched = set()
+    for k in data.draw(st.lists(st.integers(0, len(trajs) - 1), min_size=1, max_size=6, unique=True)):
+        turns = [t for t in trajs[k]["turns"] if t["sampled_token_ids"]]
+        for i in data.draw(st.lists(st.integers(0, len(turns) - 1), min_size=1, max_size=3, unique=True)):
+            samp = turns[i]["sampled_token_ids"]
+            if data.draw(st.booleans()):
+                samp.append(7)  # the engine sampled more than the trainer holds
+            else:
+                samp[data.draw(st.integers(0, len(samp) - 1))] += 1000
+            touched.add((trajs[k]["trajectory_id"], trajs[k]["turns"].index(turns[i])))
+    rep = ra.audit(trajs, ups, select=["M106"])
+    assert rep.crashes == [] and rep.exit_code() == 1
+    assert set(only(rep, "M106").select("trajectory_id", "turn").rows()) == touched

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 from click.testing import CliRunner
 
 import rollout_audit as ra
@@ -94,6 +95,7 @@ def test_users_read_the_contracts_field_names_not_internal_columns(tmp_path):
         assert not any(x in text.split("Needs:")[1] for x in internal), text
 
 
+@pytest.mark.slow  # a pytest run of its own in a subprocess
 def test_assert_clean_failure_shows_no_frame_of_the_library(tmp_path):
     test = tmp_path / "test_user.py"
     test.write_text(

@@ -22,6 +22,15 @@ ROOT = Path(__file__).resolve().parent.parent
 DUMPS = sorted((p.parent.name, p.stem) for p in FIXTURES.glob("*/*.jsonl"))
 BROKEN = sorted(p.name for p in (ROOT / "fixtures" / "broken").iterdir() if p.is_dir())
 LOGS = ["compliant", *BROKEN]  # the agent's compliant log and every broken one
+# the fast tier's share of the parity below: the agent's compliant log, a broken one, and a dump with
+# findings (a conversion, the trainer's policy and the relabelling back to the dump's records); the
+# full suite runs every log and every dump
+FAST = {"compliant", "loss_over_whole_transcript", "slime-removed_sample_in_denominator"}
+assert FAST <= {*LOGS, *(f"{n}-{c}" for n, c in DUMPS)}, "a fast-tier parity case is no longer bundled"
+
+
+def _tier(ids: list[str], values: list) -> list:
+    return [pytest.param(*v, id=i, marks=() if i in FAST else pytest.mark.slow) for i, v in zip(ids, values)]
 
 
 def _key(f: dict) -> tuple:
@@ -81,18 +90,19 @@ def _same_everywhere(tmp: Path, target: Path, frm: tuple[str, ...], lib_kw: dict
     assert (entry["exit_code"], entry["codes"]) == (code, sorted({f[0] for f in findings})), entry
 
 
-@pytest.mark.parametrize(("name", "case"), DUMPS, ids=[f"{n}-{c}" for n, c in DUMPS])
+@pytest.mark.parametrize(("name", "case"), _tier([f"{n}-{c}" for n, c in DUMPS], DUMPS))
 def test_a_framework_dump_audits_the_same_through_every_entry_point(tmp_path, name, case):
     frm = ("--from", name, *context_args())
     _same_everywhere(tmp_path, FIXTURES / name / f"{case}.jsonl", frm, {"framework": name, "context": CONTEXT})
 
 
-@pytest.mark.parametrize("log", LOGS)
+@pytest.mark.parametrize("log", _tier(LOGS, [(x,) for x in LOGS]))
 def test_an_agent_log_audits_the_same_through_every_entry_point(tmp_path, log):
     target = ROOT / "fixtures" / ("compliant" if log == "compliant" else f"broken/{log}")
     _same_everywhere(tmp_path, target, (), {})
 
 
+@pytest.mark.slow
 def test_convert_then_check_is_check_from_on_every_dump(tmp_path):
     """The trainer's policy a conversion derived travels with the converted log."""
     for i, (name, case) in enumerate(DUMPS):

@@ -9,16 +9,13 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from ..contract.errors import AdapterError
 from . import load
 from .base import META_INCOMPLETE, META_ORIGINS, META_POLICY, dump_files, read_records
-
-if TYPE_CHECKING:
-    from ..contract.config import Config
 
 
 @dataclass(frozen=True)
@@ -34,11 +31,6 @@ class Converted:
     files: tuple[str, ...] = ()  # every dump file read
     skipped: tuple[str, ...] = ()  # the files of a dump directory that are not dump files (named, not read)
     incomplete: str | None = None  # the recorded sessions left out, their capture incomplete (one line)
-
-    def configured(self, cfg: Config) -> Config:
-        """`cfg` with the settings of the trainer's policy, for every key the configuration does not set."""
-        update = {k: v for k, v in self.settings.items() if k not in cfg.model_fields_set}
-        return cfg.model_copy(update=update) if update else cfg
 
     def tables(self) -> tuple[pa.Table, pa.Table | None]:
         """The tables without the origins (what a contract log file holds)."""

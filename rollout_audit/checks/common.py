@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -43,16 +44,33 @@ def stop_reason(b: Any) -> pl.Expr:
     return pl.col("stop_reason") if "stop_reason" in b.traj.columns else pl.lit(None, pl.String).alias("stop_reason")
 
 
-def num(e: pl.Expr) -> pl.Expr:
-    """A float rendered for a message: integers without '.0', others to 6 significant places."""
-    as_int = e.cast(pl.Int64, strict=False)
-    return (
-        pl.when(e.is_null())
-        .then(pl.lit("null"))
-        .when(e.is_finite() & (as_int.cast(pl.Float64) == e))
-        .then(as_int.cast(pl.String))
-        .otherwise(e.round_sig_figs(6).cast(pl.String))
-    )
+def num(v: Any, digits: int = 6) -> Any:
+    """A number for a person, the one way every message and output writes one: integers in full
+    (no '.0'), other finite floats to `digits` significant figures, NaN and infinities by name
+    (`NaN`, `inf`, `-inf`), a missing value as `n/a`; anything else as text (escaped where it is
+    printed). On a polars expression, the same text per row (a String expression)."""
+    if isinstance(v, pl.Expr):
+        as_int = v.cast(pl.Int64, strict=False)
+        return (
+            pl.when(v.is_null())
+            .then(pl.lit("n/a"))
+            .when(v.is_nan())
+            .then(pl.lit("NaN"))
+            .when(v.is_infinite())
+            .then(pl.when(v > 0).then(pl.lit("inf")).otherwise(pl.lit("-inf")))
+            .when(as_int.cast(pl.Float64) == v)
+            .then(as_int.cast(pl.String))
+            .otherwise(v.round_sig_figs(digits).cast(pl.String))
+        )
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    if float(v).is_integer() and abs(v) < 2**63:
+        return str(int(v))
+    return f"{v:.{digits}g}"
 
 
 def tolerance(expected: Any, cfg: Any, atol: float | None = None) -> Any:

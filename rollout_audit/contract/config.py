@@ -326,9 +326,6 @@ class Config(BaseModel):
         except ValidationError as e:
             raise ConfigError(f"{source}: {_explain(e)}") from None
 
-    def tol(self) -> tuple[float, float]:
-        return self.atol, self.rtol
-
     def settings(self) -> dict[str, Any]:
         """Every key with its value (for `--show-settings`)."""
         return self.model_dump()

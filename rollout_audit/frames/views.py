@@ -322,6 +322,3 @@ class ConfigView:
         if name not in self._keys:
             raise _undeclared(self._rule, f"configuration key {name!r}")
         return getattr(self._cfg, name)
-
-    def tol(self) -> tuple[float, float]:
-        return self.atol, self.rtol

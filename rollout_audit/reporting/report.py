@@ -11,6 +11,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 import polars as pl
 
+from ..checks.common import num
 from ..checks.replay import replay_line
 from ..running.report import MAX_CHARS, Report, plural, register_format, verdict, verdict_line
 
@@ -36,19 +37,6 @@ _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 def printable(value: object) -> str:
     """`value` as text safe to print: unprintable characters shown as escapes (`\\x1b`)."""
     return _UNPRINTABLE.sub(_escape_char, str(value))
-
-
-def num(v: object, digits: int = 4) -> str:
-    """A number for a person, the one way every output writes one: integers in full (no '.0'),
-    other floats to `digits` significant figures, a missing value (None, NaN) as `n/a`;
-    anything else as printable text."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "n/a"
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return printable(v)
-    if float(v).is_integer() and abs(v) < 1e15:
-        return str(int(v))
-    return f"{v:.{digits}g}"
 
 
 # a non-finite number in JSON output: a string (NaN and Infinity are not JSON), as the README states

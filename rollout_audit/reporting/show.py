@@ -213,7 +213,7 @@ def _print_trajectory_findings(con: Console, findings: pl.DataFrame | None) -> N
 def _num(v: object) -> str:
     """A number as every output writes one (log-probs, rewards); other values as text."""
     if isinstance(v, float):
-        return num(v)
+        return num(v, 4)
     return _v(v)
 
 
