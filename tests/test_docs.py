@@ -4,19 +4,30 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _sources() -> list[Path]:
-    """The repository's .py and .md files, outside .venv and .git (pruned, not walked: the
-    virtual environment alone holds tens of thousands of files)."""
-    out = []
-    for top, dirs, files in os.walk(ROOT):
-        dirs[:] = [d for d in dirs if d not in {".venv", ".git"}]
-        out += [Path(top) / f for f in files if f.endswith((".py", ".md"))]
-    return out
+    """The repository's .py and .md files: those git tracks (a virtual environment of any name, or
+    anything else beside the checkout, is not the repository's). Without git (an unpacked
+    archive), every file outside the hidden directories."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--cached"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout.decode()
+        names = [ROOT / n for n in listed.split("\0") if n]
+    except (OSError, subprocess.CalledProcessError):
+        names = []
+        for top, dirs, files in os.walk(ROOT):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            names += [Path(top) / f for f in files]
+    return [p for p in names if p.suffix in (".py", ".md")]
 
 
 def test_no_reference_to_documents_outside_the_repository():
@@ -27,3 +38,10 @@ def test_no_reference_to_documents_outside_the_repository():
                 if re.search(r"DESIGN(\.md)? ?\d|shared/seed|\blesson \d|\b11\.\d\.\d\b", line):
                     hits.append(f"{p.relative_to(ROOT)}:{n}")
     assert not hits, hits
+
+
+def test_a_virtual_environment_of_another_name_is_not_scanned():
+    """A `venv/` with third-party text beside the checkout is not the repository's."""
+    scanned = {p.relative_to(ROOT).parts[0] for p in _sources()}
+    assert "rollout_audit" in scanned and "tests" in scanned
+    assert not scanned & {".venv", "venv", ".git", "node_modules"}
