@@ -88,3 +88,15 @@ def test_every_stable_check_is_silent_on_the_agents_compliant_log():
     verdict through every entry point)."""
     rep = ra.audit("fixtures/compliant")
     assert rep.findings.filter(pl.col("severity") != "info").is_empty(), rep.render()
+
+
+def test_a_plain_check_names_the_preview_checks_it_left_out():
+    """The bundled log a preview check catches does not pass without a word: the text summary names
+    the checks in preview that were not selected, and `--preview` runs them."""
+    log = "fixtures/broken/bootstrapped_through_terminal"
+    plain = CliRunner().invoke(main, ["check", log])
+    assert plain.exit_code == 0
+    assert "in preview, not selected: R415 (--preview runs them)" in plain.stdout.splitlines()
+    with_preview = CliRunner().invoke(main, ["check", log, "--preview"])
+    assert with_preview.exit_code == 1 and "R415" in with_preview.stdout
+    assert "in preview, not selected" not in with_preview.stdout

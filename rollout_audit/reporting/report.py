@@ -140,6 +140,9 @@ def _coda(rep: Report, show_not_run: bool = True) -> list[str]:
         out += [f"  {code}: {printable(why)}" for code, why in sorted(rep.not_run.items())]
     elif rep.not_run:
         out.append(f"not run: {', '.join(sorted(rep.not_run))} (--show-not-run for why)")
+    left = rep.summary.get("checks_in_preview_not_selected") or []
+    if left:  # a bundled fault a preview check catches must not pass without a word
+        out.append(f"in preview, not selected: {', '.join(left)} (--preview runs them)")
     if rep.partial:
         out.append("partially run:")
         out += [f"  {code}: {printable(why)}" for code, why in sorted(rep.partial.items())]
