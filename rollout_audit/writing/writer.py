@@ -7,6 +7,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterable, Mapping
+from typing import Any
 from pathlib import Path
 
 import pyarrow as pa
@@ -80,8 +81,9 @@ class RolloutWriter:
         else:
             self.abort()
 
-    def write(self, records: Iterable[Mapping] | pa.Table | pa.RecordBatch) -> None:
-        """Validate and append one batch as one row group."""
+    def write(self, records: Iterable[Mapping] | pa.Table | pa.RecordBatch | Any) -> None:
+        """Validate and append one batch as one row group: records (mappings), an Arrow table or
+        batch, or a polars or pandas DataFrame (pandas: NaN is a missing value, as pandas reads it)."""
         table = self._to_table(records)
         if self.validate:
             problems = contract_problems(table, self.kind, self.config)
@@ -119,6 +121,12 @@ class RolloutWriter:
     def _to_table(self, records) -> pa.Table:
         if isinstance(records, pa.RecordBatch):
             records = pa.Table.from_batches([records])
+        elif hasattr(records, "to_arrow"):  # a polars DataFrame: its Arrow table, no copy
+            records = records.to_arrow()
+        elif hasattr(records, "to_dict") and hasattr(records, "columns"):
+            # a pandas DataFrame: its rows as records, typed by the contract as records are (Arrow's
+            # own pandas conversion infers a mapping as a struct and an empty column as floats)
+            records = [_plain(r) for r in records.to_dict("records")]
         if not isinstance(records, pa.Table):
             records = list(records)
             if not records:
@@ -212,3 +220,17 @@ def write_table(
     finally:
         stage.unlink(missing_ok=True)
         done.unlink(missing_ok=True)
+
+
+def _plain(v: Any) -> Any:
+    """A pandas cell as Python values: numpy arrays (pandas' list cells) as lists, scalars as Python's,
+    and a float NaN as a missing value, which is what pandas means by it (a None in a float column
+    becomes NaN; `pd.isna` reads both as missing)."""
+    if isinstance(v, float) and v != v:
+        return None
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    tolist = getattr(v, "tolist", None)  # a numpy array or scalar
+    return _plain(tolist()) if tolist is not None and not isinstance(v, (str, bytes)) else v
