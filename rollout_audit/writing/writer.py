@@ -7,8 +7,8 @@ import json
 import os
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
