@@ -57,3 +57,34 @@ def test_the_user_cannot_waive_what_the_contract_requires_of_everyone(tmp_path):
     mine.write_text('[tool.rollout-audit]\nnot_recorded = ["loss_mask"]\n')
     r = cli("check", str(ROOT / "fixtures" / "compliant"), "--config", str(mine))
     assert r.returncode == 2 and "'loss_mask' cannot be left out" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_l207_names_the_same_turn_in_every_run_when_ratios_are_nan(tmp_path):
+    """A second log-prob column of NaN for one trajectory: every turn of it is beyond the bound
+    (NaN is no ratio), and the finding names its first turn, whatever order the turns were summed in."""
+    import numpy as np
+    import polars as pl
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    import rollout_audit as ra
+    from rollout_audit.contract.config import Config
+
+    src = sorted(Path("fixtures/compliant/trajectories").glob("*.parquet"))[0]
+    table = pq.read_table(src)
+    lp = table.column("behavior_logprobs").combine_chunks()
+    lengths = pc.list_value_length(lp).to_numpy(zero_copy_only=False)
+    flat = pc.list_flatten(lp).to_numpy(zero_copy_only=False).astype(np.float64)
+    owner = np.repeat(np.arange(table.num_rows), lengths)
+    flat = np.where((owner == 3) & ~np.isnan(flat), np.nan, flat)  # NaN values, not nulls
+    other = pa.ListArray.from_arrays(lp.offsets, pa.array(flat, pa.float32(), from_pandas=False))
+    (tmp_path / "trajectories").mkdir()
+    pq.write_table(table.append_column("old_logprobs", other), tmp_path / "trajectories" / "p.parquet")
+    turns = set()
+    for workers in (1, 2, 1):
+        rep = ra.audit(str(tmp_path), config=Config(compare_logprobs="old_logprobs"), select=["L207"], workers=workers)
+        found = rep.findings.filter(pl.col("code") == "L207")
+        assert found["trajectory_id"].to_list() == [table.column("trajectory_id")[3].as_py()], rep.render()
+        turns.add(found["turn"][0])
+    assert len(turns) == 1

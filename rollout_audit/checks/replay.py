@@ -248,7 +248,9 @@ def extreme_ratio(log: LogView, cfg) -> pl.DataFrame | None:
     if bad.is_empty():
         return None
     bad = (
-        bad.sort(pl.col("lr").abs(), descending=True)
+        # the most extreme turn; among equal ones (NaN ratios, which polars orders above every
+        # number, or equal sums) the first: the example is the same in every run and thread order
+        bad.sort(pl.col("lr").abs(), "turn", descending=[True, False], maintain_order=True)
         .group_by("file", "trajectory_id", maintain_order=True)
         .agg(pl.all().first(), pl.len().alias("n_turns"))
     )
