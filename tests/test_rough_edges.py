@@ -124,3 +124,12 @@ def test_not_run_is_one_line_before_the_verdict_and_expands_on_request():
     k = full.index("not run:")
     assert full[k + 1].startswith("  L205: replay is off") and len(full) - k <= len(not_run) + 4
     assert full[-1].startswith("ok:")
+
+
+def test_github_format_on_a_clean_log_is_one_notice_naming_every_check_not_run():
+    not_run = sorted(ra.audit(COMPLIANT).not_run)
+    res = cli("check", COMPLIANT, "--format", "github")
+    assert res.exit_code == 0
+    (line,) = res.stdout.strip().splitlines()
+    assert line.startswith(f"::notice title={len(not_run)} checks not run::")
+    assert all(code in line for code in not_run)

@@ -256,9 +256,14 @@ def render_github(rep: Report, **_: object) -> str:
         )
     for code, why in sorted(rep.unfulfilled.items()):
         lines.append(f"::error title={_gh_property(f'{code} not run')}::{_gh_data(printable(why))}")
+    by_reason: dict[str, list[str]] = {}  # checks not run, one notice for all: a clean log is one line
     for code, why in sorted(rep.not_run.items()):
         if code not in rep.unfulfilled:
-            lines.append(f"::notice title={_gh_property(f'{code} not run')}::{_gh_data(printable(why))}")
+            by_reason.setdefault(printable(why), []).append(code)
+    if by_reason:
+        n = sum(map(len, by_reason.values()))
+        said = "; ".join(f"{', '.join(codes)}: {why}" for why, codes in by_reason.items())
+        lines.append(f"::notice title={_gh_property(plural(n, 'check', 'checks') + ' not run')}::{_gh_data(said)}")
     return "\n".join(lines)
 
 
