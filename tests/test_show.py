@@ -224,3 +224,13 @@ def test_show_on_a_trl_log_marks_what_check_reports(tmp_path):
     assert code in (0, 1) and not any("S001" in codes for codes in per.values())
     for tid in ("gen00000/0", "gen00000/1"):
         assert shown_codes(tmp_path / "log", tid) == per.get(tid, set())
+
+
+def test_an_unknown_id_is_refused_with_the_closest_ids_of_the_log():
+    res = CliRunner().invoke(main, ["show", "fixtures/compliant", "s0-i0000-g00-e0x"])
+    assert res.exit_code == 2
+    (line,) = res.stderr.strip().splitlines()
+    assert line.startswith("rollout-audit: error: trajectory 's0-i0000-g00-e0x' is not in the log; did you mean ")
+    assert "'s0-i0000-g00-e0'" in line
+    far = CliRunner().invoke(main, ["show", "fixtures/compliant", "zzz"])
+    assert far.exit_code == 2 and "(128 trajectories, e.g. 's0-i0000-g00-e0')" in far.stderr

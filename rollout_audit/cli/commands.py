@@ -401,12 +401,35 @@ def stats(paths: Sequence[str], fmt: str, echo: Echo) -> None:
     echo(json_text(d) if fmt == "json" else render_stats(d))
 
 
+SUGGEST_FROM = 200_000  # ids compared for a "did you mean" (difflib is linear in them)
+
+
+def _near(log, wanted: str) -> str:
+    """`; did you mean …?` with the log's closest trajectory ids, or how many it has and one of them."""
+    import difflib
+
+    import polars as pl
+
+    from ..reporting.report import printable
+
+    ids = log.trajectories.select(pl.col("trajectory_id").cast(pl.String)).head(SUGGEST_FROM).collect()
+    ids = [i for i in ids["trajectory_id"].to_list() if i is not None]
+    if not ids:
+        return " (it has no trajectory ids)"
+    close = difflib.get_close_matches(wanted, ids, n=3, cutoff=0.6)
+    if close:
+        return "; did you mean " + " or ".join(repr(printable(c)) for c in close) + "?"
+    more = "+" if len(ids) == SUGGEST_FROM else ""
+    return f" ({len(ids)}{more} trajectories, e.g. {printable(ids[0])!r})"
+
+
 def show(opts: options.ShowOptions, echo: Echo) -> None:
     """`rollout-audit show PATH ID`: one trajectory turn by turn with the findings `check PATH` reports on it."""
     import polars as pl
 
     from ..reading.log import scan
     from ..reporting.decode import DecodeError, from_directory
+    from ..reporting.report import printable
     from ..reporting.show import render, transcript
     from ..running.options import Options
     from ..session import Request, run
@@ -419,7 +442,7 @@ def show(opts: options.ShowOptions, echo: Echo) -> None:
     except DecodeError as e:
         raise UsageError(str(e)) from None
     if log.trajectories.filter(pl.col("trajectory_id") == trajectory_id).select(pl.len()).collect().item() == 0:
-        raise UsageError(f"trajectory {trajectory_id!r} is not in the log")
+        raise UsageError(f"trajectory {printable(trajectory_id)!r} is not in the log{_near(log, trajectory_id)}")
     # the findings `rollout-audit check PATH` reports: the same audit, settled by the same configuration
     rep = run(Request(source=[path], options=Options(tune=True))).report
     try:
