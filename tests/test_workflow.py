@@ -520,7 +520,9 @@ def test_watch_follows_the_configuration_rule_of_check(tmp_path):
     assert res.exit_code == 2 and len(lines) == 1 and f"{run / 'pyproject.toml'}: atol: refused" in lines[0], res.output
     (run / "pyproject.toml").write_text('[tool.rollout-audit]\ntruncation = "penalize"\ngrpo_epsilon = 0.0001\n')
     res = cli("watch", run, "--max-steps", "1", "--interval", "0.05", "--idle", "0.1")
-    assert res.exit_code == 0 and "refused" not in res.output, res.output
+    # accepted, and then no step came: the watch says nothing was checked (exit 2, not a pass)
+    assert res.exit_code == 2 and "refused" not in res.output, res.output
+    assert "no step was audited: nothing was checked" in res.output
 
 
 def test_watch_from_a_framework_dump(tmp_path):
@@ -884,7 +886,7 @@ def test_watch_escapes_file_names(tmp_path):
     res = cli("watch", d, "--interval", "0.05", "--idle", "0.4", "--status", tmp_path / "s.json")
     assert res.exit_code == 0, res.output
     _clean_lines(res.output)
-    assert res.output.startswith("stepa\\n::error file=x,line=1::forged\\x1b[2J\\u202e.parquet: ok: 0 errors")
+    assert res.stdout.startswith("stepa\\n::error file=x,line=1::forged\\x1b[2J\\u202e.parquet: ok: 0 errors")
     _strict((tmp_path / "s.json").read_text())
 
 
@@ -936,3 +938,11 @@ def test_filter_stays_bounded_on_a_compression_bomb(tmp_path):
     import pyarrow.parquet as pq
 
     assert pq.read_metadata(tmp_path / "out" / "trajectories" / "z-bomb.parquet").num_rows == 0
+
+
+def test_watch_says_it_started_and_that_a_watch_with_no_step_checked_nothing(tmp_path):
+    res = cli("watch", tmp_path, "--interval", "0.05", "--idle", "0.1")
+    assert res.exit_code == 2
+    err = res.stderr.strip().splitlines()
+    assert err[0] == f"watching {tmp_path}: each step audited once complete; stops after 0.1 s without a new step"
+    assert f"{tmp_path}: no step was audited: nothing was checked" in res.stdout + res.stderr

@@ -372,6 +372,8 @@ def watch(opts: options.WatchOptions, echo: Echo) -> int:
         ignore={Path(p).resolve() for p in (status, metrics, events and events.path) if p},
         native=not opts.framework,
     )
+    stop = f"after {opts.idle:g} s without a new step" if opts.idle is not None else "on Ctrl-C"
+    echo(f"watching {printable(directory)}: each step audited once complete; stops {stop}", err=True)
     try:
         code = w.follow(
             lambda line: echo(line),

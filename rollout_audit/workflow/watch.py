@@ -214,7 +214,7 @@ class Watcher:
     def finish(self, say: Callable[[str], None], *, asked: bool = False) -> int:
         """End the watch: the status file marked stopped, and the exit code: the worst step's, or 2
         when the directory vanished or (unless the stop was `asked` for: --max-steps, --fail-fast)
-        a file was seen and never audited (still being written, or empty)."""
+        a file was seen and never audited (still being written, or empty), or no step was audited."""
         code = self.worst
         if self.vanished:
             say(f"{printable(self.root)}: the watched directory vanished")
@@ -227,6 +227,9 @@ class Watcher:
                 f"{len(pend)} step(s) seen and never audited (still being written, or empty): {names}{more}; "
                 "not checked"
             )
+            code = 2
+        if not self.steps and not self.updates_alone:  # nothing was checked: not a pass
+            say(f"{printable(self.root)}: no step was audited: nothing was checked")
             code = 2
         self.write_status("stopped")
         return code
