@@ -372,8 +372,9 @@ def watch(opts: options.WatchOptions, echo: Echo) -> int:
         ignore={Path(p).resolve() for p in (status, metrics, events and events.path) if p},
         native=not opts.framework,
     )
-    stop = f"after {opts.idle:g} s without a new step" if opts.idle is not None else "on Ctrl-C"
-    echo(f"watching {printable(directory)}: each step audited once complete; stops {stop}", err=True)
+    if sys.stderr.isatty():  # a person is waiting: say it started (a log or a pipe gets the result lines only)
+        stop = f"after {opts.idle:g} s without a new step" if opts.idle is not None else "on Ctrl-C"
+        echo(f"watching {printable(directory)}: each step audited once complete; stops {stop}", err=True)
     try:
         code = w.follow(
             lambda line: echo(line),
@@ -384,7 +385,12 @@ def watch(opts: options.WatchOptions, echo: Echo) -> int:
         )
     except KeyboardInterrupt:
         code = w.finish(lambda line: echo(line))
-    echo(f"watched {printable(directory)}: {len(w.steps)} step(s), worst exit code {w.worst}, exit {code}", err=True)
+    if w.checked_nothing():
+        echo(f"rollout-audit: error: {printable(directory)}: no step was audited: nothing was checked", err=True)
+    else:
+        echo(
+            f"watched {printable(directory)}: {len(w.steps)} step(s), worst exit code {w.worst}, exit {code}", err=True
+        )
     return code
 
 

@@ -211,6 +211,10 @@ class Watcher:
         }
         write_atomic(self.status_path, json_text(doc) + "\n")
 
+    def checked_nothing(self) -> bool:
+        """No step was audited (and no update file seen): the watch verified nothing."""
+        return not self.steps and not self.updates_alone
+
     def finish(self, say: Callable[[str], None], *, asked: bool = False) -> int:
         """End the watch: the status file marked stopped, and the exit code: the worst step's, or 2
         when the directory vanished or (unless the stop was `asked` for: --max-steps, --fail-fast)
@@ -228,8 +232,7 @@ class Watcher:
                 "not checked"
             )
             code = 2
-        if not self.steps and not self.updates_alone:  # nothing was checked: not a pass
-            say(f"{printable(self.root)}: no step was audited: nothing was checked")
+        if self.checked_nothing():  # nothing was checked: not a pass (the command line says so)
             code = 2
         self.write_status("stopped")
         return code
