@@ -115,7 +115,7 @@ class AuditedBackend:
                 _append(Path(self.audit_dir) / f"rllm-missing-{socket.gethostname()}-{os.getpid()}.jsonl",
                         [{MISSING: lost}])  # fmt: skip
             except OSError:
-                pass
+                pass  # the marker cannot be written either: the warning stands, training goes on unchanged
 
 
 def audited_backend(backend_cls: type, directory: str | os.PathLike | None = None) -> type:

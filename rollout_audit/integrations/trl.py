@@ -440,7 +440,7 @@ class RolloutRecorder:
             with self._file().open("a", encoding="utf-8") as fh:
                 fh.write(json.dumps({ROLLOUT_RECORD: ROLLOUT_VERSION, "missing": what}) + "\n")
         except OSError:
-            pass
+            pass  # the marker cannot be written either: the warning stands, training goes on unchanged
 
 
 def _plain(value: Any) -> Any:
