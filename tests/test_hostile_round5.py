@@ -88,3 +88,95 @@ def test_l207_names_the_same_turn_in_every_run_when_ratios_are_nan(tmp_path):
         assert found["trajectory_id"].to_list() == [table.column("trajectory_id")[3].as_py()], rep.render()
         turns.add(found["turn"][0])
     assert len(turns) == 1
+
+
+# ---------------------------------------------------------------- a dump folder's own truncation penalty
+
+SKYRL = ROOT / "fixtures" / "frameworks" / "skyrl" / "compliant.jsonl"
+SKYRL_CONTEXT = {"environment_version": "1", "verifier_version": "1", "reset_seed": "0"}
+CONTEXT_ARGS = [a for k, v in SKYRL_CONTEXT.items() for a in ("--context", f"{k}={v}")]
+
+
+def _skyrl_dump(tmp_path: Path, cut: set[int], penalty: str | None) -> Path:
+    """The compliant SkyRL dump in a folder of its own, with the episodes at `cut` stopped by the
+    generation limit (they keep the environment's reward, SkyRL's default), and a pyproject.toml
+    beside it that states `truncation = "penalize"` and, when given, the penalty."""
+    d = tmp_path / "dump"
+    d.mkdir()
+    rows = [json.loads(line) for line in SKYRL.read_text().splitlines()]
+    for i in cut:
+        rows[i]["stop_reasons"] = "length"
+    (d / "dump.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    own = '[tool.rollout-audit]\ntruncation = "penalize"\n'
+    (d / "pyproject.toml").write_text(own + ("" if penalty is None else f"truncation_penalty = {penalty}\n"))
+    return d
+
+
+def _one_line(r, *words: str) -> None:
+    errors = [line for line in r.stderr.splitlines() if "error" in line]
+    assert r.returncode == 2 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert all(w in errors[0] for w in words), errors[0]
+
+
+@pytest.mark.parametrize("penalty", ["1e9", "1.0", "1e308"])
+def test_a_dump_folder_cannot_set_a_penalty_that_pays_a_cut_episode(tmp_path, penalty):
+    """Episode 1 (reward 1.0) cut at the generation limit: T307 under the folder's penalty 0.0; a
+    penalty the folder sets at or beyond the best reward of the uncut episodes is refused in one
+    line naming the file and the key, through `check --from` and `audit(framework=)`."""
+    import rollout_audit as ra
+    from rollout_audit.contract.errors import ConfigError
+
+    d = _skyrl_dump(tmp_path, {1}, "0.0")
+    r = cli("check", "--from", "skyrl", str(d), *CONTEXT_ARGS, "--format", "concise")
+    assert r.returncode == 1 and "T307" in r.stdout, r.stdout + r.stderr
+    (d / "pyproject.toml").write_text(
+        f'[tool.rollout-audit]\ntruncation = "penalize"\ntruncation_penalty = {penalty}\n'
+    )
+    r = cli("check", "--from", "skyrl", str(d), *CONTEXT_ARGS)
+    _one_line(r, "pyproject.toml", "truncation_penalty", "lies outside the rewards")
+    with pytest.raises(ConfigError, match="pyproject.toml: truncation_penalty = .* lies outside"):
+        ra.audit(str(d), framework="skyrl", context=SKYRL_CONTEXT)
+
+
+def test_the_users_own_penalty_is_believed_for_a_dump(tmp_path):
+    """The same penalty in the user's --config is their trainer's word: the cut episode is paid
+    what their trainer pays, T307 is silent."""
+    d = _skyrl_dump(tmp_path, {1}, None)
+    mine = tmp_path / "mine.toml"
+    mine.write_text('[tool.rollout-audit]\ntruncation = "penalize"\ntruncation_penalty = 1.0\n')
+    r = cli("check", "--from", "skyrl", str(d), *CONTEXT_ARGS, "--config", str(mine), "--format", "json")
+    assert r.returncode == 0, r.stdout[-800:] + r.stderr
+    assert "T307" not in {f["code"] for f in json.loads(r.stdout)["findings"]}
+
+
+def test_a_compliant_dump_with_a_reasonable_penalty_audits_clean(tmp_path):
+    """Episode 0 (reward 0.0) cut and paid the folder's penalty 0.0, within the uncut rewards: the
+    penalty is believed, T307 runs, compares the cut episode, and holds."""
+    d = _skyrl_dump(tmp_path, {0}, "0.0")
+    r = cli("check", "--from", "skyrl", str(d), *CONTEXT_ARGS, "--format", "json")
+    assert r.returncode == 0, r.stdout[-800:] + r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["findings"] == [] and "T307" in rep["summary"]["checks_run"], r.stdout[-800:]
+    assert rep["summary"]["statistics"]["T307"]["truncated_rewarded"] == 1
+
+
+@pytest.mark.parametrize("convert_first", [False, True])
+def test_a_log_whose_episodes_were_all_cut_cannot_state_its_penalty(tmp_path, convert_first):
+    """Every episode cut: no reward of an uncut episode bounds the penalty, so the log's own is not
+    believed (exit 2, one line naming file and key), as a dump and as the contract log `convert`
+    wrote of it; the user's --config still sets it."""
+    d = _skyrl_dump(tmp_path, {0, 1, 2, 3}, "1e9")
+    if convert_first:
+        log = tmp_path / "log"
+        r = cli("convert", "--from", "skyrl", str(d / "dump.jsonl"), str(log), *CONTEXT_ARGS)
+        assert r.returncode == 0, r.stderr
+        shutil.copy(d / "pyproject.toml", log / "pyproject.toml")
+        args = ["check", str(log)]
+    else:
+        args = ["check", "--from", "skyrl", str(d), *CONTEXT_ARGS]
+    r = cli(*args)
+    _one_line(r, "pyproject.toml", "truncation_penalty", "were all truncated")
+    mine = tmp_path / "mine.toml"
+    mine.write_text('[tool.rollout-audit]\ntruncation = "penalize"\ntruncation_penalty = 0.0\n')
+    r = cli(*args, "--config", str(mine), "--format", "concise")
+    assert r.returncode == 1 and "T307" in r.stdout, r.stdout + r.stderr  # the two paid 1.0 exceed the user's 0

@@ -208,10 +208,16 @@ class Config(BaseModel):
     # the keys a configuration inside the audited log set (not the user's: they never narrow what is
     # checked, e.g. they add to what the log's file metadata declares instead of replacing it)
     _log_keys: frozenset[str] = PrivateAttr(frozenset())
+    # the file inside the audited log those keys were read from (None: the log set none)
+    _log_file: str | None = PrivateAttr(None)
 
     @property
     def log_keys(self) -> frozenset[str]:
         return self._log_keys
+
+    @property
+    def log_file(self) -> str | None:
+        return self._log_file
 
     def users_keys(self) -> frozenset[str]:
         """The keys the user's configuration set (the log's own are left out)."""
@@ -514,8 +520,8 @@ def log_bounded(pp: Path, cfg: Config) -> Config:
     log's (`Config.log_keys`); a ConfigError naming the file and the key when a value is beyond what
     a real trainer has (LOG_BOUNDS), a finish or stop reason it names is the contract's own to
     define, or its second log-prob column is a contract column (L207 would compare a column with
-    itself). The truncation penalty is bounded by the log's rewards when the log is read
-    (`session.bound_penalty`)."""
+    itself). The truncation penalty is bounded by the log's rewards when the log is read, a
+    converted dump's too (`session.bound_penalty`)."""
     from .schema import columns, contract, stop_reasons
 
     said = cfg.model_fields_set
@@ -538,6 +544,7 @@ def log_bounded(pp: Path, cfg: Config) -> Config:
             "only values a real trainer has; set it on the command line or with --config FILE"
         )
     cfg._log_keys = frozenset(said)
+    cfg._log_file = _shown(pp)
     return cfg
 
 

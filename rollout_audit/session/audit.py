@@ -127,6 +127,7 @@ def layered(base: Config, top: Config) -> Config:
     update = {k: getattr(top, k) for k in top.model_fields_set}
     out = base.model_copy(update=update)
     out._log_keys = (base.log_keys - top.model_fields_set) | top.log_keys
+    out._log_file = top.log_file or base.log_file
     return out.with_source(f"{top.source}, over {base.source}")
 
 
@@ -143,7 +144,7 @@ def run(request: Request) -> Audited:
         conv = convert(request.framework, paths, request.context)
         cfg = with_policy(cfg, conv)
         with as_log(conv) as root:
-            checked = relabel(run_audit(discover([root]), cfg, opts), conv, root)
+            checked = relabel(_checked(discover([root]), cfg, opts), conv, root)
         table = conv.trajectories
 
         def ids() -> pl.Series:
@@ -152,8 +153,7 @@ def run(request: Request) -> Audited:
         tokens = table_tokens(table)
     else:
         disc = _discovery(request)
-        bound_penalty(cfg, disc)
-        checked = run_audit(disc, cfg, opts)
+        checked = _checked(disc, cfg, opts)
 
         def ids() -> pl.Series:
             return trajectory_ids(disc)
@@ -167,31 +167,54 @@ def run(request: Request) -> Audited:
     return Audited(report, checked, cfg, config_file, ids, conv, tokens)
 
 
+def _checked(disc: Discovery, cfg: Config, opts: Options) -> Report:
+    """The checks of the log `disc` finds (a log read from paths, in memory, or a converted dump),
+    once the penalty its own configuration states is bounded by what it records."""
+    bound_penalty(cfg, disc)
+    return run_audit(disc, cfg, opts)
+
+
 def bound_penalty(cfg: Config, disc: Discovery) -> None:
-    """A `truncation_penalty` the log's own configuration states must lie within the rewards the log
-    records for episodes that were not truncated, and below the best of them when they differ: a
-    penalty of 1e9, or one that pays a cut episode like the best outcome, only switches T307 off.
-    ConfigError naming the value and the range; nothing to bound when the rewards cannot be read."""
+    """A `truncation_penalty` the log's own configuration states (a file inside the audited log or
+    dump folder) must lie within the rewards the log records for episodes that were not truncated,
+    and below the best of them when they differ: a penalty of 1e9, or one that pays a cut episode
+    like the best outcome, only switches T307 off. When every episode was cut nothing bounds it and
+    it is refused too: it would be the only bound T307 has, and the log would set it on its own word.
+    ConfigError naming the file, the key, the value and the range; nothing to bound when the rewards
+    cannot be read (T307 then has nothing to compare either). The user's own penalty is believed."""
     if "truncation_penalty" not in cfg.log_keys or cfg.truncation_penalty is None or not disc.of_kind("trajectories"):
         return
     try:
         t = Log(disc).trajectories
         r = pl.col("reward").cast(pl.Float64)
-        lo, hi = (
-            t.filter(~pl.col("truncated").fill_null(False) & r.is_finite())
-            .select(r.min().alias("lo"), r.max().alias("hi"))
+        lo, hi, n = (
+            t.filter(r.is_finite())
+            .select(
+                r.filter(~pl.col("truncated").fill_null(False)).min().alias("lo"),
+                r.filter(~pl.col("truncated").fill_null(False)).max().alias("hi"),
+                pl.len().alias("n"),
+            )
             .collect()
             .row(0)
         )
     except Exception:  # noqa: BLE001 - no readable rewards: T307 then has nothing to compare either
         return
     p = cfg.truncation_penalty
-    if lo is None or (p <= hi and (p < hi or lo == hi)):
+    where = f"{cfg.log_file or cfg.source}: truncation_penalty = {p!r}"
+    mine = "set it with --config FILE if it is your trainer's"
+    if lo is None:
+        if not n:
+            return  # no reward recorded: T307 compares none
+        raise ConfigError(
+            f"{where}: refused in a configuration inside the audited log, whose episodes were all truncated "
+            f"(no reward of an episode that was not truncated bounds the penalty); {mine}"
+        )
+    if p <= hi and (p < hi or lo == hi):
         return
     raise ConfigError(
-        f"{cfg.source}: truncation_penalty = {p!r} lies outside the rewards the log records for episodes "
-        f"that were not truncated ([{lo!r}, {hi!r}]: a penalty pays less than the best of them); a "
-        "configuration inside the log may state only values a real trainer has: set it with --config FILE"
+        f"{where} lies outside the rewards the log records for episodes that were not truncated "
+        f"([{lo!r}, {hi!r}]: a penalty pays less than the best of them); a configuration inside the log "
+        f"may state only values a real trainer has: {mine}"
     )
 
 
