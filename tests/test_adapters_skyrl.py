@@ -1,7 +1,7 @@
 """SkyRL adapter: the compliant fixture audits clean with the not-run list docs/frameworks/skyrl.md
 predicts; provenance comes from the agent loop's engine calls, so SkyRL#758 (an appended EOS with
 mask 1) and SkyRL#710 (template tokens in the mask) are M101, and without engine calls M101/M102 do
-not run; step-wise rows are segments of their episode (no S002); the trainer-side records give
+not run while L208 reports a whole turn of 0.0 placeholders; step-wise rows are segments of their episode (no S002); the trainer-side records give
 U603/U607/U608 their evidence and each fires on a fault built from SkyRL's own records; a dump of
 several steps is not S002; the fully-async hook's step is the policy version; the generator's
 truncation flags are taken as context and the policy is named; the CLI paths agree."""
@@ -72,6 +72,12 @@ def test_without_engine_calls_a_turn_of_placeholder_logprobs_is_l208(tmp_path):
     assert found[0][4].startswith("8 trainable token(s) with behaviour log-prob exactly 0.0, every one of a turn")
     res, rep = _check(fixture("skyrl", "logprobs_lost_no_calls"))
     assert [f["code"] for f in rep["findings"]] == ["L208"] and res.exit_code == 0, res.output  # a warning
+    recs = records("skyrl", "logprobs_lost_no_calls")
+    recs[3]["rollout_logprobs"][31] = -0.25  # 7 of the turn's 8 at 0.0: confident tokens, not a lost span
+    dump = tmp_path / "seven.jsonl"
+    dump.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res, rep = _check(dump)
+    assert res.exit_code == 0 and rep["findings"] == [], res.output
 
 
 @pytest.mark.parametrize("case", ["compliant", "eos_appended_logprob_zero", "assistant_header_trained"])
