@@ -1,7 +1,7 @@
 """SkyRL adapter: the compliant fixture audits clean with the not-run list docs/frameworks/skyrl.md
 predicts; provenance comes from the agent loop's engine calls, so SkyRL#758 (an appended EOS with
 mask 1) and SkyRL#710 (template tokens in the mask) are M101, and without engine calls M101/M102 do
-not run; step-wise rows are segments of their episode (no S002); the trainer-side records give
+not run while L208 reports a whole turn of 0.0 placeholders; step-wise rows are segments of their episode (no S002); the trainer-side records give
 U603/U607/U608 their evidence and each fires on a fault built from SkyRL's own records; a dump of
 several steps is not S002; the fully-async hook's step is the policy version; the generator's
 truncation flags are taken as context and the policy is named; the CLI paths agree."""
@@ -61,6 +61,35 @@ def test_without_engine_calls_provenance_is_not_recorded_and_m101_m102_do_not_ru
 
 def recs_without(recs):
     return [{k: v for k, v in r.items() if k != "engine_calls"} for r in recs]
+
+
+def test_without_engine_calls_a_turn_of_placeholder_logprobs_is_l208(tmp_path):
+    """A dump without the hook's engine calls whose second turn of `3/search-4_1` kept SkyRL's 0.0
+    placeholder on all 8 trained tokens: visible on what the loss mask trains, without provenance."""
+    found = convert_then_check_equals_check_from("skyrl", "logprobs_lost_no_calls", tmp_path)
+    prompt = len(records("skyrl", "logprobs_lost_no_calls")[3]["prompt_token_ids"])
+    assert [f[:4] for f in found] == [("L208", "3/search-4_1", 1, prompt + 24)]  # the second run of the mask
+    assert found[0][4].startswith("8 trainable token(s) with behaviour log-prob exactly 0.0, every one of a turn")
+    res, rep = _check(fixture("skyrl", "logprobs_lost_no_calls"))
+    assert [f["code"] for f in rep["findings"]] == ["L208"] and res.exit_code == 0, res.output  # a warning
+    recs = records("skyrl", "logprobs_lost_no_calls")
+    recs[3]["rollout_logprobs"][31] = -0.25  # 7 of the turn's 8 at 0.0: confident tokens, not a lost span
+    dump = tmp_path / "seven.jsonl"
+    dump.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    res, rep = _check(dump)
+    assert res.exit_code == 0 and rep["findings"] == [], res.output
+
+
+@pytest.mark.parametrize("case", ["compliant", "eos_appended_logprob_zero", "assistant_header_trained"])
+def test_without_engine_calls_l208_runs_and_a_lone_zero_is_not_reported(tmp_path, case):
+    """Without provenance L208 runs; the compliant rows, SkyRL#758's one appended EOS at 0.0 and
+    #710's template tokens inside a trained turn are no whole turn of placeholders: silent."""
+    dump = tmp_path / "dump.jsonl"
+    dump.write_text("".join(json.dumps(r) + "\n" for r in recs_without(records("skyrl", case))))
+    res, rep = _check(dump)
+    why = {c["code"]: c["reason"] for c in rep["not_run"]} if isinstance(rep["not_run"], list) else rep["not_run"]
+    assert "L208" not in why and "M101" in why, why
+    assert res.exit_code == 0 and rep["findings"] == [], res.output
 
 
 def test_step_wise_rows_are_segments_of_their_episode_and_audit_clean():

@@ -167,3 +167,34 @@ def test_l208_silent_under_a_nucleus_greedy_or_outside_the_loss(records):
     tr["loss_mask"][p] = False
     tr["num_trainable_tokens"] -= 1
     assert "L208" not in ra.audit(trajs, ups).codes()
+
+
+def test_l208_without_provenance_reports_a_whole_turn_of_zeros_only(records, monkeypatch):
+    """Without token_source: a turn whose trained log-probs are all 0.0 and at least
+    PLACEHOLDER_TURN of them fires (the synthetic turns are short, so the bound is lowered to the
+    turn's length); one non-zero token in the turn, a shorter turn, or a nucleus keeps it silent."""
+    from rollout_audit.checks import logprobs
+
+    trajs, ups = records
+    tr = trajs[EXCLUDED]
+    turn = positions(tr, 2, turn=0)
+    for p in turn:
+        tr["behavior_logprobs"][p] = 0.0
+    tr["turns"][0].pop("logprob", None)
+    for x in trajs:
+        del x["token_source"]
+    cfg = Config(not_recorded=["token_source"])
+    monkeypatch.setattr(logprobs, "PLACEHOLDER_TURN", len(turn))
+    rep = ra.audit(trajs, ups, config=cfg)  # records without token_source: S001 names the column
+    assert loud(rep) == {"S001", "L208"}, rep.render()
+    r = rep.findings.filter(pl.col("code") == "L208").row(0, named=True)
+    assert (r["trajectory_id"], r["turn"], r["position"]) == (tr["trajectory_id"], 0, turn[0])
+    assert r["message"].startswith(f"{len(turn)} trainable token(s) with behaviour log-prob exactly 0.0, every one")
+    monkeypatch.setattr(logprobs, "PLACEHOLDER_TURN", len(turn) + 1)
+    assert "L208" not in ra.audit(trajs, ups, config=cfg).codes()
+    monkeypatch.setattr(logprobs, "PLACEHOLDER_TURN", len(turn))
+    tr["turns"][0]["top_p"] = 0.9
+    assert "L208" not in ra.audit(trajs, ups, config=cfg).codes()
+    tr["turns"][0]["top_p"] = 1.0
+    tr["behavior_logprobs"][turn[-1]] = -0.5
+    assert "L208" not in ra.audit(trajs, ups, config=cfg).codes()

@@ -192,11 +192,16 @@ def decoding_params(b: BatchView, cfg) -> pl.DataFrame | None:
     )
 
 
+# Without provenance, the fewest trainable tokens of a turn, every one exactly 0.0, that L208 reports
+PLACEHOLDER_TURN = 8
+
+
 @rule(
     "L208",
     "placeholder 0.0 log-prob on a trainable policy token sampled at temperature > 0",
     "warning",
-    requires=("loss_mask", "behavior_logprobs", "token_source", "token_turn", "turns.temperature", "turns.top_p"),
+    requires=("loss_mask", "behavior_logprobs", "token_turn", "turns.temperature", "turns.top_p"),
+    optional=("token_source",),
 )
 def placeholder_logprob(b: BatchView, cfg) -> pl.DataFrame | None:
     """A trainable policy token carries a behaviour log-prob of exactly 0.0 in a turn sampled
@@ -209,16 +214,29 @@ def placeholder_logprob(b: BatchView, cfg) -> pl.DataFrame | None:
     temperature > 0 over the full vocabulary (top_p = 1) gives probability exactly 1 only when
     float32 rounds it there (p > 1 − 6·10⁻⁸), hence a warning. A nucleus (top_p < 1) can hold a
     single token, whose renormalised log-prob is genuinely 0.0: those turns never fire, nor do
-    greedy turns (temperature 0) or turns with unknown decoding parameters (L204). Fix the
-    adapter to write null where the framework wrote a placeholder, and keep such tokens out of
-    the loss.
+    greedy turns (temperature 0) or turns with unknown decoding parameters (L204).
+
+    Without provenance (no `token_source`: a SkyRL or slime dump without the hook's engine calls)
+    the placeholder is still visible on what the loss mask trains, but a single 0.0 is not: a
+    confident sampled token, or an EOS the engine appended, reads the same. Only the span whose
+    log-probs were never captured is reported then: a turn whose trainable tokens with a log-prob
+    are all exactly 0.0, at least 8 of them. Each would need p > 1 − 6·10⁻⁸ under sampling at
+    temperature > 0 over the full vocabulary, every token of a turn of eight or more: a genuine
+    near-certain token sits among sampled tokens whose log-probs are below 0, while a span the
+    engine's log-probs never reached is 0.0 from its first token to its last. Shorter turns and a lone 0.0 (the appended EOS) need the
+    engine's calls: with them, M101 reports a token the engine never sampled. Fix the adapter to
+    write null where the framework wrote a placeholder, and keep such tokens out of the loss.
     """
     if not b.ok.any():
         return None
     t = b.tokens
     zero = t.lp == 0.0  # rare: the other conditions are read only when some log-prob is 0.0
-    if zero.any():
-        zero &= t.mask & t.policy & t.lp_present
+    if not zero.any():
+        return None
+    provenance = b.has("token_source")
+    zero &= t.mask & t.lp_present
+    if provenance:
+        zero &= t.policy
     if not zero.any():
         return None
     tr = b.turns
@@ -227,20 +245,27 @@ def placeholder_logprob(b: BatchView, cfg) -> pl.DataFrame | None:
     key = b.turn_key
     zero &= key >= 0
     zero[zero] = eligible[key[zero]]
+    if not provenance and zero.any():  # only a whole turn of placeholders: see the docstring
+        trained = t.mask & t.lp_present & (key >= 0)
+        n_trained = np.bincount(key[trained], minlength=len(tr))
+        n_zero = np.bincount(key[zero], minlength=len(tr))
+        whole = (n_zero == n_trained) & (n_zero >= PLACEHOLDER_TURN)
+        zero[zero] = whole[key[zero]]
     if not zero.any():
         return None
     loc = b.locate(zero)
+    what = (
+        "trainable policy token(s) with behaviour log-prob exactly 0.0 sampled at temperature > 0, top_p 1 "
+        "(a placeholder, not a probability); first at "
+        if provenance
+        else f"trainable token(s) with behaviour log-prob exactly 0.0, every one of a turn of {PLACEHOLDER_TURN} or "
+        "more sampled at temperature > 0, top_p 1 (log-probs never captured; no provenance recorded); first at "
+    )
     return loc.select(
         "trajectory_id",
         "turn",
         "position",
-        pl.format(
-            "{} trainable policy token(s) with behaviour log-prob exactly 0.0 sampled at temperature > 0, top_p 1 "
-            "(a placeholder, not a probability); first at ",
-            "n",
-        )
-        .add(where_first())
-        .alias("message"),
+        pl.format("{} " + what, "n").add(where_first()).alias("message"),
     )
 
 
