@@ -82,31 +82,60 @@ def engine():
     srv.shutdown()
 
 
-def test_registry_builds_the_recording_loop_and_the_record_audits(tmp_path, engine):
+def _registry_loop(tmp_path, engine, user_loop="UserLoop"):
+    """The recording loop as verl builds it: the shipped YAML loaded as AgentLoopWorker.__init__ loads
+    agent_loop_config_path, the entry built by hydra.utils.instantiate with the arguments verl passes."""
     import hydra
     from omegaconf import OmegaConf
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap
 
-    from rollout_audit.adapters.base import read_dump
-    from rollout_audit.adapters.verl import to_contract
-    from rollout_audit.integrations.verl_loop import CONFIG, RecordingServer
+    from rollout_audit.integrations.verl_loop import CONFIG
 
-    entries = OmegaConf.load(CONFIG)  # as AgentLoopWorker.__init__ loads agent_loop_config_path
-    entry = next(e for e in entries if e.name == "single_turn_agent")
-    entry.agent_loop = f"{__name__}.UserLoop"
+    entry = next(e for e in OmegaConf.load(CONFIG) if e.name == "single_turn_agent")
+    entry.agent_loop = f"{__name__}.{user_loop}"
     cfg = OmegaConf.create({"trainer": {"rollout_data_dir": str(tmp_path)}})
-    loop = hydra.utils.instantiate(
+    return hydra.utils.instantiate(
         config=entry, trainer_config=DictConfigWrap(cfg), server_manager=HttpClient(engine), tokenizer=None,
         processor=None, hf_model_type=None, dataset_cls=None, data_config=DictConfigWrap(cfg), tools=None,
     )  # fmt: skip
+
+
+def test_registry_builds_the_recording_loop_and_the_record_audits(tmp_path, engine):
+    from rollout_audit.adapters.base import UNRECORDED, read_dump
+    from rollout_audit.adapters.verl import to_contract
+    from rollout_audit.integrations.verl_loop import RecordingServer
+
+    loop = _registry_loop(tmp_path, engine)
     assert isinstance(loop.inner.server_manager, RecordingServer)
     out = asyncio.run(loop.run({"temperature": 1.0}, uid="u0", session_id=0, global_steps=4))
     assert out.response_ids == [3, 4, 5] and out.response_logprobs == [-0.5, -0.25, -0.125]
     recs = read_dump(tmp_path / "rollout-audit")
     assert recs[0]["request_id"] == "u0_0_0" and recs[0]["engine_calls"][0]["token_ids"] == [3, 4, 5]
-    assert recs[0]["engine_calls"][0]["global_steps"] == 3 and "template_ids" in recs[0]["not_recorded"]
+    assert recs[0]["engine_calls"][0]["global_steps"] == 3
+    assert set(recs[0][UNRECORDED]) == {"turns.template_context_length", "turns.template_context_sha256"}
     t = to_contract(recs).to_pylist()[0]
     assert t["token_source"] == [1, 1, 2, 2, 2] and t["turns"][0]["policy_version"] == 3
+
+
+def test_check_names_what_the_loop_could_not_record_in_not_run(tmp_path, engine):
+    """`check --from verl` on the wrapper's dump: the checks that need what it could not record (the
+    rendered template: M107) are "not run" with the wrapper's own reason, not among the checks run;
+    those its engine calls feed (M101, M105, M106) run."""
+    from adapterhelp import cli, context_args
+
+    loop = _registry_loop(tmp_path, engine)
+    for uid in ("u0", "u1"):
+        asyncio.run(loop.run({"temperature": 1.0}, uid=uid, session_id=0, global_steps=4))
+        loop.calls.clear()  # verl builds one loop per sample
+    res = cli("check", "--from", "verl", tmp_path / "rollout-audit", *context_args(), "--format", "json")
+    rep = json.loads(res.stdout)
+    assert res.exit_code in (0, 1), res.output
+    not_run = {n["code"]: n["reason"] for n in rep["not_run"]}
+    assert "rollout-audit's verl agent loop: the conversation the user's loop renders" in not_run["M107"]
+    assert "M107" not in rep["summary"]["checks_run"]
+    assert {"M101", "M105", "M106"} <= set(rep["summary"]["checks_run"])
+    text = cli("check", "--from", "verl", tmp_path / "rollout-audit", *context_args(), "--show-not-run")
+    assert "M107" in text.output and "the conversation the user's loop renders" in text.output
 
 
 def test_a_loop_without_a_directory_fails_loudly():
