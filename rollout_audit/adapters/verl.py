@@ -31,6 +31,7 @@ from .base import (
     aligned,
     context_values,
     contract_table,
+    declared,
     flags,
     in_range,
     integer,
@@ -517,7 +518,7 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
             settings["grpo_epsilon"] = GRPO_EPSILON
     old = [r.pop(OLD_LOGPROBS, None) for r in rows]
     lacks_ = {**LACKS, "token_returns": _NO_RETURNS} if trainer else LACKS
-    table = contract_table(rows, lacks_)
+    table = contract_table(rows, declared(sampler, lacks_))  # a recorder's own reasons in place of the adapter's
     if any(o is not None for o in old):
         meta = table.schema.metadata
         table = table.append_column(OLD_LOGPROBS, pa.array(old, pa.list_(pa.float32()))).replace_schema_metadata(meta)

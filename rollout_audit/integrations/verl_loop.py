@@ -21,17 +21,27 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..adapters.base import UNRECORDED
 from . import verl as hook
 
 CONFIG = Path(__file__).with_name("verl_agent_loops.yaml")
 # the records' folder under trainer.rollout_data_dir: verl's own {step}.jsonl text dump stays beside it
 SUBDIR = "rollout-audit"
-# what the wrapper cannot see from outside the user's loop: said in every record (`not_recorded`)
-NOT_RECORDED = {
-    "template_ids": "the conversation the loop renders stays inside the user's loop (M107 not run)",
-    "attempts": "a fully-async call resumed inside the server client is one call to the wrapper",
-}
-_EARLIER = "a loop that returns several outputs: its engine calls are recorded on the last one only"
+# what the wrapper cannot see from outside the user's loop, by the contract field it leaves out: said
+# on the records (`rollout_audit_unrecorded`, the adapters' one word for it) and by `check` in "not run"
+_TEMPLATE = "rollout-audit's verl agent loop: the conversation the user's loop renders stays inside that loop"
+NOT_RECORDED = {"turns.template_context_length": _TEMPLATE, "turns.template_context_sha256": _TEMPLATE}
+# a call the fully-async client resumed across a weight update reaches the wrapper as one call, its
+# routes merged: which version routed which row is not seen (the hook's `attempt` runs inside the client)
+_RESUMED = (
+    "rollout-audit's verl agent loop: an engine call resumed across a weight update "
+    "(min_global_steps != max_global_steps) reaches the wrapper as one call, so its routes' versions are not seen"
+)
+# a loop that returns several outputs: its calls cannot be told apart, so they go on the last output only
+_EARLIER = (
+    "rollout-audit's verl agent loop: the loop returned several outputs; its engine calls are recorded on the last one"
+)
+EARLIER = {f"turns.{k}": _EARLIER for k in ("context_length", "context_sha256", "sampled_token_ids")}
 # the keyword arguments verl's AgentLoopWorker passes to every loop it builds (agent_loop.py:683-693)
 BUILD_ARGS = (
     "trainer_config",
@@ -137,11 +147,26 @@ class AuditedAgentLoop:
             "uid": None if uid is None else str(uid),
             "engine_calls": list(self.calls) if index == n - 1 else None,
             "boundary_ids": hook.boundary_ids(getattr(self.inner, "continuous_token_builder", None)),
-            "not_recorded": dict(NOT_RECORDED) if index == n - 1 else {**NOT_RECORDED, "engine_calls": _EARLIER},
+            UNRECORDED: self.unrecorded(index == n - 1),
             "agent_loop": f"{type(self.inner).__module__}.{type(self.inner).__qualname__}",
         }
         if kwargs.get("global_steps") is not None:
             out["global_steps"] = int(kwargs["global_steps"])
+        return out
+
+    def unrecorded(self, last: bool) -> dict[str, str]:
+        """{contract field: why} for what this output's record cannot carry (`NOT_RECORDED`; the engine
+        calls on every output but the last; the routes' versions of a call resumed across an update)."""
+        out = dict(NOT_RECORDED) if last else {**NOT_RECORDED, **EARLIER}
+        resumed = any(
+            c.get("routed_experts_rows") is not None
+            and hook.ROUTE_RUNS not in c
+            and None not in (c.get("min_global_steps"), c.get("max_global_steps"))
+            and c["min_global_steps"] != c["max_global_steps"]
+            for c in self.calls
+        )
+        if last and resumed:
+            out["routed_experts_version"] = _RESUMED
         return out
 
 
