@@ -1,4 +1,4 @@
-"""The output formats of a report (text, concise, json, github, junit), registered with
+"""The output formats of a report (text, concise, json, github, junit; sarif in .sarif), registered with
 `running.report` so that `Report.render(fmt)` finds them. The JSON shape is a stable interface."""
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _escape_char(m: re.Match) -> str:
     return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
 
 
-FORMATS = ("text", "concise", "json", "github", "junit")
+FORMATS = ("text", "concise", "json", "github", "junit", "sarif")
 
 
 def _where(r: dict) -> str:
@@ -311,9 +311,14 @@ def render_junit(rep: Report, **_: object) -> str:
 def render_logs(reports: list[tuple[list, Report]], fmt: str, **kw: Any) -> str:
     """The reports of several logs, each `(paths, report)`: one report as `Report.render` gives
     it; several, each under its (first) path: a `== PATH ==` header (text), the path before each
-    verdict line (concise), one JSON object `{"logs": [...]}`, one JUnit `<testsuites>`."""
+    verdict line (concise), one JSON object `{"logs": [...]}`, one JUnit `<testsuites>`, one SARIF
+    log of one run per log."""
     if len(reports) == 1:
         return reports[0][1].render(fmt, **kw)
+    if fmt == "sarif":  # one SARIF log, one run per log
+        from .sarif import sarif_log
+
+        return sarif_log([r for _, r in reports], strict=bool(kw.get("strict")))
     if fmt == "json":
         return json_text({"logs": [{"path": str(p[0]), **r.to_dict()} for p, r in reports]})
     if fmt == "junit":
