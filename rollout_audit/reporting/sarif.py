@@ -94,9 +94,13 @@ def sarif_run(rep: Report, strict: bool = False) -> dict:
         notes.append(_notification("error", f"nothing to audit: {rep.unusable}", index))
     for c in rep.crashes:
         where = ", ".join(x for x in (c["file"], c["rows"] and f"rows {c['rows']}") if x)
-        notes.append(_notification("error", f"crashed{' on ' + where if where else ''}: {c['error']}", index, c["code"]))
+        notes.append(
+            _notification("error", f"crashed{' on ' + where if where else ''}: {c['error']}", index, c["code"])
+        )
     for code, why in sorted(rep.unfulfilled.items()):
-        notes.append(_notification("error", f"asked for and not run: {why}", index, code))
+        notes.append(_notification("error", why, index, code))
+    if rep.unusable is None and not rep.summary["checks_run"] and not rep.crashes:
+        notes.append(_notification("error", "no check ran: nothing was verified", index))
     for code, why in sorted(rep.partial.items()):
         notes.append(_notification("warning", f"partially run: {why}", index, code))
     for code, why in sorted(rep.not_run.items()):
