@@ -77,6 +77,8 @@ def test_several_logs_are_one_run_each():
     log = sarif("fixtures/compliant", "fixtures/broken/loss_over_whole_transcript", codes=(1,))
     assert [len(r["results"]) for r in log["runs"]] == [0, 2]
     assert [r["invocations"][0]["exitCode"] for r in log["runs"]] == [0, 1]
+    ids = [r["automationDetails"]["id"] for r in log["runs"]]
+    assert ids == ["rollout-audit/fixtures/compliant/", "rollout-audit/fixtures/broken/loss_over_whole_transcript/"]
 
 
 def test_hostile_strings_stay_intact_json(tmp_path):

@@ -318,7 +318,7 @@ def render_logs(reports: list[tuple[list, Report]], fmt: str, **kw: Any) -> str:
     if fmt == "sarif":  # one SARIF log, one run per log
         from .sarif import sarif_log
 
-        return sarif_log([r for _, r in reports], strict=bool(kw.get("strict")))
+        return sarif_log([(str(p[0]), r) for p, r in reports], strict=bool(kw.get("strict")))
     if fmt == "json":
         return json_text({"logs": [{"path": str(p[0]), **r.to_dict()} for p, r in reports]})
     if fmt == "junit":

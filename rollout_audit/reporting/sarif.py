@@ -66,8 +66,9 @@ def _notification(level: str, text: str, index: dict[str, int], code: str | None
     return out
 
 
-def sarif_run(rep: Report, strict: bool = False) -> dict:
-    """One log's report as a SARIF `run`."""
+def sarif_run(rep: Report, strict: bool = False, path: str | None = None) -> dict:
+    """One log's report as a SARIF `run`; `path`: the log's, naming the run (`automationDetails`)
+    when one SARIF log holds several, so that code scanning keeps each log's results apart."""
     codes = sorted(set(rep.rules) | rep.codes())
     rules = [rep.rules.get(c) or RULES[c] for c in codes if c in rep.rules or c in RULES]
     index = {r.code: i for i, r in enumerate(rules)}
@@ -124,22 +125,26 @@ def sarif_run(rep: Report, strict: bool = False) -> dict:
         "semanticVersion": __version__,
         "rules": [_rule(r) for r in rules],
     }
-    return {
+    out = {
         "tool": {"driver": driver},
         "invocations": [invocation],
         "results": results,
         "columnKind": "unicodeCodePoints",
     }
+    if path is not None:
+        out["automationDetails"] = {"id": f"rollout-audit/{printable(path)}/"}
+    return out
 
 
-def sarif_log(reports: list[Report], strict: bool = False) -> str:
-    """Reports (one per log) as one SARIF log, one run each."""
-    return json_text({"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [sarif_run(r, strict) for r in reports]})
+def sarif_log(reports: list[tuple[str | None, Report]], strict: bool = False) -> str:
+    """Reports, each `(path of its log or None, report)`, as one SARIF log of one run each."""
+    runs = [sarif_run(r, strict, path) for path, r in reports]
+    return json_text({"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": runs})
 
 
 def render_sarif(rep: Report, *, strict: bool = False, **_: object) -> str:
     """The report as a SARIF 2.1.0 log of one run."""
-    return sarif_log([rep], strict)
+    return sarif_log([(None, rep)], strict)
 
 
 register_format("sarif", render_sarif)
