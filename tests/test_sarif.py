@@ -99,3 +99,11 @@ def test_hostile_strings_stay_intact_json(tmp_path):
     (t302,) = [r["message"]["text"] for r in run["results"] if r["ruleId"] == "T302"]
     assert 'weird"}' in t302 and "forged\\x1b[2J\\u202e" in t302  # quote and backslash kept, controls shown
     assert EVIL_ID not in text  # the raw control characters never reach the output
+
+
+def test_sarif_is_a_choice_of_check_and_a_registered_format():
+    from rollout_audit.cli.options import FORMATS
+    from rollout_audit.reporting.report import FORMATS as REPORT_FORMATS
+    from rollout_audit.running.report import formats
+
+    assert "sarif" in FORMATS and set(FORMATS) == set(REPORT_FORMATS) == set(formats())
