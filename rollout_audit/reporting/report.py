@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
@@ -17,6 +18,7 @@ from ..running.report import MAX_CHARS, Report, plural, register_format, verdict
 
 __all__ = [
     "FORMATS",
+    "MANY_LOGS",
     "MAX_CHARS",
     "Report",
     "json_text",
@@ -308,17 +310,20 @@ def render_junit(rep: Report, **_: object) -> str:
     return "\n".join([head, *cases, "</testsuite>"])
 
 
+# Formats that render several logs as one document of their own (SARIF: a run per log), by
+# name: render(reports, **options) -> str, registered by the module that defines the format
+MANY_LOGS: dict[str, Callable[..., str]] = {}
+
+
 def render_logs(reports: list[tuple[list, Report]], fmt: str, **kw: Any) -> str:
     """The reports of several logs, each `(paths, report)`: one report as `Report.render` gives
     it; several, each under its (first) path: a `== PATH ==` header (text), the path before each
-    verdict line (concise), one JSON object `{"logs": [...]}`, one JUnit `<testsuites>`, one SARIF
-    log of one run per log."""
+    verdict line (concise), one JSON object `{"logs": [...]}`, one JUnit `<testsuites>`; a format in
+    `MANY_LOGS` as it renders them (SARIF: one log, a run per log)."""
     if len(reports) == 1:
         return reports[0][1].render(fmt, **kw)
-    if fmt == "sarif":  # one SARIF log, one run per log
-        from .sarif import sarif_log
-
-        return sarif_log([(str(p[0]), r) for p, r in reports], strict=bool(kw.get("strict")))
+    if fmt in MANY_LOGS:
+        return MANY_LOGS[fmt](reports, **kw)
     if fmt == "json":
         return json_text({"logs": [{"path": str(p[0]), **r.to_dict()} for p, r in reports]})
     if fmt == "junit":

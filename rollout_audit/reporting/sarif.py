@@ -13,9 +13,9 @@ from urllib.parse import quote
 from ..contract.registry import RULES, Rule
 from ..contract.version import __version__
 from ..running.report import Report, register_format
-from .report import incomplete, json_text, printable
+from .report import MANY_LOGS, incomplete, json_text, printable
 
-__all__ = ["SARIF_SCHEMA", "render_sarif", "sarif_log"]
+__all__ = ["SARIF_SCHEMA", "render_sarif", "render_sarif_logs", "sarif_log"]
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 # a finding's severity as a SARIF level (SARIF has no "info": its "note" is the informational level)
@@ -147,4 +147,10 @@ def render_sarif(rep: Report, *, strict: bool = False, **_: object) -> str:
     return sarif_log([(None, rep)], strict)
 
 
+def render_sarif_logs(reports: list[tuple[list, Report]], *, strict: bool = False, **_: object) -> str:
+    """Several logs, each `(paths, report)`, as one SARIF log: a run per log, named by its (first) path."""
+    return sarif_log([(str(paths[0]), rep) for paths, rep in reports], strict)
+
+
 register_format("sarif", render_sarif)
+MANY_LOGS["sarif"] = render_sarif_logs
