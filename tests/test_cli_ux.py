@@ -295,3 +295,30 @@ def test_default_colour_needs_a_terminal_and_no_no_color(monkeypatch):
     monkeypatch.setattr(sys, "stdout", io.StringIO())
     monkeypatch.delenv("NO_COLOR")
     assert not _tty_colour()
+
+
+def test_every_command_has_examples_that_use_its_own_options():
+    """Each command's `--help` ends with examples; every option an example uses is one the command
+    declares, and the faults it names exist, so that an example cannot drift from the command."""
+    import shlex
+
+    import click
+
+    from rollout_audit.cli.main import EXAMPLES
+
+    names = main.list_commands(click.Context(main))  # loads the commands imported only when named
+    assert set(EXAMPLES) == set(names)
+    for name in names:
+        assert "Examples:" in cli(name, "--help").stdout, name
+        lines = [x.strip() for x in EXAMPLES[name].splitlines() if x.strip().startswith("rollout-audit ")]
+        assert lines, name
+        for line in lines:
+            words = shlex.split(line)
+            target, args = main.commands[words[1]], words[2:]  # an example may show the next command
+            if isinstance(target, click.Group) and args and args[0] in target.commands:
+                target, args = target.commands[args[0]], args[1:]
+            if target.name == "apply":
+                assert args[0] in FAULTS, line
+            declared = {o for p in target.params for o in (*p.opts, *p.secondary_opts)}
+            used = {a.split("=", 1)[0] for a in args if a.startswith("-")}
+            assert used <= declared, (line, used - declared)

@@ -49,7 +49,9 @@ class _Group(click.Group):
     def _load(self, name: str) -> None:
         module = self.lazy.get(name)
         if module is not None and name not in self.commands:
-            self.add_command(getattr(importlib.import_module(module), name))
+            command = getattr(importlib.import_module(module), name)
+            command.epilog = EXAMPLES.get(name, command.epilog)
+            self.add_command(command)
 
     def get_command(self, ctx, cmd_name):
         if cmd_name not in self.commands:  # an unknown name loads them all, so that "did you mean" sees every one
@@ -86,6 +88,80 @@ class _Group(click.Group):
             fail(f"internal error: {type(e).__name__}: {_first_line(e)} (please report this)")
 
 
+def examples(*lines: tuple[str, str]) -> str:
+    """A command's `--help` epilog: `rollout-audit ARGS` and what it does, one example a line, what
+    it does under a long one (kept as written: click rewraps any paragraph not marked \\b)."""
+    col = 36
+    out = []
+    for cmd, what in lines:
+        line = f"rollout-audit {cmd}"
+        out.append(
+            f"  {line:<{col}}{what}".rstrip()
+            if len(line) < col
+            else f"  {line}" + (f"\n  {'':<{col}}{what}" if what else "")
+        )
+    return "\b\nExamples:\n" + "\n".join(out)
+
+
+# Each command's examples (tests/test_cli_ux.py parses every one with the command's own options)
+EXAMPLES = {
+    "check": examples(
+        ("check logs/", "audit one log"),
+        ("check logs/ --format sarif -o audit.sarif", "SARIF 2.1.0 for code scanning"),
+        ("check logs/ --select M,L201 --ignore R409 --strict", "some checks; warnings fail too"),
+        ("check --from verl DUMP --context environment_version=v3", "a trainer's dump, converted in memory"),
+        ("check logs/ --write-baseline b.json", "accept today's findings (then --baseline b.json)"),
+    ),
+    "diff": examples(
+        ("diff run1/ run2/", "findings and statistics that changed from run1 to run2"),
+        ("diff run1/ run2/ --format json", "the same, as JSON"),
+    ),
+    "filter": examples(
+        ("filter logs/ clean/", "a copy without the flagged trajectories and their updates"),
+        ("filter logs/ clean/ --select M", "drop only what the mask checks flag"),
+    ),
+    "watch": examples(
+        ("watch out/ --status status.json --fail-fast", "audit each step as it completes; stop on the first error"),
+        ("watch dumps/ --from verl --idle 600", "a trainer's dumps; stop after 10 minutes without a step"),
+    ),
+    "explain": examples(
+        ("explain U602", "the rule, the lesson it comes from, what to fix"),
+        ("explain M", "the checks of one family"),
+        ("explain --list", "every check code"),
+    ),
+    "config": examples(
+        ("config --list", "every configuration key"),
+        ("config atol", "one key: what it means, its default"),
+    ),
+    "schema": examples(("schema", "the log contract"), ("schema --format json", "the same, as JSON")),
+    "stats": examples(
+        ("stats logs/", "counts, trainable share, stop causes, rewards"), ("stats logs/ --format json", "")
+    ),
+    "show": examples(
+        ("show logs/ TRAJECTORY_ID", "one transcript by provenance, findings at their tokens"),
+        ("show logs/ TRAJECTORY_ID --tokenizer DIR --ids", "decoded text; each token's id and log-prob"),
+    ),
+    "convert": examples(
+        ("convert --from slime DUMP out/", "a trainer's dump written as a contract log"),
+    ),
+    "report": examples(
+        ("report logs/ -o report.html", "an offline HTML page: verdict, findings, plots"),
+    ),
+    "capture": examples(
+        ("capture --upstream http://127.0.0.1:8000 --out sessions/", "record every exchange with the server"),
+        ("check --from openai sessions/", "then audit what was recorded"),
+    ),
+    "demo": examples(
+        ("demo", "train the reference agent, audit its log"), ("demo out/ --profile tiny", "the smallest run")
+    ),
+    "faults": examples(
+        ("faults --list", "the named faults and the codes each must raise"),
+        ("faults apply policy_tokens_unmasked fixtures/compliant broken/", "a copy with one fault"),
+        ("faults matrix fixtures/compliant", "apply every fault, audit each"),
+    ),
+}
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="rollout-audit")
 def main() -> None:
@@ -112,7 +188,7 @@ def main() -> None:
     """
 
 
-@CheckOptions.command(main)
+@CheckOptions.command(main, epilog=EXAMPLES["check"])
 def check(opts: CheckOptions) -> int | None:
     """Audit the log at each PATH (a directory of Parquet files, or one file; local, or an s3://,
     gs:// or file:// URI).
@@ -134,7 +210,7 @@ def check(opts: CheckOptions) -> int | None:
     return commands.check(opts, click.echo)
 
 
-@DiffOptions.command(main)
+@DiffOptions.command(main, epilog=EXAMPLES["diff"])
 def diff(opts: DiffOptions) -> int:
     """What changed from log A to log B (two runs, or two step directories of one log): findings
     compared by identity (code, trajectory, place), checks that ran on A and not on B, and the
@@ -143,14 +219,14 @@ def diff(opts: DiffOptions) -> int:
     return commands.diff(opts, click.echo)
 
 
-@FilterOptions.command(main, "filter")
+@FilterOptions.command(main, "filter", epilog=EXAMPLES["filter"])
 def filter_flagged(opts: FilterOptions) -> int:
     """Write OUT: the log at LOG without the trajectories the selected checks flagged, and without
     the updates that named them. Never writes in place; states what it dropped."""
     return commands.filter_flagged(opts, click.echo)
 
 
-@WatchOptions.command(main)
+@WatchOptions.command(main, epilog=EXAMPLES["watch"])
 def watch(opts: WatchOptions) -> int:
     """Follow DIRECTORY as a trainer writes it, and audit each new step's file once it is complete
     (moved in by a rename, or its size unchanged since the last poll). One line per step; exit with
@@ -158,7 +234,7 @@ def watch(opts: WatchOptions) -> int:
     return commands.watch(opts, click.echo)
 
 
-@main.command()
+@main.command(epilog=EXAMPLES["explain"])
 @click.argument("code", required=False)
 @click.option("--list", "list_all", is_flag=True, help="List every check code, by family.")
 def explain(code, list_all) -> None:
@@ -166,7 +242,7 @@ def explain(code, list_all) -> None:
     commands.explain(code, list_all, click.echo)
 
 
-@main.command("config")
+@main.command("config", epilog=EXAMPLES["config"])
 @click.argument("key", required=False)
 @click.option("--list", "list_all", is_flag=True, help="List every configuration key with its description.")
 def config_cmd(key, list_all) -> None:
@@ -182,7 +258,7 @@ def config_cmd(key, list_all) -> None:
     click.echo(key_entry(key))
 
 
-@main.command()
+@main.command(epilog=EXAMPLES["schema"])
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def schema(fmt) -> None:
     """Print the log contract (columns, types, requirement levels)."""
@@ -205,7 +281,7 @@ def schema(fmt) -> None:
     click.echo("token_source: " + ", ".join(f"{k} {v}" for k, v in doc["token_source"].items()))
 
 
-@main.command()
+@main.command(epilog=EXAMPLES["stats"])
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def stats(paths, fmt) -> None:
@@ -213,7 +289,7 @@ def stats(paths, fmt) -> None:
     commands.stats(paths, fmt, click.echo)
 
 
-@ShowOptions.command(main)
+@ShowOptions.command(main, epilog=EXAMPLES["show"])
 def show(opts: ShowOptions) -> None:
     """Print one trajectory turn by turn: decoded text coloured by provenance, trained tokens underlined,
     trained non-policy tokens flagged with !, findings' codes next to their tokens, observations and rewards.
@@ -221,13 +297,13 @@ def show(opts: ShowOptions) -> None:
     commands.show(opts, click.echo)
 
 
-@ConvertOptions.command(main)
+@ConvertOptions.command(main, epilog=EXAMPLES["convert"])
 def convert(opts: ConvertOptions) -> None:
     """Convert a trainer's dump (SRC: JSON Lines or Parquet records) into a contract log in DST."""
     commands.convert(opts, click.echo)
 
 
-@ReportOptions.command(main)
+@ReportOptions.command(main, epilog=EXAMPLES["report"])
 def report(opts: ReportOptions) -> int:
     """Write an HTML page: the verdict, every check (pass / fail / not run, with its explanation), findings
     per code with examples, and plots of the distributions where the catalogued faults show. The
@@ -235,7 +311,7 @@ def report(opts: ReportOptions) -> int:
     return commands.report(opts, click.echo)
 
 
-@main.command()
+@main.command(epilog=EXAMPLES["demo"])
 @click.argument("out", type=click.Path(file_okay=False), default="demo-out")
 @click.option("--profile", type=click.Choice(["tiny", "smoke", "full"]), default="smoke", show_default=True)
 @click.option("--seed", default=0, show_default=True)
@@ -255,7 +331,7 @@ def demo(out, profile, seed, progress) -> None:
     sys.exit(commands.demo(out, profile, seed, progress, click.echo))
 
 
-@main.group(invoke_without_command=True)
+@main.group(invoke_without_command=True, epilog=EXAMPLES["faults"])
 @click.option("--list", "list_all", is_flag=True, help="List the named faults and the codes each must raise.")
 @click.pass_context
 def faults(ctx, list_all) -> None:

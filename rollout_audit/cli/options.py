@@ -15,7 +15,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-FORMATS = ("text", "concise", "json", "github", "junit")
+FORMATS = ("text", "concise", "json", "github", "junit", "sarif")
 
 T = TypeVar("T", bound="Parsed")
 

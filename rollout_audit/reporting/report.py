@@ -1,4 +1,4 @@
-"""The output formats of a report (text, concise, json, github, junit), registered with
+"""The output formats of a report (text, concise, json, github, junit; sarif in .sarif), registered with
 `running.report` so that `Report.render(fmt)` finds them. The JSON shape is a stable interface."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
@@ -17,6 +18,7 @@ from ..running.report import MAX_CHARS, Report, plural, register_format, verdict
 
 __all__ = [
     "FORMATS",
+    "MANY_LOGS",
     "MAX_CHARS",
     "Report",
     "json_text",
@@ -66,7 +68,7 @@ def _escape_char(m: re.Match) -> str:
     return _NAMED.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
 
 
-FORMATS = ("text", "concise", "json", "github", "junit")
+FORMATS = ("text", "concise", "json", "github", "junit", "sarif")
 
 
 def _where(r: dict) -> str:
@@ -308,12 +310,20 @@ def render_junit(rep: Report, **_: object) -> str:
     return "\n".join([head, *cases, "</testsuite>"])
 
 
+# Formats that render several logs as one document of their own (SARIF: a run per log), by
+# name: render(reports, **options) -> str, registered by the module that defines the format
+MANY_LOGS: dict[str, Callable[..., str]] = {}
+
+
 def render_logs(reports: list[tuple[list, Report]], fmt: str, **kw: Any) -> str:
     """The reports of several logs, each `(paths, report)`: one report as `Report.render` gives
     it; several, each under its (first) path: a `== PATH ==` header (text), the path before each
-    verdict line (concise), one JSON object `{"logs": [...]}`, one JUnit `<testsuites>`."""
+    verdict line (concise), one JSON object `{"logs": [...]}`, one JUnit `<testsuites>`; a format in
+    `MANY_LOGS` as it renders them (SARIF: one log, a run per log)."""
     if len(reports) == 1:
         return reports[0][1].render(fmt, **kw)
+    if fmt in MANY_LOGS:
+        return MANY_LOGS[fmt](reports, **kw)
     if fmt == "json":
         return json_text({"logs": [{"path": str(p[0]), **r.to_dict()} for p, r in reports]})
     if fmt == "junit":

@@ -91,7 +91,7 @@ class Report:
         }
 
     def render(self, fmt: str = "text", **options: object) -> str:
-        """The report in the output format `fmt` (text, concise, json, github, junit: see
+        """The report in the output format `fmt` (text, concise, json, github, junit, sarif: see
         rollout_audit.reporting.report for each one's options, e.g. `limit`, `strict`, `quiet`)."""
         if fmt not in _FORMATS:
             known = ", ".join(_FORMATS) or "none: import rollout_audit.reporting"
