@@ -210,6 +210,7 @@ class Recorder:
             kept: list[bytes] | None = []
             size = 0
             held = b""
+            gone: BaseException | None = None  # why the client cannot be written to
             try:
                 async for chunk in upstream.content.iter_any():
                     size += len(chunk)
@@ -220,15 +221,19 @@ class Recorder:
                             kept.append(chunk)
                     if held or DONE in chunk:  # the end of the stream waits for the record
                         held += chunk
-                    else:
+                        continue
+                    try:
                         await response.write(chunk)
+                    except (ConnectionError, RuntimeError) as e:  # aiohttp's reset is a ClientError too
+                        gone = e
+                        break
             except (ClientError, asyncio.TimeoutError) as e:
                 return await self._broken(
                     request, sid, line, b"".join(kept or []), f"upstream failed mid-stream: {e!r}", response, held
                 )
-            except (ConnectionError, RuntimeError) as e:  # the client went away
+            if gone is not None:  # the client went away: what the upstream sent until then is recorded
                 return await self._broken(
-                    request, sid, line, b"".join(kept or []), f"client gone mid-stream: {e!r}", None
+                    request, sid, line, b"".join(kept or []), f"client gone mid-stream: {gone!r}", None
                 )
             if kept is None:
                 await self._write(sid, line | {"completed_at": time.time(), "response_body": None})
