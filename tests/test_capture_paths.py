@@ -216,9 +216,10 @@ def test_a_dead_upstream_is_a_502_recorded_as_a_failure_not_a_turn(
     assert end(rec.url, "s1") == {"session": "s1", "exchanges": 1}
     ex = [x for x in lines(tmp_path, "s1") if x["kind"] == "exchange"]
     assert len(ex) == 1 and ex[0]["status"] == 502 and "unreachable" in ex[0]["error"]
-    done = check(tmp_path / "cap")  # the failed exchange is no turn: nothing to audit, exit 2
-    assert done.exit_code == 2 and "no trajectories" in done.output, done.output
-    assert len(done.output.strip().splitlines()) == 1
+    done = check(tmp_path / "cap")  # the failed exchange is no turn: the session is not audited, and said
+    assert done.exit_code == 2 and len(done.output.strip().splitlines()) == 1, done.output
+    assert "capture incomplete: 1 of 1 sessions not audited: session s1: no exchange was a turn" in done.output
+    assert "s1.jsonl:2: status 502" in done.output
 
 
 def test_a_silent_upstream_is_a_504_and_the_recorder_stays_up(
@@ -234,6 +235,12 @@ def test_a_silent_upstream_is_a_504_and_the_recorder_stays_up(
     upstream.release.set()
     upstream.mode = "stream"  # the same recorder serves the next request
     assert "".join(p.choices[0].delta.content or "" for p in ask(client(rec.url, "s2")) if p.choices) == "ab"
+    end(rec.url, "s1")  # the loop ends both: s1 is no pass for want of a turn
+    end(rec.url, "s2")
+    done = check(tmp_path / "cap")
+    assert done.exit_code == 2, done.output
+    assert "capture incomplete: 1 of 2 sessions not audited: session s1: no exchange was a turn" in done.output
+    assert "s1.jsonl:2: status 504" in done.output
 
 
 def test_an_upstream_cut_mid_stream_cuts_the_client_and_marks_the_session(
