@@ -52,7 +52,7 @@ def sse(finish: str = "stop") -> list[bytes]:
 class Upstream:
     """A loopback HTTP/1.1 server; `mode` says what it answers: `stream` (chunked SSE), `stall`
     (nothing, not even a status line, until released), `cut` (the first chunk, then nothing until released),
-    `gated` (the first chunk, the rest once released)."""
+    `gated` (the first chunk, the rest once released), `late` (a JSON answer once released)."""
 
     def __init__(self) -> None:
         self.mode = "stream"
@@ -71,6 +71,15 @@ class Upstream:
                 self.rfile.read(int(self.headers["Content-Length"]))
                 if up.mode == "stall":  # no status line until released
                     up.release.wait(GATE)
+                    return
+                if up.mode == "late":  # a whole JSON answer, once released
+                    up.release.wait(GATE)
+                    data = b'{"choices": []}'
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
                     return
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
@@ -300,3 +309,20 @@ def test_a_stream_cut_at_its_token_budget_then_rewarded_is_a_finding(
     assert done.exit_code == 1, done.output
     assert "T305" in done.output and "s1.jsonl:2, trajectory s1, turn 0" in done.output
     assert "finish_reason 'length'" in done.output
+
+
+def test_an_answer_the_client_stopped_waiting_for_is_not_recorded_as_received(
+    upstream: Upstream, record: Callable[..., Running], tmp_path: Path
+) -> None:
+    upstream.mode = "late"
+    rec = record(upstream.url, read_timeout=GATE)
+    with pytest.raises(openai.APITimeoutError):
+        ask(client(rec.url, "s1", timeout=0.2), stream=False)
+    upstream.release.set()  # the answer arrives after the client hung up
+    assert rec.idle()
+    got = lines(tmp_path, "s1")
+    assert [x["kind"] for x in got] == ["start", "exchange", "incomplete"], got
+    assert "client gone" in got[1]["error"] and "client gone" in got[2]["reason"]
+    end(rec.url, "s1")
+    done = check(tmp_path / "cap")
+    assert done.exit_code == 2 and "session s1" in done.output and "client gone before the response" in done.output
