@@ -160,6 +160,7 @@ def _sessions(records: Iterable[dict]) -> tuple[dict[str, tuple[list[dict], dict
     out: dict[str, tuple[list[dict], dict[str, Any]]] = {}
     captured: dict[str, list[str]] = {}  # session -> what makes it incomplete
     ended: set[str] = set()
+    failed: dict[str, list[str]] = {}  # session -> its recorded exchanges that are not turns
     for n, rec in enumerate(records):
         where = getattr(rec, "origin", None) or f"record {n}"
         if C.KEY in rec and (refused := version_error(rec, where)):
@@ -177,6 +178,8 @@ def _sessions(records: Iterable[dict]) -> tuple[dict[str, tuple[list[dict], dict
                 got = at_record(rec, exchange_pair, rec, where)
                 if got is not None:
                     pairs.append(got)
+                else:
+                    failed.setdefault(sid, []).append(_failure(rec, where))
                 continue
             elif kind not in ("start", "end"):
                 raise AdapterError(f"{where}: kind: {short(kind)} is not one of {', '.join(C.KINDS)}")
@@ -188,6 +191,10 @@ def _sessions(records: Iterable[dict]) -> tuple[dict[str, tuple[list[dict], dict
             end.update({k: option(fields, k, f"{where}: end") for k in END_FIELDS if fields.get(k) is not None})
         elif kind is None:
             pairs.append(rec)
+    for sid, why in failed.items():  # a recorded session is never dropped in silence for lack of a turn
+        if not out[sid][0]:
+            more = f"; and {len(why) - 1} more" if len(why) > 1 else ""
+            captured[sid].append(f"no exchange was a turn: {why[0]}{more}")
     incomplete = {
         sid: "; ".join(
             gaps or ["no end record (POST /sessions/ID/end never came: the session ran on, or the recorder stopped)"]
@@ -199,6 +206,15 @@ def _sessions(records: Iterable[dict]) -> tuple[dict[str, tuple[list[dict], dict
         if pairs and "weight_version" in pairs[0]:
             pairs.sort(key=_turn)
     return out, incomplete
+
+
+def _failure(rec: Mapping[str, Any], where: str) -> str:
+    """Why a recorded exchange is not a turn: its error, its status, or its endpoint."""
+    if rec.get("error") is not None:
+        return f"{where}: status {short(rec.get('status'))}: {short(rec.get('error'))}"
+    if rec.get("status") != 200:
+        return f"{where}: status {short(rec.get('status'))}"
+    return f"{where}: endpoint {short(rec.get('endpoint'))} (not a model call) or an error response"
 
 
 def _turn(pair: Mapping[str, Any]) -> int:

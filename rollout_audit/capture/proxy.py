@@ -21,7 +21,8 @@ Routes (on the recorder's own address):
 A request without a session is forwarded unrecorded when it is a GET (a client listing models)
 and refused (400) otherwise: a recorder that drops what it was asked to record would pass in
 silence. An unreachable upstream is answered 502, a timeout 504, both recorded; an upstream's
-own error is relayed as it is. Memory per exchange is bounded by `max_body` (a larger response is
+own error is relayed as it is. A client gone before its answer (mid-stream, or past its own
+timeout) leaves the exchange recorded with that error and its session marked incomplete. Memory per exchange is bounded by `max_body` (a larger response is
 forwarded whole, not recorded, and its session marked incomplete); sessions hold no open file."""
 
 from __future__ import annotations
@@ -199,6 +200,9 @@ class Recorder:
                     data = await upstream.read()
                 except (ClientError, asyncio.TimeoutError) as e:
                     return await self._broken(request, sid, line, b"", f"upstream failed mid-response: {e!r}", None)
+                if _gone(request):  # the client stopped waiting: the answer never reached it
+                    why = "client gone before the response (it stopped waiting)"
+                    return await self._broken(request, sid, line, data, why, None)
                 if len(data) > self.max_body:
                     await self._write(sid, line | {"completed_at": time.time(), "response_body": None})
                     await self._incomplete(sid, f"turn {line['turn']}: a response of {len(data)} bytes, over the limit")
@@ -210,6 +214,7 @@ class Recorder:
             kept: list[bytes] | None = []
             size = 0
             held = b""
+            gone: BaseException | None = None  # why the client cannot be written to
             try:
                 async for chunk in upstream.content.iter_any():
                     size += len(chunk)
@@ -220,15 +225,19 @@ class Recorder:
                             kept.append(chunk)
                     if held or DONE in chunk:  # the end of the stream waits for the record
                         held += chunk
-                    else:
+                        continue
+                    try:
                         await response.write(chunk)
+                    except (ConnectionError, RuntimeError) as e:  # aiohttp's reset is a ClientError too
+                        gone = e
+                        break
             except (ClientError, asyncio.TimeoutError) as e:
                 return await self._broken(
                     request, sid, line, b"".join(kept or []), f"upstream failed mid-stream: {e!r}", response, held
                 )
-            except (ConnectionError, RuntimeError) as e:  # the client went away
+            if gone is not None:  # the client went away: what the upstream sent until then is recorded
                 return await self._broken(
-                    request, sid, line, b"".join(kept or []), f"client gone mid-stream: {e!r}", None
+                    request, sid, line, b"".join(kept or []), f"client gone mid-stream: {gone!r}", None
                 )
             if kept is None:
                 await self._write(sid, line | {"completed_at": time.time(), "response_body": None})
@@ -362,6 +371,12 @@ def _cut_torn_tail(fd: int, path: Path) -> None:
                 os.truncate(path, size - back + cut + 1 if cut >= 0 else 0)
                 return
             back = min(size, back * 2)
+
+
+def _gone(request: web.Request) -> bool:
+    """True when the client's connection is closed or closing."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def _endpoint(path: str) -> str:

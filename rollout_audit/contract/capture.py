@@ -14,8 +14,9 @@ recorder writes is one object with `"capture": VERSION` and a `"kind"`:
 - `end`: the session's explicit end (`"end": {stop_reason, reward, policy_version, task_id,
   group_id}`, the values the loop posted), the same object `SessionRecorder.end` writes.
 - `incomplete`: the recorder could not record the whole session (`reason`): a client gone mid-stream,
-  a body over the recorder's limit, a write that failed. A session with one, or without an `end`, is
-  not audited: the audit says "not run: capture incomplete".
+  a body over the recorder's limit, a write that failed. A session with one, without an `end`, or
+  none of whose exchanges is a turn (each failed: 502, 504, an error), is not audited: the audit says
+  "not run: capture incomplete".
 
 A line is written whole with one `write` and synced to disk before the client receives the response
 it records; a recorder killed mid-write leaves at most a torn last line, which a reader skips.
