@@ -226,9 +226,12 @@ def _bounded(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS bounds the address space on Linux only")
-@pytest.mark.parametrize("command", [["stats"], ["show", "bomb"], ["report", "-o", "page.html"]])
+@pytest.mark.parametrize(
+    "command",
+    [["stats"], ["show", "bomb"], ["report", "-o", "page.html"], ["diff", str(ROOT / "fixtures" / "compliant")]],
+)
 def test_a_command_that_reads_every_row_refuses_a_bomb_in_one_line(bomb_log, tmp_path, command):
-    """`stats`, `show` and `report` read every row of a log: on a row group the audit does not read
+    """`stats`, `show`, `report` and `diff` read every row of a log: on a row group the audit does not read
     they stop before decoding it, in one line naming the file and the cap, exit 2, within bounded
     memory (they decoded it whole, and `report` and `show` aborted, before)."""
     bomb = bomb_log / "trajectories" / "z-bomb.parquet"

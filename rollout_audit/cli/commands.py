@@ -268,13 +268,17 @@ def report(opts: options.ReportOptions, echo: Echo) -> int:
 
 def diff(opts: options.DiffOptions, echo: Echo) -> int:
     """`rollout-audit diff A B`: both audits, what changed between them; the diff's exit code."""
+    from ..reading.io import discover
     from ..reporting.report import incomplete, json_text, printable
     from ..session import Request, run
     from ..workflow.diff import diff as compare
     from ..workflow.diff import render_diff
 
     a, b = opts.a, opts.b
-    reps = [run(Request(source=[p], config_file=opts.config_file, use_baseline=False)).report for p in (a, b)]
+    audited = [run(Request(source=[p], config_file=opts.config_file, use_baseline=False)) for p in (a, b)]
+    for p, done in zip((a, b), audited):  # its statistics read every row the audit's caps allow, no more
+        within_caps(discover([p]), done.cfg, "diff")
+    reps = [done.report for done in audited]
     d = compare([a], [b], reps[0], reps[1], z_noise=opts.z_noise, allow_lost_coverage=opts.allow_lost_coverage)
     echo(json_text(d) if opts.fmt == "json" else render_diff(d, opts.every))
     if d["exit_code"] == 2:  # one line naming each incomplete side
