@@ -5,7 +5,10 @@ in-memory conversion is believed. Through the CLI, as a user runs it."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -180,3 +183,63 @@ def test_a_log_whose_episodes_were_all_cut_cannot_state_its_penalty(tmp_path, co
     mine.write_text('[tool.rollout-audit]\ntruncation = "penalize"\ntruncation_penalty = 0.0\n')
     r = cli(*args, "--config", str(mine), "--format", "concise")
     assert r.returncode == 1 and "T307" in r.stdout, r.stdout + r.stderr  # the two paid 1.0 exceed the user's 0
+
+
+# ------------------------------------------------------------------ every command reads under check's caps
+
+BOMB_TOKENS = 20_000_000  # one trajectory: about 1 GB once decoded, about 130 KB on disk
+# address space of the command: `check`'s audit of the bomb fits in it; decoding the bomb does not
+# (`report` and `show` aborted under it before they read under the caps)
+ADDRESS_SPACE = 4 << 30
+
+
+@pytest.fixture(scope="module")
+def bomb_log(tmp_path_factory) -> Path:
+    """A small log with a compression bomb beside it: a file whose one row group holds a trajectory
+    over `max_tokens_per_trajectory`."""
+    import random
+
+    from fuzzlib import _bomb
+
+    from rollout_audit.faults import write_records
+    from rollout_audit.synth import make_log
+
+    root = tmp_path_factory.mktemp("bomb") / "log"
+    records = make_log(n_tasks=2, group_size=2, n_versions=1, seed=3)
+    write_records(root, *records)
+    _bomb(root, records, random.Random(0), n=BOMB_TOKENS)
+    return root
+
+
+def _bounded(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """`rollout-audit ARGS` in a child process whose address space is capped at ADDRESS_SPACE."""
+    import resource
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+
+    # the address space a process reserves grows with its threads (stacks, malloc arenas): pinned,
+    # so that the cap means the same on a machine of any size
+    env = {**os.environ, "POLARS_MAX_THREADS": "2", "MALLOC_ARENA_MAX": "2"}
+    cmd = [sys.executable, "-m", "rollout_audit.cli", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, preexec_fn=cap, timeout=300)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS bounds the address space on Linux only")
+@pytest.mark.parametrize(
+    "command",
+    [["stats"], ["show", "bomb"], ["report", "-o", "page.html"], ["diff", str(ROOT / "fixtures" / "compliant")]],
+)
+def test_a_command_that_reads_every_row_refuses_a_bomb_in_one_line(bomb_log, tmp_path, command):
+    """`stats`, `show`, `report` and `diff` read every row of a log: on a row group the audit does not read
+    they stop before decoding it, in one line naming the file and the cap, exit 2, within bounded
+    memory (they decoded it whole, and `report` and `show` aborted, before)."""
+    bomb = bomb_log / "trajectories" / "z-bomb.parquet"
+    assert bomb.stat().st_size < 300_000
+    r = _bounded([command[0], str(bomb_log), *command[1:]], tmp_path)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr and "internal error" not in r.stderr, r.stderr[-2000:]
+    (line,) = r.stderr.splitlines()
+    assert line.startswith(f"rollout-audit: error: {bomb}: row 0 (trajectory bomb): 20,000,000 tokens"), line
+    assert "above max_tokens_per_trajectory (8,000,000)" in line and f"`{command[0]}` reads every row" in line
+    assert not (tmp_path / "page.html").exists()  # no page that would pass off the log's statistics as whole

@@ -151,6 +151,22 @@ def logs_of(paths: Sequence[str], echo: Echo) -> list[tuple[list[str], str | Non
     return logs
 
 
+def within_caps(disc, cfg, command: str) -> None:
+    """Refuse a log holding a row group the audit does not read under `cfg`'s caps
+    (`max_row_group_bytes`, `max_tokens_per_trajectory`): `command` reads every row, and such a
+    group (a compression bomb among them) would take memory without bound. One line, exit 2."""
+    from ..reading.read import first_unread
+    from ..reporting.report import printable
+
+    found = first_unread(disc.files, cfg.max_row_group_bytes, cfg.max_tokens_per_trajectory)
+    if found is not None:
+        path, why = found
+        raise UsageError(
+            f"{printable(path)}: {printable(why)}; `{command}` reads every row, so it does not run on this log "
+            "(`rollout-audit check` audits the rest)"
+        )
+
+
 def audit_logs(opts: options.AuditOptions, echo: Echo, baseline: bool = False, **kw: Any) -> list:
     """Each log of the request's paths (or all of them as one, with --merge or --from) audited on
     its own: `(paths of the log, Audited)`. `baseline`: a baseline is written, which belongs to one
@@ -231,8 +247,9 @@ def report(opts: options.ReportOptions, echo: Echo) -> int:
     check_output(output, paths)
     pages, reports = [], []
     for log, a in audit_logs(opts, echo):  # each log audited on its own, as `check` does
+        disc = memory_discovery(*a.converted.tables()) if a.converted is not None else discover(log)
+        within_caps(disc, a.cfg, "report")  # its statistics read every row the audit's caps allow, no more
         try:
-            disc = memory_discovery(*a.converted.tables()) if a.converted is not None else discover(log)
             read = Log(disc)
             st = {**log_stats(read), "distributions": distributions(read)} if disc.of_kind("trajectories") else None
         except Exception:  # noqa: BLE001 - statistics are a courtesy; a broken log still gets its findings page
@@ -251,13 +268,17 @@ def report(opts: options.ReportOptions, echo: Echo) -> int:
 
 def diff(opts: options.DiffOptions, echo: Echo) -> int:
     """`rollout-audit diff A B`: both audits, what changed between them; the diff's exit code."""
+    from ..reading.io import discover
     from ..reporting.report import incomplete, json_text, printable
     from ..session import Request, run
     from ..workflow.diff import diff as compare
     from ..workflow.diff import render_diff
 
     a, b = opts.a, opts.b
-    reps = [run(Request(source=[p], config_file=opts.config_file, use_baseline=False)).report for p in (a, b)]
+    audited = [run(Request(source=[p], config_file=opts.config_file, use_baseline=False)) for p in (a, b)]
+    for p, done in zip((a, b), audited):  # its statistics read every row the audit's caps allow, no more
+        within_caps(discover([p]), done.cfg, "diff")
+    reps = [done.report for done in audited]
     d = compare([a], [b], reps[0], reps[1], z_noise=opts.z_noise, allow_lost_coverage=opts.allow_lost_coverage)
     echo(json_text(d) if opts.fmt == "json" else render_diff(d, opts.every))
     if d["exit_code"] == 2:  # one line naming each incomplete side
@@ -402,9 +423,11 @@ def stats(paths: Sequence[str], fmt: str, echo: Echo) -> None:
     from ..reading.log import scan
     from ..reporting.report import json_text
     from ..reporting.stats import log_stats, render_stats
+    from ..session import Request, configure
 
     log = scan(paths)
     warn_unreadable(log.broken, echo)
+    within_caps(log.discovery, configure(Request(source=list(paths)))[0], "stats")
     d = log_stats(log)
     echo(json_text(d) if fmt == "json" else render_stats(d))
 
@@ -440,11 +463,12 @@ def show(opts: options.ShowOptions, echo: Echo) -> None:
     from ..reporting.report import printable
     from ..reporting.show import render, transcript
     from ..running.options import Options
-    from ..session import Request, run
+    from ..session import Request, configure, run
 
     path, trajectory_id, color = opts.path, opts.trajectory_id, opts.color
     log = scan(path)
     warn_unreadable(log.broken, echo)
+    within_caps(log.discovery, configure(Request(source=[path]))[0], "show")
     try:
         dec = from_directory(opts.tokenizer_dir) if opts.tokenizer_dir else None
     except DecodeError as e:

@@ -287,6 +287,32 @@ def readable_groups(
     return keep, problems
 
 
+def unread_groups(f: LogFile, max_bytes: int, max_tokens: int) -> dict[int, str]:
+    """The row groups of `f` the audit does not read under its caps (`max_row_group_bytes`,
+    `max_tokens_per_trajectory`), judged from the footer as the audit judges them (group -> why):
+    what no command may decode. Empty for a table held in memory."""
+    if f.kind == "trajectories":
+        why: list[Problem] = []
+        keep, long = readable_groups(f, max_bytes, max_tokens, why)
+        if keep is None:
+            return {}
+        reasons = [w for _, w in why] + [str(p[-1]) for p in long]
+        return {rg: (reasons[0] if reasons else "not read") for rg in share_groups(f) if rg not in keep}
+    if f.table is not None:
+        return {}
+    return {rg: too for rg in share_groups(f) if (too := row_group_too_large(f.groups[rg], rg, max_bytes))}
+
+
+def first_unread(files: Sequence[LogFile], max_bytes: int, max_tokens: int) -> tuple[str, str] | None:
+    """(file, why) of the first row group among `files` that the audit does not read under its
+    caps, or None: a command that reads every row of a log (its statistics, a transcript) refuses
+    such a log rather than decode what the audit would not."""
+    for f in files:
+        if unread := unread_groups(f, max_bytes, max_tokens):
+            return f.path, next(iter(unread.values()))
+    return None
+
+
 # token lists by the bytes a value decodes to: the first one present gives a group's row lengths
 _NARROWEST = ("loss_mask", "token_source", "token_turn", "token_ids", "behavior_logprobs")
 

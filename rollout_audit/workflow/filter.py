@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..contract.config import LOG_CONTEXT, Config
-from ..reading.io import Discovery, LogFile, UsageError, one_line, row_group_too_large, source
-from ..reading.read import readable_groups
+from ..reading.io import Discovery, LogFile, UsageError, one_line, source
+from ..reading.read import unread_groups
 
 # the marker a copy under construction holds: not a Parquet file, so any audit of it is S005
 MARKER = "FILTER-INCOMPLETE.parquet"
@@ -52,21 +52,6 @@ def _relative(path: str, roots: list[Path]) -> Path:
         if r.is_dir() and (r == p or r in p.parents):
             return p.relative_to(r)
     return Path(p.name)
-
-
-def unread_groups(f: LogFile, cfg: Config) -> dict[int, str]:
-    """The row groups of `f` the audit does not read under `cfg`'s caps, judged from the footer
-    as the audit judges them (group -> why): never decoded, never copied."""
-    if f.kind == "trajectories":
-        why: list[tuple[str, str]] = []
-        keep, long = readable_groups(f, cfg.max_row_group_bytes, cfg.max_tokens_per_trajectory, why)
-        if keep is None:
-            return {}
-        reasons = [w for _, w in why] + [str(p[-1]) for p in long]
-        return {rg: (reasons[0] if reasons else "not read") for rg in range(len(f.groups)) if rg not in keep}
-    return {
-        rg: too for rg, size in enumerate(f.groups) if (too := row_group_too_large(size, rg, cfg.max_row_group_bytes))
-    }
 
 
 def _toml(v: object) -> str:
@@ -179,7 +164,9 @@ def filter_log(
         (tmp / MARKER).write_text("a filtered copy still being written: not a log (rollout-audit filter)\n")
         for f in disc.files:
             rel = _relative(f.path, base)
-            _copy_file(f, dropped, tmp / rel, res, unread_groups(f, cfg))
+            _copy_file(
+                f, dropped, tmp / rel, res, unread_groups(f, cfg.max_row_group_bytes, cfg.max_tokens_per_trajectory)
+            )
             res.files.append(str(target / rel))
         if table := own_table(own):
             (tmp / "pyproject.toml").write_text(table)
