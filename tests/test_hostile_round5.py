@@ -226,6 +226,7 @@ def _bounded(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS bounds the address space on Linux only")
+@pytest.mark.slow  # a 20M-token bomb under a capped child process per command, about 8 s each
 @pytest.mark.parametrize(
     "command",
     [["stats"], ["show", "bomb"], ["report", "-o", "page.html"], ["diff", str(ROOT / "fixtures" / "compliant")]],
