@@ -105,3 +105,51 @@ def test_a_watched_step_named_as_a_command_is_shown_as_text(tmp_path):
     assert_clean_exit(r, (0, 1))
     assert "forged.parquet" in r.stdout, r.stdout
     assert obeyed(r.stdout + r.stderr) == []
+
+
+# ---------------------------------------------------------------- the column compare_logprobs names
+
+
+def _with_second(tmp_path: Path, values: pa.Array | None) -> tuple[Path, Path]:
+    """The compliant log with `old_logprobs` (absent when None) and a configuration naming it."""
+    log = tmp_path / "log"
+    shutil.copytree(ROOT / "fixtures" / "compliant", log)
+    part = next((log / "trajectories").glob("*.parquet"))
+    t = pq.read_table(part)
+    if values is not None:
+        pq.write_table(t.append_column("old_logprobs", values(t) if callable(values) else values), part)
+    cfg = tmp_path / "audit.toml"
+    cfg.write_text(f'{(log / "pyproject.toml").read_text()}\ncompare_logprobs = "old_logprobs"\n')
+    return log, cfg
+
+
+def _short_row(t: pa.Table) -> pa.Array:
+    lp = t.column("behavior_logprobs").to_pylist()
+    lp[2] = lp[2][:-1]
+    return pa.array(lp, pa.list_(pa.float64()))
+
+
+@pytest.mark.parametrize(
+    "values, said",
+    [
+        (None, "old_logprobs"),
+        (lambda t: pa.array(range(t.num_rows), pa.int64()), "column old_logprobs is int64, not a list"),
+        (lambda t: pa.array([[[0.0]]] * t.num_rows), "column old_logprobs is list<element: list<element: double>>"),
+        (_short_row, "entries, token_ids"),
+    ],
+    ids=["absent", "int64", "list-of-lists", "one-row-short"],
+)
+def test_a_bad_compare_logprobs_column_is_one_line_naming_it_and_exit_2(tmp_path, values, said):
+    log, cfg = _with_second(tmp_path, values)
+    r = cli("check", str(log), "--config", str(cfg), "--select", "L207")
+    assert_clean_exit(r, (2,))
+    assert "crashed" not in r.stdout + r.stderr and said in r.stdout + r.stderr, r.stdout + r.stderr
+    if values is _short_row:
+        tid = pq.read_table(next((log / "trajectories").glob("*.parquet"))).column("trajectory_id")[2].as_py()
+        assert tid in r.stdout + r.stderr
+
+
+def test_an_aligned_compare_logprobs_column_is_compared(tmp_path):
+    log, cfg = _with_second(tmp_path, lambda t: t.column("behavior_logprobs"))
+    r = cli("check", str(log), "--config", str(cfg), "--select", "L207")
+    assert r.returncode == 0 and "L207" not in r.stdout.split("not run")[-1], r.stdout
