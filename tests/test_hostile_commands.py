@@ -153,3 +153,41 @@ def test_an_aligned_compare_logprobs_column_is_compared(tmp_path):
     log, cfg = _with_second(tmp_path, lambda t: t.column("behavior_logprobs"))
     r = cli("check", str(log), "--config", str(cfg), "--select", "L207")
     assert r.returncode == 0 and "L207" not in r.stdout.split("not run")[-1], r.stdout
+
+
+# ---------------------------------------------------------------- token ids and token_turn
+
+
+def _edited(tmp_path: Path, column: str, edit) -> tuple[Path, str]:
+    """The compliant log with row 3's `column` list edited by `edit`; the row's trajectory id."""
+    log = tmp_path / "log"
+    shutil.copytree(ROOT / "fixtures" / "compliant", log)
+    part = next((log / "trajectories").glob("*.parquet"))
+    t = pq.read_table(part)
+    values = t.column(column).to_pylist()
+    values[3] = edit(values[3])
+    i = t.schema.get_field_index(column)
+    pq.write_table(t.set_column(i, column, pa.array(values, t.schema.field(column).type)), part)
+    return log, t.column("trajectory_id")[3].as_py()
+
+
+@pytest.mark.parametrize("bad", [-1, -(2**31)])
+def test_a_negative_token_id_is_s001_naming_the_row(tmp_path, bad):
+    log, tid = _edited(tmp_path, "token_ids", lambda v: [*v[:5], bad, *v[6:]])
+    r = cli("check", str(log), "--select", "S001", "--format", "concise")
+    assert_clean_exit(r, (1,))
+    line = next(x for x in r.stdout.splitlines() if " S001 " in x)
+    assert f":{tid}::5: S001 token_ids: 1 negative token id(s) (first: {bad})" in line, r.stdout
+
+
+def test_token_turn_minus_one_after_a_turn_is_s004_naming_the_row(tmp_path):
+    def late(v: list[int]) -> list[int]:
+        i = next(k for k in range(len(v)) if v[k] >= 0) + 1
+        return [*v[:i], -1, *v[i + 1 :]]
+
+    log, tid = _edited(tmp_path, "token_turn", late)
+    r = cli("check", str(log), "--select", "S004", "--format", "concise")
+    assert_clean_exit(r, (1,))
+    assert f":{tid}::" in r.stdout and "token_turn -1 after a token of a turn" in r.stdout, r.stdout
+    clean = cli("check", str(ROOT / "fixtures" / "compliant"), "--select", "S001,S004")
+    assert clean.returncode == 0, clean.stdout
