@@ -93,7 +93,7 @@ def test_hostile_strings_stay_intact_json(tmp_path):
     names = [
         ll["fullyQualifiedName"] for r in run["results"] for loc in r["locations"] for ll in loc["logicalLocations"]
     ]
-    assert any("::error file=evil.py,line=1::forged" in n and "\\x1b" in n for n in names), names
+    assert any(":\\x3aerror file=evil.py,line=1:\\x3aforged" in n and "\\x1b" in n for n in names), names
     uris = {loc["physicalLocation"]["artifactLocation"]["uri"] for r in run["results"] for loc in r["locations"]}
     assert uris and all(u.startswith("ev%0Ail%2Ca%3A%3Ab%25/") for u in uris), uris  # relative, percent-encoded
     (t302,) = [r["message"]["text"] for r in run["results"] if r["ruleId"] == "T302"]

@@ -858,7 +858,7 @@ def test_stats_escapes_the_logs_strings_and_writes_strict_json(hostile):
     res = cli("stats", hostile)
     assert res.exit_code == 0, res.output
     _clean_lines(res.output)
-    assert "a\\n::error file=x,line=1::forged\\x1b[2J\\u202e" in res.output
+    assert "a\\n:\\x3aerror file=x,line=1:\\x3aforged\\x1b[2J\\u202e" in res.output
     d = _strict(cli("stats", hostile, "--format", "json").stdout)
     assert d["reward_mean"] in ("NaN", "Infinity"), d["reward_mean"]  # a string, stated in the README
 
@@ -866,7 +866,7 @@ def test_stats_escapes_the_logs_strings_and_writes_strict_json(hostile):
 def test_diff_escapes_the_logs_strings_and_file_names_and_writes_strict_json(hostile):
     res = cli("diff", COMPLIANT, hostile, "--all")
     _clean_lines(res.output)
-    assert "stop a\\n::error" in res.output
+    assert "stop a\\n:\\x3aerror" in res.output
     res = cli("diff", COMPLIANT, hostile, "--format", "json")
     d = _strict(res.stdout)
     assert any(s["stat"].startswith("stop a\n::error") for s in d["stats"])  # JSON holds the value itself
@@ -886,7 +886,7 @@ def test_watch_escapes_file_names(tmp_path):
     res = cli("watch", d, "--interval", "0.05", "--idle", "0.4", "--status", tmp_path / "s.json")
     assert res.exit_code == 0, res.output
     _clean_lines(res.output)
-    assert res.stdout.startswith("stepa\\n::error file=x,line=1::forged\\x1b[2J\\u202e.parquet: ok: 0 errors")
+    assert res.stdout.startswith("stepa\\n:\\x3aerror file=x,line=1:\\x3aforged\\x1b[2J\\u202e.parquet: ok: 0 errors")
     _strict((tmp_path / "s.json").read_text())
 
 

@@ -33,7 +33,7 @@ _OUTCOME = frozenset({"terminated", "truncated", "infra_error", "stop_reason"})
 def required_columns(b: BatchView, cfg) -> pl.DataFrame | None:
     """A required column (or turn field) is missing, has the wrong type, holds nulls, or
     holds values outside its domain (NaN or infinite rewards, values and potentials; gamma
-    outside (0, 1]; token_source outside 0..4; negative counts or times).
+    outside (0, 1]; token_source outside 0..4; negative counts, times or token ids).
 
     Every check reads columns by the contract of `schemas/rollout_log_v1.json`
     (`rollout-audit schema`); a missing or mistyped column means the checks that need it
@@ -57,7 +57,42 @@ def required_columns(b: BatchView, cfg) -> pl.DataFrame | None:
                 rows += [{"trajectory_id": i, "message": f"{name}: required value is null"} for i in ids.head(50)]
     out = [pl.DataFrame(rows, schema={"trajectory_id": pl.String, "message": pl.String})] if rows else []
     out += _domain(b)
+    out += _negative_token_ids(b)
     return pl.concat(out, how="diagonal_relaxed") if out else None
+
+
+def _negative_token_ids(b: BatchView) -> list[pl.DataFrame]:
+    """Rows whose token_ids hold a negative id (no tokenizer has one): one finding per row, at the first."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if "token_ids" not in b.columns:
+        return []
+    col = b.col("token_ids")
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)) or not pa.types.is_integer(
+        col.type.value_type
+    ):
+        return []  # a list of another type is a schema problem, reported above
+    flat = pc.list_flatten(col)
+    neg = pc.fill_null(pc.less(flat, 0), False).to_numpy(zero_copy_only=False)
+    if not neg.any():
+        return []
+    parent = pc.list_parent_indices(col).to_numpy(zero_copy_only=False)
+    starts = col.offsets.to_numpy()[:-1] - col.offsets[0].as_py()
+    rows, first = np.unique(parent[neg], return_index=True)
+    at = np.flatnonzero(neg)[first]
+    n = np.bincount(parent[neg], minlength=len(col))[rows]
+    vals = flat.to_numpy(zero_copy_only=False)[at]
+    return [
+        pl.DataFrame(
+            {
+                "trajectory_id": b.ids.gather(rows),
+                "position": (at - starts[rows]).astype(np.int64),
+                "message": [f"token_ids: {k} negative token id(s) (first: {v})" for k, v in zip(n, vals)],
+            }
+        )
+    ]
 
 
 # The value domains of the pandera schemas (`rollout_audit.contract.models`: TrajectoryValues,
@@ -204,7 +239,8 @@ def token_list_lengths(b: BatchView, cfg) -> pl.DataFrame | None:
 )
 def turn_numbering(b: BatchView, cfg) -> pl.DataFrame | None:
     """Turns are not numbered 0..T-1 in order, or a token's token_turn names a turn that
-    does not exist (anything other than -1 or 0..T-1).
+    does not exist (anything other than -1 or 0..T-1), or is -1 (before the first agent turn)
+    after a token of a turn.
 
     Per-turn log-probs, policy versions and rewards are joined to tokens by turn number;
     a gap or a stray number silently attaches a token to the wrong turn (or to none).
@@ -227,6 +263,19 @@ def turn_numbering(b: BatchView, cfg) -> pl.DataFrame | None:
     if b.ok.any():
         t = b.tokens
         T = b.turn_counts
+        late = _unassigned_after_a_turn(t.turn, t.row)
+        if late.any():
+            rows, pos = b.first_position(late)
+            n = np.bincount(t.row[late], minlength=b.n)[rows]
+            out.append(
+                pl.DataFrame(
+                    {
+                        "trajectory_id": b.ids.gather(rows),
+                        "position": pos,
+                        "message": [f"{k} token(s) with token_turn -1 after a token of a turn" for k in n],
+                    }
+                )
+            )
         out_of_turns = b.turn_key < 0  # token_turn is -1 or names no turn (the key of S004's cases)
         if np.count_nonzero(out_of_turns) > np.count_nonzero(t.turn == -1):
             wrong = out_of_turns & (t.turn != -1)
@@ -247,6 +296,17 @@ def turn_numbering(b: BatchView, cfg) -> pl.DataFrame | None:
                 )
             )
     return pl.concat(out, how="diagonal_relaxed") if out else None
+
+
+def _unassigned_after_a_turn(turn: np.ndarray, row: np.ndarray) -> np.ndarray:
+    """Per token: token_turn is -1 (before the first agent turn) but an earlier token of its row
+    names a turn. A running maximum over (row, turn) keys that increase from row to row."""
+    if not turn.size:
+        return np.zeros(0, bool)
+    span = int(turn.max()) + 3  # turn ≥ -2 (-2: a null filler), so turn + 2 lies in [0, span)
+    key = row.astype(np.int64) * span + (turn.astype(np.int64) + 2)
+    seen = np.maximum.accumulate(key) - row.astype(np.int64) * span - 2
+    return (turn == -1) & (seen >= 0)
 
 
 @rule("S005", "unreadable or corrupt file", scope="log")

@@ -12,6 +12,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..contract.errors import Unmet
 from .base import NotConfigured, Replayer, ReplayRequest
 from .frame import NUCLEUS, TOKEN_COLUMNS, read_rows, stratified_sample, token_frame
 
@@ -135,8 +136,27 @@ def _memory_rows(table: pa.Table, ids: list[str] | None, columns: tuple[str, ...
 def second_frame(
     traj: pl.DataFrame, column: str, n: int | None, memory: Mapping[str, pa.Table] | None = None
 ) -> pl.DataFrame:
-    """Tokens with `recorded` and the `second` log-prob column (of n sampled trajectories, or all)."""
-    rows = sampled_rows(traj, n, (column,), memory)
+    """Tokens with `recorded` and the `second` log-prob column (of n sampled trajectories, or all).
+    The column is one the user named: absent, not a list of numbers per token, or a row whose list
+    is not as long as its token_ids is Unmet (exit 2), naming the column and the first such row."""
+    try:
+        rows = sampled_rows(traj, n, (column,), memory)
+    except NotConfigured as e:
+        raise Unmet(f"compare_logprobs = {column!r}: {e}") from None
+    typ = rows.schema.field(column).type
+    if not (pa.types.is_list(typ) or pa.types.is_large_list(typ)) or not (
+        pa.types.is_floating(typ.value_type) or pa.types.is_integer(typ.value_type) or pa.types.is_null(typ.value_type)
+    ):
+        raise Unmet(f"compare_logprobs = {column!r}: column {column} is {typ}, not a list of log-probs per token")
+    lengths = [pc.list_value_length(rows.column(c).combine_chunks()).fill_null(-1) for c in ("token_ids", column)]
+    off = np.flatnonzero(lengths[0].to_numpy(zero_copy_only=False) != lengths[1].to_numpy(zero_copy_only=False))
+    if len(off):
+        r = int(off[0])
+        raise Unmet(
+            f"compare_logprobs = {column!r}: {rows.column('file')[r].as_py()}, trajectory "
+            f"{rows.column('trajectory_id')[r].as_py()}: column {column} has {lengths[1][r].as_py()} entries, "
+            f"token_ids {lengths[0][r].as_py()} ({len(off)} row(s) not aligned)"
+        )
     return with_ids(token_frame(rows, column), rows)
 
 

@@ -34,11 +34,17 @@ __all__ = [
 # line/paragraph separators, surrogates and the non-characters U+FFFE/U+FFFF (illegal in XML).
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff\ufffe\uffff]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# What a GitHub Actions runner takes for a workflow command inside a line: `::` (a command when a line
+# starts with it, leading blanks aside) and `##[` (the legacy form, obeyed anywhere in a line). A log
+# string never brings either, nor half of one that the text around it would complete (a `:` or `##`
+# at its edge): that character is shown escaped (`:\\x3a`, `\\x3a`, `#\\x23[`).
+_COMMAND = re.compile(r"(?<=:):|^:|:$|(?<=#)#(?=\[|$)")
 
 
 def printable(value: object) -> str:
-    """`value` as text safe to print: unprintable characters shown as escapes (`\\x1b`)."""
-    return _UNPRINTABLE.sub(_escape_char, str(value))
+    """`value` as text safe to print: unprintable characters shown as escapes (`\\x1b`), and no
+    workflow command a CI runner would obey (`::`, `##[`), wherever the text lands in a line."""
+    return _COMMAND.sub(_escape_char, _UNPRINTABLE.sub(_escape_char, str(value)))
 
 
 # a non-finite number in JSON output: a string (NaN and Infinity are not JSON), as the README states
