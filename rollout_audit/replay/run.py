@@ -142,7 +142,11 @@ def second_frame(
     try:
         rows = sampled_rows(traj, n, (column,), memory)
     except NotConfigured as e:
-        raise Unmet(f"compare_logprobs = {column!r}: {e}") from None
+        # the user's own column absent is Unmet; a contract column the log does not record (TRL keeps
+        # no behaviour log-probs) leaves the comparison not run, as every check's unmet need does
+        if column in str(e).rpartition("column(s) ")[2].split(", "):
+            raise Unmet(f"compare_logprobs = {column!r}: {e}") from None
+        raise
     typ = rows.schema.field(column).type
     if not (pa.types.is_list(typ) or pa.types.is_large_list(typ)) or not (
         pa.types.is_floating(typ.value_type) or pa.types.is_integer(typ.value_type) or pa.types.is_null(typ.value_type)
