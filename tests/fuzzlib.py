@@ -1325,11 +1325,11 @@ EVIDENCE_COLUMNS = [
 
 def _evidence_log(seed: int, work: Path) -> WorkflowCase:
     """`check LOG` on an EVIDENCE fixture converted clean, its 1.3 columns mutated at the Arrow level
-    (`random_op`), with the trainer policy of the conversion as the log's own configuration."""
+    (`random_op`), with the trainer settings of the conversion as the log's own configuration."""
     import random
 
     from rollout_audit.adapters.convert import convert
-    from rollout_audit.session.dumps import policy_table
+    from rollout_audit.session.dumps import trainer_settings_table
 
     rng = random.Random(f"evidence-log:{seed}")
     fw, name, ctx = EVIDENCE[seed % len(EVIDENCE)]
@@ -1348,7 +1348,7 @@ def _evidence_log(seed: int, work: Path) -> WorkflowCase:
     if updates is not None:
         (log / "updates").mkdir()
         pq.write_table(updates, log / "updates" / "part-0000.parquet")
-    (log / "pyproject.toml").write_text(policy_table(conv))
+    (log / "pyproject.toml").write_text(trainer_settings_table(conv))
     # the formats that say on stderr why a log was not audited (text prints it in the report itself)
     fmt = rng.choice(["json", "json", "github", "junit"])
     return WorkflowCase("evidence", seed, ["check", str(log), "--format", fmt], [log], f"{fw}:{name}:log", fmt)

@@ -199,10 +199,12 @@ def test_the_trainers_truncation_policy_is_context_never_assumed() -> None:
     applies); `--context trainer=prime-rl` or `--context truncation=...` states it, a contradiction or
     an unknown value is exit 2 on one line."""
     recs = list(read_dump(fixture("openai", "compliant")))
-    assert b"rollout_audit.policy" not in (adapter.to_contract(recs).schema.metadata or {})
-    said = json.loads(adapter.to_contract(recs, trainer="prime-rl").schema.metadata[b"rollout_audit.policy"])
+    assert b"rollout_audit.trainer_settings" not in (adapter.to_contract(recs).schema.metadata or {})
+    said = json.loads(adapter.to_contract(recs, trainer="prime-rl").schema.metadata[b"rollout_audit.trainer_settings"])
     assert said["settings"] == {"truncation": "penalize"} and "prime-rl" in said["said"]
-    said = json.loads(adapter.to_contract(recs, truncation="exclude").schema.metadata[b"rollout_audit.policy"])
+    said = json.loads(
+        adapter.to_contract(recs, truncation="exclude").schema.metadata[b"rollout_audit.trainer_settings"]
+    )
     assert said["settings"] == {"truncation": "exclude"}
     src = fixture("openai", "compliant")
     for kv, says in (("truncation=drop", "'drop'"), ("trainer=verl", "unknown trainer")):

@@ -46,9 +46,9 @@ def test_missing_logprobs_are_l201_on_the_trajectory() -> None:
 def test_compact_filtering_run_audits_clean_and_names_the_policy() -> None:
     rep = report([fixture("rllm", "compact_filtering")], "rllm", FILTERING)
     assert rep["findings"] == []
-    policy = rep["summary"]["trainer_policy"]
+    policy = rep["summary"]["trainer_settings_said"]
     assert "compact filtering on" in policy and "error" in policy and "max_response_length_exceeded" in policy
-    assert rep["summary"]["trainer_policy_settings"] == {"truncation": "exclude"}
+    assert rep["summary"]["trainer_settings"] == {"truncation": "exclude"}
     assert "U604" not in {n["code"] for n in rep["not_run"]}  # the advantages were audited
 
 
@@ -57,8 +57,8 @@ def test_compact_filtering_not_given_trains_everything_and_t303_stays() -> None:
     policy (truncation = penalize, said in the summary), and an errored episode trained is still T303."""
     rep = report([fixture("rllm", "compact_filtering")], "rllm", CONTEXT)
     assert finding_keys(rep) == [("T303", "12/task-7:3/solver", None)]
-    assert "compact filtering off" in rep["summary"]["trainer_policy"]
-    assert rep["summary"]["trainer_policy_settings"] == {"truncation": "penalize"}
+    assert "compact filtering off" in rep["summary"]["trainer_settings_said"]
+    assert rep["summary"]["trainer_settings"] == {"truncation": "penalize"}
 
 
 def test_the_configured_truncation_policy_wins_over_the_trainers(tmp_path: Path) -> None:

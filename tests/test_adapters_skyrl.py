@@ -177,7 +177,7 @@ def test_multi_step_dump_as_one_file_per_step_takes_the_step_from_the_file_name(
             fh.write(json.dumps(rec) + "\n")
     res, rep = _check(tmp_path, extra=("--context", "apply_overlong_filtering=true"))
     assert res.exit_code == 0 and rep["findings"] == [], res.output
-    assert rep["summary"]["trainer_policy_settings"] == {"truncation": "penalize"}
+    assert rep["summary"]["trainer_settings"] == {"truncation": "penalize"}
 
 
 def test_without_a_step_the_repeated_ids_are_s002(tmp_path):
@@ -206,7 +206,7 @@ def test_fully_async_groups_take_the_scheduled_step_as_policy_version():
 
 def test_the_truncation_flags_are_named_in_the_policy():
     res, rep = _check(fixture("skyrl", "multi_step"), extra=("--context", "zero_reward_on_non_stop=true"))
-    said = rep["summary"]["trainer_policy"]
+    said = rep["summary"]["trainer_settings_said"]
     assert "zero_reward_on_non_stop=True" in said and "get reward 0" in said and "(as given)" in said
     assert "rollout-audit: note: SkyRL zero_reward_on_non_stop=True" in res.stderr
 

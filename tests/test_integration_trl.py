@@ -257,7 +257,7 @@ def default_run(tmp_path_factory):
 def tool_run(tmp_path_factory):
     """Multi-turn rollout_func, one generation per step, a different bug at each (policy skip)."""
     tmp = tmp_path_factory.mktemp("trl_tools")
-    audit = _settings(log_dir=tmp / "log", policy="skip", metrics="all")
+    audit = _settings(log_dir=tmp / "log", on_finding="skip", metrics="all")
     return _train(_trainer(tmp / "out", audit=audit, rollout_func=rollout, max_steps=4)), tmp / "log"
 
 
@@ -349,7 +349,7 @@ def test_raise_policy_stops_before_the_first_step(tmp_path):
         out["env_mask"] = [[1] * len(m) for m in out["env_mask"]]
         return out
 
-    trainer = _trainer(tmp_path, n_prompts=4, audit=_settings(policy="raise"), rollout_func=always_bad, max_steps=1)
+    trainer = _trainer(tmp_path, n_prompts=4, audit=_settings(on_finding="raise"), rollout_func=always_bad, max_steps=1)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     with pytest.raises(ra.AuditFailed, match="M101"):
         _train(trainer)
@@ -388,7 +388,7 @@ def test_defaults_audit_under_the_policy_trl_follows(capped_run):
     trainer, log, stated = capped_run
     assert trainer.audit.config.truncation == "penalize"
     assert stated == [
-        "rollout-audit: auditing under the policy TRL follows: truncation = 'penalize' (GRPOConfig."
+        "rollout-audit: auditing under the settings TRL follows: truncation = 'penalize' (GRPOConfig."
         "mask_truncated_completions=False, TRL's default: a completion cut at max_completion_length is trained "
         "with the reward it was given)"
     ]

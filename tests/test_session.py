@@ -23,7 +23,7 @@ DUMPS = sorted((p.parent.name, p.stem) for p in FIXTURES.glob("*/*.jsonl"))
 BROKEN = sorted(p.name for p in (ROOT / "fixtures" / "broken").iterdir() if p.is_dir())
 LOGS = ["compliant", *BROKEN]  # the agent's compliant log and every broken one
 # the fast tier's share of the parity below: the agent's compliant log, a broken one, and a dump with
-# findings (a conversion, the trainer's policy and the relabelling back to the dump's records); the
+# findings (a conversion, the trainer's settings and the relabelling back to the dump's records); the
 # full suite runs every log and every dump
 FAST = {"compliant", "loss_over_whole_transcript", "slime-removed_sample_in_denominator"}
 assert FAST <= {*LOGS, *(f"{n}-{c}" for n, c in DUMPS)}, "a fast-tier parity case is no longer bundled"

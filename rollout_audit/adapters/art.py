@@ -39,10 +39,10 @@ from .base import (
     short,
     whole,
     wholes,
-    with_policy,
+    with_trainer_settings,
 )
 from .exchanges import join, lacks
-from .openai import CONTEXT, trainer_policy
+from .openai import CONTEXT, trainer_truncation
 from .steps import Call, engine_context, finish_reason, guarded, identity, option, stop_columns
 
 FRAMEWORK = "ART"
@@ -180,5 +180,5 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
     context = context_values(context, CONTEXT)
     rows = [r for n, rec in enumerate(records) for r in at_record(rec, _rows, rec, n, context)]
     table = contract_table(rows, LACKS, FRAMEWORK)
-    said, truncation = trainer_policy(context)
-    return with_policy(table, said, truncation=truncation) if truncation else table
+    said, truncation = trainer_truncation(context)
+    return with_trainer_settings(table, said, truncation=truncation) if truncation else table

@@ -64,18 +64,21 @@ def origin(record: Mapping[str, Any]) -> dict[str, Any]:
 
 ORIGIN = "_origin"  # a row's dump record; `contract_table` moves it to the table's metadata
 META_ORIGINS = b"rollout_audit.origins"  # JSON list: the dump record of each trajectory row
-# JSON {"said": one sentence, "settings": {configuration key: value}}: the trainer policy a conversion
+# JSON {"said": one sentence, "settings": {configuration key: value}}: the trainer settings a conversion
 # derived from the trainer's configuration, and the audit settings that state it
-META_POLICY = b"rollout_audit.policy"
+META_TRAINER_SETTINGS = b"rollout_audit.trainer_settings"
 # one line: the recorded sessions a conversion left out because their capture is incomplete
 # (rollout_audit.contract.capture); the audit of the conversion cannot be "ok" with it
 META_INCOMPLETE = b"rollout_audit.incomplete"
 
 
-def with_policy(table: pa.Table, said: str, **settings: Any) -> pa.Table:
-    """`table` declaring the trainer policy the adapter assumed (`said`) and the audit settings it
+def with_trainer_settings(table: pa.Table, said: str, **settings: Any) -> pa.Table:
+    """`table` declaring the trainer settings the adapter assumed (`said`) and the audit settings it
     implies (e.g. truncation="penalize"); a configuration that sets the key itself wins."""
-    meta = {**(table.schema.metadata or {}), META_POLICY: json.dumps({"said": said, "settings": settings}).encode()}
+    meta = {
+        **(table.schema.metadata or {}),
+        META_TRAINER_SETTINGS: json.dumps({"said": said, "settings": settings}).encode(),
+    }
     return table.replace_schema_metadata(meta)
 
 

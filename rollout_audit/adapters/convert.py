@@ -1,5 +1,5 @@
 """A trainer's dump as contract tables: its records converted by the framework's adapter, with the
-dump record each trajectory came from (`dump.jsonl:17`) and the trainer policy the adapter derived.
+dump record each trajectory came from (`dump.jsonl:17`) and the trainer settings the adapter derived.
 The audit of a conversion (a private temporary log, findings relabelled to the dump) is the
 session's (rollout_audit.session)."""
 
@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from ..contract.errors import AdapterError
 from . import load
-from .base import META_INCOMPLETE, META_ORIGINS, META_POLICY, dump_files, read_records
+from .base import META_INCOMPLETE, META_ORIGINS, META_TRAINER_SETTINGS, dump_files, read_records
 
 
 @dataclass(frozen=True)
@@ -26,8 +26,10 @@ class Converted:
     updates: pa.Table | None
     origins: list[str | None]  # per trajectory row: "FILE:LINE" of the record it was built from
     sources: tuple[str, ...]  # the dump paths, as given
-    policy: str | None = None  # the trainer policy the adapter assumed (from the trainer's configuration)
-    settings: Mapping[str, Any] = field(default_factory=dict)  # the audit settings that policy implies
+    settings_said: str | None = (
+        None  # the trainer settings the adapter assumed, in one sentence (from the trainer's configuration)
+    )
+    settings: Mapping[str, Any] = field(default_factory=dict)  # the audit settings those trainer settings imply
     files: tuple[str, ...] = ()  # every dump file read
     skipped: tuple[str, ...] = ()  # the files of a dump directory that are not dump files (named, not read)
     incomplete: str | None = None  # the recorded sessions left out, their capture incomplete (one line)
@@ -39,7 +41,9 @@ class Converted:
 
 def _plain(table: pa.Table) -> pa.Table:
     meta = {
-        k: v for k, v in (table.schema.metadata or {}).items() if k not in (META_ORIGINS, META_POLICY, META_INCOMPLETE)
+        k: v
+        for k, v in (table.schema.metadata or {}).items()
+        if k not in (META_ORIGINS, META_TRAINER_SETTINGS, META_INCOMPLETE)
     }
     return table.replace_schema_metadata(meta)
 
@@ -63,7 +67,7 @@ def convert(framework: str, paths: Sequence[str | os.PathLike], context: Mapping
         raise AdapterError(f"{', '.join(str(p) for p in paths)}: {e}") from None
     raw = (trajectories.schema.metadata or {}).get(META_ORIGINS)
     origins = json.loads(raw) if raw else [None] * trajectories.num_rows
-    policy = json.loads((trajectories.schema.metadata or {}).get(META_POLICY) or b"{}")
+    declared = json.loads((trajectories.schema.metadata or {}).get(META_TRAINER_SETTINGS) or b"{}")
     sources = tuple(str(p) for p in paths)
     skipped = tuple(str(f) for _, other in listed for f in other)
     return Converted(
@@ -71,8 +75,8 @@ def convert(framework: str, paths: Sequence[str | os.PathLike], context: Mapping
         updates,
         origins,
         sources,
-        policy.get("said"),
-        policy.get("settings", {}),
+        declared.get("said"),
+        declared.get("settings", {}),
         tuple(map(str, files)),
         skipped,
         incomplete.decode() if (incomplete := (trajectories.schema.metadata or {}).get(META_INCOMPLETE)) else None,

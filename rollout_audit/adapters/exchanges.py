@@ -19,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..contract import schema as S
-from .base import ORIGIN, AdapterError, contract_table, numbers, with_policy
-from .openai import trainer_policy
+from .base import ORIGIN, AdapterError, contract_table, numbers, with_trainer_settings
+from .openai import trainer_truncation
 from .steps import Call, episode_rows, identity_lacks, merge, outcome
 
 # what M111 reads: the ids the engine's own log-prob entries name at a split (contract 1.3)
@@ -131,8 +131,8 @@ def table(
             rows.append({**common, **row, **where})
     declared = {**lacks, **(stream_cost(framework, *streamed) if streamed is not None else {})}
     out_table = contract_table(rows, declared, framework)
-    said, truncation = trainer_policy(context)
-    return with_policy(out_table, said, truncation=truncation) if truncation else out_table
+    said, truncation = trainer_truncation(context)
+    return with_trainer_settings(out_table, said, truncation=truncation) if truncation else out_table
 
 
 # ---------------------------------------------------------------- joining calls to trainer rows

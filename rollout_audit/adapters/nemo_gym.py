@@ -57,7 +57,7 @@ from .base import (
     short,
     whole,
     wholes,
-    with_policy,
+    with_trainer_settings,
 )
 from .steps import (
     Call,
@@ -220,7 +220,7 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
         f"not rebuilt: nothing of them is trained), not audited: {', '.join(tokenless[:5])}"
         + (", ..." if len(tokenless) > 5 else "")
     )
-    return with_policy(table, said)
+    return with_trainer_settings(table, said)
 
 
 def _common(rid: str, task: str, ctx: Mapping[str, Any], reward: Any) -> dict[str, Any]:

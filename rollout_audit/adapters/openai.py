@@ -29,7 +29,7 @@ from .base import (
     origin,
     short,
     wholes,
-    with_policy,
+    with_trainer_settings,
 )
 from .captured import pair as exchange_pair
 from .captured import version_error
@@ -81,7 +81,7 @@ CONTEXT |= {"trainer": str, "truncation": str}
 TRUNCATIONS = ("exclude", "penalize", "bootstrap")
 
 
-def trainer_policy(context: Mapping[str, Any]) -> tuple[str, str]:
+def trainer_truncation(context: Mapping[str, Any]) -> tuple[str, str]:
     """(said, truncation): the truncation policy of the trainer the sessions feed, from `--context
     truncation=...` or a known `--context trainer=...` (verifiers' TRAINERS); without either the
     route assumes none ("" for truncation): the configuration's `truncation` applies (the project
@@ -243,14 +243,14 @@ def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
         if sid not in incomplete
         for r in _episode(sid, pairs, end, context)
     ]
-    said, truncation = trainer_policy(context)
+    said, truncation = trainer_truncation(context)
     if incomplete and not rows:
         raise AdapterError(incomplete_line(incomplete, len(sessions)))
     table = contract_table(rows, LACKS, "openai")
     if incomplete:  # the complete sessions are audited; the audit cannot be "ok" (session.dumps)
         meta = {**(table.schema.metadata or {}), META_INCOMPLETE: incomplete_line(incomplete, len(sessions)).encode()}
         table = table.replace_schema_metadata(meta)
-    return with_policy(table, said, truncation=truncation) if truncation else table
+    return with_trainer_settings(table, said, truncation=truncation) if truncation else table
 
 
 def incomplete_line(incomplete: Mapping[str, str], sessions: int, shown: int = 5) -> str:

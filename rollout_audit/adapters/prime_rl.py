@@ -34,7 +34,7 @@ from ..reading.records import records_to_table
 from .base import (
     MAX_DUMP_BYTES,
     META_ORIGINS,
-    META_POLICY,
+    META_TRAINER_SETTINGS,
     AdapterError,
     _regular,
     context_values,
@@ -43,7 +43,7 @@ from .base import (
     located,
     numbers,
     wholes,
-    with_policy,
+    with_trainer_settings,
 )
 from .steps import guarded
 
@@ -263,12 +263,12 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
     out = out.set_column(col, "behavior_logprobs", pa.array(lps, pa.list_(pa.float32())))
     origins = [str(getattr(s, "origin", "")) for s in trained]
     out = out.replace_schema_metadata({**meta, META_ORIGINS: json.dumps(origins).encode()})
-    policy = json.loads(meta.get(META_POLICY) or b"{}")
+    policy = json.loads(meta.get(META_TRAINER_SETTINGS) or b"{}")
     said = (policy.get("said") or "") + (
         f"; {len(rows)} trainer samples joined to their trace branches by token ids, "
         f"{table.num_rows - len(rows)} trace branches in no batch (not trained, not audited)"
     )
-    return with_policy(out, said.lstrip("; "), **policy.get("settings", {}))
+    return with_trainer_settings(out, said.lstrip("; "), **policy.get("settings", {}))
 
 
 @guarded("prime_rl")

@@ -12,7 +12,7 @@ rllm/trainer/algorithms/config.py) drops episodes by termination reason before g
 episode is neither trained nor counted in its group's statistics, so it is written with a null
 reward (the contract's "excluded"). rLLM does not dump its configuration with the episodes: the
 context gives it (`compact_filtering=true`, `mask_<reason>=...`, defaults those of rLLM's
-base.yaml), and the policy assumed is stated in the table metadata (`rollout_audit.policy`).
+base.yaml), and the policy assumed is stated in the table metadata (`rollout_audit.trainer_settings`).
 
 `updates` writes one update record per training step from `Step.advantage` (set by
 `compute_advantages`, so only a dump taken after it has them; docs/frameworks/rllm.md)."""
@@ -44,7 +44,7 @@ from .base import (
     short,
     step_of,
     wholes,
-    with_policy,
+    with_trainer_settings,
 )
 from .routes import INT32, digest
 from .steps import (
@@ -379,7 +379,7 @@ def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
                 n, b = matched[r["trajectory_id"]]
                 at_record(b, _trained, r, b, f"batch row {n} ({r['trajectory_id']})")
     said, truncation = policy(context)
-    return with_policy(contract_table(rows, LACKS, "rLLM"), said, truncation=truncation)
+    return with_trainer_settings(contract_table(rows, LACKS, "rLLM"), said, truncation=truncation)
 
 
 def _advantage(steps: list[Any], where: str) -> float | None:

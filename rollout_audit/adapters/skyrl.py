@@ -36,8 +36,8 @@ per-call route fields `routed_experts_version` (`_routes`, routes.py); the DAPO 
 `overlong_buffer_penalty_factor`) taken as context and declared with the policy for R414.
 
 The generator's `zero_reward_on_non_stop` and `apply_overlong_filtering` (GeneratorConfig) are
-applied before the dump and are not in it: the context gives them, and the trainer policy they
-imply is declared with the table (`with_policy`).
+applied before the dump and are not in it: the context gives them, and the trainer settings they
+imply is declared with the table (`with_trainer_settings`).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ from .base import (
     token_columns,
     whole,
     with_context,
-    with_policy,
+    with_trainer_settings,
 )
 from .routes import call_routes, digest, expert_array, replayed
 from .steps import divergence
@@ -319,7 +319,7 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
         rows = _segments(rows, recs)
     _zero_variance_filtered(rows, list(records))
     table = contract_table(rows, declared(recs, LACKS))
-    return with_policy(table, policy(ctx), truncation="penalize", **dapo_settings(ctx))
+    return with_trainer_settings(table, policy(ctx), truncation="penalize", **dapo_settings(ctx))
 
 
 def dapo_settings(ctx: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,7 @@
 returns it (padded tensors and masks) and `update_from_step` the micro-batch `compute_loss`
 trains on. They carry only what TRL recorded: a column TRL lacks is left out and named in the
 file metadata `rollout_log.not_recorded` with the reason, so the checks that need it are
-reported as not run with "TRL does not record ...". `trainer_policy` states the truncation
+reported as not run with "TRL does not record ...". `trainer_truncation` states the truncation
 policy a `GRPOConfig` follows. The in-loop guard is `rollout_audit.integrations.trl`; this
 module needs neither TRL nor torch (tensors are read through numpy).
 """
@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from ..contract import schema as S
 from ..reading.records import records_to_table
-from .base import AdapterError, context_values, flags, need, number, short, whole, wholes, with_policy
+from .base import AdapterError, context_values, flags, need, number, short, whole, wholes, with_trainer_settings
 from .steps import guarded, identity
 
 # the fields of TRL's own classes the converter and the guard read (tests/test_framework_drift.py)
@@ -264,7 +264,7 @@ def records_from_batch(
     return _table(cols)
 
 
-def trainer_policy(args: Any) -> tuple[str, str]:
+def trainer_truncation(args: Any) -> tuple[str, str]:
     """(truncation, why): the audit's truncation policy as a `GRPOConfig` sets it. With
     `mask_truncated_completions` TRL trains none of a truncated completion's tokens and keeps its
     reward in the group mean and std (grpo_trainer.py, `completion_mask * ~is_truncated`): `exclude`,
@@ -686,7 +686,7 @@ def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
             extras=extras,
             mask_truncated_completions=bool(settings.get("mask_truncated_completions", False)),
         )
-        truncation, said = trainer_policy(_Args(settings))
+        truncation, said = trainer_truncation(_Args(settings))
         tables.append(t)
     meta = tables[0].schema.metadata or {}
     lacks = json.loads(meta.get(S.META_NOT_RECORDED, b"{}"))
@@ -694,7 +694,7 @@ def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
         lacks["reward"] = _NO_REWARD
     table = pa.concat_tables(tables, promote_options="permissive")
     table = table.replace_schema_metadata({**meta, S.META_NOT_RECORDED: json.dumps(lacks, sort_keys=True).encode()})
-    return with_policy(table, said, truncation=truncation, grpo_epsilon=1e-4)
+    return with_trainer_settings(table, said, truncation=truncation, grpo_epsilon=1e-4)
 
 
 class _Args:

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from . import verifiers_v1 as v1
-from .base import AdapterError, at_record, context_values, contract_table, need, objects, origin, with_policy
+from .base import AdapterError, at_record, context_values, contract_table, need, objects, origin, with_trainer_settings
 from .steps import (
     Call,
     engine_context,
@@ -56,7 +56,7 @@ TRAINERS = {
 }
 
 
-def trainer_policy(context: Mapping[str, Any]) -> tuple[str, str] | None:
+def trainer_truncation(context: Mapping[str, Any]) -> tuple[str, str] | None:
     """(said, truncation) of the trainer named by `--context trainer=...`, None when none is named;
     an unknown trainer is an AdapterError naming the ones known (never a guessed policy)."""
     name = context.get("trainer")
@@ -208,8 +208,8 @@ def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
         table = table.append_column(v1.TRAINER_LOGPROBS, pa.array(second, pa.list_(pa.float32())))
         settings["compare_logprobs"] = v1.TRAINER_LOGPROBS
         said.append("the trace's trainer_logprobs are compared with its engine log-probs (compare_logprobs)")
-    policy = trainer_policy(context)
+    policy = trainer_truncation(context)
     if policy is not None:
         said.insert(0, policy[0])
         settings["truncation"] = policy[1]
-    return with_policy(table, "; ".join(said), **settings) if settings else table
+    return with_trainer_settings(table, "; ".join(said), **settings) if settings else table

@@ -47,7 +47,7 @@ from .base import (
     sha256_hex,
     token_columns,
     with_context,
-    with_policy,
+    with_trainer_settings,
 )
 
 # What the hook and this adapter read from verl's own classes (verl 0.9.1; tests/test_framework_drift.py
@@ -522,7 +522,7 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
     if any(o is not None for o in old):
         meta = table.schema.metadata
         table = table.append_column(OLD_LOGPROBS, pa.array(old, pa.list_(pa.float32()))).replace_schema_metadata(meta)
-    return with_policy(table, said, **settings)
+    return with_trainer_settings(table, said, **settings)
 
 
 def updates(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table | None:

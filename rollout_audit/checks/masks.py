@@ -498,7 +498,7 @@ def split_episode(b: BatchView, cfg) -> pl.DataFrame | None:
     segment: split_context_id is this trajectory's token_ids[split_position] (null when its first
     context ends there) and differs from split_sequence_id; evidence that does not hold is named.
     Keep the engine's ids from one turn to the next (pass the previous prompt and completion ids
-    back instead of the text), or accept the split as the trainer's policy (ignore M108).
+    back instead of the text), or accept the split as the trainer's behaviour (ignore M108).
     """
     if "split_position" not in b.columns or b.col("split_position").null_count == b.n:
         return None

@@ -182,13 +182,13 @@ def audit_logs(opts: options.AuditOptions, echo: Echo, baseline: bool = False, *
 
 def write_baseline(done, path: str, echo: Echo) -> int:
     """Record one log's findings (after its tolerated rates) in `path`: exit 0."""
-    from ..session import verdict as policy
+    from ..session import verdict
 
     log, a = done
     if not a.report.complete:
         say_incomplete(a.report, log, echo)
         raise UsageError(f"the audit is incomplete: no baseline written to {path}")
-    n = policy.write_baseline(path, a.report, a.ids(), a.tokens)
+    n = verdict.write_baseline(path, a.report, a.ids(), a.tokens)
     echo(f"wrote baseline {path}: {n} finding{'s' if n != 1 else ''} recorded")
     return 0
 
@@ -208,8 +208,8 @@ def check(opts: options.CheckOptions, echo: Echo) -> int:
     with quiet_ray(running):  # Ray's own log lines never reach the user's output
         done = audit_logs(opts, echo, bool(opts.write_baseline), options=running, use_baseline=not opts.write_baseline)
     for _, a in done:
-        if a.converted is not None and a.converted.policy:  # the trainer's own policy, from its configuration
-            echo(f"rollout-audit: note: {a.converted.policy}", err=True)
+        if a.converted is not None and a.converted.settings_said:  # the trainer's own settings, from its configuration
+            echo(f"rollout-audit: note: {a.converted.settings_said}", err=True)
         warn_not_dumps(a.converted, echo)
     if opts.write_baseline:
         return write_baseline(done[0], opts.write_baseline, echo)
@@ -489,33 +489,38 @@ def show(opts: options.ShowOptions, echo: Echo) -> None:
 
 def convert(opts: options.ConvertOptions, echo: Echo) -> None:
     """`rollout-audit convert`: a trainer's dump at SRC written as a contract log in DST, with the
-    trainer's policy as the log's own configuration."""
+    trainer's settings as the log's own configuration."""
     from ..adapters.convert import convert as read_dump
     from ..contract.config import Config
     from ..reporting.outputs import atomic_directory, check_new_directory, check_output
     from ..reporting.report import printable
-    from ..session.dumps import adapter_waives, adapter_waives_denominators, policy_table, with_policy
+    from ..session.dumps import (
+        adapter_waives,
+        adapter_waives_denominators,
+        merged_trainer_settings,
+        trainer_settings_table,
+    )
     from ..writing import write_table
 
     framework, src, dst = opts.framework, opts.src, opts.dst
     check_output(dst, [src])  # a dump is not a contract log: DST may sit next to it, never inside it
     check_new_directory(dst)
     conv = read_dump(framework, [src], dict(opts.context))
-    policy = with_policy(Config(), conv)  # validated under the trainer's own stop reasons
+    cfg = merged_trainer_settings(Config(), conv)  # validated under the trainer's own stop reasons
     trajectories, updates = conv.tables()
     with atomic_directory(dst) as tmp:  # DST appears whole or not at all
         for name, table in (("trajectories", trajectories), ("updates", updates)):
             if table is not None and table.num_rows:
                 (tmp / name).mkdir(parents=True, exist_ok=True)
                 try:
-                    write_table(tmp / name / "part-0000.parquet", table, name, config=policy)
+                    write_table(tmp / name / "part-0000.parquet", table, name, config=cfg)
                 except RolloutAuditError as e:  # the refusal names the dump the records came from
                     raise UsageError(
                         f"{printable(src)}: its {name} do not convert to the contract: {first_line(e)}"
                     ) from None
-        if conv.settings:  # the trainer's policy travels with the log: `check DST` audits as `check --from` does
-            (tmp / "pyproject.toml").write_text(policy_table(conv))
-    said = f"; the trainer's policy in {Path(dst) / 'pyproject.toml'}" if conv.settings else ""
+        if conv.settings:  # the trainer's settings travels with the log: `check DST` audits as `check --from` does
+            (tmp / "pyproject.toml").write_text(trainer_settings_table(conv))
+    said = f"; the trainer's settings in {Path(dst) / 'pyproject.toml'}" if conv.settings else ""
     echo(f"wrote {dst} ({trajectories.num_rows} trajectories{said})")
     if waived := adapter_waives(conv):  # the adapter's word does not travel inside the log
         echo(

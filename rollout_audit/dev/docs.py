@@ -83,17 +83,17 @@ def _inputs(r: Rule) -> str:
     return "; ".join(parts) or "nothing beyond the file list"
 
 
-def _policy_note(r: Rule) -> str:
-    """Known cases where a trainer's documented policy makes a finding's situation compliant: the
+def _trainer_note(r: Rule) -> str:
+    """Known cases where a trainer's documented settings make a finding's situation compliant: the
     keys of the rule that a log (or its adapter) may state as how the run was produced."""
     stated = [k for k in r.config if k in LOG_CONTEXT]
     if not stated:
-        return "None known: what this check reports is a defect under every trainer policy the adapters read."
+        return "None known: what this check reports is a defect under every trainer's settings the adapters read."
     keys = ", ".join(f"[`{k}`](configuration.md#{k})" for k in stated)
     return (
-        f"The trainer's own policy, stated through {keys} (by its adapter from the trainer's configuration, "
-        "in the log's own configuration, or by you), decides what is compliant: the check verifies the log "
-        "against that policy, never against a project default."
+        f"The trainer's own settings, stated through {keys} (by its adapter from the trainer's configuration, "
+        "in the log's own configuration, or by you), decide what is compliant: the check verifies the log "
+        "against them, never against a project default."
     )
 
 
@@ -135,7 +135,7 @@ def checks_markdown() -> str:
                 "",
                 f"**Why it matters.** {body[1].strip() if len(body) > 1 else r.name}",
                 "",
-                f"**When a trainer's policy makes it compliant.** {_policy_note(r)}",
+                f"**When the trainer's settings make it compliant.** {_trainer_note(r)}",
                 "",
                 f"**Example.** {_examples(r)}",
                 "",

@@ -5,8 +5,8 @@ user's function: it calls it and writes what it returned, unchanged, one JSON li
 `rollout-audit check --from trl LOG_DIR OUTPUT_DIR/completions` (with TRL's own `log_completions`
 Parquet for the rewards and advantages). `AuditedGRPOTrainer` / `AuditedRLOOTrainer` convert each
 generation batch and each micro-batch update with `rollout_audit.adapters.trl` and audit them before
-the optimizer step (warn, raise or skip), under the truncation policy the trainer's own configuration
-follows (`trainer_policy`), and can write the contract log with `RolloutWriter`.
+the optimizer step (warn, raise or skip), under the truncation the trainer's own configuration
+follows (`trainer_settings`), and can write the contract log with `RolloutWriter`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from ..adapters.trl import (
     advantage_estimator,
     recomputes_logprobs,
     records_from_batch,
-    trainer_policy,
+    trainer_truncation,
     update_from_step,
 )
 from ..api import audit_tables
@@ -45,7 +45,7 @@ from ..reading.records import records_to_table
 from ..reporting.report import Report
 from ..writing import write_table
 
-Policy = Literal["warn", "raise", "skip"]
+OnFinding = Literal["warn", "raise", "skip"]
 __all__ = [
     "TRL_LACKS",
     "AuditFailed",
@@ -57,7 +57,7 @@ __all__ = [
     "records_from_batch",
     "recomputes_logprobs",
     "trainer_settings",
-    "trainer_policy",
+    "trainer_truncation",
     "update_from_step",
 ]
 
@@ -69,13 +69,13 @@ __all__ = [
 class AuditSettings:
     """What the guard does with findings, and the fields TRL does not record."""
 
-    policy: Policy = "warn"
+    on_finding: OnFinding = "warn"
     log_dir: str | Path | None = None  # write trajectories/ and updates/ with RolloutWriter
     environment_id: str | None = None
     environment_version: str | None = None
     verifier_version: str | None = None
     reset_seed: int | None = None
-    # TRL's ε; `truncation`, unless set here, is the policy the trainer's GRPOConfig follows
+    # TRL's ε; `truncation`, unless set here, is the one the trainer's GRPOConfig follows
     config: Config = field(default_factory=lambda: Config(grpo_epsilon=1e-4))
     ignore: tuple[str, ...] = ()
     # the audit figures added to every logged step: "few" (FEW_FIGURES) or "all" (per family, replay gaps)
@@ -123,7 +123,7 @@ class _Guard:
         self._ra_rewards: torch.Tensor | None = None
         self._ra_micro = 0
         super().__init__(*args, **kwargs)  # type: ignore[call-arg]
-        truncation, why = trainer_policy(self.args)
+        truncation, why = trainer_truncation(self.args)
         if "truncation" in self.audit.config.model_fields_set:
             if self.audit.config.truncation != truncation:
                 warnings.warn(
@@ -132,12 +132,12 @@ class _Guard:
                 )
         else:
             self.audit.config = self.audit.config.model_copy(update={"truncation": truncation})
-            warnings.warn(f"rollout-audit: auditing under the policy TRL follows: {why}", stacklevel=2)
+            warnings.warn(f"rollout-audit: auditing under the settings TRL follows: {why}", stacklevel=2)
         recomputed = self._recomputes()
         if recomputed and "compare_logprobs" not in self.audit.config.model_fields_set:
             # L207 compares the engine's log-probs with the trainer's recomputation, no replayer needed
             self.audit.config = self.audit.config.model_copy(update={"compare_logprobs": TRAINER_LOGPROBS})
-        self._write_policy()
+        self._write_trainer_settings()
 
     def _recomputes(self) -> bool:
         """Whether the batch carries the trainer's per-token recomputation (`old_per_token_logps`)."""
@@ -206,12 +206,12 @@ class _Guard:
         return out
 
     def _act(self, what: str, report: Report, table: pa.Table) -> np.ndarray | None:
-        """Apply the policy; under `skip`, the rows to exclude."""
+        """Apply `on_finding`; under `skip`, the rows to exclude."""
         msg = _summary(what, report)
-        if self.audit.policy == "raise":
+        if self.audit.on_finding == "raise":
             raise AuditFailed(msg, report)
         warnings.warn(msg, stacklevel=3)
-        if self.audit.policy != "skip":
+        if self.audit.on_finding != "skip":
             return None
         errors = report.findings.filter(report.findings["severity"] == "error")
         ids = table.column("trajectory_id").to_numpy(zero_copy_only=False)
@@ -275,9 +275,9 @@ class _Guard:
             if self.audit.metrics == "all" or key[len(prefix) :] in FEW_FIGURES:
                 self._metrics["train"][key].append(value)
 
-    def _write_policy(self) -> None:
+    def _write_trainer_settings(self) -> None:
         """Next to the log, the settings it was audited with (`[tool.rollout-audit]`, which
-        `rollout-audit check LOG_DIR` reads), so that a later audit follows the same policy."""
+        `rollout-audit check LOG_DIR` reads), so that a later audit follows the same settings."""
         if self.audit.log_dir is None or not self.accelerator.is_main_process:
             return
         path = Path(self.audit.log_dir) / "pyproject.toml"
@@ -286,7 +286,7 @@ class _Guard:
         c = self.audit.config
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(
-            f"# the policy the trainer's configuration follows, written by {type(self).__name__}\n"
+            f"# the settings the trainer's configuration follows, written by {type(self).__name__}\n"
             f'[tool.rollout-audit]\ntruncation = "{c.truncation}"\ngrpo_epsilon = {c.grpo_epsilon!r}\n'
             + (f"compare_logprobs = {json.dumps(c.compare_logprobs)}\n" if c.compare_logprobs else "")
         )
@@ -300,10 +300,10 @@ class _Guard:
 
 class AuditedGRPOTrainer(_Guard, GRPOTrainer):
     """`GRPOTrainer` that audits every generation batch and every micro-batch update before
-    the optimizer step. `audit=AuditSettings(policy=...)`: `warn` (default), `raise`
+    the optimizer step. `audit=AuditSettings(on_finding=...)`: `warn` (default), `raise`
     (AuditFailed), or `skip` (the loss mask of trajectories with an error finding is zeroed,
     all of them when a finding names none; a failing update trains with a zero loss).
-    The truncation policy is the one the trainer's `GRPOConfig` follows (`trainer_policy`),
+    The truncation policy is the one the trainer's `GRPOConfig` follows (`trainer_settings`),
     stated once as a warning, unless `audit.config` sets `truncation` itself.
     Reports are kept in `audit_reports` as (label, Report)."""
 

@@ -5,7 +5,7 @@ and gets an `Audited` back; the entry point only parses its options and renders.
 An audit, in order:
 1. the configuration: the user's settings (a `--config` file, a Config made in code, or the
    nearest pyproject.toml of the log) layered over the keys the log came with (how the run was
-   produced) and the trainer policy a converted dump derived;
+   produced) and the trainer settings a converted dump derived;
 2. the source: files found under the paths, a trainer's dump converted by its adapter and written
    as a private temporary log, or in-memory tables;
 3. the checks, on the executor the options name;
@@ -31,7 +31,7 @@ from ..reading.log import Log
 from ..running.engine import memory_discovery, run_audit
 from ..running.options import Options
 from ..running.report import Report
-from .dumps import as_log, relabel, with_policy
+from .dumps import as_log, merged_trainer_settings, relabel
 from .verdict import (
     Tokens,
     apply_tolerated,
@@ -142,7 +142,7 @@ def run(request: Request) -> Audited:
         if not paths:
             raise TypeError("a framework's dump is read from paths")
         conv = convert(request.framework, paths, request.context)
-        cfg = with_policy(cfg, conv)
+        cfg = merged_trainer_settings(cfg, conv)
         with as_log(conv) as root:
             checked = relabel(_checked(discover([root]), cfg, opts), conv, root)
         table = conv.trajectories

@@ -1,5 +1,5 @@
-"""What an audit of a trainer's dump adds around the checks: the trainer's policy merged into the
-configuration, the policy as a table a converted log carries, the converted tables as a private
+"""What an audit of a trainer's dump adds around the checks: the trainer's settings merged into the
+configuration, the trainer settings as a table a converted log carries, the converted tables as a private
 temporary log, and the findings of that log relabelled to the dump's own records."""
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from ..running.report import Report
 from ..writing import write_table
 
 
-def with_policy(cfg: Config, conv: Converted) -> Config:
-    """`cfg` with the settings of the trainer policy a conversion derived, for every key the
+def merged_trainer_settings(cfg: Config, conv: Converted) -> Config:
+    """`cfg` with the audit settings the trainer settings of a conversion imply, for every key the
     configuration does not set; each such key is named in the source."""
     update = {k: v for k, v in conv.settings.items() if k not in cfg.model_fields_set}
     if update:
         said = ", ".join(f"{k} = {json.dumps(v)}" for k, v in update.items())
-        cfg = cfg.model_copy(update=update).with_source(f"{cfg.source}; from the trainer's policy: {said}")
+        cfg = cfg.model_copy(update=update).with_source(f"{cfg.source}; from the trainer's settings: {said}")
     if adapter_waives_denominators(conv) and "denominator_not_recorded" not in cfg.model_fields_set:
         cfg = cfg.model_copy(update={"denominator_not_recorded": True}).with_source(
             f"{cfg.source}; from the adapter: denominator_not_recorded = true"
@@ -64,11 +64,11 @@ def adapter_waives_denominators(conv: Converted) -> bool:
     return USER_WAIVED <= {k.removeprefix("updates.") for k in said}
 
 
-def policy_table(conv: Converted) -> str:
-    """The trainer policy keys a conversion derived, as a `[tool.rollout-audit]` table that a
+def trainer_settings_table(conv: Converted) -> str:
+    """The trainer settings keys a conversion derived, as a `[tool.rollout-audit]` table that a
     converted log carries as its own configuration (all of them are "how the run was produced")."""
     keys = {k: v for k, v in conv.settings.items() if k in LOG_CONTEXT}
-    lines = [f"# {conv.policy}" if conv.policy else "# the trainer's policy, as its adapter derived it"]
+    lines = [f"# {conv.settings_said}" if conv.settings_said else "# the trainer's settings, as its adapter derived it"]
     lines.append("[tool.rollout-audit]")
     lines += [f"{k} = {json.dumps(v)}" for k, v in keys.items()]
     if adapter_waives(conv):  # a log cannot waive its own columns: the user says it
@@ -137,9 +137,9 @@ def relabel(rep: Report, conv: Converted, root: str) -> Report:
         rep.summary["dump_files_not_read"] = list(conv.skipped)
     if conv.incomplete:  # sessions the recorder did not record whole: not audited, so never "ok"
         rep.unfulfilled["capture"] = text(conv.incomplete)
-    if conv.policy:
-        rep.summary["trainer_policy"] = conv.policy
-        rep.summary["trainer_policy_settings"] = dict(conv.settings)
+    if conv.settings_said:
+        rep.summary["trainer_settings_said"] = conv.settings_said
+        rep.summary["trainer_settings"] = dict(conv.settings)
     return rep
 
 
