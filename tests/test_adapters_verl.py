@@ -6,6 +6,8 @@ record of what it sampled; the CLI paths agree."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from adapterhelp import (
@@ -395,6 +397,19 @@ def test_verl_rejection_sampling_leaves_the_rejected_row_in_grpo_statistics_u608
 def test_trainer_side_faults_are_caught_with_the_page_command(case, expected):
     result = cli("check", "--from", "verl", fixture("verl", case), *PAGE, "--format", "json")
     assert expected in {(f[0], f[1]) for f in findings(result)}, result.output
+
+
+def test_the_page_lists_every_finding_of_each_trainer_side_fault():
+    """docs/frameworks/verl.md's "Caught, from the trainer-side records" list names, for each fixture,
+    every code its page command reports: the page cannot drift from what the audit says."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "frameworks" / "verl.md").read_text()
+    caught = page.split("**Caught, from the trainer-side records**", 1)[1].split("\n\n", 1)[0]
+    bullets = re.findall(r"^- `(\w+)\.jsonl` (.*?)(?=^- |\Z)", caught, re.S | re.M)
+    assert len(bullets) >= 4, caught
+    for case, text in bullets:
+        result = cli("check", "--from", "verl", fixture("verl", case), *PAGE, "--format", "json")
+        said = set(re.findall(r"\b[A-Z]\d{3}\b", text.split("→", 1)[1]))
+        assert said == {f[0] for f in findings(result)}, (case, said, result.output)
 
 
 @pytest.mark.parametrize(
