@@ -45,8 +45,9 @@ def pair(rec: Record, where: str) -> Record | None:
     endpoint = rec.get("endpoint")
     if rec.get("status") != 200 or rec.get("error") is not None or endpoint not in TURN_ENDPOINTS:
         return None
-    request = _json(_bytes(rec, "request_body", where), f"{where}: request_body")
-    data = _decoded(_bytes(rec, "response_body", where), rec.get("content_encoding"), where)
+    sent = _decoded(_bytes(rec, "request_body", where), rec.get("request_content_encoding"), f"{where}: request_body")
+    request = _json(sent, f"{where}: request_body")
+    data = _decoded(_bytes(rec, "response_body", where), rec.get("content_encoding"), f"{where}: response_body")
     streamed = "event-stream" in str(rec.get("content_type") or "") or data.lstrip().startswith(b"data:")
     if endpoint == "generate":
         response = _last_event(data, where) if streamed else _json(data, f"{where}: response_body")
@@ -92,14 +93,14 @@ def _decoded(data: bytes, encoding: Any, where: str) -> bytes:
     if encoding in (None, "", "identity"):
         return data
     if encoding not in ("gzip", "deflate"):
-        raise AdapterError(f"{where}: content_encoding {short(encoding)}: not read (gzip and deflate are)")
+        raise AdapterError(f"{where}: content encoding {short(encoding)}: not read (gzip and deflate are)")
     d = zlib.decompressobj(47 if encoding == "gzip" else zlib.MAX_WBITS)
     try:
         out = d.decompress(data, MAX_DECODED + 1)
     except zlib.error as e:
-        raise AdapterError(f"{where}: response_body: cannot decompress ({encoding}): {e}") from None
+        raise AdapterError(f"{where}: cannot decompress ({encoding}): {e}") from None
     if len(out) > MAX_DECODED:
-        raise AdapterError(f"{where}: response_body decompresses to more than {MAX_DECODED} bytes")
+        raise AdapterError(f"{where}: decompresses to more than {MAX_DECODED} bytes")
     return out
 
 
