@@ -222,5 +222,5 @@ def end(url: str, sid: str) -> dict[str, Any]:
     return r.json()
 
 
-def check(path: Path) -> Any:
-    return CliRunner().invoke(main, ["check", "--from", "openai", str(path), *CONTEXT])
+def check(path: Path, *options: str) -> Any:
+    return CliRunner().invoke(main, ["check", "--from", "openai", str(path), *CONTEXT, *options])

@@ -182,8 +182,7 @@ class Recorder:
             line["request_content_encoding"] = request.headers["Content-Encoding"]
         try:
             if body is None:
-                why = f"turn {turn}: a request body over the limit of {self.max_body} bytes, forwarded unrecorded"
-                await self._incomplete(sid, why)
+                await self._incomplete(sid, f"turn {turn}: request body over the limit (> {self.max_body} bytes)")
             return await self._exchange(request, sid, url, headers, data, line)
         finally:
             state.inflight -= 1
@@ -243,12 +242,14 @@ class Recorder:
     ) -> web.StreamResponse:
         """A stream, or a body over the limit: forwarded as it arrives, kept up to the limit. The end
         waits for the record: a stream's chunks from the one holding `data: [DONE]` on, any other
-        body's last chunk (each chunk goes out when the next arrives)."""
+        body's last chunk (each chunk goes out when the next arrives; an encoded stream's too)."""
         response = web.StreamResponse(status=upstream.status, headers=out_headers)
         if upstream.content_length is not None:  # the same framing as the upstream's
             response.content_length = upstream.content_length
         await response.prepare(request)
+        # `[DONE]` is seen only in a stream sent without a content coding (gzip hides it)
         events = "event-stream" in (upstream.headers.get("Content-Type") or "")
+        events = events and not upstream.headers.get("Content-Encoding")
         kept: list[bytes] | None = []
         pending: list[bytes] = []  # received, not yet forwarded
         size = 0
@@ -276,7 +277,7 @@ class Recorder:
             return await self._broken(request, sid, line, _joined(kept), why, response, b"".join(pending))
         await self._write(sid, line | {"completed_at": time.time(), "response_body": _recorded(kept)})
         if kept is None:
-            why = f"a response of {size} bytes, over the limit of {self.max_body} bytes: forwarded, its body unrecorded"
+            why = f"response body over the limit ({size} > {self.max_body} bytes)"
             await self._incomplete(sid, f"turn {line['turn']}: {why}")
         try:
             for c in pending:
