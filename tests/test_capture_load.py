@@ -255,3 +255,67 @@ def test_a_gzip_request_reaches_the_upstream_encoded_and_is_read_decoded(
     assert ex["request_content_encoding"] == "gzip" and "base64" in ex["request_body"]
     done = check(tmp_path / "cap")
     assert done.exit_code == 0, done.output
+
+
+def sglang(finish: str, incremental: bool = False) -> Callable[[str, bytes], Reply]:
+    """SGLang's native `/generate` (sglang 0.5.23; the request's `input_ids`, `sampling_params`,
+    `return_logprob`, `stream`: srt/managers/io_struct.py:188-256). The answer is `text`, `output_ids`
+    and `meta_info` (tokenizer_manager.py:2507-2513, 2552-2558, 2664-2669) with `finish_reason` as
+    `{"type": "stop", "matched": id}` or `{"type": "length", "length": n}` (schedule_batch.py:284-329)
+    and `output_token_logprobs` as `[logprob, id, None]` triples (tokenizer_manager.py:3098-3108);
+    streamed, each event holds the whole output so far (tokenizer_manager.py:2649-2663), or with
+    `incremental` (the server's incremental_streaming_output, off by default: api/v1/api_types.py:759)
+    its new ids and triples only (:2636-2647, :364-374), then `data: [DONE]` (http_server.py:951-975)."""
+
+    def reply(path: str, body: bytes) -> Reply:
+        assert path == "/generate"
+        req = json.loads(body)
+        out = [60 + len(req["input_ids"]) % 7, 61, EOT]
+        triples = [[-0.5 - k / 8, i, None] for k, i in enumerate(out)]
+        reason = {"type": "stop", "matched": EOT} if finish == "stop" else {"type": "length", "length": len(out)}
+
+        def doc(n: int) -> dict[str, Any]:
+            k = n - 1 if incremental and req.get("stream") else 0  # the event holds out[k:n]
+            meta = {"id": "r0", "finish_reason": reason if n == len(out) else None}
+            meta |= {"prompt_tokens": len(req["input_ids"]), "weight_version": "default", "num_retractions": 0}
+            meta |= {"input_token_logprobs": [], "output_token_logprobs": triples[k:n]}
+            meta |= {"output_token_logprobs_length": n, "reasoning_tokens": 0, "completion_tokens": n}
+            meta["cached_tokens"] = 0
+            return {"text": " ".join(map(str, out[k:n])), "output_ids": out[k:n], "meta_info": meta}
+
+        if not req.get("stream"):
+            return Reply([json.dumps(doc(len(out))).encode()])
+        events = [b"data: " + json.dumps(doc(n)).encode() + b"\n\n" for n in range(1, len(out) + 1)]
+        return Reply([*events, b"data: [DONE]\n\n"], content_type="text/event-stream", chunked=True)
+
+    return reply
+
+
+@pytest.mark.parametrize(
+    ("finish", "incremental"), [("stop", False), ("length", False), ("stop", True)], ids=["stop", "length", "deltas"]
+)
+def test_sglang_generate_whole_and_streamed_is_recorded_and_audited(
+    upstream: Upstream, record: Callable[..., Running], tmp_path: Path, finish: str, incremental: bool
+) -> None:
+    engine = sglang(finish, incremental)
+    upstream.mode, upstream.reply = "reply", engine
+    rec = record(upstream.url)
+    ids = [BOS, USER, 11, 12, EOT, ASSISTANT]
+    for stream in (True, False):  # the loop's two turns: the second context extends the first
+        req = {"input_ids": ids, "sampling_params": {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 3}}
+        req |= {"return_logprob": True, "stream": stream}
+        r = httpx.post(f"{rec.url}/sessions/g1/generate", json=req, headers={"X-Weight-Version": "3"})
+        assert r.content == b"".join(engine("/generate", json.dumps(req).encode()).chunks)
+        events = [json.loads(e[6:]) for e in r.text.split("\n\n") if e.startswith("data: {")] if stream else [r.json()]
+        out = [i for e in events for i in e["output_ids"]] if incremental else events[-1]["output_ids"]
+        ids = [*ids, *out, USER, 13, EOT, ASSISTANT]
+    end(rec.url, "g1")
+    ex = [x for x in lines(tmp_path, "g1") if x["kind"] == "exchange"]
+    assert [x["endpoint"] for x in ex] == ["generate", "generate"] and [x["weight_version"] for x in ex] == ["3", "3"]
+    done = check(tmp_path / "cap", "--format", "json")
+    if finish == "stop":  # no finding at all: each turn's ids and log-probs read whole, the second extends the first
+        assert done.exit_code == 0 and json.loads(done.output)["findings"] == [], done.output
+        return
+    assert done.exit_code == 1, done.output  # an engine stop at its budget, ended as a success with a reward
+    found = json.loads(done.output)["findings"]
+    assert {f["code"] for f in found} == {"T305"} and "'length'" in found[0]["message"], found
