@@ -11,7 +11,9 @@ the streamed answer, and `--repeat` rounds of direct then recorded:
 
 - throughput: `--calls` calls by `--sessions` concurrent clients, each its own session (turns one
   after another, then the session's end), in calls per second;
-- latency: `--latency-calls` calls one at a time, the median and 90th percentile to the last byte.
+- latency: `--latency-calls` calls one at a time, the median and 90th percentile to the last byte;
+- CPU: the recorder's CPU time (user + system, from /proc) per recorded call, beside the upstream's
+  per direct call: unlike the wall-clock figures, it does not move with other load on the machine.
 
 The ratios (recorded / direct) pair the runs of one round. The recorder's resident memory is read
 from /proc: after start-up and one call, the peak (VmHWM) over the runs with `--sessions` in
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -81,6 +84,12 @@ def serve_upstream(tokens: int) -> None:
         await asyncio.Event().wait()
 
     asyncio.run(main())
+
+
+def cpu(pid: int) -> float:
+    """User and system CPU seconds a process has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def memory(pid: int) -> dict[str, float]:
@@ -158,6 +167,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "rollout_audit.cli", "capture", "--upstream", upstream, "--out", str(out / "cap")]
     rec, url = start([*cmd, "--port", "0"], r"(http://\S+) ->", False)
     report: dict[str, Any] = {"calls": args.calls, "sessions": args.sessions, "tokens": args.tokens}
+    report["load_average_start"] = os.getloadavg()[0]
     try:
         timed(url, 1, 1, False, "warm", True)
         timed(upstream, 1, 1, False, "warm", False)
@@ -168,9 +178,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows: dict[str, list[float]] = {}
             for r in range(args.repeat):
                 for where, base, on in (("direct", upstream, False), ("recorded", url, True)):
+                    used = cpu(rec.pid), cpu(up.pid)
                     wall, _ = timed(base, args.calls, args.sessions, stream, f"{kind}{r}t", on)
                     _, lat = timed(base, args.latency_calls, 1, stream, f"{kind}{r}l", on)
-                    recorded += (args.calls + args.latency_calls) if on else 0
+                    n = args.calls + args.latency_calls
+                    recorded += n if on else 0
+                    if on:
+                        rows.setdefault("recorder_cpu_ms_per_call", []).append(1000 * (cpu(rec.pid) - used[0]) / n)
+                    else:
+                        rows.setdefault("upstream_cpu_ms_per_call", []).append(1000 * (cpu(up.pid) - used[1]) / n)
                     rows.setdefault(f"{where}_calls_per_s", []).append(args.calls / wall)
                     rows.setdefault(f"{where}_median_ms", []).append(1000 * statistics.median(lat))
                     rows.setdefault(f"{where}_p90_ms", []).append(1000 * statistics.quantiles(lat, n=10)[-1])
@@ -185,6 +201,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             report[kind] = summary
         mem = memory(rec.pid)
         report["rss_peak_mb"], report["rss_end_mb"] = mem["VmHWM"], mem["VmRSS"]
+        report["load_average_end"] = os.getloadavg()[0]
         files = list((out / "cap").glob("*.jsonl"))
         exchanges = sum(f.read_text().count('"kind":"exchange"') for f in files)
         assert exchanges == recorded, f"{exchanges} exchanges recorded of {recorded}"

@@ -4,9 +4,10 @@ Every request is forwarded to the upstream as the client sent it (its body byte 
 headers but the hop-by-hop ones), and every response back as the upstream sent it, streamed
 chunk by chunk when it streams; nothing is added, rendered or converted. Each exchange is one
 line of `rollout_audit.contract.capture` in the session's file, written with one `write` and
-synced to disk before the client can hold the whole response: a non-streamed body is sent after
-the sync; a stream's chunks go out as they arrive, but the chunk holding `data: [DONE]` and the
-end of the response only after it.
+synced to disk before the client can hold the whole response: a body of known length within the
+limit is sent after the sync; a stream's chunks go out as they arrive, but the chunk holding
+`data: [DONE]` and the end of the response only after it; any other body relayed as it arrives
+(over the limit, chunked, encoded) goes out one chunk behind, its last chunk after the sync.
 
 Routes (on the recorder's own address):
 
@@ -22,8 +23,13 @@ A request without a session is forwarded unrecorded when it is a GET (a client l
 and refused (400) otherwise: a recorder that drops what it was asked to record would pass in
 silence. An unreachable upstream is answered 502, a timeout 504, both recorded; an upstream's
 own error is relayed as it is. A client gone before its answer (mid-stream, or past its own
-timeout) leaves the exchange recorded with that error and its session marked incomplete. Memory per exchange is bounded by `max_body` (a larger response is
-forwarded whole, not recorded, and its session marked incomplete); sessions hold no open file."""
+timeout) leaves the exchange recorded with that error and its session marked incomplete.
+
+Memory per exchange in flight is bounded by `max_body`: a request or response body over it is
+forwarded unchanged as it arrives (never cut, never refused), recorded without its body (null),
+and its session marked incomplete with the reason. A body in an HTTP content coding (gzip) is
+forwarded and recorded as it came, with its coding named; the reader decodes it. A live session
+holds two counters, a lock and no open file; an ended one nothing."""
 
 from __future__ import annotations
 
