@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -35,12 +36,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]  # `benchmarks` and `rollout_audit` are found from here
+
 
 def answer(tokens: int, stream: bool) -> list[bytes]:
     """The upstream's answer: one body, or one `data:` event per token then `[DONE]`."""
     prompt = list(range(1, 257))
     ids = [100 + i % 50 for i in range(tokens)]
-    entry = {"logprob": -0.5, "bytes": None, "top_logprobs": []}
+    entry: dict[str, Any] = {"logprob": -0.5, "bytes": None, "top_logprobs": []}
     if not stream:
         lp = {"content": [{"token": f"token_id:{i}"} | entry for i in ids]}
         choice = {"index": 0, "message": {"role": "assistant", "content": "x" * tokens}, "logprobs": lp}
@@ -135,9 +138,8 @@ def timed(base: str, n: int, sessions: int, stream: bool, tag: str, recorded: bo
 
 def start(cmd: list[str], pattern: str, on_stdout: bool) -> tuple[subprocess.Popen, str]:
     """A subprocess and the first match of `pattern` in the line it announces itself with."""
-    p = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE if on_stdout else None, stderr=None if on_stdout else subprocess.PIPE, text=True
-    )
+    pipe = {"stdout" if on_stdout else "stderr": subprocess.PIPE}
+    p = subprocess.Popen(cmd, text=True, cwd=ROOT, **pipe)  # type: ignore[call-overload]
     stream = p.stdout if on_stdout else p.stderr
     assert stream is not None
     m = re.search(pattern, stream.readline())
@@ -212,6 +214,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         up.kill()
         rec.wait()
         up.wait()
+        shutil.rmtree(out, ignore_errors=True)
     print(json.dumps(report, indent=1))
     return report
 

@@ -214,19 +214,13 @@ class Recorder:
             line |= {"status": upstream.status, "content_type": upstream.headers.get("Content-Type")}
             if upstream.headers.get("Content-Encoding"):  # forwarded as it came; the reader decodes it
                 line["content_encoding"] = upstream.headers["Content-Encoding"]
-            out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP}
             length = upstream.content_length
             if length is not None and length <= self.max_body:
-                return await self._whole(request, sid, upstream, out_headers, line)
-            return await self._relayed(request, sid, upstream, out_headers, line)
+                return await self._whole(request, sid, upstream, line)
+            return await self._relayed(request, sid, upstream, line)
 
     async def _whole(
-        self,
-        request: web.Request,
-        sid: str,
-        upstream: ClientResponse,
-        out_headers: dict[str, str],
-        line: dict[str, Any],
+        self, request: web.Request, sid: str, upstream: ClientResponse, line: dict[str, Any]
     ) -> web.StreamResponse:
         """A body of a known length within the limit: read, recorded, then sent."""
         try:
@@ -236,23 +230,15 @@ class Recorder:
         if _gone(request):  # the client stopped waiting: the answer never reached it
             return await self._broken(request, sid, line, data, "client gone before the response (it stopped waiting)")
         await self._write(sid, line | {"completed_at": time.time(), "response_body": F.body(data)})
-        return web.Response(status=upstream.status, body=data, headers=out_headers)
+        return web.Response(status=upstream.status, body=data, headers=_headers(upstream))
 
     async def _relayed(
-        self,
-        request: web.Request,
-        sid: str,
-        upstream: ClientResponse,
-        out_headers: dict[str, str],
-        line: dict[str, Any],
+        self, request: web.Request, sid: str, upstream: ClientResponse, line: dict[str, Any]
     ) -> web.StreamResponse:
         """A stream, or a body over the limit: forwarded as it arrives, kept up to the limit. The end
         waits for the record: a stream's chunks from the one holding `data: [DONE]` on, any other
         body's last chunk (each chunk goes out when the next arrives; an encoded stream's too)."""
-        response = web.StreamResponse(status=upstream.status, headers=out_headers)
-        if upstream.content_length is not None:  # the same framing as the upstream's
-            response.content_length = upstream.content_length
-        await response.prepare(request)
+        response = await _prepared(request, upstream)
         # `[DONE]` is seen only in a stream sent without a content coding (gzip hides it)
         events = "event-stream" in (upstream.headers.get("Content-Type") or "")
         events = events and not upstream.headers.get("Content-Encoding")
@@ -329,11 +315,7 @@ class Recorder:
             async with self.client.request(
                 request.method, url, headers=headers, data=data, allow_redirects=False
             ) as upstream:
-                out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP}
-                response = web.StreamResponse(status=upstream.status, headers=out_headers)
-                if upstream.content_length is not None:
-                    response.content_length = upstream.content_length
-                await response.prepare(request)
+                response = await _prepared(request, upstream)
                 try:
                     async for chunk in upstream.content.iter_any():
                         await response.write(chunk)
@@ -424,6 +406,20 @@ def _cut_torn_tail(fd: int, path: Path) -> None:
                 os.truncate(path, size - back + cut + 1 if cut >= 0 else 0)
                 return
             back = min(size, back * 2)
+
+
+def _headers(upstream: ClientResponse) -> dict[str, str]:
+    """The upstream's response headers but the hop-by-hop ones."""
+    return {k: v for k, v in upstream.headers.items() if k.lower() not in HOP}
+
+
+async def _prepared(request: web.Request, upstream: ClientResponse) -> web.StreamResponse:
+    """The client's response, started with the upstream's status, headers and framing."""
+    response = web.StreamResponse(status=upstream.status, headers=_headers(upstream))
+    if upstream.content_length is not None:
+        response.content_length = upstream.content_length
+    await response.prepare(request)
+    return response
 
 
 async def _read_upto(stream: StreamReader, limit: int) -> tuple[list[bytes], bool]:
