@@ -17,6 +17,7 @@ them, provenance falls back to `response_mask` (M101/M102 then hold by construct
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -583,14 +584,17 @@ def _trained(row: dict[str, Any], rec: Mapping[str, Any], n_prompt: int, where: 
         row[OLD_LOGPROBS] = logprobs_column(n_prompt, old, sampled)
 
 
-def _advantage(rec: Mapping[str, Any], where: str) -> tuple[float | None, bool]:
+def _advantage(rec: Mapping[str, Any], where: str, outcome: bool) -> tuple[float | None, bool]:
     """(the row's advantage, whether it is one value): an outcome estimator writes one value on every
-    trained token (None when no token is trained); a per-token estimator (GAE, REINFORCE++) several."""
+    trained token (None when no token is trained); a per-token estimator (GAE, REINFORCE++) several.
+    Under an outcome estimator (`outcome`: one U603 recomputes) a row with several values (another
+    row's advantages written under its key, verl#7956) has no advantage of its own: NaN, which U603
+    reports against the recomputed one instead of the step losing its advantages."""
     adv = numbers(need(rec, "advantages", where), "advantages", where)
     mask = flags(need(rec, "response_mask", where), "response_mask", where)
     seen = {a for a, m in zip(adv, mask) if m and a is not None}
     if len(seen) > 1:
-        return None, False
+        return (math.nan, True) if outcome else (None, False)
     return (seen.pop() if seen else None), True
 
 
@@ -663,13 +667,16 @@ def updates(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table | 
         names = {str(r.get("adv_estimator")) for _, r in members}
         norms = {r.get("norm_adv_by_std_in_grpo") for _, r in members}
         stat, shared = _statistics_rows(members)
+        name = names.pop() if len(names) == 1 else None
+        kl = any(r.get("use_kl_in_reward") for _, r in members)
+        estimator = _estimator(name, norms.pop() if len(norms) == 1 else None) if name else None
         for n, rec in members:
             where = getattr(rec, "origin", None) or f"record {n}"
             count = sum(flags(need(rec, "response_mask", where), "response_mask", where))
             if not count:  # rejected whole (or nothing to train): the loss reads none of its tokens
                 continue
             ids.append(str(rec["request_id"]))
-            adv, one = _advantage(rec, where)
+            adv, one = _advantage(rec, where, estimator is not None)
             scalar &= one
             advs.append(adv)
             counts.append(count)
@@ -682,9 +689,6 @@ def updates(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table | 
             "trajectory_ids": ids,
             "numerator_tokens": counts,
         }
-        name = names.pop() if len(names) == 1 else None
-        kl = any(r.get("use_kl_in_reward") for _, r in members)
-        estimator = _estimator(name, norms.pop() if len(norms) == 1 else None) if name else None
         if scalar:
             u["advantages"] = advs
         if estimator and scalar and not kl and not shared:
