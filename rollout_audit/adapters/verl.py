@@ -457,7 +457,7 @@ def _batch_rows(records: list[tuple[int, Mapping[str, Any]]]) -> dict[str, tuple
             said = mapping(rec.get(UNRECORDED), UNRECORDED, where).get("updates")
             raise AdapterError(
                 f"{where}: the verl V1 trainer recorded no update for global_steps {short(rec.get('global_steps'))}"
-                + (f": {short(said)}" if said else "")
+                + (f": {said[:500]!r}" if isinstance(said, str) else "")
             )
         rid = need(rec, "request_id", where)
         if rid is None:

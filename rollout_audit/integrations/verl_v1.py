@@ -69,7 +69,7 @@ def _rows(value: Any) -> list[Any]:
     rows, a non-tensor stack's items."""
     if getattr(value, "is_nested", False):
         return [row.tolist() for row in value.unbind()]
-    return list(value.tolist())
+    return list(value.tolist()) if hasattr(value, "tolist") else list(value)
 
 
 def v1_records(

@@ -1,0 +1,240 @@
+"""verl's V1 trainer records its advantage step by configuration (no source edit): `setup` (Ray's
+`worker_process_setup_hook`) registers the audited subclass of each V1 mode in verl 0.9.1's own
+`TRAINER_REGISTRY`, `get_trainer_cls` returns it, and verl's own `PPOTrainer._compute_advantage`
+(GRPO through `compute_advantage_for_multi_trajectories`) runs inside it. TransferQueue cannot start
+here (its `init` needs a Ray cluster's controller and storage actors), so the step's fields live in
+`Store`, which keeps and returns them in the layout verl's code puts and reads: one nested (jagged)
+tensor row per key. verl's own `_write_generations` writes the `{step}.jsonl` beside the records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("verl")
+pytest.importorskip("transfer_queue")
+
+from adapterhelp import cli, context_args, findings
+from frameworks.build import ROOT
+
+PAGE = [*context_args(), "--context", "top_k=-1", "--context", "response_length=64"]
+FIXTURE = ROOT / "verl" / "v1_compliant.jsonl"
+STEP = 5
+
+
+class Store:
+    """TransferQueue's key-value face (`kv_batch_put`, `kv_batch_get`) over a dict: per key, the
+    fields put, each a tensor row (per token) or a plain value (`uid`)."""
+
+    def __init__(self):
+        self.rows: dict[str, dict] = {}
+
+    def kv_batch_put(self, keys, partition_id, fields, tags=None):
+        from transfer_queue import KVBatchMeta
+
+        for name in fields.keys():
+            value = fields[name]
+            rows = value.unbind() if getattr(value, "is_nested", False) else list(value)
+            for key, row in zip(keys, rows):
+                self.rows.setdefault(key, {})[name] = row
+        return KVBatchMeta(keys=list(keys), partition_id=partition_id, tags=[{} for _ in keys])
+
+    def kv_batch_get(self, keys, partition_id, select_fields):
+        import torch
+        from tensordict import NonTensorStack, TensorDict
+
+        out = {}
+        for name in select_fields:
+            if not all(name in self.rows[k] for k in keys):
+                continue  # a field the step never put (no critic, no reference)
+            rows = [self.rows[k][name] for k in keys]
+            if isinstance(rows[0], torch.Tensor):
+                out[name] = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+            else:
+                out[name] = NonTensorStack(*rows)
+        return TensorDict(out, batch_size=len(keys))
+
+
+def _loop_records():
+    from rollout_audit.adapters.base import read_dump
+    from rollout_audit.adapters.verl import _kind
+
+    return [dict(r) for r in read_dump(FIXTURE) if _kind(r) == "sampler"]
+
+
+def _put_agent_loop_outputs(store: Store, samples: list[dict]) -> list[str]:
+    """What the V1 agent loop puts per key (v1/agent_loop_tq.py:182-227) and the step adds before the
+    advantage step: the score on the last response token (rm_scores), the actor's old log-probs."""
+    import torch
+
+    keys = [s["request_id"] for s in samples]
+    for s in samples:
+        n = len(s["response_ids"])
+        score = torch.zeros(n)
+        score[-1] = float(s["request_id"].split("_")[1])  # the fixture's reward: the session's index
+        store.rows[s["request_id"]] = {
+            "uid": s["uid"],
+            "responses": torch.tensor(s["response_ids"]),
+            "response_mask": torch.tensor(s["response_mask"], dtype=torch.float32),
+            "rm_scores": score,
+            "rollout_log_probs": torch.tensor(s["response_logprobs"]),
+            "old_log_probs": torch.where(
+                torch.tensor(s["response_mask"]).bool(), torch.tensor(s["response_logprobs"]), torch.tensor(-5.0)
+            ),
+        }
+    return keys
+
+
+def _trainer(tmp_path, monkeypatch, store: Store, mode: str = "sync"):
+    """The audited trainer as TaskRunnerV1.run builds it: its class from verl's registry by the
+    configured name, its config the run's (trainer.rollout_data_dir, config.algorithm)."""
+    import transfer_queue
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    from rollout_audit.integrations.verl_v1 import PREFIX, setup
+
+    monkeypatch.setattr(transfer_queue, "kv_batch_get", store.kv_batch_get)
+    monkeypatch.setattr(transfer_queue, "kv_batch_put", store.kv_batch_put)
+    setup()
+    cls = get_trainer_cls(PREFIX + mode)
+    config = OmegaConf.create(
+        {
+            "trainer": {"rollout_data_dir": str(tmp_path), "v1": {"trainer_mode": PREFIX + mode}},
+            "algorithm": {
+                "adv_estimator": "grpo",
+                "norm_adv_by_std_in_grpo": True,
+                "gamma": 1.0,
+                "lam": 1.0,
+                "use_kl_in_reward": False,
+            },
+            "actor_rollout_ref": {"rollout": {"n": 2}},
+        }
+    )
+    trainer = cls.__new__(cls)  # verl's constructor starts the replay buffer's workers; set what the step reads
+    trainer.audit_dir = tmp_path / "rollout-audit"
+    trainer.config, trainer.global_steps, trainer.local_trigger_step, trainer.parameter_sync_step = config, STEP, 0, 1
+    return trainer, config
+
+
+def test_setup_registers_an_audited_subclass_of_every_v1_mode_under_its_prefixed_name():
+    from verl.trainer.ppo.v1 import get_trainer_cls, trainer_base
+
+    from rollout_audit.integrations.verl_v1 import PREFIX, setup
+
+    setup()
+    setup()  # every Ray worker runs it; a second run registers nothing twice
+    for mode in ("sync", "colocate_async", "separate_async"):
+        audited = get_trainer_cls(PREFIX + mode)
+        assert issubclass(audited, get_trainer_cls(mode)) and audited is not get_trainer_cls(mode)
+    assert not any(k.startswith(PREFIX + PREFIX) for k in trainer_base.TRAINER_REGISTRY)
+
+
+def test_the_constructor_gives_verl_the_mode_name_and_needs_a_directory(tmp_path):
+    """verl's own constructor picks the replay buffer by trainer_mode (trainer_base.py:153): the audited
+    class hands it the mode's name; without trainer.rollout_data_dir it fails before verl starts."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    from rollout_audit.integrations.verl_v1 import PREFIX, setup
+
+    setup()
+    cls = get_trainer_cls(PREFIX + "sync")
+    with pytest.raises(ValueError, match="rollout_data_dir"):
+        cls(OmegaConf.create({"trainer": {"rollout_data_dir": None, "v1": {"trainer_mode": PREFIX + "sync"}}}))
+    config = OmegaConf.create({"trainer": {"rollout_data_dir": str(tmp_path), "v1": {"trainer_mode": PREFIX + "sync"}}})
+    with pytest.raises(Exception):  # noqa: B017 - verl's constructor stops on the rest of a real config
+        cls(config)
+    assert config.trainer.v1.trainer_mode == "sync"
+
+
+def test_verl_v1_advantage_step_through_the_audited_trainer_audits_clean(tmp_path, monkeypatch):
+    """verl's own V1 `_compute_advantage` on the step's keys, recorded by the audited trainer, with the
+    wrapper's records and verl's own `{step}.jsonl` beside: `check --from verl` on trainer.rollout_data_dir
+    joins the three, is clean, and runs U603 (recomputed GRPO), U607, U608 and L207."""
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    store = Store()
+    samples = _loop_records()
+    keys = _put_agent_loop_outputs(store, samples)
+    trainer, _ = _trainer(tmp_path, monkeypatch, store)
+    from transfer_queue import KVBatchMeta
+
+    meta = trainer._compute_advantage(KVBatchMeta(keys=keys, partition_id="train", tags=[{}] * len(keys)), {})
+    assert meta.keys == keys  # what verl returned, forwarded
+    loop = tmp_path / "rollout-audit" / "verl-loop.jsonl"
+    loop.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    scores = [float(store.rows[k]["rm_scores"].sum()) for k in keys]
+    PPOTrainer._write_generations(
+        ["p"] * len(keys), ["r"] * len(keys), [None] * len(keys), scores, {"uid": keys}, str(tmp_path), STEP
+    )
+
+    result = cli("check", "--from", "verl", tmp_path, *PAGE, "--format", "json")
+    rep = json.loads(result.stdout)
+    assert result.exit_code == 0 and rep["findings"] == [], result.output
+    assert not {"U603", "U607", "U608", "L207"} & {n["code"] for n in rep["not_run"]}
+
+
+def test_advantages_written_under_other_keys_are_u603(tmp_path, monkeypatch):
+    """verl#7956's effect on a recorded V1 step: the advantages TransferQueue holds under two keys are
+    each other's (the resample of compute_pf_ppo_reweight_data written back under the original keys):
+    U603 names both, from the audited trainer's record alone (no generations file)."""
+    import torch
+    from transfer_queue import KVBatchMeta
+
+    store = Store()
+    samples = _loop_records()
+    keys = _put_agent_loop_outputs(store, samples)
+    trainer, _ = _trainer(tmp_path, monkeypatch, store)
+    put = store.kv_batch_put
+
+    def mispaired(keys, partition_id, fields, tags=None):
+        a = fields["advantages"].unbind()
+        swapped = [a[1], a[0], *a[2:]]  # the two 7c1f rows, of equal length, exchanged
+        fields["advantages"] = torch.nested.as_nested_tensor(swapped, layout=torch.jagged)
+        return put(keys, partition_id, fields, tags)
+
+    store.kv_batch_put = mispaired
+    monkeypatch.setattr("transfer_queue.kv_batch_put", mispaired)
+    trainer._compute_advantage(KVBatchMeta(keys=keys, partition_id="train", tags=[{}] * len(keys)), {})
+    (tmp_path / "rollout-audit" / "verl-loop.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    result = cli("check", "--from", "verl", tmp_path, *PAGE, "--format", "json")
+    hits = {(f[0], f[1]) for f in findings(result)}
+    assert {("U603", keys[0]), ("U603", keys[1])} <= hits, result.output
+    assert result.exit_code == 1
+
+
+def test_a_step_the_trainer_could_not_read_back_is_exit_2_naming_it(tmp_path, monkeypatch):
+    """TransferQueue failing under the recorder: training goes on (verl's result is returned), the
+    dump says which step is missing and why, and `check` stops with that one line."""
+    from transfer_queue import KVBatchMeta
+
+    store = Store()
+    samples = _loop_records()
+    keys = _put_agent_loop_outputs(store, samples)
+    trainer, _ = _trainer(tmp_path, monkeypatch, store)
+
+    def broken(keys, partition_id, select_fields):
+        raise RuntimeError("controller gone")
+
+    meta = KVBatchMeta(keys=keys, partition_id="train", tags=[{}] * len(keys))
+    monkeypatch.setattr("transfer_queue.kv_batch_get", broken)
+    with pytest.raises(RuntimeError):  # verl's own read fails first: nothing of ours in the way
+        trainer._compute_advantage(meta, {})
+    monkeypatch.setattr("transfer_queue.kv_batch_get", store.kv_batch_get)
+    calls = {"n": 0}
+
+    def second_fails(keys, partition_id, select_fields):
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise RuntimeError("controller gone")
+        return store.kv_batch_get(keys, partition_id, select_fields)
+
+    monkeypatch.setattr("transfer_queue.kv_batch_get", second_fails)
+    assert trainer._compute_advantage(meta, {}).keys == keys
+    (tmp_path / "rollout-audit" / "verl-loop.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    result = cli("check", "--from", "verl", tmp_path, *PAGE)
+    assert result.exit_code == 2
+    assert "the verl V1 trainer recorded no update for global_steps 5" in result.output
+    assert "controller gone" in result.output and "Traceback" not in result.output
