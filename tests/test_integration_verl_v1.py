@@ -19,7 +19,7 @@ from adapterhelp import cli, context_args, findings
 from frameworks.build import ROOT
 
 PAGE = [*context_args(), "--context", "top_k=-1", "--context", "response_length=64"]
-FIXTURE = ROOT / "verl" / "v1_compliant.jsonl"
+FIXTURE = ROOT / "verl" / "compliant_v1.jsonl"
 STEP = 5
 
 
@@ -238,3 +238,83 @@ def test_a_step_the_trainer_could_not_read_back_is_exit_2_naming_it(tmp_path, mo
     assert result.exit_code == 2
     assert "the verl V1 trainer recorded no update for global_steps 5" in result.output
     assert "controller gone" in result.output and "Traceback" not in result.output
+
+
+def _page_blocks():
+    """The code blocks of verl.md's "Set these options" section: the command lines, the YAML."""
+    import re
+
+    page = (ROOT.parents[1] / "docs" / "frameworks" / "verl.md").read_text()
+    section = page.split("## Set these options", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^```[^\n]*\n(.*?)^```", section, flags=re.M | re.S)
+
+
+def test_the_pages_option_lines_are_the_integrations_and_verls():
+    """Every `key=value` of the page's `main_ppo` command and every leaf of its YAML is one of
+    `verl_v1.options` (the config path as the page's `python -c` prints it), and each key is verl's:
+    present in verl 0.9.1's composed config, or, for a `+key`, absent there under a parent that is."""
+    import contextlib
+    import io
+    import re
+    import shlex
+    from pathlib import Path
+
+    import verl
+    from omegaconf import OmegaConf
+
+    from rollout_audit.integrations.verl_v1 import options
+
+    command, yaml = _page_blocks()[:2]
+    flat = command.replace("\\\n", " ")
+    line = next(ln for ln in flat.splitlines() if "verl.trainer.main_ppo" in ln)
+    snippet = re.search(r'\$\(python -c "([^"]+)"\)', line)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(snippet.group(1), {})  # the page's own one-liner
+    line = line.replace(snippet.group(0), printed.getvalue().strip())
+    given = dict(a.split("=", 1) for a in shlex.split(line) if "=" in a)
+    want = options("rollout_dumps/verl")
+    assert given == want
+
+    def leaves(node, prefix=""):
+        for k, v in node.items():
+            yield from leaves(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+
+    in_yaml = dict(leaves(OmegaConf.to_container(OmegaConf.create(yaml))))
+    assert set(in_yaml) == {k.lstrip("+") for k in want}
+    assert all(str(in_yaml[k.lstrip("+")]).lower() == v.lower() for k, v in want.items() if "config_path" not in k)
+
+    composed = OmegaConf.load(Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml")
+    for key in want:
+        parent, _, leaf = key.lstrip("+").rpartition(".")
+        node = OmegaConf.select(composed, parent)
+        assert node is not None, f"verl's config has no {parent}"
+        assert (leaf in node) != key.startswith("+"), f"{key}: Hydra's `+` iff the key is new to verl's config"
+
+
+def test_drift_verl_v1_names_the_trainer_record_relies_on():
+    """What the audited trainer imports, overrides and reads in verl 0.9.1: the registry and its
+    decorator, the lookup by `trainer.v1.trainer_mode`, the method it wraps and the fields verl's own
+    advantage step reads and writes back, the generations file's `uid` (the key) and `score`."""
+    import inspect
+
+    from verl.trainer import main_ppo
+    from verl.trainer.ppo.v1 import trainer_base
+
+    from rollout_audit.integrations.verl_v1 import FIELDS
+
+    assert isinstance(trainer_base.TRAINER_REGISTRY, dict) and callable(trainer_base.register_trainer)
+    assert "get_trainer_cls(config.trainer.v1.trainer_mode)" in inspect.getsource(main_ppo.TaskRunnerV1.run)
+    assert "ray_init" in inspect.getsource(main_ppo.run_ppo) and "runtime_env" in inspect.getsource(main_ppo.run_ppo)
+    assert list(inspect.signature(trainer_base.PPOTrainer._compute_advantage).parameters) == [
+        "self",
+        "batch",
+        "metrics",
+    ]
+    step = inspect.getsource(trainer_base.PPOTrainer._compute_advantage)
+    assert [f for f in FIELDS if f not in ("responses",) and f'"{f}"' not in step] == []
+    assert "self.trainer_mode = self.config.trainer.v1.trainer_mode" in inspect.getsource(
+        trainer_base.PPOTrainer.__init__
+    )
+    dump = inspect.getsource(trainer_base.PPOTrainer._log_rollout_data)
+    assert '"uid": [batch.keys[i]' in dump and 'rm_scores"].sum(dim=1)' in dump

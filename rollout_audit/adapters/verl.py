@@ -684,7 +684,7 @@ def updates(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table | 
             # one update per advantage step: V1 runs parameter_sync_step of them per global step (`_step_once`)
             "update_step": (step - 1) * sync[(step, local)] + local + 1 if (step, local) in sync else step,
             # the weights the step starts from were pushed to the engines as version global_steps - 1
-            # (legacy and V1 `update_weights(global_steps)` after each step, v1/trainer_sync.py:61-68)
+            # (legacy and V1 `update_weights(global_steps)` after each step, v1/trainer_sync.py:33, :36-38)
             "trainer_version": step - 1,
             "trajectory_ids": ids,
             "numerator_tokens": counts,

@@ -31,13 +31,31 @@ from ..adapters.verl import ALGORITHM, V1_STEP
 from . import verl as hook
 from .verl_loop import SUBDIR
 
-__all__ = ["FIELDS", "PREFIX", "SETUP", "TRAINER_MODE", "audited", "setup", "v1_records"]
+__all__ = ["FIELDS", "PREFIX", "SETUP", "SETUP_OPTION", "TRAINER_MODE", "audited", "options", "setup", "v1_records"]
 
 log = logging.getLogger(__name__)
 
 PREFIX = "rollout_audit_"  # trainer.v1.trainer_mode=rollout_audit_sync runs `sync` and records it
 SETUP = f"{__name__}.setup"  # +ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=<this>
 TRAINER_MODE = "trainer.v1.trainer_mode"
+SETUP_OPTION = "+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook"  # a new key: Hydra's `+`
+
+
+def options(rollout_data_dir: str, mode: str = "sync") -> dict[str, str]:
+    """The verl overrides that switch both halves on (docs/frameworks/verl.md, "Set these options"):
+    the recording agent loop, the directory every writer shares, the engine's log-probs, the audited
+    V1 trainer for `mode` and the setup hook that registers it."""
+    from .verl_loop import CONFIG
+
+    return {
+        "actor_rollout_ref.rollout.agent.agent_loop_config_path": str(CONFIG),
+        "trainer.rollout_data_dir": rollout_data_dir,
+        "actor_rollout_ref.rollout.calculate_log_probs": "True",
+        TRAINER_MODE: PREFIX + mode,
+        SETUP_OPTION: SETUP,
+    }
+
+
 # what the V1 trainer keeps in TransferQueue per key after `_compute_advantage` (trainer_base.py:1745,
 # :1786-1800; `responses` and `uid` from the agent loop's put, agent_loop_tq.py:182-227): the raw
 # prompt uid, the response ids, the mask after rollout correction, the token-level scores (`rm_scores`,
