@@ -392,6 +392,7 @@ def test_verl_rejection_sampling_leaves_the_rejected_row_in_grpo_statistics_u608
         ("trainer_mask_from_attention", ("U607", "e2a900")),
         ("trainer_stale_old_log_probs", ("L207", "e2a901")),
         ("trainer_grpo_group_of_one", ("U603", "7c1f01")),
+        ("trainer_v1_advantages_mispaired", ("U603", "e2a9_1_0")),  # verl#7956 on the V1 trainer's record
     ],
 )
 def test_trainer_side_faults_are_caught_with_the_page_command(case, expected):
@@ -413,7 +414,15 @@ def test_the_page_lists_every_finding_of_each_trainer_side_fault():
 
 
 @pytest.mark.parametrize(
-    "case", ["compliant", "fully_async", "glm_boundary", "tool_agent_loop_response_length", "trainer_compliant"]
+    "case",
+    [
+        "compliant",
+        "compliant_v1",
+        "fully_async",
+        "glm_boundary",
+        "tool_agent_loop_response_length",
+        "trainer_compliant",
+    ],
 )
 def test_every_compliant_fixture_audits_clean_with_the_page_command(case):
     result = cli("check", "--from", "verl", fixture("verl", case), *PAGE)

@@ -537,11 +537,11 @@ def _with_generations(rows: list[dict[str, Any]], generations: Numbered) -> list
             )
         key = str(rec[field])
         if key in seen:
-            raise AdapterError(f"{where}: {field} {key!r} is also the row of {seen[key]}")
+            raise AdapterError(f"{where}: {field} {short(key)} is also the row of {seen[key]}")
         seen[key] = where
         row = by_id.get(key)
         if row is None:
-            raise AdapterError(f"{where}: {field} {key!r} matches no agent-loop record's request_id")
+            raise AdapterError(f"{where}: {field} {short(key)} matches no agent-loop record's request_id")
         score = number(rec["score"], "score", where)
         if "reward" not in row:
             row["reward"] = score

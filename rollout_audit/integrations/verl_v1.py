@@ -30,8 +30,20 @@ from ..adapters.base import UNRECORDED
 from ..adapters.verl import ALGORITHM, V1_STEP
 from . import verl as hook
 from .verl_loop import SUBDIR
+from .verl_loop import _setting as setting
 
-__all__ = ["FIELDS", "PREFIX", "SETUP", "SETUP_OPTION", "TRAINER_MODE", "audited", "options", "setup", "v1_records"]
+__all__ = [
+    "FIELDS",
+    "NOT_RECORDED",
+    "PREFIX",
+    "SETUP",
+    "SETUP_OPTION",
+    "TRAINER_MODE",
+    "audited",
+    "options",
+    "setup",
+    "v1_records",
+]
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +86,12 @@ FIELDS = (
 )
 RENAME = {"rm_scores": "token_level_scores"}  # TransferQueue's name -> the trainer-side record's
 _NOT_READ = "rollout-audit's verl V1 trainer could not read the step's fields back from TransferQueue"
-
-
-def _setting(config: Any, path: str) -> Any:
-    for key in path.split("."):
-        config = None if config is None else (config.get(key) if hasattr(config, "get") else getattr(config, key, None))
-    return getattr(config, "value", config)
+# what the V1 record leaves out, by contract field: DAPO's penalty is in the sample's reward_extra_info,
+# which verl adds after the agent loop returned (so not on the wrapper's record either)
+NOT_RECORDED = {
+    "overlong_penalty": "rollout-audit's verl V1 trainer: verl scores after the agent loop returns, and the "
+    "record does not read the reward_extra_info (DAPO's overlong_reward) TransferQueue keeps with the sample",
+}
 
 
 def _rows(value: Any) -> list[Any]:
@@ -112,7 +124,7 @@ def v1_records(
             raise ValueError(f"TransferQueue field {k} has {len(v)} rows for {len(keys)} keys")
     if "token_level_rewards" not in columns and "rm_scores" in columns:
         columns["token_level_rewards"] = columns["rm_scores"]
-    settings = {k: _setting(algorithm, k) for k in ALGORITHM}
+    settings = {k: hook._setting(algorithm, k) for k in ALGORITHM}
     out = []
     for i, key in enumerate(keys):
         rec: dict[str, Any] = {
@@ -123,6 +135,7 @@ def v1_records(
             V1_STEP: int(local_trigger_step),
             "parameter_sync_step": int(parameter_sync_step),
             "trainer_mode": trainer_mode,
+            UNRECORDED: dict(NOT_RECORDED),
         }
         rec.update({RENAME.get(k, k): v[i] for k, v in columns.items() if k != "uid"})
         out.append(rec)
@@ -130,7 +143,7 @@ def v1_records(
 
 
 def _directory(config: Any) -> Path:
-    verl_dir = _setting(config, "trainer.rollout_data_dir")
+    verl_dir = setting(config, "trainer", "rollout_data_dir")
     if not verl_dir:
         raise ValueError(
             "rollout-audit's verl V1 trainer needs trainer.rollout_data_dir: its records go to "

@@ -32,7 +32,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from rollout_audit.adapters.base import UNRECORDED
 from rollout_audit.integrations import verl as hook
+from rollout_audit.integrations.verl_v1 import NOT_RECORDED
 
 from .chat import Episode, episode
 
@@ -334,6 +336,7 @@ def _v1(bug: str | None = None) -> list[dict]:
             "local_trigger_step": 0,
             "parameter_sync_step": 1,
             "trainer_mode": V1_MODE,
+            UNRECORDED: dict(NOT_RECORDED),
         }
         trainer.append(batch)
         generations.append(
