@@ -666,3 +666,41 @@ def test_a_generations_row_that_does_not_join_is_exit_2_naming_it(tmp_path, edit
     result = cli("check", "--from", "verl", _v1_run(tmp_path, edit), *PAGE)
     assert result.exit_code == 2 and message in result.output, result.output
     assert "Traceback" not in result.output
+
+
+def _v1_trainer_records():
+    from rollout_audit.adapters.verl import _kind
+
+    return [dict(r) for r in read_dump(fixture("verl", "compliant_v1")) if _kind(r) == "trainer"]
+
+
+def test_v1_updates_one_per_advantage_step_numbered_by_parameter_sync_step():
+    """separate_async's parameter_sync_step local updates per global step are updates of their own:
+    update_step (global_steps - 1) * parameter_sync_step + local_trigger_step + 1, all from version
+    global_steps - 1."""
+    from rollout_audit.adapters.verl import updates
+
+    recs = _v1_trainer_records()
+    for k, r in enumerate(recs):
+        r |= {"parameter_sync_step": 2, "local_trigger_step": k // 2, "trainer_mode": "separate_async"}
+    ups = updates(recs).to_pylist()
+    assert [(u["update_step"], u["trainer_version"], u["trajectory_ids"]) for u in ups] == [
+        (9, 4, ["7c1f_0_0", "7c1f_1_0"]),
+        (10, 4, ["e2a9_0_0", "e2a9_1_0"]),
+    ]
+
+
+def test_v1_grpo_over_sessions_with_several_outputs_is_not_recomputed():
+    """V1's GRPO groups each session's final output and broadcasts its advantage to the session's
+    other outputs: the statistics members are the final outputs, and U603 is not run, saying why."""
+    from rollout_audit.adapters.verl import updates
+    from rollout_audit.contract import schema as S
+
+    recs = _v1_trainer_records()
+    recs.append({**recs[0], "request_id": "7c1f_0_1"})  # a second output of session 7c1f_0
+    table = updates(recs)
+    (u,) = table.to_pylist()
+    assert sorted(u["stat_trajectory_ids"]) == ["7c1f_0_1", "7c1f_1_0", "e2a9_0_0", "e2a9_1_0"]
+    assert u.get("advantage_estimator") is None
+    why = json.loads(table.schema.metadata[S.META_NOT_RECORDED])["advantage_estimator"]
+    assert "final output" in why
