@@ -320,3 +320,45 @@ def test_drift_verl_v1_names_the_trainer_record_relies_on():
     )
     dump = inspect.getsource(trainer_base.PPOTrainer._log_rollout_data)
     assert '"uid": [batch.keys[i]' in dump and 'rm_scores"].sum(dim=1)' in dump
+
+
+def test_verl_7956_itself_gae_with_pf_ppo_is_recorded_as_trained_but_not_recomputed(tmp_path, monkeypatch):
+    """verl#7956 in its own configuration, with verl's own code: GAE with use_pf_ppo resamples the batch
+    (`pow` weighting: the unrewarded rows weigh 1e-8) and V1 writes the advantages back under the
+    original keys. The record holds what TransferQueue holds, an unrewarded row's key with a rewarded
+    row's advantages; GAE's advantages need the critic's values, so U603 is not run, saying why."""
+    import torch
+    from transfer_queue import KVBatchMeta
+
+    store = Store()
+    samples = _loop_records()
+    keys = _put_agent_loop_outputs(store, samples)
+    for k in keys:
+        store.rows[k]["values"] = torch.zeros_like(store.rows[k]["rm_scores"])
+    trainer, config = _trainer(tmp_path, monkeypatch, store)
+    config.algorithm.adv_estimator = "gae"
+    config.algorithm.use_pf_ppo = True
+    config.algorithm.pf_ppo = {"reweight_method": "pow", "weight_pow": 2.0}
+    torch.manual_seed(0)
+    trainer._compute_advantage(KVBatchMeta(keys=keys, partition_id="train", tags=[{}] * len(keys)), {})
+    from verl.trainer.ppo.core_algos import compute_gae_advantage_return
+
+    from rollout_audit.adapters.base import read_dump
+
+    def padded(name):
+        return torch.nn.utils.rnn.pad_sequence([store.rows[k][name] for k in keys], batch_first=True)
+
+    mask = padded("response_mask")  # GAE as verl computed it, before the resample (ray_trainer.py:218-234)
+    gae, _ = compute_gae_advantage_return(padded("rm_scores"), padded("values"), mask, gamma=1.0, lam=1.0)
+    recs = {r["request_id"]: r for r in read_dump(tmp_path / "rollout-audit")}
+
+    def source(i):  # the rows whose advantages the record holds under key i
+        got = torch.tensor(recs[keys[i]]["advantages"])
+        return [j for j in range(len(keys)) if torch.allclose(got, gae[j, : len(got)], atol=1e-5)]
+
+    assert source(0) and 0 not in source(0) and set(source(0)) <= {1, 3}  # 7c1f_0_0 (reward 0): a rewarded row's
+    (tmp_path / "rollout-audit" / "verl-loop.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    rep = json.loads(cli("check", "--from", "verl", tmp_path, *PAGE, "--format", "json").stdout)
+    assert (
+        "verl's estimator 'gae' has no contract counterpart" in {n["code"]: n["reason"] for n in rep["not_run"]}["U603"]
+    )
