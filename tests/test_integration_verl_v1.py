@@ -129,6 +129,18 @@ def test_setup_registers_an_audited_subclass_of_every_v1_mode_under_its_prefixed
         audited = get_trainer_cls(PREFIX + mode)
         assert issubclass(audited, get_trainer_cls(mode)) and audited is not get_trainer_cls(mode)
     assert not any(k.startswith(PREFIX + PREFIX) for k in trainer_base.TRAINER_REGISTRY)
+    import pickle
+
+    assert pickle.loads(pickle.dumps(get_trainer_cls(PREFIX + "sync"))) is get_trainer_cls(PREFIX + "sync")
+
+
+def test_a_verl_outside_the_tested_range_is_one_warning():
+    import verl
+
+    from rollout_audit.integrations.verl_v1 import version_warning
+
+    assert version_warning(verl.__version__) is None  # the installed verl is the tested one
+    assert "verl 0.10.0 is outside the tested range (0.9.1)" in version_warning("0.10.0")
 
 
 def test_the_constructor_gives_verl_the_mode_name_and_needs_a_directory(tmp_path):

@@ -187,12 +187,33 @@ def audited(base: type, mode: str) -> type:
 
     Audited.__name__ = Audited.__qualname__ = f"Audited{base.__name__}"
     Audited.__doc__ = f"verl's `{mode}` trainer ({base.__name__}), recording each advantage step."
+    globals()[Audited.__name__] = Audited  # found by name wherever setup ran (every Ray worker): picklable by reference
     return Audited
 
 
+TESTED = ("0.9.1",)  # the verl releases this trainer was read against
+
+
+def version_warning(version: str | None) -> str | None:
+    """One line when the installed verl is not a release the audited trainer was read against."""
+    if version in TESTED:
+        return None
+    return (
+        f"rollout-audit: verl {version or '(not installed)'} is outside the tested range ({', '.join(TESTED)}); "
+        "the V1 trainer's record may miss fields: check the dump's not-run list"
+    )
+
+
 def setup() -> None:
-    """Ray's `worker_process_setup_hook`: register `PREFIX + mode` for every V1 trainer verl registered."""
+    """Ray's `worker_process_setup_hook`: register `PREFIX + mode` for every V1 trainer verl registered
+    (and warn, once per process, when verl is not a tested release)."""
+    import verl
     from verl.trainer.ppo.v1 import trainer_base
+
+    if not any(m.startswith(PREFIX) for m in trainer_base.TRAINER_REGISTRY):
+        warning = version_warning(getattr(verl, "__version__", None))
+        if warning:
+            log.warning(warning)
 
     for mode, cls in list(trainer_base.TRAINER_REGISTRY.items()):
         if not mode.startswith(PREFIX) and PREFIX + mode not in trainer_base.TRAINER_REGISTRY:
