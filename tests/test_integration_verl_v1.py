@@ -374,3 +374,28 @@ def test_verl_7956_itself_gae_with_pf_ppo_is_recorded_as_trained_but_not_recompu
     assert (
         "verl's estimator 'gae' has no contract counterpart" in {n["code"]: n["reason"] for n in rep["not_run"]}["U603"]
     )
+
+
+@pytest.mark.slow
+def test_rays_setup_hook_registers_the_audited_trainer_in_an_actor_as_verls_taskrunner_looks_it_up():
+    """The page's `+ray_kwargs.ray_init.runtime_env.worker_process_setup_hook`, as verl hands it to
+    `ray.init` (main_ppo.py:62-74): in a fresh actor process (verl's TaskRunnerV1 is one), verl's own
+    `get_trainer_cls("rollout_audit_sync")` returns the audited subclass of `PPOTrainerSync`."""
+    ray = pytest.importorskip("ray")
+
+    from rollout_audit.integrations.verl_v1 import PREFIX, SETUP
+
+    @ray.remote
+    class Runner:
+        def lookup(self, name):
+            from verl.trainer.ppo.v1 import get_trainer_cls
+
+            cls = get_trainer_cls(name)
+            return f"{cls.__module__}.{cls.__qualname__}", cls.__mro__[1].__name__
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, runtime_env={"worker_process_setup_hook": SETUP})
+    try:
+        found = ray.get(Runner.remote().lookup.remote(PREFIX + "sync"), timeout=240)
+    finally:
+        ray.shutdown()
+    assert found == ("rollout_audit.integrations.verl_v1.AuditedPPOTrainerSync", "PPOTrainerSync")
