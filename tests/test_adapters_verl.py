@@ -392,6 +392,7 @@ def test_verl_rejection_sampling_leaves_the_rejected_row_in_grpo_statistics_u608
         ("trainer_mask_from_attention", ("U607", "e2a900")),
         ("trainer_stale_old_log_probs", ("L207", "e2a901")),
         ("trainer_grpo_group_of_one", ("U603", "7c1f01")),
+        ("trainer_v1_advantages_mispaired", ("U603", "e2a9_1_0")),  # verl#7956 on the V1 trainer's record
     ],
 )
 def test_trainer_side_faults_are_caught_with_the_page_command(case, expected):
@@ -413,7 +414,15 @@ def test_the_page_lists_every_finding_of_each_trainer_side_fault():
 
 
 @pytest.mark.parametrize(
-    "case", ["compliant", "fully_async", "glm_boundary", "tool_agent_loop_response_length", "trainer_compliant"]
+    "case",
+    [
+        "compliant",
+        "compliant_v1",
+        "fully_async",
+        "glm_boundary",
+        "tool_agent_loop_response_length",
+        "trainer_compliant",
+    ],
 )
 def test_every_compliant_fixture_audits_clean_with_the_page_command(case):
     result = cli("check", "--from", "verl", fixture("verl", case), *PAGE)
@@ -590,3 +599,108 @@ def test_convert_carries_the_overlong_settings_to_the_written_log(tmp_path):
         "verl", "dapo_overlong_counts_tool_tokens", tmp_path, context=[*PAGE_CONTEXT, *DAPO_CONTEXT]
     )
     assert [(f[0], f[1]) for f in found] == [("R414", "d91a01")]
+
+
+# ---------------------------------------------------------------- verl's own generations file (trainer.rollout_data_dir)
+
+
+def _v1_run(tmp_path, edit=None):
+    """`compliant_v1` laid out as a V1 run leaves trainer.rollout_data_dir: the wrapper's and the V1
+    trainer's records under rollout-audit/, verl's generations rows in `5.jsonl` (edited by `edit`)."""
+    from rollout_audit.adapters.verl import _kind
+
+    recs = [dict(r) for r in read_dump(fixture("verl", "compliant_v1"))]
+    gens = [r for r in recs if _kind(r) == "generations"]
+    if edit:
+        edit(gens)
+    (tmp_path / "rollout-audit").mkdir()
+    (tmp_path / "rollout-audit" / "verl-a.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in recs if _kind(r) != "generations")
+    )
+    (tmp_path / "5.jsonl").write_text("".join(json.dumps(g) + "\n" for g in gens))
+    return tmp_path
+
+
+def test_generations_give_the_rewards_the_agent_loop_could_not_record(tmp_path):
+    """The wrapper dumps before verl scores (reward_score null); verl's `{step}.jsonl` joined by the
+    V1 key (`uid`) gives each sample its reward: R-family and U603 run, clean."""
+    from rollout_audit.adapters.verl import _kind
+
+    recs = [dict(r) for r in read_dump(fixture("verl", "compliant_v1"))]
+    loop_only = [r for r in recs if _kind(r) != "trainer"]
+    rows = to_contract(loop_only, **CONTEXT).to_pylist()
+    assert [r["reward"] for r in rows] == [0.0, 1.0, 0.0, 1.0]
+    result = cli("check", "--from", "verl", _v1_run(tmp_path), *PAGE, "--format", "json")
+    rep = json.loads(result.stdout)
+    assert result.exit_code == 0 and rep["findings"] == [], result.output
+    assert "U603" in rep["summary"]["checks_run"]
+
+
+def test_legacy_generations_join_by_request_id(tmp_path):
+    """The legacy trainer writes `request_id` (the wrapper's, through extra_fields) beside `uid`-less rows."""
+    recs = [dict(r) for r in read_dump(fixture("verl", "compliant"))]
+    gens = [
+        {"input": "p", "output": "r", "gts": None, "score": r["reward_score"], "step": 5, "request_id": r["request_id"]}
+        for r in recs
+    ]
+    for r in recs:
+        r["reward_score"] = None
+    rows = to_contract([*recs, *gens], **CONTEXT).to_pylist()
+    assert [r["reward"] for r in rows] == [g["score"] for g in gens]
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda g: g[1].update(uid="7c1f_9_0"), "5.jsonl:2: uid '7c1f_9_0' matches no agent-loop record's request_id"),
+        (lambda g: g[2].pop("uid"), "5.jsonl:3: verl generations row has neither request_id"),
+        (lambda g: g[3].update(uid=g[0]["uid"]), "5.jsonl:4: uid '7c1f_0_0' is also the row of"),
+        (
+            lambda g: g[0].update(score=0.5),
+            "5.jsonl:1: score 0.5 differs from the sample's reward 0.0 (uid '7c1f_0_0')",
+        ),
+        (lambda g: g[0].update(score="high"), "5.jsonl:1: score: expected a number, got str 'high'"),
+    ],
+)
+def test_a_generations_row_that_does_not_join_is_exit_2_naming_it(tmp_path, edit, message):
+    result = cli("check", "--from", "verl", _v1_run(tmp_path, edit), *PAGE)
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def _v1_trainer_records():
+    from rollout_audit.adapters.verl import _kind
+
+    return [dict(r) for r in read_dump(fixture("verl", "compliant_v1")) if _kind(r) == "trainer"]
+
+
+def test_v1_updates_one_per_advantage_step_numbered_by_parameter_sync_step():
+    """separate_async's parameter_sync_step local updates per global step are updates of their own:
+    update_step (global_steps - 1) * parameter_sync_step + local_trigger_step + 1, all from version
+    global_steps - 1."""
+    from rollout_audit.adapters.verl import updates
+
+    recs = _v1_trainer_records()
+    for k, r in enumerate(recs):
+        r |= {"parameter_sync_step": 2, "local_trigger_step": k // 2, "trainer_mode": "separate_async"}
+    ups = updates(recs).to_pylist()
+    assert [(u["update_step"], u["trainer_version"], u["trajectory_ids"]) for u in ups] == [
+        (9, 4, ["7c1f_0_0", "7c1f_1_0"]),
+        (10, 4, ["e2a9_0_0", "e2a9_1_0"]),
+    ]
+
+
+def test_v1_grpo_over_sessions_with_several_outputs_is_not_recomputed():
+    """V1's GRPO groups each session's final output and broadcasts its advantage to the session's
+    other outputs: the statistics members are the final outputs, and U603 is not run, saying why."""
+    from rollout_audit.adapters.verl import updates
+    from rollout_audit.contract import schema as S
+
+    recs = _v1_trainer_records()
+    recs.append({**recs[0], "request_id": "7c1f_0_1"})  # a second output of session 7c1f_0
+    table = updates(recs)
+    (u,) = table.to_pylist()
+    assert sorted(u["stat_trajectory_ids"]) == ["7c1f_0_1", "7c1f_1_0", "e2a9_0_0", "e2a9_1_0"]
+    assert u.get("advantage_estimator") is None
+    why = json.loads(table.schema.metadata[S.META_NOT_RECORDED])["advantage_estimator"]
+    assert "final output" in why

@@ -32,7 +32,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from rollout_audit.adapters.base import UNRECORDED
 from rollout_audit.integrations import verl as hook
+from rollout_audit.integrations.verl_v1 import NOT_RECORDED
 
 from .chat import Episode, episode
 
@@ -283,6 +285,73 @@ def _trainer(bug: str | None = None) -> list[dict]:
     return out
 
 
+# ---------------------------------------------------------------- the V1 trainer (integrations.verl_v1)
+
+V1_MODE = "sync"  # trainer.v1.trainer_mode the audited trainer runs (rollout_audit_sync)
+# a draw of compute_pf_ppo_reweight_data's `pow` weighting (|score|^2, core_algos.py:2285-2303): the
+# unrewarded rows (0 and 2) weigh 1e-8, so the resample takes the rewarded rows 1 and 3 only
+PF_PPO_DRAW = [1, 3, 3, 1]
+
+
+def _v1(bug: str | None = None) -> list[dict]:
+    """One V1 `sync` step, as the three writers leave it under trainer.rollout_data_dir: the agent-loop
+    wrapper's records, keyed by the TransferQueue key `{uid}_{session_id}_0` with no reward_score (verl
+    scores after the loop returns, v1/agent_loop_tq.py:160); the V1 trainer's record of each key
+    (`integrations.verl_v1.v1_records`: rm_scores as token_level_scores, GRPO advantages broadcast on the
+    mask, v1/utils.py:208-216); verl's own generations rows (`{step}.jsonl`: score = rm_scores.sum(1),
+    uid = the key, sorted by it, trainer_base.py:1297-1339). `bug="mispaired"` is verl#7956's mechanism:
+    the batch resampled with replacement (`PF_PPO_DRAW`, core_algos.py:2303-2305) and its advantages
+    and returns written back under the original keys, each cut at its own response length
+    (`response_to_nested`, trainer_base.py:1786-1800)."""
+    samples = _batch()
+    keys, sessions = [], {}
+    for rec in samples:
+        sessions[rec["uid"]] = sessions.get(rec["uid"], -1) + 1
+        keys.append(f"{rec['uid']}_{sessions[rec['uid']]}_0")
+    scores = [rec["reward_score"] for rec in samples]
+    advantages = grpo(scores, [r["uid"] for r in samples])
+    width = max(len(r["response_ids"]) for r in samples)
+    padded = [
+        [round(a, 6) * m for m in r["response_mask"]] + [0.0] * (width - len(r["response_ids"]))
+        for r, a in zip(samples, advantages)
+    ]
+    if bug == "mispaired":
+        padded = [padded[j] for j in PF_PPO_DRAW]
+    loop, trainer, generations = [], [], []
+    for key, rec, adv in zip(keys, samples, padded):
+        n = len(rec["response_ids"])
+        loop.append({**rec, "request_id": key, "reward_score": None})
+        batch = batch_record(
+            {**rec, "request_id": key},
+            0.0,
+            list(rec["response_mask"]),
+            [
+                round(lp, 4) if m else OLD_ON_OBSERVATION
+                for lp, m in zip(rec["response_logprobs"], rec["response_mask"])
+            ],
+        )
+        batch |= {
+            "advantages": adv[:n],
+            "returns": adv[:n],
+            "local_trigger_step": 0,
+            "parameter_sync_step": 1,
+            "trainer_mode": V1_MODE,
+            UNRECORDED: dict(NOT_RECORDED),
+        }
+        trainer.append(batch)
+        generations.append(
+            {
+                "input": f"prompt {rec['uid']}",
+                "output": f"response {key}",
+                "gts": None,
+                "score": rec["reward_score"],
+                "step": TRAIN_STEP,
+                "uid": key,
+            }
+        )
+    return loop + trainer + sorted(generations, key=lambda g: g["uid"])
+
+
 # a ToolAgentLoop episode whose last turn hits response_length: the engine returned more ids than fit,
 # the loop keeps the response's first RESPONSE_LENGTH tokens (agent_loop.py / tool_agent_loop.py)
 def _cut_at_response_length() -> list[dict]:
@@ -445,6 +514,8 @@ def cases() -> dict[str, list[dict]]:
         "trainer_mask_from_attention": _trainer("attention_mask"),
         "trainer_stale_old_log_probs": _trainer("stale_old_log_probs"),
         "trainer_grpo_group_of_one": _trainer("group_of_one"),
+        "compliant_v1": _v1(),
+        "trainer_v1_advantages_mispaired": _v1("mispaired"),
         "tool_agent_loop_response_length": _cut_at_response_length(),
         "compliant": _batch(),
         "tool_separator_dropped": _batch("separator"),
