@@ -450,6 +450,7 @@ def reward_lacks(framework: str) -> dict[str, str]:
     """Why the per-turn reward fields are absent: the framework records one reward per sample."""
     why = f"{framework} records one reward per sample: no per-turn rewards, components, shaping, potentials or values"
     fields = ("reward", "reward_components", "shaping", "potential_before", "potential_after", "value", "td_residual")
+    fields = (*fields, "raw_reward")
     return {**{f"turns.{f}": why for f in fields}, "final_value": why, "discounted_return": why}
 
 
@@ -485,7 +486,14 @@ def loss_evidence_lacks(framework: str) -> dict[str, str]:
         "token_reward": why.format("rewards"),
         "token_kl": why.format("KL penalty"),
         "token_returns": why.format("returns"),
+        **{
+            k: f"{framework}'s rollout dump holds no critic values: a critic computes them, and GAE over them, later"
+            for k in CRITIC
+        },
     }
+
+
+CRITIC = ("token_values", "token_value_targets", "gae_lambda")  # the contract 1.4 critic evidence (R416)
 
 
 def token_columns(

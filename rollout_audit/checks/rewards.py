@@ -963,8 +963,9 @@ def discounted_to_go(x: np.ndarray, c: np.ndarray) -> np.ndarray:
     n, s = y.size, 1
     with np.errstate(all="ignore"):
         while s < n and a.any():
-            y[:-s] += a[:-s] * y[s:]
-            a[:-s] = a[:-s] * a[s:]
+            carry = a[:-s] != 0  # no carry where the factor is 0: a NaN of the next segment stays there
+            y[:-s] += np.multiply(a[:-s], y[s:], out=np.zeros(n - s), where=carry)
+            a[:-s] = np.multiply(a[:-s], a[s:], out=np.zeros(n - s), where=carry)
             a[n - s :] = 0.0  # a window past the array's end holds its last element, whose factor is 0
             s *= 2
     return y
@@ -1010,7 +1011,11 @@ def gae_targets(b: BatchView, cfg) -> pl.DataFrame | None:
     vals, tgt, rew = token_list(b, "token_values"), token_list(b, "token_value_targets"), token_list(b, "token_reward")
     kl = token_list(b, "token_kl") if b.has("token_kl") else None
     t = b.tokens
-    lam, gamma, boot = _row_floats(b, "gae_lambda", np.nan), _row_floats(b, "gamma", 1.0), _row_floats(b, "final_value", 0.0)
+    lam, gamma, boot = (
+        _row_floats(b, "gae_lambda", np.nan),
+        _row_floats(b, "gamma", 1.0),
+        _row_floats(b, "final_value", 0.0),
+    )
     rows = vals.fits & tgt.fits & rew.fits & ~np.isnan(lam)
     if kl is not None:
         rows &= ~kl.broken
@@ -1161,9 +1166,14 @@ def lost_step_rewards(b: BatchView, cfg) -> pl.DataFrame | None:
     if tr.is_empty():
         return None
     df = _turns(b, "reward", "raw_reward")
-    last = lambda c: pl.col(c).last().over("_row")  # noqa: E731: turns are in order per trajectory
+
+    def last(c: str) -> pl.Expr:  # turns are in order per trajectory
+        return pl.col(c).last().over("_row")
+
     k = pl.col("_T") - 1 - pl.col("_t")
-    step = _off(pl.col("raw_reward"), pl.lit(0.0), cfg) & _off(pl.col("raw_reward"), _G.pow(k) * last("raw_reward"), cfg)
+    step = _off(pl.col("raw_reward"), pl.lit(0.0), cfg) & _off(
+        pl.col("raw_reward"), _G.pow(k) * last("raw_reward"), cfg
+    )
     df = df.with_columns(
         _off(pl.col("reward"), last("reward"), cfg).any().over("_row").alias("_varies"),
         (pl.col("reward").is_null() | pl.col("raw_reward").is_null()).any().over("_row").alias("_nulls"),
