@@ -25,7 +25,7 @@ routes merged as at HEAD), `routes_resumed_duplicated` (verl#6029) and `routes_r
 (verl#6046); `compliant_dapo` (DAPO's overlong penalty on single-turn samples) and
 `dapo_overlong_counts_tool_tokens` (verl's DAPO manager on tool episodes: the length spans tool tokens).
 
-Contract 1.4: `trainer_gae_compliant` (PPO with a critic: values, GAE returns and algorithm.lam in the
+Contract 1.4: `compliant_gae` (PPO with a critic: values, GAE returns and algorithm.lam in the
 trainer-side record, GAE as verl 0.9.1 runs it) and `trainer_gae_over_every_position` (verl 0.4.1's GAE,
 which bootstraps each action before a tool output from the critic's value of that output)."""
 
@@ -508,7 +508,7 @@ def cases() -> dict[str, list[dict]]:
         "trainer_mask_from_attention": _trainer("attention_mask"),
         "trainer_stale_old_log_probs": _trainer("stale_old_log_probs"),
         "trainer_grpo_group_of_one": _trainer("group_of_one"),
-        "trainer_gae_compliant": _gae_trainer(),
+        "compliant_gae": _gae_trainer(),
         "trainer_gae_over_every_position": _gae_trainer(every_position=True),
         "tool_agent_loop_response_length": _cut_at_response_length(),
         "compliant": _batch(),
