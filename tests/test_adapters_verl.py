@@ -604,9 +604,7 @@ def test_the_gae_fixture_is_verls_own_gae():
         for r in (r for r in read_dump(fixture("verl", case)) if "values" in r):
             row = {k: torch.tensor([r[k]], dtype=torch.float32) for k in ("token_level_rewards", "values", "returns")}
             mask = torch.tensor([r["response_mask"]], dtype=torch.float32)
-            _, ret = compute_gae_advantage_return(
-                row["token_level_rewards"], row["values"], mask, r["gamma"], r["lam"]
-            )
+            _, ret = compute_gae_advantage_return(row["token_level_rewards"], row["values"], mask, r["gamma"], r["lam"])
             on = mask.bool()
             same = torch.allclose(ret[on], row["returns"][on], atol=1e-5)
             assert same == (not bug or all(r["response_mask"])), (case, r["request_id"])

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-
 import pytest
 from checkhelp import audit, rows
 from checkhelp import loud as blocking

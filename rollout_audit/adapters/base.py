@@ -449,8 +449,16 @@ def aligned(record: Mapping[str, Any], field: str, like: Sequence[Any], where: s
 def reward_lacks(framework: str) -> dict[str, str]:
     """Why the per-turn reward fields are absent: the framework records one reward per sample."""
     why = f"{framework} records one reward per sample: no per-turn rewards, components, shaping, potentials or values"
-    fields = ("reward", "reward_components", "shaping", "potential_before", "potential_after", "value", "td_residual")
-    fields = (*fields, "raw_reward")
+    fields = (
+        "reward",
+        "raw_reward",
+        "reward_components",
+        "shaping",
+        "potential_before",
+        "potential_after",
+        "value",
+        "td_residual",
+    )
     return {**{f"turns.{f}": why for f in fields}, "final_value": why, "discounted_return": why}
 
 

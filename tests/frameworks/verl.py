@@ -332,7 +332,7 @@ def _gae_trainer(every_position: bool = False) -> list[dict]:
         rows.append((rec, scores, values, mask, ret))
     advs = whiten([[r - v for r, v in zip(ret, vals)] for _, _, vals, _, ret in rows], [m for *_, m, _ in rows])
     out = list(samples)
-    for (rec, scores, values, mask, ret), adv in zip(rows, advs):
+    for (rec, _scores, values, mask, ret), adv in zip(rows, advs):
         old = [round(lp, 4) if m else OLD_ON_OBSERVATION for lp, m in zip(rec["response_logprobs"], mask)]
         out.append(
             {
