@@ -655,3 +655,11 @@ def test_verl_041_gae_over_every_position_is_r416_naming_the_tool_output_value()
 def test_a_grpo_step_says_why_r416_is_not_run():
     rep = audit("verl", "trainer_compliant", preview=True)
     assert "algorithm.adv_estimator=gae" in rep.not_run["R416"]
+
+
+def test_a_gae_record_without_lam_exits_2_naming_it(tmp_path):
+    recs = [dict(r) for r in read_dump(fixture("verl", "compliant_gae"))]
+    del recs[5]["lam"]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    result = cli("check", "--from", "verl", tmp_path / "d.jsonl", *PAGE)
+    assert result.exit_code == 2 and "d.jsonl:6 (7c1f01): missing field 'lam'" in result.output, result.output

@@ -1038,8 +1038,9 @@ def gae_targets(b: BatchView, cfg) -> pl.DataFrame | None:
             None if kl is None or kl.complete else kl.present,
         )
 
-    def gae(at: np.ndarray, r: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(A + V, the magnitude S, the value each element bootstrapped from) over the elements `at`."""
+    def gae(at: np.ndarray, r: np.ndarray, slack: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        """Over the elements `at` (whole rows, in order): (A + V, the value each element bootstrapped
+        from, the float32 slack 2⁻¹⁶·S), S computed on the elements `slack` selects (0 elsewhere)."""
         rw = t.row[at]
         v = vals.values[at].astype(np.float64)
         end = np.r_[rw[1:] != rw[:-1], True] if at.size else np.zeros(0, bool)
@@ -1047,16 +1048,28 @@ def gae_targets(b: BatchView, cfg) -> pl.DataFrame | None:
         v_next[end] = boot[rw[end]]
         g = gamma[rw]
         c = np.where(end, 0.0, g * lam[rw])
+        out = np.zeros(at.size)
         with np.errstate(all="ignore"):
             target = discounted_to_go(r + g * v_next - v, c) + v
-            scale = discounted_to_go(np.abs(r) + np.abs(g * v_next) + np.abs(v), c) + np.abs(v)
-        return target, scale, v_next
+            if slack is None:
+                slack = np.ones(at.size, bool)
+            if slack.any():  # the magnitudes, on the rows that need them only (a second scan)
+                on = np.isin(rw, rw[slack])
+                mag = np.abs(r[on]) + np.abs(g[on] * v_next[on]) + np.abs(v[on])
+                out[on] = F32_SLACK * (discounted_to_go(mag, c[on]) + np.abs(v[on]))
+        return target, v_next, out
 
-    expected, scale, v_next = gae(idx, terms(idx))
+    def beyond_f32(found: np.ndarray, expected: np.ndarray, slack: np.ndarray | float) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return ~(np.abs(found - expected) <= tolerance(expected, cfg) + slack)
+
+    r_idx = terms(idx)
     found = tgt.values[idx].astype(np.float64)
-    with np.errstate(all="ignore"):
-        bad = ~(np.abs(found - expected) <= tolerance(expected, cfg) + F32_SLACK * scale)
-    bad &= tgt.present[idx]
+    expected, v_next, _ = gae(idx, r_idx, np.zeros(idx.size, bool))
+    bad = beyond_f32(found, expected, 0.0) & tgt.present[idx]  # within atol + rtol: no slack needed
+    if bad.any():
+        expected, v_next, slack = gae(idx, r_idx, bad)
+        bad &= beyond_f32(found, expected, slack)
     off = None
     if bad.any():
         # the last differing trainable token of each row
@@ -1068,9 +1081,9 @@ def gae_targets(b: BatchView, cfg) -> pl.DataFrame | None:
         nxt = np.where((nxt >= 0) & (t.row[np.maximum(nxt, 0)] == t.row[hit]), nxt, -1)
         # GAE over every position of those rows: what an estimator that ignores the mask recorded
         every = np.flatnonzero(np.isin(t.row, t.row[hit]))
-        naive, naive_scale, _ = gae(every, terms(every))
+        naive, _, naive_slack = gae(every, terms(every))
         k = np.searchsorted(every, hit)
-        matches = np.abs(found[where] - naive[k]) <= tolerance(naive[k], cfg) + F32_SLACK * naive_scale[k]
+        matches = ~beyond_f32(found[where], naive[k], naive_slack[k])
         after = hit + 1
         inside = (after < t.row.size) & (t.row[np.minimum(after, t.row.size - 1)] == t.row[hit])
         after_c = np.minimum(after, t.row.size - 1)
