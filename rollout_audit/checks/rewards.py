@@ -1165,15 +1165,16 @@ def lost_step_rewards(b: BatchView, cfg) -> pl.DataFrame | None:
 
     Lesson “Process feedback and hindsight critics”: a step reward credits the turn that earned it;
     a pipeline that writes the episode's (normalised) outcome on every turn in its place trains each
-    turn on the outcome alone (areal-project/AReaL#1674: group normalisation broadcast the normalised
-    terminal reward over every interaction of a multi-turn rollout). A raw reward of an earlier turn is
+    turn on the outcome alone (areal-project/AReaL#1674: AReaL's group normalisation,
+    areal/infra/remote_inf_engine.py:194-205 at cbff54d6, writes the normalised reward of each rollout's
+    last interaction on every interaction, the paid one kept as original_reward). A raw reward of an earlier turn is
     a step reward when it is neither 0 nor the raw terminal reward discounted back to it
     (γ^(T−1−t)·raw_{T−1}: an outcome a workflow propagated backwards is no step reward, and
     broadcasting its normalised value is what such a workflow means). Reported at the first turn whose
     step reward differs from the reward trained there, for episodes of two or more turns whose every
     trained reward equals the last within atol + rtol·|last|; turns with a null reward or raw reward
-    are not compared. Fix the normalisation to replace only the terminal reward (AReaL's "terminal"
-    mode), or normalise the step rewards themselves.
+    are not compared. Fix the normalisation to replace only the terminal reward (the "terminal" mode
+    AReaL#1674 proposes), or normalise the step rewards themselves.
     """
     tr = b.turns
     if tr.is_empty():
