@@ -278,6 +278,13 @@ def actor(samples: list[dict], step: int, unmasked_kl: bool = False) -> dict:
             ret.append(round(acc, 6))
         kls.append(kl)
         rets.append(ret[::-1])
+    return actor_record(
+        samples, step, kls, rets, {"advantage_estimator": "reinforce_plus_plus", "kl_coef": coef, "gamma": 1.0}
+    )
+
+
+def actor_record(samples: list[dict], step: int, kls: list, rets: list, args: dict, **more: list) -> dict:
+    """The actor hook's record of `samples` (rollout_data's keys, integrations/slime.py ACTOR_KEYS)."""
     return {
         "rollout_id": step,
         "sample_indices": [s["index"] for s in samples],
@@ -285,15 +292,16 @@ def actor(samples: list[dict], step: int, unmasked_kl: bool = False) -> dict:
         "rewards": [s["reward"] for s in samples],
         "kl": kls,
         "returns": rets,
-        "args": {"advantage_estimator": "reinforce_plus_plus", "kl_coef": coef, "gamma": 1.0},
+        **more,
+        "args": args,
     }
 
 
 def actor_ppo(samples: list[dict], step: int, every_position: bool = False) -> dict:
     """The actor hook's record for --advantage-estimator ppo (a critic): each sample's `values` over its
     response, `kl` (--kl-coef 0: no KL term), and `returns` = A + V of GAE with --gamma 1 and --lambd 0.95,
-    the reward on the last response token (slime/backends/megatron_utils/loss.py:769-781 at 624b824). `every_position`: slime
-    624b824's recursion (ppo_utils.py:586-607, vanilla_gae; chunked_gae computes the same), over every
+    the reward on the last response token (slime/backends/megatron_utils/loss.py:769-781 at 624b824).
+    `every_position`: slime 624b824's recursion (ppo_utils.py:586-607, vanilla_gae; chunked_gae computes the same), over every
     response token whatever its loss mask, as radixark/miles#1827 describes; else over the loss-mask
     tokens only, as miles computes it after that fix."""
     gamma, lambd, rng = 1.0, 0.95, random.Random(100 + step)
@@ -311,16 +319,8 @@ def actor_ppo(samples: list[dict], step: int, every_position: bool = False) -> d
         values.append(v)
         kls.append([round(rng.uniform(0.0, 0.4), 4) for _ in range(n)])
         rets.append(ret)
-    return {
-        "rollout_id": step,
-        "sample_indices": [s["index"] for s in samples],
-        "loss_masks": [s["loss_mask"] for s in samples],
-        "rewards": [s["reward"] for s in samples],
-        "kl": kls,
-        "returns": rets,
-        "values": values,
-        "args": {"advantage_estimator": "ppo", "kl_coef": 0.0, "gamma": gamma, "lambd": lambd},
-    }
+    args = {"advantage_estimator": "ppo", "kl_coef": 0.0, "gamma": gamma, "lambd": lambd}
+    return actor_record(samples, step, kls, rets, args, values=values)
 
 
 LAYERS, TOPK, EXPERTS = 2, 2, 8  # --num-layers, --moe-router-topk and the experts of the MoE fixtures
