@@ -704,3 +704,76 @@ def test_v1_grpo_over_sessions_with_several_outputs_is_not_recomputed():
     assert u.get("advantage_estimator") is None
     why = json.loads(table.schema.metadata[S.META_NOT_RECORDED])["advantage_estimator"]
     assert "final output" in why
+
+
+def test_the_gae_fixture_is_verls_own_gae():
+    """compliant_gae's returns are what verl 0.9.1's compute_gae_advantage_return makes of its rewards,
+    values and response_mask (within float32); trainer_gae_over_every_position's differ exactly on the
+    rows with a masked span (the tool episodes)."""
+    pytest.importorskip("verl")
+    import torch
+    from verl.trainer.ppo.core_algos import compute_gae_advantage_return
+
+    for case, bug in (("compliant_gae", False), ("trainer_gae_over_every_position", True)):
+        for r in (r for r in read_dump(fixture("verl", case)) if "values" in r):
+            row = {k: torch.tensor([r[k]], dtype=torch.float32) for k in ("token_level_rewards", "values", "returns")}
+            mask = torch.tensor([r["response_mask"]], dtype=torch.float32)
+            _, ret = compute_gae_advantage_return(row["token_level_rewards"], row["values"], mask, r["gamma"], r["lam"])
+            on = mask.bool()
+            same = torch.allclose(ret[on], row["returns"][on], atol=1e-5)
+            assert same == (not bug or all(r["response_mask"])), (case, r["request_id"])
+
+
+def test_verls_own_gae_through_the_trainer_hook_runs_r416_clean(tmp_path):
+    """verl 0.9.1's compute_advantage with a critic (adv_estimator gae) on the compliant batch, dumped by
+    dump_batch: the hook records values and lam, R416 runs and holds; the same dump with returns made
+    by an every-position recursion is R416 on the tool episodes."""
+    pytest.importorskip("verl")
+    import torch
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    from rollout_audit.integrations.verl import dump_batch
+
+    out = tmp_path / "gae"
+    out.mkdir()
+    samples = [dict(r) for r in read_dump(fixture("verl", "compliant"))]
+    (out / "verl-sampler.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    batch = _dataproto(samples, {})
+    gen = torch.Generator().manual_seed(0)
+    batch.batch["values"] = torch.rand(batch.batch["responses"].shape, generator=gen) * 2 - 1
+    algorithm = AlgoConfig(adv_estimator="gae", gamma=0.99, lam=0.95)
+    batch = compute_advantage(batch, adv_estimator="gae", gamma=0.99, lam=0.95, config=algorithm)
+    dump_batch(out, batch, 5, algorithm)
+    rows = [json.loads(x) for f in sorted(out.glob("verl-batch-*.jsonl")) for x in f.read_text().splitlines()]
+    assert all(r["lam"] == 0.95 and len(r["values"]) == len(r["responses"]) for r in rows)
+    result = cli("check", "--from", "verl", out, *PAGE, "--preview", "--format", "json")
+    rep = json.loads(result.stdout)
+    assert result.exit_code == 0 and rep["findings"] == [], result.output
+    assert "R416" in rep["summary"]["checks_run"]
+
+
+def test_verl_041_gae_over_every_position_is_r416_naming_the_tool_output_value():
+    case = fixture("verl", "trainer_gae_over_every_position")
+    result = cli("check", "--from", "verl", case, *PAGE, "--preview", "--format", "json")
+    rep = json.loads(result.stdout)
+    r416 = [f for f in rep["findings"] if f["code"] == "R416"]
+    assert result.exit_code == 1 and {f["trajectory_id"] for f in r416} == {"e2a900", "e2a901"}, result.output
+    assert {f["code"] for f in rep["findings"]} == {"R416"}
+    f = next(f for f in r416 if f["trajectory_id"] == "e2a901")
+    assert f["position"] == 58 and f["message"].endswith(
+        "it is GAE over every position, which bootstraps from V = 0.9155 at position 59, a masked observation token"
+    )
+
+
+def test_a_grpo_step_says_why_r416_is_not_run():
+    rep = audit("verl", "trainer_compliant", preview=True)
+    assert "algorithm.adv_estimator=gae" in rep.not_run["R416"]
+
+
+def test_a_gae_record_without_lam_exits_2_naming_it(tmp_path):
+    recs = [dict(r) for r in read_dump(fixture("verl", "compliant_gae"))]
+    del recs[5]["lam"]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    result = cli("check", "--from", "verl", tmp_path / "d.jsonl", *PAGE)
+    assert result.exit_code == 2 and "d.jsonl:6 (7c1f01): missing field 'lam'" in result.output, result.output

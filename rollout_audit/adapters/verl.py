@@ -28,6 +28,7 @@ from ..contract.config import LOG_BOUNDS
 from ..contract.schema import context_sha256
 from ..reading.records import records_to_table
 from .base import (
+    CRITIC,
     UNRECORDED,
     AdapterError,
     aligned,
@@ -85,11 +86,12 @@ BATCH_TENSORS = (
     "returns",
     "old_log_probs",
     "rollout_log_probs",
+    "values",
 )
 # the V1 trainer's record (`integrations.verl_v1`) also names the local update within the step
 # (`local_trigger_step`, one per `_step_once`, `parameter_sync_step` of them per step)
 V1_STEP = "local_trigger_step"
-ALGORITHM = ("adv_estimator", "norm_adv_by_std_in_grpo", "gamma", "use_kl_in_reward")
+ALGORITHM = ("adv_estimator", "norm_adv_by_std_in_grpo", "gamma", "lam", "use_kl_in_reward")
 READS_BATCH = {
     "verl.protocol.DataProto": {"batch", "non_tensor_batch", "meta_info"},
     "verl.trainer.config.AlgoConfig": set(ALGORITHM),
@@ -408,6 +410,10 @@ _NO_RETURNS = (
     "verl's `returns` are its estimator's (GRPO/RLOO: the advantages; GAE: advantages + values), not reward-to-go; "
     "the trainer-side record carries them as token_returns only for reinforce_plus_plus at gamma 1"
 )
+_NO_CRITIC = (
+    "verl's batch holds critic values only with a critic (algorithm.adv_estimator=gae, ray_trainer.py:1624-1628); "
+    "dump_batch then records values, returns and algorithm.lam"
+)
 _NO_BATCH = "the dump holds no trainer-side records (add dump_batch after compute_advantage; docs/frameworks/verl.md)"
 _MINI = (
     "verl splits the step's batch into ppo_mini_batch_size mini-batches (and ppo_epochs passes), each an "
@@ -574,6 +580,13 @@ def _trained(row: dict[str, Any], rec: Mapping[str, Any], n_prompt: int, where: 
     if rec.get("adv_estimator") == "reinforce_plus_plus" and rec.get("gamma") in (1, 1.0):
         ret = numbers(aligned(rec, "returns", resp, where), "returns", where)
         row["token_returns"] = [0.0] * n_prompt + [r or 0.0 for r in ret]
+    if rec.get("adv_estimator") == "gae" and rec.get("values") is not None:  # the critic's values and GAE's targets
+        vals = numbers(aligned(rec, "values", resp, where), "values", where)
+        ret = numbers(aligned(rec, "returns", resp, where), "returns", where)
+        row["token_values"] = [None] * n_prompt + vals
+        row["token_value_targets"] = [None] * n_prompt + ret
+        row["gamma"] = number(need(rec, "gamma", where), "gamma", where)
+        row["gae_lambda"] = number(need(rec, "lam", where), "lam", where)
     if rec.get("overlong_reward") is not None:  # DAPO's penalty as the trainer's reward manager computed it
         row["overlong_penalty"] = number(rec["overlong_reward"], "overlong_reward", where)
     if rec.get("routed_experts_sha256") is not None:  # the routes the actor replays, as the trainer holds them
@@ -633,7 +646,7 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
     if generations:
         rows = _with_generations(rows, generations)
     old = [r.pop(OLD_LOGPROBS, None) for r in rows]
-    lacks_ = {**LACKS, "token_returns": _NO_RETURNS} if trainer else LACKS
+    lacks_ = {**LACKS, "token_returns": _NO_RETURNS, **{k: _NO_CRITIC for k in CRITIC}} if trainer else LACKS
     # a recorder's own reasons (the agent loop's, the V1 trainer's) in place of the adapter's
     table = contract_table(rows, declared([*sampler, *(r for _, r in trainer)], lacks_))
     if any(o is not None for o in old):
