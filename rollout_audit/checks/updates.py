@@ -76,6 +76,35 @@ def turns_trainable(b, t) -> pl.Series | None:
     return pl.Series(np.bincount(b.turn_parent, weights=trainable, minlength=b.n).astype(np.int64))
 
 
+def _trained_versions(b, t, how: str) -> pl.Series | None:
+    """Per trajectory: the lowest (`how` "min") or highest ("max") policy_version of its turns that
+    hold a trainable token (a turn whose tokens are all masked trains nothing, whatever sampled it)."""
+    if not {"loss_mask", "token_turn"} <= t.lists:
+        return None
+    rc = next((s for s in t.turn_values if s.name == "rc_n_trainable"), None)
+    tr = b.turn_struct
+    if rc is None or "policy_version" not in tr.columns:
+        return None
+    pv = pl.DataFrame({"_row": b.turn_parent, "_pv": tr["policy_version"].cast(pl.Int64)}).filter(
+        (rc > 0).fill_null(False)
+    )
+    agg = pv.group_by("_row").agg(getattr(pl.col("_pv"), how)())
+    rows = pl.DataFrame({"_row": np.arange(b.n, dtype=np.int64)})
+    return rows.join(agg, on="_row", how="left", maintain_order="left")["_pv"]
+
+
+@derived("pv_trained_min", ("turns", "turns.policy_version", "loss_mask", "token_turn"))
+def trained_version_min(b, t) -> pl.Series | None:
+    """Per trajectory: the oldest policy version that sampled a trainable token."""
+    return _trained_versions(b, t, "min")
+
+
+@derived("pv_trained_max", ("turns", "turns.policy_version", "loss_mask", "token_turn"))
+def trained_version_max(b, t) -> pl.Series | None:
+    """Per trajectory: the newest policy version that sampled a trainable token."""
+    return _trained_versions(b, t, "max")
+
+
 def _step() -> pl.Expr:
     return pl.format("update {}", pl.col("update_step").cast(pl.String).fill_null("?"))
 
@@ -931,6 +960,7 @@ def excluded_in_statistics(log, cfg) -> pl.DataFrame | None:
 @rule(
     "U609",
     "the loss reducer's divisor differs from the tokens or samples it divides",
+    "error",
     scope="log",
     requires=("updates", "trajectory_id", "updates.reducer_mode", "updates.reducer_divisor", "n_trainable", "ok"),
     optional=_MEMBERSHIP,
@@ -1066,15 +1096,22 @@ def reducer_divisor(log, cfg) -> pl.DataFrame | None:
 @rule(
     "U610",
     "the importance ratio is anchored to weights that did not sample the batch, uncorrected",
+    "error",
     scope="log",
-    requires=("updates", "trajectory_id", "updates.ratio_anchor", "updates.ratio_correction", "pv_min", "pv_max"),
+    requires=(
+        "updates",
+        "trajectory_id",
+        "updates.ratio_anchor",
+        "updates.ratio_correction",
+        "pv_trained_min",
+        "pv_trained_max",
+    ),
     optional=(
         *_MEMBERSHIP,
         "updates.ratio_anchor_version",
         "updates.trainer_version",
         "updates.ratio_clipping",
     ),
-    partition=BY_UPDATE,
     preview=True,
 )
 def ratio_anchor(log, cfg) -> pl.DataFrame | None:
@@ -1121,13 +1158,19 @@ def ratio_anchor(log, cfg) -> pl.DataFrame | None:
     judged = judged.with_columns(
         pl.coalesce("ratio_anchor_version", pl.when(anchor == "current").then(pl.col("trainer_version"))).alias("_a")
     )
-    versions = log.traj.select("trajectory_id", pl.col("pv_min").cast(pl.Int64), pl.col("pv_max").cast(pl.Int64))
+    versions = log.traj.select(
+        "trajectory_id",
+        pl.col("pv_trained_min").cast(pl.Int64).alias("pv_min"),
+        pl.col("pv_trained_max").cast(pl.Int64).alias("pv_max"),
+    )
     m = (
         members(log)
         .select("_u", "trajectory_id", "_in_log")
         .join(judged, on="_u", how="inner")
         .join(versions.unique("trajectory_id", keep="first"), on="trajectory_id", how="left")
-        .with_columns(pl.col("pv_max").max().over("_u").alias("_newest"))
+        # the weights of one optimizer step are never older than the newest version it trains
+        .with_columns(pl.coalesce("update_step", -1 - pl.col("_u")).alias("_step"))
+        .with_columns(pl.col("pv_max").max().over("_step").alias("_newest"))
     )
     known = pl.col("_a").is_not_null()
     stale = (
