@@ -689,3 +689,33 @@ def test_u610_a_masked_stale_turn_trains_nothing(records):
         t["loss_excluded"], t["num_trainable_tokens"] = True, 0
     ups[1]["loss_denominator"] = float(trainable(trajs, ups[1]["trajectory_ids"]))
     assert "U610" not in ra.audit(trajs, ups, config=PREVIEW).codes()
+
+
+def test_u609_u610_bad_values_are_findings_not_crashes(records):
+    trajs, ups = with_anchor(*with_reducer(*records))
+    ups[0]["reducer_divisor"] = float("nan")
+    ups[1]["ratio_anchor"] = "::error x::"
+    ups[1]["ratio_anchor_version"] = 2**63 - 1
+    rep = ra.audit(trajs, ups, config=PREVIEW)
+    assert "reducer_divisor NaN is not a positive finite number" in of(rep, "U609")["message"][0]
+    assert of(rep, "U610")["message"].str.contains("is not one of behavior, current, proximal").any()
+
+
+def test_contract_1_4_update_columns_are_versioned(records, tmp_path):
+    """A file with a 1.4 update column states 1.4; one without states what it uses and audits as
+    before (the 1.4 columns are optional)."""
+    from rollout_audit.contract import schema as S
+
+    added = {"reducer_mode", "reducer_divisor", "ratio_anchor", "ratio_anchor_version"}
+    added |= {"ratio_correction", "ratio_correction_cap", "ratio_clipping"}
+    assert {c.name for c in S.columns("updates") if c.since == "1.4"} == added
+    assert S.version_for("updates", ["update_step", "reducer_divisor"]) == "1.4"
+    assert S.version_for("updates", ["update_step", "numerator_tokens"]) == "1.2"
+    assert not added & set(S.arrow_schema("updates", "1.3").names) and added <= set(
+        S.arrow_schema("updates", "1.4").names
+    )
+    trajs, ups = with_anchor(*with_reducer(*records))
+    log = write_log(tmp_path / "log", trajs, ups)
+    meta = pq.read_schema(next((log / "updates").iterdir())).metadata
+    assert meta[b"rollout_log.schema_version"] == b"1.4"
+    assert not ra.audit(str(log), config=PREVIEW).codes() & {"U609", "U610"}

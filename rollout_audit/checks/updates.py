@@ -1201,7 +1201,7 @@ def ratio_anchor(log, cfg) -> pl.DataFrame | None:
         )
     )
     lag = pl.when(known & (pl.col("_a") > pl.col("pv_min"))).then(
-        pl.format(", {} version(s) behind the anchor", pl.col("_a") - pl.col("pv_min"))
+        pl.format(", {} version(s) behind the anchor", num(pl.col("_a").cast(pl.Float64) - pl.col("pv_min")))
     )
     msg = pl.format(
         "{}: the ratio is anchored on a recomputation by {} (ratio_anchor {}, {}) with no behaviour correction, "
