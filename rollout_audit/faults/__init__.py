@@ -127,7 +127,12 @@ def write_records(
                     table = table.append_column(name, pa.array([t.get(name) for t in chunk]))
                 sub.mkdir(parents=True, exist_ok=True)
                 write_table(
-                    path, table, "trajectories", validate=False, tokenizer=tokenizer, reward_components=reward_components
+                    path,
+                    table,
+                    "trajectories",
+                    validate=False,
+                    tokenizer=tokenizer,
+                    reward_components=reward_components,
                 )
                 continue
             with RolloutWriter(path, validate=False, tokenizer=tokenizer, reward_components=reward_components) as w:
