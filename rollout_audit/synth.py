@@ -241,8 +241,8 @@ SECOND_PRECISIONS = ("float32", "bf16", "bf16_engine")
 def bf16(x: np.ndarray) -> np.ndarray:
     """float32 values rounded to bfloat16 (round to nearest, ties to even, on the upper 16 bits), as float32."""
     bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.astype(np.uint32).view(np.float32)
+    rounded = (bits + np.uint64(0x7FFF) + ((bits >> np.uint64(16)) & np.uint64(1))) & np.uint64(0xFFFF0000)
+    return rounded.astype(np.uint32).view(np.float32)
 
 
 def second_logprobs(
@@ -269,8 +269,8 @@ def second_logprobs(
         pol = ~np.isnan(lp)
         if precision == "bf16_engine":
             z = rng.normal(0.0, 3.0, (int(pol.sum()), vocab))
-            noisy = lambda: z + rng.normal(0.0, 1.0, z.shape) * 2.0**-8 * (np.abs(z) + 1.0)
-            ze, zt = noisy(), noisy()
+            err = 2.0**-8 * (np.abs(z) + 1.0)  # each side's bfloat16-sized error on the logits
+            ze, zt = z + rng.normal(0.0, 1.0, z.shape) * err, z + rng.normal(0.0, 1.0, z.shape) * err
             le = ze - np.logaddexp.reduce(ze, axis=1, keepdims=True)
             lt = zt - np.logaddexp.reduce(zt, axis=1, keepdims=True)
             u = rng.random((le.shape[0], 1))

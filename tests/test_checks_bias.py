@@ -126,7 +126,10 @@ def test_the_bundled_fault_through_the_cli():
 
 @pytest.mark.parametrize(
     ("case", "named"),
-    [("compliant_v1_trainer_logprobs", set()), ("v1_top_p_against_full_vocab_trainer", {f"trace-{n}" for n in range(4)})],
+    [
+        ("compliant_v1_trainer_logprobs", set()),
+        ("v1_top_p_against_full_vocab_trainer", {f"trace-{n}" for n in range(4)}),
+    ],
 )
 def test_in_verifiers_own_record_shape(case, named):
     """verifiers 0.4.0 traces whose nodes carry `trainer_logprobs`: a bf16 trainer at top_p 1 is silent, a

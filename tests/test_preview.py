@@ -97,7 +97,9 @@ def test_a_plain_check_names_the_preview_checks_it_left_out():
     plain = CliRunner().invoke(main, ["check", log])
     assert plain.exit_code == 0
     preview = ", ".join(sorted(c for c, r in ra.all_rules().items() if r.preview))  # R415 among them
-    assert "R415" in preview and f"in preview, not selected: {preview} (--preview runs them)" in plain.stdout.splitlines()
+    assert (
+        "R415" in preview and f"in preview, not selected: {preview} (--preview runs them)" in plain.stdout.splitlines()
+    )
     with_preview = CliRunner().invoke(main, ["check", log, "--preview"])
     assert with_preview.exit_code == 1 and "R415" in with_preview.stdout
     assert "in preview, not selected" not in with_preview.stdout

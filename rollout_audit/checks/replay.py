@@ -368,7 +368,7 @@ def consistent_bias(log: LogView, cfg) -> pl.DataFrame | None:
     if judged.is_empty():
         raise NotRun(
             f"needs at least {MIN_BIAS_TURNS} turns of one decoding setting with both log-probs; the most in one "
-            f"setting: {int(per['n'].max() or 0)}"
+            f"setting: {max(per['n'].to_list(), default=0)}"
         )
     spread = (
         per_turn.join(judged.select(*setting, "m"), on=setting)
@@ -378,7 +378,7 @@ def consistent_bias(log: LogView, cfg) -> pl.DataFrame | None:
     judged = judged.join(spread, on=setting)
     judged = judged.with_columns(  # one quantile per decoding setting: a handful
         ((pl.col("n") / (pl.col("n") - 1) * pl.col("ss")).sqrt() / pl.col("tokens")).alias("se"),
-        pl.Series("q", [t_quantile(int(n) - 1) for n in judged["n"]], pl.Float64),
+        pl.Series("q", [t_quantile(n - 1) for n in judged["n"].to_list()], pl.Float64),
     )
     judged = judged.with_columns(
         (pl.col("m") - pl.col("q") * pl.col("se")).alias("lo"), (pl.col("m") + pl.col("q") * pl.col("se")).alias("hi")
