@@ -336,14 +336,14 @@ def consistent_bias(log: LogView, cfg) -> pl.DataFrame | None:
     would explain it (on the behaviour side when m < 0, on the second column's when m > 0), once per
     trajectory of that setting whose own mean bias has the batch's sign, at its most biased turn.
     Settings with fewer than 8 turns are not judged; a log with none is not run. Measured false
-    positives: none on the compliant fixtures it runs on (verifiers' `compliant_v1_trainer_logprobs`,
-    a bf16 trainer; verl's `trainer_compliant`); none in 600 synthetic compliant logs of 128
-    trajectories, 200 each with float32 noise, bf16 rounding of the second column, and a bf16 engine
-    against a bf16 trainer, whose 99.9% intervals never reached past ±0.0055
-    (`python benchmarks/bias_fpr.py --runs 200`, which also catches the top-p fault in 200 of 200).
-    Fix the side that is not
-    the sampler's: record the processed log-probs and recompute them over the same nucleus (or
-    sample without top-p), or correct the ratio with the recorded nucleus.
+    positives: none on the compliant fixtures that record a second column (verifiers'
+    `compliant_v1_trainer_logprobs`, a bf16 trainer; verl's `trainer_compliant`; on the others it is
+    not run without replay); none in 600 synthetic compliant logs of 128 trajectories, 200 each with
+    float32 noise, bf16 rounding of the second column, and a bf16 engine against a bf16 trainer,
+    whose 99.9% intervals never reached past ±0.0055 (`python benchmarks/bias_fpr.py --runs 200`,
+    which also catches the top-p fault in 200 of 200). Fix the side that is not the sampler's:
+    record the processed log-probs and recompute them over the same nucleus (or sample without
+    top-p), or correct the ratio with the recorded nucleus.
     """
     df, name = _other(log, cfg)
     d = pl.col("other") - pl.col("recorded")
