@@ -328,6 +328,22 @@ def test_native_loss_streams_equal_numpy(compiled, n, seed, single, columns, str
     assert want_seen == int(np.bitwise_or.reduce(want)) if n else want_seen == 0
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=0, max_size=400), st.integers(0, 2**32 - 1), st.booleans())
+def test_native_nucleus_membership_equals_numpy(compiled, spans, seed, wide):
+    """L210's tokens outside their recorded nucleus: empty spans, the token first, last, absent or
+    repeated in its span, negative and extreme ids, int32 and int64 kept ids (a null kept id is -1)."""
+    rng = np.random.default_rng(seed)
+    length = np.array(spans, np.int64)
+    held = rng.choice(np.r_[0, 1, 2, -1, 2**31 - 1, -(2**31)], length.size).astype(np.int32)
+    ids = rng.choice(np.r_[0, 1, 2, -1, 2**31 - 1, -(2**31)], int(length.sum())).astype(np.int64 if wide else np.int32)
+    got, want = _both(compiled, native.outside, held, length, ids)
+    assert got.dtype == want.dtype == np.bool_ and np.array_equal(got, want)
+    if length.size:
+        with pytest.raises(ValueError, match="do not add up"):
+            compiled.outside(held, length + 1, ids, np.empty(length.size, np.uint8))
+
+
 @pytest.fixture(scope="module")
 def base():
     return make_log(n_tasks=4, group_size=4, n_versions=2, seed=0)

@@ -928,6 +928,64 @@ done:
     return PyLong_FromLong(seen);
 }
 
+/* outside(held, length, ids, miss): L210's membership test in one pass over the kept ids: per
+ * token i (int32 `held`), miss[i] = 1 when it records a nucleus (length[i] > 0, int64) and none of
+ * its length[i] ids (the next ones in `ids`, int32 or int64, back to back in token order) equals
+ * it; 0 otherwise. */
+static PyObject *outside(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[4];
+    if (!PyArg_ParseTuple(args, "OOOO", &o[0], &o[1], &o[2], &o[3]))
+        return NULL;
+    buffers bs = {.got = 0};
+    int ok = 0;
+    Py_buffer *held = arg(&bs, o[0], 4, -1, 0, "held");
+    Py_ssize_t n = held ? held->len / 4 : 0;
+    Py_buffer *len = held ? arg(&bs, o[1], 8, n, 0, "length") : NULL;
+    Py_buffer *ids = len ? arg(&bs, o[2], 0, -1, 0, "ids") : NULL;
+    Py_buffer *miss = ids ? arg(&bs, o[3], 1, n, 1, "miss") : NULL;
+    if (!miss)
+        goto done;
+    const int32_t *hp = held->buf;
+    const int64_t *lp = len->buf;
+    Py_ssize_t k = ids->len / ids->itemsize, sum = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (lp[i] < 0 || lp[i] > k - sum) {
+            PyErr_SetString(PyExc_ValueError, "outside: the span lengths do not add up to the ids' length");
+            goto done;
+        }
+        sum += lp[i];
+    }
+    if (sum != k) {
+        PyErr_SetString(PyExc_ValueError, "outside: the span lengths do not add up to the ids' length");
+        goto done;
+    }
+    uint8_t *mp = miss->buf;
+    int wide = ids->itemsize == 8;
+    Py_BEGIN_ALLOW_THREADS;
+    Py_ssize_t j = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t want = hp[i];
+        uint8_t found = 0;
+        Py_ssize_t end = j + lp[i];
+        if (wide) {
+            const int64_t *ip = ids->buf;
+            for (; j < end && !found; j++)
+                found = ip[j] == want;
+        } else {
+            const int32_t *ip = ids->buf;
+            for (; j < end && !found; j++)
+                found = ip[j] == want;
+        }
+        j = end;
+        mp[i] = lp[i] > 0 && !found;
+    }
+    Py_END_ALLOW_THREADS;
+    ok = 1;
+done:
+    return finish(&bs, ok);
+}
+
 static PyObject *sha_extensions(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
@@ -955,6 +1013,8 @@ static PyMethodDef methods[] = {
     {"streams", streams, METH_VARARGS,
      "streams(mask, source, stream, stream_present, weight, weight_present, out): M110's per-token conditions as "
      "bits, GIL released; returns the OR of the bits."},
+    {"outside", outside, METH_VARARGS,
+     "outside(held, length, ids, miss): L210's tokens outside their recorded nucleus, GIL released."},
     {"sha_extensions", sha_extensions, METH_NOARGS, "Whether the CPU's SHA instructions are used."},
     {NULL, NULL, 0, NULL},
 };

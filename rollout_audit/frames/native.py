@@ -394,3 +394,33 @@ def streams_numpy(*arrays: Any) -> tuple[np.ndarray, int]:
         out |= (mismatch & ~mask).view(np.uint8) * np.uint8(WEIGHT_OFF)
         out |= (mismatch & mask).view(np.uint8) * np.uint8(WEIGHT_DROPPED)
     return out, int(np.bitwise_or.reduce(out)) if out.size else 0
+
+
+def outside(held: np.ndarray, length: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """L210's membership test (bool per token of `held`): the token records a nucleus (length > 0)
+    and none of its `length` kept ids (the next ones in `ids`, back to back in token order)
+    equals it."""
+    kernel = getattr(ACTIVE, "outside", None)  # a core built before `outside`: the numpy path
+    if kernel is None:
+        return outside_numpy(held, length, ids)
+    miss = np.empty(held.size, np.bool_)
+    as_is = ids.dtype == np.int32 or ids.dtype == np.int64  # what the core reads; any other integer type widened
+    kernel(
+        np.ascontiguousarray(held, np.int32),
+        np.ascontiguousarray(length, np.int64),
+        np.ascontiguousarray(ids if as_is else ids.astype(np.int64)),
+        miss.view(np.uint8),
+    )
+    return miss
+
+
+def outside_numpy(held: np.ndarray, length: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """`outside` in numpy: each token repeated over its span, compared, OR-reduced per span."""
+    recorded = length > 0
+    same = np.repeat(held, length) == ids
+    spans = length[recorded]  # the non-empty spans, back to back in ids
+    at = np.concatenate([[0], np.cumsum(spans)[:-1]]).astype(np.int64)
+    hit = np.logical_or.reduceat(same, at) if same.size else np.zeros(0, bool)
+    miss = np.zeros(held.size, bool)
+    miss[recorded] = ~hit
+    return miss
