@@ -159,3 +159,25 @@ def test_a_reader_error_reaches_the_consumer_and_an_early_stop_ends_the_reader()
     assert next(stream) == 0
     stream.close()
     assert not {t.ident for t in threading.enumerate() if t.name == "rollout-audit-reader"} - before
+
+
+def test_check_one_thread_reports_what_the_pipeline_reports(base, tmp_path, pool_path, monkeypatch):
+    """`rollout-audit check --one-thread`: no reader thread and no decoding on Arrow's pool, and the
+    same JSON report (exit 1 on the faults) as the default pipeline."""
+    from click.testing import CliRunner
+
+    from rollout_audit.cli.main import main
+    from rollout_audit.running import executors
+
+    root = tmp_path / "log"
+    faultgroups.write_group(root, faultgroups.RECORD_GROUPS[0], *base)
+    _in_row_groups(root, 3)
+    runs = []
+    real = executors.prefetch
+    monkeypatch.setattr(executors, "prefetch", lambda items: runs.append(1) or real(items))
+    pipe = CliRunner().invoke(main, ["check", str(root), "--format", "json"])
+    assert runs == [1]
+    one = CliRunner().invoke(main, ["check", str(root), "--format", "json", "--one-thread"])
+    assert runs == [1]  # the one-thread audit read without the reader thread
+    assert pipe.exit_code == one.exit_code == 1, (pipe.output, one.output)
+    assert pipe.output == one.output and '"code": "M' in pipe.output
