@@ -430,6 +430,39 @@ def rule_times(path: Path, repeat: int = 2) -> str:
     return "\n".join(out)
 
 
+def check_cpu(path: Path, code: str, n_batches: int = 4, repeat: int = 7) -> str:
+    """One check's own main-thread CPU per batch (`time.thread_time`), best and median of
+    `repeat` passes over the first `n_batches` batches of `path`: the shared token arrays (and, for
+    M110, its token lists) are built before the clock, so what is timed is the check's own passes."""
+    from rollout_audit.checks import all_rules
+    from rollout_audit.checks.common import token_list
+    from rollout_audit.contract.config import Config
+    from rollout_audit.frames import native
+    from rollout_audit.frames.batch import Batch
+    from rollout_audit.frames.views import BatchView, ConfigView
+    from rollout_audit.reading.batches import batches
+    from rollout_audit.reading.io import discover
+    from rollout_audit.running.runner import Runner, plan
+
+    cfg = Config()
+    p, rule = plan(Runner(cfg)), all_rules()[code]
+    parts = list(batches(discover([path]).of_kind("trajectories"), p.columns, 2048, [], cfg))[:n_batches]
+    bs = [Batch(q.table, q.file, q.first_row, q.problems, p.turn_fields, q.sources) for q in parts]
+    for b in bs:
+        view = BatchView(b, rule)
+        b.tokens(view.lists)
+        for name in ("loss_stream", "loss_weight") if code == "M110" else ():
+            token_list(view, name)
+    runs = []
+    for _ in range(repeat):
+        c0 = time.thread_time()
+        for b in bs:
+            rule.func(BatchView(b, rule), ConfigView(cfg, rule))
+        runs.append((time.thread_time() - c0) * 1000 / len(bs))
+    core = "native core" if native.ACTIVE is not None else "numpy path"
+    return f"{code} on {path.name}, {core}: {min(runs):.2f} ms per batch (best of {repeat}), median {statistics.median(runs):.2f}"
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -448,6 +481,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--rule-times", action="store_true", help="wall and main-thread CPU per check, audit of the largest size"
     )
+    ap.add_argument("--check-cpu", metavar="CODE", help="one check's own CPU per batch of the smallest size, and exit")
     ap.add_argument("--data-dir", default=str(DATA))
     ap.add_argument("--child-time", help=argparse.SUPPRESS)
     ap.add_argument("--child-rss", help=argparse.SUPPRESS)
@@ -462,6 +496,10 @@ def main(argv: list[str] | None = None) -> None:
     import numpy as np
     import polars as pl
 
+    if a.check_cpu:
+        smallest = min((s.strip() for s in a.sizes.split(",") if s.strip()), key=_tokens)
+        print(check_cpu(dataset(smallest, a.fault_share, Path(a.data_dir)), a.check_cpu.upper()))
+        return
     cols = audited_columns()
     data_dir = Path(a.data_dir)
     labels = [s.strip() for s in a.sizes.split(",") if s.strip()]
