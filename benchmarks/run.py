@@ -7,10 +7,13 @@ For each size, in one run (logs generated under benchmarks/data/ when absent):
 - floor: `pyarrow.parquet.read_table(files, columns=<columns the audit reads>)` over the same
   trajectory files, files warm in the page cache (one untimed read first), median of N;
 - audit: the audit `rollout-audit check PATH` runs (`cli_audit` below: default configuration,
-  allocator tuning on, as in the CLI), median of N. Floor and
-  audit run interleaved in one fresh subprocess (imports, including pandera, and one warm-up
-  audit done before the clock starts), so load from other processes hits both alike; wall
-  and CPU (process_time) seconds are both recorded;
+  allocator tuning on, as in the CLI), and the same audit on one thread (`check --one-thread`),
+  N times each. Floor and audits run interleaved in one fresh subprocess (imports, including
+  pandera, and one warm-up audit done before the clock starts), so load from other processes
+  hits them alike; wall and CPU (process_time, every thread) seconds and the load average are
+  recorded per run. The table gives medians of the per-round ratios to the floor (wall and
+  CPU), of the cores each used (CPU / wall: the floor decodes on Arrow's pool), and the range of
+  the load average: on a machine shared with other jobs wall times stretch, so read the ratios;
 - peak RSS: a second fresh subprocess runs one audit only and reports VmHWM from
   /proc/self/status (ru_maxrss as fallback), so the floor's table does not count;
 - ratio audit/floor (the bar is 1.5; also as CPU-time ratio), tokens/s and
@@ -127,12 +130,13 @@ def _imports(pandera: bool = True) -> float:
     return _vmhwm_mb()
 
 
-def cli_audit(path: str):
-    """The audit exactly as `rollout-audit check PATH` runs it."""
+def cli_audit(path: str, pipeline: bool = True):
+    """The audit exactly as `rollout-audit check PATH` runs it (`pipeline=False`: as
+    `check --one-thread` runs it)."""
     from rollout_audit.reading.io import discover
     from rollout_audit.running.engine import run_audit
 
-    return run_audit(discover([path]), tune=True)
+    return run_audit(discover([path]), tune=True, pipeline=pipeline)
 
 
 def _child_rss(path: str) -> None:
@@ -156,23 +160,49 @@ def _child_rss(path: str) -> None:
     )
 
 
+RUNS = ("floor", "audit", "one thread")  # what `_child_time` times, interleaved, in this order
+
+
 def _child_time(path: str, repeat: int) -> None:
-    """Subprocess: floor read and audit interleaved `repeat` times (so that load from other
-    processes on the machine hits both alike); wall and CPU seconds of each."""
+    """Subprocess: the floor read, the audit and the one-thread audit interleaved `repeat` times
+    (so that load from other processes on the machine hits all alike); wall and CPU seconds of
+    each, and the 1-minute load average when each started."""
     _imports()
     files = trajectory_files(Path(path))
     cols = audited_columns(files)
     pq.read_table(files, columns=cols)  # warm the page cache
     cli_audit(path)  # warm lazy imports and caches
-    out = {"floor": [], "audit": [], "floor_cpu": [], "audit_cpu": []}
+    runs = {
+        "floor": lambda: pq.read_table(files, columns=cols),
+        "audit": lambda: cli_audit(path),
+        "one thread": lambda: cli_audit(path, pipeline=False),
+    }
+    out: dict[str, list[float]] = defaultdict(list)
     for _ in range(repeat):
-        for key, fn in (("floor", lambda: pq.read_table(files, columns=cols)), ("audit", lambda: cli_audit(path))):
+        for key in RUNS:
+            out[key + " load"].append(os.getloadavg()[0])
             c0, t0 = time.process_time(), time.perf_counter()
-            res = fn()
+            res = runs[key]()
             out[key].append(time.perf_counter() - t0)
-            out[key + "_cpu"].append(time.process_time() - c0)
+            out[key + " cpu"].append(time.process_time() - c0)
             del res
     print(json.dumps(out))
+
+
+def timing_row(tm: dict[str, list[float]]) -> dict[str, Any]:
+    """The table's timing columns from `_child_time`'s runs: medians of the per-run wall and CPU
+    ratios to the floor of the same round (each audit is paired with the floor read just before
+    it), and of each run's cores used (CPU seconds over wall seconds)."""
+    med = statistics.median
+    row: dict[str, Any] = {"floor s": med(tm["floor"]), "audit s": med(tm["audit"])}
+    for key, name in (("audit", "audit"), ("one thread", "one-thread")):
+        row[f"{name}/floor"] = med(a / f for a, f in zip(tm[key], tm["floor"]))
+        row[f"CPU {name}/floor"] = med(a / f for a, f in zip(tm[key + " cpu"], tm["floor cpu"]))
+    for key, name in (("floor", "floor"), ("audit", "audit"), ("one thread", "one-thread")):
+        row[f"cores {name}"] = med(c / w for c, w in zip(tm[key + " cpu"], tm[key]))
+    loads = [x for key in RUNS for x in tm[key + " load"]]
+    row["load"] = f"{min(loads):.1f}–{max(loads):.1f}"
+    return row
 
 
 def _run_child(args: list[str]) -> dict:
@@ -400,6 +430,39 @@ def rule_times(path: Path, repeat: int = 2) -> str:
     return "\n".join(out)
 
 
+def check_cpu(path: Path, code: str, n_batches: int = 4, repeat: int = 7) -> str:
+    """One check's own main-thread CPU per batch (`time.thread_time`), best and median of
+    `repeat` passes over the first `n_batches` batches of `path`: the shared token arrays (and, for
+    M110, its token lists) are built before the clock, so what is timed is the check's own passes."""
+    from rollout_audit.checks import all_rules
+    from rollout_audit.checks.common import token_list
+    from rollout_audit.contract.config import Config
+    from rollout_audit.frames import native
+    from rollout_audit.frames.batch import Batch
+    from rollout_audit.frames.views import BatchView, ConfigView
+    from rollout_audit.reading.batches import batches
+    from rollout_audit.reading.io import discover
+    from rollout_audit.running.runner import Runner, plan
+
+    cfg = Config()
+    p, rule = plan(Runner(cfg)), all_rules()[code]
+    parts = list(batches(discover([path]).of_kind("trajectories"), p.columns, 2048, [], cfg))[:n_batches]
+    bs = [Batch(q.table, q.file, q.first_row, q.problems, p.turn_fields, q.sources) for q in parts]
+    for b in bs:
+        view = BatchView(b, rule)
+        b.tokens(view.lists)
+        for name in ("loss_stream", "loss_weight") if code == "M110" else ():
+            token_list(view, name)
+    runs = []
+    for _ in range(repeat):
+        c0 = time.thread_time()
+        for b in bs:
+            rule.func(BatchView(b, rule), ConfigView(cfg, rule))
+        runs.append((time.thread_time() - c0) * 1000 / len(bs))
+    core = "native core" if native.ACTIVE is not None else "numpy path"
+    return f"{code} on {path.name}, {core}: {min(runs):.2f} ms per batch (best of {repeat}), median {statistics.median(runs):.2f}"
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -418,6 +481,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--rule-times", action="store_true", help="wall and main-thread CPU per check, audit of the largest size"
     )
+    ap.add_argument("--check-cpu", metavar="CODE", help="one check's own CPU per batch of the smallest size, and exit")
     ap.add_argument("--data-dir", default=str(DATA))
     ap.add_argument("--child-time", help=argparse.SUPPRESS)
     ap.add_argument("--child-rss", help=argparse.SUPPRESS)
@@ -432,6 +496,10 @@ def main(argv: list[str] | None = None) -> None:
     import numpy as np
     import polars as pl
 
+    if a.check_cpu:
+        smallest = min((s.strip() for s in a.sizes.split(",") if s.strip()), key=_tokens)
+        print(check_cpu(dataset(smallest, a.fault_share, Path(a.data_dir)), a.check_cpu.upper()))
+        return
     cols = audited_columns()
     data_dir = Path(a.data_dir)
     labels = [s.strip() for s in a.sizes.split(",") if s.strip()]
@@ -448,14 +516,15 @@ def main(argv: list[str] | None = None) -> None:
         tm = _run_child(["--child-time", str(path), "--repeat", str(a.repeat)])
         au = _run_child(["--child-rss", str(path)])
         fl = tm["floor"]
-        floor, aud = statistics.median(fl), statistics.median(tm["audit"])
+        timing = timing_row(tm)
+        aud = timing["audit s"]
         ratios = [x / y for x, y in zip(tm["audit"], tm["floor"])]
         n_traj, n_tok = info["trajectories"], info["tokens"]
         naive = speed = None
         found = Counter()
         if a.naive_subset and ":" not in label:  # the naive loop reads the default shape's columns
             per, _, found = naive_time(files, cols, a.naive_subset)
-            naive = floor + per * n_traj
+            naive = timing["floor s"] + per * n_traj
             speed = naive / aud
         sev = au["by_severity"]
         rows.append(
@@ -465,10 +534,7 @@ def main(argv: list[str] | None = None) -> None:
                 "tokens": n_tok,
                 "files": len(files),
                 "disk MB": _mb(path),
-                "floor s": floor,
-                "audit s": aud,
-                "audit/floor": aud / floor,
-                "CPU audit/floor": statistics.median(tm["audit_cpu"]) / statistics.median(tm["floor_cpu"]),
+                **timing,
                 "Mtok/s": n_tok / aud / 1e6,
                 "ktraj/s": n_traj / aud / 1e3,
                 "peak RSS MB": au["peak_rss_mb"],
@@ -479,8 +545,10 @@ def main(argv: list[str] | None = None) -> None:
         )
         print(
             f"{label}: floor {[round(x, 3) for x in fl]} s; audit {[round(x, 3) for x in tm['audit']]} s; "
-            f"paired ratios {[round(x, 2) for x in ratios]}; CPU floor {[round(x, 2) for x in tm['floor_cpu']]} "
-            f"audit {[round(x, 2) for x in tm['audit_cpu']]}; "
+            f"one thread {[round(x, 3) for x in tm['one thread']]} s; "
+            f"paired ratios {[round(x, 2) for x in ratios]}; CPU floor {[round(x, 2) for x in tm['floor cpu']]} "
+            f"audit {[round(x, 2) for x in tm['audit cpu']]} one thread {[round(x, 2) for x in tm['one thread cpu']]}; "
+            f"load {tm['floor load'] + tm['audit load'] + tm['one thread load']}; "
             f"RSS after imports {au['rss_after_import_mb']:.0f} MB, peak {au['peak_rss_mb']:.0f} MB; "
             f"findings {au['counts']}; not run {au['not_run']}; naive loop found {dict(found)}",
             file=sys.stderr,

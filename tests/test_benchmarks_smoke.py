@@ -117,3 +117,29 @@ def test_the_capture_benchmark_records_every_call_it_times():
     for kind in ("whole", "streamed"):
         assert got[kind]["recorded_calls_per_s"] > 0 and got[kind]["direct_median_ms"] > 0
     assert got["rss_peak_mb"] >= got["rss_start_mb"] > 0
+
+
+def test_the_table_pairs_each_audit_with_the_floor_of_its_round():
+    """Ratios are taken per round (an audit against the floor read just before it), then the
+    median: a round slowed by other load moves its floor and its audit together."""
+    from benchmarks.run import timing_row
+
+    tm = {
+        "floor": [1.0, 4.0, 2.0],
+        "audit": [1.5, 8.0, 2.6],
+        "one thread": [2.0, 10.0, 4.0],
+        "floor cpu": [2.0, 2.0, 2.0],
+        "audit cpu": [3.0, 3.2, 3.4],
+        "one thread cpu": [2.0, 2.5, 3.0],
+        "floor load": [1.0, 7.5, 2.0],
+        "audit load": [1.2, 8.0, 2.0],
+        "one thread load": [1.1, 3.0, 2.0],
+    }
+    row = timing_row(tm)
+    assert row["floor s"] == 2.0 and row["audit s"] == 2.6
+    assert row["audit/floor"] == pytest.approx(1.5)  # of 1.5, 2.0, 1.3 (not 2.6 / 2.0)
+    assert row["one-thread/floor"] == pytest.approx(2.0)  # of 2.0, 2.5, 2.0
+    assert row["CPU audit/floor"] == pytest.approx(1.6)
+    assert row["cores floor"] == pytest.approx(1.0)  # of 2.0, 0.5, 1.0
+    assert row["cores audit"] == pytest.approx(3.4 / 2.6)  # of 2.0, 0.4, 1.31
+    assert row["load"] == "1.0–8.0"

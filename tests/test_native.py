@@ -298,6 +298,52 @@ def test_native_reward_terms_and_placement_equal_numpy(compiled, rows, seed, sin
     assert all(g.dtype == w.dtype and np.array_equal(g, w) for g, w in zip(got, want))
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(0, 2000),
+    st.integers(0, 2**32 - 1),
+    st.booleans(),
+    st.sampled_from(["both", "stream", "weight"]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_native_loss_streams_equal_numpy(compiled, n, seed, single, columns, stream_complete, weight_complete):
+    """M110's per-token bits: streams 0, 1, 2 and above (fractions, NaN and infinities among them)
+    on every source, in and out of the loss; float32 and float64 weights with NaN, infinities,
+    signed zeros, zeros and absent values; either column alone."""
+    rng = np.random.default_rng(seed)
+    mask = rng.random(n) < 0.5
+    source = rng.integers(0, 7, n).astype(np.uint8)
+    stream = weight = stream_present = weight_present = None
+    if columns != "weight":
+        stream = rng.choice(np.r_[0.0, 1.0, 1.0, 2.0, 255.0, 1.5, 0.99, -1.0, np.nan, np.inf, -np.inf], n)
+        stream_present = None if stream_complete else rng.random(n) < 0.8
+    if columns != "stream":
+        dt = np.float32 if single else np.float64
+        weight = rng.choice(np.r_[SPECIAL, 0.0, 0.0, 0.5, 1.0, 1.0], n).astype(dt)
+        weight_present = None if weight_complete else rng.random(n) < 0.8
+    args = (mask, source, stream, stream_present, weight, weight_present)
+    (got, got_seen), (want, want_seen) = _both(compiled, native.streams, *args)
+    assert got.dtype == want.dtype == np.uint8 and np.array_equal(got, want) and got_seen == want_seen
+    assert want_seen == int(np.bitwise_or.reduce(want)) if n else want_seen == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=0, max_size=400), st.integers(0, 2**32 - 1), st.booleans())
+def test_native_nucleus_membership_equals_numpy(compiled, spans, seed, wide):
+    """L210's tokens outside their recorded nucleus: empty spans, the token first, last, absent or
+    repeated in its span, negative and extreme ids, int32 and int64 kept ids (a null kept id is -1)."""
+    rng = np.random.default_rng(seed)
+    length = np.array(spans, np.int64)
+    held = rng.choice(np.r_[0, 1, 2, -1, 2**31 - 1, -(2**31)], length.size).astype(np.int32)
+    ids = rng.choice(np.r_[0, 1, 2, -1, 2**31 - 1, -(2**31)], int(length.sum())).astype(np.int64 if wide else np.int32)
+    got, want = _both(compiled, native.outside, held, length, ids)
+    assert got.dtype == want.dtype == np.bool_ and np.array_equal(got, want)
+    if length.size:
+        with pytest.raises(ValueError, match="do not add up"):
+            compiled.outside(held, length + 1, ids, np.empty(length.size, np.uint8))
+
+
 @pytest.fixture(scope="module")
 def base():
     return make_log(n_tasks=4, group_size=4, n_versions=2, seed=0)

@@ -8,6 +8,7 @@ import numpy as np
 import polars as pl
 
 from ..contract.registry import rule
+from ..frames import native
 from ..frames.views import BatchView
 from ..replay.nucleus import read_nucleus
 from .common import ragged_index, source_breakdown, tolerance, where_first
@@ -315,14 +316,13 @@ def outside_nucleus(b: BatchView, cfg) -> pl.DataFrame | None:
         whole = bool(np.array_equal(nuc.good, b.ok))  # every row's record read: the tokens in their order
         token = None if whole else ragged_index(t.starts[rows], t.n_tok[rows])[0]
         held = t.ids if token is None else t.ids[token]
-        recorded = nuc.length > 0
-        # per token with a span: does any of its kept ids equal it (one pass over the kept ids)
-        same = np.repeat(held, nuc.length) == nuc.ids
-        spans = nuc.length[recorded]  # the non-empty spans, back to back in nuc.ids
-        at = np.concatenate([[0], np.cumsum(spans)[:-1]]).astype(np.int64)
-        hit = np.logical_or.reduceat(same, at) if same.size else np.zeros(0, bool)
-        bad = np.zeros(t.ids.size, bool)
-        bad[np.flatnonzero(recorded) if token is None else token[recorded]] = ~hit
+        # per token with a span: none of its kept ids equals it (one pass over the kept ids)
+        miss = native.outside(held, nuc.length, nuc.ids)
+        if token is None:
+            bad = miss
+        else:
+            bad = np.zeros(t.ids.size, bool)
+            bad[token] = miss
         if bad.any():
             size = np.zeros(t.ids.size, np.int64)
             size[slice(None) if token is None else token] = nuc.length

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..contract.registry import NotRun, rule
+from ..frames import native
 from ..frames.batch import as_bools, hex_digests, hex_matrix
 from ..frames.views import BatchView
 from .common import NON_POLICY, ragged_index, source_breakdown, token_list, where_first
@@ -631,6 +632,18 @@ def _echo_source(source: np.ndarray) -> np.ndarray:
     return (source == ECHO_SOURCES[0]) | (source == ECHO_SOURCES[1])
 
 
+_STREAM_FINDINGS = (  # M110's findings per bit of `native.streams`: the stream's, then the weight's
+    (native.ECHO_WRONG, "{} token(s) in the echo stream (1) that are not user or observation text; first at "),
+    (
+        native.UNKNOWN_STREAM,
+        "{} trained token(s) in a loss stream the contract does not define (0 policy, 1 echo); first at ",
+    ),
+    (native.BAD_WEIGHT, "{} token(s) with a negative or non-finite loss_weight; first at "),
+    (native.WEIGHT_OFF, "{} token(s) outside loss_mask with a positive loss_weight (trained anyway); first at "),
+    (native.WEIGHT_DROPPED, "{} token(s) in loss_mask with loss_weight 0 (dropped silently); first at "),
+)
+
+
 @rule(
     "M110",
     "a loss stream's tokens or weights disagree with its purpose",
@@ -660,41 +673,23 @@ def loss_streams(b: BatchView, cfg) -> pl.DataFrame | None:
     if not b.ok.any():
         return None
     t = b.tokens
-    parts: list[pl.DataFrame | None] = []
-    if has_stream:
-        st = _stream(b)
-        lst = token_list(b, "loss_stream")
-        parts.append(lst.bad)
-        echo = t.mask & (st == ECHO)
-        echo_wrong = echo & ~_echo_source(t.source) if echo.any() else echo
-        unknown = t.mask & (st > ECHO)
-        for where, what in (
-            (echo_wrong, "{} token(s) in the echo stream (1) that are not user or observation text; first at "),
-            (
-                unknown,
-                "{} trained token(s) in a loss stream the contract does not define (0 policy, 1 echo); first at ",
-            ),
-        ):
-            if where.any():
-                parts.append(_stream_finding(b, where, what))
-    if has_weight:
-        lw = token_list(b, "loss_weight")
-        parts.append(lw.bad)
-        w = lw.values  # NaN where null or where the row's list does not line up: `present` says which
-        invalid = ~(w >= 0) | (w == np.inf)
-        if not lw.complete:
-            invalid &= lw.present
-        mismatch = (w > 0) != t.mask
-        mismatch &= ~invalid if lw.complete else ~invalid & lw.present
-        off = mismatch & ~t.mask if mismatch.any() else mismatch
-        dropped = mismatch & t.mask if mismatch.any() else mismatch
-        for where, what in (
-            (invalid, "{} token(s) with a negative or non-finite loss_weight; first at "),
-            (off, "{} token(s) outside loss_mask with a positive loss_weight (trained anyway); first at "),
-            (dropped, "{} token(s) in loss_mask with loss_weight 0 (dropped silently); first at "),
-        ):
-            if where.any():
-                parts.append(_stream_finding(b, where, what))
+    lst = token_list(b, "loss_stream") if has_stream else None
+    lw = token_list(b, "loss_weight") if has_weight else None
+    bits, seen = native.streams(
+        t.mask,
+        t.source,
+        None if lst is None else lst.values,
+        None if lst is None or lst.complete else lst.present,
+        None if lw is None else lw.values,  # NaN where null or where the row's list does not line up
+        None if lw is None or lw.complete else lw.present,
+    )
+    found = lambda codes: [_stream_finding(b, (bits & bit) != 0, what) for bit, what in codes if seen & bit]
+    parts = [
+        lst.bad if lst else None,
+        *found(_STREAM_FINDINGS[:2]),
+        lw.bad if lw else None,
+        *found(_STREAM_FINDINGS[2:]),
+    ]
     kept = [d for d in parts if d is not None and d.height]
     return pl.concat(kept, how="diagonal_relaxed") if kept else None
 

@@ -188,12 +188,17 @@ class AuditOptions(Parsed):
         type=click.Path(dir_okay=False),
         help="Fail only on findings not recorded in this baseline file (default: `baseline` of the configuration).",
     )
+    one_thread: bool = flag(
+        "--one-thread",
+        help="Read, decode and check on one thread (by default the next batch is decoded on Arrow's thread pool "
+        "while the current one is checked; the findings are the same).",
+    )
 
     def running(self, **kw: Any):
         """The running options: the selection, and what the command adds (workers, Ray)."""
         from ..running.options import Options
 
-        return Options(select=self.select, ignore=self.ignore, tune=True, **kw)
+        return Options(select=self.select, ignore=self.ignore, tune=True, pipeline=not self.one_thread, **kw)
 
     def request(self, source: Sequence[str], **kw: Any):
         """The audit of `source` these options ask for; `kw`: what the command adds (its running

@@ -863,6 +863,129 @@ done:
     return finish(&bs, ok);
 }
 
+/* streams(mask, source, stream, stream_present, weight, weight_present, out) -> int: M110's
+ * per-token conditions in one pass, as bits of `out` (uint8): 1, a token in the loss whose stream
+ * (truncated toward zero, as numpy's cast to int64; 0 where not present or NaN) is the echo
+ * stream 1 and whose source is neither user (1) nor observation (3); 2, a token in the loss whose
+ * stream is above 1; 4, a present weight that is negative, NaN or +inf; 8, a present weight that
+ * is not invalid and is > 0 outside the loss; 16, one that is not > 0 in the loss. An empty
+ * `stream` or `weight` (float32 or float64): that column is absent; an empty `*_present`: every
+ * token has a value. Returns the OR of every token's bits. */
+static PyObject *streams(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[7];
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6]))
+        return NULL;
+    buffers bs = {.got = 0};
+    int ok = 0;
+    long seen = 0;
+    Py_buffer *mask = arg(&bs, o[0], 1, -1, 0, "mask"), *src = mask ? arg(&bs, o[1], 1, mask->len, 0, "source") : NULL;
+    if (!src)
+        goto done;
+    Py_ssize_t total = mask->len;
+    Py_buffer *st = arg(&bs, o[2], 0, -1, 0, "stream"), *sp = st ? arg(&bs, o[3], 1, -1, 0, "stream_present") : NULL;
+    Py_buffer *w = sp ? arg(&bs, o[4], 0, -1, 0, "weight") : NULL;
+    Py_buffer *wp = w ? arg(&bs, o[5], 1, -1, 0, "weight_present") : NULL;
+    Py_buffer *out = wp ? arg(&bs, o[6], 1, total, 1, "out") : NULL;
+    if (!out)
+        goto done;
+    int has_st = st->len > 0, has_w = w->len > 0;
+    if ((has_st && st->len != total * st->itemsize) || (sp->len && (!has_st || sp->len != total)) ||
+        (has_w && w->len != total * w->itemsize) || (wp->len && (!has_w || wp->len != total))) {
+        PyErr_SetString(PyExc_ValueError, "streams: every array must cover the same tokens");
+        goto done;
+    }
+    const uint8_t *mp = mask->buf, *srp = src->buf, *spp = sp->buf, *wpp = wp->buf;
+    uint8_t *op = out->buf, any = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t i = 0; i < total; i++) {
+        uint8_t bits = 0, m = mp[i] != 0;
+        if (has_st && m && (!sp->len || spp[i])) {
+            double x = fget(st, i);
+            double t = x == x ? trunc(x) : 0.0; /* NaN counts 0, as numpy's nan_to_num */
+            if (t == 1.0 && srp[i] != 1 && srp[i] != 3)
+                bits |= 1;
+            else if (t > 1.0)
+                bits |= 2;
+        }
+        if (has_w && (!wp->len || wpp[i])) {
+            double x = fget(w, i);
+            if (!(x >= 0.0) || x == HUGE_VAL)
+                bits |= 4;
+            else if ((x > 0.0) != m)
+                bits |= m ? 16 : 8;
+        }
+        op[i] = bits;
+        any |= bits;
+    }
+    Py_END_ALLOW_THREADS;
+    seen = any;
+    ok = 1;
+done:
+    if (!finish(&bs, ok))
+        return NULL;
+    Py_DECREF(Py_None); /* finish returned a new reference to None */
+    return PyLong_FromLong(seen);
+}
+
+/* outside(held, length, ids, miss): L210's membership test in one pass over the kept ids: per
+ * token i (int32 `held`), miss[i] = 1 when it records a nucleus (length[i] > 0, int64) and none of
+ * its length[i] ids (the next ones in `ids`, int32 or int64, back to back in token order) equals
+ * it; 0 otherwise. */
+static PyObject *outside(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[4];
+    if (!PyArg_ParseTuple(args, "OOOO", &o[0], &o[1], &o[2], &o[3]))
+        return NULL;
+    buffers bs = {.got = 0};
+    int ok = 0;
+    Py_buffer *held = arg(&bs, o[0], 4, -1, 0, "held");
+    Py_ssize_t n = held ? held->len / 4 : 0;
+    Py_buffer *len = held ? arg(&bs, o[1], 8, n, 0, "length") : NULL;
+    Py_buffer *ids = len ? arg(&bs, o[2], 0, -1, 0, "ids") : NULL;
+    Py_buffer *miss = ids ? arg(&bs, o[3], 1, n, 1, "miss") : NULL;
+    if (!miss)
+        goto done;
+    const int32_t *hp = held->buf;
+    const int64_t *lp = len->buf;
+    Py_ssize_t k = ids->len / ids->itemsize, sum = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (lp[i] < 0 || lp[i] > k - sum) {
+            PyErr_SetString(PyExc_ValueError, "outside: the span lengths do not add up to the ids' length");
+            goto done;
+        }
+        sum += lp[i];
+    }
+    if (sum != k) {
+        PyErr_SetString(PyExc_ValueError, "outside: the span lengths do not add up to the ids' length");
+        goto done;
+    }
+    uint8_t *mp = miss->buf;
+    int wide = ids->itemsize == 8;
+    Py_BEGIN_ALLOW_THREADS;
+    Py_ssize_t j = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t want = hp[i];
+        uint8_t found = 0;
+        Py_ssize_t end = j + lp[i];
+        if (wide) {
+            const int64_t *ip = ids->buf;
+            for (; j < end && !found; j++)
+                found = ip[j] == want;
+        } else {
+            const int32_t *ip = ids->buf;
+            for (; j < end && !found; j++)
+                found = ip[j] == want;
+        }
+        j = end;
+        mp[i] = lp[i] > 0 && !found;
+    }
+    Py_END_ALLOW_THREADS;
+    ok = 1;
+done:
+    return finish(&bs, ok);
+}
+
 static PyObject *sha_extensions(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
@@ -887,6 +1010,11 @@ static PyMethodDef methods[] = {
     {"routes", routes, METH_VARARGS,
      "routes(n_tok, key, source, v, present, fits, pv, lo, hi, lost, wrong, other): P505's per-token conditions, "
      "GIL released."},
+    {"streams", streams, METH_VARARGS,
+     "streams(mask, source, stream, stream_present, weight, weight_present, out): M110's per-token conditions as "
+     "bits, GIL released; returns the OR of the bits."},
+    {"outside", outside, METH_VARARGS,
+     "outside(held, length, ids, miss): L210's tokens outside their recorded nucleus, GIL released."},
     {"sha_extensions", sha_extensions, METH_NOARGS, "Whether the CPU's SHA instructions are used."},
     {NULL, NULL, 0, NULL},
 };

@@ -334,3 +334,93 @@ def placement_numpy(*arrays: Any) -> tuple[np.ndarray, np.ndarray]:
         last[p] = np.r_[(rp[1:] != rp[:-1]) | (kp[1:] != kp[:-1]), True]
     placed = present & ~(v == 0)
     return placed & ~last, np.bincount(row[placed], minlength=n_tok.size)
+
+
+ECHO_WRONG, UNKNOWN_STREAM, BAD_WEIGHT, WEIGHT_OFF, WEIGHT_DROPPED = 1, 2, 4, 8, 16  # the bits of `streams`
+
+
+def streams(
+    mask: np.ndarray,
+    source: np.ndarray,
+    stream: np.ndarray | None,
+    stream_present: np.ndarray | None,
+    weight: np.ndarray | None,
+    weight_present: np.ndarray | None,
+) -> tuple[np.ndarray, int]:
+    """M110's per-token conditions in one pass, as bits per token (uint8) and their OR over the
+    batch: ECHO_WRONG, a token in the loss in the echo stream (1) that is neither user (source 1)
+    nor observation (3) text; UNKNOWN_STREAM, a token in the loss in a stream above 1 (a stream
+    counts as its value truncated toward zero, 0 where not present); BAD_WEIGHT, a present weight
+    that is negative, NaN or +inf; WEIGHT_OFF, a valid weight > 0 outside the loss; WEIGHT_DROPPED,
+    a valid weight that is not > 0 in the loss. `stream`, `weight`: the columns' values per token
+    (float32 or float64; None when the column is absent); `*_present`: None when every token has
+    a value."""
+    kernel = getattr(ACTIVE, "streams", None)  # a core built before `streams`: the numpy path
+    if kernel is None:
+        return streams_numpy(mask, source, stream, stream_present, weight, weight_present)
+    out = np.empty(mask.size, np.uint8)
+    empty = np.zeros(0, np.float64)
+    seen = kernel(
+        np.ascontiguousarray(mask).view(np.uint8),
+        np.ascontiguousarray(source, np.uint8),
+        empty if stream is None else np.ascontiguousarray(stream),
+        _flags(stream_present),
+        empty if weight is None else np.ascontiguousarray(weight),
+        _flags(weight_present),
+        out,
+    )
+    return out, int(seen)
+
+
+def streams_numpy(*arrays: Any) -> tuple[np.ndarray, int]:
+    """`streams` in numpy (the same arguments)."""
+    mask, source, stream, stream_present, weight, weight_present = arrays
+    out = np.zeros(mask.size, np.uint8)
+    if stream is not None:
+        st = np.trunc(np.nan_to_num(stream, nan=0.0))
+        if stream_present is not None:
+            st = np.where(stream_present, st, 0.0)
+        echo_wrong = mask & (st == 1) & (source != 1) & (source != 3)
+        out |= echo_wrong.view(np.uint8) * np.uint8(ECHO_WRONG)
+        out |= (mask & (st > 1)).view(np.uint8) * np.uint8(UNKNOWN_STREAM)
+    if weight is not None:
+        with np.errstate(invalid="ignore"):
+            invalid = ~(weight >= 0) | (weight == np.inf)
+        if weight_present is not None:
+            invalid &= weight_present
+        mismatch = (weight > 0) != mask
+        mismatch &= ~invalid if weight_present is None else ~invalid & weight_present
+        out |= invalid.view(np.uint8) * np.uint8(BAD_WEIGHT)
+        out |= (mismatch & ~mask).view(np.uint8) * np.uint8(WEIGHT_OFF)
+        out |= (mismatch & mask).view(np.uint8) * np.uint8(WEIGHT_DROPPED)
+    return out, int(np.bitwise_or.reduce(out)) if out.size else 0
+
+
+def outside(held: np.ndarray, length: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """L210's membership test (bool per token of `held`): the token records a nucleus (length > 0)
+    and none of its `length` kept ids (the next ones in `ids`, back to back in token order)
+    equals it."""
+    kernel = getattr(ACTIVE, "outside", None)  # a core built before `outside`: the numpy path
+    if kernel is None:
+        return outside_numpy(held, length, ids)
+    miss = np.empty(held.size, np.bool_)
+    as_is = ids.dtype == np.int32 or ids.dtype == np.int64  # what the core reads; any other integer type widened
+    kernel(
+        np.ascontiguousarray(held, np.int32),
+        np.ascontiguousarray(length, np.int64),
+        np.ascontiguousarray(ids if as_is else ids.astype(np.int64)),
+        miss.view(np.uint8),
+    )
+    return miss
+
+
+def outside_numpy(held: np.ndarray, length: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """`outside` in numpy: each token repeated over its span, compared, OR-reduced per span."""
+    recorded = length > 0
+    same = np.repeat(held, length) == ids
+    spans = length[recorded]  # the non-empty spans, back to back in ids
+    at = np.concatenate([[0], np.cumsum(spans)[:-1]]).astype(np.int64)
+    hit = np.logical_or.reduceat(same, at) if same.size else np.zeros(0, bool)
+    miss = np.zeros(held.size, bool)
+    miss[recorded] = ~hit
+    return miss

@@ -25,16 +25,24 @@ BATCH_TOKENS = 1 << 21  # tokens per batch at most (one trajectory may exceed it
 
 
 def batches(
-    files: Sequence[LogFile], columns: Sequence[str], batch_rows: int, broken: list[Problem], cfg: Config | None = None
+    files: Sequence[LogFile],
+    columns: Sequence[str],
+    batch_rows: int,
+    broken: list[Problem],
+    cfg: Config | None = None,
+    threads: bool = False,
 ) -> Iterator[Part]:
     """The files' rows (`columns` of them) in parts of at most `batch_rows` rows and
     `BATCH_TOKENS` tokens, read, sanitized and cast by `read.parts` within the configuration's
-    limits; unreadable files go to `broken`. A part of several small files lists them in `sources`."""
+    limits; unreadable files go to `broken`. A part of several small files lists them in `sources`.
+    `threads`: decode on Arrow's thread pool (the parts are the same either way)."""
     cfg = cfg or Config()
     pending: list[Part] = []
     rows = tokens = 0
     limits = (cfg.max_row_group_bytes, cfg.max_tokens_per_trajectory)
-    read = parts(files, columns, batch_rows, broken, *limits, run_tokens=BATCH_TOKENS // 2, waived=cfg.waived())
+    read = parts(
+        files, columns, batch_rows, broken, *limits, run_tokens=BATCH_TOKENS // 2, waived=cfg.waived(), threads=threads
+    )
     for part, k in (piece for whole in read for piece in _by_tokens(whole)):
         n = part.table.num_rows
         small = not part.problems and part.sources is None and 0 < n <= batch_rows // 2 and k <= BATCH_TOKENS // 2

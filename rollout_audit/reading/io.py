@@ -321,10 +321,11 @@ def one_line(e: BaseException) -> str:
 
 
 _SMALL_ROW_GROUP = 8 * 2**20  # decoded bytes
-# A local row group that decodes to more is read a column at a time: decoding a whole row group of
-# list columns holds about three times its decoded size in transient buffers (a 72 MB row group
-# took the process 200 MB up), one column at a time about one column's worth. It is also faster
-# here (fewer fresh pages to fault in), and runs on the read-ahead thread, beside the checks.
+# A local row group that decodes to more is not decoded whole: decoding a whole row group of list
+# columns holds about three times its decoded size in transient buffers (a 72 MB row group took
+# the process 200 MB up). On one thread it is read a column at a time (about one column's worth of
+# transients); decoded on Arrow's thread pool, a batch of rows at a time (every column of the
+# batch at once, spread over the pool's threads).
 COLUMNWISE_BYTES = 16 * 2**20
 SLICE_BYTES = 256 * 2**20  # a row group that decodes to more is read in slices of about this size
 
@@ -335,12 +336,17 @@ def share_groups(f: LogFile) -> range:
 
 
 def iter_batches(
-    f: LogFile, columns: Sequence[str], batch_rows: int = 4096, groups: Iterable[int] | None = None
+    f: LogFile,
+    columns: Sequence[str],
+    batch_rows: int = 4096,
+    groups: Iterable[int] | None = None,
+    threads: bool = False,
 ) -> Iterator[tuple[int, pa.Table]]:
     """(file row of its first row, table) batches of the given columns (those present in the
-    file) from the row groups `groups` (default: the file's share). A row group that decodes to
-    more than SLICE_BYTES is decoded a slice of rows at a time, and a local one of more than
-    COLUMNWISE_BYTES a column at a time."""
+    file) from the row groups `groups` (default: the file's share). `threads`: decode on Arrow's
+    thread pool (else on the calling thread). A row group that decodes to more than SLICE_BYTES
+    is decoded a slice of rows at a time; a local one of more than COLUMNWISE_BYTES a column at a
+    time on one thread, or `batch_rows` rows at a time on the pool."""
     names = set(f.schema.names)
     cols = [c for c in columns if c in names]
     if f.table is not None:
@@ -348,7 +354,7 @@ def iter_batches(
     else:
         small = f.largest_row_group < _SMALL_ROW_GROUP  # Arrow's read-ahead and threads cost more than they save
         pf = pq.ParquetFile(source(f.path), pre_buffer=not small or storage.is_remote(f.path))
-        tables = _groups(pf, f, cols, share_groups(f) if groups is None else groups, batch_rows, not small)
+        tables = _groups(pf, f, cols, share_groups(f) if groups is None else groups, batch_rows, threads and not small)
     for first, t in tables:
         for off in range(0, max(t.num_rows, 1), batch_rows):
             part = t.slice(off, batch_rows)
@@ -363,10 +369,11 @@ def _groups(
     remote = storage.is_remote(f.path)
     for rg in groups:
         size = sizes[rg]
-        if size.decoded <= SLICE_BYTES and (size.decoded <= COLUMNWISE_BYTES or remote or not cols):
+        whole = size.decoded <= COLUMNWISE_BYTES or remote or not cols  # object storage keeps whole row groups
+        if size.decoded <= SLICE_BYTES and whole:
             yield size.first_row, pf.read_row_group(rg, columns=cols, use_threads=threads)
             continue
-        if size.decoded <= SLICE_BYTES:  # object storage keeps whole row groups: a request per column costs more
+        if size.decoded <= SLICE_BYTES and not threads:  # a request per column costs more on object storage
             columns = [pf.read_row_group(rg, columns=[c], use_threads=False).column(0) for c in cols]
             yield size.first_row, pa.Table.from_arrays(columns, names=cols)
             continue

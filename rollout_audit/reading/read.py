@@ -154,6 +154,7 @@ def parts(
     max_tokens: int,
     run_tokens: int = 0,
     waived: Collection[str] = (),
+    threads: bool = False,
 ) -> Iterator[Part]:
     """Batches of `columns` (those a file has) from every trajectory file, validated (strings
     and lists in full, before anything reaches polars), capped and cast to the contract. A file
@@ -161,13 +162,13 @@ def parts(
 
     Consecutive small files of one schema, up to `batch_rows` rows and `run_tokens` tokens, are
     read as a run and sanitized together, one part listing them in `sources`: per file, only the
-    Parquet read is paid. `waived`: as in `schema_plan`."""
+    Parquet read is paid. `waived`: as in `schema_plan`. `threads`: decode on Arrow's thread pool."""
     last: tuple[pa.Schema | None, tuple[dict[str, pa.DataType], list[Problem]]] = (None, ({}, []))
     run: list[LogFile] = []
     run_plan = last[1]
     rows = tokens = 0
     limits = (max_row_group_bytes, max_tokens)
-    job = _Job(columns, batch_rows, broken, limits)
+    job = _Job(columns, batch_rows, broken, limits, threads)
     for f in files:
         if last[0] is None or not f.schema.equals(last[0]):  # consecutive files mostly share a schema
             last = (f.schema, schema_plan(f, waived=waived))
@@ -206,6 +207,7 @@ class _Job:
     batch_rows: int
     broken: list[Problem]
     limits: tuple[int, int]  # (max_row_group_bytes, max_tokens)
+    threads: bool = False  # decode on Arrow's thread pool
 
 
 def _run(run: list[LogFile], plan: tuple[dict[str, pa.DataType], list[Problem]], job: _Job) -> Iterator[Part]:
@@ -251,7 +253,7 @@ def _file_parts(f: LogFile, plan: tuple[dict[str, pa.DataType], list[Problem]], 
     try:
         groups, pending = readable_groups(f, *job.limits, job.broken)
         pending = (problems if first else []) + pending
-        for offset, raw in iter_batches(f, cols, job.batch_rows, groups):
+        for offset, raw in iter_batches(f, cols, job.batch_rows, groups, job.threads):
             have = set(raw.column_names)
             part, bad = drop_invalid(raw.select([c for c in cols if c in have]), offset)
             part, long = cap_tokens(part, job.limits[1], offset)

@@ -29,29 +29,32 @@ def map_ordered(func: Callable[[T], R], items: Iterable[T], workers: int) -> Ite
             yield pending.popleft().result()
 
 
-def prefetch(items: Iterator[T], depth: int = 1) -> Iterator[T]:
-    """Yield from `items`, produced on a background thread up to `depth` items ahead, so that
-    reading row group i+1 overlaps the checks of batch i. Errors re-raise on the consumer."""
-    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+def prefetch(items: Iterator[T], held: int = 2) -> Iterator[T]:
+    """Yield from `items`, produced on a background thread, so that reading batch i+1 overlaps
+    the checks of batch i. At most `held` items exist at once, counting the one being produced
+    and the one the consumer holds until it asks for the next: with the default two, the reader
+    decodes one batch ahead and then waits (a double buffer: two batches in memory, not three).
+    Errors re-raise on the consumer."""
+    q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    slots = threading.Semaphore(max(1, held))  # items produced and not yet done with
     stop = threading.Event()
 
-    def put(x: Any) -> bool:
+    def acquire() -> bool:
         while not stop.is_set():
-            try:
-                q.put(x, timeout=0.1)
+            if slots.acquire(timeout=0.1):
                 return True
-            except queue.Full:
-                continue
         return False
 
     def produce() -> None:
         try:
-            for b in items:
-                if not put(b):
+            while acquire():
+                b = next(items, _DONE)
+                q.put(b)
+                if b is _DONE:
                     return
-            put(_DONE)
+                del b
         except BaseException as e:  # noqa: BLE001 - re-raised on the consumer side
-            put(e)
+            q.put(e)
 
     t = threading.Thread(target=produce, name="rollout-audit-reader", daemon=True)
     t.start()
@@ -64,6 +67,7 @@ def prefetch(items: Iterator[T], depth: int = 1) -> Iterator[T]:
                 raise x
             yield x
             del x
+            slots.release()  # the consumer is done with its item: the producer may start the one after next
     finally:
         stop.set()
         t.join(timeout=5)

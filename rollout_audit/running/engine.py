@@ -5,6 +5,7 @@ check, and none of any particular executor."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from typing import Any
 
@@ -50,6 +51,7 @@ def run_audit(disc: Discovery, cfg: Config | None = None, options: Options | Non
         select=tuple(opts.select) or None,
         ignore=tuple(opts.ignore) or None,
         rules=opts.rules,
+        pipeline=opts.pipeline and (os.cpu_count() or 1) > 1,
     )
     done = run.run(work)
     usable = None if done.rows else why_unusable(disc, broken)

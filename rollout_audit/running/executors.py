@@ -31,7 +31,7 @@ from .memory import release_memory
 from .progress import progress_for
 from .runner import Plan, Runner
 
-_PREFETCH = not os.environ.get("ROLLOUT_AUDIT_NO_THREADS")  # read ahead on a background thread
+_ONE_THREAD = bool(os.environ.get("ROLLOUT_AUDIT_NO_THREADS"))  # read, decode and check on one thread
 
 
 @dataclass
@@ -49,10 +49,13 @@ class Work:
     select: tuple[str, ...] | None = None  # as given, for executors that build runners elsewhere
     ignore: tuple[str, ...] | None = None
     rules: dict[str, Rule] | None = None
+    pipeline: bool = False  # decode on Arrow's thread pool, a batch ahead of the checks (`Options.pipeline`)
 
-    def batches(self) -> Iterator[Part]:
-        """The trajectory files' batches, read by the one reading pipeline."""
-        return batches(self.disc.of_kind("trajectories"), self.plan.columns, self.batch_rows, self.broken, self.cfg)
+    def batches(self, threads: bool = False) -> Iterator[Part]:
+        """The trajectory files' batches, read by the one reading pipeline (decoded on Arrow's
+        thread pool when `threads`)."""
+        files = self.disc.of_kind("trajectories")
+        return batches(files, self.plan.columns, self.batch_rows, self.broken, self.cfg, threads=threads)
 
     def log_view(self, traj: pl.DataFrame) -> LogView:
         """The view log rules get: the per-trajectory summary `traj` and the update records."""
@@ -102,8 +105,11 @@ def executor(choice: str | Executor, **options: Any) -> Executor:
 
 
 class Threads:
-    """This process: reading runs one batch ahead on a thread, and `workers` batches are
-    checked at once on threads (polars, Arrow and most numpy kernels release the GIL)."""
+    """This process. With `Work.pipeline`, a reader thread decodes the next batch on Arrow's
+    thread pool while the checks of the current one run (numpy, the native core, polars and Arrow
+    release the GIL), so both cores stay busy; at most two batches are in memory (the one checked,
+    the one decoded). Without it, everything runs on the calling thread. `workers` batches are
+    checked at once on threads."""
 
     def __init__(self, workers: int = 1, **_: Any) -> None:
         self.workers = max(1, int(workers))
@@ -111,8 +117,9 @@ class Threads:
     def run(self, work: Work) -> Done:
         runner, p = work.runner, work.plan
         files = work.disc.of_kind("trajectories")
-        parts = work.batches()
-        if _PREFETCH and not all(f.table is not None for f in files):
+        pipeline = work.pipeline and not _ONE_THREAD and not all(f.table is not None for f in files)
+        parts = work.batches(threads=pipeline)
+        if pipeline:
             parts = prefetch(parts)
         rows = tokens = 0
         summaries: list[pl.DataFrame] = []

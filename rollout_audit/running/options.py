@@ -18,7 +18,10 @@ class Options:
     `ray`, or an executor object); `workers`: batches checked at once by `threads`, or CPUs of a
     Ray cluster started here. `ray`: shorthand for the `ray` executor, True or a cluster's
     address. `tune`: change glibc's process-wide allocator settings for speed (the CLI sets it).
-    `rules`: replaces the catalogue."""
+    `pipeline`: decode the next batch on Arrow's thread pool, on a reader thread, while the
+    checks of the current batch run (on a machine of one CPU, or with False, or with the
+    environment's ROLLOUT_AUDIT_NO_THREADS=1, everything runs on the calling thread; the
+    findings are the same). `rules`: replaces the catalogue."""
 
     select: Sequence[str] = ()  # kept as a tuple
     ignore: Sequence[str] = ()  # kept as a tuple
@@ -27,6 +30,7 @@ class Options:
     executor: Any = "threads"
     ray: str | bool | None = None
     tune: bool = False
+    pipeline: bool = True
     rules: dict[str, Rule] | None = None
 
     def __post_init__(self) -> None:
