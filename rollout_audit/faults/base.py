@@ -136,6 +136,102 @@ def drop_token(t: dict, pos: int) -> None:
         t["nucleus_offsets"] = off[: pos + 1] + [o - (hi - lo) for o in off[pos + 2 :]]
 
 
+def insert_tokens(
+    ctx: Ctx,
+    t: dict,
+    pos: int,
+    ids: list[int],
+    *,
+    source: int,
+    turn: int,
+    logprobs: list[float | None] | None = None,
+    mask: bool | None = None,
+) -> None:
+    """Tokens `ids` inserted before position `pos` (`len(token_ids)` appends), from `source`, in turn
+    `turn` (-1: before the first agent turn), recorded as a producer whose sequence holds them would
+    record them, so that only the check the fault targets sees a difference (the inverse of
+    `drop_token`):
+
+    - the token lists (token_ids, token_source, token_turn, loss_mask, behavior_logprobs) and every
+      per-token list the log records (`PER_TOKEN`: no reward or KL on the new tokens, the returns
+      the recursion gives them, weight 1 on a trained token, the policy-gradient stream, the turn's
+      routed version), and the nucleus record (a policy token's span holds its own id);
+    - its turn (policy tokens): num_policy_tokens, logprob (the sum of its behaviour log-probs) and
+      sampled_token_ids (the engine returned them);
+    - the context each later turn was sampled from (context_length and template_context_length
+      grow where the new tokens precede them, and their SHA-256 follow the new sequence);
+    - the counts: num_trainable_tokens, and each update's loss denominator and numerator count.
+
+    `logprobs` (one per id) is required for policy tokens; `mask` defaults to "trained when the
+    policy sampled it" (`source == 2`). The token-level reward moves to the new last policy token
+    when the insertion extends the last action (`recredit`)."""
+    from ..contract.schema import context_sha256
+
+    n = len(ids)
+    policy = source == 2
+    if policy and (logprobs is None or len(logprobs) != n):
+        raise ValueError("insert_tokens: policy tokens need one behaviour log-prob each")
+    if not policy and logprobs is None:
+        logprobs = [None] * n
+    assert logprobs is not None
+    trained = policy if mask is None else mask
+    last_policy = max(policy_positions(t), default=-1)
+    later = [i for i in policy_positions(t) if i >= pos]
+    ret_at = t["token_returns"][later[0]] if t.get("token_returns") is not None and later else 0.0
+    fills: dict[str, list] = {
+        "token_ids": list(ids),
+        "token_source": [source] * n,
+        "token_turn": [turn] * n,
+        "loss_mask": [trained] * n,
+        "behavior_logprobs": list(logprobs),
+        "token_reward": [0.0] * n,
+        "token_kl": [0.0] * n,
+        "token_returns": [ret_at if policy else 0.0] * n,
+        "loss_stream": [0] * n,
+        "loss_weight": [1.0 if trained else 0.0] * n,
+    }
+    if t.get("routed_experts_version") is not None:
+        near = t["routed_experts_version"][min(pos, len(t["routed_experts_version"]) - 1)] if t["token_ids"] else None
+        version = t["turns"][turn].get("policy_version") if policy and turn >= 0 else near
+        fills["routed_experts_version"] = [version] * n
+    for c, v in fills.items():
+        if c in ("token_ids", "token_source", "token_turn", "loss_mask", "behavior_logprobs") or t.get(c) is not None:
+            t[c][pos:pos] = v
+    off = t.get("nucleus_offsets")
+    if off is not None:
+        spans = [[i] if policy else [] for i in ids]
+        at = off[pos]
+        if t.get("nucleus_ids") is not None:
+            t["nucleus_ids"][at:at] = [i for s in spans for i in s]
+        grown = [at + sum(len(s) for s in spans[: k + 1]) for k in range(n)]
+        shift = grown[-1] - at if grown else 0
+        t["nucleus_offsets"] = off[: pos + 1] + grown + [o + shift for o in off[pos + 1 :]]
+    if policy and turn >= 0:
+        tr, own = t["turns"][turn], policy_positions(t, turn=turn)
+        if tr.get("num_policy_tokens") is not None:
+            tr["num_policy_tokens"] = len(own)
+        if tr.get("logprob") is not None:
+            tr["logprob"] = float(sum(t["behavior_logprobs"][i] or 0.0 for i in own))
+        if tr.get("sampled_token_ids") is not None:
+            tr["sampled_token_ids"] = [t["token_ids"][i] for i in own]
+    for j, tr in enumerate(t["turns"]):
+        for length, sha in (
+            ("context_length", "context_sha256"),
+            ("template_context_length", "template_context_sha256"),
+        ):
+            c = tr.get(length)
+            if c is None or not (pos < c or (pos == c and not (policy and turn == j))):
+                continue
+            tr[length] = c + n
+            if tr.get(sha) is not None:
+                tr[sha] = context_sha256(t["token_ids"], c + n)
+    if policy and pos > last_policy:
+        recredit(t)
+    if t.get("num_trainable_tokens") is not None:
+        t["num_trainable_tokens"] = n_trainable(t)
+    sync_denominator(ctx, t["trajectory_id"])
+
+
 def replace_token(t: dict, pos: int, new_id: int) -> None:
     """Token `pos` holds `new_id` where the producer's record says which id was sampled: in token_ids and,
     where the log records the nucleus it was sampled from, in its span (the record that returned the

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .base import Ctx, fault, loss_evidence, policy_positions, rederive_returns
+from .base import Ctx, fault, insert_tokens, loss_evidence, policy_positions, rederive_returns
 
 
 @fault("reward_components_mismatch", {"R401"}, group="episodes-1")
@@ -146,10 +146,7 @@ def reward_on_padding_token(ctx: Ctx) -> list[str]:
     t = ctx.pick(lambda t: bool(t.get("reward")) and bool(policy_positions(t)), "rewarded trajectory with an action")
     i = policy_positions(t)[-1] + 1
     if i == len(t["token_ids"]):  # the sequence ends on its last action: the batch pads it
-        pad: dict[str, object] = {"token_ids": PAD, "token_source": 4, "loss_mask": False, "behavior_logprobs": None}
-        pad |= {"token_turn": t["token_turn"][-1], "token_reward": 0.0, "token_kl": 0.0, "token_returns": 0.0}
-        for c, v in pad.items():
-            t[c].append(v)
+        insert_tokens(ctx, t, i, [PAD], source=4, turn=t["token_turn"][-1])
     t["token_reward"] = [0.0] * len(t["token_ids"])
     t["token_reward"][i] = float(t["reward"])
     _returns_over_every_token(t)
