@@ -18,10 +18,17 @@ class Fault:
     codes: frozenset[str]
     description: str
     func: Callable[[Ctx], list[str]]
-    config: dict = field(default_factory=dict)  # audit configuration the fault needs
+    config: dict = field(default_factory=dict)  # how the broken run was produced: the log carries it
     file_level: bool = False  # breaks the file itself (written by the caller), not records
     declares: dict = field(default_factory=dict)  # reward components the broken producer declares paid once
     group: str = ""  # faults sharing one log in the partition and streaming tests (its own name when alone)
+    user_config: dict = field(default_factory=dict)  # what the user alone states (a threshold, a list)
+
+    @property
+    def settings(self) -> dict:
+        """Every setting the fault's audit needs, for an audit made in code (no file inside or
+        beside a log): the log's own and the user's."""
+        return {**self.config, **self.user_config}
 
 
 FAULTS: dict[str, Fault] = {}
@@ -35,13 +42,33 @@ def fault(
     file_level: bool = False,
     declares: dict | None = None,
     group: str | None = None,
+    user_config: dict | None = None,
 ) -> Callable:
     """Register a fault; its docstring's first paragraph is its description.
 
-    `group` names the shared log the fault joins in the tests that need every fault under a
-    costly setting (tests/faultgroups.py): faults of one group expect disjoint codes and break
-    different trajectories. Without it the fault has a log of its own.
+    `config`: how the broken run was produced (the trainer's settings); the broken log carries it
+    in its own pyproject.toml, so only keys a log may carry (`LOG_CONTEXT`) are accepted.
+    `user_config`: what only the user states (a threshold, a stop-token list, which checks run);
+    a broken fixture's is a file beside its log (`fixtures/broken/<fault>.user.toml`, named in the
+    manifest), which the tests and the detection matrix pass as the user's own configuration,
+    never read from inside the log. `group` names the shared log the fault joins in the tests that
+    need every fault under a costly setting (tests/faultgroups.py): faults of one group expect
+    disjoint codes and break different trajectories. Without it the fault has a log of its own.
     """
+    from ..contract.config import LOG_CONTEXT, Config
+
+    for key in config or {}:
+        if key not in LOG_CONTEXT:
+            raise ValueError(
+                f"fault {name}: config key {key!r} is not one a log may carry ({', '.join(LOG_CONTEXT)}); "
+                "a setting the user alone states goes in user_config="
+            )
+    for key in user_config or {}:
+        if key not in Config.model_fields or key in LOG_CONTEXT:
+            raise ValueError(
+                f"fault {name}: user_config key {key!r} is "
+                + ("how the run was produced: it goes in config=" if key in LOG_CONTEXT else "not a configuration key")
+            )
 
     def deco(func: Callable) -> Callable:
         if name in FAULTS:
@@ -55,10 +82,15 @@ def fault(
             file_level,
             declares or {},
             group or name,
+            user_config or {},
         )
         return func
 
     return deco
+
+
+class NoTarget(ValueError):
+    """A fault found nothing in the log it can break (a log without the trajectory it needs)."""
 
 
 class Ctx:
@@ -76,7 +108,7 @@ class Ctx:
     def pick(self, pred: Callable[[dict], bool] = lambda t: True, what: str = "trajectory") -> dict:
         cands = [t for t in self.trajs if pred(t)]
         if not cands:
-            raise ValueError(f"the log has no {what} this fault can break")
+            raise NoTarget(f"the log has no {what} this fault can break")
         return self.rng.choice(cands)
 
     def update_of(self, tid: str) -> dict:

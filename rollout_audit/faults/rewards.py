@@ -221,3 +221,18 @@ def bootstrapped_through_terminal(ctx: Ctx) -> list[str]:
     t["final_value"] = 0.5
     rederive_returns(t)
     return [t["trajectory_id"]]
+
+
+@fault("action_loop_of_three", {"R409"}, user_config={"loop_length": 3})
+def action_loop_of_three(ctx: Ctx) -> list[str]:
+    """The agent repeated the same tool call three times in a row, a loop for a team whose
+    environment never needs one action more than twice (its own `loop_length = 3`).
+
+    How long a run of identical calls is a loop is the team's judgement of its environment, not
+    something a log can state about itself: the broken fixture's `loop_length` is the user's
+    configuration beside the log (fixtures/broken/action_loop_of_three.user.toml), and under
+    the default (4) the loop goes unreported."""
+    t = ctx.pick(lambda t: len(t["turns"]) == 3, "trajectory with three turns")
+    for tr in t["turns"]:
+        tr["parsed_action"] = json.dumps({"action": "inspect"})
+    return [t["trajectory_id"]]
