@@ -46,8 +46,8 @@ def write_log(root, trajs, updates=None, parts: int = 1, validate: bool = False)
     return root
 
 
-# The suite's slow modules: real trainers, Ray, browsers, servers, training runs, campaigns and
-# whole-catalogue sweeps. `python -m pytest -m "not slow"` is the fast tier for the inner loop
+# The suite's slow modules: real trainers (importing torch, trl or verl costs each worker seconds at
+# collection), Ray, browsers, servers, training runs, campaigns and whole-catalogue sweeps. `python -m pytest -m "not slow"` is the fast tier for the inner loop
 # (under a minute on 2 cores); the README's command and CI run everything.
 SLOW_MODULES = {
     "test_adapters_verifiers",
@@ -67,7 +67,10 @@ SLOW_MODULES = {
     "test_generated",
     "test_hostile",
     "test_hostile_round4",
+    "test_integration_rllm_backend",
     "test_integration_trl",
+    "test_integration_trl_record",
+    "test_integration_verl_loop",
     "test_native",
     "test_new_check",
     "test_properties",
