@@ -45,6 +45,7 @@ ROW_GROUP = 4096
 GROUP_SIZE = 8
 GROUPS_PER_UPDATE = 64
 GAMMA = 0.99
+LAMBDA = 0.95  # GAE's λ of the generated critic
 TRUNCATED_SHARE = 0.05
 INFRA_SHARE = 0.005
 GRPO_EPS = 1e-6
@@ -345,6 +346,8 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
     tok_ret = np.zeros(ntok, np.float32)
     tok_ret[pidx] = (csum[ends][np.cumsum(np.r_[True, ends[:-1]]) - 1] - csum + step) if pidx.size else 0.0
 
+    tok_val, tok_target = _critic(np.random.default_rng([seed, 2, lo]), row, mask, tok_reward, tok_kl, final_value)
+
     # ---- arrays
     comp_keys = pa.array(np.tile(np.array(["outcome", "format"], object), nT), pa.string())
     comp_vals = np.stack([r, np.zeros(nT)], axis=1).reshape(-1)
@@ -360,6 +363,7 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
         "parsed_action": _take_str([json.dumps({"action": a}) for a in ACTIONS], action),
         "observation_text": _take_str([f"obs {k}" for k in range(64)], obs_idx),
         "reward": pa.array(r),
+        "raw_reward": pa.array(r),  # contract 1.4: the trainer trains what the environment paid
         "reward_components": pa.MapArray.from_arrays(
             pa.array((np.arange(nT + 1) * 2).astype(np.int32)), comp_keys, pa.array(comp_vals)
         ),
@@ -421,6 +425,10 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
         "loss_weight": _list(tok_start, pa.array(mask.astype(np.float32))),
         "overlong_penalty": pa.array(np.zeros(n)),
         **_nucleus(ids, pol, tok_start),
+        # contract 1.4: a critic's value on every position, GAE over the trainable tokens
+        "token_values": _list(tok_start, pa.array(tok_val)),
+        "token_value_targets": _list(tok_start, pa.array(tok_target)),
+        "gae_lambda": pa.array(np.full(n, LAMBDA)),
     }
     schema = file_schema(plan.shape)
     turn_type = schema.field("turns").type.value_type
@@ -444,6 +452,40 @@ NOT_GENERATED = frozenset(
         "split_exposed_logprob_id",
     }
 )
+
+
+def _critic(
+    rng: np.random.Generator,
+    row: np.ndarray,
+    mask: np.ndarray,
+    reward: np.ndarray,
+    kl: np.ndarray,
+    final_value: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Contract 1.4's critic evidence (float32 per token): a value on every position and GAE's A + V
+    over the trainable ones (δ = r − kl + γ·V_next − V, A = δ + γλ·A_next, V after the last one the
+    row's final_value), built backwards one rank from each row's end at a time, every row at once."""
+    values = rng.uniform(-1.0, 1.0, row.size).astype(np.float32)
+    targets = np.zeros(row.size, np.float32)
+    at = np.flatnonzero(mask)
+    if not at.size:
+        return values, targets
+    r_at = row[at]
+    last = np.r_[r_at[1:] != r_at[:-1], True]
+    v = values[at].astype(np.float64)
+    v_next = np.where(last, final_value[r_at], np.r_[v[1:], 0.0])
+    delta = reward[at].astype(np.float64) - kl[at] + GAMMA * v_next - v
+    first_of_row = np.flatnonzero(np.r_[True, r_at[1:] != r_at[:-1]])
+    ends = np.flatnonzero(last)
+    rank = np.repeat(ends, np.diff(np.r_[first_of_row, at.size])) - np.arange(at.size)  # 0 at a row's last
+    adv = np.zeros(at.size + 1)
+    order = np.argsort(rank, kind="stable")
+    bounds = np.searchsorted(rank[order], np.arange(rank.max() + 2))
+    for k in range(rank.max() + 1):  # one step per rank: the elements k from their row's end
+        sel = order[bounds[k] : bounds[k + 1]]
+        adv[sel] = delta[sel] + np.where(last[sel], 0.0, GAMMA * LAMBDA * adv[sel + 1])
+    targets[at] = adv[:-1] + v
+    return values, targets
 
 
 def _nucleus(ids: np.ndarray, pol: np.ndarray, tok_start: np.ndarray) -> dict[str, pa.Array]:

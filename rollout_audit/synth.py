@@ -232,3 +232,34 @@ def record_loss_evidence(trajs: list[dict], updates: list[dict], kl_coef: float 
             u["numerator_tokens"] = [int(sum(by_id[i]["loss_mask"])) if i in by_id else 0 for i in u["trajectory_ids"]]
         if "stat_trajectory_ids" not in u:
             u["stat_trajectory_ids"] = list(u.get("window_trajectory_ids") or u["trajectory_ids"])
+
+
+def gae_value_targets(t: dict, every_position: bool = False) -> list[float]:
+    """GAE's A + V per token of trajectory record `t` (0.0 where not computed): over its trainable
+    tokens (loss_mask true), from token_reward − token_kl, token_values, gamma, gae_lambda and,
+    after the last one, final_value (0 when null); `every_position`: over every position from the
+    first trainable one on, the masked ones included, as an estimator that ignores the mask does."""
+    mask, v = t["loss_mask"], t["token_values"]
+    kl = t.get("token_kl") or [0.0] * len(mask)
+    g, lam = t.get("gamma") or 1.0, t["gae_lambda"]
+    first = next((i for i, m in enumerate(mask) if m), len(mask))
+    steps = [i for i in range(first, len(mask)) if every_position or mask[i]]
+    out = [0.0] * len(mask)
+    adv, v_next = 0.0, t.get("final_value") or 0.0
+    for i in reversed(steps):
+        delta = (t["token_reward"][i] or 0.0) - (kl[i] or 0.0) + g * v_next - v[i]
+        adv = delta + g * lam * adv
+        out[i] = adv + v[i]
+        v_next = v[i]
+    return out
+
+
+def record_gae_evidence(trajs: list[dict], lam: float = 0.95, seed: int = 0) -> None:
+    """Fill, in place, the contract 1.4 evidence of a compliant critic-based trainer: a critic value
+    on every token (`token_values`, the masked ones included), `gae_lambda`, and GAE's targets over
+    the trainable tokens (`token_value_targets`), after the 1.2 loss evidence (`record_loss_evidence`)."""
+    rng = random.Random(seed)
+    for t in trajs:
+        t["token_values"] = [float(np.float32(rng.uniform(-1.0, 1.0))) for _ in t["token_ids"]]
+        t["gae_lambda"] = lam
+        t["token_value_targets"] = [float(np.float32(x)) for x in gae_value_targets(t)]

@@ -253,6 +253,28 @@ def test_a_malformed_routing_header_exits_2_naming_it(tmp_path):
     assert result.exit_code == 2 and "routing_matrices" in result.stderr and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        (7, "of type int"),
+        ({"shape": [2, 2]}, "of type dict"),
+        (['{"shape": [2, 2], "dtype": "int32"}', "AAAA", "AAAA"], "has 3 items, not 2"),
+        (["AAAA", 3], "holding non-strings"),
+    ],
+)
+def test_routing_matrices_in_no_known_form_exit_2_naming_record_and_field(tmp_path, value, said):
+    """Neither [{shape, dtype}, base64] nor one string per token (another engine's form): one line
+    naming the dump file, the record and the field, never skipped as if the step had no routes."""
+    recs = read_dump(fixture("rllm", "compliant_routes"))
+    recs[0]["trajectories"][0]["steps"][1]["routing_matrices"] = value
+    bad = tmp_path / "dump.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    result = cli("check", "--from", "rllm", bad, *opts(CONTEXT))
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and "Traceback" not in result.output, result.output
+    assert "dump.jsonl:1" in lines[0] and "routing_matrices" in lines[0] and said in lines[0], lines[0]
+
+
 def test_rewards_normalised_per_trajectory_are_g703_and_the_compliant_dumps_stay_clean_of_it() -> None:
     """An AgentFlow that set each trajectory's reward normalised over the trajectory itself (every
     reward 0.0, alibaba/ROLL#397) while rLLM took is_correct from the evaluator: G703, a warning, so

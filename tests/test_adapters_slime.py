@@ -322,3 +322,22 @@ def test_malformed_routes_exit_2_naming_them(tmp_path, value):
     res = cli("check", "--from", "slime", path, *context_args())
     lines = res.stderr.strip().splitlines()
     assert res.exit_code == 2 and len(lines) == 1 and "rollout_routed_experts" in lines[0], res.stderr
+
+
+def test_ppo_gae_over_every_response_token_is_r416_and_masked_gae_is_clean():
+    """--advantage-estimator ppo: the actor record's values and returns become token_values and
+    token_value_targets with --gamma and --lambd. slime 624b824's GAE runs over every response token
+    (radixark/miles#1827), so the multi-turn samples' last action before a tool output bootstraps from
+    that output's value: R416 on samples 2 and 3, naming it; the single-turn ones (every token
+    trainable) agree. GAE over the loss-mask tokens audits clean with R416 run."""
+    code, rep = _cli_check("ppo_masked_gae", "--preview")
+    assert code == 0 and _codes(rep) == [], rep["findings"]
+    assert "R416" in rep["summary"]["checks_run"]
+    code, rep = _cli_check("ppo_gae_over_every_position", "--preview")
+    assert code == 1 and set(_codes(rep)) == {("R416", "2"), ("R416", "3")}, rep["findings"]
+    f = next(f for f in rep["findings"] if f["trajectory_id"] == "3")
+    assert (
+        f["position"] == 58 and "bootstraps from V = 0.1271 at position 59, a masked observation token" in f["message"]
+    )
+    row = load("slime").to_contract(read_dump(fixture("slime", "ppo_masked_gae")), **CONTEXT).to_pylist()[3]
+    assert (row["gamma"], row["gae_lambda"]) == (1.0, 0.95) and row["token_reward"][-1] == row["reward"]

@@ -6,6 +6,8 @@ record of what it sampled; the CLI paths agree."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from adapterhelp import (
@@ -390,6 +392,7 @@ def test_verl_rejection_sampling_leaves_the_rejected_row_in_grpo_statistics_u608
         ("trainer_mask_from_attention", ("U607", "e2a900")),
         ("trainer_stale_old_log_probs", ("L207", "e2a901")),
         ("trainer_grpo_group_of_one", ("U603", "7c1f01")),
+        ("trainer_v1_advantages_mispaired", ("U603", "e2a9_1_0")),  # verl#7956 on the V1 trainer's record
     ],
 )
 def test_trainer_side_faults_are_caught_with_the_page_command(case, expected):
@@ -397,8 +400,29 @@ def test_trainer_side_faults_are_caught_with_the_page_command(case, expected):
     assert expected in {(f[0], f[1]) for f in findings(result)}, result.output
 
 
+def test_the_page_lists_every_finding_of_each_trainer_side_fault():
+    """docs/frameworks/verl.md's "Caught, from the trainer-side records" list names, for each fixture,
+    every code its page command reports: the page cannot drift from what the audit says."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "frameworks" / "verl.md").read_text()
+    caught = page.split("**Caught, from the trainer-side records**", 1)[1].split("\n\n", 1)[0]
+    bullets = re.findall(r"^- `(\w+)\.jsonl` (.*?)(?=^- |\Z)", caught, re.S | re.M)
+    assert len(bullets) >= 4, caught
+    for case, text in bullets:
+        result = cli("check", "--from", "verl", fixture("verl", case), *PAGE, "--format", "json")
+        said = set(re.findall(r"\b[A-Z]\d{3}\b", text.split("→", 1)[1]))
+        assert said == {f[0] for f in findings(result)}, (case, said, result.output)
+
+
 @pytest.mark.parametrize(
-    "case", ["compliant", "fully_async", "glm_boundary", "tool_agent_loop_response_length", "trainer_compliant"]
+    "case",
+    [
+        "compliant",
+        "compliant_v1",
+        "fully_async",
+        "glm_boundary",
+        "tool_agent_loop_response_length",
+        "trainer_compliant",
+    ],
 )
 def test_every_compliant_fixture_audits_clean_with_the_page_command(case):
     result = cli("check", "--from", "verl", fixture("verl", case), *PAGE)
@@ -575,3 +599,181 @@ def test_convert_carries_the_overlong_settings_to_the_written_log(tmp_path):
         "verl", "dapo_overlong_counts_tool_tokens", tmp_path, context=[*PAGE_CONTEXT, *DAPO_CONTEXT]
     )
     assert [(f[0], f[1]) for f in found] == [("R414", "d91a01")]
+
+
+# ---------------------------------------------------------------- verl's own generations file (trainer.rollout_data_dir)
+
+
+def _v1_run(tmp_path, edit=None):
+    """`compliant_v1` laid out as a V1 run leaves trainer.rollout_data_dir: the wrapper's and the V1
+    trainer's records under rollout-audit/, verl's generations rows in `5.jsonl` (edited by `edit`)."""
+    from rollout_audit.adapters.verl import _kind
+
+    recs = [dict(r) for r in read_dump(fixture("verl", "compliant_v1"))]
+    gens = [r for r in recs if _kind(r) == "generations"]
+    if edit:
+        edit(gens)
+    (tmp_path / "rollout-audit").mkdir()
+    (tmp_path / "rollout-audit" / "verl-a.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in recs if _kind(r) != "generations")
+    )
+    (tmp_path / "5.jsonl").write_text("".join(json.dumps(g) + "\n" for g in gens))
+    return tmp_path
+
+
+def test_generations_give_the_rewards_the_agent_loop_could_not_record(tmp_path):
+    """The wrapper dumps before verl scores (reward_score null); verl's `{step}.jsonl` joined by the
+    V1 key (`uid`) gives each sample its reward: R-family and U603 run, clean."""
+    from rollout_audit.adapters.verl import _kind
+
+    recs = [dict(r) for r in read_dump(fixture("verl", "compliant_v1"))]
+    loop_only = [r for r in recs if _kind(r) != "trainer"]
+    rows = to_contract(loop_only, **CONTEXT).to_pylist()
+    assert [r["reward"] for r in rows] == [0.0, 1.0, 0.0, 1.0]
+    result = cli("check", "--from", "verl", _v1_run(tmp_path), *PAGE, "--format", "json")
+    rep = json.loads(result.stdout)
+    assert result.exit_code == 0 and rep["findings"] == [], result.output
+    assert "U603" in rep["summary"]["checks_run"]
+
+
+def test_legacy_generations_join_by_request_id(tmp_path):
+    """The legacy trainer writes `request_id` (the wrapper's, through extra_fields) beside `uid`-less rows."""
+    recs = [dict(r) for r in read_dump(fixture("verl", "compliant"))]
+    gens = [
+        {"input": "p", "output": "r", "gts": None, "score": r["reward_score"], "step": 5, "request_id": r["request_id"]}
+        for r in recs
+    ]
+    for r in recs:
+        r["reward_score"] = None
+    rows = to_contract([*recs, *gens], **CONTEXT).to_pylist()
+    assert [r["reward"] for r in rows] == [g["score"] for g in gens]
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda g: g[1].update(uid="7c1f_9_0"), "5.jsonl:2: uid '7c1f_9_0' matches no agent-loop record's request_id"),
+        (lambda g: g[2].pop("uid"), "5.jsonl:3: verl generations row has neither request_id"),
+        (lambda g: g[3].update(uid=g[0]["uid"]), "5.jsonl:4: uid '7c1f_0_0' is also the row of"),
+        (
+            lambda g: g[0].update(score=0.5),
+            "5.jsonl:1: score 0.5 differs from the sample's reward 0.0 (uid '7c1f_0_0')",
+        ),
+        (lambda g: g[0].update(score="high"), "5.jsonl:1: score: expected a number, got str 'high'"),
+    ],
+)
+def test_a_generations_row_that_does_not_join_is_exit_2_naming_it(tmp_path, edit, message):
+    result = cli("check", "--from", "verl", _v1_run(tmp_path, edit), *PAGE)
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def _v1_trainer_records():
+    from rollout_audit.adapters.verl import _kind
+
+    return [dict(r) for r in read_dump(fixture("verl", "compliant_v1")) if _kind(r) == "trainer"]
+
+
+def test_v1_updates_one_per_advantage_step_numbered_by_parameter_sync_step():
+    """separate_async's parameter_sync_step local updates per global step are updates of their own:
+    update_step (global_steps - 1) * parameter_sync_step + local_trigger_step + 1, all from version
+    global_steps - 1."""
+    from rollout_audit.adapters.verl import updates
+
+    recs = _v1_trainer_records()
+    for k, r in enumerate(recs):
+        r |= {"parameter_sync_step": 2, "local_trigger_step": k // 2, "trainer_mode": "separate_async"}
+    ups = updates(recs).to_pylist()
+    assert [(u["update_step"], u["trainer_version"], u["trajectory_ids"]) for u in ups] == [
+        (9, 4, ["7c1f_0_0", "7c1f_1_0"]),
+        (10, 4, ["e2a9_0_0", "e2a9_1_0"]),
+    ]
+
+
+def test_v1_grpo_over_sessions_with_several_outputs_is_not_recomputed():
+    """V1's GRPO groups each session's final output and broadcasts its advantage to the session's
+    other outputs: the statistics members are the final outputs, and U603 is not run, saying why."""
+    from rollout_audit.adapters.verl import updates
+    from rollout_audit.contract import schema as S
+
+    recs = _v1_trainer_records()
+    recs.append({**recs[0], "request_id": "7c1f_0_1"})  # a second output of session 7c1f_0
+    table = updates(recs)
+    (u,) = table.to_pylist()
+    assert sorted(u["stat_trajectory_ids"]) == ["7c1f_0_1", "7c1f_1_0", "e2a9_0_0", "e2a9_1_0"]
+    assert u.get("advantage_estimator") is None
+    why = json.loads(table.schema.metadata[S.META_NOT_RECORDED])["advantage_estimator"]
+    assert "final output" in why
+
+
+def test_the_gae_fixture_is_verls_own_gae():
+    """compliant_gae's returns are what verl 0.9.1's compute_gae_advantage_return makes of its rewards,
+    values and response_mask (within float32); trainer_gae_over_every_position's differ exactly on the
+    rows with a masked span (the tool episodes)."""
+    pytest.importorskip("verl")
+    import torch
+    from verl.trainer.ppo.core_algos import compute_gae_advantage_return
+
+    for case, bug in (("compliant_gae", False), ("trainer_gae_over_every_position", True)):
+        for r in (r for r in read_dump(fixture("verl", case)) if "values" in r):
+            row = {k: torch.tensor([r[k]], dtype=torch.float32) for k in ("token_level_rewards", "values", "returns")}
+            mask = torch.tensor([r["response_mask"]], dtype=torch.float32)
+            _, ret = compute_gae_advantage_return(row["token_level_rewards"], row["values"], mask, r["gamma"], r["lam"])
+            on = mask.bool()
+            same = torch.allclose(ret[on], row["returns"][on], atol=1e-5)
+            assert same == (not bug or all(r["response_mask"])), (case, r["request_id"])
+
+
+def test_verls_own_gae_through_the_trainer_hook_runs_r416_clean(tmp_path):
+    """verl 0.9.1's compute_advantage with a critic (adv_estimator gae) on the compliant batch, dumped by
+    dump_batch: the hook records values and lam, R416 runs and holds; the same dump with returns made
+    by an every-position recursion is R416 on the tool episodes."""
+    pytest.importorskip("verl")
+    import torch
+    from verl.trainer.config import AlgoConfig
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    from rollout_audit.integrations.verl import dump_batch
+
+    out = tmp_path / "gae"
+    out.mkdir()
+    samples = [dict(r) for r in read_dump(fixture("verl", "compliant"))]
+    (out / "verl-sampler.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    batch = _dataproto(samples, {})
+    gen = torch.Generator().manual_seed(0)
+    batch.batch["values"] = torch.rand(batch.batch["responses"].shape, generator=gen) * 2 - 1
+    algorithm = AlgoConfig(adv_estimator="gae", gamma=0.99, lam=0.95)
+    batch = compute_advantage(batch, adv_estimator="gae", gamma=0.99, lam=0.95, config=algorithm)
+    dump_batch(out, batch, 5, algorithm)
+    rows = [json.loads(x) for f in sorted(out.glob("verl-batch-*.jsonl")) for x in f.read_text().splitlines()]
+    assert all(r["lam"] == 0.95 and len(r["values"]) == len(r["responses"]) for r in rows)
+    result = cli("check", "--from", "verl", out, *PAGE, "--preview", "--format", "json")
+    rep = json.loads(result.stdout)
+    assert result.exit_code == 0 and rep["findings"] == [], result.output
+    assert "R416" in rep["summary"]["checks_run"]
+
+
+def test_verl_041_gae_over_every_position_is_r416_naming_the_tool_output_value():
+    case = fixture("verl", "trainer_gae_over_every_position")
+    result = cli("check", "--from", "verl", case, *PAGE, "--preview", "--format", "json")
+    rep = json.loads(result.stdout)
+    r416 = [f for f in rep["findings"] if f["code"] == "R416"]
+    assert result.exit_code == 1 and {f["trajectory_id"] for f in r416} == {"e2a900", "e2a901"}, result.output
+    assert {f["code"] for f in rep["findings"]} == {"R416"}
+    f = next(f for f in r416 if f["trajectory_id"] == "e2a901")
+    assert f["position"] == 58 and f["message"].endswith(
+        "it is GAE over every position, which bootstraps from V = 0.9155 at position 59, a masked observation token"
+    )
+
+
+def test_a_grpo_step_says_why_r416_is_not_run():
+    rep = audit("verl", "trainer_compliant", preview=True)
+    assert "algorithm.adv_estimator=gae" in rep.not_run["R416"]
+
+
+def test_a_gae_record_without_lam_exits_2_naming_it(tmp_path):
+    recs = [dict(r) for r in read_dump(fixture("verl", "compliant_gae"))]
+    del recs[5]["lam"]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    result = cli("check", "--from", "verl", tmp_path / "d.jsonl", *PAGE)
+    assert result.exit_code == 2 and "d.jsonl:6 (7c1f01): missing field 'lam'" in result.output, result.output

@@ -105,3 +105,15 @@ def test_long_shape_is_clean_with_required_columns_only(tmp_path):
     rep = rollout_audit.audit(str(tmp_path / "long"))
     assert rep.ok and not rep.findings.height, rep.render()
     assert {"M105", "R406"} <= set(rep.not_run)  # their turn fields are not written
+
+
+def test_the_capture_benchmark_records_every_call_it_times():
+    pytest.importorskip("aiohttp")
+    from benchmarks.capture import main
+
+    got = main(["--calls", "8", "--sessions", "4", "--latency-calls", "4", "--repeat", "1", "--tokens", "4"])
+    assert got["exchanges_recorded"] == 1 + 2 * (8 + 4)  # the warm-up, then each kind's timed calls
+    assert got["session_files"] == 1 + 2 * (4 + 1)
+    for kind in ("whole", "streamed"):
+        assert got[kind]["recorded_calls_per_s"] > 0 and got[kind]["direct_median_ms"] > 0
+    assert got["rss_peak_mb"] >= got["rss_start_mb"] > 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from checkhelp import audit, rows
 from checkhelp import loud as blocking
@@ -567,3 +568,186 @@ def test_r415_runs_only_in_preview_and_not_without_final_value(records):
     for t in trajs:
         del t["final_value"]
     assert "final_value" in audit(trajs, ups, preview=True).not_run["R415"]
+
+
+# ---------------------------------------------------------------- R416 (preview): GAE over the trainable tokens
+
+
+def gae_log(records):
+    """The synthetic log with a compliant critic's evidence (contract 1.4): values on every token, λ 0.95,
+    GAE's targets over the trainable tokens."""
+    from rollout_audit.synth import record_gae_evidence, record_loss_evidence
+
+    trajs, ups = records
+    record_loss_evidence(trajs, ups)
+    record_gae_evidence(trajs)
+    return trajs, ups
+
+
+def test_discounted_to_go_is_the_backward_recursion_per_segment():
+    """The doubling scan against the recursion it vectorises, on segments of 1 to 300 elements with
+    factors in [0, 1] (0 ends a segment), and a NaN in one segment that stays there."""
+    from rollout_audit.checks.rewards import discounted_to_go
+
+    rng = np.random.default_rng(3)
+    lens = rng.integers(1, 300, 40)
+    x, c = rng.normal(size=lens.sum()), rng.uniform(0.0, 1.0, lens.sum())
+    ends = np.cumsum(lens) - 1
+    c[ends] = 0.0
+    x[ends[5]] = np.nan  # the last element of segment 6: the recursion carries it over that segment only
+    expected, acc = np.empty_like(x), 0.0
+    for i in reversed(range(x.size)):
+        acc = x[i] + c[i] * acc
+        expected[i] = acc
+    got = discounted_to_go(x, c)
+    seg = np.r_[ends[4] + 1 : ends[5] + 1]
+    assert np.isnan(got[seg]).all() and not np.isnan(np.delete(got, seg)).any()
+    keep = ~np.isnan(expected)
+    assert np.allclose(got[keep], expected[keep], rtol=1e-9, atol=1e-12)
+
+
+def test_r416_is_silent_on_a_compliant_critic_and_names_the_masked_value_it_bootstrapped_from(records):
+    from rollout_audit.synth import gae_value_targets
+
+    trajs, ups = gae_log(records)
+    assert not blocking(audit(trajs, ups, preview=True))
+    t = next(t for t in trajs if t["token_source"].count(3) and len(t["turns"]) >= 2)
+    t["token_value_targets"] = gae_value_targets(t, every_position=True)
+    rep = audit(trajs, ups, preview=True)
+    assert blocking(rep) == {"R416"}
+    (f,) = rows(rep, "R416").iter_rows(named=True)
+    mask = t["loss_mask"]
+    last = max(i for i in range(len(mask) - 1) if mask[i] and not mask[i + 1])  # before the last masked span
+    nxt = next((i for i in range(last + 1, len(mask)) if mask[i]), None)
+    assert (f["trajectory_id"], f["position"], f["turn"]) == (t["trajectory_id"], last, t["token_turn"][last])
+    boot = (
+        f"V = {t['token_values'][nxt]:g} of the next trainable token, position {nxt}"
+        if nxt is not None
+        else f"V = {t['final_value'] or 0:g} after the last trainable token"
+    )
+    assert f"(it bootstraps from {boot})" in f["message"], f["message"]
+    src = {3: "observation", 4: "template"}[t["token_source"][last + 1]]
+    assert f["message"].endswith(
+        f"it is GAE over every position, which bootstraps from V = {t['token_values'][last + 1]:g} at position "
+        f"{last + 1}, a masked {src} token"
+    ), f["message"]
+
+
+def test_r416_on_rolls_own_example(records):
+    """alibaba/ROLL#447's triggering example: response_mask [1, 1, 0], rewards [0, 1, 0], values
+    [0, 0, 100], γ 1, λ 0.95. ROLL's returns [5.7, 6.0] bootstrap from the masked 100; GAE over the
+    trainable tokens gives [0.95, 1.0]."""
+    trajs, ups = gae_log(records)
+    t = trajs[0]
+    n = len(t["token_ids"])
+    mask = [False] * (n - 3) + [True, True, False]
+    t.update(
+        loss_mask=mask,
+        token_source=t["token_source"][:-3] + [2, 2, 4],
+        behavior_logprobs=t["behavior_logprobs"][:-3] + [-0.5, -0.5, None],
+        token_reward=[0.0] * (n - 2) + [1.0, 0.0],
+        token_kl=[0.0] * n,
+        token_values=[0.0] * (n - 1) + [100.0],
+        gamma=1.0,
+        gae_lambda=0.95,
+        final_value=None,
+    )
+    t["token_value_targets"] = [0.0] * (n - 3) + [0.95, 1.0, 0.0]
+    assert rows(audit(trajs, ups, preview=True, select=["R416"]), "R416").is_empty()
+    t["token_value_targets"] = [0.0] * (n - 3) + [5.7, 6.0, 0.0]
+    (f,) = rows(audit(trajs, ups, preview=True, select=["R416"]), "R416").iter_rows(named=True)
+    assert f["position"] == n - 2
+    assert f["message"] == (
+        "token_value_targets differ from GAE over the trainable tokens (γ 1, λ 0.95) on 2 token(s); the last is 6, "
+        "expected 1 (it bootstraps from V = 0 after the last trainable token); it is GAE over every position, "
+        f"which bootstraps from V = 100 at position {n - 1}, a masked template token"
+    )
+
+
+def test_r416_float32_targets_stay_clean_and_a_null_value_leaves_the_row_uncompared(records):
+    from rollout_audit.synth import gae_value_targets
+
+    """Targets stored in float32 (as a trainer computes them) over a long trajectory at γ = λ = 1 are
+    within the tolerance; a trainable token without a value makes its row uncompared, not a finding."""
+    trajs, ups = gae_log(records)
+    for t in trajs:
+        t["gamma"], t["gae_lambda"] = 1.0, 1.0
+        t["token_values"] = [v * 50 for v in t["token_values"]]
+        t["token_value_targets"] = [float(np.float32(x)) for x in gae_value_targets(t)]
+    assert rows(audit(trajs, ups, preview=True, select=["R416"]), "R416").is_empty()
+    t = trajs[1]
+    t["token_value_targets"] = [x + 1.0 for x in t["token_value_targets"]]
+    t["token_values"][t["loss_mask"].index(True)] = None
+    assert rows(audit(trajs, ups, preview=True, select=["R416"]), "R416").is_empty()
+
+
+def test_r416_runs_only_in_preview_and_not_without_values(records):
+    trajs, ups = gae_log(records)
+    trajs[0]["token_value_targets"] = [x + 1.0 for x in trajs[0]["token_value_targets"]]
+    assert "R416" not in audit(trajs, ups).codes()
+    assert "R416" in audit(trajs, ups, preview=True).codes()
+    for t in trajs:
+        del t["token_values"]
+    assert "token_values" in audit(trajs, ups, preview=True).not_run["R416"]
+
+
+# ---------------------------------------------------------------- R417 (preview): step rewards overwritten
+
+
+def raw_rewards(trajs):
+    for t in trajs:
+        for tr in t["turns"]:
+            tr["raw_reward"] = tr["reward"]
+
+
+def test_r417_step_reward_replaced_by_the_normalised_terminal_reward(records):
+    trajs, ups = records
+    raw_rewards(trajs)
+    assert not blocking(audit(trajs, ups, preview=True))
+    (t,) = pick(trajs, stop={"success"}, min_turns=3)
+    t["turns"][1]["raw_reward"] = 0.25
+    t["turns"][1]["reward_components"] = [("outcome", 0.0), ("progress", 0.25)]  # R401 sums to the raw reward
+    for tr in t["turns"]:
+        tr["reward"] = 0.5
+    rederive(t)
+    rep = audit(trajs, ups, preview=True)
+    assert blocking(rep) == {"R417"}, rep.render()
+    (f,) = rows(rep, "R417").iter_rows(named=True)
+    assert (f["trajectory_id"], f["turn"]) == (t["trajectory_id"], 1)
+    assert f["message"] == (
+        f"every one of the {len(t['turns'])} turns trains reward 0.5, the last turn's; 1 turn(s) lose a step "
+        "reward, the first this one: raw reward 0.25 (not 0, nor the raw terminal reward 1 discounted back to it)"
+    )
+
+
+def test_r417_broadcasting_a_discounted_outcome_is_no_lost_step_reward(records):
+    """AReaL's "broadcast" is right for an outcome-only rollout whose workflow discounted the outcome
+    back over its turns: raw rewards γ^(T-1-t)·R, and the normalised value trained on every turn."""
+    trajs, ups = records
+    raw_rewards(trajs)
+    (t,) = pick(trajs, stop={"success"}, min_turns=3)
+    g, T = t["gamma"], len(t["turns"])
+    for k, tr in enumerate(t["turns"]):
+        tr["raw_reward"] = g ** (T - 1 - k)
+        tr["reward_components"] = [("outcome", g ** (T - 1 - k))]
+        tr["reward"] = 0.5
+    rederive(t)
+    assert not blocking(audit(trajs, ups, preview=True))
+
+
+def test_r417_runs_only_in_preview_and_not_without_raw_rewards(records):
+    trajs, ups = records
+    assert "turns.raw_reward" in audit(trajs, ups, preview=True).not_run["R417"]
+    assert "R417" not in audit(trajs, ups).not_run
+
+
+def test_r401_sums_the_components_to_the_raw_reward_when_recorded(records):
+    """A normalised turn reward beside the raw one it was paid: the components add up to the raw one."""
+    trajs, ups = records
+    raw_rewards(trajs)
+    (t,) = pick(trajs, stop={"success"})
+    t["turns"][-1]["reward"] = 0.7071
+    rederive(t)
+    assert "R401" not in audit(trajs, ups).codes()
+    t["turns"][-1]["raw_reward"] = 0.9
+    assert rows(audit(trajs, ups), "R401")["trajectory_id"].to_list() == [t["trajectory_id"]]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -188,3 +189,11 @@ def test_the_demo_may_replace_what_it_wrote_and_nothing_else(demo: tuple[Path, s
     (mine / "notes").mkdir(parents=True)
     code, _, err = cli("demo", "mine", "--profile", "tiny", cwd=tmp_path)
     assert code == 2 and "not empty" in err and (mine / "notes").is_dir()
+
+
+def test_the_guide_names_the_checks_that_cannot_apply() -> None:
+    """docs/guide/reference-agent.md states the demo's not-run list; it is the one this file holds."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "reference-agent.md").read_text()
+    said = re.search(r"but (?:\w+) that cannot apply to it: ([A-Z]\d{3}(?:, [A-Z]\d{3})* and [A-Z]\d{3})", page)
+    assert said, "the page no longer states which checks cannot apply to the agent's log"
+    assert set(re.findall(r"[A-Z]\d{3}", said.group(1))) == CANNOT_APPLY

@@ -45,3 +45,19 @@ def test_a_virtual_environment_of_another_name_is_not_scanned():
     scanned = {p.relative_to(ROOT).parts[0] for p in _sources()}
     assert "rollout_audit" in scanned and "tests" in scanned
     assert not scanned & {".venv", "venv", ".git", "node_modules"}
+
+
+def test_every_page_states_the_current_contract_version():
+    """A page that says which version the contract is ("the log contract v1.3", "(v1.3)") says the
+    one `rollout-audit schema` writes; a mention of the version a field was added in ("contract 1.2
+    evidence") is history and stays."""
+    from rollout_audit.contract.schema import CONTRACT_VERSION
+
+    stale = []
+    for p in _sources():
+        if p.suffix == ".md" and p.is_file():
+            for n, line in enumerate(p.read_text().splitlines(), 1):
+                for v in re.findall(r"\bcontract \(?v(\d+\.\d+)\)?", line):
+                    if v != CONTRACT_VERSION:
+                        stale.append(f"{p.relative_to(ROOT)}:{n}: v{v}")
+    assert not stale, f"the contract is v{CONTRACT_VERSION}: {stale}"

@@ -449,7 +449,16 @@ def aligned(record: Mapping[str, Any], field: str, like: Sequence[Any], where: s
 def reward_lacks(framework: str) -> dict[str, str]:
     """Why the per-turn reward fields are absent: the framework records one reward per sample."""
     why = f"{framework} records one reward per sample: no per-turn rewards, components, shaping, potentials or values"
-    fields = ("reward", "reward_components", "shaping", "potential_before", "potential_after", "value", "td_residual")
+    fields = (
+        "reward",
+        "raw_reward",
+        "reward_components",
+        "shaping",
+        "potential_before",
+        "potential_after",
+        "value",
+        "td_residual",
+    )
     return {**{f"turns.{f}": why for f in fields}, "final_value": why, "discounted_return": why}
 
 
@@ -485,7 +494,14 @@ def loss_evidence_lacks(framework: str) -> dict[str, str]:
         "token_reward": why.format("rewards"),
         "token_kl": why.format("KL penalty"),
         "token_returns": why.format("returns"),
+        **{
+            k: f"{framework}'s rollout dump holds no critic values: a critic computes them, and GAE over them, later"
+            for k in CRITIC
+        },
     }
+
+
+CRITIC = ("token_values", "token_value_targets", "gae_lambda")  # the contract 1.4 critic evidence (R416)
 
 
 def token_columns(

@@ -45,11 +45,12 @@ def pair(rec: Record, where: str) -> Record | None:
     endpoint = rec.get("endpoint")
     if rec.get("status") != 200 or rec.get("error") is not None or endpoint not in TURN_ENDPOINTS:
         return None
-    request = _json(_bytes(rec, "request_body", where), f"{where}: request_body")
-    data = _decoded(_bytes(rec, "response_body", where), rec.get("content_encoding"), where)
+    sent = _decoded(_bytes(rec, "request_body", where), rec.get("request_content_encoding"), f"{where}: request_body")
+    request = _json(sent, f"{where}: request_body")
+    data = _decoded(_bytes(rec, "response_body", where), rec.get("content_encoding"), f"{where}: response_body")
     streamed = "event-stream" in str(rec.get("content_type") or "") or data.lstrip().startswith(b"data:")
     if endpoint == "generate":
-        response = _last_event(data, where) if streamed else _json(data, f"{where}: response_body")
+        response = _sglang_stream(data, where) if streamed else _json(data, f"{where}: response_body")
         if response is None or "error" in response:
             return None
         request, response = _sglang(request, response, where)
@@ -92,14 +93,14 @@ def _decoded(data: bytes, encoding: Any, where: str) -> bytes:
     if encoding in (None, "", "identity"):
         return data
     if encoding not in ("gzip", "deflate"):
-        raise AdapterError(f"{where}: content_encoding {short(encoding)}: not read (gzip and deflate are)")
+        raise AdapterError(f"{where}: content encoding {short(encoding)}: not read (gzip and deflate are)")
     d = zlib.decompressobj(47 if encoding == "gzip" else zlib.MAX_WBITS)
     try:
         out = d.decompress(data, MAX_DECODED + 1)
     except zlib.error as e:
-        raise AdapterError(f"{where}: response_body: cannot decompress ({encoding}): {e}") from None
+        raise AdapterError(f"{where}: cannot decompress ({encoding}): {e}") from None
     if len(out) > MAX_DECODED:
-        raise AdapterError(f"{where}: response_body decompresses to more than {MAX_DECODED} bytes")
+        raise AdapterError(f"{where}: decompresses to more than {MAX_DECODED} bytes")
     return out
 
 
@@ -114,9 +115,39 @@ def _events(data: bytes, where: str) -> list[dict[str, Any]]:
     return out
 
 
-def _last_event(data: bytes, where: str) -> dict[str, Any] | None:
+def _sglang_stream(data: bytes, where: str) -> dict[str, Any] | None:
+    """A streamed `/generate` response as the one response it adds up to. By default every event
+    holds the whole output so far, and the last is the response; a server run with
+    `incremental_streaming_output` sends each event's new ids and log-prob triples only (sglang
+    0.5.23 `tokenizer_manager.py:2636-2647`, `_slice_streaming_output_meta_info` :364-374), told
+    apart by the last event's ids falling short of its `meta_info.completion_tokens`: then the
+    events are joined."""
     events = _events(data, where)
-    return events[-1] if events else None
+    if not events or "error" in events[-1]:
+        return events[-1] if events else None
+    last = events[-1]
+    meta = mapping_of(last, "meta_info")
+    total, ids = meta.get("completion_tokens"), last.get("output_ids")
+    if not isinstance(total, int) or not isinstance(ids, list) or len(ids) == total:
+        return last
+    joined: list[Any] = []
+    triples: list[Any] = []
+    text: list[str] = []
+    for n, ev in enumerate(events):
+        part, lps = ev.get("output_ids"), mapping_of(ev, "meta_info").get("output_token_logprobs")
+        if not isinstance(part, list) or (lps is not None and not isinstance(lps, list)):
+            raise AdapterError(f"{where}: response_body event {n}: output_ids or meta_info.output_token_logprobs")
+        joined += part
+        triples += lps or []
+        text.append(ev["text"] if isinstance(ev.get("text"), str) else "")
+    if len(joined) != total:
+        raise AdapterError(
+            f"{where}: a /generate stream of {len(events)} events holds neither its whole output in the last "
+            f"event nor in all of them together ({len(ids)} or {len(joined)} ids, completion_tokens {total})"
+        )
+    out = dict(last) | {"output_ids": joined, "text": "".join(text)}
+    out["meta_info"] = dict(meta) | ({"output_token_logprobs": triples} if "output_token_logprobs" in meta else {})
+    return out
 
 
 def _assembled(data: bytes, where: str) -> dict[str, Any] | None:

@@ -175,6 +175,9 @@ def _sessions(records: Iterable[dict]) -> tuple[dict[str, tuple[list[dict], dict
             elif kind == "torn":
                 gaps.append(f"{where}: a torn last line ({rec.get('bytes')} bytes: the recorder stopped mid-write)")
             elif kind == "exchange":
+                if unrecorded := [k for k in ("request_body", "response_body") if rec.get(k) is None]:
+                    gaps.append(f"{where}: {' and '.join(unrecorded)} not recorded (over the recorder's body limit)")
+                    continue
                 got = at_record(rec, exchange_pair, rec, where)
                 if got is not None:
                     pairs.append(got)

@@ -189,8 +189,17 @@ def _routing(step: Mapping[str, Any], out: Mapping[str, Any], where: str) -> np.
     rm = step.get("routing_matrices", out.get("routing_matrices"))
     if rm is None:
         return None
-    if not (isinstance(rm, list) and len(rm) == 2 and all(isinstance(x, str) for x in rm)) or not rm[0].startswith("{"):
+    if not (isinstance(rm, list) and all(isinstance(x, str) for x in rm)):
+        kind = "a list holding non-strings" if isinstance(rm, list) else f"of type {type(rm).__name__}"
+        raise AdapterError(
+            f"{where}: routing_matrices is {kind}, neither [{{shape, dtype}}, base64] nor one string per token"
+        )
+    if not rm or not rm[0].startswith("{"):  # another engine's per-token form: no routes this adapter reads
         return None
+    if len(rm) != 2:
+        raise AdapterError(
+            f"{where}: routing_matrices starts with a {{shape, dtype}} header but has {len(rm)} items, not 2"
+        )
     if len(rm[0]) > MAX_HEADER:  # a shape and a dtype name: a few dozen characters
         raise AdapterError(
             f"{where}: routing_matrices header is {len(rm[0])} characters, not a {{shape, dtype}} header"

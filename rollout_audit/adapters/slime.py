@@ -27,7 +27,9 @@ Trainer side: the train data record (`sample_indices`, `rollout_ids`, `rollout_m
 `rewards`, `raw_reward`, `loss_masks`, `args`) becomes one token-reduced update per rollout id with
 its denominator, numerator tokens, advantages and normalisation groups (`updates`); the actor record
 (`sample_indices`, `loss_masks`, `kl`, `returns`, `rewards`, `args`) of `reinforce_plus_plus` at
-gamma 1 becomes the token columns `token_reward`, `token_kl`, `token_returns`.
+gamma 1 becomes the token columns `token_reward`, `token_kl`, `token_returns`; of `ppo`, with the
+critic's `values`, `token_reward`, `token_kl`, `token_values`, `token_value_targets`, `gamma` and
+`gae_lambda` (contract 1.4).
 """
 
 from __future__ import annotations
@@ -292,6 +294,9 @@ def _token_terms(rows: list[dict[str, Any]], records: Iterable[Mapping[str, Any]
             continue
         where = f"{getattr(rec, 'origin', None) or f'record {n}'}: actor record"
         args = mapping(rec.get("args"), "args", where)
+        if args.get("advantage_estimator") == "ppo" and rec.get("values") is not None:
+            _critic_terms(at, rec, args, where)
+            continue
         if args.get("advantage_estimator") != "reinforce_plus_plus" or args.get("gamma", 1.0) != 1.0:
             continue  # other estimators put no token reward; returns at another gamma are not reward-to-go
         coef = number(need(args, "kl_coef", where), "kl_coef", where)
@@ -318,6 +323,37 @@ def _token_terms(rows: list[dict[str, Any]], records: Iterable[Mapping[str, Any]
             row["token_reward"] = pad + reward
             row["token_kl"] = pad + [coef * (v or 0.0) * x for v, x in zip(kl_v, mask)]
             row["token_returns"] = pad + ret_v
+
+
+def _critic_terms(at: dict[str, dict[str, Any]], rec: Mapping[str, Any], args: Mapping[str, Any], where: str) -> None:
+    """--advantage-estimator ppo: the critic's `values` and GAE's `returns` (A + V) on the response,
+    with the reward on the last response token and the KL penalty kl_coef·kl on every response token,
+    as slime builds the rewards GAE reads (loss.py:769-781 at 624b824), and --gamma and --lambd
+    (arguments.py:1002-1003)."""
+    coef = number(need(args, "kl_coef", where), "kl_coef", where)
+    gamma = number(need(args, "gamma", where), "gamma", where)
+    lambd = number(need(args, "lambd", where), "lambd", where)
+    index = ints(rec, "sample_indices", where)
+    per = {k: objects_of(rec, k, len(index), where) for k in ("loss_masks", "kl", "returns", "values")}
+    rewards = numbers(need(rec, "rewards", where), "rewards", where)
+    for k, (i, r) in enumerate(zip(index, rewards)):
+        row = at.get(str(i))
+        if row is None:
+            raise AdapterError(f"{where}: sample index {i} is not among the dump's samples")
+        w = f"{where} (index {i})"
+        mask = flags(per["loss_masks"][k], "loss_masks", w)
+        kl_v, ret_v, val_v = (numbers(per[f][k], f, w) for f in ("kl", "returns", "values"))
+        if not len(mask) == len(kl_v) == len(ret_v) == len(val_v):
+            raise AdapterError(f"{w}: loss_masks, kl, returns and values differ in length")
+        n_prompt = len(row["token_ids"]) - len(mask)
+        if n_prompt < 0 or not mask:
+            raise AdapterError(f"{w}: {len(mask)} loss_masks for a sample of {len(row['token_ids'])} tokens")
+        pad = [0.0] * n_prompt
+        row["token_reward"] = pad + [0.0] * (len(mask) - 1) + [r or 0.0]
+        row["token_kl"] = pad + [coef * (v or 0.0) for v in kl_v]
+        row["token_values"] = [None] * n_prompt + val_v
+        row["token_value_targets"] = [None] * n_prompt + ret_v
+        row["gamma"], row["gae_lambda"] = gamma, lambd
 
 
 def objects_of(rec: Mapping[str, Any], field: str, n: int, where: str) -> list[Any]:

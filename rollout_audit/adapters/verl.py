@@ -17,6 +17,7 @@ them, provenance falls back to `response_mask` (M101/M102 then hold by construct
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -27,6 +28,8 @@ from ..contract.config import LOG_BOUNDS
 from ..contract.schema import context_sha256
 from ..reading.records import records_to_table
 from .base import (
+    CRITIC,
+    UNRECORDED,
     AdapterError,
     aligned,
     context_values,
@@ -45,6 +48,7 @@ from .base import (
     rows_of,
     runs,
     sha256_hex,
+    short,
     token_columns,
     with_context,
     with_trainer_settings,
@@ -82,8 +86,12 @@ BATCH_TENSORS = (
     "returns",
     "old_log_probs",
     "rollout_log_probs",
+    "values",
 )
-ALGORITHM = ("adv_estimator", "norm_adv_by_std_in_grpo", "gamma", "use_kl_in_reward")
+# the V1 trainer's record (`integrations.verl_v1`) also names the local update within the step
+# (`local_trigger_step`, one per `_step_once`, `parameter_sync_step` of them per step)
+V1_STEP = "local_trigger_step"
+ALGORITHM = ("adv_estimator", "norm_adv_by_std_in_grpo", "gamma", "lam", "use_kl_in_reward")
 READS_BATCH = {
     "verl.protocol.DataProto": {"batch", "non_tensor_batch", "meta_info"},
     "verl.trainer.config.AlgoConfig": set(ALGORITHM),
@@ -402,12 +410,40 @@ _NO_RETURNS = (
     "verl's `returns` are its estimator's (GRPO/RLOO: the advantages; GAE: advantages + values), not reward-to-go; "
     "the trainer-side record carries them as token_returns only for reinforce_plus_plus at gamma 1"
 )
+_NO_CRITIC = (
+    "verl's batch holds critic values only with a critic (algorithm.adv_estimator=gae, ray_trainer.py:1624-1628); "
+    "dump_batch then records values, returns and algorithm.lam"
+)
 _NO_BATCH = "the dump holds no trainer-side records (add dump_batch after compute_advantage; docs/frameworks/verl.md)"
 _MINI = (
     "verl splits the step's batch into ppo_mini_batch_size mini-batches (and ppo_epochs passes), each an "
     "optimizer step with its own denominator; the step-level hook records the numerator tokens, not those denominators"
 )
 UPDATE_LACKS = {k: _MINI for c in ("reduction", "loss_denominator") for k in (c, f"updates.{c}")}
+
+
+_SESSIONS = (
+    "verl's V1 GRPO forms each group from every session's final output and gives that output's advantage to "
+    "the session's other outputs (v1/utils.py:148-217): no per-trajectory group advantage to recompute"
+)
+
+
+def _statistics_rows(members: list[tuple[int, Mapping[str, Any]]]) -> tuple[list[str], bool]:
+    """(the rows whose rewards entered the step's group statistics, whether a session has several rows).
+    The legacy trainer's estimators read every row; V1's GRPO (`compute_advantage_for_multi_trajectories`,
+    v1/utils.py:178-207) reads only each `{uid}_{session_id}` session's final output (its largest index)."""
+    ids = [str(rec["request_id"]) for _, rec in members]
+    v1_grpo = [rec.get(V1_MODE) is not None and rec.get("adv_estimator") == "grpo" for _, rec in members]
+    if not all(v1_grpo):
+        return ids, False
+    final: dict[str, tuple[int, str]] = {}
+    for rid in ids:
+        session, _, index = rid.rpartition("_")
+        if not session or not index.isdigit():
+            return ids, False  # not a TransferQueue key: read as the legacy trainer's rows
+        if session not in final or final[session][0] < int(index):
+            final[session] = (int(index), rid)
+    return [rid for _, rid in final.values()], len(final) < len(ids)
 
 
 def _estimator(name: str, norm: Any) -> str | None:
@@ -423,6 +459,12 @@ def _batch_rows(records: list[tuple[int, Mapping[str, Any]]]) -> dict[str, tuple
     out: dict[str, tuple[int, Mapping[str, Any]]] = {}
     for n, rec in records:
         where = getattr(rec, "origin", None) or f"record {n}"
+        if "advantages" not in rec:  # the V1 trainer could not read its step back: say which, and why
+            said = mapping(rec.get(UNRECORDED), UNRECORDED, where).get("updates")
+            raise AdapterError(
+                f"{where}: the verl V1 trainer recorded no update for global_steps {short(rec.get('global_steps'))}"
+                + (f": {said[:500]!r}" if isinstance(said, str) else "")
+            )
         rid = need(rec, "request_id", where)
         if rid is None:
             raise AdapterError(
@@ -435,12 +477,85 @@ def _batch_rows(records: list[tuple[int, Mapping[str, Any]]]) -> dict[str, tuple
     return out
 
 
-def _split(records: Iterable[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], list[tuple[int, Mapping[str, Any]]]]:
-    """(sampler records, trainer-side records with their position): a trainer-side record carries `advantages`."""
-    sampler, trainer = [], []
+# verl's own generations file, `{global_steps}.jsonl` under trainer.rollout_data_dir: one row per trained
+# sample with its decoded `input` / `output`, `gts`, `score` and `step` (legacy ray_trainer.py:454-475,
+# the score token_level_scores.sum(-1), :527, and `request_id` when the batch has it, :533-537; V1
+# trainer_base.py:1226-1258, the score rm_scores.sum(1), :1308, and `uid` the TransferQueue key, :1331)
+GENERATIONS = ("output", "score", "step")
+GENERATION_KEYS = ("request_id", "uid")  # the join field: legacy's request_id, else V1's uid (the key)
+V1_MODE = "trainer_mode"  # on every record of the V1 trainer (integrations.verl_v1)
+
+
+def _kind(rec: Any) -> str:
+    """Which writer a record is from: the trainer-side record (`advantages`, or the V1 trainer's
+    `trainer_mode`), verl's generations file (its `output`, `score`, `step`, no `prompt_ids`), or the
+    agent loop (anything else, read as a sample)."""
+    if not isinstance(rec, Mapping):
+        return "sampler"
+    if "advantages" in rec or V1_MODE in rec:
+        return "trainer"
+    if "prompt_ids" not in rec and all(k in rec for k in GENERATIONS):
+        return "generations"
+    return "sampler"
+
+
+Numbered = list[tuple[int, Mapping[str, Any]]]
+
+
+def _split(records: Iterable[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], Numbered, Numbered]:
+    """(sampler records, trainer-side records, verl's generations rows), the last two with their position."""
+    sampler: list[Mapping[str, Any]] = []
+    trainer: Numbered = []
+    generations: Numbered = []
     for n, rec in enumerate(records, 1):
-        (trainer.append((n, rec)) if isinstance(rec, Mapping) and "advantages" in rec else sampler.append(rec))
-    return sampler, trainer
+        kind = _kind(rec)
+        if kind == "sampler":
+            sampler.append(rec)
+        else:
+            (trainer if kind == "trainer" else generations).append((n, rec))
+    return sampler, trainer, generations
+
+
+def _where(rec: Mapping[str, Any], n: int) -> str:
+    return getattr(rec, "origin", None) or f"record {n}"
+
+
+def _same_score(a: float, b: float) -> bool:
+    """Equal up to float32 rounding: verl sums float32 token scores (`rm_scores`) for its `score`."""
+    return abs(a - b) <= 1e-6 * max(1.0, abs(b))
+
+
+def _with_generations(rows: list[dict[str, Any]], generations: Numbered) -> list[dict[str, Any]]:
+    """The rows with verl's generations file joined by request id (`request_id`, else V1's `uid`): its
+    `score` is the sample's reward where the agent loop recorded none (verl scores after the loop
+    returns, agent_loop.py:694-695, :822; v1/agent_loop_tq.py:160) and must agree with the one recorded.
+    A row that names no sample, names none, or names one twice is an AdapterError naming file, record
+    and field."""
+    by_id = {r["trajectory_id"]: r for r in rows}
+    seen: dict[str, str] = {}
+    for n, rec in generations:
+        where = _where(rec, n)
+        field = next((k for k in GENERATION_KEYS if rec.get(k) is not None), None)
+        if field is None:
+            raise AdapterError(
+                f"{where}: verl generations row has neither request_id (legacy trainer: the agent-loop wrapper "
+                "puts it in extra_fields) nor uid (V1 trainer: the TransferQueue key), so it joins no sample"
+            )
+        key = str(rec[field])
+        if key in seen:
+            raise AdapterError(f"{where}: {field} {short(key)} is also the row of {seen[key]}")
+        seen[key] = where
+        row = by_id.get(key)
+        if row is None:
+            raise AdapterError(f"{where}: {field} {short(key)} matches no agent-loop record's request_id")
+        score = number(rec["score"], "score", where)
+        if "reward" not in row:
+            row["reward"] = score
+        elif row["reward"] is not None and not _same_score(row["reward"], score):
+            raise AdapterError(
+                f"{where}: score {score} differs from the sample's reward {row['reward']} ({field} {key!r})"
+            )
+    return rows
 
 
 def _trained(row: dict[str, Any], rec: Mapping[str, Any], n_prompt: int, where: str) -> None:
@@ -454,15 +569,24 @@ def _trained(row: dict[str, Any], rec: Mapping[str, Any], n_prompt: int, where: 
     trained = flags(aligned(rec, "response_mask", resp, where), "response_mask", where)
     before = row["loss_mask"][n_prompt:]
     row["loss_mask"] = [False] * n_prompt + [a and b for a, b in zip(before, trained)]
-    if any(before) and not any(trained):
-        row["reward"] = None  # rejected whole by rollout correction: neither trained nor a valid outcome
     scores = numbers(aligned(rec, "token_level_scores", resp, where), "token_level_scores", where)
     rewards = numbers(aligned(rec, "token_level_rewards", resp, where), "token_level_rewards", where)
+    if "reward" not in row:  # verl scored the sample after its agent loop: its score is the sum (ray_trainer.py:527)
+        row["reward"] = sum(x or 0.0 for x in scores)
+    if any(before) and not any(trained):
+        row["reward"] = None  # rejected whole by rollout correction: neither trained nor a valid outcome
     row["token_reward"] = [0.0] * n_prompt + [s or 0.0 for s in scores]
     row["token_kl"] = [0.0] * n_prompt + [(s or 0.0) - (r or 0.0) for s, r in zip(scores, rewards)]
     if rec.get("adv_estimator") == "reinforce_plus_plus" and rec.get("gamma") in (1, 1.0):
         ret = numbers(aligned(rec, "returns", resp, where), "returns", where)
         row["token_returns"] = [0.0] * n_prompt + [r or 0.0 for r in ret]
+    if rec.get("adv_estimator") == "gae" and rec.get("values") is not None:  # the critic's values and GAE's targets
+        vals = numbers(aligned(rec, "values", resp, where), "values", where)
+        ret = numbers(aligned(rec, "returns", resp, where), "returns", where)
+        row["token_values"] = [None] * n_prompt + vals
+        row["token_value_targets"] = [None] * n_prompt + ret
+        row["gamma"] = number(need(rec, "gamma", where), "gamma", where)
+        row["gae_lambda"] = number(need(rec, "lam", where), "lam", where)
     if rec.get("overlong_reward") is not None:  # DAPO's penalty as the trainer's reward manager computed it
         row["overlong_penalty"] = number(rec["overlong_reward"], "overlong_reward", where)
     if rec.get("routed_experts_sha256") is not None:  # the routes the actor replays, as the trainer holds them
@@ -473,14 +597,17 @@ def _trained(row: dict[str, Any], rec: Mapping[str, Any], n_prompt: int, where: 
         row[OLD_LOGPROBS] = logprobs_column(n_prompt, old, sampled)
 
 
-def _advantage(rec: Mapping[str, Any], where: str) -> tuple[float | None, bool]:
+def _advantage(rec: Mapping[str, Any], where: str, outcome: bool) -> tuple[float | None, bool]:
     """(the row's advantage, whether it is one value): an outcome estimator writes one value on every
-    trained token (None when no token is trained); a per-token estimator (GAE, REINFORCE++) several."""
+    trained token (None when no token is trained); a per-token estimator (GAE, REINFORCE++) several.
+    Under an outcome estimator (`outcome`: one U603 recomputes) a row with several values (another
+    row's advantages written under its key, verl#7956) has no advantage of its own: NaN, which U603
+    reports against the recomputed one instead of the step losing its advantages."""
     adv = numbers(need(rec, "advantages", where), "advantages", where)
     mask = flags(need(rec, "response_mask", where), "response_mask", where)
     seen = {a for a, m in zip(adv, mask) if m and a is not None}
     if len(seen) > 1:
-        return None, False
+        return (math.nan, True) if outcome else (None, False)
     return (seen.pop() if seen else None), True
 
 
@@ -502,7 +629,7 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
     the trainer trained of them."""
     ctx = context_values(context, allowed=OWN_CONTEXT)
     in_range(ctx, BOUNDS)
-    sampler, trainer = _split(list(records))
+    sampler, trainer, generations = _split(list(records))
     rows = with_top_k(rows_of(sampler, row, ctx), ctx.get("top_k"))
     settings: dict[str, Any] = {"truncation": "penalize"}
     said = POLICY
@@ -516,9 +643,12 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
             said += "; L207 compares the engine's log-probs with the actor's old_log_probs (compare_logprobs)"
         if any(r[1].get("adv_estimator") in ("grpo", "grpo_vectorized") for r in trainer):
             settings["grpo_epsilon"] = GRPO_EPSILON
+    if generations:
+        rows = _with_generations(rows, generations)
     old = [r.pop(OLD_LOGPROBS, None) for r in rows]
-    lacks_ = {**LACKS, "token_returns": _NO_RETURNS} if trainer else LACKS
-    table = contract_table(rows, declared(sampler, lacks_))  # a recorder's own reasons in place of the adapter's
+    lacks_ = {**LACKS, "token_returns": _NO_RETURNS, **{k: _NO_CRITIC for k in CRITIC}} if trainer else LACKS
+    # a recorder's own reasons (the agent loop's, the V1 trainer's) in place of the adapter's
+    table = contract_table(rows, declared([*sampler, *(r for _, r in trainer)], lacks_))
     if any(o is not None for o in old):
         meta = table.schema.metadata
         table = table.append_column(OLD_LOGPROBS, pa.array(old, pa.list_(pa.float32()))).replace_schema_metadata(meta)
@@ -531,48 +661,57 @@ def updates(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table | 
     tokens each put in the loss's numerator (`response_mask` after rollout correction), and the rows whose
     rewards entered the group statistics (every row of the batch, for estimators that group by uid)."""
     context_values(context, allowed=OWN_CONTEXT)
-    _, trainer = _split(list(records))
+    _, trainer, _ = _split(list(records))
     if not trainer:
         return None
     _batch_rows(trainer)  # one record per request_id, each named
-    steps: dict[int, list[tuple[int, Mapping[str, Any]]]] = {}
+    steps: dict[tuple[int, int], list[tuple[int, Mapping[str, Any]]]] = {}
+    sync: dict[tuple[int, int], int] = {}
     for n, rec in trainer:
         where = getattr(rec, "origin", None) or f"record {n}"
-        steps.setdefault(integer(rec, "global_steps", where), []).append((n, rec))
+        key = (integer(rec, "global_steps", where), integer(rec, V1_STEP, where) if rec.get(V1_STEP) is not None else 0)
+        steps.setdefault(key, []).append((n, rec))
+        if rec.get("parameter_sync_step") is not None:
+            sync[key] = integer(rec, "parameter_sync_step", where)
     rows: list[Mapping[str, Any]] = []
     lacks_ = dict(UPDATE_LACKS)
-    for step, members in sorted(steps.items()):
+    for (step, local), members in sorted(steps.items()):
         ids, advs, counts, scalar = [], [], [], True
         names = {str(r.get("adv_estimator")) for _, r in members}
         norms = {r.get("norm_adv_by_std_in_grpo") for _, r in members}
-        stat = [str(rec["request_id"]) for _, rec in members]
+        stat, shared = _statistics_rows(members)
+        name = names.pop() if len(names) == 1 else None
+        kl = any(r.get("use_kl_in_reward") for _, r in members)
+        estimator = _estimator(name, norms.pop() if len(norms) == 1 else None) if name else None
         for n, rec in members:
             where = getattr(rec, "origin", None) or f"record {n}"
             count = sum(flags(need(rec, "response_mask", where), "response_mask", where))
             if not count:  # rejected whole (or nothing to train): the loss reads none of its tokens
                 continue
             ids.append(str(rec["request_id"]))
-            adv, one = _advantage(rec, where)
+            adv, one = _advantage(rec, where, estimator is not None)
             scalar &= one
             advs.append(adv)
             counts.append(count)
         u: dict[str, Any] = {
-            "update_step": step,
-            "trainer_version": step - 1,  # the synchronous trainer pushes weights k-1 to the engines for step k
+            # one update per advantage step: V1 runs parameter_sync_step of them per global step (`_step_once`)
+            "update_step": (step - 1) * sync[(step, local)] + local + 1 if (step, local) in sync else step,
+            # the weights the step starts from were pushed to the engines as version global_steps - 1
+            # (legacy and V1 `update_weights(global_steps)` after each step, v1/trainer_sync.py:33, :36-38)
+            "trainer_version": step - 1,
             "trajectory_ids": ids,
             "numerator_tokens": counts,
         }
-        name = names.pop() if len(names) == 1 else None
-        kl = any(r.get("use_kl_in_reward") for _, r in members)
-        estimator = _estimator(name, norms.pop() if len(norms) == 1 else None) if name else None
         if scalar:
             u["advantages"] = advs
-        if estimator and scalar and not kl:
+        if estimator and scalar and not kl and not shared:
             u["advantage_estimator"] = estimator
         else:
             why = (
                 "algorithm.use_kl_in_reward: the estimator's input is the reward minus the KL, not the episode reward"
                 if kl
+                else _SESSIONS
+                if shared
                 else f"verl's estimator {name!r} has no contract counterpart (U603 recomputes grpo, grpo_no_std, rloo)"
             )
             lacks_ |= {"advantage_estimator": why, "updates.advantage_estimator": why}

@@ -23,7 +23,8 @@ from ..contract.version import __version__
     default=64 << 20,
     show_default=True,
     type=click.IntRange(1),
-    help="Largest body recorded; a larger response is forwarded, not recorded, and its session marked incomplete.",
+    help="Largest request or response body recorded (and held in memory); a larger one is forwarded unchanged "
+    "as it arrives, recorded without its body, and its session marked incomplete (not audited).",
 )
 @click.option("--connect-timeout", default=10.0, show_default=True, help="Seconds to reach the upstream (then 504).")
 @click.option(

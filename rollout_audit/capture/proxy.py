@@ -4,9 +4,10 @@ Every request is forwarded to the upstream as the client sent it (its body byte 
 headers but the hop-by-hop ones), and every response back as the upstream sent it, streamed
 chunk by chunk when it streams; nothing is added, rendered or converted. Each exchange is one
 line of `rollout_audit.contract.capture` in the session's file, written with one `write` and
-synced to disk before the client can hold the whole response: a non-streamed body is sent after
-the sync; a stream's chunks go out as they arrive, but the chunk holding `data: [DONE]` and the
-end of the response only after it.
+synced to disk before the client can hold the whole response: a body of known length within the
+limit is sent after the sync; a stream's chunks go out as they arrive, but the chunk holding
+`data: [DONE]` and the end of the response only after it; any other body relayed as it arrives
+(over the limit, chunked, encoded) goes out one chunk behind, its last chunk after the sync.
 
 Routes (on the recorder's own address):
 
@@ -22,8 +23,13 @@ A request without a session is forwarded unrecorded when it is a GET (a client l
 and refused (400) otherwise: a recorder that drops what it was asked to record would pass in
 silence. An unreachable upstream is answered 502, a timeout 504, both recorded; an upstream's
 own error is relayed as it is. A client gone before its answer (mid-stream, or past its own
-timeout) leaves the exchange recorded with that error and its session marked incomplete. Memory per exchange is bounded by `max_body` (a larger response is
-forwarded whole, not recorded, and its session marked incomplete); sessions hold no open file."""
+timeout) leaves the exchange recorded with that error and its session marked incomplete.
+
+Memory per exchange in flight is bounded by `max_body`: a request or response body over it is
+forwarded unchanged as it arrives (never cut, never refused), recorded without its body (null),
+and its session marked incomplete with the reason. A body in an HTTP content coding (gzip) is
+forwarded and recorded as it came, with its coding named; the reader decodes it. A live session
+holds two counters, a lock and no open file; an ended one nothing."""
 
 from __future__ import annotations
 
@@ -32,11 +38,12 @@ import json
 import os
 import re
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+from aiohttp import ClientError, ClientResponse, ClientSession, ClientTimeout, StreamReader, TCPConnector, web
 
 from ..contract import capture as F
 
@@ -94,6 +101,11 @@ class Recorder:
 
     # ------------------------------------------------------------ the application
 
+    def runner(self) -> web.AppRunner:
+        """The application's runner; request bodies are read as the client sent them (a
+        gzip-encoded request is forwarded and recorded encoded, never decoded on the way)."""
+        return web.AppRunner(self.app(), access_log=None, auto_decompress=False)
+
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body)
         app.router.add_route("*", "/{tail:.*}", self.handle)
@@ -143,11 +155,16 @@ class Recorder:
 
     async def _forward(self, request: web.Request, sid: str | None, path: str) -> web.StreamResponse:
         assert self.client is not None
-        body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP}
         url = self.upstream + path + (f"?{request.query_string}" if request.query_string else "")
+        # the request body: kept whole up to max_body; a larger one is forwarded as it arrives, unrecorded
+        first, whole = await _read_upto(request.content, self.max_body)
+        body = b"".join(first) if whole else None
+        data: Any = body if body is not None else _relay(first, request.content)
+        if body is None and request.headers.get("Content-Length"):  # the same framing as the client's
+            headers["Content-Length"] = request.headers["Content-Length"]
         if sid is None:
-            return await self._pass(request, url, headers, body)
+            return await self._pass(request, url, headers, data)
         state = self.sessions.setdefault(sid, Session())
         turn, state.turns = state.turns, state.turns + 1
         state.inflight += 1
@@ -165,22 +182,26 @@ class Recorder:
             "dispatched_at": time.time(),
             "weight_version": version,
             "weight_version_from": source if version is not None else None,
-            "request_body": F.body(body),
+            "request_body": F.body(body) if body is not None else None,
         }
+        if request.headers.get("Content-Encoding"):
+            line["request_content_encoding"] = request.headers["Content-Encoding"]
         try:
-            return await self._exchange(request, sid, url, headers, body, line)
+            if body is None:
+                await self._incomplete(sid, f"turn {turn}: request body over the limit (> {self.max_body} bytes)")
+            return await self._exchange(request, sid, url, headers, data, line)
         finally:
             state.inflight -= 1
             async with state.idle:
                 state.idle.notify_all()
 
     async def _exchange(
-        self, request: web.Request, sid: str, url: str, headers: dict[str, str], body: bytes, line: dict[str, Any]
+        self, request: web.Request, sid: str, url: str, headers: dict[str, str], data: Any, line: dict[str, Any]
     ) -> web.StreamResponse:
         """Forward one recorded request; record the exchange before the client holds all of the response."""
         assert self.client is not None
         try:
-            upstream = await self.client.request(request.method, url, headers=headers, data=body, allow_redirects=False)
+            upstream = await self.client.request(request.method, url, headers=headers, data=data, allow_redirects=False)
         except (ClientError, OSError, asyncio.TimeoutError) as e:
             timed_out = isinstance(e, asyncio.TimeoutError)
             status = 504 if timed_out else 502
@@ -191,80 +212,88 @@ class Recorder:
             return web.Response(status=status, body=reply, content_type="application/json")
         async with upstream:
             line |= {"status": upstream.status, "content_type": upstream.headers.get("Content-Type")}
-            if upstream.headers.get("Content-Encoding"):
+            if upstream.headers.get("Content-Encoding"):  # forwarded as it came; the reader decodes it
                 line["content_encoding"] = upstream.headers["Content-Encoding"]
-            out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP}
-            streamed = upstream.headers.get("Content-Length") is None
-            if not streamed:
-                try:
-                    data = await upstream.read()
-                except (ClientError, asyncio.TimeoutError) as e:
-                    return await self._broken(request, sid, line, b"", f"upstream failed mid-response: {e!r}", None)
-                if _gone(request):  # the client stopped waiting: the answer never reached it
-                    why = "client gone before the response (it stopped waiting)"
-                    return await self._broken(request, sid, line, data, why, None)
-                if len(data) > self.max_body:
-                    await self._write(sid, line | {"completed_at": time.time(), "response_body": None})
-                    await self._incomplete(sid, f"turn {line['turn']}: a response of {len(data)} bytes, over the limit")
-                else:
-                    await self._write(sid, line | {"completed_at": time.time(), "response_body": F.body(data)})
-                return web.Response(status=upstream.status, body=data, headers=out_headers)
-            response = web.StreamResponse(status=upstream.status, headers=out_headers)
-            await response.prepare(request)
-            kept: list[bytes] | None = []
-            size = 0
-            held = b""
-            gone: BaseException | None = None  # why the client cannot be written to
-            try:
-                async for chunk in upstream.content.iter_any():
-                    size += len(chunk)
-                    if kept is not None:
-                        if size > self.max_body:
-                            kept = None
-                        else:
-                            kept.append(chunk)
-                    if held or DONE in chunk:  # the end of the stream waits for the record
-                        held += chunk
-                        continue
-                    try:
-                        await response.write(chunk)
-                    except (ConnectionError, RuntimeError) as e:  # aiohttp's reset is a ClientError too
-                        gone = e
-                        break
-            except (ClientError, asyncio.TimeoutError) as e:
-                return await self._broken(
-                    request, sid, line, b"".join(kept or []), f"upstream failed mid-stream: {e!r}", response, held
-                )
-            if gone is not None:  # the client went away: what the upstream sent until then is recorded
-                return await self._broken(
-                    request, sid, line, b"".join(kept or []), f"client gone mid-stream: {gone!r}", None
-                )
-            if kept is None:
-                await self._write(sid, line | {"completed_at": time.time(), "response_body": None})
-                await self._incomplete(sid, f"turn {line['turn']}: a stream of {size} bytes, over the limit")
-            else:
-                await self._write(sid, line | {"completed_at": time.time(), "response_body": F.body(b"".join(kept))})
-            try:
+            length = upstream.content_length
+            if length is not None and length <= self.max_body:
+                return await self._whole(request, sid, upstream, line)
+            return await self._relayed(request, sid, upstream, line)
+
+    async def _whole(
+        self, request: web.Request, sid: str, upstream: ClientResponse, line: dict[str, Any]
+    ) -> web.StreamResponse:
+        """A body of a known length within the limit: read, recorded, then sent."""
+        try:
+            data = await upstream.read()
+        except (ClientError, asyncio.TimeoutError) as e:
+            return await self._broken(request, sid, line, b"", f"upstream failed mid-response: {e!r}", None)
+        if _gone(request):  # the client stopped waiting: the answer never reached it
+            return await self._broken(request, sid, line, data, "client gone before the response (it stopped waiting)")
+        await self._write(sid, line | {"completed_at": time.time(), "response_body": F.body(data)})
+        return web.Response(status=upstream.status, body=data, headers=_headers(upstream))
+
+    async def _relayed(
+        self, request: web.Request, sid: str, upstream: ClientResponse, line: dict[str, Any]
+    ) -> web.StreamResponse:
+        """A stream, or a body over the limit: forwarded as it arrives, kept up to the limit. The end
+        waits for the record: a stream's chunks from the one holding `data: [DONE]` on, any other
+        body's last chunk (each chunk goes out when the next arrives; an encoded stream's too)."""
+        response = await _prepared(request, upstream)
+        # `[DONE]` is seen only in a stream sent without a content coding (gzip hides it)
+        events = "event-stream" in (upstream.headers.get("Content-Type") or "")
+        events = events and not upstream.headers.get("Content-Encoding")
+        kept: list[bytes] | None = []
+        pending: list[bytes] = []  # received, not yet forwarded
+        size = 0
+        held = False
+        try:
+            async for chunk in upstream.content.iter_any():
+                size += len(chunk)
+                if kept is not None and size > self.max_body:
+                    kept = None
+                elif kept is not None:
+                    kept.append(chunk)
+                pending.append(chunk)
+                held = held or (events and DONE in chunk)
                 if held:
-                    await response.write(held)
-                await response.write_eof()
-            except (ConnectionError, RuntimeError) as e:
-                await self._incomplete(sid, f"turn {line['turn']}: client gone before the end of the stream: {e!r}")
-            return response
+                    continue
+                send, pending = (pending, []) if events else (pending[:-1], pending[-1:])
+                try:
+                    for c in send:
+                        await response.write(c)
+                except (ConnectionError, RuntimeError) as e:  # aiohttp's reset is a ClientError too
+                    why = f"client gone mid-stream: {e!r}"
+                    return await self._broken(request, sid, line, _joined(kept), why)
+        except (ClientError, asyncio.TimeoutError) as e:
+            why = f"upstream failed mid-stream: {e!r}"
+            return await self._broken(request, sid, line, _joined(kept), why, response, b"".join(pending))
+        await self._write(sid, line | {"completed_at": time.time(), "response_body": _recorded(kept)})
+        if kept is None:
+            why = f"response body over the limit ({size} > {self.max_body} bytes)"
+            await self._incomplete(sid, f"turn {line['turn']}: {why}")
+        try:
+            for c in pending:
+                await response.write(c)
+            await response.write_eof()
+        except (ConnectionError, RuntimeError) as e:
+            await self._incomplete(sid, f"turn {line['turn']}: client gone before the end of the stream: {e!r}")
+        return response
 
     async def _broken(
         self,
         request: web.Request,
         sid: str,
         line: dict[str, Any],
-        got: bytes,
+        got: bytes | None,
         why: str,
-        response: web.StreamResponse | None,
+        response: web.StreamResponse | None = None,
         held: bytes = b"",
     ) -> web.StreamResponse:
-        """An exchange cut off mid-way: what arrived is recorded with the reason, the session marked
-        incomplete, and the client's connection closed without a clean end (as the upstream's was)."""
-        await self._write(sid, line | {"completed_at": time.time(), "response_body": F.body(got), "error": why})
+        """An exchange cut off mid-way: what arrived is recorded with the reason (no body when it was
+        over the limit), the session marked incomplete, and the client's connection closed without a
+        clean end (as the upstream's was)."""
+        record = line | {"completed_at": time.time(), "response_body": _recorded(got), "error": why}
+        await self._write(sid, record)
         await self._incomplete(sid, f"turn {line['turn']}: {why}")
         if response is not None:
             if held:
@@ -279,16 +308,22 @@ class Recorder:
             request.transport.abort()
         return web.Response(status=502)
 
-    async def _pass(self, request: web.Request, url: str, headers: dict[str, str], body: bytes) -> web.StreamResponse:
-        """A request of no session (a GET): forwarded and relayed, not recorded."""
+    async def _pass(self, request: web.Request, url: str, headers: dict[str, str], data: Any) -> web.StreamResponse:
+        """A request of no session (a GET): forwarded and relayed as it arrives, not recorded."""
         assert self.client is not None
         try:
             async with self.client.request(
-                request.method, url, headers=headers, data=body, allow_redirects=False
+                request.method, url, headers=headers, data=data, allow_redirects=False
             ) as upstream:
-                data = await upstream.read()
-                out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP}
-                return web.Response(status=upstream.status, body=data, headers=out_headers)
+                response = await _prepared(request, upstream)
+                try:
+                    async for chunk in upstream.content.iter_any():
+                        await response.write(chunk)
+                    await response.write_eof()
+                except (ClientError, asyncio.TimeoutError, ConnectionError, RuntimeError):
+                    if request.transport is not None:
+                        request.transport.abort()
+                return response
         except (ClientError, OSError, asyncio.TimeoutError) as e:
             why = f"upstream {self.upstream} unreachable: {type(e).__name__}: {e}"
             return web.Response(
@@ -373,6 +408,52 @@ def _cut_torn_tail(fd: int, path: Path) -> None:
             back = min(size, back * 2)
 
 
+def _headers(upstream: ClientResponse) -> dict[str, str]:
+    """The upstream's response headers but the hop-by-hop ones."""
+    return {k: v for k, v in upstream.headers.items() if k.lower() not in HOP}
+
+
+async def _prepared(request: web.Request, upstream: ClientResponse) -> web.StreamResponse:
+    """The client's response, started with the upstream's status, headers and framing."""
+    response = web.StreamResponse(status=upstream.status, headers=_headers(upstream))
+    if upstream.content_length is not None:
+        response.content_length = upstream.content_length
+    await response.prepare(request)
+    return response
+
+
+async def _read_upto(stream: StreamReader, limit: int) -> tuple[list[bytes], bool]:
+    """The first chunks of a body, up to just past `limit` bytes; True when that is the whole body."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = await stream.read(limit + 1 - size)
+        if not chunk:
+            return chunks, True
+        chunks.append(chunk)
+        size += len(chunk)
+    return chunks, False
+
+
+async def _relay(first: list[bytes], rest: StreamReader) -> AsyncIterator[bytes]:
+    """A body forwarded as it arrives: the chunks already read, then the rest."""
+    for chunk in first:
+        yield chunk
+    async for chunk in rest.iter_any():
+        yield chunk
+
+
+def _joined(kept: list[bytes] | None) -> bytes | None:
+    return None if kept is None else b"".join(kept)
+
+
+def _recorded(data: list[bytes] | bytes | None) -> dict[str, str] | None:
+    """A body as recorded: None when it was over the limit (the incomplete marker says so)."""
+    if data is None:
+        return None
+    return F.body(data if isinstance(data, bytes) else b"".join(data))
+
+
 def _gone(request: web.Request) -> bool:
     """True when the client's connection is closed or closing."""
     transport = request.transport
@@ -397,7 +478,7 @@ def _refuse(status: int, message: str) -> web.Response:
 
 async def serve(recorder: Recorder, host: str, port: int, ready: Any = None) -> None:
     """Run `recorder` on host:port until cancelled; `ready(url)` is called once it listens."""
-    runner = web.AppRunner(recorder.app(), access_log=None)
+    runner = recorder.runner()
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -97,24 +97,29 @@ def _shaping(b: BatchView) -> pl.Expr:
     "R401",
     "reward_components do not sum to the turn reward",
     requires=("turns.reward", "turns.reward_components"),
+    optional=("turns.raw_reward",),
     config=("atol", "rtol"),
 )
 def components_sum(b: BatchView, cfg) -> pl.DataFrame | None:
-    """A turn's reward_components do not sum to its reward.
+    """A turn's reward_components do not sum to its reward (to its raw_reward where the log records
+    the reward paid before the trainer normalised it).
 
     Lesson “Process feedback and hindsight critics”–“Verify world state, not persuasive text”: dense rewards are assembled from parts (outcome, verified
     milestones, process scores, penalties); the components are how a reward is audited for
     farming and first-visit rules. When they do not add up to the reward the trainer uses,
     either a component is missing from the log or the reward was changed after the
     components were recorded. A null component value counts as NaN. Write the reward as the
-    sum of the logged components, at the same place.
+    sum of the logged components, at the same place. The components are what the environment paid:
+    where a turn records raw_reward (contract 1.4, the reward before the trainer's normalisation)
+    they are summed to it, and the trained reward is R417's to judge.
     """
     tr = b.turns
     if tr.is_empty():
         return None
     ent = _entries(tr.schema["reward_components"])
+    paid = pl.coalesce("raw_reward", "reward") if "raw_reward" in tr.columns else pl.col("reward")
     df = (
-        tr.select("trajectory_id", "_t", "reward", ent.alias("_e"))
+        tr.select("trajectory_id", "_t", paid.alias("reward"), ent.alias("_e"))
         .filter(pl.col("_e").is_not_null() & pl.col("reward").is_not_null())
         .with_columns(
             pl.col("_e").list.eval(pl.element().struct.field("value").fill_null(float("nan"))).list.sum().alias("_sum"),
@@ -939,5 +944,271 @@ def terminal_value(b: BatchView, cfg) -> pl.DataFrame | None:
             "value to bootstrap from",
             pl.col("stop_reason").fill_null("null"),
             num(pl.col("final_value")),
+        ).alias("message"),
+    )
+
+
+# ------------------------------------------------------------------ R416: GAE over the trainable tokens
+
+F32_SLACK = 2.0**-16  # float32 targets: a relative allowance on the magnitudes they were computed from
+
+
+def discounted_to_go(x: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """y_i = x_i + c_i·y_{i+1} in float64, y = x where c_i = 0 (the last element of each segment must
+    have c 0). Vectorised by recursive doubling: after the step of span s each y_i holds the terms
+    of the next 2s elements and `a` their carried factor; ⌈log2⌉ of the longest segment steps, each
+    over the whole array. Factors in [0, 1] only shrink, so nothing overflows."""
+    y = np.asarray(x, np.float64).copy()
+    a = np.asarray(c, np.float64).copy()
+    n, s = y.size, 1
+    with np.errstate(all="ignore"):
+        while s < n and a.any():
+            carry = a[:-s] != 0  # no carry where the factor is 0: a NaN of the next segment stays there
+            y[:-s] += np.multiply(a[:-s], y[s:], out=np.zeros(n - s), where=carry)
+            a[:-s] = np.multiply(a[:-s], a[s:], out=np.zeros(n - s), where=carry)
+            a[n - s :] = 0.0  # a window past the array's end holds its last element, whose factor is 0
+            s *= 2
+    return y
+
+
+def _row_floats(b: BatchView, name: str, default: float) -> np.ndarray:
+    """A trajectory column as float64 per batch row, `default` where absent or null."""
+    if name not in b.traj.columns:
+        return np.full(b.n, default)
+    return pc.fill_null(b.col(name).cast(pa.float64()), default).to_numpy(zero_copy_only=False)
+
+
+@rule(
+    "R416",
+    "GAE targets differ from GAE recomputed over the trainable tokens",
+    "error",
+    requires=("token_values", "token_value_targets", "token_reward", "gae_lambda", "loss_mask", "token_source"),
+    optional=("token_kl", "gamma", "final_value", "token_turn"),
+    config=("atol", "rtol"),
+    preview=True,
+)
+def gae_targets(b: BatchView, cfg) -> pl.DataFrame | None:
+    """On a trainable token, the recorded GAE target (token_value_targets, A + V) differs from GAE
+    recomputed over the trainable tokens from the rewards, the critic's values, gamma and
+    gae_lambda.
+
+    Lesson “Turn returns and TD residuals”: with k and k' consecutive tokens of loss_mask true,
+    δ_k = r_k + γ·V_k' − V_k and A_k = δ_k + γλ·A_k', r the token reward less its KL penalty
+    (token_reward − token_kl, a null counting 0) and, after the last trainable token, V = final_value
+    (0 when absent or null: no bootstrap). Tokens outside the loss are not transitions of the policy:
+    the recursion crosses them, their values and rewards never enter it. An estimator that runs over
+    every position (alibaba/ROLL#447: the critic's values under masked padding or tool output passed
+    to the GAE recursion unmasked) bootstraps the last action before a masked span from the value of
+    a token the policy never chose, and every earlier advantage of the episode carries that value.
+    The finding names the last trainable token that differs (where the recursion first went wrong,
+    reading backwards), what it bootstrapped from, and, when the recorded target is GAE over every
+    position, the masked position and value it bootstrapped from. Targets are float32: each is
+    compared within atol + rtol·|expected| + 2⁻¹⁶·S, S the discounted sum of the magnitudes it was
+    computed from. Rows with a null value, reward or λ on a trainable token are not compared. Fix the
+    estimator to skip the positions outside the loss (verl's compute_gae_advantage_return carries
+    the next value and the running advantage across them), or mask the values before it reads them.
+    """
+    vals, tgt, rew = token_list(b, "token_values"), token_list(b, "token_value_targets"), token_list(b, "token_reward")
+    kl = token_list(b, "token_kl") if b.has("token_kl") else None
+    t = b.tokens
+    lam, gamma, boot = (
+        _row_floats(b, "gae_lambda", np.nan),
+        _row_floats(b, "gamma", 1.0),
+        _row_floats(b, "final_value", 0.0),
+    )
+    rows = vals.fits & tgt.fits & rew.fits & ~np.isnan(lam)
+    if kl is not None:
+        rows &= ~kl.broken
+    idx = np.flatnonzero(t.mask & rows[t.row])
+    if not idx.size:
+        return _findings(vals.bad, tgt.bad, rew.bad, None if kl is None else kl.bad)
+    row = t.row[idx]
+    # a row with a trainable token missing its value or reward claims no recursion we can recompute
+    gap = ~vals.present[idx] | ~rew.present[idx]
+    if gap.any():
+        keep = ~np.isin(row, row[gap])
+        idx, row = idx[keep], row[keep]
+
+    def terms(at: np.ndarray) -> np.ndarray:
+        return native.terms(
+            at,
+            rew.values,
+            None if rew.complete else rew.present,
+            None if kl is None else kl.values,
+            None if kl is None or kl.complete else kl.present,
+        )
+
+    def gae(at: np.ndarray, r: np.ndarray, slack: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        """Over the elements `at` (whole rows, in order): (A + V, the value each element bootstrapped
+        from, the float32 slack 2⁻¹⁶·S), S computed on the elements `slack` selects (0 elsewhere)."""
+        rw = t.row[at]
+        v = vals.values[at].astype(np.float64)
+        end = np.r_[rw[1:] != rw[:-1], True] if at.size else np.zeros(0, bool)
+        v_next = np.r_[v[1:], 0.0] if at.size else v
+        v_next[end] = boot[rw[end]]
+        g = gamma[rw]
+        c = np.where(end, 0.0, g * lam[rw])
+        out = np.zeros(at.size)
+        with np.errstate(all="ignore"):
+            target = discounted_to_go(r + g * v_next - v, c) + v
+            if slack is None:
+                slack = np.ones(at.size, bool)
+            if slack.any():  # the magnitudes, on the rows that need them only (a second scan)
+                on = np.isin(rw, rw[slack])
+                mag = np.abs(r[on]) + np.abs(g[on] * v_next[on]) + np.abs(v[on])
+                out[on] = F32_SLACK * (discounted_to_go(mag, c[on]) + np.abs(v[on]))
+        return target, v_next, out
+
+    def beyond_f32(found: np.ndarray, expected: np.ndarray, slack: np.ndarray | float) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return ~(np.abs(found - expected) <= tolerance(expected, cfg) + slack)
+
+    r_idx = terms(idx)
+    found = tgt.values[idx].astype(np.float64)
+    expected, v_next, _ = gae(idx, r_idx, np.zeros(idx.size, bool))
+    bad = beyond_f32(found, expected, 0.0) & tgt.present[idx]  # within atol + rtol: no slack needed
+    if bad.any():
+        expected, v_next, slack = gae(idx, r_idx, bad)
+        bad &= beyond_f32(found, expected, slack)
+    off = None
+    if bad.any():
+        # the last differing trainable token of each row
+        at, rw = idx[bad], row[bad]
+        last = np.r_[rw[1:] != rw[:-1], True]
+        hit, where = at[last], np.flatnonzero(bad)[last]
+        n_bad = np.bincount(rw, minlength=b.n)[rw[last]]
+        nxt = np.where(where + 1 < idx.size, idx[np.minimum(where + 1, idx.size - 1)], -1)
+        nxt = np.where((nxt >= 0) & (t.row[np.maximum(nxt, 0)] == t.row[hit]), nxt, -1)
+        # GAE over every position of those rows: what an estimator that ignores the mask recorded
+        every = np.flatnonzero(np.isin(t.row, t.row[hit]))
+        naive, _, naive_slack = gae(every, terms(every))
+        k = np.searchsorted(every, hit)
+        matches = ~beyond_f32(found[where], naive[k], naive_slack[k])
+        after = hit + 1
+        inside = (after < t.row.size) & (t.row[np.minimum(after, t.row.size - 1)] == t.row[hit])
+        after_c = np.minimum(after, t.row.size - 1)
+        masked = inside & ~t.mask[after_c]
+        names = {**S.SOURCE_NAMES}
+        src = [names.get(int(s), "invalid source") for s in t.source[after_c]]
+        base = t.starts[t.row[hit]]
+        df = pl.DataFrame(
+            {
+                "trajectory_id": b.ids.gather(t.row[hit]),
+                "position": (hit - base).astype(np.int64),
+                "turn": pl.Series(t.turn[hit].astype(np.int64)).set(pl.Series(t.turn[hit] < 0), None),
+                "_n": n_bad.astype(np.int64),
+                "_found": found[where],
+                "_exp": expected[where],
+                "_g": gamma[t.row[hit]],
+                "_l": lam[t.row[hit]],
+                "_vn": v_next[where],
+                "_next": np.where(nxt >= 0, nxt - base, -1).astype(np.int64),
+                "_naive": matches & masked,
+                "_mpos": (after - base).astype(np.int64),
+                "_mv": vals.values[after_c].astype(np.float64),
+                "_msrc": src,
+            }
+        )
+        boot_from = (
+            pl.when(pl.col("_next") >= 0)
+            .then(pl.format("V = {} of the next trainable token, position {}", num(pl.col("_vn")), "_next"))
+            .otherwise(pl.format("V = {} after the last trainable token", num(pl.col("_vn"))))
+        )
+        naive_msg = (
+            pl.when(pl.col("_naive"))
+            .then(
+                pl.format(
+                    "; it is GAE over every position, which bootstraps from V = {} at position {}, a masked {} token",
+                    num(pl.col("_mv")),
+                    "_mpos",
+                    "_msrc",
+                )
+            )
+            .otherwise(pl.lit(""))
+        )
+        if "token_turn" not in b.lists:
+            df = df.with_columns(pl.lit(None, pl.Int64).alias("turn"))
+        off = df.select(
+            "trajectory_id",
+            "turn",
+            "position",
+            pl.format(
+                "token_value_targets differ from GAE over the trainable tokens (γ {}, λ {}) on {} token(s); "
+                "the last is {}, expected {} (it bootstraps from {}){}",
+                num(pl.col("_g")),
+                num(pl.col("_l")),
+                "_n",
+                num(pl.col("_found")),
+                num(pl.col("_exp")),
+                boot_from,
+                naive_msg,
+            ).alias("message"),
+        )
+    return _findings(vals.bad, tgt.bad, rew.bad, None if kl is None else kl.bad, off)
+
+
+# ------------------------------------------------------------------ R417: step rewards overwritten
+
+
+@rule(
+    "R417",
+    "step rewards replaced by the terminal reward",
+    "error",
+    requires=("turns.reward", "turns.raw_reward"),
+    optional=("gamma",),
+    config=("atol", "rtol"),
+    preview=True,
+)
+def lost_step_rewards(b: BatchView, cfg) -> pl.DataFrame | None:
+    """Every turn of an episode trains the same reward, its last turn's, while the rewards the
+    environment paid per turn (turns.raw_reward) carry step rewards the trained ones lost.
+
+    Lesson “Process feedback and hindsight critics”: a step reward credits the turn that earned it;
+    a pipeline that writes the episode's (normalised) outcome on every turn in its place trains each
+    turn on the outcome alone (areal-project/AReaL#1674: AReaL's group normalisation,
+    areal/infra/remote_inf_engine.py:194-205 at cbff54d6, writes the normalised reward of each rollout's
+    last interaction on every interaction, the paid one kept as original_reward). A raw reward of an earlier turn is
+    a step reward when it is neither 0 nor the raw terminal reward discounted back to it
+    (γ^(T−1−t)·raw_{T−1}: an outcome a workflow propagated backwards is no step reward, and
+    broadcasting its normalised value is what such a workflow means). Reported at the first turn whose
+    step reward differs from the reward trained there, for episodes of two or more turns whose every
+    trained reward equals the last within atol + rtol·|last|; turns with a null reward or raw reward
+    are not compared. Fix the normalisation to replace only the terminal reward (the "terminal" mode
+    AReaL#1674 proposes), or normalise the step rewards themselves.
+    """
+    tr = b.turns
+    if tr.is_empty():
+        return None
+    df = _turns(b, "reward", "raw_reward")
+
+    def last(c: str) -> pl.Expr:  # turns are in order per trajectory
+        return pl.col(c).last().over("_row")
+
+    k = pl.col("_T") - 1 - pl.col("_t")
+    step = _off(pl.col("raw_reward"), pl.lit(0.0), cfg) & _off(
+        pl.col("raw_reward"), _G.pow(k) * last("raw_reward"), cfg
+    )
+    df = df.with_columns(
+        _off(pl.col("reward"), last("reward"), cfg).any().over("_row").alias("_varies"),
+        (pl.col("reward").is_null() | pl.col("raw_reward").is_null()).any().over("_row").alias("_nulls"),
+        (step & (pl.col("_t") < pl.col("_T") - 1) & _off(pl.col("reward"), pl.col("raw_reward"), cfg)).alias("_lost"),
+        last("reward").alias("_r_last"),
+        last("raw_reward").alias("_raw_last"),
+    )
+    hit = df.filter((pl.col("_T") >= 2) & ~pl.col("_varies") & ~pl.col("_nulls") & pl.col("_lost"))
+    if hit.is_empty():
+        return None
+    first = hit.group_by("_row", maintain_order=True).agg(pl.all().first(), pl.len().alias("_n"))
+    return first.select(
+        "trajectory_id",
+        pl.col("_t").alias("turn"),
+        pl.format(
+            "every one of the {} turns trains reward {}, the last turn's; {} turn(s) lose a step reward, the "
+            "first this one: raw reward {} (not 0, nor the raw terminal reward {} discounted back to it)",
+            "_T",
+            num(pl.col("_r_last")),
+            "_n",
+            num(pl.col("raw_reward")),
+            num(pl.col("_raw_last")),
         ).alias("message"),
     )

@@ -172,12 +172,32 @@ def audit_logs(opts: options.AuditOptions, echo: Echo, baseline: bool = False, *
     its own: `(paths of the log, Audited)`. `baseline`: a baseline is written, which belongs to one
     log as the one read does; `kw`: what the command adds to each request."""
     from ..session import run
+    from .progress import progress
 
     found = [(list(opts.paths), None)] if opts.merge or opts.framework else logs_of(opts.paths, echo)
     if (opts.baseline or baseline) and len(found) > 1:
         raise UsageError("a baseline belongs to one log: give one PATH, or --merge")
-    # `within`: the directory of runs the log was found in, its trust boundary
-    return [(log, run(opts.request(log, log_root=within, **kw))) for log, within in found]
+    done = []
+    with progress(len(found), enabled=shows_progress(opts)) as step:
+        for log, within in found:  # `within`: the directory of runs the log was found in, its trust boundary
+            step(printable_paths(log))
+            done.append((log, run(opts.request(log, log_root=within, **kw))))
+    return done
+
+
+def shows_progress(opts: options.AuditOptions) -> bool:
+    """A progress line only for a person: stderr a terminal, a text report, not --quiet."""
+    return (
+        sys.stderr.isatty()
+        and getattr(opts, "fmt", "text") in ("text", "concise")
+        and not getattr(opts, "quiet", False)
+    )
+
+
+def printable_paths(log: Sequence[str]) -> str:
+    from ..reporting.report import printable
+
+    return printable(str(log[0])) + (f" (+{len(log) - 1} more)" if len(log) > 1 else "")
 
 
 def write_baseline(done, path: str, echo: Echo) -> int:
@@ -220,6 +240,8 @@ def check(opts: options.CheckOptions, echo: Echo) -> int:
     text = render_logs(
         reports, fmt, limit=limit, color=painted, strict=opts.strict, quiet=opts.quiet, show_not_run=opts.show_not_run
     )
+    if fmt == "text" and len(reports) > 1 and not opts.quiet:
+        text += "\n\n" + overall_line(reports, opts.strict)
     if opts.output:
         write_atomic(opts.output, text + "\n")
     elif text:
@@ -228,6 +250,24 @@ def check(opts: options.CheckOptions, echo: Echo) -> int:
         if fmt != "text" or opts.output or opts.quiet:  # the report is elsewhere or cut short: say why on stderr too
             say_incomplete(rep, log, echo)
     return max(rep.exit_code(opts.strict) for _, rep in reports)
+
+
+def overall_line(reports: Sequence[tuple[Sequence[str], Any]], strict: bool) -> str:
+    """After the reports of several logs: how many logs each verdict got, the findings over all of
+    them, and the exit code the command returns (the worst one)."""
+    from ..running.report import verdict
+
+    by = {v: 0 for v in ("ok", "FAIL", "INCOMPLETE")}
+    errors = warnings = 0
+    for _, rep in reports:
+        by[verdict(rep, strict)] += 1
+        errors += rep.summary["by_severity"]["error"] if rep.unusable is None else 0
+        warnings += rep.summary["by_severity"]["warning"] if rep.unusable is None else 0
+    worst = max(rep.exit_code(strict) for _, rep in reports)
+    return (
+        f"overall: {len(reports)} logs: {by['ok']} ok, {by['FAIL']} FAIL, {by['INCOMPLETE']} INCOMPLETE; "
+        f"{errors} error{'s' if errors != 1 else ''}, {warnings} warning{'s' if warnings != 1 else ''}; exit {worst}"
+    )
 
 
 # ------------------------------------------------------------------ report

@@ -9,8 +9,11 @@ recorder writes is one object with `"capture": VERSION` and a `"kind"`:
   `dispatched_at` / `completed_at` (Unix seconds), `weight_version` with `weight_version_from`
   (`header`: the request's WEIGHT_HEADER; `set`: the version posted to the recorder; null: none said),
   `request_body` and `response_body` (`body()`: the bytes as sent and as received, a stream's
-  Server-Sent Events included), `status`, `content_type`, and `error` (null, or why the exchange
-  failed: upstream unreachable, closed mid-stream).
+  Server-Sent Events included, in their HTTP content coding: `request_content_encoding` and
+  `content_encoding` name it when there is one, gzip say, and a reader decodes it; null: a body
+  over the recorder's limit, forwarded whole but not recorded, with an `incomplete` line saying so),
+  `status`, `content_type`, and `error` (null, or why the exchange failed: upstream unreachable,
+  closed mid-stream).
 - `end`: the session's explicit end (`"end": {stop_reason, reward, policy_version, task_id,
   group_id}`, the values the loop posted), the same object `SessionRecorder.end` writes.
 - `incomplete`: the recorder could not record the whole session (`reason`): a client gone mid-stream,

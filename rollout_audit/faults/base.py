@@ -150,8 +150,17 @@ def rederive_returns(t: dict) -> None:
     t["discounted_return"] = sum(g**i * (tr["reward"] + tr["shaping"]) for i, tr in enumerate(turns))
 
 
-# the optional per-token lists of contract 1.2 and 1.3, aligned with token_ids when a log records them
-PER_TOKEN = ("token_reward", "token_kl", "token_returns", "routed_experts_version", "loss_stream", "loss_weight")
+# the optional per-token lists of contract 1.2 to 1.4, aligned with token_ids when a log records them
+PER_TOKEN = (
+    "token_reward",
+    "token_kl",
+    "token_returns",
+    "routed_experts_version",
+    "loss_stream",
+    "loss_weight",
+    "token_values",
+    "token_value_targets",
+)
 
 
 def drop_token(t: dict, pos: int) -> None:

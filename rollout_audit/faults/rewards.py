@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from .base import Ctx, fault, insert_tokens, loss_evidence, policy_positions, rederive_returns
 
 
@@ -219,6 +221,47 @@ def bootstrapped_through_terminal(ctx: Ctx) -> list[str]:
     return are computed with it, consistently."""
     t = ctx.pick(lambda t: t["terminated"] and t["final_value"] is not None, "terminated trajectory")
     t["final_value"] = 0.5
+    rederive_returns(t)
+    return [t["trajectory_id"]]
+
+
+def gae_evidence(ctx: Ctx) -> None:
+    """Record the contract 1.4 GAE evidence a compliant critic-based trainer would write."""
+    from ..synth import record_gae_evidence
+
+    loss_evidence(ctx)
+    record_gae_evidence(ctx.trajs)
+
+
+@fault("gae_bootstraps_from_masked_values", {"R416"})
+def gae_bootstraps_from_masked_values(ctx: Ctx) -> list[str]:
+    """The GAE recursion runs over every position and reads the critic's values unmasked, so the
+    last action before a tool observation bootstraps from the value of an observation token the
+    policy never chose, and every earlier advantage carries it (alibaba/ROLL#447: the values were
+    masked only after the advantages were computed)."""
+    from ..synth import gae_value_targets
+
+    gae_evidence(ctx)
+    t = ctx.pick(lambda t: 3 in t["token_source"] and 2 in t["token_source"], "trajectory with a tool observation")
+    t["token_value_targets"] = [float(np.float32(x)) for x in gae_value_targets(t, every_position=True)]
+    return [t["trajectory_id"]]
+
+
+@fault("step_rewards_broadcast", {"R417"})
+def step_rewards_broadcast(ctx: Ctx) -> list[str]:
+    """Group normalisation wrote the episode's normalised terminal reward on every turn of a
+    multi-turn episode, over the step reward an earlier turn earned (areal-project/AReaL#1674,
+    "broadcast"); the raw rewards the environment paid are kept beside them. Returns and TD
+    residuals follow the trained rewards, as the trainer computed them."""
+    for tr in (tr for t in ctx.trajs for tr in t["turns"]):
+        tr["raw_reward"] = tr["reward"]  # a compliant pipeline trains what was paid
+    t = ctx.pick(lambda t: len(t["turns"]) >= 2 and t["terminated"], "terminated trajectory of two turns or more")
+    first = t["turns"][0]
+    first["raw_reward"] = first["reward"] + 0.25  # a step reward the environment paid for a useful tool call
+    first["reward_components"] = list(first["reward_components"] or []) + [("progress", 0.25)]
+    normalised = 0.7071
+    for tr in t["turns"]:
+        tr["reward"] = normalised
     rederive_returns(t)
     return [t["trajectory_id"]]
 

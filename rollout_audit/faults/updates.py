@@ -167,3 +167,40 @@ def advantages_singleton_groups(ctx: Ctx) -> list[str]:
         if touched:
             return touched
     raise NoTarget("the log has no update whose advantages this fault changes")
+
+
+@fault("advantages_resampled_under_original_keys", {"U603"})
+def advantages_resampled_under_original_keys(ctx: Ctx) -> list[str]:
+    """The batch was resampled with replacement after its advantages were computed (PF-PPO's
+    reweighting, which draws the high-|score| rows), and the resampled advantages were written back
+    under the original trajectories' keys, so each trajectory trains on another's advantage
+    (verl-project/verl#7956, the verl V1 trainer). Broken here in the groups whose rewards differ
+    (a degenerate group given another's advantage would be U604 too)."""
+    key = lambda t: t.get("group_id") or t["task_id"]
+    for u in ctx.updates:
+        if u.get("advantages") is None:
+            continue
+        ids = u["trajectory_ids"]
+        rewards: dict[str, set] = {}
+        for tid in ids:
+            if tid in ctx.by_id:
+                rewards.setdefault(key(ctx.by_id[tid]), set()).add(ctx.by_id[tid]["reward"])
+        rows = [
+            k
+            for k, tid in enumerate(ids)
+            if tid in ctx.by_id and len(rewards[key(ctx.by_id[tid])]) > 1 and None not in rewards[key(ctx.by_id[tid])]
+        ]
+        if len(rows) < 2:
+            continue
+        top = max(abs(ctx.by_id[ids[k]]["reward"]) for k in rows)
+        drawn = [k for k in rows if abs(ctx.by_id[ids[k]]["reward"]) == top]  # what |score|^2 weights draw
+        old = list(u["advantages"])
+        touched = []
+        for k in rows:
+            u["advantages"][k] = old[ctx.rng.choice(drawn)]
+            if abs(u["advantages"][k] - old[k]) > 1e-3:
+                touched.append(ids[k])
+        if touched:
+            return touched
+        u["advantages"] = old
+    raise NoTarget("the log has no update with an informative group this fault can break")

@@ -110,7 +110,8 @@ TRAIN_ARGS = (
     "rollout_batch_size",
 )
 ACTOR_KEYS = ("sample_indices", "loss_masks", "rewards", "kl", "returns")
-ACTOR_ARGS = ("advantage_estimator", "kl_coef", "gamma")
+ACTOR_ARGS = ("advantage_estimator", "kl_coef", "gamma", "lambd")
+CRITIC_KEY = "values"  # with --advantage-estimator ppo: the critic's values, recorded when the batch holds them
 # what slime names and this module relies on, for the drift test
 RELIES = {
     "slime/utils/arguments.py": set(OPTIONS),
@@ -350,6 +351,7 @@ def actor_record(args: Any, rollout_id: int, rollout_data: Mapping[str, Any]) ->
     return {
         "rollout_id": rollout_id,
         **{k: rows(k) for k in ACTOR_KEYS},
+        **({CRITIC_KEY: rows(CRITIC_KEY)} if rollout_data.get(CRITIC_KEY) is not None else {}),
         "args": {k: getattr(args, k, None) for k in ACTOR_ARGS},
     }
 

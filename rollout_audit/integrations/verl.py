@@ -27,6 +27,7 @@ __all__ = [
     "dump_batch",
     "engine_call",
     "record",
+    "write_records",
 ]
 
 # AgentLoopOutput fields the adapter reads (verl/experimental/agent_loop/agent_loop.py), extra_fields apart
@@ -115,12 +116,7 @@ def record(output: Any, **fields: Any) -> dict[str, Any]:
 
 def dump(directory: str | os.PathLike, output: Any, **fields: Any) -> Path:
     """Append the record of `output` to `directory/verl-<host>-<pid>.jsonl`; returns the file."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"verl-{socket.gethostname()}-{os.getpid()}.jsonl"
-    with path.open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(record(output, **fields), default=_plain) + "\n")
-    return path
+    return write_records(directory, "verl", [record(output, **fields)])
 
 
 def _setting(config: Any, key: str) -> Any:
@@ -162,11 +158,17 @@ def batch_records(batch: Any, global_steps: int, algorithm: Any) -> list[dict[st
 
 def dump_batch(directory: str | os.PathLike, batch: Any, global_steps: int, algorithm: Any) -> Path:
     """Append the records of `batch_records` to `directory/verl-batch-<host>-<pid>.jsonl`; returns the file."""
+    return write_records(directory, "verl-batch", batch_records(batch, global_steps, algorithm))
+
+
+def write_records(directory: str | os.PathLike, stem: str, records: Sequence[dict[str, Any]]) -> Path:
+    """Append `records`, one JSON line each, to `directory/<stem>-<host>-<pid>.jsonl` (one file per
+    process: verl's workers and trainer are separate Ray processes); returns the file."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    path = d / f"verl-batch-{socket.gethostname()}-{os.getpid()}.jsonl"
+    path = d / f"{stem}-{socket.gethostname()}-{os.getpid()}.jsonl"
     with path.open("a", encoding="utf-8") as fh:
-        for rec in batch_records(batch, global_steps, algorithm):
+        for rec in records:
             fh.write(json.dumps(rec, default=_plain) + "\n")
     return path
 

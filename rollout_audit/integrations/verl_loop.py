@@ -8,7 +8,7 @@ it, and writes one record per `AgentLoopOutput` it returns (`integrations.verl.d
 engine call the loop made: the ids the engine was given, the ids and stop reason it returned, the
 weight versions of `TokenOutput.extra_fields`. What the loop returns and what the engine returns are
 forwarded unchanged; the records go to `audit_dir`, else `<trainer.rollout_data_dir>/rollout-audit` (beside verl's
-own text dump, which the adapter does not read yet).
+own generations file, `{step}.jsonl`, which the adapter joins for the rewards verl computes after the loop).
 
 `CONFIG` is the YAML for verl's two built-in loops (`single_turn_agent`, `tool_agent`): it registers
 this wrapper under their names, so the dataset's `agent_name` column reaches the wrapper unchanged."""

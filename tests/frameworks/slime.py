@@ -7,7 +7,8 @@ record). Faults: `openrlhf_cut_not_truncated` (T306), `removed_sample_in_denomin
 `removed_sample_trained` (U607), `failed_in_statistics` (U608), `group_norm_over_batch` (U603) and
 `returns_kl_unmasked` (THUDM/slime#1370, R413). With top-p replay: `top_p_nucleus` (compliant, the
 nucleus SGLang returned for every sampled token) and `top_p_nucleus_shifted` (L210: the spans one
-position late).
+position late). With a critic (contract 1.4): `ppo_masked_gae` (compliant, GAE over the loss-mask
+tokens) and `ppo_gae_over_every_position` (R416: slime's own GAE, over every response token).
 
 Shapes as at THUDM/slime 624b824: Sample fields `group_index`, `index`, `rollout_id`, `tokens`,
 `response_length`, `reward`, `loss_mask`, `weight_versions`, `rollout_log_probs`, `remove_sample`,
@@ -277,6 +278,13 @@ def actor(samples: list[dict], step: int, unmasked_kl: bool = False) -> dict:
             ret.append(round(acc, 6))
         kls.append(kl)
         rets.append(ret[::-1])
+    return actor_record(
+        samples, step, kls, rets, {"advantage_estimator": "reinforce_plus_plus", "kl_coef": coef, "gamma": 1.0}
+    )
+
+
+def actor_record(samples: list[dict], step: int, kls: list, rets: list, args: dict, **more: list) -> dict:
+    """The actor hook's record of `samples` (rollout_data's keys, integrations/slime.py ACTOR_KEYS)."""
     return {
         "rollout_id": step,
         "sample_indices": [s["index"] for s in samples],
@@ -284,8 +292,35 @@ def actor(samples: list[dict], step: int, unmasked_kl: bool = False) -> dict:
         "rewards": [s["reward"] for s in samples],
         "kl": kls,
         "returns": rets,
-        "args": {"advantage_estimator": "reinforce_plus_plus", "kl_coef": coef, "gamma": 1.0},
+        **more,
+        "args": args,
     }
+
+
+def actor_ppo(samples: list[dict], step: int, every_position: bool = False) -> dict:
+    """The actor hook's record for --advantage-estimator ppo (a critic): each sample's `values` over its
+    response, `kl` (--kl-coef 0: no KL term), and `returns` = A + V of GAE with --gamma 1 and --lambd 0.95,
+    the reward on the last response token (slime/backends/megatron_utils/loss.py:769-781 at 624b824).
+    `every_position`: slime 624b824's recursion (ppo_utils.py:586-607, vanilla_gae; chunked_gae computes the same), over every
+    response token whatever its loss mask, as radixark/miles#1827 describes; else over the loss-mask
+    tokens only, as miles computes it after that fix."""
+    gamma, lambd, rng = 1.0, 0.95, random.Random(100 + step)
+    values, kls, rets = [], [], []
+    for s in samples:
+        n, mask = len(s["loss_mask"]), s["loss_mask"]
+        v = [round(rng.uniform(-1.0, 1.0), 4) for _ in range(n)]
+        rewards = [0.0] * (n - 1) + [s["reward"]]
+        ret, adv, v_next = [0.0] * n, 0.0, 0.0
+        for t in reversed(range(n)):
+            if every_position or mask[t]:
+                adv = rewards[t] + gamma * v_next - v[t] + gamma * lambd * adv
+                v_next = v[t]
+            ret[t] = round(adv + v[t], 6)
+        values.append(v)
+        kls.append([round(rng.uniform(0.0, 0.4), 4) for _ in range(n)])
+        rets.append(ret)
+    args = {"advantage_estimator": "ppo", "kl_coef": 0.0, "gamma": gamma, "lambd": lambd}
+    return actor_record(samples, step, kls, rets, args, values=values)
 
 
 LAYERS, TOPK, EXPERTS = 2, 2, 8  # --num-layers, --moe-router-topk and the experts of the MoE fixtures
@@ -332,6 +367,8 @@ def cases() -> dict[str, list[dict]]:
     return {
         "reinforce_plus_plus": [*batch, actor(batch, 5)],
         "returns_kl_unmasked": [*batch, actor(batch, 5, unmasked_kl=True)],
+        "ppo_masked_gae": [*batch, actor_ppo(batch, 5)],
+        "ppo_gae_over_every_position": [*batch, actor_ppo(batch, 5, every_position=True)],
         "removed_sample_trained": _removed_trained(),
         "group_norm_over_batch": _group_norm_over_batch(),
         "failed_in_statistics": _failed_in_statistics(),

@@ -23,7 +23,11 @@ Contract 1.3, written through the hooks (`rollout_audit.integrations.verl`): `co
 (R3 routes of a synchronous vLLM run), `fully_async_routes` (a call resumed across a weight update,
 routes merged as at HEAD), `routes_resumed_duplicated` (verl#6029) and `routes_resumed_replaced`
 (verl#6046); `compliant_dapo` (DAPO's overlong penalty on single-turn samples) and
-`dapo_overlong_counts_tool_tokens` (verl's DAPO manager on tool episodes: the length spans tool tokens)."""
+`dapo_overlong_counts_tool_tokens` (verl's DAPO manager on tool episodes: the length spans tool tokens).
+
+Contract 1.4: `compliant_gae` (PPO with a critic: values, GAE returns and algorithm.lam in the
+trainer-side record, GAE as verl 0.9.1 runs it) and `trainer_gae_over_every_position` (verl 0.4.1's GAE,
+which bootstraps each action before a tool output from the critic's value of that output)."""
 
 from __future__ import annotations
 
@@ -32,7 +36,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from rollout_audit.adapters.base import UNRECORDED
 from rollout_audit.integrations import verl as hook
+from rollout_audit.integrations.verl_v1 import NOT_RECORDED
 
 from .chat import Episode, episode
 
@@ -283,6 +289,132 @@ def _trainer(bug: str | None = None) -> list[dict]:
     return out
 
 
+# ---------------------------------------------------------------- the V1 trainer (integrations.verl_v1)
+
+V1_MODE = "sync"  # trainer.v1.trainer_mode the audited trainer runs (rollout_audit_sync)
+# a draw of compute_pf_ppo_reweight_data's `pow` weighting (|score|^2, core_algos.py:2285-2303): the
+# unrewarded rows (0 and 2) weigh 1e-8, so the resample takes the rewarded rows 1 and 3 only
+PF_PPO_DRAW = [1, 3, 3, 1]
+
+
+def _v1(bug: str | None = None) -> list[dict]:
+    """One V1 `sync` step, as the three writers leave it under trainer.rollout_data_dir: the agent-loop
+    wrapper's records, keyed by the TransferQueue key `{uid}_{session_id}_0` with no reward_score (verl
+    scores after the loop returns, v1/agent_loop_tq.py:160); the V1 trainer's record of each key
+    (`integrations.verl_v1.v1_records`: rm_scores as token_level_scores, GRPO advantages broadcast on the
+    mask, v1/utils.py:208-216); verl's own generations rows (`{step}.jsonl`: score = rm_scores.sum(1),
+    uid = the key, sorted by it, trainer_base.py:1297-1339). `bug="mispaired"` is verl#7956's mechanism:
+    the batch resampled with replacement (`PF_PPO_DRAW`, core_algos.py:2303-2305) and its advantages
+    and returns written back under the original keys, each cut at its own response length
+    (`response_to_nested`, trainer_base.py:1786-1800)."""
+    samples = _batch()
+    keys, sessions = [], {}
+    for rec in samples:
+        sessions[rec["uid"]] = sessions.get(rec["uid"], -1) + 1
+        keys.append(f"{rec['uid']}_{sessions[rec['uid']]}_0")
+    scores = [rec["reward_score"] for rec in samples]
+    advantages = grpo(scores, [r["uid"] for r in samples])
+    width = max(len(r["response_ids"]) for r in samples)
+    padded = [
+        [round(a, 6) * m for m in r["response_mask"]] + [0.0] * (width - len(r["response_ids"]))
+        for r, a in zip(samples, advantages)
+    ]
+    if bug == "mispaired":
+        padded = [padded[j] for j in PF_PPO_DRAW]
+    loop, trainer, generations = [], [], []
+    for key, rec, adv in zip(keys, samples, padded):
+        n = len(rec["response_ids"])
+        loop.append({**rec, "request_id": key, "reward_score": None})
+        batch = batch_record(
+            {**rec, "request_id": key},
+            0.0,
+            list(rec["response_mask"]),
+            [
+                round(lp, 4) if m else OLD_ON_OBSERVATION
+                for lp, m in zip(rec["response_logprobs"], rec["response_mask"])
+            ],
+        )
+        batch |= {
+            "advantages": adv[:n],
+            "returns": adv[:n],
+            "local_trigger_step": 0,
+            "parameter_sync_step": 1,
+            "trainer_mode": V1_MODE,
+            UNRECORDED: dict(NOT_RECORDED),
+        }
+        trainer.append(batch)
+        generations.append(
+            {
+                "input": f"prompt {rec['uid']}",
+                "output": f"response {key}",
+                "gts": None,
+                "score": rec["reward_score"],
+                "step": TRAIN_STEP,
+                "uid": key,
+            }
+        )
+    return loop + trainer + sorted(generations, key=lambda g: g["uid"])
+
+
+# PPO with a critic (algorithm.adv_estimator=gae): verl's AlgoConfig gamma and lam (trainer/config/algorithm.py:655-656)
+GAE = {"adv_estimator": "gae", "norm_adv_by_std_in_grpo": True, "gamma": 0.99, "lam": 0.95, "use_kl_in_reward": False}
+
+
+def gae(rewards: list[float], values: list[float], mask: list[int], every_position: bool = False) -> list[float]:
+    """verl's GAE returns (A + V) of one response, in float64: from verl 0.5.0 on (0.9.1
+    core_algos.py:250-261) the recursion carries the next value and the running advantage across
+    the positions of response_mask 0; `every_position`: verl 0.4.1's (core_algos.py:186-193), which
+    bootstraps every position from the value of the one after it, masked or not."""
+    out, adv, v_next = [0.0] * len(rewards), 0.0, 0.0
+    g, lam = GAE["gamma"], GAE["lam"]
+    for t in reversed(range(len(rewards))):
+        step = rewards[t] + g * v_next - values[t] + g * lam * adv
+        if every_position or mask[t]:
+            adv, v_next = step, values[t]
+        out[t] = adv + values[t]
+    return out
+
+
+def whiten(rows: list[list[float]], masks: list[list[int]]) -> list[list[float]]:
+    """verl_F.masked_whiten over the batch: (x - mean) / sqrt(var + 1e-8), var unbiased, over the masked tokens."""
+    xs = [x for r, m in zip(rows, masks) for x, k in zip(r, m) if k]
+    mean = sum(xs) / len(xs)
+    var = sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
+    return [[(x - mean) / (var + 1e-8) ** 0.5 for x in r] for r in rows]
+
+
+def _gae_trainer(every_position: bool = False) -> list[dict]:
+    """The compliant batch trained by PPO with a critic: per row, the critic's values on every response
+    position (dp_critic's compute_values; tool tokens keep theirs: 0.4.1 masks them by the attention
+    mask, dp_critic.py:181-184), the returns verl's GAE made of them and the whitened advantages.
+    `every_position`: verl 0.4.1's recursion, which bootstraps the last action of each tool-calling turn
+    from the critic's value of the tool output after it."""
+    samples = _batch()
+    rng = random.Random(7)
+    rows = []
+    for rec in samples:
+        n = len(rec["response_ids"])
+        scores = [0.0] * (n - 1) + [rec["reward_score"]]
+        values = [round(rng.uniform(-1.0, 1.0), 4) for _ in range(n)]
+        mask = list(rec["response_mask"])
+        ret = [round(x, 6) for x in gae(scores, values, mask, every_position)]
+        rows.append((rec, scores, values, mask, ret))
+    advs = whiten([[r - v for r, v in zip(ret, vals)] for _, _, vals, _, ret in rows], [m for *_, m, _ in rows])
+    out = list(samples)
+    for (rec, _scores, values, mask, ret), adv in zip(rows, advs):
+        old = [round(lp, 4) if m else OLD_ON_OBSERVATION for lp, m in zip(rec["response_logprobs"], mask)]
+        out.append(
+            {
+                **batch_record(rec, 0.0, mask, old),
+                **GAE,
+                "advantages": [round(a, 6) * m for a, m in zip(adv, mask)],
+                "returns": ret,
+                "values": values,
+            }
+        )
+    return out
+
+
 # a ToolAgentLoop episode whose last turn hits response_length: the engine returned more ids than fit,
 # the loop keeps the response's first RESPONSE_LENGTH tokens (agent_loop.py / tool_agent_loop.py)
 def _cut_at_response_length() -> list[dict]:
@@ -445,6 +577,10 @@ def cases() -> dict[str, list[dict]]:
         "trainer_mask_from_attention": _trainer("attention_mask"),
         "trainer_stale_old_log_probs": _trainer("stale_old_log_probs"),
         "trainer_grpo_group_of_one": _trainer("group_of_one"),
+        "compliant_v1": _v1(),
+        "trainer_v1_advantages_mispaired": _v1("mispaired"),
+        "compliant_gae": _gae_trainer(),
+        "trainer_gae_over_every_position": _gae_trainer(every_position=True),
         "tool_agent_loop_response_length": _cut_at_response_length(),
         "compliant": _batch(),
         "tool_separator_dropped": _batch("separator"),
