@@ -8,8 +8,10 @@ import itertools
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,28 @@ def write_log(root, trajs, updates=None, parts: int = 1, validate: bool = False)
         with RolloutWriter(root / "updates" / "updates.parquet", kind="updates", validate=validate) as w:
             w.write(updates)
     return root
+
+
+def generate_on_a_copy(tmp_path, script: str, module: str) -> subprocess.CompletedProcess:
+    """`script` run in a fresh Python on a copy of the checkout's derived files (README, docs/,
+    fixtures/) under tmp_path/repo, with the module text `module` beside it: `python script COPY
+    MODULE`, so that what the module registers (a check, a fault) never reaches this process or
+    the committed files."""
+    copy = tmp_path / "repo"
+    copy.mkdir()
+    for name in ("README.md", "docs", "fixtures"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, copy / name)
+    (tmp_path / "module.py").write_text(textwrap.dedent(module))
+    (tmp_path / "run.py").write_text(textwrap.dedent(script))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run(
+        [sys.executable, str(tmp_path / "run.py"), str(copy), str(tmp_path / "module.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
 
 
 # The suite's slow modules: real trainers (importing torch, trl or verl costs each worker seconds at

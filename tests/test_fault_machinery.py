@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import generate_on_a_copy
 
 import rollout_audit as ra
 from rollout_audit.contract.config import Config
@@ -202,28 +199,16 @@ sys.exit(main(["generate", "--root", sys.argv[1]]))
 @pytest.mark.slow  # every registered fault is applied before the one that finds no target (about 20 s)
 def test_generate_refuses_a_fault_with_no_target_in_one_line_and_writes_nothing(tmp_path):
     copy_ = tmp_path / "repo"
-    copy_.mkdir()
-    for name in ("README.md", "docs", "fixtures"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, copy_ / name)
-    before = sorted(p.relative_to(copy_).as_posix() for p in copy_.rglob("*"))
-    (tmp_path / "nodoors.py").write_text(textwrap.dedent(NO_TARGET))
-    (tmp_path / "run.py").write_text(textwrap.dedent(RUN))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    res = subprocess.run(
-        [sys.executable, str(tmp_path / "run.py"), str(copy_), str(tmp_path / "nodoors.py")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
+    before = sorted(p.relative_to(ROOT).as_posix() for d in ("docs", "fixtures") for p in (ROOT / d).rglob("*"))
+    res = generate_on_a_copy(tmp_path, RUN, NO_TARGET)
     assert res.returncode == 2, res.stderr[-2000:]
     assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr, res.stderr
     assert res.stderr.startswith(
         f"generate: error: {copy_.resolve() / 'fixtures' / 'compliant'}: fault ten_doors_opened"
     )
     assert "finds no target: the log has no trajectory with ten turns this fault can break" in res.stderr
-    assert sorted(p.relative_to(copy_).as_posix() for p in copy_.rglob("*")) == before
+    after = sorted(p.relative_to(copy_).as_posix() for d in ("docs", "fixtures") for p in (copy_ / d).rglob("*"))
+    assert after == before  # nothing written, nothing removed
 
 
 def test_faults_apply_and_matrix_refuse_a_fault_with_no_target(tmp_path):
