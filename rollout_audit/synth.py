@@ -263,3 +263,61 @@ def record_gae_evidence(trajs: list[dict], lam: float = 0.95, seed: int = 0) -> 
         t["token_values"] = [float(np.float32(rng.uniform(-1.0, 1.0))) for _ in t["token_ids"]]
         t["gae_lambda"] = lam
         t["token_value_targets"] = [float(np.float32(x)) for x in gae_value_targets(t)]
+
+
+# How a trainer's second log-prob column of a compliant run may differ from the engine's
+SECOND_PRECISIONS = ("float32", "bf16", "bf16_engine")
+
+
+def bf16(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bfloat16 (round to nearest, ties to even, on the upper 16 bits), as float32."""
+    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + np.uint64(0x7FFF) + ((bits >> np.uint64(16)) & np.uint64(1))) & np.uint64(0xFFFF0000)
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+def second_logprobs(
+    trajs: list[dict], precision: str, seed: int = 0, column: str = "trainer_logprobs", vocab: int = 64
+) -> None:
+    """Give every trajectory of a compliant log a trainer's recomputation of its policy tokens'
+    log-probs (`column`, null elsewhere), as a compliant run would have it: over the same distribution
+    as the engine, differing only by arithmetic.
+
+    `float32`: the engine's log-prob recomputed in float32 in another order (a relative error of
+    about 10⁻⁶). `bf16`: the same value stored by a trainer that computes in bfloat16 (rounded to 8
+    significant bits: up to 0.4% of the log-prob). `bf16_engine`: an engine and a trainer each in
+    bfloat16 on the same weights: per token a fresh distribution of `vocab` logits, each side's logits
+    perturbed independently by bfloat16-sized error (2⁻⁸ of their magnitude), the token sampled from
+    the engine's softmax, both log-probs rounded to bfloat16; the behaviour log-probs (and the turn
+    sums) are replaced by the engine's. Sampling from the noisier side makes a sampled token's
+    log-prob a little higher under the engine on average (by KL(π_beh ‖ π_trainer)): the compliant
+    bias a bf16 run carries."""
+    if precision not in SECOND_PRECISIONS:
+        raise ValueError(f"precision must be one of {SECOND_PRECISIONS}, got {precision!r}")
+    rng = np.random.default_rng(seed)
+    for t in trajs:
+        lp = np.array([np.nan if x is None else x for x in t["behavior_logprobs"]], np.float64)
+        pol = ~np.isnan(lp)
+        if precision == "bf16_engine":
+            z = rng.normal(0.0, 3.0, (int(pol.sum()), vocab))
+            err = 2.0**-8 * (np.abs(z) + 1.0)  # each side's bfloat16-sized error on the logits
+            ze, zt = z + rng.normal(0.0, 1.0, z.shape) * err, z + rng.normal(0.0, 1.0, z.shape) * err
+            le = ze - np.logaddexp.reduce(ze, axis=1, keepdims=True)
+            lt = zt - np.logaddexp.reduce(zt, axis=1, keepdims=True)
+            u = rng.random((le.shape[0], 1))
+            y = np.minimum((np.cumsum(np.exp(le), axis=1) < u).sum(axis=1), vocab - 1)
+            rows = np.arange(le.shape[0])
+            lp[pol] = bf16(le[rows, y])
+            other = lp.copy()
+            other[pol] = bf16(lt[rows, y])
+            t["behavior_logprobs"] = [None if np.isnan(x) else float(x) for x in lp]
+            for k, tr in enumerate(t["turns"]):
+                if tr.get("logprob") is not None:
+                    mine = [i for i, q in enumerate(t["token_turn"]) if q == k and pol[i]]
+                    tr["logprob"] = float(lp[mine].sum())
+        else:
+            other = lp + rng.normal(0.0, 1e-6, lp.shape) * (1.0 + np.abs(lp))
+            other = np.minimum(other.astype(np.float32), np.float32(0.0))
+            if precision == "bf16":
+                other = bf16(other)
+        t[column] = [None if np.isnan(x) else float(x) for x in np.asarray(other, np.float64)]

@@ -341,3 +341,38 @@ def test_ppo_gae_over_every_response_token_is_r416_and_masked_gae_is_clean():
     )
     row = load("slime").to_contract(read_dump(fixture("slime", "ppo_masked_gae")), **CONTEXT).to_pylist()[3]
     assert (row["gamma"], row["gae_lambda"]) == (1.0, 0.95) and row["token_reward"][-1] == row["reward"]
+
+
+def test_async_ratio_on_current_weights_is_u610_from_slimes_own_arguments():
+    """train_async with slime's defaults (no --use-rollout-logprobs, no --use-tis, no --keep-old-actor):
+    the samples sampled one version behind are named; the same batch under --use-tis is clean. The
+    reducer's divisor is not in the record: U609 is not run, with slime's reason."""
+    code, rep = _cli_check("async_ratio_on_current_weights", "--preview")
+    assert code == 1 and sorted(_codes(rep)) == [("U610", "2"), ("U610", "3")], rep["findings"]
+    why = {c["code"]: c["reason"] for c in rep["not_run"]}
+    assert "U609" in why and "loss.py:1317" in why["U609"]
+    code, rep = _cli_check("compliant_async_tis", "--preview")
+    assert code == 0 and _codes(rep) == [], rep["findings"]
+    upd = load("slime").updates(read_dump(fixture("slime", "compliant_async_tis"))).to_pylist()
+    assert {(u["ratio_anchor"], u["ratio_correction"], u["ratio_correction_cap"], u["reducer_mode"]) for u in upd} == {
+        ("current", "truncated_is", 2.0, "seq_mean_step")
+    }
+
+
+def test_loss_settings_follow_slimes_arguments():
+    from rollout_audit.adapters.base import AdapterError
+    from rollout_audit.adapters.slime import loss_settings
+
+    assert loss_settings({}, "r") == {}
+    assert loss_settings({"use_rollout_logprobs": True, "use_tis": False}, "r") == {
+        "ratio_anchor": "behavior",
+        "ratio_correction": "none",
+    }
+    assert loss_settings(
+        {"use_rollout_logprobs": False, "keep_old_actor": True, "calculate_per_token_loss": True}, "r"
+    ) == {
+        "ratio_anchor": "proximal",
+        "reducer_mode": "token_mean_step",
+    }
+    with pytest.raises(AdapterError, match="args.use_tis"):
+        loss_settings({"use_tis": "yes"}, "record 3")

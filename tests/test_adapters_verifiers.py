@@ -251,7 +251,7 @@ def test_prime_rl_trains_scored_truncations_so_they_audit_clean_under_its_policy
     assert rep["findings"] == [], rep["findings"]
     res = cli("check", "--from", "verifiers", src, *[a for kv in PRIME_RL for a in ("--context", kv)])
     assert res.exit_code == 0 and "prime-rl trains every error-free trace" in res.stderr, res.stderr
-    assert 'from the trainer\'s policy: truncation = "penalize"' in res.output
+    assert 'from the trainer\'s settings: truncation = "penalize"' in res.output
 
 
 def test_an_unknown_trainer_is_exit_2_naming_the_known_ones() -> None:

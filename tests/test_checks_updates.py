@@ -10,6 +10,7 @@ import pytest
 from conftest import write_log
 
 import rollout_audit as ra
+from rollout_audit.contract.config import Config
 
 U = {"U601", "U602", "U603", "U604", "U605", "U606"}
 
@@ -562,3 +563,159 @@ def test_u603_fault_singleton_groups_caught(records):
     (t2, u2), touched = apply("advantages_singleton_groups", trajs, ups)
     rep = ra.audit(t2, u2)
     assert "U603" in blocking(rep) and set(touched) <= set(of(rep, "U603")["trajectory_id"])
+
+
+# ---------------------------------------------------------------- U609, U610 (contract 1.4, preview)
+
+PREVIEW = Config(preview=True)
+
+
+def with_reducer(trajs, ups, mode="token_mean_step"):
+    """Every update records the divisor a compliant reducer of `mode` applies."""
+    for u in ups:
+        ids = u["trajectory_ids"]
+        u["reducer_mode"] = mode
+        u["reducer_divisor"] = float(trainable(trajs, ids) if mode.startswith("token") else len(ids))
+    return trajs, ups
+
+
+def with_anchor(trajs, ups, anchor="current", correction="none"):
+    for u in ups:
+        u.update(ratio_anchor=anchor, ratio_correction=correction, ratio_clipping=True)
+    return trajs, ups
+
+
+def stale(trajs, update, every=3):
+    """Every `every`-th member of `update` sampled one version before the update's weights."""
+    tb = by_id(trajs)
+    ids = update["trajectory_ids"][::every]
+    for tid in ids:
+        for tr in tb[tid]["turns"]:
+            tr["policy_version"] = update["trainer_version"] - 1
+    update["max_policy_lag"] = 1
+    return ids
+
+
+@pytest.mark.parametrize("mode", ["token_mean_step", "token_mean", "seq_mean_step", "seq_mean"])
+def test_u609_u610_silent_on_compliant_evidence(records, mode):
+    trajs, ups = with_anchor(*with_reducer(*records, mode))
+    rep = ra.audit(trajs, ups, config=PREVIEW)
+    assert not rep.codes() & {"U609", "U610"} and not {"U609", "U610"} & set(rep.not_run)
+
+
+def test_u609_u610_not_run_without_their_columns(records):
+    rep = ra.audit(*records, config=PREVIEW)
+    assert {"U609", "U610"} <= set(rep.not_run)
+
+
+def test_u609_removed_sample_counted_as_one_token(records):
+    trajs, ups = with_reducer(*records)
+    tid = ups[1]["trajectory_ids"][4]
+    t = by_id(trajs)[tid]
+    t["loss_mask"] = [False] * len(t["loss_mask"])
+    t["loss_excluded"], t["num_trainable_tokens"] = True, 0
+    ups[1]["loss_denominator"] = float(trainable(trajs, ups[1]["trajectory_ids"]))
+    right = trainable(trajs, ups[1]["trajectory_ids"])
+    ups[1]["reducer_divisor"] = float(right + 1)  # max(|I_i|, 1) per sample
+    rep = ra.audit(trajs, ups, config=PREVIEW)
+    f = of(rep, "U609")
+    assert blocking(rep) == {"U609"} and f["trajectory_id"].to_list() == [tid]
+    msg = f["message"][0]
+    assert f"reducer_divisor {right + 1} recorded, expected {right}" in msg and "one token" in msg
+
+
+def test_u609_step_wide_divisor_spans_every_record_of_the_step(records):
+    """Two micro-batch records of one optimizer step, each carrying the step's divisor: silent;
+    a record carrying its own micro-batch count under token_mean_step is a finding."""
+    trajs, ups = records
+    ids = ups[0]["trajectory_ids"]
+    half = len(ids) // 2
+    second = {**ups[0], "trajectory_ids": ids[half:], "advantages": ups[0]["advantages"][half:]}
+    first = {**ups[0], "trajectory_ids": ids[:half], "advantages": ups[0]["advantages"][:half]}
+    for u in (first, second):
+        u["loss_denominator"] = float(trainable(trajs, u["trajectory_ids"]))
+        u["reducer_mode"], u["reducer_divisor"] = "token_mean_step", float(trainable(trajs, ids))
+    ups = [first, second]
+    assert "U609" not in ra.audit(trajs, ups, config=PREVIEW).codes()
+    second["reducer_divisor"] = float(trainable(trajs, second["trajectory_ids"]))
+    msg = of(ra.audit(trajs, ups, config=PREVIEW), "U609")["message"].to_list()
+    assert len(msg) == 1 and "2 different reducer_divisor values" in msg[0]
+
+
+def test_u609_seq_mean_counts_sequences_and_bad_values(records):
+    trajs, ups = with_reducer(*records, "seq_mean")
+    ups[0]["reducer_divisor"] = float(trainable(trajs, ups[0]["trajectory_ids"]))  # tokens, not sequences
+    ups[1]["reducer_mode"] = "token-mean"  # a framework's spelling, not the contract's
+    msgs = of(ra.audit(trajs, ups, config=PREVIEW), "U609")["message"].to_list()
+    assert any(f"expected {len(ups[0]['trajectory_ids'])} = the " in m for m in msgs)
+    assert any("reducer_mode token-mean is not one of" in m for m in msgs)
+
+
+def test_u610_ratio_on_current_weights_with_a_stale_batch(records):
+    trajs, ups = with_anchor(*records)
+    ids = stale(trajs, ups[1])
+    rep = ra.audit(trajs, ups, config=PREVIEW)
+    f = of(rep, "U610")
+    assert blocking(rep) == {"U610"} and sorted(f["trajectory_id"].to_list()) == sorted(ids)
+    assert "weights at version 1" in f["message"][0] and "sampled at version 0" in f["message"][0]
+
+
+@pytest.mark.parametrize(
+    ("anchor", "correction"), [("behavior", "none"), ("current", "truncated_is"), ("proximal", "masked_is")]
+)
+def test_u610_silent_when_the_ratio_sees_or_corrects_the_lag(records, anchor, correction):
+    trajs, ups = with_anchor(*records, anchor, correction)
+    stale(trajs, ups[1])
+    assert "U610" not in ra.audit(trajs, ups, config=PREVIEW).codes()
+
+
+def test_u610_proximal_anchor_of_unknown_version_on_a_batch_of_two_versions(records):
+    """Without the anchor's version, one recomputation anchors at most one of the batch's versions:
+    the members below the newest are named."""
+    trajs, ups = with_anchor(*records, "proximal")
+    ids = stale(trajs, ups[1])
+    f = of(ra.audit(trajs, ups, config=PREVIEW), "U610")
+    assert sorted(f["trajectory_id"].to_list()) == sorted(ids) and "version not recorded" in f["message"][0]
+    ups[1]["ratio_anchor_version"] = 0  # the weights that sampled the stale members: the others are named
+    f = of(ra.audit(trajs, ups, config=PREVIEW), "U610")
+    assert set(f["trajectory_id"]) == set(ups[1]["trajectory_ids"]) - set(ids)
+
+
+def test_u610_a_masked_stale_turn_trains_nothing(records):
+    trajs, ups = with_anchor(*records)
+    for tid in stale(trajs, ups[1]):
+        t = by_id(trajs)[tid]
+        t["loss_mask"] = [False] * len(t["loss_mask"])
+        t["loss_excluded"], t["num_trainable_tokens"] = True, 0
+    ups[1]["loss_denominator"] = float(trainable(trajs, ups[1]["trajectory_ids"]))
+    assert "U610" not in ra.audit(trajs, ups, config=PREVIEW).codes()
+
+
+def test_u609_u610_bad_values_are_findings_not_crashes(records):
+    trajs, ups = with_anchor(*with_reducer(*records))
+    ups[0]["reducer_divisor"] = float("nan")
+    ups[1]["ratio_anchor"] = "::error x::"
+    ups[1]["ratio_anchor_version"] = 2**63 - 1
+    rep = ra.audit(trajs, ups, config=PREVIEW)
+    assert "reducer_divisor NaN is not a positive finite number" in of(rep, "U609")["message"][0]
+    assert of(rep, "U610")["message"].str.contains("is not one of behavior, current, proximal").any()
+
+
+def test_contract_1_4_update_columns_are_versioned(records, tmp_path):
+    """A file with a 1.4 update column states 1.4; one without states what it uses and audits as
+    before (the 1.4 columns are optional)."""
+    from rollout_audit.contract import schema as S
+
+    added = {"reducer_mode", "reducer_divisor", "ratio_anchor", "ratio_anchor_version"}
+    added |= {"ratio_correction", "ratio_correction_cap", "ratio_clipping"}
+    assert {c.name for c in S.columns("updates") if c.since == "1.4"} == added
+    assert S.version_for("updates", ["update_step", "reducer_divisor"]) == "1.4"
+    assert S.version_for("updates", ["update_step", "numerator_tokens"]) == "1.2"
+    assert not added & set(S.arrow_schema("updates", "1.3").names) and added <= set(
+        S.arrow_schema("updates", "1.4").names
+    )
+    trajs, ups = with_anchor(*with_reducer(*records))
+    log = write_log(tmp_path / "log", trajs, ups)
+    meta = pq.read_schema(next((log / "updates").iterdir())).metadata
+    assert meta[b"rollout_log.schema_version"] == b"1.4"
+    assert not ra.audit(str(log), config=PREVIEW).codes() & {"U609", "U610"}

@@ -61,6 +61,7 @@ from .base import (
     objects,
     rows_of,
     runs,
+    short,
     token_columns,
     whole,
     with_context,
@@ -376,7 +377,47 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
 
 
 _NO_TRAINER_VERSION = "slime's train data does not record the actor's weight version"
-UPDATE_LACKS = {"trainer_version": _NO_TRAINER_VERSION, "updates.trainer_version": _NO_TRAINER_VERSION}
+_NO_DIVISOR = (
+    "slime computes the loss reducer's divisor inside its loss function, after every hook: per sample "
+    "max(loss mask sum, 1), summed by Megatron over micro-batches and ranks (slime/backends/megatron_utils/"
+    "loss.py:1317, :1363-1366)"
+)
+UPDATE_LACKS = {
+    "trainer_version": _NO_TRAINER_VERSION,
+    "updates.trainer_version": _NO_TRAINER_VERSION,
+    "reducer_divisor": _NO_DIVISOR,
+    "updates.reducer_divisor": _NO_DIVISOR,
+}
+
+
+def loss_settings(args: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Contract 1.4 update columns from the slime arguments the train data record carries, where it
+    carries them (an older hook's record has none): the reducer's mode, `--calculate-per-token-loss`
+    (the step's loss-mask tokens, loss.py:1317 and :1363-1366; else the per-rollout mean divided by
+    the step's samples, :1353-1360); the ratio's anchor, `--use-rollout-logprobs` (the engine's
+    log-probs, loss.py:965) or else the log-probs slime recomputes with `--keep-old-actor`'s retained
+    rollout weights or the current actor (actor.py:460, loss.py:985-986); and `--use-tis`, whose
+    weight exp(recomputed − rollout) is clamped at `--tis-clip` (loss.py:893-897). The recomputing
+    weights' version is not in the record (null)."""
+    out: dict[str, Any] = {}
+
+    def flag(name: str) -> bool | None:
+        v = args.get(name)
+        if v is not None and not isinstance(v, bool):
+            raise AdapterError(f"{where}: args.{name}: expected true or false, got {short(v)}")
+        return v
+
+    per_token = flag("calculate_per_token_loss")
+    if per_token is not None:
+        out["reducer_mode"] = "token_mean_step" if per_token else "seq_mean_step"
+    rollout, old_actor, tis = flag("use_rollout_logprobs"), flag("keep_old_actor"), flag("use_tis")
+    if rollout is not None:
+        out["ratio_anchor"] = "behavior" if rollout else "proximal" if old_actor else "current"
+    if tis is not None:
+        out["ratio_correction"] = "truncated_is" if tis else "none"
+        if tis and args.get("tis_clip") is not None:
+            out["ratio_correction_cap"] = number(args["tis_clip"], "args.tis_clip", where)
+    return out
 
 
 # --advantage-estimator values whose advantage is the normalised reward broadcast over the tokens
@@ -437,6 +478,7 @@ def updates(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Table | 
                 "reduction": "token",
                 "loss_denominator": float(d),
             }
+            upd.update(loss_settings(args, where))
             if masks is not None:
                 upd["numerator_tokens"] = [sum(flags(masks[p], "loss_masks", where)) for p in pos]
             if groups is not None:

@@ -745,6 +745,20 @@ def split_exposes_wrong_id(b: BatchView, cfg) -> pl.DataFrame | None:
     names, recorded from the engine's response, never from the mask). Without the log-prob record's
     id (null) nothing is claimed. Fix the server (vllm-project/vllm#29074) or take the sampled ids
     from the log-prob entries, and drop the affected turns.
+
+    Which id an engine's log-prob entry names (read at the engines' source; docs/frameworks/openai.md
+    cites the lines). vLLM's chat completions, streamed or not: the sampled one. Each entry is built
+    from the engine's sampled ids (`output.token_ids`), as `token_id:N` with the request's
+    `return_tokens_as_token_ids`, and a response's or a chunk's `token_ids` come from the same list;
+    the tool parser rewrites text, never ids. Streamed with a tool parser (vLLM before 0.14), a chunk
+    the parser holds back (a control token) is never sent, so its ids and its entries are missing
+    together: the segment then holds no wrong id, the next context has the control token, and the
+    split is M108 (the streamed usage's completion_tokens still counts the lost tokens). An entry
+    that disagrees with the trained id was therefore not written so by vLLM: a client or proxy
+    rebuilt the ids (from the text, or by filling the gap), and the trained id carries another
+    token's log-prob, which is what this check reports. SGLang's OpenAI chat entries name no id (the
+    decoded text only, streamed or not; streamed tool-call chunks carry no entries), so nothing is
+    claimed there; its native /generate returns (log-prob, id, text) for each sampled id.
     """
     at, named = b.col("split_exposed_position"), b.col("split_exposed_logprob_id")
     if at.null_count == b.n or named.null_count == b.n or not b.ok.any():

@@ -1,10 +1,11 @@
-"""Replay (L205-L207, L209): the recorded behaviour log-probs against a recomputation under the checkpoint of
+"""Replay (L205-L207, L209, L211): the recorded behaviour log-probs against a recomputation under the checkpoint of
 the logged policy version and the logged decoding parameters (lessons “Log-probabilities must be captured at every turn” and “Token-level and sequence-level probability ratios”). Off unless
-`replay` (`check --replay N`) and a replayer are configured; L207 also runs on a second log-prob column."""
+`replay` (`check --replay N`) and a replayer are configured; L207 and L211 also run on a second log-prob column."""
 
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -12,7 +13,7 @@ import polars as pl
 from ..contract.registry import NotRun, Unmet, rule
 from ..replay import NotConfigured, load_replayer, replay_frame
 from ..replay.run import neighbour_frame, second_frame
-from .common import tolerance
+from .common import num, tolerance
 
 if TYPE_CHECKING:
     from ..frames.views import LogCheckView as LogView
@@ -271,6 +272,172 @@ def extreme_ratio(log: LogView, cfg) -> pl.DataFrame | None:
             "k",
             pl.col("lr").exp().round_sig_figs(4),
             pl.col("lr").round_sig_figs(4),
+        ).alias("message"),
+    )
+
+
+# The fewest turns of one decoding setting the bias test judges: below it a standard error over turns
+# says nothing (the interval's quantile is t with 7 degrees of freedom at this bound)
+MIN_BIAS_TURNS = 8
+BIAS_LEVEL = 0.999  # the two-sided confidence of the interval the bias must lie beyond
+# Student's t at BIAS_LEVEL below 10 degrees of freedom, where the expansion of `t_quantile` is off by
+# more than 0.1% (computed by integrating t's density)
+_T_SMALL = {7: 5.4079, 8: 5.0413, 9: 4.7809}
+
+
+def t_quantile(df: int) -> float:
+    """Student's t quantile at (1 + BIAS_LEVEL) / 2 with `df` degrees of freedom (df >= 7): the
+    table below 10, else the Cornish-Fisher expansion around the normal quantile (four terms:
+    within 0.1% of the exact value from 10 degrees of freedom on)."""
+    if df in _T_SMALL:
+        return _T_SMALL[df]
+    if df < 7:
+        raise ValueError(f"t_quantile needs at least 7 degrees of freedom, got {df}")
+    z = NormalDist().inv_cdf((1 + BIAS_LEVEL) / 2)
+    terms = (
+        (z**3 + z) / 4,
+        (5 * z**5 + 16 * z**3 + 3 * z) / 96,
+        (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / 384,
+        (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / 92160,
+    )
+    return z + sum(g / df ** (k + 1) for k, g in enumerate(terms))
+
+
+@rule(
+    "L211",
+    "consistent signed bias between the behaviour log-probs and a second log-prob",
+    "warning",
+    requires=_TOKEN_REQS,
+    scope="log",
+    optional=_READS,
+    config=_REPLAY_CONFIG + ("compare_logprobs", "min_logprob_bias"),
+    preview=True,
+)
+def consistent_bias(log: LogView, cfg) -> pl.DataFrame | None:
+    """Over the turns of one decoding setting (temperature, top_p), the mean per-token difference
+    log π_other(y_k) − log π_beh(y_k) and its whole 99.9% interval lie beyond ±`min_logprob_bias`,
+    where π_other is the second log-prob column L207 reads (`compare_logprobs`: a trainer's
+    recomputation) or replay.
+
+    Lessons “Log-probabilities must be captured at every turn” and “Token-level and sequence-level
+    probability ratios”: a sampler at top-p 0.9-0.95 returns log-probs renormalised over its nucleus,
+    each token's raised by −log(mass); a trainer that recomputes them over the full vocabulary scores
+    every token lower by log(mass), and the importance ratio of every turn leans the same way
+    (PrimeIntellect-ai/prime-rl#2600: −0.19 to −0.60 per turn). No single turn is extreme: L207's
+    outlier test at ln 2 never fires, while the whole batch trains with a biased ratio. The statistic,
+    per decoding setting over its n ≥ 8 turns: the token-weighted mean bias m = Σ_t S_t / Σ_t k_t
+    (S_t the turn's summed difference, k_t its tokens), its standard error over turns
+    se = √(n/(n−1) · Σ_t (S_t − k_t·m)²) / Σ_t k_t (tokens of a turn are not independent, turns are
+    the units), and the interval m ± t_{n−1}·se at 99.9%. It fires when the whole interval lies
+    beyond ±`min_logprob_bias` (0.01 nats a token: a nucleus of mass 0.99 on one side only): float32
+    noise (≈10⁻⁷) and bf16 engines (zero-mean rounding, and the −KL(π_beh ‖ π_other) a sampled token
+    carries, ≈10⁻³ a token) stay below it. The finding names the setting, m with its interval, the
+    share of turns on the bias's side (a sign test's count) and the nucleus mass exp(−|m|) that
+    would explain it (on the behaviour side when m < 0, on the second column's when m > 0), once per
+    trajectory of that setting whose own mean bias has the batch's sign, at its most biased turn.
+    Settings with fewer than 8 turns are not judged; a log with none is not run. Measured false
+    positives: none on the compliant fixtures that record a second column (verifiers'
+    `compliant_v1_trainer_logprobs`, a bf16 trainer; verl's `trainer_compliant`; on the others it is
+    not run without replay); none in 600 synthetic compliant logs of 128 trajectories, 200 each with
+    float32 noise, bf16 rounding of the second column, and a bf16 engine against a bf16 trainer,
+    whose 99.9% intervals never reached past ±0.0055 (`python benchmarks/bias_fpr.py --runs 200`,
+    which also catches the top-p fault in 200 of 200). Fix the side that is not the sampler's:
+    record the processed log-probs and recompute them over the same nucleus (or sample without
+    top-p), or correct the ratio with the recorded nucleus.
+    """
+    df, name = _other(log, cfg)
+    d = pl.col("other") - pl.col("recorded")
+    per_turn = (
+        df.filter(d.is_finite())
+        .group_by("file", "trajectory_id", "turn")
+        .agg(
+            d.sum().alias("s"),
+            pl.len().alias("k"),
+            pl.col("position").min(),
+            pl.col("temperature").first(),
+            pl.col("top_p").first(),
+        )
+    )
+    setting = ["temperature", "top_p"]
+    per = (
+        per_turn.group_by(setting)
+        .agg(pl.len().alias("n"), pl.col("k").sum().alias("tokens"), pl.col("s").sum().alias("total"))
+        .with_columns((pl.col("total") / pl.col("tokens")).alias("m"))
+    )
+    judged = per.filter(pl.col("n") >= MIN_BIAS_TURNS)
+    if judged.is_empty():
+        raise NotRun(
+            f"needs at least {MIN_BIAS_TURNS} turns of one decoding setting with both log-probs; the most in one "
+            f"setting: {max(per['n'].to_list(), default=0)}"
+        )
+    spread = (
+        per_turn.join(judged.select(*setting, "m"), on=setting)
+        .group_by(setting)
+        .agg(((pl.col("s") - pl.col("k") * pl.col("m")) ** 2).sum().alias("ss"))
+    )
+    judged = judged.join(spread, on=setting)
+    judged = judged.with_columns(  # one quantile per decoding setting: a handful
+        ((pl.col("n") / (pl.col("n") - 1) * pl.col("ss")).sqrt() / pl.col("tokens")).alias("se"),
+        pl.Series("q", [t_quantile(n - 1) for n in judged["n"].to_list()], pl.Float64),
+    )
+    judged = judged.with_columns(
+        (pl.col("m") - pl.col("q") * pl.col("se")).alias("lo"), (pl.col("m") + pl.col("q") * pl.col("se")).alias("hi")
+    )
+    log.stats["L211"] = judged.select(*setting, "n", "tokens", "m", "lo", "hi").sort(setting).to_dicts()
+    delta = cfg.min_logprob_bias
+    biased = judged.filter((pl.col("lo") > delta) | (pl.col("hi") < -delta))
+    if biased.is_empty():
+        return None
+    side = pl.col("s").sign() == pl.col("m").sign()
+    turns = per_turn.join(biased.select(*setting, "m", "lo", "hi", "n", "tokens"), on=setting)
+    turns = turns.with_columns(side.alias("_side"))
+    share = turns.group_by(setting).agg(pl.col("_side").mean().alias("share"))
+    per_traj = (
+        turns.sort((pl.col("s") * pl.col("m").sign()), "turn", descending=[True, False], maintain_order=True)
+        .group_by("file", "trajectory_id", *setting, maintain_order=True)
+        .agg(
+            pl.all().first(),
+            (pl.col("s").sum() / pl.col("k").sum()).alias("own"),
+            pl.len().alias("own_turns"),
+        )
+        .filter(pl.col("own").sign() == pl.col("m").sign())
+        .join(share, on=setting)
+    )
+    if per_traj.is_empty():
+        return None
+    low = pl.col("m") < 0
+    mass = (-pl.col("m").abs()).exp()
+    where = pl.when(low).then(pl.lit("the behaviour log-probs")).otherwise(pl.lit(f"π_{name}"))
+    other = pl.when(low).then(pl.lit(f"π_{name}")).otherwise(pl.lit("the behaviour log-probs"))
+    return per_traj.sort("file", "trajectory_id", *setting).select(
+        "file",
+        "trajectory_id",
+        "turn",
+        "position",
+        pl.format(
+            "turns sampled at temperature {}, top_p {}: mean per-token log π_{} − log π_beh {} "
+            "(99.9% interval [{}, {}]) over {} turns, {} tokens, {}% of the turns on its side; renormalising "
+            "{} over a nucleus of mass {} (interval [{}, {}]) that {} is not would explain it. This trajectory: "
+            "mean {} over its {} turn(s); the most biased: turn {} ({} token(s), sum {})",
+            num(pl.col("temperature")),
+            num(pl.col("top_p")),
+            pl.lit(name),
+            num(pl.col("m"), 3),
+            num(pl.col("lo"), 3),
+            num(pl.col("hi"), 3),
+            "n",
+            "tokens",
+            num(pl.col("share") * 100, 3),
+            where,
+            num(mass, 3),
+            num((-pl.max_horizontal(pl.col("lo").abs(), pl.col("hi").abs())).exp(), 3),
+            num((-pl.min_horizontal(pl.col("lo").abs(), pl.col("hi").abs())).exp(), 3),
+            other,
+            num(pl.col("own"), 3),
+            "own_turns",
+            "turn",
+            "k",
+            num(pl.col("s"), 3),
         ).alias("message"),
     )
 

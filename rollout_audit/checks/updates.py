@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from ..contract import schema as S
 from ..contract.registry import BY_UPDATE, rule
 from ..frames.batch import derived
 from .common import beyond, num, tolerance
@@ -18,6 +19,9 @@ from .common import beyond, num, tolerance
 REDUCTIONS = ("token", "token_window", "turn", "trajectory", "seq_mean_token_sum", "seq_mean_token_mean", "constant")
 PER_SEQUENCE = ("trajectory", "seq_mean_token_sum", "seq_mean_token_mean")  # D = s * B
 ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "reinforce", "grpo_population_std")
+REDUCER_MODES = tuple(S.contract()["reducer_modes"])  # contract 1.4: what a loss reducer divides by
+RATIO_ANCHORS = tuple(S.contract()["ratio_anchors"])
+RATIO_CORRECTIONS = tuple(S.contract()["ratio_corrections"])
 # What each check reads through the shared frames (`members`, `_per_update`, `_group_stats`):
 # a frame is built from the inputs of the check that asks for it (absent ones are null), and
 # cached per set of declared inputs, so checks that declare the same set share one build.
@@ -72,6 +76,35 @@ def turns_trainable(b, t) -> pl.Series | None:
     return pl.Series(np.bincount(b.turn_parent, weights=trainable, minlength=b.n).astype(np.int64))
 
 
+def _trained_versions(b, t, how: str) -> pl.Series | None:
+    """Per trajectory: the lowest (`how` "min") or highest ("max") policy_version of its turns that
+    hold a trainable token (a turn whose tokens are all masked trains nothing, whatever sampled it)."""
+    if not {"loss_mask", "token_turn"} <= t.lists:
+        return None
+    rc = next((s for s in t.turn_values if s.name == "rc_n_trainable"), None)
+    tr = b.turn_struct
+    if rc is None or "policy_version" not in tr.columns:
+        return None
+    pv = pl.DataFrame({"_row": b.turn_parent, "_pv": tr["policy_version"].cast(pl.Int64)}).filter(
+        (rc > 0).fill_null(False)
+    )
+    agg = pv.group_by("_row").agg(getattr(pl.col("_pv"), how)())
+    rows = pl.DataFrame({"_row": np.arange(b.n, dtype=np.int64)})
+    return rows.join(agg, on="_row", how="left", maintain_order="left")["_pv"]
+
+
+@derived("pv_trained_min", ("turns", "turns.policy_version", "loss_mask", "token_turn"))
+def trained_version_min(b, t) -> pl.Series | None:
+    """Per trajectory: the oldest policy version that sampled a trainable token."""
+    return _trained_versions(b, t, "min")
+
+
+@derived("pv_trained_max", ("turns", "turns.policy_version", "loss_mask", "token_turn"))
+def trained_version_max(b, t) -> pl.Series | None:
+    """Per trajectory: the newest policy version that sampled a trainable token."""
+    return _trained_versions(b, t, "max")
+
+
 def _step() -> pl.Expr:
     return pl.format("update {}", pl.col("update_step").cast(pl.String).fill_null("?"))
 
@@ -91,6 +124,12 @@ def _updates(log) -> pl.DataFrame:
         ("window_trajectory_ids", pl.List(pl.String)),
         ("window_tokens", pl.Float64),
         ("trainer_version", pl.Int64),  # absent only where the producer declared it not recorded (else S005)
+        ("reducer_mode", pl.String),
+        ("reducer_divisor", pl.Float64),
+        ("ratio_anchor", pl.String),
+        ("ratio_anchor_version", pl.Int64),
+        ("ratio_correction", pl.String),
+        ("ratio_clipping", pl.Boolean),
     ):
         if name not in u.columns:
             u = u.with_columns(pl.lit(None, dtype=dt).alias(name))
@@ -913,3 +952,267 @@ def excluded_in_statistics(log, cfg) -> pl.DataFrame | None:
         "trajectory_id",
         pl.format("{} counts {} in its group statistics (stat_trajectory_ids)", _step(), why).alias("message"),
     )
+
+
+# ------------------------------------------------------------------ U609, U610: what the loss function did (contract 1.4)
+
+
+@rule(
+    "U609",
+    "the loss reducer's divisor differs from the tokens or samples it divides",
+    "error",
+    scope="log",
+    requires=("updates", "trajectory_id", "updates.reducer_mode", "updates.reducer_divisor", "n_trainable", "ok"),
+    optional=_MEMBERSHIP,
+    config=("atol", "rtol"),
+    preview=True,
+)
+def reducer_divisor(log, cfg) -> pl.DataFrame | None:
+    """The divisor the loss function's reducer applied (reducer_divisor) differs from the trainable
+    tokens, or the samples, it divides under its stated reducer_mode.
+
+    Lesson “Trajectory-, turn-, and token-level reduction”: a per-token mean is only a mean when it
+    divides by the tokens it summed. The divisor is computed inside the trainer's loss, after every
+    hook a converter sees (slime and miles `loss.py` count `max(|I_i|, 1)` per sample, Megatron sums
+    it over micro-batches and ranks), so loss_denominator, which a converter fills from its own
+    counts, cannot show it (U601 reads that). Recomputed from the trajectories the records name:
+    `token_mean_step` -> Σ |I_i| over every record of the optimizer step (the same update_step),
+    `token_mean` -> Σ |I_i| over the record, `seq_mean_step` -> the step's sequences, `seq_mean` ->
+    the record's (every sequence named, trained or not). A divisor of 1 where the count is 0 is
+    accepted (trainers clamp an empty batch's count to 1). A surplus equal to the number of
+    sequences without a trainable token is named: a reducer that clamps each sample's count to at
+    least 1 before summing adds one token per removed sample (radixark/miles#2796), scaling every
+    gradient of the step by T / (T + M). A non-positive or non-finite divisor, an unknown mode,
+    and records of one step that disagree on a step-wide divisor are findings too. Steps whose
+    records name a trajectory missing from the log (U605) or malformed (S003) are not recomputed.
+    Fix the reducer to count the trainable tokens (or sequences) of what it sums, once.
+    """
+    u = _updates(log).select("_u", "update_step", "file", "reducer_mode", "reducer_divisor")
+    m = members(log)
+    known = pl.col("_in_log") & pl.col("ok").fill_null(False)
+    per = m.group_by("_u").agg(
+        pl.len().alias("B"),
+        known.all().alias("known"),
+        pl.col("n_trainable").sum().alias("T"),
+        (pl.col("n_trainable") == 0).sum().alias("E"),
+        pl.col("trajectory_id").filter(pl.col("n_trainable") == 0).first().alias("_empty"),
+    )
+    u = u.join(per, on="_u", how="left").with_columns(
+        pl.col("B").fill_null(0), pl.col("known").fill_null(True), pl.col("T").fill_null(0), pl.col("E").fill_null(0)
+    )
+    mode = pl.col("reducer_mode")
+    step_wide = mode.str.ends_with("_step").fill_null(False)
+    # a step-wide divisor spans every record of the step; a record without a step is a step alone
+    u = u.with_columns(pl.coalesce(pl.col("update_step"), -1 - pl.col("_u")).alias("_step"))
+    over = lambda e: pl.when(step_wide).then(e.sum().over("_step")).otherwise(e)
+    u = u.with_columns(
+        over(pl.col("T")).alias("_T"),
+        over(pl.col("B")).alias("_B"),
+        over(pl.col("E")).alias("_E"),
+        pl.when(step_wide)
+        .then(pl.col("_empty").drop_nulls().first().over("_step"))
+        .otherwise("_empty")
+        .alias("_first"),
+        pl.when(step_wide).then(pl.len().over("_step")).otherwise(1).alias("_R"),
+        pl.when(step_wide).then(pl.col("known").all().over("_step")).otherwise(pl.col("known")).alias("_known"),
+        pl.when(step_wide).then(pl.col("reducer_divisor").n_unique().over("_step")).otherwise(1).alias("_values"),
+    )
+    tokens = mode.str.starts_with("token_").fill_null(False)
+    d = pl.col("reducer_divisor")
+    expected = pl.when(tokens).then(pl.col("_T")).otherwise(pl.col("_B")).cast(pl.Float64)
+    u = u.with_columns(expected.alias("_exp"))
+    unknown = mode.is_null() | ~mode.is_in(REDUCER_MODES).fill_null(False)
+    bad_value = d.is_null() | ~d.is_finite().fill_null(False) | ~(d > 0).fill_null(False)
+    clamped = (pl.col("_exp") == 0) & (d == 1.0)
+    mismatch = pl.col("_known") & _differs(d, pl.col("_exp"), cfg) & ~clamped.fill_null(False)
+    what = (
+        pl.when(tokens)
+        .then(pl.lit("Σ trainable tokens over the "))
+        .otherwise(pl.lit("the "))
+        .add(pl.format("{} trajectories of ", "_B"))
+        .add(pl.when(step_wide).then(pl.format("the step's {} record(s)", "_R")).otherwise(pl.lit("the record")))
+    )
+    surplus = d - pl.col("_exp")
+    floored = tokens & (pl.col("_E") > 0) & ~_differs(surplus, pl.col("_E").cast(pl.Float64), cfg)
+    cause = (
+        pl.when(floored)
+        .then(
+            pl.format(
+                "; the surplus {} is the step's {} trajectory(ies) without a trainable token (first: {}): the "
+                "reducer counts each removed sample as one token (a per-sample max(|I_i|, 1)), scaling every "
+                "gradient by {}",
+                num(surplus),
+                "_E",
+                "_first",
+                num((pl.col("_exp") / d).round(4)),
+            )
+        )
+        .when(pl.col("_exp") > 0)
+        .then(pl.format(" (recorded/expected = {})", num((d / pl.col("_exp")).round(3))))
+        .otherwise(pl.lit(""))
+    )
+    head = pl.format("{} (reducer_mode {})", _step(), mode)
+    msg = (
+        pl.when(unknown)
+        .then(
+            pl.format(
+                "{}: reducer_mode {} is not one of {}; the divisor cannot be checked",
+                _step(),
+                mode.fill_null("null"),
+                pl.lit(", ".join(REDUCER_MODES)),
+            )
+        )
+        .when(bad_value)
+        .then(pl.format("{}: reducer_divisor {} is not a positive finite number", head, num(d)))
+        .when(pl.col("_values") > 1)
+        .then(
+            pl.format(
+                "{}: the step's {} records hold {} different reducer_divisor values; a step-wide divisor is one",
+                head,
+                "_R",
+                "_values",
+            )
+        )
+        .when(mismatch)
+        .then(
+            pl.format(
+                "{}: reducer_divisor {} recorded, expected {} = {}",
+                head,
+                num(d),
+                num(pl.col("_exp")),
+                what,
+            ).add(cause)
+        )
+    )
+    out = (
+        u.with_columns(msg.alias("message"), pl.when(mismatch & floored).then("_first").alias("trajectory_id"))
+        .filter(pl.col("message").is_not_null())
+        .unique(["_step", "message"], keep="first", maintain_order=True)  # a step-wide divisor: one finding
+        .select("file", "trajectory_id", "message")
+    )
+    return out if out.height else None
+
+
+@rule(
+    "U610",
+    "the importance ratio is anchored to weights that did not sample the batch, uncorrected",
+    "error",
+    scope="log",
+    requires=(
+        "updates",
+        "trajectory_id",
+        "updates.ratio_anchor",
+        "updates.ratio_correction",
+        "pv_trained_min",
+        "pv_trained_max",
+    ),
+    optional=(
+        *_MEMBERSHIP,
+        "updates.ratio_anchor_version",
+        "updates.trainer_version",
+        "updates.ratio_clipping",
+    ),
+    preview=True,
+)
+def ratio_anchor(log, cfg) -> pl.DataFrame | None:
+    """An update's importance ratio is anchored on a recomputation (ratio_anchor current or
+    proximal) by weights at another policy version than the one that sampled a trajectory of its
+    batch, and no behaviour-to-anchor correction is applied (ratio_correction none).
+
+    Lesson “Token-level and sequence-level probability ratios”: PPO's ratio π_θ/π_old corrects for the policy
+    that generated the data only when π_old is that policy. An asynchronous trainer that recomputes
+    π_old with the current weights (radixark/miles#1829: `--use-rollout-logprobs` off, no TIS, no
+    retained old actor; NovaSky-AI/SkyRL#1315: fully async with old log-probs recomputed, one step
+    per batch, so the ratio is exactly 1 and clipping never acts) trains on stale samples as if
+    they were on-policy: the ratio and its clip see none of the lag. The staleness is the one the
+    log records: each trajectory's turns' policy_version against the anchor's version
+    (ratio_anchor_version, or for current the update's trainer_version). Where neither is recorded,
+    a recomputation is by one set of weights, so a batch sampled at several versions has its
+    trajectories below the newest version anchored to weights that did not sample them (a current
+    anchor is never older than the newest behaviour version); a batch sampled at one version then
+    shows nothing (the lag is not recorded). An anchor on the behaviour log-probs, a truncated or
+    masked importance correction, and trajectories without a recorded version are not judged; an
+    unknown anchor or correction value is a finding. Fix: anchor the ratio on the behaviour
+    log-probs, apply a truncated importance-sampling correction against them, or recompute with
+    the weights the engines sampled with.
+    """
+    u = _updates(log).select(
+        "_u",
+        "update_step",
+        "file",
+        "ratio_anchor",
+        "ratio_anchor_version",
+        "ratio_correction",
+        "ratio_clipping",
+        "trainer_version",
+    )
+    anchor, corr = pl.col("ratio_anchor"), pl.col("ratio_correction")
+    unknown = (
+        pl.when(~anchor.is_in(RATIO_ANCHORS).fill_null(True))
+        .then(pl.format("ratio_anchor {} is not one of {}", anchor, pl.lit(", ".join(RATIO_ANCHORS))))
+        .when(~corr.is_in(RATIO_CORRECTIONS).fill_null(True))
+        .then(pl.format("ratio_correction {} is not one of {}", corr, pl.lit(", ".join(RATIO_CORRECTIONS))))
+    )
+    bad = u.filter(unknown.is_not_null()).select("file", pl.format("{}: {}", _step(), unknown).alias("message"))
+    judged = u.filter(anchor.is_in(("current", "proximal")).fill_null(False) & (corr == "none").fill_null(False))
+    judged = judged.with_columns(
+        pl.coalesce("ratio_anchor_version", pl.when(anchor == "current").then(pl.col("trainer_version"))).alias("_a")
+    )
+    versions = log.traj.select(
+        "trajectory_id",
+        pl.col("pv_trained_min").cast(pl.Int64).alias("pv_min"),
+        pl.col("pv_trained_max").cast(pl.Int64).alias("pv_max"),
+    )
+    m = (
+        members(log)
+        .select("_u", "trajectory_id", "_in_log")
+        .join(judged, on="_u", how="inner")
+        .join(versions.unique("trajectory_id", keep="first"), on="trajectory_id", how="left")
+        # the weights of one optimizer step are never older than the newest version it trains
+        .with_columns(pl.coalesce("update_step", -1 - pl.col("_u")).alias("_step"))
+        .with_columns(pl.col("pv_max").max().over("_step").alias("_newest"))
+    )
+    known = pl.col("_a").is_not_null()
+    stale = (
+        pl.when(known)
+        .then((pl.col("pv_min") != pl.col("_a")) | (pl.col("pv_max") != pl.col("_a")))
+        .otherwise(pl.col("pv_min") < pl.col("_newest"))
+        .fill_null(False)
+    )
+    clip = (
+        pl.when(pl.col("ratio_clipping").is_null())
+        .then(pl.lit("clipping not recorded"))
+        .when(pl.col("ratio_clipping"))
+        .then(pl.lit("clipping on"))
+        .otherwise(pl.lit("clipping off"))
+    )
+    sampled = (
+        pl.when(pl.col("pv_min") == pl.col("pv_max"))
+        .then(pl.format("version {}", "pv_min"))
+        .otherwise(pl.format("versions {} to {}", "pv_min", "pv_max"))
+    )
+    at = (
+        pl.when(known)
+        .then(pl.format("the weights at version {}", "_a"))
+        .otherwise(
+            pl.format(
+                "one set of weights (version not recorded) while the batch was sampled up to version {}", "_newest"
+            )
+        )
+    )
+    lag = pl.when(known & (pl.col("_a") > pl.col("pv_min"))).then(
+        pl.format(", {} version(s) behind the anchor", num(pl.col("_a").cast(pl.Float64) - pl.col("pv_min")))
+    )
+    msg = pl.format(
+        "{}: the ratio is anchored on a recomputation by {} (ratio_anchor {}, {}) with no behaviour correction, "
+        "but the trajectory was sampled at {}{}: its ratio and clip see none of that lag",
+        _step(),
+        at,
+        pl.col("ratio_anchor"),
+        clip,
+        sampled,
+        lag.fill_null(""),
+    )
+    found = m.filter(pl.col("_in_log") & stale).select("file", "trajectory_id", msg.alias("message"))
+    out = pl.concat([bad, found], how="diagonal_relaxed")
+    return out if out.height else None

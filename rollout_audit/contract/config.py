@@ -67,6 +67,7 @@ FLOAT_KEYS = (
     "replay_atol",
     "replay_max_share",
     "max_turn_log_ratio",
+    "min_logprob_bias",
     "truncation_penalty",
     "overlong_penalty_factor",
     "replay_connect_timeout",
@@ -192,6 +193,12 @@ class Config(BaseModel):
     )
     max_turn_log_ratio: float = Field(
         0.6931, gt=0, description="|log pi_other / pi_behaviour| of a turn above which it is extreme."
+    )
+    min_logprob_bias: float = Field(
+        0.01,
+        gt=0,
+        description="Mean per-token |log pi_other - log pi_behaviour| (nats) a consistent bias must exceed, with "
+        "its whole 99.9% interval, to be reported (0.01: a nucleus of mass 0.99 on one side only).",
     )
     baseline: str | None = Field(
         None,

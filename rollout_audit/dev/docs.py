@@ -47,6 +47,13 @@ def contract_markdown() -> str:
     for key in ("finish_reasons", "reductions", "advantage_estimators"):
         out += ["", f"## {key.replace('_', ' ').capitalize()}", ""]
         out += [f"- {_item(x)}" for x in doc[key]]
+    for key, column in (
+        ("reducer_modes", "reducer_mode"),
+        ("ratio_anchors", "ratio_anchor"),
+        ("ratio_corrections", "ratio_correction"),
+    ):
+        out += ["", f"## {key.replace('_', ' ').capitalize()} (update column `{column}`)", ""]
+        out += [f"- `{k}`: {v}" for k, v in doc[key].items()]
     out += ["", "## Truncation policies (configuration `truncation`)", ""]
     out += [f"- `{k}`: {v}" for k, v in doc["truncation_policies"].items()]
     out += ["", "## File metadata", ""]

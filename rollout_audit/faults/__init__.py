@@ -114,20 +114,41 @@ def write_records(
 ) -> None:
     """Write records as a log under `dst` (trajectories/…, updates/…), without validation so
     that broken records reach the file; `corrupt` truncates the first shard's footer; `tokenizer`
-    and `reward_components` are the producer's declarations written into each trajectory file."""
+    and `reward_components` are the producer's declarations written into each trajectory file.
+    A key of the trajectory records the contract does not define (a trainer's second per-token
+    log-prob column, `compare_logprobs`) is written beside the contract columns as it is."""
     from pathlib import Path
 
-    from ..writing import RolloutWriter
+    import pyarrow as pa
+
+    from ..contract.schema import columns
+    from ..reading.records import records_to_table
+    from ..writing import RolloutWriter, write_table
 
     dst = Path(dst)
+    known = {c.name for c in columns("trajectories")}
     size = -(-len(trajs) // parts)
     for i in range(parts):
         chunk = trajs[i * size : (i + 1) * size]
         if chunk:
             sub = dst / "trajectories" / (f"step={i}" if parts > 1 else "")
-            with RolloutWriter(
-                sub / f"part-{i:04d}.parquet", validate=False, tokenizer=tokenizer, reward_components=reward_components
-            ) as w:
+            path = sub / f"part-{i:04d}.parquet"
+            extra = sorted({k for t in chunk for k in t} - known)
+            if extra:
+                table = records_to_table([{k: v for k, v in t.items() if k in known} for t in chunk])
+                for name in extra:
+                    table = table.append_column(name, pa.array([t.get(name) for t in chunk]))
+                sub.mkdir(parents=True, exist_ok=True)
+                write_table(
+                    path,
+                    table,
+                    "trajectories",
+                    validate=False,
+                    tokenizer=tokenizer,
+                    reward_components=reward_components,
+                )
+                continue
+            with RolloutWriter(path, validate=False, tokenizer=tokenizer, reward_components=reward_components) as w:
                 w.write(chunk)
     if updates:
         with RolloutWriter(dst / "updates" / "updates.parquet", kind="updates", validate=False) as w:

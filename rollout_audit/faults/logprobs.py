@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from ..contract.config import Config
 from .base import Ctx, fault, policy_positions
 
@@ -101,3 +103,44 @@ def nucleus_shifted_one(ctx: Ctx) -> list[str]:
     t = ctx.pick(distinct, "trajectory whose policy tokens differ from the tokens before them")
     record_nucleus(t, shift=1)
     return [t["trajectory_id"]]
+
+
+TRAINER_LOGPROBS = "trainer_logprobs"  # the second per-token log-prob column the fault's trainer writes
+TOP_P = 0.95  # the sampler's nucleus in the fault
+
+
+@fault("top_p_against_full_vocab_trainer", {"L211"}, config={"compare_logprobs": TRAINER_LOGPROBS})
+def top_p_against_full_vocab_trainer(ctx: Ctx) -> list[str]:
+    """Half of the groups were sampled at top-p 0.95 and their engine returned log-probs renormalised
+    over each token's nucleus, while the trainer recomputes them over the full vocabulary
+    (`trainer_logprobs`, named in `compare_logprobs`): every such token is scored lower by the trainer
+    by log(mass) of its nucleus (0.95 to 0.99 of the probability, or the token's own probability when
+    it fills the nucleus alone), at most 0.05 nats a token, so no turn's ratio is extreme (L207) but
+    every one leans the same way (PrimeIntellect-ai/prime-rl#2600).
+
+    The other groups' trainer reproduces the engine's log-probs. The turn log-probs follow the
+    renormalised tokens."""
+    import numpy as np
+
+    groups = sorted({t["group_id"] for t in ctx.trajs})
+    chosen = set(ctx.rng.sample(groups, max(1, len(groups) // 2)))
+    touched = []
+    for t in ctx.trajs:
+        full = list(t["behavior_logprobs"])
+        t[TRAINER_LOGPROBS] = full
+        if t["group_id"] not in chosen:
+            continue
+        lps = list(full)
+        for i in policy_positions(t):
+            lp = full[i]
+            if lp is None:
+                continue
+            mass = max(math.exp(lp), TOP_P + 0.04 * ctx.rng.random())  # the nucleus holds the sampled token
+            lps[i] = float(np.float32(min(lp - math.log(mass), 0.0)))  # as the engine's float32 entry
+        t["behavior_logprobs"] = lps
+        for k, tr in enumerate(t["turns"]):
+            tr["top_p"] = TOP_P
+            if tr.get("logprob") is not None:
+                tr["logprob"] = float(sum(lps[j] for j in policy_positions(t, k) if lps[j] is not None))
+        touched.append(t["trajectory_id"])
+    return touched

@@ -204,3 +204,60 @@ def advantages_resampled_under_original_keys(ctx: Ctx) -> list[str]:
             return touched
         u["advantages"] = old
     raise NoTarget("the log has no update with an informative group this fault can break")
+
+
+def reducer_evidence(ctx: Ctx, per_sample_floor: bool = False) -> None:
+    """Contract 1.4 reducer evidence as a per-token-mean trainer writes it: each step's divisor is
+    the trainable tokens of every record of the step (`token_mean_step`); with `per_sample_floor`
+    each sample's count is clamped to at least 1 before the sum, as slime's and miles' loss do."""
+    steps: dict[int, float] = {}
+    for u in ctx.updates:
+        counts = [n_trainable(ctx.by_id[i]) for i in u["trajectory_ids"] if i in ctx.by_id]
+        floor = [max(c, 1) for c in counts] if per_sample_floor else counts
+        steps[u["update_step"]] = steps.get(u["update_step"], 0.0) + float(sum(floor))
+    for u in ctx.updates:
+        u["reducer_mode"] = "token_mean_step"
+        u["reducer_divisor"] = max(steps[u["update_step"]], 1.0)
+
+
+@fault("removed_sample_counted_as_token", {"U609"})
+def removed_sample_counted_as_token(ctx: Ctx) -> list[str]:
+    """A sample removed from the loss (its mask zeroed, its reward kept for the group statistics)
+    still adds one token to the per-token loss divisor: the reducer clamps each sample's count to
+    at least 1 before summing (radixark/miles#2796), so every gradient of the step shrinks."""
+    t = ctx.pick(lambda t: any(t["loss_mask"]) and t["trajectory_id"] in ctx.used(), "trained trajectory")
+    t["loss_mask"] = [False] * len(t["loss_mask"])
+    t["loss_excluded"] = True
+    if t.get("num_trainable_tokens") is not None:
+        t["num_trainable_tokens"] = 0
+    sync_denominator(ctx, t["trajectory_id"])
+    reducer_evidence(ctx, per_sample_floor=True)
+    return [t["trajectory_id"]]
+
+
+def ratio_evidence(ctx: Ctx) -> None:
+    """Contract 1.4 ratio evidence as an asynchronous trainer that recomputes the old log-probs
+    with the weights each update starts from writes it: anchor current, PPO clipping on, no
+    correction (compliant while every trajectory was sampled by those weights)."""
+    for u in ctx.updates:
+        u["ratio_anchor"] = "current"
+        u["ratio_correction"] = "none"
+        u["ratio_clipping"] = True
+
+
+@fault("ratio_anchored_on_current_weights", {"U610"})
+def ratio_anchored_on_current_weights(ctx: Ctx) -> list[str]:
+    """An asynchronous trainer trains part of a batch sampled one version behind its weights
+    (within its promised lag) but takes the importance ratio against a recomputation by the current
+    weights, with no correction toward the behaviour log-probs (radixark/miles#1829,
+    NovaSky-AI/SkyRL#1315): the ratio is 1 at the first step and its clip bounds nothing."""
+    ratio_evidence(ctx)
+    u = next((u for u in ctx.updates if (u.get("trainer_version") or 0) >= 1), None)
+    if u is None:
+        raise NoTarget("the log has no update past the first version")
+    touched = [i for i in u["trajectory_ids"] if i in ctx.by_id][::3]
+    for tid in touched:
+        for tr in ctx.by_id[tid]["turns"]:
+            tr["policy_version"] = u["trainer_version"] - 1
+    u["max_policy_lag"] = max(u.get("max_policy_lag") or 0, 1)
+    return touched

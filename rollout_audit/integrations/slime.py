@@ -100,7 +100,8 @@ SAMPLE_KEYS = (
     "rollout_routed_experts",
 )
 TRAIN_KEYS = ("sample_indices", "rollout_ids", "rollout_mask_sums", "rewards", "raw_reward", "loss_masks")
-# slime arguments that decided the train data (slime/ray/rollout.py:608-633)
+# slime arguments that decided the train data (slime/ray/rollout.py:608-633), and those that decide
+# how the loss divides it and what its ratio is anchored to (loss.py:965-986, :1317-1366)
 TRAIN_ARGS = (
     "advantage_estimator",
     "rewards_normalization",
@@ -108,6 +109,11 @@ TRAIN_ARGS = (
     "normalize_advantages",
     "n_samples_per_prompt",
     "rollout_batch_size",
+    "calculate_per_token_loss",
+    "use_rollout_logprobs",
+    "keep_old_actor",
+    "use_tis",
+    "tis_clip",
 )
 ACTOR_KEYS = ("sample_indices", "loss_masks", "rewards", "kl", "returns")
 ACTOR_ARGS = ("advantage_estimator", "kl_coef", "gamma", "lambd")

@@ -191,16 +191,22 @@ def contract_problems(table: pa.Table, kind: str, config: Config | None = None) 
 
 
 def write_table(
-    path: str | os.PathLike, table: pa.Table, kind: str, validate: bool = True, config: Config | None = None
+    path: str | os.PathLike,
+    table: pa.Table,
+    kind: str,
+    validate: bool = True,
+    config: Config | None = None,
+    **declared: Any,
 ) -> None:
     """`table` as the contract log file `path` (RolloutWriter), with the columns the contract does not
     define appended afterwards as they are: a trainer's second per-token log-prob column (verl's
-    `old_log_probs`), which L207 reads when the configuration names it (`compare_logprobs`).
-    `config`: what the writer validates under (the trainer's own stop reasons)."""
+    `old_log_probs`), which L207 and L211 read when the configuration names it (`compare_logprobs`).
+    `config`: what the writer validates under (the trainer's own stop reasons); `declared`: the
+    producer's declarations RolloutWriter writes into the file (`tokenizer`, `reward_components`)."""
     known = {c.name for c in S.columns(kind)}
     extra = [c for c in table.column_names if c not in known]
     if not extra:
-        with RolloutWriter(path, kind=kind, validate=validate, config=config) as w:
+        with RolloutWriter(path, kind=kind, validate=validate, config=config, **declared) as w:
             w.write(table)
         return
     # the writer's file is staged under a name readers skip (a `watch` never sees it without its extra
@@ -209,7 +215,7 @@ def write_table(
     stage = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.staged.tmp")
     done = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with RolloutWriter(stage, kind=kind, validate=validate, config=config) as w:
+        with RolloutWriter(stage, kind=kind, validate=validate, config=config, **declared) as w:
             w.write(table.drop_columns(extra))
         written = pq.read_table(stage)
         meta = written.schema.metadata

@@ -9,6 +9,9 @@ record). Faults: `openrlhf_cut_not_truncated` (T306), `removed_sample_in_denomin
 nucleus SGLang returned for every sampled token) and `top_p_nucleus_shifted` (L210: the spans one
 position late). With a critic (contract 1.4): `ppo_masked_gae` (compliant, GAE over the loss-mask
 tokens) and `ppo_gae_over_every_position` (R416: slime's own GAE, over every response token).
+Asynchronous training (contract 1.4 ratio anchor): `async_ratio_on_current_weights`
+(U610: half the batch sampled one version behind, the ratio recomputed by the current weights with no
+correction, radixark/miles#1829) and `compliant_async_tis` (the same batch under `--use-tis`).
 
 Shapes as at THUDM/slime 624b824: Sample fields `group_index`, `index`, `rollout_id`, `tokens`,
 `response_length`, `reward`, `loss_mask`, `weight_versions`, `rollout_log_probs`, `remove_sample`,
@@ -124,6 +127,11 @@ ARGS = {  # the slime arguments the train data hook writes with its record (slim
     "normalize_advantages": False,
     "n_samples_per_prompt": 2,
     "rollout_batch_size": 2,
+    "calculate_per_token_loss": False,
+    "use_rollout_logprobs": False,
+    "keep_old_actor": False,
+    "use_tis": False,
+    "tis_clip": 2.0,
 }
 
 
@@ -138,7 +146,13 @@ def normalised(raw: list[float], per: int, size: int) -> list[float]:
     return out
 
 
-def train_data(samples: list[dict], step: int, count_removed: bool = False, keep_removed_mask: bool = False) -> dict:
+def train_data(
+    samples: list[dict],
+    step: int,
+    count_removed: bool = False,
+    keep_removed_mask: bool = False,
+    args: dict | None = None,
+) -> dict:
     """The second hook's record: slime's rollout ids and per-rollout denominators (rollout.py:647-700),
     the normalised rewards, raw rewards and loss masks it trains on, and the arguments that decide
     them; `count_removed` sums the removed samples' masks too, as a custom converter that forgets them
@@ -167,7 +181,7 @@ def train_data(samples: list[dict], step: int, count_removed: bool = False, keep
         "rewards": normalised(raw, ARGS["n_samples_per_prompt"], ARGS["rollout_batch_size"]),
         "raw_reward": raw,
         "loss_masks": masks,
-        "args": ARGS,
+        "args": {**ARGS, **(args or {})},
     }
 
 
@@ -357,6 +371,20 @@ def with_routes(rec: dict, incremental: bool = True, appended: bool = False) -> 
     return rec
 
 
+def _async(**args: bool) -> list[dict]:
+    """slime's train_async loop: the next rollout is generated while the actor trains on this one, so
+    prompt group 1 of step 5's batch was sampled by step 4's weights (weight_versions "4"). With
+    slime's defaults the actor recomputes the ratio's old log-probs with its current weights
+    (loss.py:965, :985-986) and applies no correction; `--use-tis` weighs each token by the truncated
+    exp(recomputed − rollout) instead (loss.py:893-897)."""
+    out = _batch(False)
+    for rec in out[2:]:
+        rec["weight_versions"] = ["4"] * len(rec["weight_versions"])
+        for call in rec["metadata"]["engine_calls"]:
+            call["weight_version"] = "4"
+    return [*out, train_data(out, 5, args=args)]
+
+
 def _moe(batch: list[dict], **how: bool) -> list[dict]:
     return [with_routes(rec, **how) for rec in batch]
 
@@ -385,4 +413,6 @@ def cases() -> dict[str, list[dict]]:
         "routes_of_resumed_weights": _moe(_partial(False), incremental=False),
         "top_p_nucleus": _top_p(False),
         "top_p_nucleus_shifted": _top_p(True),
+        "async_ratio_on_current_weights": _async(),
+        "compliant_async_tis": _async(use_tis=True),
     }

@@ -5,6 +5,8 @@ tokens = TrajectoryStepTokens, response = the server's chat completion with vLLM
 from __future__ import annotations
 
 import base64
+import math
+import struct
 
 HEADER = [1, 30, 3]  # <|im_start|>assistant\n: the generation prompt
 P0 = [1, 32, 3, 20, 21, 2, 3, 1, 31, 3, 22, 23, 24, 2, 3, *HEADER]
@@ -250,6 +252,35 @@ def _moe_episodes(duplicated: bool = False, lost: bool = False) -> list[dict]:
     return out
 
 
+def _bf16(x: float) -> float:
+    """x rounded to bfloat16 (to nearest, ties to even), the precision of a bf16 trainer's output."""
+    bits = struct.unpack("<I", struct.pack("<f", x))[0]
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+def _trainer_annotated(top_p: float) -> list[dict]:
+    """Four verifiers 0.4.0 traces (eight sampled nodes of three tokens) whose nodes a trainer annotated
+    with its recomputed log-probs (`MessageNode.trainer_logprobs`, graph.py:145-147, the compact layout
+    of `logprobs`). At top_p 1 the trainer is a bf16 one: its log-probs are the engine's rounded to
+    bfloat16. Below it (the engine's `processed_logprobs`, renormalised over each token's nucleus of
+    mass 0.90 to 0.94) the trainer scores the full vocabulary, each token lower by log(mass): −0.19 to
+    −0.32 a turn (PrimeIntellect-ai/prime-rl#2600), far from L207's ln 2."""
+    out = []
+    for n in range(4):
+        tr = _trace(n, float(n % 2 == 0))
+        for call in tr["calls"]:
+            call["sampling"] = {**call["sampling"], "top_p": top_p}
+        for k, node in enumerate(n for n in tr["nodes"] if n["sampled"]):
+            if top_p < 1:
+                masses = [0.90 + 0.01 * ((3 * n + 2 * k + j) % 5) for j in range(len(node["logprobs"]))]
+                node["trainer_logprobs"] = [round(lp + math.log(m), 6) for lp, m in zip(node["logprobs"], masses)]
+            else:
+                node["trainer_logprobs"] = [_bf16(lp) for lp in node["logprobs"]]
+        out.append(tr)
+    return out
+
+
 def cases() -> dict[str, list[dict]]:
     return {
         "compliant_prime_rl": _prime_rl_group(),
@@ -260,6 +291,8 @@ def cases() -> dict[str, list[dict]]:
         "prime_rl_routes_duplicated": _moe_episodes(duplicated=True),
         "prime_rl_routes_lost": _moe_episodes(lost=True),
         "v1_compliant": [_trace(0, 1.0), _trace(1, 0.0)],
+        "compliant_v1_trainer_logprobs": _trainer_annotated(1.0),
+        "v1_top_p_against_full_vocab_trainer": _trainer_annotated(0.9),
         "v1_stop_conditions": [_stopped(n, c, t, r) for n, (c, t, r) in enumerate(_STOPS)],
         "v1_truncation_scored": [
             _stopped(0, "max_output_tokens", False, 0.0),
