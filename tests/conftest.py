@@ -8,8 +8,10 @@ import itertools
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -46,13 +48,37 @@ def write_log(root, trajs, updates=None, parts: int = 1, validate: bool = False)
     return root
 
 
-# The suite's slow modules: real trainers, Ray, browsers, servers, training runs, campaigns and
-# whole-catalogue sweeps. `python -m pytest -m "not slow"` is the fast tier for the inner loop
+def generate_on_a_copy(tmp_path, script: str, module: str) -> subprocess.CompletedProcess:
+    """`script` run in a fresh Python on a copy of the checkout's derived files (README, docs/,
+    fixtures/) under tmp_path/repo, with the module text `module` beside it: `python script COPY
+    MODULE`, so that what the module registers (a check, a fault) never reaches this process or
+    the committed files."""
+    copy = tmp_path / "repo"
+    copy.mkdir()
+    for name in ("README.md", "docs", "fixtures"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, copy / name)
+    (tmp_path / "module.py").write_text(textwrap.dedent(module))
+    (tmp_path / "run.py").write_text(textwrap.dedent(script))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run(
+        [sys.executable, str(tmp_path / "run.py"), str(copy), str(tmp_path / "module.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+
+
+# The suite's slow modules: real trainers (importing torch, trl or verl costs each worker seconds at
+# collection), Ray, browsers, servers, training runs, campaigns and whole-catalogue sweeps. `python -m pytest -m "not slow"` is the fast tier for the inner loop
 # (under a minute on 2 cores); the README's command and CI run everything.
 SLOW_MODULES = {
     "test_adapters_verifiers",
     "test_adapters_verl",
     "test_benchmarks_smoke",
+    "test_capture_load",
+    "test_capture_paths",
     "test_demo",
     "test_distributed",
     "test_executors",
@@ -67,7 +93,12 @@ SLOW_MODULES = {
     "test_generated",
     "test_hostile",
     "test_hostile_round4",
+    "test_integration_rllm_backend",
+    "test_integration_slime",
     "test_integration_trl",
+    "test_integration_trl_record",
+    "test_integration_verl_loop",
+    "test_integration_verl_v1",
     "test_native",
     "test_new_check",
     "test_properties",

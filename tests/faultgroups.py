@@ -27,7 +27,7 @@ def group_id(group: tuple[str, ...]) -> str:
 
 def config(group: tuple[str, ...]) -> Config:
     """The audit configuration every fault of the group needs (their settings do not overlap)."""
-    return matrix_config({k: v for n in group for k, v in FAULTS[n].config.items()})
+    return matrix_config({k: v for n in group for k, v in FAULTS[n].settings.items()})
 
 
 def write_group(

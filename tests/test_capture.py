@@ -118,6 +118,7 @@ def test_a_recorded_session_forwards_unchanged_and_audits_clean(proxy: str, tmp_
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow  # a recorder process and an audit process each; the first test keeps the path fast
 def test_a_session_without_its_end_is_not_run_capture_incomplete(proxy: str, tmp_path: Path) -> None:
     _turn(proxy, "s1")
     _end(proxy, "s1")
@@ -127,6 +128,7 @@ def test_a_session_without_its_end_is_not_run_capture_incomplete(proxy: str, tmp
     assert "not run: capture incomplete: 1 of 2 sessions not audited: session s2: no end record" in done.stdout
 
 
+@pytest.mark.slow  # a recorder process and an audit process each; the first test keeps the path fast
 def test_a_torn_last_line_is_tolerated_and_a_newer_format_refused(proxy: str, tmp_path: Path) -> None:
     _turn(proxy, "s1")
     _end(proxy, "s1")

@@ -53,6 +53,7 @@ def test_import_and_explain_load_no_heavy_module(args):
     assert not modules & {*HEAVY, "pandas"}
 
 
+@pytest.mark.slow  # a fresh interpreter each; import and a plain check stay in the fast tier
 def test_help_loads_no_heavy_module_beyond_the_command_it_lists():
     modules, out = _fresh(["--help"])
     assert "capture" in out  # listing the recorder proxy imports it, and with it asyncio
@@ -66,6 +67,7 @@ def test_plain_check_loads_no_heavy_module():
     assert not modules & set(HEAVY)
 
 
+@pytest.mark.slow  # a fresh interpreter each; import and a plain check stay in the fast tier
 def test_the_lazy_command_is_still_listed_run_and_suggested():
     from click.testing import CliRunner
 

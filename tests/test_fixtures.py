@@ -46,11 +46,13 @@ SHOWN = {
 
 @pytest.mark.parametrize("name", sorted(MANIFEST["faults"]))
 def test_broken_fixture_raises_its_codes(name):
-    """`check --format json`, as a user runs it (the fixture's configuration found next to it), raises
-    exactly the manifest's codes on the trajectories the fault touched; and (one fixture per family)
-    `show` marks on a trajectory exactly the codes that report names on it."""
+    """`check --format json`, as a user runs it (the log's own configuration found inside it; the
+    user's own, where the manifest names one beside the log, with --config), raises exactly the
+    manifest's codes on the trajectories the fault touched; and (one fixture per family) `show`
+    marks on a trajectory exactly the codes that report names on it."""
     entry = MANIFEST["faults"][name]
-    doc, code = checked(FIXTURES / "broken" / name, *(["--preview"] if PREVIEW & set(entry["codes"]) else []))
+    user = ["--config", str(FIXTURES / entry["user_config_file"])] if "user_config_file" in entry else []
+    doc, code = checked(FIXTURES / "broken" / name, *(["--preview"] if PREVIEW & set(entry["codes"]) else []), *user)
     found = [f for f in doc["findings"] if f["severity"] in ("error", "warning")]
     assert {f["code"] for f in found} == set(entry["codes"]), doc
     named = {f["trajectory_id"] for f in found if f["code"] in entry["codes"] and f["trajectory_id"] is not None}
@@ -90,7 +92,7 @@ def test_a_fresh_generation_audits_as_the_manifest_says(tmp_path):
     rep = ra.audit(tmp_path / "compliant")
     assert serious(rep).is_empty() and rep.complete, rep.render()
     for name, entry in fresh["faults"].items():
-        rep = ra.audit(tmp_path / "broken" / name, config=matrix_config(entry["config"]))
+        rep = ra.audit(tmp_path / "broken" / name, config=matrix_config(entry["user_config"]))
         found = serious(rep)
         assert set(found["code"].to_list()) == set(entry["codes"]), (name, rep.render())
         named = set(found.filter(pl.col("code").is_in(entry["codes"]))["trajectory_id"].drop_nulls().to_list())

@@ -86,7 +86,7 @@ def caught(name: str, fault: str, watched: set[str], no_target: set, **config) -
         assert (name, fault) in no_target, f"{fault} found nothing to break in {name}'s fixture"
         return
     assert (name, fault) not in no_target
-    rep = ra.audit(bt, bu, config=Config(**{**config, **FAULTS[fault].config}))
+    rep = ra.audit(bt, bu, config=Config(**{**config, **FAULTS[fault].settings}))
     found = serious(rep) & watched
     assert found == set(FAULTS[fault].codes), rep.render()
     named = set(rep.findings.filter(rep.findings["code"].is_in(list(FAULTS[fault].codes)))["trajectory_id"].to_list())

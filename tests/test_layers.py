@@ -20,6 +20,7 @@ a module of its own; importing a submodule is not counted as importing its packa
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PKG = "rollout_audit"
@@ -94,6 +95,7 @@ def _short(mod: str) -> str:
     return mod[len(PKG) + 1 :] if mod.startswith(PKG + ".") else mod
 
 
+@functools.cache
 def graph() -> dict[str, set[str]]:
     modules = _modules()
     return {m: _imports(m, p, is_pkg, modules) for m, (p, is_pkg) in modules.items()}

@@ -10,12 +10,9 @@ detection matrix carry its fault, the fault joins the groups, and no derived fil
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
+
+from conftest import generate_on_a_copy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -87,21 +84,7 @@ print(json.dumps(out))
 
 
 def test_a_new_check_and_its_fault_need_only_the_generate_command(tmp_path):
-    copy = tmp_path / "repo"
-    copy.mkdir()
-    for name in ("README.md", "docs", "fixtures"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, copy / name)
-    (tmp_path / "newcheck.py").write_text(textwrap.dedent(NEW_CHECK))
-    (tmp_path / "run.py").write_text(textwrap.dedent(SCRIPT))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    res = subprocess.run(
-        [sys.executable, str(tmp_path / "run.py"), str(copy), str(tmp_path / "newcheck.py")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
+    res = generate_on_a_copy(tmp_path, SCRIPT, NEW_CHECK)
     assert res.returncode == 0, res.stderr[-3000:]
     import json
 

@@ -117,3 +117,70 @@ def test_convert_then_check_is_check_from_on_every_dump(tmp_path):
         strip = [(c, s, t, u, p) for c, s, t, u, p, _ in _json(direct.stdout)[0]]
         assert strip == [(c, s, t, u, p) for c, s, t, u, p, _ in _json(after.stdout)[0]], (name, case)
         assert _json(direct.stdout)[1] == _json(after.stdout)[1], (name, case)
+
+
+# a conversion is audited in memory, where its adapter built the tables; the cases of the fast tier:
+# findings relabelled to the dump (slime), a compliant trainer (verl) and an adapter that vouches for
+# what its trainer does not record (rllm: no loss denominators)
+IN_MEMORY_FAST = {"slime-removed_sample_in_denominator", "verl-trainer_compliant", "rllm-trainer_compliant"}
+assert IN_MEMORY_FAST <= {f"{n}-{c}" for n, c in DUMPS}, "a fast-tier in-memory case is no longer bundled"
+
+
+def _verdict(rep: ra.Report, names: dict[str, str]) -> tuple:
+    """What a report says, with the file names of `names` replaced (a written file: the in-memory name)."""
+
+    def text(s):
+        for a, b in names.items():
+            s = s.replace(a, b) if isinstance(s, str) else s
+        return s
+
+    found = sorted((tuple(text(v) for v in _key(f)) + (text(f["file"]),) for f in rep.findings.to_dicts()), key=_order)
+    return (
+        rep.exit_code(),
+        rep.complete,
+        found,
+        {k: text(v) for k, v in rep.not_run.items()},
+        {k: text(v) for k, v in rep.partial.items()},
+        {k: text(v) for k, v in rep.unfulfilled.items()},
+        [{k: text(v) for k, v in c.items()} for c in rep.crashes],
+        rep.summary["rows_read"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "case"),
+    [
+        pytest.param(n, c, id=f"{n}-{c}", marks=() if f"{n}-{c}" in IN_MEMORY_FAST else pytest.mark.slow)
+        for n, c in DUMPS
+    ],
+)
+def test_a_conversion_audited_in_memory_is_its_tables_written_as_a_log(tmp_path, name, case):
+    """`check --from` audits the converted tables in memory (no temporary log); the verdict is the
+    one the same tables give written as a contract log and audited from disk under the same
+    configuration (the session's, with the trainer's settings and the adapter's word merged in), and
+    the session's report is that audit's, relabelled to the dump's records."""
+    from rollout_audit.adapters.convert import convert
+    from rollout_audit.reading.io import discover
+    from rollout_audit.reading.read import MEMORY
+    from rollout_audit.running.engine import run_audit
+    from rollout_audit.session import Request, in_memory, run
+    from rollout_audit.writing import write_table
+
+    src = FIXTURES / name / f"{case}.jsonl"
+    audited = run(Request(source=[str(src)], framework=name, context=CONTEXT))
+    conv = convert(name, [str(src)], CONTEXT)
+    names = {}
+    for kind, table in zip(("trajectories", "updates"), conv.tables()):
+        if table is not None and table.num_rows:
+            (tmp_path / kind).mkdir()
+            write_table(tmp_path / kind / "part-0000.parquet", table, kind, validate=False)
+            names[str(tmp_path / kind / "part-0000.parquet")] = MEMORY
+    names[str(tmp_path)] = MEMORY
+    memory = run_audit(in_memory(conv), audited.cfg)
+    disk = run_audit(discover([tmp_path]), audited.cfg)
+    assert _verdict(memory, {}) == _verdict(disk, names), (name, case)
+    assert audited.checked.exit_code() == memory.exit_code() and sorted(audited.checked.not_run) == sorted(
+        memory.not_run
+    )
+    assert [_key(f) for f in audited.checked.findings.to_dicts()] == [_key(f) for f in memory.findings.to_dicts()]
+    assert MEMORY not in " ".join(audited.checked.findings["file"].drop_nulls().to_list())  # the dump's records

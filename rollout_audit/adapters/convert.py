@@ -1,6 +1,6 @@
 """A trainer's dump as contract tables: its records converted by the framework's adapter, with the
 dump record each trajectory came from (`dump.jsonl:17`) and the trainer settings the adapter derived.
-The audit of a conversion (a private temporary log, findings relabelled to the dump) is the
+The audit of a conversion (its tables in memory, findings relabelled to the dump) is the
 session's (rollout_audit.session)."""
 
 from __future__ import annotations

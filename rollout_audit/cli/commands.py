@@ -631,7 +631,7 @@ def demo(out: str, profile: str, seed: int, progress: bool | None, echo: Echo) -
 
 def apply_fault(name: str, src: str, dst: str, seed: int, echo: Echo) -> None:
     """`rollout-audit faults apply`: DST is the log at SRC broken by fault NAME."""
-    from ..faults import FAULTS, apply, declared_components, read_records, write_records
+    from ..faults import FAULTS, apply, declared_components, read_records, settings_toml, write_fault_log
     from ..reporting.outputs import atomic_directory, check_new_directory, check_output
 
     if name not in FAULTS:
@@ -642,23 +642,27 @@ def apply_fault(name: str, src: str, dst: str, seed: int, echo: Echo) -> None:
         (t, u), touched = apply(name, *read_records(src), seed=seed)
     except ValueError as e:  # the log has nothing this fault can break, or cannot be read
         raise UsageError(f"{src}: {first_line(e)}") from None
-    declared = declared_components(src) | FAULTS[name].declares  # the producer's declaration, carried over
+    f = FAULTS[name]
+    declared = declared_components(src) | f.declares  # the producer's declaration, carried over
     with atomic_directory(dst) as tmp:  # DST appears whole or not at all
-        write_records(tmp, t, u, corrupt=FAULTS[name].file_level, reward_components=declared)
-    echo(
-        f"{dst}: {name} (must raise {', '.join(sorted(FAULTS[name].codes))}); touched: "
-        f"{', '.join(touched) or 'the whole log'}"
-    )
+        write_fault_log(tmp, f, t, u, reward_components=declared)
+    echo(f"{dst}: {name} (must raise {', '.join(sorted(f.codes))}); touched: {', '.join(touched) or 'the whole log'}")
+    if f.user_config:  # the user's own settings: never written inside the log
+        table = settings_toml(f.user_config).splitlines()[1:]
+        echo(f"{dst}: caught under your own configuration (--config FILE) stating: {'; '.join(table)}")
 
 
 def fault_matrix(src: str, parts: int, echo: Echo) -> int:
     """`rollout-audit faults matrix`: every fault applied to SRC and audited; 1 when one is missed."""
     import tempfile
 
-    from ..faults import FAULTS, detect, read_records, render_matrix
+    from ..faults import FAULTS, NoTarget, detect, read_records, render_matrix
 
     trajs, ups = read_records(src)
     with tempfile.TemporaryDirectory() as work:
-        rows = [detect(n, trajs, ups, work, parts=parts) for n in FAULTS]
+        try:
+            rows = [detect(n, trajs, ups, work, parts=parts) for n in FAULTS]
+        except NoTarget as e:
+            raise UsageError(f"{src}: {first_line(e)}") from None
     echo(render_matrix(rows))
     return 0 if all(r.ok for r in rows) else 1

@@ -11,6 +11,7 @@ from ..contract.config import LOG_CONTEXT
 from ..contract.registry import FAMILIES, Rule
 from ..faults import FAULTS
 from ..reporting.settings import key_entry, keys
+from .fixtures import USER_CONFIG
 
 
 def _cell(text: str) -> str:
@@ -109,7 +110,13 @@ def _examples(r: Rule) -> str:
     if not named:
         return "No named fault yet."
     flag = " --preview" if r.preview else ""  # a check in preview reports only when asked for
-    return " ".join(f"`rollout-audit check{flag} fixtures/broken/{f.name}`: {f.description}" for f in named[:2])
+
+    def user(f) -> str:  # the user's own configuration, beside the fixture's log
+        return f" --config fixtures/{USER_CONFIG.format(fault=f.name)}" if f.user_config else ""
+
+    return " ".join(
+        f"`rollout-audit check{flag} fixtures/broken/{f.name}{user(f)}`: {f.description}" for f in named[:2]
+    )
 
 
 def checks_markdown() -> str:

@@ -24,6 +24,7 @@ from pathlib import Path
 FIXTURES = Path(__file__).resolve().parent.parent.parent / "fixtures"
 MEASURED = {"wall_clock_s", "latency_s", "tool_latency_s"}
 FIXTURE_SEED = 0  # the seed each fault chooses its trajectory with
+USER_CONFIG = "broken/{fault}.user.toml"  # a fault's user configuration, relative to fixtures/
 FLOAT_TOL = 1e-4  # about 20x the largest difference measured across CPU instruction sets (above)
 
 
@@ -39,36 +40,34 @@ def generate(root: Path) -> dict:
 
 
 def write_broken(root: Path) -> dict:
-    """Write broken/<fault>/ and manifest.json under `root` from `root`/compliant and every
-    registered fault (no training); returns the manifest."""
+    """Write broken/<fault>/ (and broken/<fault>.user.toml for a fault the user configures) and
+    manifest.json under `root` from `root`/compliant and every registered fault (no training);
+    returns the manifest. Every fault is applied before anything is removed or written: a fault
+    that finds no target (NoTarget, naming it) leaves the committed fixtures as they were."""
     from reference_agent.tokenizer import Tokenizer
 
-    from ..faults import FAULTS, apply, declared_components, read_records, write_records
+    from ..faults import FAULTS, apply, declared_components, read_records, settings_toml, write_fault_log
 
-    shutil.rmtree(root / "broken", ignore_errors=True)
     trajs, ups = read_records(root / "compliant")
+    broken = {name: apply(name, trajs, ups, seed=FIXTURE_SEED) for name in FAULTS}
     tokenizer = Tokenizer().declaration()  # the broken logs decode like the agent's own
     declared = declared_components(root / "compliant")  # the agent's declaration, carried to each broken log
+    shutil.rmtree(root / "broken", ignore_errors=True)
     manifest: dict = {"source": "reference agent, profile 'fixture', seed 0", "compliant": "compliant", "faults": {}}
     for name, f in FAULTS.items():
-        (bt, bu), touched = apply(name, trajs, ups, seed=FIXTURE_SEED)
-        write_records(
-            root / "broken" / name,
-            bt,
-            bu,
-            corrupt=f.file_level,
-            tokenizer=tokenizer,
-            reward_components=declared | f.declares,
-        )
-        if f.config:  # where a user's configuration lives, so that a plain `check` of the log applies it
-            table = "".join(f"{k} = {json.dumps(v)}\n" for k, v in sorted(f.config.items()))
-            (root / "broken" / name / "pyproject.toml").write_text(f"[tool.rollout-audit]\n{table}")
-        manifest["faults"][name] = {
+        (bt, bu), touched = broken[name]
+        write_fault_log(root / "broken" / name, f, bt, bu, tokenizer=tokenizer, reward_components=declared | f.declares)
+        entry = {
             "codes": sorted(f.codes),
             "touched": touched,
             "config": f.config,
+            "user_config": f.user_config,
             "description": f.description,
         }
+        if f.user_config:  # the user's own file, beside the log: passed with --config, never found in the log
+            (root / USER_CONFIG.format(fault=name)).write_text(settings_toml(f.user_config))
+            entry["user_config_file"] = USER_CONFIG.format(fault=name)
+        manifest["faults"][name] = entry
     (root / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return manifest
 
@@ -105,13 +104,17 @@ def drift(committed: Path, fresh: Path) -> list[str]:
         return sorted(
             p.relative_to(r).as_posix()
             for p in r.rglob("*")
-            if p.is_file() and (p.suffix == ".parquet" or p.name == "manifest.json")
+            if p.is_file() and (p.suffix in (".parquet", ".toml") or p.name == "manifest.json")
         )
 
     if files(committed) != files(fresh):
         problems.append(f"file sets differ: {sorted(set(files(committed)) ^ set(files(fresh)))[:10]}")
     if (committed / "manifest.json").read_text() != (fresh / "manifest.json").read_text():
         problems.append("manifest.json differs")
+    for p in sorted(fresh.rglob("*.toml")):  # the configurations inside and beside the logs
+        rel = p.relative_to(fresh)
+        if (committed / rel).is_file() and (committed / rel).read_text() != p.read_text():
+            problems.append(f"{rel.as_posix()} differs")
     for d in sorted({p.parent for p in fresh.rglob("*.parquet")}):
         rel = d.relative_to(fresh)
         if not _same(_rows(committed / rel), _rows(d)):

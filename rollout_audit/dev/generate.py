@@ -245,14 +245,22 @@ def stale(root: Path = ROOT) -> list[str]:
     names. (That each fault is caught exactly is what tests/test_faults.py and
     tests/test_fixtures.py show.)"""
     out = [p.relative_to(root).as_posix() for p, text in text_files(root).items() if p.read_text() != text]
+    broken = root / "fixtures" / "broken"
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copytree(root / "fixtures" / "compliant", Path(tmp) / "compliant")
         manifest = write_broken(Path(tmp))
+        users = {p.name: p.read_text() for p in (Path(tmp) / "broken").glob("*.user.toml")}
     committed = root / "fixtures" / "manifest.json"
     if not committed.is_file() or json.loads(committed.read_text()) != manifest:
         out.append("fixtures/manifest.json")
-    if sorted(p.name for p in (root / "fixtures" / "broken").iterdir()) != sorted(manifest["faults"]):
+    logs = sorted(p.name for p in broken.iterdir() if p.is_dir())
+    if logs != sorted(manifest["faults"]) or {p.name for p in broken.glob("*.user.toml")} != set(users):
         out.append("fixtures/broken/")
+    out += [
+        f"fixtures/broken/{n}"
+        for n, text in sorted(users.items())
+        if (broken / n).is_file() and (broken / n).read_text() != text
+    ]
     page = (root / "fixtures" / "README.md").read_text()
     named = re.findall(r"^\| (\w+) \| ([A-Z0-9, ]+) \|", page, re.M)
     if named != [(n, ", ".join(e["codes"])) for n, e in _in_fault_order(manifest).items()]:
@@ -267,22 +275,29 @@ def _in_fault_order(manifest: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..faults import NoTarget
+
     ap = argparse.ArgumentParser(prog="python -m rollout_audit.dev", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="rewrite every derived file")
     gen.add_argument("--fixtures", action="store_true", help="also retrain the compliant agent log (needs torch)")
     gen.add_argument("--check", action="store_true", help="exit 1 if a derived file is stale; write nothing")
+    gen.add_argument("--root", type=Path, default=ROOT, help="the checkout to rewrite (default: this one)")
     args = ap.parse_args(argv)
-    if args.check:
-        bad = stale()
-        if bad:
-            print(f"stale: {', '.join(bad)}; run `{COMMAND}`", file=sys.stderr)
-        return 1 if bad else 0
+    root = args.root.resolve()
     try:
-        written = generate(fixtures=args.fixtures)
+        if args.check:
+            bad = stale(root)
+            if bad:
+                print(f"stale: {', '.join(bad)}; run `{COMMAND}`", file=sys.stderr)
+            return 1 if bad else 0
+        written = generate(root, fixtures=args.fixtures)
     except MatrixError as e:
         print(f"generate: error: {e}", file=sys.stderr)
         return 1
+    except NoTarget as e:  # nothing was written: every fault is applied before a file is replaced
+        print(f"generate: error: {root / 'fixtures' / 'compliant'}: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     for path in written:
-        print(f"wrote {path.relative_to(ROOT)}")
+        print(f"wrote {path.relative_to(root)}")
     return 0

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import copy
 import importlib
+import json
 from dataclasses import dataclass
 
 from ..contract.config import Config
-from .base import FAULTS, Ctx, Fault, Records, fault
+from .base import FAULTS, Ctx, Fault, NoTarget, Records, fault
 
 # the family modules register their faults at import, in the order the catalogue lists families
 for _family in ("structure", "masks", "logprobs", "termination", "rewards", "versions", "updates", "environment"):
@@ -31,6 +32,7 @@ __all__ = [
     "FAULTS",
     "Fault",
     "MatrixRow",
+    "NoTarget",
     "Records",
     "apply",
     "declared_components",
@@ -39,6 +41,8 @@ __all__ = [
     "groups",
     "read_records",
     "render_matrix",
+    "settings_toml",
+    "write_fault_log",
     "write_records",
 ]
 
@@ -52,11 +56,20 @@ def groups() -> tuple[tuple[str, ...], ...]:
 
 
 def apply(name: str, trajs: list[dict], updates: list[dict], seed: int = 0) -> tuple[Records, list[str]]:
-    """Apply fault `name` to a deep copy of (trajs, updates): ((trajs, updates), touched ids)."""
+    """Apply fault `name` to a deep copy of (trajs, updates): ((trajs, updates), touched ids).
+
+    NoTarget, naming the fault, when the log has nothing it can break: the fault's own word, or
+    what it failed on while looking (a trajectory without the turn, field or update it needs)."""
     if name not in FAULTS:
         raise KeyError(f"unknown fault {name!r}; see `rollout-audit faults --list`")
     ctx = Ctx(copy.deepcopy(trajs), copy.deepcopy(updates), seed)
-    touched = FAULTS[name].func(ctx)
+    try:
+        touched = FAULTS[name].func(ctx)
+    except NoTarget as e:
+        raise NoTarget(f"fault {name} finds no target: {e}") from None
+    except (IndexError, KeyError, StopIteration, TypeError, ValueError) as e:
+        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        raise NoTarget(f"fault {name} finds no target: it failed looking for one ({why})") from e
     return (ctx.trajs, ctx.updates), touched
 
 
@@ -146,6 +159,23 @@ def write_records(
         shard.write_bytes(data[: len(data) // 2])
 
 
+def settings_toml(settings: dict) -> str:
+    """A `[tool.rollout-audit]` table stating `settings`."""
+    return "[tool.rollout-audit]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in sorted(settings.items()))
+
+
+def write_fault_log(dst, f: Fault, trajs: list[dict], updates: list[dict], *, parts: int = 1, **declared) -> None:
+    """The log fault `f` broke, written under `dst` with the producer's declarations (`declared`:
+    `tokenizer`, `reward_components`) and, in its own pyproject.toml, how the broken run was
+    produced (`f.config`), found there by a plain `check` of the log as a real trainer's would be.
+    What the user alone states (`f.user_config`) is never written inside the log."""
+    from pathlib import Path
+
+    write_records(dst, trajs, updates, parts=parts, corrupt=f.file_level, **declared)
+    if f.config:
+        (Path(dst) / "pyproject.toml").write_text(settings_toml(f.config))
+
+
 @dataclass
 class MatrixRow:
     """What the audit found for one fault."""
@@ -185,14 +215,16 @@ class MatrixRow:
 
 
 def matrix_config(config: dict) -> Config:
-    """The configuration a fault's log is audited with wherever faults are detected: the fault's
-    own settings with the checks in preview on, so that a preview check is held to its own fault
-    and is seen when it fires on another fault's log (a false positive the matrix must stop)."""
+    """The user's configuration a fault's log is audited with wherever faults are detected: the
+    settings given (a broken log's `user_config`, or every setting of an audit made in code) with
+    the checks in preview on, so that a preview check is held to its own fault and is seen when it
+    fires on another fault's log (a false positive the matrix must stop)."""
     return Config.from_mapping({"preview": True, **config})
 
 
 def detect(name: str, trajs: list[dict], updates: list[dict], workdir, *, seed: int = 0, parts: int = 1) -> MatrixRow:
-    """Apply one fault, write the broken log under `workdir`, audit it, compare codes."""
+    """Apply one fault, write the broken log under `workdir` (its own configuration inside it, as
+    the fixture's), audit it with the user's settings the fault names, compare codes."""
     import polars as pl
 
     from ..api import audit
@@ -200,8 +232,8 @@ def detect(name: str, trajs: list[dict], updates: list[dict], workdir, *, seed: 
     f = FAULTS[name]
     (bt, bu), touched = apply(name, trajs, updates, seed)
     out = f"{workdir}/{name}"
-    write_records(out, bt, bu, parts=parts, corrupt=f.file_level, reward_components=f.declares)
-    rep = audit(out, config=matrix_config(f.config))
+    write_fault_log(out, f, bt, bu, parts=parts, reward_components=f.declares)
+    rep = audit(out, config=matrix_config(f.user_config))
     serious = rep.findings.filter(pl.col("severity").is_in(["error", "warning"]))
     found = frozenset(serious["code"].to_list())
     hit = set(serious.filter(pl.col("code").is_in(list(f.codes)))["trajectory_id"].drop_nulls().to_list())

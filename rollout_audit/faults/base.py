@@ -18,10 +18,17 @@ class Fault:
     codes: frozenset[str]
     description: str
     func: Callable[[Ctx], list[str]]
-    config: dict = field(default_factory=dict)  # audit configuration the fault needs
+    config: dict = field(default_factory=dict)  # how the broken run was produced: the log carries it
     file_level: bool = False  # breaks the file itself (written by the caller), not records
     declares: dict = field(default_factory=dict)  # reward components the broken producer declares paid once
     group: str = ""  # faults sharing one log in the partition and streaming tests (its own name when alone)
+    user_config: dict = field(default_factory=dict)  # what the user alone states (a threshold, a list)
+
+    @property
+    def settings(self) -> dict:
+        """Every setting the fault's audit needs, for an audit made in code (no file inside or
+        beside a log): the log's own and the user's."""
+        return {**self.config, **self.user_config}
 
 
 FAULTS: dict[str, Fault] = {}
@@ -35,13 +42,33 @@ def fault(
     file_level: bool = False,
     declares: dict | None = None,
     group: str | None = None,
+    user_config: dict | None = None,
 ) -> Callable:
     """Register a fault; its docstring's first paragraph is its description.
 
-    `group` names the shared log the fault joins in the tests that need every fault under a
-    costly setting (tests/faultgroups.py): faults of one group expect disjoint codes and break
-    different trajectories. Without it the fault has a log of its own.
+    `config`: how the broken run was produced (the trainer's settings); the broken log carries it
+    in its own pyproject.toml, so only keys a log may carry (`LOG_CONTEXT`) are accepted.
+    `user_config`: what only the user states (a threshold, a stop-token list, which checks run);
+    a broken fixture's is a file beside its log (`fixtures/broken/<fault>.user.toml`, named in the
+    manifest), which the tests and the detection matrix pass as the user's own configuration,
+    never read from inside the log. `group` names the shared log the fault joins in the tests that
+    need every fault under a costly setting (tests/faultgroups.py): faults of one group expect
+    disjoint codes and break different trajectories. Without it the fault has a log of its own.
     """
+    from ..contract.config import LOG_CONTEXT, Config
+
+    for key in config or {}:
+        if key not in LOG_CONTEXT:
+            raise ValueError(
+                f"fault {name}: config key {key!r} is not one a log may carry ({', '.join(LOG_CONTEXT)}); "
+                "a setting the user alone states goes in user_config="
+            )
+    for key in user_config or {}:
+        if key not in Config.model_fields or key in LOG_CONTEXT:
+            raise ValueError(
+                f"fault {name}: user_config key {key!r} is "
+                + ("how the run was produced: it goes in config=" if key in LOG_CONTEXT else "not a configuration key")
+            )
 
     def deco(func: Callable) -> Callable:
         if name in FAULTS:
@@ -55,10 +82,15 @@ def fault(
             file_level,
             declares or {},
             group or name,
+            user_config or {},
         )
         return func
 
     return deco
+
+
+class NoTarget(ValueError):
+    """A fault found nothing in the log it can break (a log without the trajectory it needs)."""
 
 
 class Ctx:
@@ -76,7 +108,7 @@ class Ctx:
     def pick(self, pred: Callable[[dict], bool] = lambda t: True, what: str = "trajectory") -> dict:
         cands = [t for t in self.trajs if pred(t)]
         if not cands:
-            raise ValueError(f"the log has no {what} this fault can break")
+            raise NoTarget(f"the log has no {what} this fault can break")
         return self.rng.choice(cands)
 
     def update_of(self, tid: str) -> dict:
@@ -143,6 +175,102 @@ def drop_token(t: dict, pos: int) -> None:
         if t.get("nucleus_ids") is not None:
             del t["nucleus_ids"][lo:hi]
         t["nucleus_offsets"] = off[: pos + 1] + [o - (hi - lo) for o in off[pos + 2 :]]
+
+
+def insert_tokens(
+    ctx: Ctx,
+    t: dict,
+    pos: int,
+    ids: list[int],
+    *,
+    source: int,
+    turn: int,
+    logprobs: list[float | None] | None = None,
+    mask: bool | None = None,
+) -> None:
+    """Tokens `ids` inserted before position `pos` (`len(token_ids)` appends), from `source`, in turn
+    `turn` (-1: before the first agent turn), recorded as a producer whose sequence holds them would
+    record them, so that only the check the fault targets sees a difference (the inverse of
+    `drop_token`):
+
+    - the token lists (token_ids, token_source, token_turn, loss_mask, behavior_logprobs) and every
+      per-token list the log records (`PER_TOKEN`: no reward or KL on the new tokens, the returns
+      the recursion gives them, weight 1 on a trained token, the policy-gradient stream, the turn's
+      routed version), and the nucleus record (a policy token's span holds its own id);
+    - its turn (policy tokens): num_policy_tokens, logprob (the sum of its behaviour log-probs) and
+      sampled_token_ids (the engine returned them);
+    - the context each later turn was sampled from (context_length and template_context_length
+      grow where the new tokens precede them, and their SHA-256 follow the new sequence);
+    - the counts: num_trainable_tokens, and each update's loss denominator and numerator count.
+
+    `logprobs` (one per id) is required for policy tokens; `mask` defaults to "trained when the
+    policy sampled it" (`source == 2`). The token-level reward moves to the new last policy token
+    when the insertion extends the last action (`recredit`)."""
+    from ..contract.schema import context_sha256
+
+    n = len(ids)
+    policy = source == 2
+    if policy and (logprobs is None or len(logprobs) != n):
+        raise ValueError("insert_tokens: policy tokens need one behaviour log-prob each")
+    if not policy and logprobs is None:
+        logprobs = [None] * n
+    assert logprobs is not None
+    trained = policy if mask is None else mask
+    last_policy = max(policy_positions(t), default=-1)
+    later = [i for i in policy_positions(t) if i >= pos]
+    ret_at = t["token_returns"][later[0]] if t.get("token_returns") is not None and later else 0.0
+    fills: dict[str, list] = {
+        "token_ids": list(ids),
+        "token_source": [source] * n,
+        "token_turn": [turn] * n,
+        "loss_mask": [trained] * n,
+        "behavior_logprobs": list(logprobs),
+        "token_reward": [0.0] * n,
+        "token_kl": [0.0] * n,
+        "token_returns": [ret_at if policy else 0.0] * n,
+        "loss_stream": [0] * n,
+        "loss_weight": [1.0 if trained else 0.0] * n,
+    }
+    if t.get("routed_experts_version") is not None:
+        near = t["routed_experts_version"][min(pos, len(t["routed_experts_version"]) - 1)] if t["token_ids"] else None
+        version = t["turns"][turn].get("policy_version") if policy and turn >= 0 else near
+        fills["routed_experts_version"] = [version] * n
+    for c, v in fills.items():
+        if c in ("token_ids", "token_source", "token_turn", "loss_mask", "behavior_logprobs") or t.get(c) is not None:
+            t[c][pos:pos] = v
+    off = t.get("nucleus_offsets")
+    if off is not None:
+        spans = [[i] if policy else [] for i in ids]
+        at = off[pos]
+        if t.get("nucleus_ids") is not None:
+            t["nucleus_ids"][at:at] = [i for s in spans for i in s]
+        grown = [at + sum(len(s) for s in spans[: k + 1]) for k in range(n)]
+        shift = grown[-1] - at if grown else 0
+        t["nucleus_offsets"] = off[: pos + 1] + grown + [o + shift for o in off[pos + 1 :]]
+    if policy and turn >= 0:
+        tr, own = t["turns"][turn], policy_positions(t, turn=turn)
+        if tr.get("num_policy_tokens") is not None:
+            tr["num_policy_tokens"] = len(own)
+        if tr.get("logprob") is not None:
+            tr["logprob"] = float(sum(t["behavior_logprobs"][i] or 0.0 for i in own))
+        if tr.get("sampled_token_ids") is not None:
+            tr["sampled_token_ids"] = [t["token_ids"][i] for i in own]
+    for j, tr in enumerate(t["turns"]):
+        for length, sha in (
+            ("context_length", "context_sha256"),
+            ("template_context_length", "template_context_sha256"),
+        ):
+            c = tr.get(length)
+            if c is None or not (pos < c or (pos == c and not (policy and turn == j))):
+                continue
+            tr[length] = c + n
+            if tr.get(sha) is not None:
+                tr[sha] = context_sha256(t["token_ids"], c + n)
+    if policy and pos > last_policy:
+        recredit(t)
+    if t.get("num_trainable_tokens") is not None:
+        t["num_trainable_tokens"] = n_trainable(t)
+    sync_denominator(ctx, t["trajectory_id"])
 
 
 def replace_token(t: dict, pos: int, new_id: int) -> None:

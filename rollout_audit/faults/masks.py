@@ -5,6 +5,7 @@ from __future__ import annotations
 from .base import (
     SEPARATOR,
     Ctx,
+    NoTarget,
     drop_token,
     fault,
     n_trainable,
@@ -139,7 +140,7 @@ def echo_stream(ctx: Ctx) -> list[dict]:
         sync_denominator(ctx, t["trajectory_id"])
         out.append(t)
     if not out:
-        raise ValueError("the log has no trained trajectory with a tool reply")
+        raise NoTarget("the log has no trained trajectory with a tool reply")
     return out
 
 
@@ -155,7 +156,7 @@ def echo_stream_takes_next_action(ctx: Ctx) -> list[str]:
 
     cands = [t for t in echo_stream(ctx) if t["loss_mask"][next_action(t) or 0] and next_action(t) is not None]
     if not cands:
-        raise ValueError("the log has no trained action after a tool reply this fault can break")
+        raise NoTarget("the log has no trained action after a tool reply this fault can break")
     t = ctx.rng.choice(cands)
     t["loss_stream"][next_action(t)] = 1
     return [t["trajectory_id"]]

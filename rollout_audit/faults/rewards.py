@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from .base import Ctx, fault, loss_evidence, policy_positions, rederive_returns
+from .base import Ctx, fault, insert_tokens, loss_evidence, policy_positions, rederive_returns
 
 
 @fault("reward_components_mismatch", {"R401"}, group="episodes-1")
@@ -148,10 +148,7 @@ def reward_on_padding_token(ctx: Ctx) -> list[str]:
     t = ctx.pick(lambda t: bool(t.get("reward")) and bool(policy_positions(t)), "rewarded trajectory with an action")
     i = policy_positions(t)[-1] + 1
     if i == len(t["token_ids"]):  # the sequence ends on its last action: the batch pads it
-        pad: dict[str, object] = {"token_ids": PAD, "token_source": 4, "loss_mask": False, "behavior_logprobs": None}
-        pad |= {"token_turn": t["token_turn"][-1], "token_reward": 0.0, "token_kl": 0.0, "token_returns": 0.0}
-        for c, v in pad.items():
-            t[c].append(v)
+        insert_tokens(ctx, t, i, [PAD], source=4, turn=t["token_turn"][-1])
     t["token_reward"] = [0.0] * len(t["token_ids"])
     t["token_reward"][i] = float(t["reward"])
     _returns_over_every_token(t)
@@ -266,4 +263,19 @@ def step_rewards_broadcast(ctx: Ctx) -> list[str]:
     for tr in t["turns"]:
         tr["reward"] = normalised
     rederive_returns(t)
+    return [t["trajectory_id"]]
+
+
+@fault("action_loop_of_three", {"R409"}, user_config={"loop_length": 3})
+def action_loop_of_three(ctx: Ctx) -> list[str]:
+    """The agent repeated the same tool call three times in a row, a loop for a team whose
+    environment never needs one action more than twice (its own `loop_length = 3`).
+
+    How long a run of identical calls is a loop is the team's judgement of its environment, not
+    something a log can state about itself: the broken fixture's `loop_length` is the user's
+    configuration beside the log (fixtures/broken/action_loop_of_three.user.toml), and under
+    the default (4) the loop goes unreported."""
+    t = ctx.pick(lambda t: len(t["turns"]) == 3, "trajectory with three turns")
+    for tr in t["turns"]:
+        tr["parsed_action"] = json.dumps({"action": "inspect"})
     return [t["trajectory_id"]]

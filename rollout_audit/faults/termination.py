@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Ctx, fault, loss_evidence, recredit
+from .base import Ctx, NoTarget, fault, loss_evidence, recredit
 
 
 @fault("two_stop_flags", {"T301", "R405", "R415"}, group="episodes-1")
@@ -62,7 +62,7 @@ def budget_cut_logged_as_terminated(ctx: Ctx) -> list[str]:
     # truncated): the fault is the budget they were collected under, stated in the configuration
     cut = [t["trajectory_id"] for t in ctx.trajs if t["terminated"] and sum(x >= 0 for x in t["token_turn"]) >= 40]
     if not cut:
-        raise ValueError("the log has no terminated trajectory of 40 response tokens this fault can break")
+        raise NoTarget("the log has no terminated trajectory of 40 response tokens this fault can break")
     return cut
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Ctx, append_member, fault, loss_evidence, n_trainable, sync_denominator
+from .base import Ctx, NoTarget, append_member, fault, loss_evidence, n_trainable, sync_denominator
 
 
 @fault("denominator_batch_size_for_token_reduction", {"U601"}, group="episodes-3")
@@ -41,7 +41,7 @@ def advantages_population_std(ctx: Ctx) -> list[str]:
             u["advantages"][k] = float(a)
             touched.append(u["trajectory_ids"][k])
     if not touched:
-        raise ValueError("the log has no informative group this fault can break")
+        raise NoTarget("the log has no informative group this fault can break")
     return touched
 
 
@@ -59,7 +59,7 @@ def advantages_on_degenerate_group(ctx: Ctx) -> list[str]:
                 for k in idx:
                     u["advantages"][k] = r[0] - mean
                 return [u["trajectory_ids"][k] for k in idx]
-    raise ValueError("the log has no degenerate group this fault can break")
+    raise NoTarget("the log has no degenerate group this fault can break")
 
 
 @fault("update_names_missing_trajectory", {"U605"}, group="episodes-3")
@@ -87,7 +87,7 @@ def masked_tokens_in_numerator(ctx: Ctx) -> list[str]:
     loss_evidence(ctx)
     u = next((u for u in ctx.updates if u["trajectory_ids"]), None)
     if u is None:
-        raise ValueError("the log has no update with a batch this fault can break")
+        raise NoTarget("the log has no update with a batch this fault can break")
     k = ctx.rng.randrange(len(u["trajectory_ids"]))
     tid = u["trajectory_ids"][k]
     u["numerator_tokens"][k] = len(ctx.by_id[tid]["token_ids"])
@@ -117,7 +117,7 @@ def rejected_in_group_statistics(ctx: Ctx) -> list[str]:
                 u["advantages"][k] = float(a)
             u["stat_trajectory_ids"].append(t["trajectory_id"])
             return [t["trajectory_id"]] + [u["trajectory_ids"][k] for k in idx]
-    raise ValueError("the log has no excluded episode whose group is trained with GRPO advantages")
+    raise NoTarget("the log has no excluded episode whose group is trained with GRPO advantages")
 
 
 def _population_std_advantages(ctx: Ctx) -> None:
@@ -166,7 +166,7 @@ def advantages_singleton_groups(ctx: Ctx) -> list[str]:
             u["advantages"][k] = float(m["reward"])
         if touched:
             return touched
-    raise ValueError("the log has no update whose advantages this fault changes")
+    raise NoTarget("the log has no update whose advantages this fault changes")
 
 
 @fault("advantages_resampled_under_original_keys", {"U603"})
@@ -203,7 +203,7 @@ def advantages_resampled_under_original_keys(ctx: Ctx) -> list[str]:
         if touched:
             return touched
         u["advantages"] = old
-    raise ValueError("the log has no update with an informative group this fault can break")
+    raise NoTarget("the log has no update with an informative group this fault can break")
 
 
 def reducer_evidence(ctx: Ctx, per_sample_floor: bool = False) -> None:
@@ -254,7 +254,7 @@ def ratio_anchored_on_current_weights(ctx: Ctx) -> list[str]:
     ratio_evidence(ctx)
     u = next((u for u in ctx.updates if (u.get("trainer_version") or 0) >= 1), None)
     if u is None:
-        raise ValueError("the log has no update past the first version")
+        raise NoTarget("the log has no update past the first version")
     touched = [i for i in u["trajectory_ids"] if i in ctx.by_id][::3]
     for tid in touched:
         for tr in ctx.by_id[tid]["turns"]:

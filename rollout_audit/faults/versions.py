@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Ctx, fault
+from .base import Ctx, NoTarget, fault
 
 
 @fault("policy_version_missing", {"P501"}, group="episodes-2")
@@ -30,7 +30,7 @@ def stale_batch_beyond_lag(ctx: Ctx) -> list[str]:
     bound the update promised)."""
     ups = [u for u in ctx.updates if u["trajectory_ids"] and u["trainer_version"] >= (u.get("max_policy_lag") or 0) + 1]
     if not ups:
-        raise ValueError("the log has no update late enough for this fault")
+        raise NoTarget("the log has no update late enough for this fault")
     u = max(ups, key=lambda u: u["trainer_version"])
     tid = ctx.rng.choice(u["trajectory_ids"])
     for tr in ctx.by_id[tid]["turns"]:

@@ -35,17 +35,28 @@ class Log:
         return self.discovery.broken
 
     def _scan(self, kind: str) -> pl.LazyFrame | None:
-        paths = [f.path for f in self.discovery.of_kind(kind)]
-        if not paths:
+        files = self.discovery.of_kind(kind)
+        paths = [f.path for f in files if f.table is None]
+        frames = [  # a table held in memory (a conversion, tables made in code) is read where it is
+            pl.from_arrow(f.table).lazy().with_columns(pl.lit(f.path).alias("file"))  # type: ignore[union-attr]
+            for f in files
+            if f.table is not None
+        ]
+        if paths:
+            frames.insert(
+                0,
+                pl.scan_parquet(  # glob=False: a file called `s[1].parquet` is that file, never a pattern
+                    paths,
+                    hive_partitioning=False,
+                    missing_columns="insert",
+                    extra_columns="ignore",
+                    include_file_paths="file",
+                    glob=False,
+                ),
+            )
+        if not frames:
             return None
-        return pl.scan_parquet(  # glob=False: a file called `s[1].parquet` is that file, never a pattern
-            paths,
-            hive_partitioning=False,
-            missing_columns="insert",
-            extra_columns="ignore",
-            include_file_paths="file",
-            glob=False,
-        )
+        return frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal_relaxed")
 
     @cached_property
     def trajectories(self) -> pl.LazyFrame:

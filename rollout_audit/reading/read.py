@@ -21,9 +21,12 @@ from .types import is_list_like, plain
 Problem = tuple[str, str]  # (column, what is wrong)
 
 
+MEMORY = "<memory>"  # the file name of a table held in memory
+
+
 def memory_file(table: pa.Table, kind: str) -> LogFile:
-    """An in-memory table as a log file named `<memory>`."""
-    return LogFile("<memory>", kind, table.schema, table.num_rows, 1, table=table)
+    """An in-memory table as a log file named `<memory>` (MEMORY)."""
+    return LogFile(MEMORY, kind, table.schema, table.num_rows, 1, table=table)
 
 
 def _target(name: str, found: pa.DataType, table: str) -> tuple[pa.DataType | None, str | None]:

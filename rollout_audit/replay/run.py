@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..contract.errors import Unmet
+from ..reading.read import MEMORY
 from .base import NotConfigured, Replayer, ReplayRequest
 from .frame import NUCLEUS, TOKEN_COLUMNS, read_rows, stratified_sample, token_frame
 
@@ -26,7 +27,7 @@ def sampled_rows(
         raise NotConfigured("no trajectories to replay")
     files = traj.select(pl.col("file").cast(pl.String)).unique(maintain_order=True)["file"].to_list()
     memory = memory or {}
-    if any(f == "<memory>" and f not in memory for f in files):
+    if any(f == MEMORY and f not in memory for f in files):
         raise NotConfigured("replay reads the log's files again: audit a path, not in-memory tables")
     picked = stratified_sample(traj, n) if n is not None else None
     parts = []

@@ -3,6 +3,6 @@ verdict the session settles (tolerated shares, baselines: `verdict`); and what a
 around the checks (`dumps`)."""
 
 from .audit import Audited, Request, configure, run
-from .dumps import as_log, relabel
+from .dumps import in_memory, relabel
 
-__all__ = ["Audited", "Request", "as_log", "configure", "relabel", "run"]
+__all__ = ["Audited", "Request", "configure", "in_memory", "relabel", "run"]

@@ -6,8 +6,8 @@ An audit, in order:
 1. the configuration: the user's settings (a `--config` file, a Config made in code, or the
    nearest pyproject.toml of the log) layered over the keys the log came with (how the run was
    produced) and the trainer settings a converted dump derived;
-2. the source: files found under the paths, a trainer's dump converted by its adapter and written
-   as a private temporary log, or in-memory tables;
+2. the source: files found under the paths, a trainer's dump converted by its adapter (its tables
+   audited in memory, where the adapter built them), or in-memory tables;
 3. the checks, on the executor the options name;
 4. the findings of a converted dump relabelled to the dump's records;
 5. the verdict settled: tolerated shares, then the baseline.
@@ -31,7 +31,7 @@ from ..reading.log import Log
 from ..running.engine import memory_discovery, run_audit
 from ..running.options import Options
 from ..running.report import Report
-from .dumps import as_log, merged_trainer_settings, relabel
+from .dumps import in_memory, merged_trainer_settings, relabel
 from .verdict import (
     Tokens,
     apply_tolerated,
@@ -143,8 +143,7 @@ def run(request: Request) -> Audited:
             raise TypeError("a framework's dump is read from paths")
         conv = convert(request.framework, paths, request.context)
         cfg = merged_trainer_settings(cfg, conv)
-        with as_log(conv) as root:
-            checked = relabel(_checked(discover([root]), cfg, opts), conv, root)
+        checked = relabel(_checked(in_memory(conv), cfg, opts), conv)
         table = conv.trajectories
 
         def ids() -> pl.Series:

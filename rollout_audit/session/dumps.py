@@ -1,16 +1,10 @@
 """What an audit of a trainer's dump adds around the checks: the trainer's settings merged into the
-configuration, the trainer settings as a table a converted log carries, the converted tables as a private
-temporary log, and the findings of that log relabelled to the dump's own records."""
+configuration, the trainer settings as a table a converted log carries, the converted tables as a log
+held in memory, and the findings of that log relabelled to the dump's own records."""
 
 from __future__ import annotations
 
 import json
-import re
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -18,8 +12,10 @@ import polars as pl
 from ..adapters.convert import Converted
 from ..contract.config import LOG_CONTEXT, Config
 from ..contract.schema import IDENTITY, USER_WAIVED, not_recorded, waivable_names
+from ..reading.io import Discovery
+from ..reading.read import MEMORY
+from ..running.engine import memory_discovery
 from ..running.report import Report
-from ..writing import write_table
 
 
 def merged_trainer_settings(cfg: Config, conv: Converted) -> Config:
@@ -84,24 +80,21 @@ def trainer_settings_table(conv: Converted) -> str:
     return "\n".join(lines) + "\n"
 
 
-@contextmanager
-def as_log(conv: Converted) -> Iterator[str]:
-    """The converted tables written as a contract log in a private temporary directory, removed on
-    exit whatever happens; yields its path."""
-    root = Path(tempfile.mkdtemp(prefix="rollout-audit-from-"))
-    try:
-        for kind, table in zip(("trajectories", "updates"), conv.tables()):
-            if table is not None and table.num_rows:
-                (root / kind).mkdir()
-                write_table(root / kind / "part-0000.parquet", table, kind, validate=False)
-        yield str(root)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+def in_memory(conv: Converted) -> Discovery:
+    """The converted tables as the files of a log held in memory, audited where the adapter built them.
+
+    No temporary log is written: every executor reads an in-memory table (Ray's too, through its
+    object store), replay reads its rows from memory, and the adapter's own declarations on the tables
+    (`rollout_log.not_recorded`) are believed for a table held in memory as the session takes them
+    for the user's word (`merged_trainer_settings`); the findings name the dump's records (`relabel`).
+    A table without rows is left out, as a log without those files."""
+    return memory_discovery(*(t if t is not None and t.num_rows else None for t in conv.tables()))
 
 
-def relabel(rep: Report, conv: Converted, root: str) -> Report:
-    """`rep` of the log `as_log` wrote, with each finding naming the dump record of its trajectory
-    (or the dump files, for a finding on no trajectory) instead of the temporary files."""
+def relabel(rep: Report, conv: Converted) -> Report:
+    """`rep` of the log `in_memory` holds, with each finding naming the dump record of its trajectory
+    (or the dump files, for a finding on no trajectory) instead of the in-memory tables."""
+    root = MEMORY
     dump = ", ".join(conv.sources)
     ids = conv.trajectories.column("trajectory_id").to_pylist() if conv.trajectories.num_rows else []
     where = pl.DataFrame(
@@ -109,7 +102,7 @@ def relabel(rep: Report, conv: Converted, root: str) -> Report:
         schema={"trajectory_id": pl.String, "_origin": pl.String},
     ).unique("trajectory_id", keep="first")
     f = rep.findings
-    inside = pl.col("file").str.starts_with(root)
+    inside = pl.col("file") == root
     named = (
         f.join(where, on="trajectory_id", how="left", nulls_equal=False)
         if f.height
@@ -120,7 +113,7 @@ def relabel(rep: Report, conv: Converted, root: str) -> Report:
             pl.when(inside).then(pl.coalesce("_origin", pl.lit(dump))).otherwise(pl.col("file")).alias("file")
         )
         .drop("_origin")
-        .with_columns(pl.col("message").str.replace_all(re.escape(root) + r"[^,)\s]*", dump))  # a temp file: the dump
+        .with_columns(pl.col("message").str.replace_all(root, dump, literal=True))  # the tables: the dump
     )
 
     def text(s: Any) -> Any:
