@@ -235,13 +235,26 @@ def removed_sample_counted_as_token(ctx: Ctx) -> list[str]:
     return [t["trajectory_id"]]
 
 
+def _stale(ctx: Ctx, u: dict) -> list[str]:
+    """The trajectories of update `u` with a turn sampled at another version than its trainer's."""
+    v = u.get("trainer_version")
+    return [
+        i
+        for i in u["trajectory_ids"]
+        if i in ctx.by_id and v is not None and any(tr.get("policy_version") != v for tr in ctx.by_id[i]["turns"])
+    ]
+
+
 def ratio_evidence(ctx: Ctx) -> None:
-    """Contract 1.4 ratio evidence as an asynchronous trainer that recomputes the old log-probs
-    with the weights each update starts from writes it: anchor current, PPO clipping on, no
-    correction (compliant while every trajectory was sampled by those weights)."""
+    """Contract 1.4 ratio evidence as a compliant asynchronous trainer that recomputes the old
+    log-probs with the weights each update starts from writes it: anchor current, PPO clipping on,
+    no correction while one set of weights sampled the update's batch, else a truncated
+    importance-sampling correction toward the behaviour log-probs (cap 2)."""
     for u in ctx.updates:
+        lagged = bool(_stale(ctx, u))
         u["ratio_anchor"] = "current"
-        u["ratio_correction"] = "none"
+        u["ratio_correction"] = "truncated_is" if lagged else "none"
+        u["ratio_correction_cap"] = 2.0 if lagged else None
         u["ratio_clipping"] = True
 
 
@@ -255,9 +268,10 @@ def ratio_anchored_on_current_weights(ctx: Ctx) -> list[str]:
     u = next((u for u in ctx.updates if (u.get("trainer_version") or 0) >= 1), None)
     if u is None:
         raise NoTarget("the log has no update past the first version")
-    touched = [i for i in u["trajectory_ids"] if i in ctx.by_id][::3]
-    for tid in touched:
-        for tr in ctx.by_id[tid]["turns"]:
-            tr["policy_version"] = u["trainer_version"] - 1
-    u["max_policy_lag"] = max(u.get("max_policy_lag") or 0, 1)
-    return touched
+    if u["ratio_correction"] == "none":  # one set of weights sampled it: put a third one version behind
+        for tid in [i for i in u["trajectory_ids"] if i in ctx.by_id][::3]:
+            for tr in ctx.by_id[tid]["turns"]:
+                tr["policy_version"] = u["trainer_version"] - 1
+        u["max_policy_lag"] = max(u.get("max_policy_lag") or 0, 1)
+    u["ratio_correction"], u["ratio_correction_cap"] = "none", None  # the correction the stale ones needed, dropped
+    return _stale(ctx, u)
