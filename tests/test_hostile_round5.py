@@ -244,3 +244,32 @@ def test_a_command_that_reads_every_row_refuses_a_bomb_in_one_line(bomb_log, tmp
     assert line.startswith(f"rollout-audit: error: {bomb}: row 0 (trajectory bomb): 20,000,000 tokens"), line
     assert "above max_tokens_per_trajectory (8,000,000)" in line and f"`{command[0]}` reads every row" in line
     assert not (tmp_path / "page.html").exists()  # no page that would pass off the log's statistics as whole
+
+
+def test_a_vllm_replay_answer_is_parsed_within_a_bounded_multiple_of_its_size():
+    """vLLM's prompt_logprobs (an entry {"logprob", "rank", "decoded_token"} per token id per position)
+    parsed into a dict per entry cost 5x its bytes; each distribution is parsed into two arrays now."""
+    import threading
+    import tracemalloc
+    from http.server import ThreadingHTTPServer
+
+    from test_hostile_round4 import _Big
+
+    from rollout_audit.replay.http import HTTPReplayer
+
+    vocab, positions = 2000, 200
+    dist = {str(k): {"logprob": -1.0 - k / vocab, "rank": k + 1, "decoded_token": "ab"} for k in range(vocab)}
+    _Big.body = json.dumps({"choices": [{"index": 0, "prompt_logprobs": [None] + [dist] * positions}]}).encode()
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Big)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        rep = HTTPReplayer({}, max_bytes=len(_Big.body) + 1)
+        tracemalloc.start()
+        got = rep._fetch(f"http://127.0.0.1:{srv.server_port}/")
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    finally:
+        srv.shutdown()
+    first = got["choices"][0]["prompt_logprobs"][1]
+    assert first.ids.tolist() == list(range(vocab)) and first.logprobs[0] == -1.0
+    assert peak < 2.5 * len(_Big.body), peak / len(_Big.body)  # the answer's bytes, its text, two arrays a position

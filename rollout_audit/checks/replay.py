@@ -42,6 +42,7 @@ _REPLAY_CONFIG = (
     "replay_connect_timeout",
     "replay_timeout",
     "replay_max_response_bytes",
+    "replay_max_bytes",
 )
 
 

@@ -173,6 +173,12 @@ class Config(BaseModel):
     )
     replay_timeout: float = Field(300.0, gt=0, description="Replay over HTTP: seconds per request in all.")
     replay_max_response_bytes: int = Field(1 << 30, ge=1, description="Replay over HTTP: bytes per answer at most.")
+    replay_max_bytes: int = Field(
+        1 << 30,
+        ge=1,
+        description="Replay: bytes of scores held at once at most (a forward pass's logits, the dense distributions "
+        "scored together); a trajectory whose logits alone need more is refused (exit 2).",
+    )
     replay_atol: float = Field(1e-3, ge=0, description="Per-token |replayed - recorded| log-prob tolerance.")
     replay_max_share: float = Field(0.0, ge=0, le=1, description="Share of replayed tokens allowed over replay_atol.")
     compare_logprobs: str | None = Field(
