@@ -273,3 +273,53 @@ def test_a_vllm_replay_answer_is_parsed_within_a_bounded_multiple_of_its_size():
     first = got["choices"][0]["prompt_logprobs"][1]
     assert first.ids.tolist() == list(range(vocab)) and first.logprobs[0] == -1.0
     assert peak < 2.5 * len(_Big.body), peak / len(_Big.body)  # the answer's bytes, its text, two arrays a position
+
+
+@pytest.mark.parametrize("target", ["empty folder", "dangling", "folder with a file"])
+def test_convert_never_writes_through_a_link(tmp_path, target):
+    """DST a symlink (to an empty folder, to nothing, to a folder with a file): one line naming DST, exit
+    2, and nothing written where the link points (a bare "[Errno 20] Not a directory" before)."""
+    where = tmp_path / "elsewhere"
+    if target != "dangling":
+        where.mkdir()
+    if target == "folder with a file":
+        (where / "keep.txt").write_text("x")
+    link = tmp_path / "dst"
+    link.symlink_to(where)
+    src = ROOT / "fixtures" / "frameworks" / "openai" / "compliant.jsonl"
+    r = cli("convert", "--from", "openai", str(src), str(link))
+    assert r.returncode == 2 and f"{link}: is a" in r.stderr and "symlink" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Errno" not in r.stderr and "Traceback" not in r.stderr
+    assert (
+        link.is_symlink()
+        and sorted(p.name for p in where.iterdir()) == (["keep.txt"] if target == "folder with a file" else [])
+        if where.exists()
+        else not where.exists()
+    )
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no hidden temp directory left
+
+
+def test_a_dump_named_like_a_replacement_template_is_named_as_it_is(tmp_path):
+    """`$1`, `${0}` and `\\1` in the dump's path are the path, never expanded as a regex replacement
+    when the temporary log's files named in a message are relabelled to the dump."""
+    import polars as pl
+
+    from rollout_audit import Config, audit
+    from rollout_audit.adapters.convert import convert
+    from rollout_audit.session.dumps import as_log, relabel
+
+    where = tmp_path / "a$1b${0}c\\1d"
+    where.mkdir()
+    dump = where / "compliant.jsonl"
+    shutil.copy(ROOT / "fixtures" / "frameworks" / "openai" / "compliant.jsonl", dump)
+    r = cli("check", "--from", "openai", str(dump), "--format", "json")
+    assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr
+    files = {f["file"] for f in json.loads(r.stdout)["findings"]}
+    assert files == {str(dump)}, files  # E801: the dump records no identities, named literally
+    conv = convert("openai", [str(dump)], {})
+    with as_log(conv) as root:
+        rep = audit(root, config=Config())
+        said = pl.DataFrame({"code": ["S005"], "file": [root], "message": [f"see {root}/trajectories/p.parquet, here"]})
+        rep.findings = pl.concat([rep.findings, said], how="diagonal_relaxed")
+        out = relabel(rep, conv, root)
+    assert f"see {dump}, here" in out.findings["message"].to_list(), out.findings["message"].to_list()

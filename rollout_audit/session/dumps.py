@@ -120,7 +120,8 @@ def relabel(rep: Report, conv: Converted, root: str) -> Report:
             pl.when(inside).then(pl.coalesce("_origin", pl.lit(dump))).otherwise(pl.col("file")).alias("file")
         )
         .drop("_origin")
-        .with_columns(pl.col("message").str.replace_all(re.escape(root) + r"[^,)\s]*", dump))  # a temp file: the dump
+        # a temp file named in a message: the dump ($ doubled: the replacement is a template, the name is not)
+        .with_columns(pl.col("message").str.replace_all(re.escape(root) + r"[^,)\s]*", dump.replace("$", "$$")))
     )
 
     def text(s: Any) -> Any:
