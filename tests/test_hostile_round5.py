@@ -323,3 +323,38 @@ def test_a_dump_named_like_a_replacement_template_is_named_as_it_is(tmp_path):
         rep.findings = pl.concat([rep.findings, said], how="diagonal_relaxed")
         out = relabel(rep, conv, root)
     assert f"see {dump}, here" in out.findings["message"].to_list(), out.findings["message"].to_list()
+
+
+def test_a_killed_writers_staging_directory_is_reported_not_read_as_data(tmp_path):
+    """`convert` killed inside `atomic_directory` leaves a hidden `.DST.XXXXXXXX.tmp/` holding a whole
+    log: `check` of the folder around it audited it as one more run (every trajectory twice) where
+    `watch` and pyarrow's own dataset discovery skip hidden entries. It is one line naming it now,
+    and the verdict covers the run that was read; inside a log, the same directory is S005."""
+    import signal
+
+    runs = tmp_path / "runs"
+    shutil.copytree(ROOT / "fixtures" / "compliant", runs / "log")
+    script = (
+        "import os, shutil, signal, sys\n"
+        "from rollout_audit.reporting.outputs import atomic_directory\n"
+        "with atomic_directory(sys.argv[1]) as tmp:\n"
+        "    shutil.copytree(sys.argv[2], tmp, dirs_exist_ok=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    killed = subprocess.run([sys.executable, "-c", script, str(runs / "dst"), str(runs / "log")], env=env)
+    assert killed.returncode == -signal.SIGKILL
+    (left,) = [p for p in runs.iterdir() if p.name.startswith(".dst.")]
+    assert (left / "trajectories").is_dir()  # a whole log, hidden
+    alone = json.loads(cli("check", str(runs / "log"), "--format", "json").stdout)["summary"]
+    r = cli("check", str(runs), "--format", "json")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert f"{left}: temporary directory of an unfinished write" in r.stderr, r.stderr
+    assert json.loads(r.stdout)["summary"]["rows_read"] == alone["rows_read"]
+    shutil.move(str(left), runs / "log" / left.name)  # inside the log: its own files, unfinished
+    r = cli("check", str(runs / "log"), "--format", "json")
+    rep = json.loads(r.stdout)
+    assert r.returncode == 1 and [(f["code"], f["file"]) for f in rep["findings"]] == [
+        ("S005", str(runs / "log" / left.name))
+    ], rep["findings"]
+    assert rep["summary"]["rows_read"] == alone["rows_read"]
