@@ -358,3 +358,31 @@ def test_a_killed_writers_staging_directory_is_reported_not_read_as_data(tmp_pat
         ("S005", str(runs / "log" / left.name))
     ], rep["findings"]
     assert rep["summary"]["rows_read"] == alone["rows_read"]
+
+
+def test_a_token_id_past_the_declared_vocabulary_is_s001_naming_row_and_position(tmp_path):
+    """A file that declares its tokenizer's vocabulary (rollout_log.tokenizer) and holds an id at or
+    past its size: S001 naming the trajectory, the first such position and id; a vocabulary that
+    covers every id stays silent, and the user's own vocabulary_size is what counts when set."""
+    from rollout_audit import RolloutWriter
+    from rollout_audit.synth import make_log
+
+    trajs, _ = make_log(n_tasks=2, group_size=2, n_versions=1)
+    top = max(max(t["token_ids"]) for t in trajs)
+    holding = sum(top in t["token_ids"] for t in trajs)
+    for size, expect in ((top + 1, 0), (top, holding)):
+        log = tmp_path / f"v{size}"
+        w = RolloutWriter(log / "trajectories" / "p.parquet", tokenizer={"name": "t", "vocabulary": ["w"] * size})
+        w.write(trajs)
+        w.close()
+        r = cli("check", str(log), "--select", "S001", "--format", "json")
+        found = [f for f in json.loads(r.stdout)["findings"] if "vocabulary_size" in f["message"]]
+        assert len(found) == expect, found
+    hit = found[0]
+    row = next(t for t in trajs if t["trajectory_id"] == hit["trajectory_id"])
+    assert row["token_ids"][hit["position"]] == top and row["token_ids"].index(top) == hit["position"]
+    assert f"past the tokenizer's {top} ids" in hit["message"] and f"(first: {top})" in hit["message"]
+    mine = tmp_path / "mine.toml"
+    mine.write_text(f"[tool.rollout-audit]\nvocabulary_size = {top + 1}\n")  # the user knows better
+    r = cli("check", str(tmp_path / f"v{top}"), "--select", "S001", "--config", str(mine), "--format", "json")
+    assert not [f for f in json.loads(r.stdout)["findings"] if "vocabulary_size" in f["message"]]

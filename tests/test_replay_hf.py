@@ -178,3 +178,38 @@ def test_an_answer_too_long_for_the_response_cap_is_refused_before_it_is_asked(d
     req, _ = _request(rows, tokens, 0)
     with pytest.raises(NotConfigured, match=r"trajectory v0-t0 has \d+ tokens: .*replay_max_response_bytes \(16\)"):
         HTTPReplayer({"0": "http://127.0.0.1:9/v1"}, max_bytes=16).replay(req)
+
+
+def test_a_token_id_past_the_checkpoints_vocabulary_is_a_finding_naming_it(
+    dirs: dict[str, str], clean: Path, tmp_path: Path
+) -> None:
+    """Through the CLI: an id the model has no embedding for was "check L205 failed: IndexError" (the
+    whole replay incomplete); it is L205 naming the trajectory and the position, and the other sampled
+    trajectories are replayed as before."""
+    import json
+
+    from hostilehelp import assert_clean_exit, cli
+
+    log = tmp_path / "log"
+    (log / "trajectories").mkdir(parents=True)
+    table = pq.read_table(clean / "trajectories" / "part-0000.parquet")
+    ids = table.column("token_ids").combine_chunks()
+    flat = pc.list_flatten(ids).to_numpy(zero_copy_only=False).copy()
+    first = int(ids.offsets[3].as_py())  # trajectory 3, position 2
+    flat[first + 2] = 10**6
+    table = table.set_column(
+        table.schema.get_field_index("token_ids"),
+        "token_ids",
+        pa.ListArray.from_arrays(ids.offsets, pa.array(flat, ids.type.value_type)),
+    )
+    pq.write_table(table, log / "trajectories" / "part-0000.parquet")
+    mapping = ", ".join(f'"{v}" = "{d}"' for v, d in dirs.items())
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"[tool.rollout-audit]\nreplay_checkpoints = {{{mapping}}}\n")
+    r = cli("check", str(log), "--config", str(cfg), "--replay", "64", "--select", "L205", "--format", "json")
+    assert_clean_exit(r, (1,))
+    rep = json.loads(r.stdout)
+    found = [f for f in rep["findings"] if f["code"] == "L205"]
+    assert [(f["trajectory_id"], f["position"]) for f in found] == [(table.column("trajectory_id")[3].as_py(), 2)]
+    assert "token id 1000000 at position 2 is past the" in found[0]["message"], found
+    assert rep["summary"]["replay"]["trajectories"] == table.num_rows - 1, rep["summary"]["replay"]

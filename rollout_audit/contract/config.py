@@ -150,6 +150,12 @@ class Config(BaseModel):
     max_tokens_per_trajectory: int = Field(
         8_000_000, ge=1, description="A trajectory with more tokens is not audited, nor the rest of its row group."
     )
+    vocabulary_size: int | None = Field(
+        None,
+        ge=1,
+        description="The tokenizer's number of token ids: an id at or past it is S001. Unset, the largest "
+        "vocabulary a file of the log declares (rollout_log.tokenizer) is used; a declaration only adds findings.",
+    )
     storage_connect_timeout: float = Field(
         10.0, gt=0, description="Object storage: seconds to connect before the audit gives up (exit 2)."
     )

@@ -51,22 +51,29 @@ class HFReplayer:
         model = self._model(request.version)
         device = next(model.parameters()).device
         vocab = _vocab_size(model)
-        tokens = request.tokens
+        beyond = tuple(
+            (i, int(at[0]), int(ids[at[0]]), vocab)
+            for i, ids in enumerate(request.token_ids)
+            if vocab and (at := np.flatnonzero(ids >= vocab)).size
+        )
+        outside = np.isin(request.traj, [b[0] for b in beyond])
+        # ids the model has no embedding for are read as 0 and their trajectories' scores dropped
+        tokens = np.where(request.tokens < vocab, request.tokens, 0) if vocab else request.tokens
         sampled = np.full(len(tokens), np.nan)
         base = np.full(len(tokens), np.nan)
         with torch.inference_mode():
             for chunk in self._batches(request, vocab):
                 lo = int(chunk[0])
-                ids, att = pad_batch([request.token_ids[i] for i in chunk])
+                ids, att = pad_batch([np.where(request.token_ids[i] < vocab, request.token_ids[i], 0) for i in chunk])
                 logits = model(
                     input_ids=torch.from_numpy(ids).to(device), attention_mask=torch.from_numpy(att).to(device)
                 ).logits
                 sel = np.flatnonzero((request.traj >= lo) & (request.traj < lo + len(chunk)))
                 for part in row_blocks(len(sel), logits.shape[-1], self.max_scores):
                     rows = sel[part]
-                    at = torch.from_numpy(request.traj[rows] - lo).to(device)
+                    which = torch.from_numpy(request.traj[rows] - lo).to(device)
                     cols = torch.from_numpy(request.position[rows] - 1).to(device)
-                    z = logits[at, cols].double().cpu().numpy()
+                    z = logits[which, cols].double().cpu().numpy()
                     sampled[rows], base[rows] = token_logprobs(
                         z,
                         tokens[rows],
@@ -76,7 +83,8 @@ class HFReplayer:
                         support=request.support_mask(rows, z.shape[1]),
                     )
                 del logits
-        return ReplayResult(sampled=sampled, base=base)
+        sampled[outside], base[outside] = np.nan, np.nan
+        return ReplayResult(sampled=sampled, base=base, beyond=beyond)
 
     def _batches(self, request: ReplayRequest, vocab: int) -> list[np.ndarray]:
         """Consecutive trajectories per forward pass: at most `batch_size`, and a padded batch whose

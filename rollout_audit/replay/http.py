@@ -133,14 +133,16 @@ class HTTPReplayer:
             for part in row_blocks(len(sel), vocab, self.max_scores):
                 rows = sel[part]
                 z = _dense(entries[part], vocab)
+                inside = tokens[rows] < vocab  # an id past every returned one has probability 0
                 sampled[rows], base[rows] = token_logprobs(
                     z,
-                    tokens[rows],
+                    np.where(inside, tokens[rows], 0),
                     request.temperature[rows],
                     request.top_p[rows],
                     request.top_k[rows],
                     support=request.support_mask(rows, vocab),
                 )
+                sampled[rows[~inside]], base[rows[~inside]] = -np.inf, -np.inf
         return ReplayResult(sampled=sampled, base=base)
 
     def _batches(self, request: ReplayRequest) -> list[list[int]]:
