@@ -25,6 +25,7 @@ from .base import (
     objects,
     origin,
     short,
+    wholes,
     with_trainer_settings,
 )
 from .steps import (
@@ -161,7 +162,7 @@ def _call(step: Mapping[str, Any], where: str, turn: dict[str, Any]) -> Call:
     turn = {
         **turn,
         "finish_reason": finish_reason(first.get("finish_reason")),
-        "sampled_token_ids": list(sampled),
+        "sampled_token_ids": wholes(sampled, "completion_ids", f"{where}.tokens"),
         "reward": step.get("reward"),
         **engine_context(response.get("prompt_token_ids")),
     }

@@ -21,7 +21,7 @@ def log_softmax(z: np.ndarray) -> np.ndarray:
     """Row-wise log-softmax of [N, V] scores; rows that are all -inf stay -inf."""
     m = np.max(z, axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # +inf scores give NaN, said by L205
         return z - m - np.log(np.sum(np.exp(z - m), axis=-1, keepdims=True))
 
 
