@@ -6,6 +6,7 @@ audited through the CLI's `main` as a user's `rollout-audit check` runs it.
     nice -n 19 python benchmarks/fuzz_campaign.py --kind logs --cases 1000 --out logs.jsonl
     nice -n 19 python benchmarks/fuzz_campaign.py --kind workflow --cases 2400 --out workflow.jsonl
     nice -n 19 python benchmarks/fuzz_campaign.py --kind evidence --cases 480 --out evidence.jsonl
+    nice -n 19 python benchmarks/fuzz_campaign.py --kind round5 --cases 10200 --out round5.jsonl
     python benchmarks/fuzz_campaign.py --kind dumps --isolate --seeds 341,887   # confirm a finding
     python benchmarks/fuzz_campaign.py --kind dumps --write 341 /tmp/case       # the case's files and command
 
@@ -18,7 +19,11 @@ mutations; `--kind workflow` runs the workflow commands in turn (a baseline file
 log named at every depth), where an exit 0 that the follow-up contradicts is a silent pass;
 `--kind evidence` mutates the contract 1.3 evidence of the framework fixtures that carry it (expert
 routes, loss weights, overlong penalties: `fuzzlib.EVIDENCE`, in turn, with the context their page
-documents, sometimes made hostile) and runs `check --from`, or `convert` then `check OUT`. A case
+documents, sometimes made hostile) and runs `check --from`, or `convert` then `check OUT`;
+`--kind round5` runs `fuzzlib.prepare_round5` (replay of mutated logs by a numpy replayer under a
+random replay_max_bytes and compare_logprobs, token ids against a declared vocabulary, a killed
+writer's hidden leftovers, `convert` to a symlink, a dump path like a replacement template, and
+the evidence cases). A case
 is a seed: the same seed is the same files.
 
 By default a long-lived worker process runs the cases one after another in-process (the imports
@@ -70,10 +75,10 @@ class _Cases:
     def __init__(self, kind: str, scratch: Path) -> None:
         self.kind = kind
         self.records = self.log = None
-        if kind in ("logs", "configs", "workflow"):
+        if kind in ("logs", "configs", "workflow", "round5"):
             from rollout_audit.synth import make_log
 
-            if kind in ("logs", "workflow"):
+            if kind in ("logs", "workflow", "round5"):
                 self.records = make_log(n_tasks=2, group_size=2, n_versions=2, seed=5)
             else:
                 from rollout_audit.faults import write_records
@@ -86,6 +91,10 @@ class _Cases:
 
         if self.kind == "workflow":
             return prepare_workflow(seed, work, self.records)
+        if self.kind == "round5":
+            from fuzzlib import prepare_round5
+
+            return prepare_round5(seed, work, self.records)
         if self.kind == "evidence":
             from fuzzlib import prepare_evidence
 
@@ -107,6 +116,10 @@ def label(kind: str, seed: int) -> str:
         from fuzzlib import WORKFLOW
 
         return WORKFLOW[seed % len(WORKFLOW)]
+    if kind == "round5":
+        from fuzzlib import ROUND5
+
+        return ROUND5[seed % len(ROUND5)]
     if kind == "evidence":
         from fuzzlib import EVIDENCE
 
@@ -160,7 +173,7 @@ def _worker(conn, kind: str, memory_mb: int, timeout: int) -> None:
         t, cpu = time.perf_counter(), time.process_time()
         peak_reset()
         signal.alarm(timeout)
-        if kind in ("workflow", "evidence"):  # with its writer process and follow-up commands
+        if kind in ("workflow", "evidence", "round5"):  # with its writer process and follow-up commands
             from fuzzlib import run_workflow_case
 
             out, problems = run_workflow_case(case, work, lambda args, work=work: run_in_process(args, work))
@@ -171,7 +184,7 @@ def _worker(conn, kind: str, memory_mb: int, timeout: int) -> None:
         seconds = time.perf_counter() - t
         cpu = time.process_time() - cpu
         tempfile.tempdir = None
-        if kind not in ("workflow", "evidence"):
+        if kind not in ("workflow", "evidence", "round5"):
             problems = judge(case, out, before)
         if any(temp.iterdir()):
             problems.append("temporary files left")
@@ -240,7 +253,7 @@ def _isolated(kind: str, seeds: list[int], a, emit) -> None:
         with tempfile.TemporaryDirectory(dir=scratch) as tmp:
             case = cases.write(seed, Path(tmp))
             t = time.perf_counter()
-            if kind in ("workflow", "evidence"):
+            if kind in ("workflow", "evidence", "round5"):
                 from fuzzlib import run_cli, run_workflow_case
 
                 out, problems = run_workflow_case(case, Path(tmp), lambda args: run_cli(args, Path(tmp), a.timeout))
@@ -265,7 +278,7 @@ def _seeds(text: str) -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kind", choices=["logs", "dumps", "configs", "workflow", "evidence"], default="logs")
+    ap.add_argument("--kind", choices=["logs", "dumps", "configs", "workflow", "evidence", "round5"], default="logs")
     ap.add_argument("--cases", type=int, default=5000)
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--seeds", type=_seeds, help="these seeds instead of --first-seed/--cases (comma-separated)")

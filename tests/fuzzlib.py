@@ -313,9 +313,16 @@ class Outcome:
                 json.loads(self.stdout)
             except ValueError:
                 out.append("unparseable JSON")
-        elif self.exit == 2 and len(self.stderr.strip().splitlines()) != 1:
+        elif self.exit == 2 and not _one_line_per_reason(self.stderr):
             out.append("exit 2 without a one-line message")
         return out
+
+
+def _one_line_per_reason(stderr: str) -> bool:
+    """An exit 2's stderr: one line, or one `rollout-audit: error:` line per distinct reason (replay
+    failing and a compare_logprobs column refused are two), never a usage block or a traceback."""
+    lines = stderr.strip().splitlines()
+    return len(lines) == 1 or (len(lines) > 1 and all(x.startswith("rollout-audit: error: ") for x in lines))
 
 
 def run_cli(args: list[str], work: Path, timeout: float = 120) -> Outcome:
@@ -1375,3 +1382,159 @@ def prepare_evidence(seed: int, work: Path) -> WorkflowCase:
     follow = [FollowUp(["check", str(out), "--format", "json"], (0, 1), (0, 1, 2), "check of the converted log")]
     args = ["convert", "--from", fw, str(dump), str(out), *context]
     return WorkflowCase("evidence", seed, args, [dump], label, "text", follow, None, [work])
+
+
+# ---------------------------------------------------------------- round 5: replay, vocabulary, hidden files, links
+
+ROUND5 = ("replay", "vocabulary", "hidden", "convert_link", "template_path", "evidence")
+_REPLAY_COLUMNS = ["token_ids", "behavior_logprobs", "token_source", "token_turn", "turns.top_p", "turns.temperature"]
+_TEMPLATE_NAMES = ["a$1b", "${0}", "\\1", "$$", "%s{}", "a$&b", "$name"]
+
+
+def _set_ids(t: pa.Table, rng) -> pa.Table:
+    """A few token ids of the first file set to values past any vocabulary (or negative)."""
+    ids = t.column("token_ids").combine_chunks()
+    flat = pc.list_flatten(ids).to_numpy(zero_copy_only=False).astype("int64").copy()
+    if not len(flat):
+        return t
+    for _ in range(rng.randint(1, 3)):
+        flat[rng.randrange(len(flat))] = rng.choice([512, 10**6, 2**31 - 1, -1, 0])
+    arr = pa.ListArray.from_arrays(ids.offsets, pa.array(flat, pa.int64()))
+    return t.set_column(t.schema.get_field_index("token_ids"), "token_ids", arr)
+
+
+def _compare_column(t: pa.Table, rng) -> tuple[pa.Table, str | None]:
+    """A second log-prob column a configuration names: aligned, one entry short on a row, a scalar,
+    lists of lists, or none at all (the name given, the column absent)."""
+    how = rng.choice(["none", "aligned", "short", "scalar", "nested", "absent"])
+    if how == "none":
+        return t, None
+    lp = t.column("behavior_logprobs").combine_chunks()
+    if how == "aligned":
+        col: pa.Array | None = lp
+    elif how == "short":
+        py = lp.to_pylist()
+        k = rng.randrange(len(py))
+        py[k] = (py[k] or [0.0])[:-1]
+        col = pa.array(py, pa.list_(pa.float32()))
+    elif how == "scalar":
+        col = pa.array(range(t.num_rows), pa.int64())
+    elif how == "nested":
+        col = pa.array([[[0.0]] for _ in range(t.num_rows)])
+    else:
+        col = None
+    return (t.append_column("old_logprobs", col) if col is not None else t), "old_logprobs"
+
+
+def _write_first(log: Path, t: pa.Table, meta: dict | None = None) -> None:
+    f = log / "trajectories" / "a.parquet"
+    if meta:
+        t = t.replace_schema_metadata({**(t.schema.metadata or {}), **meta})
+    pq.write_table(t, f)
+
+
+def prepare_round5(seed: int, work: Path, records) -> WorkflowCase:
+    """One case of this round's surfaces, in turn by seed: replay of a mutated log by a numpy replayer
+    (`fuzzreplay`) under a random `replay_max_bytes` and `compare_logprobs`; token ids against a
+    declared (or configured) vocabulary; a log with a killed writer's hidden leftovers, checked
+    itself or from the folder around it; `convert` to a symbolic link; a dump whose path reads
+    like a replacement template; and the 1.3 evidence cases (`prepare_evidence`)."""
+    import random
+    import shutil
+
+    rng = random.Random(f"round5:{seed}")
+    what = ROUND5[seed % len(ROUND5)]
+    fmt = rng.choice(["json", "json", "github", "junit"])  # formats that say on stderr why a log was not audited
+    if what == "evidence":
+        case = prepare_evidence(seed, work)
+        case.kind, case.label = "round5", f"evidence:{case.label}"
+        return case
+    if what in ("replay", "vocabulary"):
+        ops = [random_op(rng, _REPLAY_COLUMNS) for _ in range(rng.randint(0, 2))]
+        log = build_log(work / "log", records, ops, [], ("none", 0))
+        try:
+            t = pq.read_table(log / "trajectories" / "a.parquet")
+        except (pa.ArrowException, OSError):
+            t = None
+        lines = ["[tool.rollout-audit]"]
+        meta = None
+        if t is not None and "token_ids" in t.column_names and pa.types.is_list(t.schema.field("token_ids").type):
+            try:
+                t = _set_ids(t, rng)
+            except (pa.ArrowException, ValueError, TypeError):
+                pass
+        if what == "replay":
+            lines += [
+                'replayer = "fuzzreplay:replayer"',
+                f"replay_max_bytes = {rng.choice([1, 4096, 1 << 20, 1 << 30])}",
+            ]
+            if t is not None and "behavior_logprobs" in t.column_names:
+                try:
+                    t, name = _compare_column(t, rng)
+                except (pa.ArrowException, ValueError, TypeError, IndexError):
+                    name = None
+                if name:
+                    lines.append(f'compare_logprobs = "{name}"')
+        else:
+            size = rng.choice([1, 50, 300, 303, 304, 512, 10**5])
+            vocab = rng.choice([["w"] * size, "not a list", [1, 2], [], ["\x1b[2J"] * size])
+            meta = {b"rollout_log.tokenizer": json.dumps({"name": rng.choice(HOSTILE), "vocabulary": vocab}).encode()}
+            if rng.random() < 0.3:
+                lines.append(f"vocabulary_size = {rng.choice([1, 304, 10**6])}")
+        if t is not None:
+            _write_first(log, t, meta)
+        cfg = work / "c.toml"
+        cfg.write_text("\n".join(lines) + "\n")
+        args = ["check", str(log), "--config", str(cfg), "--format", fmt]
+        if what == "replay":
+            args += ["--replay", str(rng.choice([1, 4, 64]))]
+        return WorkflowCase("round5", seed, args, [log, cfg], what, fmt if fmt == "json" else "text")
+    if what == "hidden":
+        runs = work / "runs"
+        log = build_log(
+            runs / "log", records, [random_op(rng, TRAJ_COLUMNS)] if rng.random() < 0.3 else [], [], ("none", 0)
+        )
+        src = log / "trajectories" / "a.parquet"
+        for left in rng.sample(["staged_dir", "temp_file", "spark", "hidden_file", "beside"], rng.randint(1, 3)):
+            if left == "staged_dir":
+                shutil.copytree(log / "trajectories", log / f".trajectories.{seed:08x}.tmp")
+            elif left == "temp_file":
+                data = src.read_bytes()
+                (log / "trajectories" / f".a.parquet.{seed:08x}.tmp").write_bytes(data[: rng.randrange(len(data))])
+            elif left == "spark":
+                (log / "trajectories" / "_temporary" / "0").mkdir(parents=True)
+                shutil.copy(src, log / "trajectories" / "_temporary" / "0" / "part-0.parquet")
+            elif left == "hidden_file":
+                shutil.copy(src, log / "trajectories" / ".a.parquet")
+            else:
+                shutil.copytree(log, runs / f".dst.{seed:08x}.tmp")
+        target = rng.choice([log, runs])
+        return WorkflowCase(
+            "round5", seed, ["check", str(target), "--format", fmt], [runs], what, fmt if fmt == "json" else "text"
+        )
+    fw, dump = _dump_file(seed, work)
+    if what == "template_path":
+        where = work / rng.choice(_TEMPLATE_NAMES)
+        where.mkdir()
+        dump = Path(shutil.move(str(dump), where / dump.name))
+        ctx = [x for kv in DUMP_CONTEXT for x in ("--context", kv)]
+        args = ["check", "--from", fw, str(dump), *ctx, "--format", fmt]
+        return WorkflowCase("round5", seed, args, [dump], what, fmt if fmt == "json" else "text")
+    target = work / "elsewhere"
+    kind = rng.choice(["empty", "dangling", "file", "full", "dump_dir"])
+    if kind in ("empty", "full"):
+        target.mkdir()
+        if kind == "full":
+            (target / "keep.txt").write_text("x")
+    elif kind == "file":
+        target.write_text("x")
+    elif kind == "dump_dir":
+        target = dump.parent
+    link = work / "out" / "dst"
+    link.parent.mkdir()
+    link.symlink_to(target)
+    ctx = [x for kv in DUMP_CONTEXT for x in ("--context", kv)]
+    args = ["convert", "--from", fw, str(dump), str(link), *ctx]
+    inputs = [dump] + ([target] if target.exists() and target != dump.parent else [])
+    follow = [FollowUp(args, (0, 1), (), f"convert wrote through a link to {kind}")]
+    return WorkflowCase("round5", seed, args, inputs, f"{what}:{kind}", "text", follow, None, [work], [link])

@@ -244,3 +244,146 @@ def test_a_command_that_reads_every_row_refuses_a_bomb_in_one_line(bomb_log, tmp
     assert line.startswith(f"rollout-audit: error: {bomb}: row 0 (trajectory bomb): 20,000,000 tokens"), line
     assert "above max_tokens_per_trajectory (8,000,000)" in line and f"`{command[0]}` reads every row" in line
     assert not (tmp_path / "page.html").exists()  # no page that would pass off the log's statistics as whole
+
+
+def test_a_vllm_replay_answer_is_parsed_within_a_bounded_multiple_of_its_size():
+    """vLLM's prompt_logprobs (an entry {"logprob", "rank", "decoded_token"} per token id per position)
+    parsed into a dict per entry cost 5x its bytes; each distribution is parsed into two arrays now."""
+    import threading
+    import tracemalloc
+    from http.server import ThreadingHTTPServer
+
+    from test_hostile_round4 import _Big
+
+    from rollout_audit.replay.http import HTTPReplayer
+
+    vocab, positions = 2000, 200
+    dist = {str(k): {"logprob": -1.0 - k / vocab, "rank": k + 1, "decoded_token": "ab"} for k in range(vocab)}
+    _Big.body = json.dumps({"choices": [{"index": 0, "prompt_logprobs": [None] + [dist] * positions}]}).encode()
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Big)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        rep = HTTPReplayer({}, max_bytes=len(_Big.body) + 1)
+        tracemalloc.start()
+        got = rep._fetch(f"http://127.0.0.1:{srv.server_port}/")
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    finally:
+        srv.shutdown()
+    first = got["choices"][0]["prompt_logprobs"][1]
+    assert first.ids.tolist() == list(range(vocab)) and first.logprobs[0] == -1.0
+    assert peak < 2.5 * len(_Big.body), peak / len(_Big.body)  # the answer's bytes, its text, two arrays a position
+
+
+@pytest.mark.parametrize("target", ["empty folder", "dangling", "folder with a file"])
+def test_convert_never_writes_through_a_link(tmp_path, target):
+    """DST a symlink (to an empty folder, to nothing, to a folder with a file): one line naming DST, exit
+    2, and nothing written where the link points (a bare "[Errno 20] Not a directory" before)."""
+    where = tmp_path / "elsewhere"
+    if target != "dangling":
+        where.mkdir()
+    if target == "folder with a file":
+        (where / "keep.txt").write_text("x")
+    link = tmp_path / "dst"
+    link.symlink_to(where)
+    src = ROOT / "fixtures" / "frameworks" / "openai" / "compliant.jsonl"
+    r = cli("convert", "--from", "openai", str(src), str(link))
+    assert r.returncode == 2 and f"{link}: is a" in r.stderr and "symlink" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Errno" not in r.stderr and "Traceback" not in r.stderr
+    assert (
+        link.is_symlink()
+        and sorted(p.name for p in where.iterdir()) == (["keep.txt"] if target == "folder with a file" else [])
+        if where.exists()
+        else not where.exists()
+    )
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no hidden temp directory left
+
+
+def test_a_dump_named_like_a_replacement_template_is_named_as_it_is(tmp_path):
+    """`$1`, `${0}` and `\\1` in the dump's path are the path, never expanded as a regex replacement
+    when the temporary log's files named in a message are relabelled to the dump."""
+    import polars as pl
+
+    from rollout_audit.adapters.convert import convert
+    from rollout_audit.contract.config import Config
+    from rollout_audit.reading.read import MEMORY
+    from rollout_audit.running.engine import run_audit
+    from rollout_audit.session.dumps import in_memory, relabel
+
+    where = tmp_path / "a$1b${0}c\\1d"
+    where.mkdir()
+    dump = where / "compliant.jsonl"
+    shutil.copy(ROOT / "fixtures" / "frameworks" / "openai" / "compliant.jsonl", dump)
+    r = cli("check", "--from", "openai", str(dump), "--format", "json")
+    assert r.returncode in (0, 1) and "Traceback" not in r.stderr, r.stderr
+    files = {f["file"] for f in json.loads(r.stdout)["findings"]}
+    assert files == {str(dump)}, files  # E801: the dump records no identities, named literally
+    conv = convert("openai", [str(dump)], {})
+    rep = run_audit(in_memory(conv), Config())
+    said = pl.DataFrame({"code": ["S005"], "file": [MEMORY], "message": [f"see {MEMORY}, here"]})
+    rep.findings = pl.concat([rep.findings, said], how="diagonal_relaxed")
+    out = relabel(rep, conv)
+    assert f"see {dump}, here" in out.findings["message"].to_list(), out.findings["message"].to_list()
+
+
+def test_a_killed_writers_staging_directory_is_reported_not_read_as_data(tmp_path):
+    """`convert` killed inside `atomic_directory` leaves a hidden `.DST.XXXXXXXX.tmp/` holding a whole
+    log: `check` of the folder around it audited it as one more run (every trajectory twice) where
+    `watch` and pyarrow's own dataset discovery skip hidden entries. It is one line naming it now,
+    and the verdict covers the run that was read; inside a log, the same directory is S005."""
+    import signal
+
+    runs = tmp_path / "runs"
+    shutil.copytree(ROOT / "fixtures" / "compliant", runs / "log")
+    script = (
+        "import os, shutil, signal, sys\n"
+        "from rollout_audit.reporting.outputs import atomic_directory\n"
+        "with atomic_directory(sys.argv[1]) as tmp:\n"
+        "    shutil.copytree(sys.argv[2], tmp, dirs_exist_ok=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    killed = subprocess.run([sys.executable, "-c", script, str(runs / "dst"), str(runs / "log")], env=env)
+    assert killed.returncode == -signal.SIGKILL
+    (left,) = [p for p in runs.iterdir() if p.name.startswith(".dst.")]
+    assert (left / "trajectories").is_dir()  # a whole log, hidden
+    alone = json.loads(cli("check", str(runs / "log"), "--format", "json").stdout)["summary"]
+    r = cli("check", str(runs), "--format", "json")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert f"{left}: temporary directory of an unfinished write" in r.stderr, r.stderr
+    assert json.loads(r.stdout)["summary"]["rows_read"] == alone["rows_read"]
+    shutil.move(str(left), runs / "log" / left.name)  # inside the log: its own files, unfinished
+    r = cli("check", str(runs / "log"), "--format", "json")
+    rep = json.loads(r.stdout)
+    assert r.returncode == 1 and [(f["code"], f["file"]) for f in rep["findings"]] == [
+        ("S005", str(runs / "log" / left.name))
+    ], rep["findings"]
+    assert rep["summary"]["rows_read"] == alone["rows_read"]
+
+
+def test_a_token_id_past_the_declared_vocabulary_is_s001_naming_row_and_position(tmp_path):
+    """A file that declares its tokenizer's vocabulary (rollout_log.tokenizer) and holds an id at or
+    past its size: S001 naming the trajectory, the first such position and id; a vocabulary that
+    covers every id stays silent, and the user's own vocabulary_size is what counts when set."""
+    from rollout_audit import RolloutWriter
+    from rollout_audit.synth import make_log
+
+    trajs, _ = make_log(n_tasks=2, group_size=2, n_versions=1)
+    top = max(max(t["token_ids"]) for t in trajs)
+    holding = sum(top in t["token_ids"] for t in trajs)
+    for size, expect in ((top + 1, 0), (top, holding)):
+        log = tmp_path / f"v{size}"
+        w = RolloutWriter(log / "trajectories" / "p.parquet", tokenizer={"name": "t", "vocabulary": ["w"] * size})
+        w.write(trajs)
+        w.close()
+        r = cli("check", str(log), "--select", "S001", "--format", "json")
+        found = [f for f in json.loads(r.stdout)["findings"] if "vocabulary_size" in f["message"]]
+        assert len(found) == expect, found
+    hit = found[0]
+    row = next(t for t in trajs if t["trajectory_id"] == hit["trajectory_id"])
+    assert row["token_ids"][hit["position"]] == top and row["token_ids"].index(top) == hit["position"]
+    assert f"past the tokenizer's {top} ids" in hit["message"] and f"(first: {top})" in hit["message"]
+    mine = tmp_path / "mine.toml"
+    mine.write_text(f"[tool.rollout-audit]\nvocabulary_size = {top + 1}\n")  # the user knows better
+    r = cli("check", str(tmp_path / f"v{top}"), "--select", "S001", "--config", str(mine), "--format", "json")
+    assert not [f for f in json.loads(r.stdout)["findings"] if "vocabulary_size" in f["message"]]

@@ -122,3 +122,94 @@ def test_l207_on_a_second_logprob_column(clean: Path, tmp_path: Path) -> None:
     found = rep.findings.filter(pl.col("code") == "L207")
     assert found["trajectory_id"].to_list() == [table.column("trajectory_id")[3].as_py()], rep.render()
     assert "π_old_logprobs/π_beh" in found["message"][0]
+
+
+def _both_versions(clean: Path) -> tuple[pa.Table, pl.DataFrame]:
+    rows = sampled_rows(
+        pl.DataFrame(
+            {
+                "file": [str(clean / "trajectories" / "part-0000.parquet")] * 2,
+                "trajectory_id": ["v0-t0", "v1-t1"],
+                "pv_min": [0, 1],
+            }
+        ),
+        4,
+    )
+    return rows, token_frame(rows)
+
+
+def test_replay_scores_within_replay_max_bytes_with_the_same_result(dirs: dict[str, str], clean: Path) -> None:
+    """Scored a few rows at a time (a budget of one trajectory's logits), in process and over HTTP, replay
+    gives the log-probs it gives with the whole batch at once: what it holds is bounded, not its answer."""
+    rows, tokens = _both_versions(clean)
+    req, _ = _request(rows, tokens, 0)
+    whole = HFReplayer(dirs).replay(req)
+    vocab = HFReplayer(dirs)._model(0).get_output_embeddings().weight.shape[0]
+    budget = max(len(t) for t in req.token_ids) * vocab * 4
+    small = HFReplayer(dirs, max_scores=budget).replay(req)
+    assert np.allclose(whole.sampled, small.sampled, atol=1e-6) and np.allclose(whole.base, small.base, atol=1e-6)
+    server, url = serve(dirs["0"])
+    try:
+        one_row = HTTPReplayer({"0": url}, max_scores=1).replay(req)  # one scored row per block
+    finally:
+        server.shutdown()
+    assert np.allclose(whole.sampled, one_row.sampled, atol=1e-5) and np.allclose(whole.base, one_row.base, atol=1e-5)
+
+
+def test_a_trajectory_beyond_replay_max_bytes_is_exit_2_naming_it(dirs: dict[str, str], clean: Path, tmp_path: Path):
+    """Through the CLI: a budget smaller than one trajectory's logits refuses replay in one line naming
+    the trajectory and the setting (exit 2), never an allocation of whatever the log asks for."""
+    from hostilehelp import assert_clean_exit, cli
+
+    table = ", ".join(f'"{v}" = "{d}"' for v, d in dirs.items())
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"[tool.rollout-audit]\nreplay_checkpoints = {{{table}}}\nreplay_max_bytes = 64\n")
+    r = cli("check", str(clean), "--config", str(cfg), "--replay", "4", "--select", "L205")
+    assert_clean_exit(r, (2,))
+    assert "over replay_max_bytes (64)" in r.stdout + r.stderr and "trajectory v" in r.stdout + r.stderr, r.stdout
+
+
+def test_an_answer_too_long_for_the_response_cap_is_refused_before_it_is_asked(dirs: dict[str, str], clean: Path):
+    """Every prompt position costs the answer at least one entry: a trajectory whose answer cannot fit
+    replay_max_response_bytes is refused naming it, before its prompt is sent."""
+    from rollout_audit.replay.base import NotConfigured
+
+    rows, tokens = _both_versions(clean)
+    req, _ = _request(rows, tokens, 0)
+    with pytest.raises(NotConfigured, match=r"trajectory v0-t0 has \d+ tokens: .*replay_max_response_bytes \(16\)"):
+        HTTPReplayer({"0": "http://127.0.0.1:9/v1"}, max_bytes=16).replay(req)
+
+
+def test_a_token_id_past_the_checkpoints_vocabulary_is_a_finding_naming_it(
+    dirs: dict[str, str], clean: Path, tmp_path: Path
+) -> None:
+    """Through the CLI: an id the model has no embedding for was "check L205 failed: IndexError" (the
+    whole replay incomplete); it is L205 naming the trajectory and the position, and the other sampled
+    trajectories are replayed as before."""
+    import json
+
+    from hostilehelp import assert_clean_exit, cli
+
+    log = tmp_path / "log"
+    (log / "trajectories").mkdir(parents=True)
+    table = pq.read_table(clean / "trajectories" / "part-0000.parquet")
+    ids = table.column("token_ids").combine_chunks()
+    flat = pc.list_flatten(ids).to_numpy(zero_copy_only=False).copy()
+    first = int(ids.offsets[3].as_py())  # trajectory 3, position 2
+    flat[first + 2] = 10**6
+    table = table.set_column(
+        table.schema.get_field_index("token_ids"),
+        "token_ids",
+        pa.ListArray.from_arrays(ids.offsets, pa.array(flat, ids.type.value_type)),
+    )
+    pq.write_table(table, log / "trajectories" / "part-0000.parquet")
+    mapping = ", ".join(f'"{v}" = "{d}"' for v, d in dirs.items())
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"[tool.rollout-audit]\nreplay_checkpoints = {{{mapping}}}\n")
+    r = cli("check", str(log), "--config", str(cfg), "--replay", "64", "--select", "L205", "--format", "json")
+    assert_clean_exit(r, (1,))
+    rep = json.loads(r.stdout)
+    found = [f for f in rep["findings"] if f["code"] == "L205"]
+    assert [(f["trajectory_id"], f["position"]) for f in found] == [(table.column("trajectory_id")[3].as_py(), 2)]
+    assert "token id 1000000 at position 2 is past the" in found[0]["message"], found
+    assert rep["summary"]["replay"]["trajectories"] == table.num_rows - 1, rep["summary"]["replay"]

@@ -16,7 +16,18 @@ from typing import Any
 import pyarrow as pa
 
 from . import verifiers_v1 as v1
-from .base import AdapterError, at_record, context_values, contract_table, need, objects, origin, with_trainer_settings
+from .base import (
+    AdapterError,
+    at_record,
+    context_values,
+    contract_table,
+    need,
+    objects,
+    origin,
+    short,
+    wholes,
+    with_trainer_settings,
+)
 from .steps import (
     Call,
     engine_context,
@@ -113,6 +124,8 @@ def _stop(rollout: Mapping[str, Any]) -> dict[str, Any]:
     is_truncated says truncated (max_tokens), else the condition's own name is kept (or "unknown")
     with the rollout terminated, so T302 asks for it in extra_stop_reasons rather than a guess."""
     cond = rollout.get("stop_condition")
+    if cond is not None and not isinstance(cond, str):
+        raise AdapterError(f"stop_condition: expected a condition's name, got {short(cond)}")
     if rollout.get("error"):
         flag, stop = "infra_error", "env_error"
     elif cond in STOP:
@@ -149,7 +162,7 @@ def _call(step: Mapping[str, Any], where: str, turn: dict[str, Any]) -> Call:
     turn = {
         **turn,
         "finish_reason": finish_reason(first.get("finish_reason")),
-        "sampled_token_ids": list(sampled),
+        "sampled_token_ids": wholes(sampled, "completion_ids", f"{where}.tokens"),
         "reward": step.get("reward"),
         **engine_context(response.get("prompt_token_ids")),
     }

@@ -178,7 +178,12 @@ def _segment(
 ) -> Segment:
     """The branch's sequence, provenance, mask, log-probs and turns."""
     nodes, seg = trace["nodes"], Segment()
-    calls = {c.get("node"): c for c in trace.get("calls") or [] if isinstance(c, Mapping)}
+    calls = {}
+    for c in trace.get("calls") or []:
+        if isinstance(c, Mapping):
+            if not isinstance(c.get("node"), (int, str, type(None))):
+                raise AdapterError(f"{where}: calls: node: expected a node id, got {short(c.get('node'))}")
+            calls[c.get("node")] = c
     for nid in path:
         node, at = nodes[nid], f"{where} node {nid}"
         ids, mask = wholes(need(node, "token_ids", at), "token_ids", at), flags(need(node, "mask", at), "mask", at)

@@ -42,6 +42,7 @@ _REPLAY_CONFIG = (
     "replay_connect_timeout",
     "replay_timeout",
     "replay_max_response_bytes",
+    "replay_max_bytes",
 )
 
 
@@ -55,7 +56,9 @@ def _replayed(log: LogView, cfg) -> pl.DataFrame:
             'per policy version), replay_endpoints = {"0" = "http://host:8000/v1"}, or replayer = "module:factory"'
         )
     what = f"replay of {cfg.replay} trajectories was asked for and"
-    return _cached(log, "replay", lambda: replay_frame(log.traj, int(cfg.replay), load_replayer(cfg)), what)
+    beyond = log.cache.setdefault("replay_beyond", [])
+    make = lambda: replay_frame(log.traj, int(cfg.replay), load_replayer(cfg), beyond)
+    return _cached(log, "replay", make, what)
 
 
 def _cached(log: LogView, key: str, make, what: str) -> pl.DataFrame:
@@ -126,7 +129,7 @@ def replay_mismatch(log: LogView, cfg) -> pl.DataFrame | None:
     )
     log.stats["L205"] = per.drop("trajectory_id", "turn", "position", "file").sort("policy_version").to_dicts()
     log.stats["replayed_trajectories"] = df["trajectory_id"].n_unique()
-    return _located(
+    found = _located(
         per.filter(pl.col("share") > cfg.replay_max_share),
         pl.format(
             "policy version {}: {} replayed token(s), {}% over tolerance; mean |Δ| {}, max |Δ| {}, k3 KL {} "
@@ -140,6 +143,12 @@ def replay_mismatch(log: LogView, cfg) -> pl.DataFrame | None:
             "impossible",
         ),
     )
+    beyond = log.cache.get("replay_beyond") or []
+    if not beyond:
+        return found
+    # a sampled trajectory with an id the checkpoint has no logit for: named at that id, not replayed
+    named = pl.DataFrame(beyond).select("file", "trajectory_id", "position", "message")
+    return named if found is None else pl.concat([found, named], how="diagonal_relaxed")
 
 
 @rule(

@@ -29,7 +29,22 @@ REQUIRED_AND_DOMAIN = (*REQUIRED_AND_DOMAIN, "split_continues")
 _OUTCOME = frozenset({"terminated", "truncated", "infra_error", "stop_reason"})
 
 
-@rule("S001", "column missing, of the wrong type, or out of its domain", optional=REQUIRED_AND_DOMAIN)
+def declared_vocabulary(cfg, meta, configured: frozenset[str]) -> dict:
+    """S001's `vocabulary_size` from a file's declared tokenizer (`rollout_log.tokenizer`, its
+    vocabulary's length): the largest any file declares, unless the user's configuration sets it."""
+    vocab = S.meta_object(meta, S.META_TOKENIZER).get("vocabulary")
+    if "vocabulary_size" in configured or not isinstance(vocab, list) or not vocab:
+        return {}
+    return {"vocabulary_size": len(vocab)} if len(vocab) > (cfg.vocabulary_size or 0) else {}
+
+
+@rule(
+    "S001",
+    "column missing, of the wrong type, or out of its domain",
+    optional=REQUIRED_AND_DOMAIN,
+    config=("vocabulary_size",),
+    declare=declared_vocabulary,
+)
 def required_columns(b: BatchView, cfg) -> pl.DataFrame | None:
     """A required column (or turn field) is missing, has the wrong type, holds nulls, or
     holds values outside its domain (NaN or infinite rewards, values and potentials; gamma
@@ -57,12 +72,13 @@ def required_columns(b: BatchView, cfg) -> pl.DataFrame | None:
                 rows += [{"trajectory_id": i, "message": f"{name}: required value is null"} for i in ids.head(50)]
     out = [pl.DataFrame(rows, schema={"trajectory_id": pl.String, "message": pl.String})] if rows else []
     out += _domain(b)
-    out += _negative_token_ids(b)
+    out += _token_ids_out_of_range(b, cfg.vocabulary_size)
     return pl.concat(out, how="diagonal_relaxed") if out else None
 
 
-def _negative_token_ids(b: BatchView) -> list[pl.DataFrame]:
-    """Rows whose token_ids hold a negative id (no tokenizer has one): one finding per row, at the first."""
+def _token_ids_out_of_range(b: BatchView, vocabulary: int | None) -> list[pl.DataFrame]:
+    """Rows whose token_ids hold a negative id (no tokenizer has one) or, when the tokenizer's size
+    is known (`vocabulary_size`), an id at or past it: one finding per row and kind, at the first."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -75,24 +91,34 @@ def _negative_token_ids(b: BatchView) -> list[pl.DataFrame]:
     ):
         return []  # a list of another type is a schema problem, reported above
     flat = pc.list_flatten(col)
-    neg = pc.fill_null(pc.less(flat, 0), False).to_numpy(zero_copy_only=False)
-    if not neg.any():
-        return []
-    parent = pc.list_parent_indices(col).to_numpy(zero_copy_only=False)
-    starts = col.offsets.to_numpy()[:-1] - col.offsets[0].as_py()
-    rows, first = np.unique(parent[neg], return_index=True)
-    at = np.flatnonzero(neg)[first]
-    n = np.bincount(parent[neg], minlength=len(col))[rows]
-    vals = flat.to_numpy(zero_copy_only=False)[at]
-    return [
-        pl.DataFrame(
-            {
-                "trajectory_id": b.ids.gather(rows),
-                "position": (at - starts[rows]).astype(np.int64),
-                "message": [f"token_ids: {k} negative token id(s) (first: {v})" for k, v in zip(n, vals)],
-            }
+    out = []
+    for what, bad in (
+        ("negative token id(s)", pc.less(flat, 0)),
+        (f"token id(s) at or past the tokenizer's {vocabulary} ids (vocabulary_size)", None),
+    ):
+        if bad is None:
+            if vocabulary is None:
+                continue
+            bad = pc.greater_equal(pc.cast(flat, pa.int64()), pa.scalar(vocabulary, pa.int64()))
+        hit = pc.fill_null(bad, False).to_numpy(zero_copy_only=False)
+        if not hit.any():
+            continue
+        parent = pc.list_parent_indices(col).to_numpy(zero_copy_only=False)
+        starts = col.offsets.to_numpy()[:-1] - col.offsets[0].as_py()
+        rows, first = np.unique(parent[hit], return_index=True)
+        at = np.flatnonzero(hit)[first]
+        n = np.bincount(parent[hit], minlength=len(col))[rows]
+        vals = flat.to_numpy(zero_copy_only=False)[at]
+        out.append(
+            pl.DataFrame(
+                {
+                    "trajectory_id": b.ids.gather(rows),
+                    "position": (at - starts[rows]).astype(np.int64),
+                    "message": [f"token_ids: {k} {what} (first: {int(v)})" for k, v in zip(n, vals)],
+                }
+            )
         )
-    ]
+    return out
 
 
 # The value domains of the pandera schemas (`rollout_audit.contract.models`: TrajectoryValues,

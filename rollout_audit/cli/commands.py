@@ -133,6 +133,7 @@ def logs_of(paths: Sequence[str], echo: Echo) -> list[tuple[list[str], str | Non
     `trajectories` folder) as one log per run, said on stderr in one line. Parquet files of such a
     directory that lie in no run are audited together as one more log."""
     from ..reading.io import logs_under, stray_files
+    from ..reporting.report import printable
 
     logs: list[tuple[list[str], str | None]] = []  # (paths of one log, the directory of runs it was found in)
     for p in paths:
@@ -140,7 +141,7 @@ def logs_of(paths: Sequence[str], echo: Echo) -> list[tuple[list[str], str | Non
         if runs is None:
             logs.append(([p], None))
             continue
-        stray = stray_files(p, runs)
+        stray, unread = stray_files(p, runs)
         logs += [([r], p) for r in runs] + ([(stray, p)] if stray else [])
         more = f", and {len(stray)} Parquet file(s) in none of them, audited together" if stray else ""
         echo(
@@ -148,6 +149,8 @@ def logs_of(paths: Sequence[str], echo: Echo) -> list[tuple[list[str], str | Non
             f"trajectories/ folder){more}; each audited on its own (--merge: all as one log)",
             err=True,
         )
+        for f, why in unread:  # in no run: said here, since no run's verdict covers it
+            echo(f"rollout-audit: {printable(f)}: {why}", err=True)
     return logs
 
 

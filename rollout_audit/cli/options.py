@@ -325,7 +325,7 @@ class FilterOptions(Parsed):
     """`rollout-audit filter LOG OUT`."""
 
     log: str = argument(default="", type=click.Path(exists=True))
-    out: str = argument(default="", type=click.Path(file_okay=False))
+    out: str = argument(default="", type=click.Path())
     select: tuple[str, ...] = option(
         "--select",
         default=(),
@@ -406,5 +406,5 @@ class ConvertOptions(Parsed):
 
     framework: str = option("--from", required=True, help="verl, skyrl, slime, rllm, verifiers or openai.")
     src: str = argument(default="", type=click.Path(exists=True))
-    dst: str = argument(default="", type=click.Path(file_okay=False))
+    dst: str = argument(default="", type=click.Path())
     context: Mapping[str, str] = _context("What the trainer does not record.")

@@ -150,6 +150,12 @@ class Config(BaseModel):
     max_tokens_per_trajectory: int = Field(
         8_000_000, ge=1, description="A trajectory with more tokens is not audited, nor the rest of its row group."
     )
+    vocabulary_size: int | None = Field(
+        None,
+        ge=1,
+        description="The tokenizer's number of token ids: an id at or past it is S001. Unset, the largest "
+        "vocabulary a file of the log declares (rollout_log.tokenizer) is used; a declaration only adds findings.",
+    )
     storage_connect_timeout: float = Field(
         10.0, gt=0, description="Object storage: seconds to connect before the audit gives up (exit 2)."
     )
@@ -173,6 +179,12 @@ class Config(BaseModel):
     )
     replay_timeout: float = Field(300.0, gt=0, description="Replay over HTTP: seconds per request in all.")
     replay_max_response_bytes: int = Field(1 << 30, ge=1, description="Replay over HTTP: bytes per answer at most.")
+    replay_max_bytes: int = Field(
+        1 << 30,
+        ge=1,
+        description="Replay: bytes of scores held at once at most (a forward pass's logits, the dense distributions "
+        "scored together); a trajectory whose logits alone need more is refused (exit 2).",
+    )
     replay_atol: float = Field(1e-3, ge=0, description="Per-token |replayed - recorded| log-prob tolerance.")
     replay_max_share: float = Field(0.0, ge=0, le=1, description="Share of replayed tokens allowed over replay_atol.")
     compare_logprobs: str | None = Field(

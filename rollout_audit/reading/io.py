@@ -113,7 +113,17 @@ def _classify(
             )
         return
     if e.is_dir():
-        stack.append(p)
+        # a hidden or underscore directory is no part of the log (as pyarrow.dataset's discovery and
+        # `watch` judge it): a killed writer's staging directory is reported, never read as data
+        if not e.name.startswith((".", "_")):
+            stack.append(p)
+        elif e.name.endswith((".tmp", ".temp", ".partial")) or e.name == "_temporary":
+            skipped.append(
+                (
+                    e.path,
+                    "temporary directory of an unfinished write (the writer was killed or is still running); not audited",
+                )
+            )
     elif _is_writer_temp(e.name):
         skipped.append(
             (
@@ -420,14 +430,18 @@ def logs_under(path: str | os.PathLike) -> list[str] | None:
     for here, subdirs, _ in os.walk(p, onerror=None, followlinks=False):  # symlinked directories are not entered
         subdirs.sort()
         for s in list(subdirs):
-            if os.path.isdir(os.path.join(here, s, "trajectories")):
+            if s.startswith((".", "_")):  # hidden: no part of any log (`_classify`), nor a run
+                subdirs.remove(s)
+            elif os.path.isdir(os.path.join(here, s, "trajectories")):
                 runs.append(os.path.join(here, s))
                 subdirs.remove(s)  # a run's own folders hold its partitions, not further runs
     return sorted(runs) or None
 
 
-def stray_files(path: str | os.PathLike, runs: Sequence[str]) -> list[str]:
-    """Parquet files under `path` that lie in none of `runs` (the logs `logs_under` found)."""
-    files, _ = _parquet_paths(Path(path))
+def stray_files(path: str | os.PathLike, runs: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """Parquet files under `path` that lie in none of `runs` (the logs `logs_under` found), and
+    what lies in none of them and was not read (path, reason: a killed writer's temporary output)."""
+    files, skipped = _parquet_paths(Path(path))
     roots = [os.path.realpath(r) for r in runs]
-    return [str(f) for f in files if not any(_within(os.path.realpath(f), r) for r in roots)]
+    outside = lambda f: not any(_within(os.path.realpath(f), r) for r in roots)
+    return [str(f) for f in files if outside(f)], [(f, why) for f, why in skipped if outside(f)]

@@ -67,10 +67,13 @@ class ReplayRequest:
 
 @dataclass(frozen=True)
 class ReplayResult:
-    """Per scored token: log-prob under the distribution actually sampled from, and under the base softmax."""
+    """Per scored token: log-prob under the distribution actually sampled from, and under the base softmax.
+    `beyond`: (trajectory index, position, token id, vocabulary size) of the first id of each trajectory
+    the model has no logit for; such a trajectory is not scored (its tokens are NaN)."""
 
     sampled: np.ndarray
     base: np.ndarray
+    beyond: tuple[tuple[int, int, int, int], ...] = ()
 
 
 class Replayer(Protocol):

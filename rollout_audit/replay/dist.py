@@ -6,12 +6,22 @@ from __future__ import annotations
 
 import numpy as np
 
+# [rows, V] float64 arrays `token_logprobs` holds at once (the scores, their sort, cumulative mass, masks)
+_COPIES = 8
+
+
+def row_blocks(n: int, vocab: int, max_bytes: int) -> list[slice]:
+    """Consecutive slices of n scored rows, each small enough that scoring it over a vocabulary
+    of `vocab` holds at most about `max_bytes` (one row at least)."""
+    step = max(1, max_bytes // (max(vocab, 1) * 8 * _COPIES))
+    return [slice(lo, min(lo + step, n)) for lo in range(0, n, step)]
+
 
 def log_softmax(z: np.ndarray) -> np.ndarray:
     """Row-wise log-softmax of [N, V] scores; rows that are all -inf stay -inf."""
     m = np.max(z, axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0.0)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # +inf scores give NaN, said by L205
         return z - m - np.log(np.sum(np.exp(z - m), axis=-1, keepdims=True))
 
 

@@ -54,7 +54,10 @@ def _turn_params(rows: pa.Table) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     for name in TURN_PARAMS:
         if name in names:
             col = pc.struct_field(flat, name)
-            out[name] = pc.fill_null(pc.cast(col, pa.float64()), defaults[name]).to_numpy(zero_copy_only=False)
+            # unsafe: an integer past 2^53 is a value (S001 judges its domain), not a failed replay
+            out[name] = pc.fill_null(pc.cast(col, pa.float64(), safe=False), defaults[name]).to_numpy(
+                zero_copy_only=False
+            )
         else:
             out[name] = np.full(len(flat), defaults[name], dtype=np.float64)
     offsets = pc.list_value_length(turns).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)

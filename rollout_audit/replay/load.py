@@ -34,11 +34,12 @@ def load_replayer(cfg: Any) -> Replayer:
             timeout=cfg.replay_timeout,
             connect_timeout=cfg.replay_connect_timeout,
             max_bytes=cfg.replay_max_response_bytes,
+            max_scores=cfg.replay_max_bytes,
         )
     if cfg.replay_checkpoints:
         from .hf import HFReplayer
 
-        return HFReplayer(cfg.replay_checkpoints, batch_size=cfg.replay_batch_size)
+        return HFReplayer(cfg.replay_checkpoints, batch_size=cfg.replay_batch_size, max_scores=cfg.replay_max_bytes)
     raise NotConfigured(
         "no replayer configured: set replay_checkpoints (Hugging Face checkpoint per version), "
         "replay_endpoints (OpenAI-compatible server per version) or replayer = 'module:factory', "

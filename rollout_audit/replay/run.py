@@ -83,17 +83,36 @@ def _request(rows: pa.Table, tokens: pl.DataFrame, version: int) -> tuple[Replay
     return req, sel["_i"].to_numpy()
 
 
-def replay_frame(traj: pl.DataFrame, n: int, replayer: Replayer) -> pl.DataFrame:
-    """Tokens of n sampled trajectories with `recorded`, `sampled` and `base` log-probs, and their ids."""
+def replay_frame(traj: pl.DataFrame, n: int, replayer: Replayer, beyond: list[dict] | None = None) -> pl.DataFrame:
+    """Tokens of n sampled trajectories with `recorded`, `sampled` and `base` log-probs, and their ids.
+    A trajectory holding a token id the checkpoint has no logit for is left out, and added to `beyond`
+    (file, trajectory_id, position, policy_version, message) when given."""
     rows = sampled_rows(traj, n)
     tokens = token_frame(rows)
     sampled = np.full(tokens.height, np.nan)
     base = np.full(tokens.height, np.nan)
+    out: set[int] = set()
     for version in sorted(tokens["policy_version"].unique().to_list()):
         req, idx = _request(rows, tokens, int(version))
         res = replayer.replay(req)
         sampled[idx], base[idx] = res.sampled, res.base
-    return with_ids(tokens, rows).with_columns(pl.Series("sampled", sampled), pl.Series("base", base))
+        used = np.unique(tokens["_row"].to_numpy()[idx])
+        for i, position, token, vocab in res.beyond:
+            row = int(used[i])
+            out.add(row)
+            if beyond is not None:
+                beyond.append(
+                    {
+                        "file": rows.column("file")[row].as_py(),
+                        "trajectory_id": rows.column("trajectory_id")[row].as_py(),
+                        "position": position,
+                        "policy_version": int(version),
+                        "message": f"token id {token} at position {position} is past the {vocab} ids of policy "
+                        f"version {version}'s checkpoint: the log's tokens are not this model's; not replayed",
+                    }
+                )
+    frame = with_ids(tokens, rows).with_columns(pl.Series("sampled", sampled), pl.Series("base", base))
+    return frame.filter(~pl.col("_row").is_in(sorted(out))) if out else frame
 
 
 def neighbour_frame(traj: pl.DataFrame, n: int, replayer: Replayer) -> pl.DataFrame:

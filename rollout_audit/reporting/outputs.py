@@ -135,10 +135,13 @@ def _check_remote(output: str | os.PathLike, inputs: Iterable[str | os.PathLike]
 
 
 def check_new_directory(out: str | os.PathLike) -> None:
-    """Raise UsageError unless `out` is absent or an empty directory (a log is written there)."""
+    """Raise UsageError unless `out` is absent or an empty directory (a log is written there). A
+    symbolic link is refused, dangling or not: a log is never written through a link into a
+    directory the link's author chose (nor can the rename that publishes it replace a link)."""
     p = Path(out)
-    if p.is_symlink() and not p.exists():
-        raise UsageError(f"{out}: is a dangling symlink; choose a new directory")
+    if p.is_symlink():
+        state = "a dangling symlink" if not p.exists() else "a symlink"
+        raise UsageError(f"{out}: is {state}; name a new directory (a log is never written through a link)")
     if p.exists() and not p.is_dir():
         raise UsageError(f"{out}: exists and is not a directory; choose a new directory")
     if p.is_dir() and any(p.iterdir()):
