@@ -21,6 +21,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -47,26 +48,24 @@ sys.stderr.write("\\n" + json.dumps(sorted({m.split(".")[0] for m in sys.modules
 
 
 def one_trajectory_log(out: Path) -> Path:
-    """A compliant log of one trajectory and the update that trains it, under `out`."""
+    """A compliant log of one trajectory (a group of one) and the update that trains it, under `out`."""
     from rollout_audit import RolloutWriter
     from rollout_audit.synth import make_log
 
-    trajs, updates = make_log(n_tasks=1, group_size=2, n_versions=1, seed=0, truncated_share=0.0)
-    keep = trajs[0]["trajectory_id"]
-    for u in updates:  # the update names only the trajectory the log holds
-        idx = [i for i, t in enumerate(u["trajectory_ids"]) if t == keep]
-        u["trajectory_ids"] = [u["trajectory_ids"][i] for i in idx]
-        u["advantages"] = [u["advantages"][i] for i in idx]
+    trajs, updates = make_log(n_tasks=1, group_size=1, n_versions=1, seed=0, truncated_share=0.0)
     shutil.rmtree(out, ignore_errors=True)
     with RolloutWriter(out / "trajectories" / "part-00000.parquet") as w:
-        w.write(trajs[:1])
+        w.write(trajs)
     with RolloutWriter(out / "updates" / "updates.parquet", kind="updates") as w:
         w.write(updates)
     return out
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def fresh(args: list[str], repeat: int, trees: dict[str, str | None]) -> dict[str, dict]:
-    """Per tree (a name, and the checkout put first on PYTHONPATH, None: this process's path), the
+    """Per tree (a name, and the checkout put first on PYTHONPATH, None: this one's), the
     median wall and CPU seconds of `args` in a fresh interpreter (`["import"]`: `import
     rollout_audit` only), runs of the trees interleaved so that load hits them alike; the exit
     codes and the heavy modules (`HEAVY`) the last run left loaded."""
@@ -75,13 +74,13 @@ def fresh(args: list[str], repeat: int, trees: dict[str, str | None]) -> dict[st
     for _ in range(repeat):
         for name, tree in trees.items():
             env = dict(os.environ)
-            if tree is not None:
-                env["PYTHONPATH"] = os.pathsep.join([tree, *filter(None, [env.get("PYTHONPATH")])])
+            env["PYTHONPATH"] = os.pathsep.join([tree or str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
             got = runs[name]
             got["loads"].append(os.getloadavg()[0])
             r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
-            r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            # not run from a checkout: `python -c` puts the working directory first on sys.path
+            r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
             got["walls"].append(time.perf_counter() - t0)
             r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             got["cpus"].append((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime))
@@ -100,13 +99,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="/tmp/coldstart", help="where the one-trajectory log is written")
     ap.add_argument("--against", help="another checkout (e.g. main's) to time the same commands from, interleaved")
     a = ap.parse_args(argv)
-    one = one_trajectory_log(Path(a.out) / "one-trajectory")
+    one = one_trajectory_log(Path(a.out).resolve() / "one-trajectory")
     commands = [
         ("import rollout_audit", ["import"]),
         ("--version", ["--version"]),
         ("explain U602", ["explain", "U602"]),
         ("check (one trajectory)", ["check", str(one)]),
-        *((f"check {p}", ["check", p]) for p in a.log),
+        *((f"check {p}", ["check", str(Path(p).resolve())]) for p in a.log),
     ]
     trees: dict[str, str | None] = {"this": None}
     if a.against:
