@@ -83,6 +83,14 @@ def _section() -> str:
     return PAGE.read_text().split("## Set these options", 1)[1].split("\n## ", 1)[0]
 
 
+def _codes(text: str) -> set[str]:
+    """The check codes a page's prose names, ranges (S001-S005) expanded."""
+    out: set[str] = set()
+    for a, b in re.findall(r"\b([A-Z]\d{3})(?:-([A-Z]\d{3}))?\b", text):
+        out |= {f"{a[0]}{k:03d}" for k in range(int(a[1:]), int((b or a)[1:]) + 1)}
+    return out
+
+
 @contextlib.contextmanager
 def _in(path: Path):
     here = os.getcwd()
@@ -130,6 +138,8 @@ def test_the_pages_snippet_is_a_compliant_rloo_run_that_audits_clean_with_its_ad
         if label.startswith("update"):
             assert not {"U601", "U602", "U603", "U604", "U605", "U606", "P503"} & set(rep.not_run), rep.not_run
     assert trainer.audit_reports[0][1].not_run["L201"].startswith("RLOOTrainer keeps no per-token log-probs")
+    said = (tmp / "audit-log" / "pyproject.toml").read_text().splitlines()[1]  # RLOO's settings, as read
+    assert said.startswith("# RLOOConfig as the trainer read it: num_generations=4,") and "beta=0.0," in said
 
 
 def test_the_pages_command_audits_the_pages_log_clean(page_run):
@@ -142,6 +152,9 @@ def test_the_pages_command_audits_the_pages_log_clean(page_run):
     with _in(tmp):
         code, rep = _check(*args)
     assert (code, rep["findings"]) == (0, [])
+    ran = set(rep["summary"]["checks_run"])
+    listed = PAGE.read_text().split("**Rules that run on RLOO**", 1)[1].split("On the", 1)[0]
+    assert _codes(listed) == ran  # the page's list of what runs is what ran
     not_run = {n["code"]: n["reason"] for n in rep["not_run"]}
     assert not {"U601", "U603", "U604", "U606", "M101", "T304"} & set(not_run)
     assert "RLOOTrainer keeps no per-token log-probs" in not_run["L203"]
@@ -159,13 +172,8 @@ class _SelfInBaseline(trl.RLOOTrainer):
         return out
 
 
-class _AuditedSelfInBaseline(_Guard, _SelfInBaseline):
-    _loss_type = AuditedRLOOTrainer._loss_type
-    _changes_advantages = AuditedRLOOTrainer._changes_advantages
-    _estimator = AuditedRLOOTrainer._estimator
-    _no_estimator = AuditedRLOOTrainer._no_estimator
-    _lacks = AuditedRLOOTrainer._lacks
-    _skip_rows = AuditedRLOOTrainer._skip_rows
+class _AuditedSelfInBaseline(AuditedRLOOTrainer, _SelfInBaseline):
+    """The guard over the faulty trainer (method order: the guard, then the fault, then RLOOTrainer)."""
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +184,7 @@ def fault_run(tmp_path_factory):
 
 def test_rloo_with_the_sample_in_its_own_baseline_is_u603_on_each_completion_it_moves(fault_run):
     tmp, trainer = fault_run
+    assert type(trainer).__mro__[1:4] == (AuditedRLOOTrainer, _Guard, _SelfInBaseline)  # the guard sees the fault
     gen = trainer.audit_reports[0][1]
     assert gen.ok  # the batch itself is fine: the fault is in the advantages
     updates = [rep for label, rep in trainer.audit_reports if label.startswith("update")]

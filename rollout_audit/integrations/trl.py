@@ -192,6 +192,17 @@ class _Guard:
         """Why `_estimator` is None: the settings whose advantages no contract estimator recomputes."""
         raise NotImplementedError
 
+    def _settings_read(self) -> dict[str, Any]:
+        """The trainer's own settings (copied by its `__init__` from its config) the records follow."""
+        return {
+            "num_generations": self.num_generations,
+            "steps_per_generation": self.args.steps_per_generation,
+            "num_iterations": self.num_iterations,
+            "gradient_accumulation_steps": self.args.gradient_accumulation_steps,
+            "mask_truncated_completions": bool(getattr(self.args, "mask_truncated_completions", False)),
+            "max_completion_length": self.max_completion_length,
+        }
+
     def _lacks(self) -> dict[str, str]:
         """Reasons, for this trainer, that replace TRL_LACKS' for what its batch does not carry."""
         return {}
@@ -336,8 +347,10 @@ class _Guard:
             return
         c = self.audit.config
         path.parent.mkdir(parents=True, exist_ok=True)
+        read = ", ".join(f"{k}={v!r}" for k, v in self._settings_read().items()).replace("\n", " ")
         path.write_text(
             f"# the settings the trainer's configuration follows, written by {type(self).__name__}\n"
+            f"# {type(self.args).__name__} as the trainer read it: {read}\n"
             f'[tool.rollout-audit]\ntruncation = "{c.truncation}"\ngrpo_epsilon = {c.grpo_epsilon!r}\n'
             + (f"compare_logprobs = {json.dumps(c.compare_logprobs)}\n" if c.compare_logprobs else "")
         )
@@ -366,6 +379,10 @@ class AuditedGRPOTrainer(_Guard, GRPOTrainer):
 
     def _estimator(self) -> str | None:
         return advantage_estimator(self)
+
+    def _settings_read(self) -> dict[str, Any]:
+        t: Any = self
+        return {**super()._settings_read(), "loss_type": t.loss_type, "scale_rewards": t.scale_rewards}
 
     def _no_estimator(self) -> str:
         return (
@@ -429,6 +446,17 @@ class AuditedRLOOTrainer(_Guard, RLOOTrainer):
 
     def _estimator(self) -> str | None:
         return None if self._changes_advantages() else "rloo"
+
+    def _settings_read(self) -> dict[str, Any]:
+        t: Any = self
+        return {
+            **super()._settings_read(),
+            "beta": t.beta,
+            "normalize_advantages": t.normalize_advantages,
+            "reward_clip_range": t.reward_clip_range,
+            "epsilon_low": t.epsilon_low,
+            "epsilon_high": t.epsilon_high,
+        }
 
     def _no_estimator(self) -> str:
         return (
