@@ -22,6 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 from adapterhelp import CONTEXT
 
@@ -161,10 +162,19 @@ def skyrl_kind(rec: dict) -> str:
 # ---------------------------------------------------------------- verl
 
 
+class Tensor(np.ndarray):
+    """The part of torch.Tensor's interface batch_records uses (`bool`; the rest is numpy's)."""
+
+    @classmethod
+    def of(cls, a: np.ndarray) -> Tensor:
+        return a.view(cls)
+
+    def bool(self) -> Tensor:
+        return self.astype(bool).view(Tensor)
+
+
 def verl_written() -> dict[str, set[str]]:
-    import torch
-    from tensordict import TensorDict
-    from verl import DataProto
+    import numpy as np
 
     from rollout_audit.adapters.verl import ALGORITHM, BATCH_TENSORS
     from rollout_audit.integrations import verl as hook
@@ -179,14 +189,15 @@ def verl_written() -> dict[str, set[str]]:
     loop = object.__new__(AuditedAgentLoop)
     loop.calls, loop.inner = [hook.engine_call([1], SimpleNamespace(token_ids=[2], extra_fields={}))], None
     sample = hook.record(output, **loop.fields({"uid": "u", "session_id": 0, "global_steps": 1}, 0, 1))
-    tensors = {k: torch.zeros(1, 2) for k in BATCH_TENSORS} | {
-        "prompts": torch.zeros(1, 1),
-        "attention_mask": torch.ones(1, 3),
-        "routed_experts": torch.zeros(1, 3, 1, 1),
+    # DataProto's two fields batch_records reads (READS_BATCH), numpy for torch: tests/test_adapters_verl.py
+    # runs it on verl's own DataProto; importing torch and verl here would cost this file most of its time
+    tensors = {k: Tensor.of(np.zeros((1, 2))) for k in BATCH_TENSORS} | {
+        "prompts": Tensor.of(np.zeros((1, 1))),
+        "attention_mask": Tensor.of(np.ones((1, 3))),
+        "routed_experts": Tensor.of(np.zeros((1, 3, 1, 1), dtype=np.int32)),
     }
-    extra = {k: __import__("numpy").array(v, dtype=object) for k, v in {
-        "request_id": ["r"], "uid": ["u"], "overlong_reward": [0.0], "routed_experts_rows": [2]}.items()}
-    batch = DataProto(batch=TensorDict(tensors, batch_size=[1]), non_tensor_batch=extra, meta_info={})
+    extra = {"request_id": ["r"], "uid": ["u"], "overlong_reward": [0.0], "routed_experts_rows": [2]}
+    batch = SimpleNamespace(batch=tensors, non_tensor_batch={k: np.array(v, dtype=object) for k, v in extra.items()})
     algorithm = {k: None for k in ALGORITHM}
     legacy = hook.batch_records(batch, 1, algorithm)[0]
     v1 = verl_v1.v1_records(["u_0_0"], {k: [[0.0]] for k in verl_v1.FIELDS}, 1, algorithm)[0]
