@@ -145,7 +145,9 @@ def skyrl_written() -> dict[str, set[str]]:
     call = {"prompt_token_ids": [1], "response_ids": [2]}
     out = {k: [[1]] for k in integ.SAMPLE_KEYS} | {"response_ids": [[2]]}
     sample = gen.records(out, [tid], ["0_0"], {"0_0": [call]}, {"global_step": 1})[0]
-    cfg = SimpleNamespace(trainer=SimpleNamespace(algorithm=SimpleNamespace(advantage_estimator="grpo", grpo_norm_by_std=True)))
+    cfg = SimpleNamespace(
+        trainer=SimpleNamespace(algorithm=SimpleNamespace(advantage_estimator="grpo", grpo_norm_by_std=True))
+    )
     trainer = SimpleNamespace(cfg=cfg, global_step=1)
     data = {k: [[0.0]] for k in integ.BATCH_KEYS}
     ident = {"trajectory_ids": {"instance_id": "0", "repetition_id": 0}, "global_step_when_scheduled": 0}
@@ -322,3 +324,20 @@ def test_a_name_that_does_not_exist_is_caught() -> None:
         "rollout_audit.integrations.verl.no_such",
     ]
     assert resolves("rollout_audit.integrations.verl_v1.setup")
+
+
+def test_the_pages_blocks_are_rendered_from_the_integrations_keys(monkeypatch) -> None:
+    """The pages' generated blocks are what `dev.pages` renders now (else tests/test_generated.py fails),
+    and a key the integration drops leaves the page's paste, which is then stale."""
+    from rollout_audit.dev.generate import fill_regions
+    from rollout_audit.dev.pages import regions
+    from rollout_audit.integrations import slime as integ
+
+    pages = {name: (ROOT / "docs" / "frameworks" / name).read_text() for name in regions()}
+    for name, text in pages.items():
+        assert fill_regions(text, regions()[name], name) == text, (
+            f"{name} is stale: run python -m rollout_audit.dev generate"
+        )
+    monkeypatch.setattr(integ, "SAMPLE_KEYS", tuple(k for k in integ.SAMPLE_KEYS if k != "rollout_top_p_token_ids"))
+    redrawn = fill_regions(pages["slime.md"], regions()["slime.md"], "slime.md")
+    assert redrawn != pages["slime.md"] and '"rollout_top_p_token_ids",' not in redrawn
