@@ -140,10 +140,16 @@ class _StandInTrainer:
 
 def _train(case: str, out: Path, config: Any = None) -> Path:
     episodes, rows = _parts(case)
-    workflow = type("Workflow", (_StandInWorkflow,), {"episodes": {e["id"]: {k: v for k, v in e.items() if k != "global_step"} for e in episodes}})
+    workflow = type(
+        "Workflow",
+        (_StandInWorkflow,),
+        {"episodes": {e["id"]: {k: v for k, v in e.items() if k != "global_step"} for e in episodes}},
+    )
     base = type("StandIn", (_StandInTrainer,), {"rows": rows})
     with pytest.warns(UserWarning, match="outside the tested range"):
-        trainer = audited_workflow_trainer(base, out)(config=CONFIG if config is None else config, workflow_class=workflow)
+        trainer = audited_workflow_trainer(base, out)(
+            config=CONFIG if config is None else config, workflow_class=workflow
+        )
     trainer.validate()
     trainer.fit_step(int(rows[0]["global_step"]))
     assert trainer.seen == ["generate", "generate", "pad", "pad", "update"]
@@ -158,7 +164,7 @@ def _check(path: Path, *extra: str) -> tuple[int, set[tuple[str, str]], dict]:
 
 
 def test_the_workflow_trainers_compliant_fixture_audits_clean_with_advantages_recomputed() -> None:
-    code, found, rep = _check(fixture("rllm", "workflow_compliant"))
+    code, found, rep = _check(fixture("rllm", "compliant_workflow"))
     assert (code, found) == (0, set())
     assert "U603" not in {n["code"] for n in rep["not_run"]}  # the advantages were recomputed, and held
     assert "loss_agg_mode 'token-mean'" in rep["summary"]["trainer_settings_said"]
@@ -173,7 +179,7 @@ def test_grpo_grouped_by_trajectory_uid_is_u603_on_every_rollout() -> None:
     assert "advantage 0.999999 recorded, expected 0.707106" in json.dumps(rep["findings"])
 
 
-@pytest.mark.parametrize(("case", "want"), [("workflow_compliant", set()), (FAULT, {"U603"})])
+@pytest.mark.parametrize(("case", "want"), [("compliant_workflow", set()), (FAULT, {"U603"})])
 def test_the_mixins_records_of_one_training_step_audit_as_the_fixture(tmp_path, case, want) -> None:
     dumped = _train(case, tmp_path)
     assert sorted(p.name.split("-")[1] for p in dumped.iterdir()) == ["batch", "episodes"]
@@ -188,9 +194,12 @@ def test_the_mixins_records_of_one_training_step_audit_as_the_fixture(tmp_path, 
 def test_a_setting_missing_from_the_configuration_is_said_in_the_dump_and_in_not_run(tmp_path) -> None:
     config = json.loads(json.dumps(CONFIG))
     del config["actor_rollout_ref"]["actor"]["loss_agg_mode"], config["algorithm"]["adv_estimator"]
-    dumped = _train("workflow_compliant", tmp_path, config)
+    dumped = _train("compliant_workflow", tmp_path, config)
     settings = read_dump(next(dumped.glob("rllm-batch-*")))[0][SETTINGS]
-    assert settings["not_recorded"]["loss_agg_mode"] == "actor_rollout_ref.actor.loss_agg_mode is not in the trainer's configuration"
+    assert (
+        settings["not_recorded"]["loss_agg_mode"]
+        == "actor_rollout_ref.actor.loss_agg_mode is not in the trainer's configuration"
+    )
     code, found, rep = _check(dumped)
     why = {n["code"]: n["reason"] for n in rep["not_run"]}
     assert code == 0 and "algorithm.adv_estimator is not in the trainer's configuration" in why["U603"]
@@ -200,7 +209,7 @@ def test_a_setting_missing_from_the_configuration_is_said_in_the_dump_and_in_not
 def test_a_record_the_trainer_could_not_write_is_a_warning_and_exit_2(tmp_path) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("")
-    episodes, rows = _parts("workflow_compliant")
+    episodes, rows = _parts("compliant_workflow")
     base = type("StandIn", (_StandInTrainer,), {"rows": rows})
     workflow = type("Workflow", (_StandInWorkflow,), {"episodes": {e["id"]: e for e in episodes}})
     with pytest.warns(UserWarning, match="outside the tested range"):
@@ -208,18 +217,20 @@ def test_a_record_the_trainer_could_not_write_is_a_warning_and_exit_2(tmp_path) 
     with pytest.warns(UserWarning, match="AuditedWorkflowTrainer did not record the episodes of step 12"):
         trainer.fit_step(12)
     assert trainer.seen[-1] == "update"  # training went on
-    good = _train("workflow_compliant", tmp_path / "d")
+    good = _train("compliant_workflow", tmp_path / "d")
     (good / "rllm-missing-h-1.jsonl").write_text(json.dumps({"rollout_audit_missing": "the batch of step 13"}) + "\n")
     res = cli("check", "--from", "rllm", good, *opts(CONTEXT))
     assert res.exit_code == 2 and "the batch of step 13" in res.output
 
 
 def test_the_trainers_own_settings_win_and_a_contradicting_context_is_exit_2(tmp_path) -> None:
-    res = cli("check", "--from", "rllm", fixture("rllm", "workflow_compliant"), *opts([*CONTEXT, "adv_estimator=rloo"]))
+    res = cli("check", "--from", "rllm", fixture("rllm", "compliant_workflow"), *opts([*CONTEXT, "adv_estimator=rloo"]))
     assert res.exit_code == 2 and "contradicts the trainer's record" in res.output
-    res = cli("check", "--from", "rllm", fixture("rllm", "workflow_compliant"), *opts([*CONTEXT, "compact_filtering=true"]))
+    res = cli(
+        "check", "--from", "rllm", fixture("rllm", "compliant_workflow"), *opts([*CONTEXT, "compact_filtering=true"])
+    )
     assert res.exit_code == 2 and "applies no compact filtering" in res.output
-    recs = read_dump(fixture("rllm", "workflow_compliant"))
+    recs = read_dump(fixture("rllm", "compliant_workflow"))
     second = json.loads(json.dumps([r for r in recs if SETTINGS in r][0]))
     second[SETTINGS]["loss_agg_mode"] = "seq-mean-token-mean"
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*recs, second]))
@@ -239,22 +250,30 @@ def _section(title: str) -> str:
     return text[start : text.find("\n## ", start + 3)]
 
 
-def test_the_pages_settings_list_and_snippet_are_the_codes() -> None:
-    """The page's workflow-trainer section names exactly the settings the recorder reads, at their paths, and
-    its snippet imports names the integration defines and audits the page's command."""
+def test_the_pages_settings_list_snippet_and_command_are_the_codes(tmp_path, monkeypatch) -> None:
+    """The page's workflow-trainer section names exactly the settings the recorder reads, at their paths; its
+    snippet imports names the integration defines; and its command, run in a directory where the mixin wrote to
+    the snippet's directory, audits that dump clean."""
     page = _section("Set these options: AgentWorkflowPPOTrainer")
     listed = dict(re.findall(r"^- `(\w+)` ← `([\w.]+)`", page, re.M))
     assert listed == WORKFLOW_SETTINGS
     code = re.search(r"```python\n(.*?)```", page, re.S)
     assert code is not None
-    for name in re.findall(r"from rollout_audit\.integrations\.rllm import ([\w, ]+)", code.group(1)):
-        assert all(hasattr(integration, n.strip()) for n in name.split(","))
-    command = " ".join(re.search(r"    (rollout-audit check --from rllm .*?)\n\n", page, re.S).group(1).split())
-    assert command.split()[4:] == [w for c in CONTEXT for w in ("--context", c)]
+    for names in re.findall(r"from rollout_audit\.integrations\.rllm import ([\w, ]+)", code.group(1)):
+        assert all(hasattr(integration, n.strip()) for n in names.split(","))
+    directory = re.search(r'audited_task_runner\("([^"]+)"\)', code.group(1))
+    command = re.search(r"    (rollout-audit check --from rllm .*?)\n\n", page, re.S)
+    assert directory is not None and command is not None
+    words = [w for w in command.group(1).split() if w != "\\"]
+    assert words[:5] == ["rollout-audit", "check", "--from", "rllm", directory.group(1)]
+    monkeypatch.chdir(tmp_path)
+    _train("compliant_workflow", Path(directory.group(1)))
+    res = cli(*words[1:], "--format", "json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["findings"] == [], res.output
 
 
 @pytest.mark.slow  # imports verl and torch
-@pytest.mark.parametrize(("case", "grouping"), [("workflow_compliant", "trajectory_ids"), (FAULT, "step_ids")])
+@pytest.mark.parametrize(("case", "grouping"), [("compliant_workflow", "trajectory_ids"), (FAULT, "step_ids")])
 def test_the_fixtures_are_what_verls_own_grpo_writes_through_the_mixin(tmp_path, case, grouping) -> None:
     """The batch as a real verl DataProto, `uid` set from `grouping` (rLLM sets it from step_ids, :393), the
     advantages from verl's GRPO kernel (the GRPO branch of verl's compute_advantage) and the pad from verl's

@@ -112,7 +112,12 @@ WORKFLOW_TRAINER = "AgentWorkflowPPOTrainer"
 TESTED_RLLM = ("0.3.0.pre",)  # rLLM's pyproject version at 9beb6e0, the commit the integration was read at
 # AgentWorkflowPPOTrainer's advantages are verl's compute_advantage (agent_workflow_trainer.py:425-433):
 # verl's GRPO divides by torch.std (Bessel's correction, ddof 1), verl's RLOO is R minus the others' mean
-VERL_ESTIMATORS = {("grpo", True): "grpo", ("grpo", False): "grpo_no_std", ("rloo", True): "rloo", ("rloo", False): "rloo"}
+VERL_ESTIMATORS = {
+    ("grpo", True): "grpo",
+    ("grpo", False): "grpo_no_std",
+    ("rloo", True): "rloo",
+    ("rloo", False): "rloo",
+}
 
 LACKS = {
     **identity_lacks(
@@ -419,7 +424,9 @@ def _workflow_said(settings: Mapping[str, Any], estimator: str | None) -> str:
     version = settings.get("rllm_version")
     known = "" if version in TESTED_RLLM else f" (outside the tested range {', '.join(TESTED_RLLM)})"
     read = ", ".join(
-        f"{k} {short(settings[k])}" for k in ("loss_agg_mode", "adv_estimator", "norm_adv_by_std_in_grpo") if k in settings
+        f"{k} {short(settings[k])}"
+        for k in ("loss_agg_mode", "adv_estimator", "norm_adv_by_std_in_grpo")
+        if k in settings
     )
     lacks = sorted(str(k) for k in settings.get("not_recorded", {}) if k not in UPDATE_COLUMNS)
     missing = f"; not in its record: {_reason(', '.join(lacks))}" if lacks else ""
@@ -620,7 +627,10 @@ def _estimator(context: Mapping[str, Any], settings: Mapping[str, Any] | None) -
     if "adv_estimator" not in settings:
         return None, _reason(settings.get("not_recorded", {}).get("adv_estimator", "the record has no adv_estimator"))
     if settings.get("use_kl_in_reward"):
-        return None, "the advantages were computed from rewards with the KL penalty in them (algorithm.use_kl_in_reward)"
+        return (
+            None,
+            "the advantages were computed from rewards with the KL penalty in them (algorithm.use_kl_in_reward)",
+        )
     if settings.get("distill_enable"):
         return None, "distillation set the advantages (rllm.distill.enable): teacher minus student log-probs"
     return VERL_ESTIMATORS.get((name, norm)), f"verl's estimator {name!r} has no contract counterpart"

@@ -162,7 +162,6 @@ class _Recorder:
                 pass  # the marker cannot be written either: the warning stands, training goes on unchanged
 
 
-
 class AuditedBackend(_Recorder):
     """A mixin for an rLLM training backend (`BackendProtocol`, rllm/trainer/backend_protocol.py at 9beb6e0)
     that writes the sampler-side and the trainer-side records of every step with `dump_episodes` and
@@ -208,7 +207,7 @@ def audited_backend(backend_cls: type, directory: str | os.PathLike | None = Non
     return type(f"Audited{backend_cls.__name__}", (AuditedBackend, backend_cls), attrs)
 
 
-def _record_episodes(workflow_cls: type, sink: dict[str, Any]) -> type:
+def _record_episodes(workflow_cls: Any, sink: dict[str, Any]) -> type:
     """`workflow_cls` keeping, in `sink`, the episode each `run_with_termination_handling` returns (the call
     AgentWorkflowEngine makes per rollout, rllm/engine/agent_workflow_engine.py:117), keyed by its id so a
     retried rollout keeps the attempt the engine returns (:115-146). The episode is returned unchanged."""
@@ -246,7 +245,7 @@ class AuditedWorkflowTrainer(_Recorder):
         self._ra_episodes: dict[str, Any] = {}
         if workflow_class is not None:
             workflow_class = _record_episodes(workflow_class, self._ra_episodes)
-        super().__init__(*args, workflow_class=workflow_class, **kwargs)
+        super().__init__(*args, workflow_class=workflow_class, **kwargs)  # type: ignore[call-arg]
         self._ra_settings = workflow_settings(getattr(self, "config", None))
         _warn_version(self._ra_settings["rllm_version"])
 
@@ -319,7 +318,9 @@ def audited_task_runner(directory: str | os.PathLike | None = None) -> type:
             actor_cls, group_cls = self.add_actor_rollout_worker(config)
             self.add_critic_worker(config)
             self.add_ref_policy_worker(config, actor_cls)
-            validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+            validate_config(
+                config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
+            )
             model = config.actor_rollout_ref.model
             local = copy_to_local(model.path, use_shm=model.get("use_shm", False))
             trust = config.data.get("trust_remote_code", False)
