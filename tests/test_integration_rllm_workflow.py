@@ -314,3 +314,36 @@ def test_the_fixtures_are_what_verls_own_grpo_writes_through_the_mixin(tmp_path,
     for got, want in zip(written, rows):
         assert {k: got[k] for k in ROW_KEYS} == {k: want[k] for k in ROW_KEYS}
         assert got["advantages"] == pytest.approx(want["advantages"], abs=1e-6)
+
+
+def test_advantages_mispaired_with_their_episodes_are_u603_on_both(tmp_path) -> None:
+    """The compliant step with the two rollouts' advantages exchanged (each row trained with the other
+    episode's advantage): the recomputation from the episodes' rewards names both."""
+    recs = read_dump(fixture("rllm", "compliant_workflow"))
+    rows = [r for r in recs if "responses" in r and not r["is_pad_step"]]
+    rows[0]["advantages"], rows[1]["advantages"] = rows[1]["advantages"], rows[0]["advantages"]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    code, found, rep = _check(tmp_path / "d.jsonl")
+    assert (code, found) == (1, {("U603", "12/task-7:0/solver"), ("U603", "12/task-7:1/solver")})
+    assert "advantage -0.707106 recorded, expected 0.707106" in json.dumps(rep["findings"])
+
+
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ("config", "rollout_audit_trainer_settings is not an object"),
+        ({"trainer": "RayPPOTrainer"}, "rollout_audit_trainer_settings.trainer is 'RayPPOTrainer'"),
+        ({"trainer": "AgentWorkflowPPOTrainer", "loss_agg_mode": 3}, "loss_agg_mode has type int"),
+        (
+            {"trainer": "AgentWorkflowPPOTrainer", "not_recorded": {"x": [1]}},
+            "not_recorded must be an object of strings",
+        ),
+    ],
+)
+def test_a_malformed_settings_record_is_exit_2_naming_the_record(tmp_path, settings, said) -> None:
+    recs = [r for r in read_dump(fixture("rllm", "compliant_workflow")) if SETTINGS not in r]
+    lines = [json.dumps({"global_step": 12, SETTINGS: settings}), *(json.dumps(r) for r in recs)]
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    res = cli("check", "--from", "rllm", tmp_path / "d.jsonl", *opts(CONTEXT))
+    assert res.exit_code == 2 and "d.jsonl:1" in res.output and said in res.output, res.output
+    assert "Traceback" not in res.output

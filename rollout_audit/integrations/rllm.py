@@ -33,6 +33,26 @@ WORKFLOW_SETTINGS = {
     "mask_truncated_samples": "rllm.mask_truncated_samples",  # :446
     "distill_enable": "rllm.distill.enable",  # :74
 }
+# rLLM's names the workflow-trainer record overrides or calls, with the parameters it passes (at 9beb6e0;
+# tests/test_framework_drift.py checks them against an installed rLLM)
+WORKFLOW_NAMES = {
+    "rllm.trainer.verl.agent_workflow_trainer.AgentWorkflowPPOTrainer": {
+        "__init__": ("config", "tokenizer", "workflow_class", "workflow_args"),
+        "generate_trajectories": ("batch", "timing_raw"),
+        "_pad_dataproto_to_world_size": ("batch",),
+        "fit_agent": (),
+        "init_workers": (),
+        "shutdown": (),
+    },
+    "rllm.workflows.workflow.Workflow": {"run_with_termination_handling": ("task", "uid")},
+    "rllm.trainer.verl.train_agent_ppo.TaskRunner": {
+        "run": ("config", "workflow_class", "workflow_args"),
+        "add_actor_rollout_worker": ("config",),
+        "add_critic_worker": ("config",),
+        "add_ref_policy_worker": ("config", "ref_policy_cls"),
+        "init_resource_pool_mgr": ("config",),
+    },
+}
 # what no record of the trainer loop holds: verl divides the loss inside update_actor on the workers, per
 # mini-batch (:467-482), and returns metrics only; the weights' version is the step itself
 WORKFLOW_NOT_RECORDED = {
@@ -179,6 +199,10 @@ class AuditedBackend(_Recorder):
 
     _ra_name = "AuditedBackend"
     _ra_async_step: bool = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _warn_version(rllm_version())
 
     async def compute_advantages(self, trainer_state: Any, algorithm_config: Any, **kwargs: Any) -> None:
         await super().compute_advantages(trainer_state, algorithm_config, **kwargs)  # type: ignore[misc]
