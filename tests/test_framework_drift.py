@@ -143,6 +143,28 @@ def test_trl_batch_keys_the_converter_reads_are_what_grpo_trainer_returns():
     assert [a for a in attrs if f"self.{a} =" not in init] == []
 
 
+def test_trl_rloo_batch_keys_and_attributes_the_guard_reads_are_rloo_trainers():
+    """What `AuditedRLOOTrainer` reads of `RLOOTrainer`: the keys of the dict its
+    `_generate_and_score_completions` returns, the methods the guard overrides (same signatures as
+    GRPO's), and the attributes `__init__` copies from RLOOConfig that the record and the estimator read."""
+    pytest.importorskip("trl")
+    import inspect
+
+    from trl import RLOOTrainer
+
+    source = inspect.getsource(RLOOTrainer._generate_and_score_completions)
+    keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")
+    assert [k for k in keys if f'"{k}"' not in source] == []
+    for name in ("_generate_and_score_completions", "compute_loss", "_calculate_rewards"):
+        assert inspect.signature(getattr(RLOOTrainer, name)) == inspect.signature(
+            getattr(importlib.import_module("trl").GRPOTrainer, name)
+        ), name
+    init = inspect.getsource(RLOOTrainer.__init__)
+    attrs = ("normalize_advantages", "beta", "reward_clip_range", "num_generations", "temperature", "top_p",
+             "max_completion_length", "num_iterations", "mask_truncated_completions", "eos_token_ids")  # fmt: skip
+    assert [a for a in attrs if f"self.{a} =" not in init] == []
+
+
 def test_verifiers_message_roles_the_adapter_maps_exist():
     """`MessageNode.message.role` of every message class verifiers builds a trace from is a role the v1
     adapter gives a provenance (ROLE_SOURCE); a new role fails naming it."""
