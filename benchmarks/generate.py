@@ -381,6 +381,9 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
         "context_sha256": ctx_sha,
         "template_context_length": pa.array(ctx_len.astype(np.int32)),  # the builder renders as the template does
         "template_context_sha256": ctx_sha,
+        # contract 1.5: no capture layer digested these calls (M112 judges nothing)
+        "capture_digest": pa.nulls(nT, pa.string()),
+        "capture_digest_scheme": pa.nulls(nT, pa.string()),
     }
     tstruct = S.turn_struct()
     turns = pa.StructArray.from_arrays([turn_fields[f.name].cast(f.type) for f in tstruct], fields=list(tstruct))
