@@ -462,6 +462,9 @@ REGRESSION_SEEDS = {
     # the contract 1.3 evidence (`--kind evidence`): 871 and 1422 (an rLLM routing header nested too
     # deeply: internal error), 168 and 581 (a list or a string where verl's extra_fields are: no field named)
     "evidence": [871, 1422, 168, 581],
+    # `--kind round5`: 5741 and 9965 (a verl template id outside int32), 8656 (a verifiers trace's calls
+    # an integer): "a field has the wrong shape", naming no field
+    "round5": [5741, 9965, 8656],
 }
 
 

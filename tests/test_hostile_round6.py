@@ -1,0 +1,84 @@
+"""Hostile input, round 6: a dump's token ids outside int32 (the contract's token type, the one a context
+hash is computed over) and a verifiers trace whose `calls` is not a list are one line naming file,
+record and field, exit 2 (they were "a field has the wrong shape" naming no field); the native core
+refuses token counts that would wrap its sums instead of reading past its arrays. Through the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hostilehelp import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+FRAMEWORKS = ROOT / "fixtures" / "frameworks"
+IDENTITY = ["--context", "environment_id=doors", "--context", "environment_version=v1"]
+IDENTITY += ["--context", "verifier_version=v1", "--context", "reset_seed=0"]
+
+
+def _dump(tmp: Path, fw: str, case: str, edit) -> Path:
+    recs = [json.loads(x) for x in (FRAMEWORKS / fw / f"{case}.jsonl").read_text().splitlines() if x.strip()]
+    edit(recs[0])
+    f = tmp / "dump.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return f
+
+
+def _refusal(r) -> str:
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr + r.stdout, (r.returncode, r.stderr)
+    assert "wrong shape" not in lines[0] and "internal error" not in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("value", [2**31, -(2**31) - 1, 2**63 - 1])
+@pytest.mark.parametrize("field", ["template_ids", "prompt_ids", "token_ids"])
+def test_a_verl_engine_call_id_outside_int32_names_file_record_and_field(tmp_path, field, value):
+    def edit(rec):
+        rec["engine_calls"][0][field][0] = value
+
+    f = _dump(tmp_path, "verl", "compliant", edit)
+    line = _refusal(cli("check", "--from", "verl", str(f), *IDENTITY))
+    assert f"{f}:1:" in line and f"engine_calls[0]: {field}[0]: token id {value} is outside int32" in line, line
+
+
+def test_a_skyrl_engine_call_id_outside_int32_names_file_record_and_field(tmp_path):
+    def edit(rec):
+        rec["engine_calls"][0]["prompt_token_ids"][2] = 2**40
+
+    f = _dump(tmp_path, "skyrl", "compliant", edit)
+    line = _refusal(cli("check", "--from", "skyrl", str(f), *IDENTITY))
+    assert f"{f}:1:" in line and "engine_calls[0]: prompt_token_ids[2]: token id 1099511627776" in line, line
+
+
+def test_an_engine_context_id_outside_int32_names_the_field(tmp_path):
+    """The exchange readers hash the engine's prompt through one helper (`steps.engine_context`)."""
+
+    def edit(rec):
+        rec["trajectory"][0]["response"]["prompt_token_ids"][0] = -(2**40)
+
+    f = _dump(tmp_path, "verifiers", "compliant", edit)
+    line = _refusal(cli("check", "--from", "verifiers", str(f), *IDENTITY))
+    assert f"{f}:1:" in line and "prompt_token_ids[0]: token id -1099511627776 is outside int32" in line, line
+
+
+@pytest.mark.parametrize("calls", [7, "calls", {"node": 2}, [1, 2]])
+def test_a_verifiers_trace_whose_calls_are_not_objects_names_the_field(tmp_path, calls):
+    def edit(rec):
+        rec["calls"] = calls
+
+    f = _dump(tmp_path, "verifiers", "v1_compliant", edit)
+    line = _refusal(cli("check", "--from", "verifiers", str(f), *IDENTITY))
+    assert f"{f}:1:" in line and "trace trace-0: calls" in line, line
+
+
+def test_a_verifiers_trace_without_calls_still_converts(tmp_path):
+    def edit(rec):
+        rec.pop("calls", None)
+
+    f = _dump(tmp_path, "verifiers", "v1_compliant", edit)
+    r = cli("check", "--from", "verifiers", str(f), *IDENTITY, "--format", "json")
+    assert r.returncode in (0, 1) and json.loads(r.stdout)["summary"]["rows_read"] > 0, r.stderr
