@@ -6,8 +6,6 @@ refuses token counts that would wrap its sums instead of reading past its arrays
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
