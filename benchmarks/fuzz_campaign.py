@@ -7,6 +7,7 @@ audited through the CLI's `main` as a user's `rollout-audit check` runs it.
     nice -n 19 python benchmarks/fuzz_campaign.py --kind workflow --cases 2400 --out workflow.jsonl
     nice -n 19 python benchmarks/fuzz_campaign.py --kind evidence --cases 480 --out evidence.jsonl
     nice -n 19 python benchmarks/fuzz_campaign.py --kind round5 --cases 10200 --out round5.jsonl
+    nice -n 19 python benchmarks/fuzz_campaign.py --kind round6 --cases 3000 --out round6.jsonl
     python benchmarks/fuzz_campaign.py --kind dumps --isolate --seeds 341,887   # confirm a finding
     python benchmarks/fuzz_campaign.py --kind dumps --write 341 /tmp/case       # the case's files and command
 
@@ -23,8 +24,9 @@ documents, sometimes made hostile) and runs `check --from`, or `convert` then `c
 `--kind round5` runs `fuzzlib.prepare_round5` (replay of mutated logs by a numpy replayer under a
 random replay_max_bytes and compare_logprobs, token ids against a declared vocabulary, a killed
 writer's hidden leftovers, `convert` to a symlink, a dump path like a replacement template, and
-the evidence cases). A case
-is a seed: the same seed is the same files.
+the evidence cases); `--kind round6` runs `fuzzround6.prepare_round6` (the recorder's HTTP input and
+its records, the capture-layer readers' formats, the verl V1 trainer record, files under audit that
+try to weaken it). A case is a seed: the same seed is the same files.
 
 By default a long-lived worker process runs the cases one after another in-process (the imports
 are paid once), each with file descriptors 1 and 2 sent to files, its peak resident memory measured
@@ -58,6 +60,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 PEAK_LIMIT_MB = 2048
+WORKFLOW_KINDS = ("workflow", "evidence", "round5", "round6")  # cases judged with their follow-ups
 
 
 def _vm_size() -> int:
@@ -95,6 +98,10 @@ class _Cases:
             from fuzzlib import prepare_round5
 
             return prepare_round5(seed, work, self.records)
+        if self.kind == "round6":
+            from fuzzround6 import prepare_round6
+
+            return prepare_round6(seed, work)
         if self.kind == "evidence":
             from fuzzlib import prepare_evidence
 
@@ -120,6 +127,10 @@ def label(kind: str, seed: int) -> str:
         from fuzzlib import ROUND5
 
         return ROUND5[seed % len(ROUND5)]
+    if kind == "round6":
+        from fuzzround6 import ROUND6
+
+        return ROUND6[seed % len(ROUND6)]
     if kind == "evidence":
         from fuzzlib import EVIDENCE
 
@@ -173,7 +184,7 @@ def _worker(conn, kind: str, memory_mb: int, timeout: int) -> None:
         t, cpu = time.perf_counter(), time.process_time()
         peak_reset()
         signal.alarm(timeout)
-        if kind in ("workflow", "evidence", "round5"):  # with its writer process and follow-up commands
+        if kind in WORKFLOW_KINDS:  # with its writer process and follow-up commands
             from fuzzlib import run_workflow_case
 
             out, problems = run_workflow_case(case, work, lambda args, work=work: run_in_process(args, work))
@@ -184,7 +195,7 @@ def _worker(conn, kind: str, memory_mb: int, timeout: int) -> None:
         seconds = time.perf_counter() - t
         cpu = time.process_time() - cpu
         tempfile.tempdir = None
-        if kind not in ("workflow", "evidence", "round5"):
+        if kind not in WORKFLOW_KINDS:
             problems = judge(case, out, before)
         if any(temp.iterdir()):
             problems.append("temporary files left")
@@ -253,7 +264,7 @@ def _isolated(kind: str, seeds: list[int], a, emit) -> None:
         with tempfile.TemporaryDirectory(dir=scratch) as tmp:
             case = cases.write(seed, Path(tmp))
             t = time.perf_counter()
-            if kind in ("workflow", "evidence", "round5"):
+            if kind in WORKFLOW_KINDS:
                 from fuzzlib import run_cli, run_workflow_case
 
                 out, problems = run_workflow_case(case, Path(tmp), lambda args: run_cli(args, Path(tmp), a.timeout))
@@ -278,7 +289,7 @@ def _seeds(text: str) -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kind", choices=["logs", "dumps", "configs", "workflow", "evidence", "round5"], default="logs")
+    ap.add_argument("--kind", choices=["logs", "dumps", "configs", *WORKFLOW_KINDS], default="logs")
     ap.add_argument("--cases", type=int, default=5000)
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--seeds", type=_seeds, help="these seeds instead of --first-seed/--cases (comma-separated)")

@@ -489,7 +489,12 @@ def dump_case(seed: int) -> tuple[str, bytes]:
 
     rng = random.Random(seed)
     fw, base, _ = _dump_base(seed)
-    lines = [json.loads(x) for x in base.read_text().splitlines() if x.strip()]
+    return fw, mutated_lines(rng, [json.loads(x) for x in base.read_text().splitlines() if x.strip()])
+
+
+def mutated_lines(rng, lines: list) -> bytes:
+    """JSON Lines of the records `lines` with one to three values set, deleted or duplicated at random
+    paths (LEAVES: hostile values, raw JSON text), then the file damaged (LINE_DAMAGE) or not."""
     raws: list[str] = []
     for _ in range(rng.randint(1, 3)):
         rec = rng.choice(lines)
@@ -520,7 +525,7 @@ def dump_case(seed: int) -> tuple[str, bytes]:
         data += b"[1, 2]\n"
     elif kind == "huge_int":
         data += b'{"x": ' + b"9" * 5000 + b"}\n"
-    return fw, data
+    return data
 
 
 CONFIG_KEYS = [
@@ -881,6 +886,7 @@ class WorkflowCase(Case):
     writer: list[str] | None = None  # a writer process's command, run while the case's command runs
     clean: list[Path] | None = None  # directories in which the command must leave no hidden temp files
     named: list[Path] | None = None  # what else a refusal (exit 2) may name (the watched directory)
+    found: list[str] | None = None  # what went wrong while the case was made (the recorder's own failures)
 
 
 def _baseline_doc(rng, records, hostile: str) -> bytes:
@@ -1159,6 +1165,7 @@ def run_workflow_case(case: Case, work: Path, run, timeout: float = 60) -> tuple
     if "exit 2 names no input" in problems and any(n in out.stderr for n in extra):
         problems.remove("exit 2 names no input")
     problems += follow_ups(case, out, run)
+    problems += getattr(case, "found", None) or []
     return out, problems
 
 

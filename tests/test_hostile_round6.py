@@ -6,6 +6,9 @@ refuses token counts that would wrap its sums instead of reading past its arrays
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,3 +83,33 @@ def test_a_verifiers_trace_without_calls_still_converts(tmp_path):
     f = _dump(tmp_path, "verifiers", "v1_compliant", edit)
     r = cli("check", "--from", "verifiers", str(f), *IDENTITY, "--format", "json")
     assert r.returncode in (0, 1) and json.loads(r.stdout)["summary"]["rows_read"] > 0, r.stderr
+
+
+_CAPPED = r"""
+import resource, sys
+import msgpack, polars, pyarrow.parquet  # noqa: F401 - what the audit maps, before the cap
+from rollout_audit.cli import main
+
+def mapped():
+    with open("/proc/self/status") as fh:
+        return next(int(x.split()[1]) * 1024 for x in fh if x.startswith("VmSize:"))
+
+cap = mapped() + (1 << 30)
+resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+main(sys.argv[1:], prog_name="rollout-audit")
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads its address space from /proc")
+def test_a_prime_rl_batch_is_read_within_its_size_under_an_address_space_limit(tmp_path):
+    """A 1 GB address-space limit (`ulimit -v`, the fuzz campaign's workers) above what the audit
+    maps: a batch file of a few kB audits clean. It was read with read(MAX_DUMP_BYTES + 1), which
+    allocates 4 GiB before reading a byte: "internal error: MemoryError" under any such limit."""
+    pytest.importorskip("msgpack")
+    script = tmp_path / "capped.py"
+    script.write_text(_CAPPED)
+    args = ["check", "--from", "prime_rl", str(FRAMEWORKS / "prime_rl" / "compliant"), *IDENTITY]
+    args += ["--context", "algo=grpo", "--context", "policy_version=3"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ROLLOUT_AUDIT_NO_PROGRESS": "1"}
+    r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
