@@ -141,7 +141,9 @@ def _gateway_store(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
             b[rng.randrange(len(b))] = rng.randrange(256)
         db.write_bytes(bytes(b))
     elif damage == "wal_beside":
-        (store / "gateway_traces.db-wal").write_bytes(bytes(rng.randrange(256) for _ in range(rng.choice([0, 32, 4096]))))
+        (store / "gateway_traces.db-wal").write_bytes(
+            bytes(rng.randrange(256) for _ in range(rng.choice([0, 32, 4096])))
+        )
     elif damage == "not_sqlite":
         db.write_bytes(b"\x00\x01 not a database" * rng.randint(1, 100))
     target = rng.choice([store, db])
@@ -336,7 +338,9 @@ def _request(rng: random.Random, k: int) -> tuple[bytes, bytes | None]:
         headers.append("X-Long: " + "h" * rng.choice([100, 9000, 70_000]))
     exact: bytes | None = body if kind in ("chat", "chunked") else None
     if kind == "garbage":
-        return rng.choice([b"GARBAGE\r\n\r\n", b"POST / HTTP/9.9\r\n\r\n", b"\x00\x01\x02", b"GET /" + b"a" * 20000]), None
+        return rng.choice(
+            [b"GARBAGE\r\n\r\n", b"POST / HTTP/9.9\r\n\r\n", b"\x00\x01\x02", b"GET /" + b"a" * 20000]
+        ), None
     if kind == "chunked":
         pieces = [body[i : i + 97] for i in range(0, len(body), 97)]
         payload = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
@@ -483,7 +487,7 @@ def _capture_records(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
                 if x.get("response_body") and rng.random() < 0.7:
                     text = rng.choice(
                         [
-                            "data: {\"choices\": [\n\n",
+                            'data: {"choices": [\n\n',
                             "data: [DONE]\n\n" * 3,
                             "\x1b[2J::error::x",
                             json.dumps(_completion([2**31, -5])),
@@ -574,9 +578,15 @@ def _trust(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
             if col.startswith("turns.") and "turns" in t.column_names:
                 turns = t.column("turns").combine_chunks()
                 inner = turns.values
-                keep = [inner.type.field(i).name for i in range(inner.type.num_fields) if inner.type.field(i).name != col[6:]]
+                keep = [
+                    inner.type.field(i).name
+                    for i in range(inner.type.num_fields)
+                    if inner.type.field(i).name != col[6:]
+                ]
                 rebuilt = pa.StructArray.from_arrays([inner.field(k) for k in keep], names=keep)
-                t = t.set_column(t.schema.get_field_index("turns"), "turns", pa.ListArray.from_arrays(turns.offsets, rebuilt))
+                t = t.set_column(
+                    t.schema.get_field_index("turns"), "turns", pa.ListArray.from_arrays(turns.offsets, rebuilt)
+                )
             elif top in t.column_names:
                 t = t.drop_columns([top])
             meta[b"rollout_log.not_recorded"] = json.dumps({col: rng.choice(HOSTILE) or "not recorded"}).encode()

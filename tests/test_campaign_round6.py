@@ -20,7 +20,7 @@ from fuzzlib import run_cli, run_workflow_case
 pytest.importorskip("aiohttp")
 pytest.importorskip("msgpack")
 
-from fuzzround6 import ROUND6, prepare_round6  # noqa: E402
+from fuzzround6 import ROUND6, prepare_round6
 
 
 @pytest.mark.parametrize("seed", range(len(ROUND6)))
