@@ -31,7 +31,9 @@ try to weaken it). A case is a seed: the same seed is the same files.
 By default a long-lived worker process runs the cases one after another in-process (the imports
 are paid once), each with file descriptors 1 and 2 sent to files, its peak resident memory measured
 on its own (`/proc/self/clear_refs`), its address space capped (`--memory-mb` above what the warm
-worker already maps) and an alarm at `--timeout` seconds whose default action ends the worker.
+worker already maps) and an alarm at `--timeout` seconds whose default action ends the worker; a fatal signal, or a case still
+running a second before its alarm, leaves every thread's stack in the case's `stderr.txt` in the
+worker's scratch directory (`/tmp/fuzz-worker-*/case-SEED/`).
 The parent restarts a worker that dies or stops answering and records that case as a failure.
 `--isolate` runs each case in a fresh process forked from a preloaded server instead (the mode of
 the tests), to confirm a finding.
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import faulthandler
 import json
 import multiprocessing as mp
 import os
@@ -166,6 +169,9 @@ def _worker(conn, kind: str, memory_mb: int, timeout: int) -> None:
         run_in_process(cases.write(0, Path(tmp)).args, Path(tmp))
     limit = _vm_size() + memory_mb * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    # a fatal signal, or a case still running a second before its alarm, writes every thread's stack to
+    # file descriptor 2: the case's stderr.txt, left in the worker's scratch directory when it dies
+    faulthandler.enable(file=sys.__stderr__, all_threads=True)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)  # an alarm ends this process: the parent records a hang
     conn.send({"ready": True})
     while True:
@@ -183,6 +189,7 @@ def _worker(conn, kind: str, memory_mb: int, timeout: int) -> None:
         tempfile.tempdir = str(temp)
         t, cpu = time.perf_counter(), time.process_time()
         peak_reset()
+        faulthandler.dump_traceback_later(max(1, timeout - 1), exit=False, file=sys.__stderr__)
         signal.alarm(timeout)
         if kind in WORKFLOW_KINDS:  # with its writer process and follow-up commands
             from fuzzlib import run_workflow_case
@@ -191,6 +198,7 @@ def _worker(conn, kind: str, memory_mb: int, timeout: int) -> None:
         else:
             out = run_in_process(case.args, work)
         signal.alarm(0)
+        faulthandler.cancel_dump_traceback_later()
         out.peak_mb = peak_mb()
         seconds = time.perf_counter() - t
         cpu = time.process_time() - cpu

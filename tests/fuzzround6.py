@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import random
 import shutil
 import socket
@@ -380,8 +381,15 @@ def _capture_http(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
     import asyncio
 
     from aiohttp import web
+    from aiohttp.http_exceptions import HttpProcessingError
 
-    from rollout_audit.capture.proxy import Recorder
+    from rollout_audit.capture.proxy import SERVER_LOG, Recorder
+
+    class Collect(logging.Handler):  # the recorder's server log: a request it failed on, not a malformed one
+        def emit(self, record: logging.LogRecord) -> None:
+            exc = record.exc_info[1] if record.exc_info else None
+            if not isinstance(exc, HttpProcessingError):
+                errors.append(f"{record.getMessage()}: {exc!r}"[:200])
 
     answer = rng.choice(["json", "json", "stream", "gzip", "garbage", "mutated", "cut", "error"])
     up = _Upstream(answer)
@@ -389,6 +397,8 @@ def _capture_http(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
     rec = Recorder(up.url, cap, max_body=rng.choice([64, 4096, 1 << 20]), read_timeout=5.0)
     loop = asyncio.new_event_loop()
     errors: list[str] = []
+    collect = Collect()
+    SERVER_LOG.addHandler(collect)
     loop.set_exception_handler(lambda _, ctx: errors.append(str(ctx.get("exception") or ctx.get("message"))[:200]))
     runner = rec.runner()
     loop.run_until_complete(runner.setup())
@@ -417,6 +427,7 @@ def _capture_http(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
         thread.join(_TIMEOUT)
         loop.close()
         up.close()
+        SERVER_LOG.removeHandler(collect)
     for k, body in sent.items():
         if k in up.received and up.received[k] != body:
             found.append("recorder changed a body it forwarded")

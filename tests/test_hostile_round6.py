@@ -113,3 +113,40 @@ def test_a_prime_rl_batch_is_read_within_its_size_under_an_address_space_limit(t
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ROLLOUT_AUDIT_NO_PROGRESS": "1"}
     r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+
+
+def test_the_recorder_says_a_malformed_request_in_one_escaped_line_not_a_traceback(tmp_path):
+    """`rollout-audit capture` in its own process sent what no HTTP client sends (a header over aiohttp's
+    8190 bytes, a chunk size that is not hex, an escape sequence in the request line): each is answered
+    400 and said on stderr in one escaped line; aiohttp printed its traceback for each, and the client's
+    bytes with it."""
+    pytest.importorskip("aiohttp")
+    import signal
+    import socket
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "rollout_audit.cli", "capture", "--upstream", "http://127.0.0.1:9"]
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(tmp_path / "cap"), "--port", "0"], stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        ready = proc.stderr.readline()
+        port = int(ready.split("http://127.0.0.1:")[1].split(" ")[0])
+        sent = [
+            b"GET / HTTP/1.1\r\nHost: x\r\nX-Long: " + b"h" * 9000 + b"\r\n\r\n",
+            b"POST /sessions/s1/v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            b"GET /\x1b[2J HTTP/1.1\r\nHost: x\r\n\r\n",
+        ]
+        for raw in sent:
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+                s.sendall(raw)
+                assert s.recv(64).startswith(b"HTTP/1.0 400"), raw[:40]
+        time.sleep(0.2)  # the log lines are written after the answers
+    finally:
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=30)[1]
+    lines = err.strip().splitlines()
+    said = [x for x in lines if "malformed request" in x]
+    assert "Traceback" not in err and "\x1b" not in err, err[-3000:]
+    assert len(said) == 3 and all(x.startswith("rollout-audit capture: warning: ") for x in said), lines
