@@ -541,7 +541,7 @@ _USER_KEYS = [
 ]
 _BOUNDED = [("grpo_epsilon", "1.0"), ("max_policy_lag", "100000"), ("max_response_tokens", "1e12")]
 _DUMP_FAULTS = [
-    ("verl", "trainer_stale_old_log_probs"),
+    ("verl", "trainer_v1_advantages_mispaired"),
     ("agent_lightning", "control_token_replaced"),
     ("art", "sampled_without_logprob"),
     ("rllm_gateway", "control_token_replaced"),

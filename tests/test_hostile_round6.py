@@ -150,3 +150,20 @@ def test_the_recorder_says_a_malformed_request_in_one_escaped_line_not_a_traceba
     said = [x for x in lines if "malformed request" in x]
     assert "Traceback" not in err and "\x1b" not in err, err[-3000:]
     assert len(said) == 3 and all(x.startswith("rollout-audit capture: warning: ") for x in said), lines
+
+
+def test_a_gateway_store_with_a_wal_file_beside_it_is_refused_not_written_beside(tmp_path):
+    """A rollback-journal store (the gateway's journal_mode=DELETE) with a `-wal` file beside it, stale
+    or planted: SQLite opened it even read-only and created a `-shm` file in the audited folder."""
+    import sqlite3
+
+    db = tmp_path / "gateway_traces.db"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE traces (trace_id TEXT PRIMARY KEY, data TEXT NOT NULL, created_at REAL NOT NULL)")
+    con.execute("INSERT INTO traces VALUES ('t1', '{}', 0.0)")
+    con.commit()
+    con.close()
+    (tmp_path / "gateway_traces.db-wal").write_bytes(bytes(range(256)) * 16)
+    line = _refusal(cli("check", "--from", "rllm_gateway", str(tmp_path), *IDENTITY))
+    assert f"{db}: a store with a gateway_traces.db-wal beside it" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gateway_traces.db", "gateway_traces.db-wal"]
