@@ -388,7 +388,7 @@ def _capture_http(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
     class Collect(logging.Handler):  # the recorder's server log: a request it failed on, not a malformed one
         def emit(self, record: logging.LogRecord) -> None:
             exc = record.exc_info[1] if record.exc_info else None
-            if not isinstance(exc, HttpProcessingError):
+            if not isinstance(exc, (HttpProcessingError, ConnectionError)):  # malformed, or the client gone
                 errors.append(f"{record.getMessage()}: {exc!r}"[:200])
 
     answer = rng.choice(["json", "json", "stream", "gzip", "garbage", "mutated", "cut", "error"])

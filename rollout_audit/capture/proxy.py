@@ -77,7 +77,12 @@ class _OneLine(logging.Handler):
         said = str(getattr(exc, "message", None) or exc or "").strip()
         why = f": {type(exc).__name__}: {said.splitlines()[0] if said else ''}" if exc else ""
         text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in f"{record.getMessage()}{why}")
-        level = "warning: a malformed request" if isinstance(exc, HttpProcessingError) else "error"
+        if isinstance(exc, HttpProcessingError):
+            level = "warning: a malformed request"
+        elif isinstance(exc, ConnectionError):  # the client went away before its answer was written
+            level = "warning: a client gone"
+        else:
+            level = "error"
         try:
             sys.stderr.write(f"rollout-audit capture: {level}: {text[:500]}\n")
         except (OSError, ValueError):
