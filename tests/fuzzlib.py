@@ -320,8 +320,9 @@ class Outcome:
 
 def _one_line_per_reason(stderr: str) -> bool:
     """An exit 2's stderr: one line, or one `rollout-audit: error:` line per distinct reason (replay
-    failing and a compare_logprobs column refused are two), never a usage block or a traceback."""
-    lines = stderr.strip().splitlines()
+    failing and a compare_logprobs column refused are two), never a usage block or a traceback; the
+    trainer settings a conversion assumed (`rollout-audit: note:`) may come before them."""
+    lines = [x for x in stderr.strip().splitlines() if not x.startswith("rollout-audit: note: ")]
     return len(lines) == 1 or (len(lines) > 1 and all(x.startswith("rollout-audit: error: ") for x in lines))
 
 

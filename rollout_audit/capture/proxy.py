@@ -368,6 +368,8 @@ class Recorder:
     async def _end(self, request: web.Request, sid: str) -> web.Response:
         try:
             fields = json.loads(await request.read() or b"{}")
+        except RecursionError:
+            return _refuse(400, "end: the body is JSON nested too deeply")
         except ValueError as e:
             return _refuse(400, f"end: the body is not JSON: {e}")
         if not isinstance(fields, dict):
@@ -384,6 +386,8 @@ class Recorder:
     async def _set_weight_version(self, request: web.Request) -> web.Response:
         try:
             doc = json.loads(await request.read())
+        except RecursionError:
+            return _refuse(400, "weight_version: the body is JSON nested too deeply")
         except ValueError as e:
             return _refuse(400, f"weight_version: the body is not JSON: {e}")
         version = doc.get("version") if isinstance(doc, dict) else None
