@@ -20,11 +20,18 @@ from fuzzlib import run_cli, run_workflow_case
 pytest.importorskip("aiohttp")
 pytest.importorskip("msgpack")
 
-from fuzzround6 import ROUND6, prepare_round6
+from fuzzround6 import REGRESSION_SEEDS, ROUND6, prepare_round6
 
 
 @pytest.mark.parametrize("seed", range(len(ROUND6)))
 def test_round6_surfaces_never_crash_write_nor_pass_silently(tmp_path, seed):
+    case = prepare_round6(seed, tmp_path)
+    out, problems = run_workflow_case(case, tmp_path, lambda args: run_cli(args, tmp_path, 120))
+    assert not problems, (case.label, problems, out.exit, out.stderr[-3000:])
+
+
+@pytest.mark.parametrize("seed", REGRESSION_SEEDS)
+def test_round6_campaign_cases_stay_fixed(tmp_path, seed):
     case = prepare_round6(seed, tmp_path)
     out, problems = run_workflow_case(case, tmp_path, lambda args: run_cli(args, tmp_path, 120))
     assert not problems, (case.label, problems, out.exit, out.stderr[-3000:])
