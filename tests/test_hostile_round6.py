@@ -184,3 +184,16 @@ def test_the_recorder_refuses_a_body_nested_too_deeply_in_one_line(tmp_path, whe
     finally:
         rec.close()
     assert r.status_code == 400 and "nested too deeply" in r.text, (r.status_code, r.text[:300])
+
+
+@pytest.mark.parametrize("parent", [["call-a"], {"id": 1}, 3])
+def test_a_nemo_gym_receipt_whose_parent_call_id_is_not_an_id_names_the_field(tmp_path, parent):
+    """A receipt manifest entry whose parent_call_id is a list: "malformed record (TypeError:
+    unhashable type: 'list')", naming no record nor field (round-6 campaign seed 6625)."""
+    lines = [json.loads(x) for x in (FRAMEWORKS / "nemo_gym" / "compliant.jsonl").read_text().splitlines() if x]
+    rec = next(x for x in lines if isinstance(x.get("manifest"), list) and len(x["manifest"]) > 1)
+    rec["manifest"][1]["parent_call_id"] = parent
+    f = tmp_path / "dump.jsonl"
+    f.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    line = _refusal(cli("check", "--from", "nemo_gym", str(f), *IDENTITY))
+    assert f"{f}:" in line and "parent_call_id: expected a call id" in line, line
