@@ -14,6 +14,8 @@ For each size, in one run (logs generated under benchmarks/data/ when absent):
   recorded per run. The table gives medians of the per-round ratios to the floor (wall and
   CPU), of the cores each used (CPU / wall: the floor decodes on Arrow's pool), and the range of
   the load average: on a machine shared with other jobs wall times stretch, so read the ratios;
+- cold: `rollout-audit check PATH` in a fresh process (`benchmarks.coldstart`), imports and all,
+  wall and CPU seconds (the child's user + system), median of N;
 - peak RSS: a second fresh subprocess runs one audit only and reports VmHWM from
   /proc/self/status (ru_maxrss as fallback), so the floor's table does not count;
 - ratio audit/floor (the bar is 1.5; also as CPU-time ratio), tokens/s and
@@ -47,6 +49,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .coldstart import fresh
 from .generate import parse_size
 
 HERE = Path(__file__).resolve().parent
@@ -515,6 +518,7 @@ def main(argv: list[str] | None = None) -> None:
         files = trajectory_files(path)
         tm = _run_child(["--child-time", str(path), "--repeat", str(a.repeat)])
         au = _run_child(["--child-rss", str(path)])
+        cold = fresh(["check", str(path.resolve())], a.repeat, {"this": None})["this"]
         fl = tm["floor"]
         timing = timing_row(tm)
         aud = timing["audit s"]
@@ -535,6 +539,8 @@ def main(argv: list[str] | None = None) -> None:
                 "files": len(files),
                 "disk MB": _mb(path),
                 **timing,
+                "cold s": cold["wall s"],
+                "cold CPU s": cold["CPU s"],
                 "Mtok/s": n_tok / aud / 1e6,
                 "ktraj/s": n_traj / aud / 1e3,
                 "peak RSS MB": au["peak_rss_mb"],
@@ -546,6 +552,7 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"{label}: floor {[round(x, 3) for x in fl]} s; audit {[round(x, 3) for x in tm['audit']]} s; "
             f"one thread {[round(x, 3) for x in tm['one thread']]} s; "
+            f"cold {[round(x, 2) for x in cold['walls']]} s, CPU {[round(x, 2) for x in cold['cpus']]} s; "
             f"paired ratios {[round(x, 2) for x in ratios]}; CPU floor {[round(x, 2) for x in tm['floor cpu']]} "
             f"audit {[round(x, 2) for x in tm['audit cpu']]} one thread {[round(x, 2) for x in tm['one thread cpu']]}; "
             f"load {tm['floor load'] + tm['audit load'] + tm['one thread load']}; "

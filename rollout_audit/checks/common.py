@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..frames.views import BatchView
+from ..reading.arrays import from_numpy, list_lengths, to_numpy, validity
 
 # token_source values other than policy, with the name used in messages (5: out of range)
 NON_POLICY = ((0, "system"), (1, "user"), (3, "observation"), (4, "template"), (5, "invalid source"))
@@ -114,17 +114,17 @@ class TokenList:
     def __init__(self, b: BatchView, name: str) -> None:
         t = b.tokens
         a = b.col(name)
-        lens = pc.list_value_length(a).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        lens = list_lengths(a, -1)
         self.fits = b.ok & (lens >= 0) & (lens == t.n_tok)
         self.broken = b.ok & (lens >= 0) & (lens != t.n_tok)
         whole = bool(self.fits.all())  # the usual case: no take, and the values come out in token order
-        flat = (a if whole else a.take(pa.array(np.flatnonzero(self.fits)))).flatten()
+        flat = (a if whole else a.take(from_numpy(np.flatnonzero(self.fits)))).flatten()
         if not (pa.types.is_float32(flat.type) or pa.types.is_float64(flat.type)):
             # an integer past 2^53 (a version no trainer reaches) is rounded as polars casts the turns' own,
             # not an ArrowInvalid that crashes the check
             flat = flat.cast(pa.float64(), safe=False)
-        vals = flat.to_numpy(zero_copy_only=False)  # NaN under a null
-        valid = pc.is_valid(flat).to_numpy(zero_copy_only=False) if flat.null_count else np.ones(len(flat), bool)
+        vals = to_numpy(flat)  # NaN under a null
+        valid = validity(flat)
         self.complete = whole and not flat.null_count  # a value on every token: `present` need not be read
         if whole:
             self.values, self.present = vals, valid

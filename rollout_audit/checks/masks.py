@@ -14,6 +14,7 @@ from ..contract.registry import NotRun, rule
 from ..frames import native
 from ..frames.batch import as_bools, hex_digests, hex_matrix
 from ..frames.views import BatchView
+from ..reading.arrays import fill_null, from_numpy, list_lengths, to_numpy, validity
 from .common import NON_POLICY, ragged_index, source_breakdown, token_list, where_first
 
 
@@ -299,11 +300,11 @@ def _differs(recorded: pl.Series, todo: np.ndarray, digests: np.ndarray) -> np.n
     Compared as ASCII bytes in numpy: no string is built per turn."""
     bad = np.zeros(len(recorded), bool)
     arr = recorded.gather(todo).to_arrow().cast(pa.large_string())
-    length = pc.binary_length(arr).fill_null(-1).to_numpy(zero_copy_only=False)
+    length = to_numpy(fill_null(pc.binary_length(arr), -1))
     full = np.flatnonzero(length == 64)
     differ = np.ones(todo.size, bool)
     if full.size:
-        hexes = arr.take(pa.array(full)) if full.size < todo.size else arr
+        hexes = arr.take(from_numpy(full)) if full.size < todo.size else arr
         hexes = hexes.combine_chunks() if isinstance(hexes, pa.ChunkedArray) else hexes
         off = np.frombuffer(hexes.buffers()[1], np.int64, 1, hexes.offset * 8)[0]
         theirs = np.frombuffer(hexes.buffers()[2], np.uint8, 64 * full.size, off).reshape(-1, 64)
@@ -336,9 +337,9 @@ def sampled_ids(b: BatchView, cfg) -> pl.DataFrame | None:
     if not len(tr) or "rc_n_policy" not in tr.columns or b.tokens.ids is None:
         return None
     samp = pc.struct_field(b.col("turns").flatten(), "sampled_token_ids")
-    s_len = pc.list_value_length(samp).fill_null(-1).to_numpy().astype(np.int64)
+    s_len = list_lengths(samp, -1)
     s_vals = samp.flatten()
-    s_flat = (s_vals.fill_null(-1) if s_vals.null_count else s_vals).to_numpy(zero_copy_only=False)
+    s_flat = to_numpy(fill_null(s_vals, -1))
     s_start = np.concatenate([[0], np.cumsum(np.maximum(s_len, 0))])[:-1]
     t = b.tokens
     index, n_p, p_start = b.policy_by_turn
@@ -507,8 +508,8 @@ def split_episode(b: BatchView, cfg) -> pl.DataFrame | None:
         return None
     t = b.tokens
     at = b.col("split_position")
-    rows = np.flatnonzero(at.is_valid().to_numpy(zero_copy_only=False) & b.ok)  # malformed rows: S003
-    pos = at.cast(pa.int64()).fill_null(-1).to_numpy(zero_copy_only=False)
+    rows = np.flatnonzero(validity(at) & b.ok)  # malformed rows: S003
+    pos = to_numpy(fill_null(at.cast(pa.int64()), -1))
     n_tok = t.n_tok[rows]
     p = pos[rows]
     # the first context of the segment: its tokens before the first policy token
@@ -526,10 +527,10 @@ def split_episode(b: BatchView, cfg) -> pl.DataFrame | None:
     def ids(name: str) -> np.ndarray:
         if name not in b.columns:
             return np.full(rows.size, -1, np.int64)
-        return b.col(name).cast(pa.int64()).fill_null(-1).to_numpy(zero_copy_only=False)[rows]
+        return to_numpy(fill_null(b.col(name).cast(pa.int64()), -1))[rows]
 
     had, ctx = ids("split_sequence_id"), ids("split_context_id")
-    frm = b.col("split_from").cast(pa.string()).take(pa.array(rows)) if "split_from" in b.columns else None
+    frm = b.col("split_from").cast(pa.string()).take(from_numpy(rows)) if "split_from" in b.columns else None
     df = pl.DataFrame(
         {
             "trajectory_id": b.ids.gather(rows),
@@ -761,14 +762,9 @@ def split_exposes_wrong_id(b: BatchView, cfg) -> pl.DataFrame | None:
     if at.null_count == b.n or named.null_count == b.n or not b.ok.any():
         return None
     t = b.tokens
-    pos = at.cast(pa.int64()).fill_null(-1).to_numpy(zero_copy_only=False)
-    want = named.cast(pa.int64()).fill_null(-1).to_numpy(zero_copy_only=False)
-    rows = np.flatnonzero(
-        b.ok
-        & (pos >= 0)
-        & at.is_valid().to_numpy(zero_copy_only=False)
-        & named.is_valid().to_numpy(zero_copy_only=False)
-    )
+    pos = to_numpy(fill_null(at.cast(pa.int64()), -1))
+    want = to_numpy(fill_null(named.cast(pa.int64()), -1))
+    rows = np.flatnonzero(b.ok & (pos >= 0) & validity(at) & validity(named))
     if not rows.size:
         return None
     p = pos[rows]

@@ -19,6 +19,7 @@ from ..contract.registry import NotRun, rule
 from ..frames import native
 from ..frames.batch import as_bools, segment_sum, validity
 from ..frames.views import BatchView, frame_of
+from ..reading.arrays import fill_null, to_numpy
 from .common import beyond, may_differ, num, of_rows, stop_reason, token_list, tolerance
 
 _G = pl.col("_gamma")
@@ -37,7 +38,7 @@ def _discount(b: BatchView) -> list[pl.Series]:
 
     def discount() -> list[pl.Series]:
         parent = b.turn_parent
-        gamma = pc.fill_null(b.col("gamma").cast(pa.float64()), 1.0).to_numpy() if has_gamma else np.ones(b.n)
+        gamma = to_numpy(fill_null(b.col("gamma").cast(pa.float64()), 1.0)) if has_gamma else np.ones(b.n)
         g = pl.Series("_gamma", gamma[parent])
         return [g, pl.Series("_T", b.turn_counts[parent]), g.pow(b.turns["_t"]).alias("_g_t")]
 
@@ -930,7 +931,7 @@ def terminal_value(b: BatchView, cfg) -> pl.DataFrame | None:
     fv = b.col("final_value").cast(pa.float64())
     # in numpy, the terminated rows whose recorded value may differ from 0 (usually none)
     maybe = as_bools(b.col("terminated")) & validity(fv)
-    vals = pc.fill_null(fv, 0.0).to_numpy(zero_copy_only=False)
+    vals = to_numpy(fill_null(fv, 0.0))
     maybe &= may_differ(vals, np.zeros(b.n), cfg)
     if not maybe.any():
         return None
@@ -975,7 +976,7 @@ def _row_floats(b: BatchView, name: str, default: float) -> np.ndarray:
     """A trajectory column as float64 per batch row, `default` where absent or null."""
     if name not in b.traj.columns:
         return np.full(b.n, default)
-    return pc.fill_null(b.col(name).cast(pa.float64()), default).to_numpy(zero_copy_only=False)
+    return to_numpy(fill_null(b.col(name).cast(pa.float64()), default))
 
 
 @rule(

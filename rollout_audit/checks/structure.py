@@ -9,6 +9,7 @@ from ..contract import schema as S
 from ..contract.registry import RULES, rule
 from ..frames.batch import TOKEN_LISTS, as_bools
 from ..frames.views import BatchView
+from ..reading.arrays import scalar, to_numpy, validity
 
 # a null reward is the contract's mark of an excluded episode (docs/contract.md, stop causes)
 _NULL_ALLOWED = ("reward",)
@@ -65,7 +66,7 @@ def required_columns(b: BatchView, cfg) -> pl.DataFrame | None:
         if name in b.columns and name not in elsewhere:
             nulls = b.col(name).null_count
             if nulls:
-                mask = b.col(name).is_null().to_numpy(zero_copy_only=False)
+                mask = ~validity(b.col(name))
                 if continues is not None and name in _OUTCOME:
                     mask &= ~continues
                 ids = b.ids.filter(pl.Series(mask))
@@ -93,22 +94,22 @@ def _token_ids_out_of_range(b: BatchView, vocabulary: int | None) -> list[pl.Dat
     flat = pc.list_flatten(col)
     out = []
     for what, bad in (
-        ("negative token id(s)", pc.less(flat, 0)),
+        ("negative token id(s)", pc.less(flat, scalar(0, flat.type))),
         (f"token id(s) at or past the tokenizer's {vocabulary} ids (vocabulary_size)", None),
     ):
         if bad is None:
             if vocabulary is None:
                 continue
-            bad = pc.greater_equal(pc.cast(flat, pa.int64()), pa.scalar(vocabulary, pa.int64()))
-        hit = pc.fill_null(bad, False).to_numpy(zero_copy_only=False)
+            bad = pc.greater_equal(pc.cast(flat, pa.int64()), scalar(vocabulary, pa.int64()))
+        hit = as_bools(bad)
         if not hit.any():
             continue
-        parent = pc.list_parent_indices(col).to_numpy(zero_copy_only=False)
-        starts = col.offsets.to_numpy()[:-1] - col.offsets[0].as_py()
+        parent = to_numpy(pc.list_parent_indices(col))
+        starts = to_numpy(col.offsets)[:-1] - col.offsets[0].as_py()
         rows, first = np.unique(parent[hit], return_index=True)
         at = np.flatnonzero(hit)[first]
         n = np.bincount(parent[hit], minlength=len(col))[rows]
-        vals = flat.to_numpy(zero_copy_only=False)[at]
+        vals = to_numpy(flat)[at]
         out.append(
             pl.DataFrame(
                 {

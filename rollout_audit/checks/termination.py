@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..contract import schema as S
 from ..contract.registry import NotRun, rule
 from ..frames.batch import as_bools, validity
 from ..frames.views import BatchView
+from ..reading.arrays import from_numpy, strings
 from .common import num, stop_reason, tolerance
 
 LAUNDERED = ("length", "abort")  # engine finish reasons that mean "cut off", not "done"
@@ -102,7 +102,7 @@ def stop_reason_flag(b: BatchView, cfg) -> pl.DataFrame | None:
     maybe = validity(reason)
     for f, on in zip(S.STOP_FLAGS, _flags(b)):
         if reasons := [k for k, v in table.items() if v == f]:
-            maybe &= ~(on & as_bools(pc.is_in(reason, value_set=pa.array(reasons))))
+            maybe &= ~(on & as_bools(pc.is_in(reason, value_set=strings(reasons))))
     if not maybe.any():
         return None
     known = pl.DataFrame({"stop_reason": list(table), "_expected_flag": list(table.values())})
@@ -264,9 +264,9 @@ def laundered_truncation(b: BatchView, cfg) -> pl.DataFrame | None:
     T = b.turn_counts
     end = b.turn_start + T - 1
     end = end[(T > 0) & as_bools(b.col("terminated"))]
-    reasons = pc.struct_field(b.col("turns").flatten(), "finish_reason").take(pa.array(end))
+    reasons = pc.struct_field(b.col("turns").flatten(), "finish_reason").take(from_numpy(end))
     is_last = np.zeros(len(tr), bool)
-    is_last[end[as_bools(pc.is_in(reasons, value_set=pa.array(LAUNDERED)))]] = True
+    is_last[end[as_bools(pc.is_in(reasons, value_set=strings(LAUNDERED)))]] = True
     if not is_last.any():
         return None
     last = tr.filter(pl.Series(is_last) & pl.col("finish_reason").is_in(list(LAUNDERED)))

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..contract import schema as S
+from ..reading.arrays import as_bools, fill_null, from_numpy, list_lengths, scalar, to_numpy, validity
 from . import native
 
 TOKEN_LISTS = S.TOKEN_LISTS
@@ -85,29 +86,7 @@ def contract_names(names: Sequence[str]) -> list[str]:
 
 
 def _np(a: pa.Array, fill: Any = None) -> np.ndarray:
-    if fill is not None and a.null_count:
-        a = a.fill_null(fill)
-    return a.to_numpy(zero_copy_only=False)
-
-
-def _bits(buf: pa.Buffer | None, offset: int, n: int) -> np.ndarray:
-    """An Arrow bitmap as one bool per slot (unpacked in one call; no buffer means all set)."""
-    if buf is None:
-        return np.ones(n, bool)
-    first, end = offset // 8, (offset + n + 7) // 8
-    bits = np.unpackbits(np.frombuffer(buf, np.uint8, end - first, first), bitorder="little")
-    return bits[offset % 8 : offset % 8 + n].view(bool)
-
-
-def validity(a: pa.Array) -> np.ndarray:
-    """Per slot: not null."""
-    return _bits(a.buffers()[0] if a.null_count else None, a.offset, len(a))
-
-
-def as_bools(a: pa.Array) -> np.ndarray:
-    """A boolean array as numpy, null read as False."""
-    values = _bits(a.buffers()[1], a.offset, len(a))
-    return values & validity(a) if a.null_count else values
+    return to_numpy(a if fill is None else fill_null(a, fill))
 
 
 def _floats(a: pa.Array) -> np.ndarray:
@@ -116,7 +95,7 @@ def _floats(a: pa.Array) -> np.ndarray:
         return np.zeros(0, np.float32)
     dt = np.float32 if pa.types.is_float32(a.type) else np.float64
     if not (pa.types.is_float32(a.type) or pa.types.is_float64(a.type)):
-        return a.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+        return to_numpy(pc.fill_null(a.cast(pa.float64()), scalar(np.nan, pa.float64())))
     return np.frombuffer(a.buffers()[1], dt, len(a), a.offset * np.dtype(dt).itemsize)
 
 
@@ -174,7 +153,7 @@ class Tokens:
         def flat(name: str) -> pa.Array:
             a = batch.col(name)
             if not whole:
-                a = a.take(pa.array(keep))
+                a = a.take(from_numpy(keep))
             return a.flatten()
 
         self.n_tok = n_tok
@@ -470,9 +449,7 @@ class Batch:
     @cached_property
     def lengths(self) -> dict[str, np.ndarray]:
         """Length of each token list per row (-1 where the list is null)."""
-        return {
-            c: _np(pc.list_value_length(self.col(c)), -1).astype(np.int64) for c in TOKEN_LISTS if c in self.columns
-        }
+        return {c: list_lengths(self.col(c), -1) for c in TOKEN_LISTS if c in self.columns}
 
     def rows_ok(self, lists: frozenset[str]) -> np.ndarray:
         """Rows whose lists `lists` are all non-null and of one length (computed once per set)."""
@@ -505,7 +482,7 @@ class Batch:
     def turn_counts(self) -> np.ndarray:
         if "turns" not in self.columns:
             return np.zeros(self.n, np.int64)
-        return _np(pc.list_value_length(self.col("turns")), 0).astype(np.int64)
+        return list_lengths(self.col("turns"), 0)
 
     @cached_property
     def turn_start(self) -> np.ndarray:
@@ -534,7 +511,7 @@ class Batch:
         if len(structs):
             tbl = pa.Table.from_struct_array(structs).select(want)
         else:
-            tbl = pa.table({f.name: pa.array([], f.type) for f in lst.type.value_type if f.name in want})
+            tbl = pa.table({f.name: pa.nulls(0, f.type) for f in lst.type.value_type if f.name in want})
         T = self.turn_counts
         parent = self.turn_parent
         local = np.arange(int(T.sum()), dtype=np.int64) - np.repeat(self.turn_start, T)

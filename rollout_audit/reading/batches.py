@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from ..contract.config import Config
 from ..contract.schema import TOKEN_LISTS
+from .arrays import list_lengths
 from .io import Discovery, LogFile
 from .read import Part, Problem, parts
 
@@ -109,7 +110,7 @@ def _token_lengths(table: pa.Table) -> np.ndarray | None:
     name = next((c for c in TOKEN_LISTS if c in table.column_names), None)
     if name is None:
         return None
-    return pc.list_value_length(table.column(name)).fill_null(0).to_numpy().astype(np.int64)
+    return list_lengths(table.column(name), 0)
 
 
 def _by_tokens(part: Part) -> Iterator[tuple[Part, int]]:

@@ -117,7 +117,7 @@ def _contract_columns(lf: pl.LazyFrame, kind: str) -> pl.LazyFrame:
     if not absent:
         return lf
     return lf.with_columns(
-        pl.lit(None, dtype=pl.from_arrow(pa.array([], c.arrow_type)).dtype).alias(c.name)  # type: ignore[union-attr]
+        pl.lit(None, dtype=pl.from_arrow(pa.nulls(0, c.arrow_type)).dtype).alias(c.name)  # type: ignore[union-attr]
         for c in absent
     )
 

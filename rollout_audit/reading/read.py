@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 
 from ..contract import schema as S
 from . import storage
+from .arrays import fill_null
 from .io import LogFile, iter_batches, one_line, row_group_too_large, share_groups, source
 from .sanitize import cap_tokens, drop_invalid, duplicate_columns, over_tokens
 from .types import is_list_like, plain
@@ -267,7 +268,7 @@ def _file_parts(f: LogFile, plan: tuple[dict[str, pa.DataType], list[Problem]], 
         job.broken.append((f.path, one_line(e)))
         return
     if not yielded and (first or pending):  # an empty file, or nothing readable: still report its problems
-        yield Part(pa.table({c: pa.array([], targets[c]) for c in cols}), f.path, 0, pending)
+        yield Part(pa.table({c: pa.nulls(0, targets[c]) for c in cols}), f.path, 0, pending)
 
 
 def readable_groups(
@@ -335,7 +336,7 @@ def _long_rows(f: LogFile, rg: int, limit: int) -> list[Problem]:
     id_col: pa.Array | None = None
     for name in lists:
         t = pf.read_row_group(rg, columns=[name, *ids])
-        n = pc.fill_null(pc.list_value_length(t.column(name)), 0).combine_chunks()
+        n = fill_null(pc.list_value_length(t.column(name)), 0).combine_chunks()
         lengths = n if lengths is None else pc.max_element_wise(lengths, n)
         if ids:
             id_col, ids = t.column("trajectory_id").combine_chunks(), []
@@ -383,7 +384,7 @@ def read_update_file(
         return None
     try:
         pieces = [t for _, t in iter_batches(f, list(targets), 1 << 30)]
-        t = pa.concat_tables(pieces) if pieces else pa.table({c: pa.array([], targets[c]) for c in targets})
+        t = pa.concat_tables(pieces) if pieces else pa.table({c: pa.nulls(0, targets[c]) for c in targets})
         t, bad = drop_invalid(t)
         if bad:
             broken.append((f.path, "update records: " + "; ".join(f"{c}: {p}" for c, p in bad)))

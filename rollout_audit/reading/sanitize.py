@@ -7,6 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .arrays import fill_null, from_numpy, scalar
 from .types import is_list_like
 
 
@@ -113,11 +114,11 @@ def over_tokens(
 ) -> tuple[pa.Array, list[tuple[str, str]]]:
     """(rows over, problems): which rows hold more than `limit` tokens, and one (column, problem)
     per such row (up to 20 named; the rest counted); `also` ends each problem."""
-    over = pc.fill_null(pc.greater(lengths, limit), False)
+    over = fill_null(pc.greater(lengths, scalar(limit, lengths.type)), False)
     rows = pc.indices_nonzero(over).to_pylist()
     if not rows:
         return over, []
-    named = ids.take(rows[:20]).to_pylist() if ids is not None else [None] * len(rows[:20])
+    named = ids.take(from_numpy(rows[:20], pa.int64())).to_pylist() if ids is not None else [None] * len(rows[:20])
     tail = f"above max_tokens_per_trajectory ({limit:,}); trajectory not audited{also}"
     problems = [
         (
@@ -139,7 +140,7 @@ def cap_tokens(table: pa.Table, limit: int, first_row: int = 0) -> tuple[pa.Tabl
     col = table.column("token_ids")
     if not is_list_like(col.type):
         return table, []  # a wrong type is S001's finding (the column is not read)
-    lengths = pc.fill_null(pc.list_value_length(col), 0)
+    lengths = fill_null(pc.list_value_length(col), 0)
     if (pc.max(lengths).as_py() or 0) <= limit:
         return table, []  # the common case
     ids = table.column("trajectory_id") if "trajectory_id" in table.column_names else None

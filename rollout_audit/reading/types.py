@@ -9,6 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .arrays import from_numpy, list_lengths
+
 _LISTS = (pa.types.is_list, pa.types.is_large_list, pa.types.is_list_view, pa.types.is_large_list_view)
 
 
@@ -44,13 +46,13 @@ def _plain_array(arr: pa.Array) -> pa.Array:
         return arr
     if is_list_like(t):
         values = _plain_array(pc.list_flatten(arr))  # each row's values in row order, views resolved
-        lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False)
+        lengths = list_lengths(arr, 0)
         large = pa.types.is_large_list(t) or pa.types.is_large_list_view(t)
         offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
         mask = arr.is_null() if arr.null_count else None
         if large:
-            return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), values, mask=mask)
-        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32), pa.int32()), values, mask=mask)
+            return pa.LargeListArray.from_arrays(from_numpy(offsets, pa.int64()), values, mask=mask)
+        return pa.ListArray.from_arrays(from_numpy(offsets, pa.int32()), values, mask=mask)
     if pa.types.is_struct(t):
         children = [_plain_array(arr.field(i)) for i in range(t.num_fields)]
         fields = [pa.field(f.name, c.type, f.nullable) for f, c in zip(t, children)]

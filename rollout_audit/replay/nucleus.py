@@ -10,6 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..reading.arrays import fill_null, from_numpy, list_lengths, to_numpy
+
 
 @dataclass(frozen=True)
 class Nucleus:
@@ -36,16 +38,16 @@ def ragged(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 
 def _lengths(a: pa.Array) -> np.ndarray:
-    return pc.list_value_length(a).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return list_lengths(a, -1)
 
 
 def _flat(a: pa.Array, rows: np.ndarray) -> np.ndarray:
     """The values of rows `rows`, flattened in row order, as stored (a null is -1, in int64)."""
-    part = a.take(pa.array(rows, pa.int64())) if rows.size != len(a) else a
+    part = a.take(from_numpy(rows, pa.int64())) if rows.size != len(a) else a
     flat = pc.list_flatten(part)
     if flat.null_count:
-        flat = pc.cast(flat, pa.int64()).fill_null(-1)
-    return flat.to_numpy(zero_copy_only=False)
+        flat = fill_null(pc.cast(flat, pa.int64()), -1)
+    return to_numpy(flat)
 
 
 def read_nucleus(offsets: pa.Array, ids: pa.Array, n_tok: np.ndarray, ok: np.ndarray) -> Nucleus:

@@ -18,11 +18,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from ..adapters.convert import Converted, convert
 from ..contract.config import Config, find_config, log_config
 from ..contract.errors import ConfigError
 from ..reading import storage
@@ -41,6 +40,9 @@ from .verdict import (
     trajectory_ids,
     trajectory_tokens,
 )
+
+if TYPE_CHECKING:  # the adapters are imported when a dump is converted, not by a plain check
+    from ..adapters.convert import Converted
 
 __all__ = ["Audited", "Request", "configure", "run"]
 
@@ -145,6 +147,8 @@ def run(request: Request) -> Audited:
         paths = request.paths
         if not paths:
             raise TypeError("a framework's dump is read from paths")
+        from ..adapters.convert import convert
+
         conv = convert(request.framework, paths, request.context, request.calls)
         cfg = merged_trainer_settings(cfg, conv)
         checked = relabel(_checked(in_memory(conv), cfg, opts), conv)

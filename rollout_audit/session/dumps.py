@@ -5,17 +5,19 @@ held in memory, and the findings of that log relabelled to the dump's own record
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from ..adapters.convert import Converted
 from ..contract.config import LOG_CONTEXT, Config
 from ..contract.schema import IDENTITY, USER_WAIVED, not_recorded, waivable_names
 from ..reading.io import Discovery
 from ..reading.read import MEMORY
 from ..running.engine import memory_discovery
 from ..running.report import Report
+
+if TYPE_CHECKING:
+    from ..adapters.convert import Converted
 
 
 def merged_trainer_settings(cfg: Config, conv: Converted) -> Config:
