@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from rollout_audit import RolloutWriter
-from rollout_audit.synth import make_log
+# rollout_audit's writer and synth are imported where they are used, never here: the controller
+# process of an xdist run loads this file and runs no test, so it imports neither polars nor the checks
 
 
 @pytest.fixture(scope="session")
 def clean_records():
+    from rollout_audit.synth import make_log
+
     return make_log(n_tasks=4, group_size=4, n_versions=2, seed=0)
 
 
@@ -33,6 +35,8 @@ def records(clean_records):
 
 def write_log(root, trajs, updates=None, parts: int = 1, validate: bool = False):
     """Write records under `root` (optionally split in hive partitions); returns root."""
+    from rollout_audit import RolloutWriter
+
     root.mkdir(parents=True, exist_ok=True)
     size = -(-len(trajs) // parts)
     for i in range(parts):
@@ -77,6 +81,7 @@ SLOW_MODULES = {
     "test_adapters_verifiers",
     "test_adapters_verl",
     "test_benchmarks_smoke",
+    "test_campaign_round5",
     "test_capture_load",
     "test_capture_paths",
     "test_demo",
@@ -165,6 +170,10 @@ def _native_core(config) -> str:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: part of the full suite only (deselect with -m 'not slow')")
+    if _slow_deselected(config):
+        # hypothesis' plugin imports hypothesis at the end of every run (a second of CPU) even when
+        # no test used it; the property and fuzz tests that do are all slow
+        config.pluginmanager.set_blocked("hypothesispytest")
     NATIVE_STATUS[:] = [_native_core(config)]
 
 

@@ -31,6 +31,20 @@ def cli(*args: str, cwd: Path | None = None) -> Run:
     return Run(r.exit_code, r.stdout, r.stderr + tb)
 
 
+# a trajectory id that would forge a CI annotation, a terminal hyperlink and a screen clear, and
+# inject rich markup, were it printed unescaped
+EVIL_ID = "t\n::error file=evil.py,line=1::forged\x1b]8;;https://evil.example\x07x\x1b[2J[link=https://e.x]y[/]"
+
+
+def write(root: Path, trajs: list[dict], name: str = "part-0000.parquet") -> Path:
+    """`trajs` written unvalidated as one trajectory file of the log at `root`; returns `root`."""
+    from rollout_audit import RolloutWriter
+
+    with RolloutWriter(root / "trajectories" / name, validate=False) as w:
+        w.write(trajs)
+    return root
+
+
 def assert_clean_exit(r: Run, codes: tuple[int, ...] = (0, 1, 2)) -> None:
     assert r.returncode in codes, (r.returncode, r.stderr[-2000:])
     assert "Traceback" not in r.stderr and "Traceback" not in r.stdout, r.stderr[-2000:]

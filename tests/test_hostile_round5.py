@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from test_hostile import cli
+from hostilehelp import cli
 
 from rollout_audit.contract import schema as S
 
@@ -257,7 +257,7 @@ def test_a_vllm_replay_answer_is_parsed_within_a_bounded_multiple_of_its_size():
 
     from rollout_audit.replay.http import HTTPReplayer
 
-    vocab, positions = 2000, 200
+    vocab, positions = 2000, 20
     dist = {str(k): {"logprob": -1.0 - k / vocab, "rank": k + 1, "decoded_token": "ab"} for k in range(vocab)}
     _Big.body = json.dumps({"choices": [{"index": 0, "prompt_logprobs": [None] + [dist] * positions}]}).encode()
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Big)
