@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 
@@ -29,6 +30,21 @@ def cli(*args: str, cwd: Path | None = None) -> Run:
         os.chdir(old)
     tb = "" if r.exception is None or isinstance(r.exception, SystemExit) else "Traceback " + repr(r.exception)
     return Run(r.exit_code, r.stdout, r.stderr + tb)
+
+
+class BigAnswer(BaseHTTPRequestHandler):
+    """A replay server answering every GET with `body`, without a Content-Length (read to the end)."""
+
+    body = b""
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()  # no Content-Length: read to the end, under the cap
+        self.wfile.write(self.body)
+
+    def log_message(self, *a):
+        pass
 
 
 # a trajectory id that would forge a CI annotation, a terminal hyperlink and a screen clear, and
