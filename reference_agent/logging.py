@@ -143,7 +143,7 @@ def open_writer(path: str | Path, kind: str, tokenizer: dict[str, Any] | None = 
     """Return a context-managed writer: the library's RolloutWriter if it exists, else the local fallback.
     `tokenizer` ({"name", "vocabulary"}) is declared in the file metadata so the log can be decoded."""
     try:
-        from rollout_audit import RolloutWriter  # type: ignore[attr-defined]
+        from rollout_audit import RolloutWriter
     except ImportError:
         return _ArrowWriter(path, kind, tokenizer)
     return RolloutWriter(

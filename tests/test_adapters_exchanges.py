@@ -221,19 +221,26 @@ def test_agent_lightning_faults_are_flagged(case: str, code: str, where: str) ->
     assert res.exit_code == 1 and (code, where) in found, res.output
 
 
-def test_temperature_override_is_refused_naming_the_event_and_field() -> None:
+def test_a_temperature_override_against_the_trainers_is_l212_on_every_call() -> None:
     """The proxy sampled at 1.0 (adjusted_params) while the agent asked, and the trainer recomputes at,
-    0.7: the recorded request alone would audit clean."""
-    ctx = ["--context", "rollout_temperature=0.7", "--context", "top_p=1.0", *IDENTITY]
-    line = refused(check("agent_lightning", fixture("agent_lightning", "temperature_override"), *ctx))
-    assert "temperature_override.jsonl:1: rollout ro-0/0: adjusted_params.temperature" in line
-    assert "sampled at temperature 1.0" in line and "rollout_temperature=0.7" in line
-    # 1.0.2's own shape: the request is the body sent upstream, with the proxy's temperature in it
-    line = refused(check("agent_lightning", fixture("agent_lightning", "compliant"), *ctx))
-    assert "compliant.jsonl:1: rollout ro-0/0: request.temperature" in line
-    # a trainer at the proxy's temperature: nothing to refuse, and the sampler's value is on the turns
-    res = check("agent_lightning", fixture("agent_lightning", "temperature_override"), *AGL)
+    0.7: the recorded request alone would audit clean. L212 names each rollout at its first turn."""
+    ctx = ["--context", "rollout_temperature=0.7", "--context", "top_p=1.0", *IDENTITY, "--preview"]
+    res = check("agent_lightning", fixture("agent_lightning", "temperature_override"), *ctx)
+    rep = json.loads(res.stdout)
+    found = {(f["code"], f["trajectory_id"], f["turn"]) for f in rep["findings"]}
+    assert res.exit_code == 1 and found == {("L212", "ro-0/0", 0), ("L212", "ro-1/0", 0)}, res.output
+    assert "sampled at temperature 1.0 on 2 of 2 turn(s)" in rep["findings"][0]["message"]
+    assert "trainer_temperature = 0.7" in rep["findings"][0]["message"]
+    # HEAD's own shape: the request is the body sent upstream, with the proxy's temperature in it
+    res = check("agent_lightning", fixture("agent_lightning", "compliant"), *ctx)
+    assert res.exit_code == 1 and codes(res) == ["L212"], res.output
+    # a trainer at the proxy's temperature: nothing to find, and the sampler's value is on the turns
+    res = check("agent_lightning", fixture("agent_lightning", "temperature_override"), *AGL, "--preview")
     assert res.exit_code == 0 and not json.loads(res.stdout)["findings"], res.output
+    # without the trainer's temperature L212 is not run, and says what it needs
+    res = check("agent_lightning", fixture("agent_lightning", "temperature_override"), *IDENTITY, "--preview")
+    reasons = {n["code"]: n["reason"] for n in json.loads(res.stdout)["not_run"]}
+    assert "trainer_temperature" in reasons["L212"], reasons
 
 
 def test_agent_lightning_misaligned_logprobs_are_refused(tmp_path: Path) -> None:

@@ -104,11 +104,26 @@ def _write(tmp: Path, records: list[dict], name: str = "dump.jsonl") -> Path:
     return p
 
 
-def test_an_entry_whose_digest_disagrees_with_its_tokens_isone_line(tmp_path):
+def _m112(path: Path):
+    res, rep = check(path, "--preview")
+    return res, {(f["code"], f["trajectory_id"], f["turn"]) for f in rep["findings"]}, rep
+
+
+def test_the_captures_digests_are_recomputed_by_m112_on_the_compliant_capture(tmp_path):
+    res, found, rep = _m112(_write(tmp_path, gen.captured("1-0")))
+    assert res.exit_code == 0 and not found and "M112" in rep["summary"]["checks_run"], res.output
+
+
+def test_an_entry_whose_digest_disagrees_with_its_tokens_is_m112_at_that_call(tmp_path):
     recs = gen.captured("1-0")
     recs[1]["digest"] = D.entry_digest([9, 9, 9])
-    line = one_line(check(_write(tmp_path, recs))[0])
-    assert "dump.jsonl:2" in line and "rollout 1-0 call call-b" in line and "digest" in line, line
+    res, found, rep = _m112(_write(tmp_path, recs))
+    assert res.exit_code == 1 and found == {("M112", "1-0/capture", 1)}, res.output
+    f = rep["findings"][0]
+    assert f["file"].endswith("dump.jsonl:1") and "nemo-gym-tokens-v1" in f["message"], f  # the path's root entry
+    # without --preview M112 is not selected: the audit says so, it does not pass the digest as checked
+    res, rep = check(_write(tmp_path, recs))
+    assert "M112" in rep["summary"]["checks_in_preview_not_selected"], rep["summary"]
 
 
 def test_a_delta_prompt_is_rebuilt_through_its_parent_before_its_digest_is_checked(tmp_path):
@@ -117,8 +132,15 @@ def test_a_delta_prompt_is_rebuilt_through_its_parent_before_its_digest_is_check
     table = load("nemo_gym").to_contract(read_dump(_write(tmp_path, recs)), policy_version=1)
     assert table.column("token_ids").to_pylist()[0][-2:] == [54, 2]
     recs[2]["prompt_token_ids"] = [99, *gen.TOOL[1:]]  # the suffix was rewritten: the chain no longer hashes
-    line = one_line(check(_write(tmp_path, recs))[0])
-    assert "call call-c" in line and "digest" in line, line
+    res, found, _ = _m112(_write(tmp_path, recs))
+    assert res.exit_code == 1 and found == {("M112", "1-0/capture", 2)}, res.output
+
+
+def test_a_re_rendered_child_is_m105_and_not_also_m112(tmp_path):
+    """The child's digest is true to its own (re-rendered) prompt: M105 names the broken link, M112
+    judges only calls whose context is the trainer's prefix."""
+    res, found, _ = _m112(_write(tmp_path, gen.captured("1-0", break_link=True)))
+    assert res.exit_code == 1 and {c for c, _, _ in found} == {"M105"}, res.output
 
 
 def test_a_ledger_chain_hash_that_does_not_chain_isone_line(tmp_path):
@@ -241,3 +263,9 @@ def test_a_field_of_the_wrong_type_found_by_fuzzing_is_one_line(tmp_path, kind, 
         return
     line = one_line(res)
     assert "dump.jsonl:2" in line and field in line, line
+
+
+def test_a_sampled_id_rewritten_after_the_capture_is_m112_at_that_call():
+    res, found, rep = _m112(FIXTURES / "nemo_gym" / "token_rewritten_after_capture.jsonl")
+    assert res.exit_code == 1 and found == {("M112", "1-0/capture", 2)}, res.output
+    assert "context 39, then 2 sampled" in rep["findings"][0]["message"], rep["findings"][0]

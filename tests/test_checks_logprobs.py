@@ -1,4 +1,4 @@
-"""Log-probability checks L201-L204: each fires on its own fault, naming the trajectory,
+"""Log-probability checks L201-L204 and L212: each fires on its own fault, naming the trajectory,
 turn and position, stays silent on a compliant log, and is not run without its inputs."""
 
 from __future__ import annotations
@@ -134,6 +134,36 @@ def test_l204_not_run_when_a_column_is_absent(records):
     drop_turn_field(trajs, "top_p")
     rep = ra.audit(trajs, ups)
     assert "turns.top_p" in rep.not_run["L204"] and "L204" not in rep.codes()
+
+
+# ---------------------------------------------------------------- L212 (preview)
+
+
+def _l212(trajs, ups, **cfg):
+    return ra.audit(trajs, ups, config=Config(preview=True, **cfg))
+
+
+def test_l212_a_turn_sampled_at_another_temperature_than_the_trainers(records):
+    trajs, ups = records
+    ran = trajs[0]["turns"][0]["temperature"]
+    assert not loud(_l212(trajs, ups, trainer_temperature=ran))  # every turn at the trainer's: silent
+    tr = trajs[22]
+    tr["turns"][2]["temperature"] = ran + 0.3  # a proxy rewrote two requests of this episode
+    tr["turns"][4]["temperature"] = ran + 0.3
+    f = only(_l212(trajs, ups, trainer_temperature=ran), "L212")
+    r = f.row(0, named=True)
+    assert f.height == 1 and r["severity"] == "error"
+    assert r["trajectory_id"] == tr["trajectory_id"] and r["turn"] == 2
+    assert r["message"] == (
+        f"sampled at temperature {round(ran + 0.3, 6)} on 2 of 6 turn(s), the trainer recomputes at "
+        f"trainer_temperature = {ran}"
+    )
+
+
+def test_l212_not_run_without_the_trainers_temperature(records):
+    rep = _l212(*records)
+    assert "trainer_temperature" in rep.not_run["L212"] and "L212" not in rep.codes()
+    assert "L212" not in ra.audit(*records, config=Config(trainer_temperature=1.0)).summary["checks_run"]
 
 
 # ---------------------------------------------------------------- L208 (contract 1.1 placeholders)

@@ -361,3 +361,55 @@ def test_echo_stream_is_clean_and_m110_fires_on_a_wrong_stream_or_weight(records
     t["loss_weight"][0] = float("nan")
     msgs = ra.audit(t2, u2).findings.filter(pl.col("trajectory_id") == t["trajectory_id"])["message"].to_list()
     assert any("loss_weight 0 (dropped silently)" in m for m in msgs) and any("non-finite" in m for m in msgs)
+
+
+# ---------------------------------------------------------------- M112 (preview)
+
+
+def _stamped(trajs):
+    """Every turn stamped with NeMo Gym's digest of its context and sampled ids, as its capture does."""
+    from rollout_audit.contract.digests import NEMO_GYM_TOKENS, nemo_gym_entry
+
+    for t in trajs:
+        for tr in t["turns"]:
+            tr["capture_digest"] = nemo_gym_entry([*t["token_ids"][: tr["context_length"]], *tr["sampled_token_ids"]])
+            tr["capture_digest_scheme"] = NEMO_GYM_TOKENS
+    return trajs
+
+
+def _m112(trajs, ups):
+    return ra.audit(trajs, ups, config=Config(preview=True))
+
+
+def test_m112_silent_on_true_stamps_and_firing_where_the_tokens_changed(records):
+    trajs, ups = records
+    _stamped(trajs)
+    rep = _m112(trajs, ups)
+    assert not loud(rep) and "M112" in rep.summary["checks_run"], rep.render()
+    tr = trajs[3]
+    tr["turns"][-1]["capture_digest"] = tr["turns"][-1]["capture_digest"][::-1].upper()  # another stamp, any case
+    f = only(_m112(trajs, ups), "M112").row(0, named=True)
+    last = len(tr["turns"]) - 1
+    assert (f["trajectory_id"], f["turn"], f["position"]) == (
+        tr["trajectory_id"],
+        last,
+        tr["turns"][-1]["context_length"],
+    )
+    assert "(nemo-gym-tokens-v1) is not the digest of the call's" in f["message"], f["message"]
+
+
+def test_m112_names_a_scheme_it_does_not_know_and_leaves_m105s_turns_to_m105(records):
+    trajs, ups = records
+    _stamped(trajs)
+    trajs[5]["turns"][0]["capture_digest_scheme"] = "sha1-of-text"
+    f = only(_m112(trajs, ups), "M112").row(0, named=True)
+    assert f["trajectory_id"] == trajs[5]["trajectory_id"] and "'sha1-of-text' is not one" in f["message"]
+    trajs[5]["turns"][0]["capture_digest_scheme"] = trajs[6]["turns"][0]["capture_digest_scheme"]
+    trajs[7]["turns"][1]["context_sha256"] = context_sha256([1, 2, 3])  # the context is not the row's prefix
+    trajs[7]["turns"][1]["capture_digest"] = "0" * 64
+    assert {c for c in loud(_m112(trajs, ups))} == {"M105"}
+
+
+def test_m112_not_run_without_capture_digests(records):
+    rep = _m112(*records)
+    assert "turns.capture_digest" in rep.not_run["M112"] and "M112" not in rep.codes()

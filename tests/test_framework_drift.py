@@ -143,6 +143,28 @@ def test_trl_batch_keys_the_converter_reads_are_what_grpo_trainer_returns():
     assert [a for a in attrs if f"self.{a} =" not in init] == []
 
 
+def test_trl_rloo_batch_keys_and_attributes_the_guard_reads_are_rloo_trainers():
+    """What `AuditedRLOOTrainer` reads of `RLOOTrainer`: the keys of the dict its
+    `_generate_and_score_completions` returns, the methods the guard overrides (same signatures as
+    GRPO's), and the attributes `__init__` copies from RLOOConfig that the record and the estimator read."""
+    pytest.importorskip("trl")
+    import inspect
+
+    from trl import RLOOTrainer
+
+    source = inspect.getsource(RLOOTrainer._generate_and_score_completions)
+    keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")
+    assert [k for k in keys if f'"{k}"' not in source] == []
+    for name in ("_generate_and_score_completions", "compute_loss", "_calculate_rewards"):
+        assert inspect.signature(getattr(RLOOTrainer, name)) == inspect.signature(
+            getattr(importlib.import_module("trl").GRPOTrainer, name)
+        ), name
+    init = inspect.getsource(RLOOTrainer.__init__)
+    attrs = ("normalize_advantages", "beta", "reward_clip_range", "num_generations", "temperature", "top_p",
+             "max_completion_length", "num_iterations", "mask_truncated_completions", "eos_token_ids")  # fmt: skip
+    assert [a for a in attrs if f"self.{a} =" not in init] == []
+
+
 def test_verifiers_message_roles_the_adapter_maps_exist():
     """`MessageNode.message.role` of every message class verifiers builds a trace from is a role the v1
     adapter gives a provenance (ROLE_SOURCE); a new role fails naming it."""
@@ -154,3 +176,47 @@ def test_verifiers_message_roles_the_adapter_maps_exist():
     classes = ("SystemMessage", "UserMessage", "AssistantMessage", "ToolMessage")
     roles = {c: getattr(types, c).model_fields["role"].default for c in classes}
     assert {c: r for c, r in roles.items() if r not in ROLE_SOURCE} == {}
+
+
+def test_rllm_names_the_workflow_trainer_record_overrides_exist():
+    """Each rLLM method `integrations.rllm.AuditedWorkflowTrainer` / `audited_task_runner` overrides or calls,
+    with the parameters it passes (rLLM is not on the package index: this runs where it is installed)."""
+    import inspect
+
+    pytest.importorskip("rllm")
+    from rollout_audit.integrations.rllm import WORKFLOW_NAMES
+
+    gone = []
+    for path, methods in WORKFLOW_NAMES.items():
+        module, _, name = path.rpartition(".")
+        cls = getattr(importlib.import_module(module), name)
+        for method, params in methods.items():
+            have = inspect.signature(getattr(cls, method)).parameters if hasattr(cls, method) else None
+            if have is None or any(p not in have for p in params):
+                gone.append(f"{path}.{method}({', '.join(params)})")
+    assert gone == []
+
+
+def test_verl_functions_the_rllm_task_runner_calls_exist():
+    """`audited_task_runner`'s `run` calls the verl functions rLLM's TaskRunner.run calls, with its keywords."""
+    import inspect
+
+    pytest.importorskip("verl")
+    pytest.importorskip("cachetools")
+    calls = {
+        "verl.trainer.ppo.reward.load_reward_manager": ("config", "tokenizer"),
+        "verl.trainer.ppo.utils.need_critic": ("config",),
+        "verl.trainer.ppo.utils.need_reference_policy": ("config",),
+        "verl.utils.hf_tokenizer": ("trust_remote_code",),
+        "verl.utils.hf_processor": ("trust_remote_code", "use_fast"),
+        "verl.utils.config.validate_config": ("config", "use_reference_policy", "use_critic"),
+        "verl.utils.fs.copy_to_local": ("use_shm",),
+    }
+    gone = []
+    for path, params in calls.items():
+        module, _, name = path.rpartition(".")
+        fn = getattr(importlib.import_module(module), name, None)
+        have = inspect.signature(fn).parameters if fn is not None else {}
+        if fn is None or not (any(p.kind == p.VAR_KEYWORD for p in have.values()) or all(p in have for p in params)):
+            gone.append(path)
+    assert gone == []

@@ -237,6 +237,8 @@ EXTREMES = [
     ("overlong_penalty_counts_tool_tokens", "overlong_buffer", "1000000000", ""),
     ("overlong_penalty_counts_tool_tokens", "overlong_penalty_factor", "0.0", ""),
     ("overlong_penalty_counts_tool_tokens", "overlong_penalty_factor", "1e300", ""),
+    ("policy_tokens_unmasked", "trainer_temperature", "0.0", ""),  # L212 is in preview: another fault
+    ("policy_tokens_unmasked", "trainer_temperature", "1e300", ""),
 ]
 
 

@@ -168,3 +168,10 @@ def test_a_dump_with_a_missing_line_is_exit_2_naming_what_was_lost(tmp_path):
     res = cli("check", "--from", "rllm", dumped, *opts(CONTEXT))
     assert res.exit_code == 2
     assert "the batch of step 13" in res.output
+
+
+def test_an_rllm_version_outside_the_tested_range_is_one_warning_at_start_up():
+    base = type("StandIn", (_StandInBackend,), {"rows": []})
+    with pytest.warns(UserWarning, match="outside the tested range") as caught:
+        audited_backend(base, "unused")(config=None)
+    assert len([w for w in caught if "tested range" in str(w.message)]) == 1

@@ -1,7 +1,7 @@
-"""TRL without the guard, and past GRPOTrainer: a plain `GRPOTrainer` whose `rollout_func` is wrapped in
+"""TRL without the guard, a plain `GRPOTrainer` whose `rollout_func` is wrapped in
 `RolloutRecorder`, audited afterwards with `check --from trl` over the recorder's file and TRL's own
-`log_completions` Parquet; and `AuditedRLOOTrainer`, the guard on TRL's `RLOOTrainer`. Real trainer
-steps on the tiny CPU model of test_integration_trl (nothing downloaded)."""
+`log_completions` Parquet. Real trainer steps on the tiny CPU model of test_integration_trl
+(nothing downloaded)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ torch = pytest.importorskip("torch")
 
 import pyarrow.parquet as pq  # noqa: E402
 from adapterhelp import cli  # noqa: E402
-from test_integration_trl import _dataset, _model, _settings, _tokenizer, rollout  # noqa: E402
+from test_integration_trl import _dataset, _model, _tokenizer, rollout  # noqa: E402
 
-from rollout_audit.integrations.trl import AuditedRLOOTrainer, RolloutRecorder, _Guard  # noqa: E402
+from rollout_audit.integrations.trl import RolloutRecorder  # noqa: E402
 
 pytestmark = pytest.mark.slow  # each run trains a model (about 10 s each on 2 cores)
 
@@ -27,6 +27,11 @@ IDENTITY = [
     for kv in ("environment_id=arith", "environment_version=1", "verifier_version=len-mod-3", "reset_seed=0")
     for x in ("--context", kv)
 ]
+
+
+def _length_reward(completions, **kwargs):
+    """The reply's length in characters: varies within a group even on this untrained model."""
+    return [float(len(c[0]["content"])) for c in completions]
 
 
 def _grpo_run(out: Path, steps: int) -> tuple[Path, Path, RolloutRecorder]:
@@ -135,87 +140,3 @@ def test_completions_of_another_run_are_refused_naming_the_file(grpo_runs):
     res = cli("check", "--from", "trl", log, sorted(other.glob("*.parquet"))[-1], *IDENTITY)
     assert res.exit_code == 2
     assert "completions_" in res.output
-
-
-# ---------------------------------------------------------------- RLOO
-
-
-def _length_reward(completions, **kwargs):
-    """The reply's length in characters: varies within a group even on this untrained model."""
-    return [float(len(c[0]["content"])) for c in completions]
-
-
-def _rloo(out: Path, cls: type, **kw):
-    from trl import RLOOConfig
-
-    torch.set_num_threads(1)
-    tok = _tokenizer()
-    args = RLOOConfig(
-        output_dir=str(out),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=6,
-        learning_rate=1e-3,
-        temperature=0.7,
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        save_strategy="no",
-        logging_steps=1,
-        seed=0,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        max_steps=1,
-        beta=0.0,
-        **kw,
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer = cls(
-            model=_model(tok, stop_every=6),
-            reward_funcs=_length_reward,
-            args=args,
-            train_dataset=_dataset(4),
-            processing_class=tok,
-            audit=_settings(log_dir=out / "log"),
-        )
-        trainer.train()
-    return trainer
-
-
-class _SelfInBaseline(trl.RLOOTrainer):
-    """An RLOO whose baseline includes the sample itself (the group mean): what a leave-one-out bug trains."""
-
-    def _generate_and_score_completions(self, inputs):
-        out = super()._generate_and_score_completions(inputs)
-        k = self.num_generations
-        adv = out["advantages"]
-        # RLOO's A_i = r_i - mean_{j≠i} r_j = k/(k-1) (r_i - mean r); the group-mean baseline is (k-1)/k of it
-        out["advantages"] = adv * (k - 1) / k
-        return out
-
-
-class _AuditedSelfInBaseline(_Guard, _SelfInBaseline):
-    _loss_type = AuditedRLOOTrainer._loss_type
-    _estimator = AuditedRLOOTrainer._estimator
-    _skip_rows = AuditedRLOOTrainer._skip_rows
-
-
-def test_rloo_guard_audits_a_real_step_clean_with_its_leave_one_out_advantages_recomputed(tmp_path):
-    trainer = _rloo(tmp_path, AuditedRLOOTrainer)
-    labels = [label for label, _ in trainer.audit_reports]
-    assert labels[0].startswith("gen") and any(label.startswith("update") for label in labels)
-    for label, rep in trainer.audit_reports:
-        assert rep.ok, (label, rep.findings)
-    update = next(rep for label, rep in trainer.audit_reports if label.startswith("update"))
-    assert "U603" not in update.not_run
-    cfg = tmp_path / "user.toml"  # RLOO records no behaviour log-probs: only the user's word waives them
-    cfg.write_text('[tool.rollout-audit]\nnot_recorded = ["behavior_logprobs"]\n')
-    res = cli("check", tmp_path / "log", "--config", cfg, "--format", "json")
-    assert res.exit_code == 0, res.output
-
-
-def test_rloo_with_the_sample_in_its_own_baseline_is_u603(tmp_path):
-    trainer = _rloo(tmp_path, _AuditedSelfInBaseline)
-    update = next(rep for label, rep in trainer.audit_reports if label.startswith("update"))
-    assert "U603" in set(update.findings["code"])

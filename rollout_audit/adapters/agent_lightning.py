@@ -12,19 +12,32 @@ As the trainer's triplet export does (server/routes/events.py:208-228), only the
 each prompt is kept (a retried call). Failed calls (`status` "error") returned no tokens and are
 not turns.
 
-The proxy samples at its own temperature while agent-lightning's verl trainer recomputes log-probs
-at `actor_rollout_ref.rollout.temperature` (verl/trainer.py:500): given as `--context
-rollout_temperature=...`, a call sampled at another temperature is refused, naming the event."""
+The proxy samples at its own temperature while agent-lightning's verl trainer records
+`actor_rollout_ref.rollout.temperature` as its batch's sampling temperature and recomputes log-probs
+there (verl/trainer.py:481 at HEAD c632d8d): given as `--context rollout_temperature=...`, it is the
+trainer setting `trainer_temperature`, against which L212 judges every call's temperature."""
 
 from __future__ import annotations
 
-import math
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
 
-from .base import AdapterError, at_record, context_values, mapping, need, number, short, whole, wholes
+from .base import (
+    META_TRAINER_SETTINGS,
+    AdapterError,
+    at_record,
+    context_values,
+    mapping,
+    need,
+    number,
+    short,
+    whole,
+    wholes,
+    with_trainer_settings,
+)
 from .exchanges import Session, entry_logprobs, lacks, table
 from .openai import CONTEXT, logprob_ids
 from .steps import Call, engine_context, finish_reason, guarded, option
@@ -79,16 +92,6 @@ def _call(data: Mapping[str, Any], where: str, context: Mapping[str, Any]) -> Ca
             turn[key] = number(value, field, where)
         elif context.get(key) is not None:  # the engine's default, as the user states it
             turn[key] = context[key]
-    configured = context.get("rollout_temperature")
-    if configured is not None:
-        ran = turn.get("temperature")
-        if ran is None or not math.isclose(ran, configured, rel_tol=0, abs_tol=1e-6):
-            _, field = _sampled_at(data, "temperature", where)
-            raise AdapterError(
-                f"{where}: {field}: the proxy sampled at temperature {short(ran)}, but the trainer computes "
-                f"log-probs at rollout_temperature={configured} (actor_rollout_ref.rollout.temperature): "
-                "set default_proxy.train.temperature to the trainer's temperature"
-            )
     if data.get("model_version") is not None:
         turn["policy_version"] = whole(data["model_version"], "model_version", where)
     elif option(context, "policy_version") is not None:
@@ -135,4 +138,11 @@ def to_contract(records: Iterable[Mapping[str, Any]], **context: Any) -> pa.Tabl
     empty = [k for k, s in sessions.items() if not s.calls]
     if empty:
         raise AdapterError(f"rollout {short(empty[0])}: no successful model_request event")
-    return table(sessions, LACKS, FRAMEWORK, context)
+    out = table(sessions, LACKS, FRAMEWORK, context)
+    configured = context.get("rollout_temperature")
+    if configured is None:
+        return out
+    declared = json.loads((out.schema.metadata or {}).get(META_TRAINER_SETTINGS) or b"{}")
+    said = f"the trainer recomputes log-probs at actor_rollout_ref.rollout.temperature = {configured} (L212)"
+    said = f"{declared['said']}; {said}" if declared.get("said") else said
+    return with_trainer_settings(out, said, **declared.get("settings", {}), trainer_temperature=float(configured))

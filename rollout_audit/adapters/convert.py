@@ -16,6 +16,8 @@ import pyarrow as pa
 from ..contract.errors import AdapterError
 from . import load
 from .base import META_INCOMPLETE, META_ORIGINS, META_TRAINER_SETTINGS, dump_files, read_records
+from .exchanges import with_calls
+from .openai import recorded_calls
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,15 @@ def _plain(table: pa.Table) -> pa.Table:
     return table.replace_schema_metadata(meta)
 
 
-def convert(framework: str, paths: Sequence[str | os.PathLike], context: Mapping[str, Any]) -> Converted:
-    """The dump files at `paths` as contract tables, through the adapter of `framework`."""
+def convert(
+    framework: str,
+    paths: Sequence[str | os.PathLike],
+    context: Mapping[str, Any],
+    calls: Sequence[str | os.PathLike] = (),
+) -> Converted:
+    """The dump files at `paths` as contract tables, through the adapter of `framework`; with `calls`,
+    the recordings of `rollout-audit capture` (or OpenAI request/response lines) whose engine calls are
+    joined to the trainer's rows by their token prefix (`exchanges.with_calls`)."""
     adapter = load(framework)
     if adapter.read_dump is not None:
         files, other, records = adapter.read_dump(paths)
@@ -67,6 +76,11 @@ def convert(framework: str, paths: Sequence[str | os.PathLike], context: Mapping
         raise AdapterError(f"{', '.join(str(p) for p in paths)}: {e}") from None
     raw = (trajectories.schema.metadata or {}).get(META_ORIGINS)
     origins = json.loads(raw) if raw else [None] * trajectories.num_rows
+    if calls:
+        captured = [f for p in calls for f in dump_files(p)[0]]
+        recorded = recorded_calls(r for f in captured for r in read_records(f))
+        trajectories = with_calls(trajectories, recorded, origins)
+        files = [*files, *captured]
     declared = json.loads((trajectories.schema.metadata or {}).get(META_TRAINER_SETTINGS) or b"{}")
     sources = tuple(str(p) for p in paths)
     skipped = tuple(str(f) for _, other in listed for f in other)

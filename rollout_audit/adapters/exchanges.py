@@ -11,6 +11,7 @@ the ids is refused, naming the record and the field."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ import pyarrow as pa
 from ..contract import schema as S
 from .base import ORIGIN, AdapterError, contract_table, numbers, with_trainer_settings
 from .openai import trainer_truncation
-from .steps import Call, episode_rows, identity_lacks, merge, outcome
+from .steps import Call, engine_context, episode_rows, identity_lacks, merge, outcome
 
 # what M111 reads: the ids the engine's own log-prob entries name at a split (contract 1.3)
 EXPOSED = ("split_exposed_position", "split_exposed_logprob_id")
@@ -188,3 +189,99 @@ def join(rows: Sequence[Sequence[int]], calls: Sequence[Call]) -> Joined:
         taken[key] = k + 1
     reached = {r for r in out if r is not None}
     return Joined(out, [i for i in range(len(rows)) if i not in reached])
+
+
+# what a joined call adds to a trainer's turn, where the trainer's record has none (the engine's own)
+CALL_FIELDS = (
+    "context_length",
+    "context_sha256",
+    "sampled_token_ids",
+    "temperature",
+    "top_p",
+    "finish_reason",
+    "policy_version",
+)
+
+
+def _first_policy(row: Mapping[str, Any]) -> dict[int, int]:
+    """Each turn's first policy token position in a trainer row."""
+    out: dict[int, int] = {}
+    for i, (src, t) in enumerate(zip(row.get("token_source") or [], row.get("token_turn") or [])):
+        if src == S.POLICY and t is not None and t >= 0:
+            out.setdefault(t, i)
+    return out
+
+
+def _policy_ids(row: Mapping[str, Any], turn: int) -> list[int]:
+    ids, src, tt = row["token_ids"], row["token_source"], row["token_turn"]
+    return [i for i, s, t in zip(ids, src, tt) if s == S.POLICY and t == turn]
+
+
+def with_calls(table: pa.Table, calls: Sequence[tuple[Call, str]], origins: Sequence[str | None]) -> pa.Table:
+    """A trainer's trajectories with the engine's record of each of their turns, from calls that carry
+    no row id (a capture proxy in front of slime's router or TRL's server): each call meets the row
+    whose token ids begin with exactly its context and sampled ids (`join`), at the turn whose first
+    policy token follows its context; the turn takes the call's context (`context_length`,
+    `context_sha256`), its sampled ids and its sampling parameters, finish reason and weight version
+    where the trainer recorded none, and the row the call's log-probs where it has none. Nothing the
+    trainer recorded is replaced.
+
+    A turn no call meets exactly is not left without evidence: the one call that met no row and
+    sampled exactly the turn's policy ids gives it its context, which then differs from the row's
+    prefix (M105 names where); with no such call, or more than one, the join is refused naming the
+    row, the turn and its position (one line, exit 2)."""
+    rows = table.to_pylist()
+    joined = join([r["token_ids"] for r in rows], [c for c, _ in calls])
+    firsts = [_first_policy(r) for r in rows]
+    met: dict[tuple[int, int], int] = {}  # (row, turn) -> call
+    for k, r in enumerate(joined.row_of_call):
+        if r is None:
+            continue
+        turn = rows[r]["token_turn"][len(calls[k][0].prompt_ids)] if calls[k][0].completion_ids else None
+        if turn is not None and firsts[r].get(turn) == len(calls[k][0].prompt_ids):
+            met.setdefault((r, turn), k)
+    used = set(met.values())  # a second call of a prefix one row holds met that row's turn already
+    spare = [k for k in range(len(calls)) if k not in used]
+    for r, row in enumerate(rows):
+        for turn, pos in sorted(firsts[r].items()):
+            if (r, turn) in met:
+                continue
+            ids = _policy_ids(row, turn)
+            same = [k for k in spare if list(calls[k][0].completion_ids) == ids]
+            if len(same) != 1:
+                where = f"{origins[r]}: " if r < len(origins) and origins[r] else ""
+                why = "no recorded call" if not same else f"{len(same)} recorded calls, none with its prefix,"
+                raise AdapterError(
+                    f"{where}trajectory {rows[r]['trajectory_id']} turn {turn} (position {pos}): {why} sampled "
+                    f"its {len(ids)} policy token(s) after sha256 of token_ids[:{pos}] = "
+                    f"{S.context_sha256(row['token_ids'][:pos])[:16]}... ({len(spare)} of {len(calls)} recorded "
+                    "calls met no turn)"
+                )
+            met[(r, turn)] = same[0]
+            spare.remove(same[0])
+    for (r, turn), k in met.items():
+        _take(rows[r], turn, firsts[r][turn], calls[k][0])
+    out = contract_table(rows, {}, "calls joined")
+    meta = dict(table.schema.metadata or {})
+    have = {f.name for f in out.schema.field("turns").type.value_type}
+    lacks = json.loads(meta.get(S.META_NOT_RECORDED) or b"{}")
+    meta[S.META_NOT_RECORDED] = json.dumps(
+        {k: v for k, v in lacks.items() if not (k.startswith("turns.") and k[6:] in have)}, sort_keys=True
+    ).encode()
+    return out.replace_schema_metadata(meta)
+
+
+def _take(row: dict[str, Any], turn: int, pos: int, call: Call) -> None:
+    """The engine's record of `call` on the row's turn and policy tokens, where the trainer has none."""
+    rec = row["turns"][turn]
+    engine = {**call.turn, **engine_context(call.prompt_ids), "sampled_token_ids": list(call.completion_ids)}
+    for key in CALL_FIELDS:
+        if rec.get(key) is None and engine.get(key) is not None:
+            rec[key] = engine[key]
+    lps = row.get("behavior_logprobs")
+    if call.logprobs is None or lps is None:
+        return
+    for i, lp in enumerate(call.logprobs):
+        at = pos + i
+        if at < len(lps) and lps[at] is None and row["token_source"][at] == S.POLICY:
+            lps[at] = lp

@@ -39,6 +39,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..contract import schema as S
+from ..contract.digests import NEMO_GYM_TOKENS
 from . import nemo_gym_digest as D
 from .base import (
     AdapterError,
@@ -104,6 +105,8 @@ LACKS = {
     "num_trainable_tokens": "NeMo Gym does not count trainable tokens",
     "verifier_success": "NeMo Gym records a reward, not a verifier verdict",
     "initial_state_checksum": "NeMo Gym's capture does not see environment state",
+    "turns.capture_digest": "a rebuilt rollout or a staged ledger carries no TokenEntry digest (the capture files do)",
+    "turns.capture_digest_scheme": "a rebuilt rollout or a staged ledger carries no TokenEntry digest",
 }
 MAX_TOKENS = 1 << 27  # tokens a rollout's capture may expand to (delta prompts rebuilt, branches copied)
 USER, OBSERVATION = 1, 3  # token_source of the first prompt, and of what a later prompt adds
@@ -367,17 +370,11 @@ def _full_prompts(entries: dict[str, dict[str, Any]]) -> None:
 
 
 def _verify_entry(e: dict[str, Any]) -> None:
-    """The entry's recorded digest and cum_len against its own tokens (records.py:151-152)."""
+    """The entry's recorded cum_len against its own tokens (records.py:151-152); its digest is recorded
+    on its turn (capture_digest) for M112 to recompute."""
     seq = e["prompt"] + e["gen"]
     if e["cum_len"] is not None and e["cum_len"] != len(seq):
         raise AdapterError(f"{e['at']}: cum_len: {e['cum_len']} recorded, the call's sequence has {len(seq)} tokens")
-    if e["digest"] is not None:
-        found = D.entry_digest(seq)
-        if found != e["digest"]:
-            raise AdapterError(
-                f"{e['at']}: digest: recorded {e['digest'][:16]}..., the call's {len(seq)} tokens hash to "
-                f"{found[:16]}... (NeMo Gym digest v1)"
-            )
 
 
 def _captures(recs: Sequence[Mapping[str, Any]], rewards: Mapping[str, Any], ctx: Mapping[str, Any]) -> list:
@@ -459,7 +456,10 @@ def _along(tid: str, path: Sequence[dict[str, Any]], ctx: Mapping[str, Any]) -> 
     chain = _Chain()
     for e in path:
         lps = recorded_logprobs(Call(e["prompt"], e["gen"], e["lps"]), e["at"])
-        chain.add(e["prompt"][len(chain.seq) :], e["gen"], lps, _turn(e["prompt"], ctx))
+        turn = _turn(e["prompt"], ctx)
+        if e["digest"] is not None:  # Gym's stamp of the call's prompt + generation (records.py:79-105)
+            turn |= {"capture_digest": e["digest"], "capture_digest_scheme": NEMO_GYM_TOKENS}
+        chain.add(e["prompt"][len(chain.seq) :], e["gen"], lps, turn)
     return {**chain.row(tid), **origin(path[0]["rec"])}
 
 

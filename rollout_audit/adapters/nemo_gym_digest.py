@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-ENTRY_DIGEST_VERSION = 1  # records.py DIGEST_VERSION
-ENTRY_DOMAIN = b"nemo-gym-tokens"
+from ..contract.digests import nemo_gym_entry, u64s
+
 STAGING_SCHEMA_VERSION = 2
 STAGING_DIGEST_VERSION = 2
 EXTRAS_DIGEST_VERSION = 1
@@ -23,27 +23,13 @@ CALL_DOMAIN = b"nemo-gym-staging-call-v2"
 EXTRAS_DOMAIN = b"nemo-gym-staging-extras-v1"
 PREFIX_DOMAIN = b"nemo-gym-staging-prefix-v2"
 CHAIN_DOMAIN = b"nemo-gym-staging-chain-v1"
-_U64 = 2**64
 
 
-def _u64s(ids: Sequence[int]) -> bytes:
-    """Big-endian u64 of each id; ValueError for an id outside [0, 2**64)."""
-    if len(ids) and (min(ids) < 0 or max(ids) >= _U64):
-        raise ValueError("token ids must be unsigned 64-bit integers")
-    return np.asarray(ids, dtype=np.uint64).astype(">u8").tobytes()
-
-
-def entry_digest(ids: Sequence[int]) -> str:
-    """A TokenEntry's `digest` of its cumulative ids (prompt then generation): SHA-256 of the domain tag,
-    a header (version u8, length u64) and the ids; the empty sequence hashes the domain tag alone."""
-    if not ids:
-        return hashlib.sha256(ENTRY_DOMAIN).hexdigest()
-    header = struct.pack(">BQ", ENTRY_DIGEST_VERSION, len(ids))
-    return hashlib.sha256(ENTRY_DOMAIN + header + _u64s(ids)).hexdigest()
+entry_digest = nemo_gym_entry  # the TokenEntry digest: the contract's scheme nemo-gym-tokens-v1
 
 
 def _ids(ids: Sequence[int]) -> bytes:
-    return struct.pack(">Q", len(ids)) + _u64s(ids)
+    return struct.pack(">Q", len(ids)) + u64s(ids)
 
 
 def _text(value: str) -> bytes:

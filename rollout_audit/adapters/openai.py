@@ -153,6 +153,9 @@ def _call(line: Mapping[str, Any], where: str, version: int | None) -> Call:
     return call
 
 
+NO_END = "no end record (POST /sessions/ID/end never came: the session ran on, or the recorder stopped)"
+
+
 def _sessions(records: Iterable[dict]) -> tuple[dict[str, tuple[list[dict], dict[str, Any]]], dict[str, str]]:
     """Pairs and end record of each session, in the order first seen; and for each session the
     capture recorder wrote (`rollout-audit capture`), why it is incomplete, when it is: no end
@@ -198,13 +201,7 @@ def _sessions(records: Iterable[dict]) -> tuple[dict[str, tuple[list[dict], dict
         if not out[sid][0]:
             more = f"; and {len(why) - 1} more" if len(why) > 1 else ""
             captured[sid].append(f"no exchange was a turn: {why[0]}{more}")
-    incomplete = {
-        sid: "; ".join(
-            gaps or ["no end record (POST /sessions/ID/end never came: the session ran on, or the recorder stopped)"]
-        )
-        for sid, gaps in captured.items()
-        if gaps or sid not in ended
-    }
+    incomplete = {sid: "; ".join(gaps or [NO_END]) for sid, gaps in captured.items() if gaps or sid not in ended}
     for pairs, _ in out.values():  # a recorder numbers a session's exchanges as it dispatched them
         if pairs and "weight_version" in pairs[0]:
             pairs.sort(key=_turn)
@@ -254,6 +251,23 @@ def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
         meta = {**(table.schema.metadata or {}), META_INCOMPLETE: incomplete_line(incomplete, len(sessions)).encode()}
         table = table.replace_schema_metadata(meta)
     return with_trainer_settings(table, said, truncation=truncation) if truncation else table
+
+
+def recorded_calls(records: Iterable[dict]) -> list[tuple[Call, str]]:
+    """Every engine call of the recorded sessions, with the record it was read from, for a join to a
+    trainer's rows (`exchanges.with_calls`): the session's outcome is the trainer's there, so a session
+    with no end record is read; one that lost or tore a record is refused (a call may be missing)."""
+    sessions, incomplete = _sessions(records)
+    lost = {sid: why for sid, why in incomplete.items() if why != NO_END}
+    if lost:
+        raise AdapterError(incomplete_line(lost, len(sessions)).replace("not run: ", "", 1))
+    out = []
+    for sid, (pairs, end) in sessions.items():
+        version = end.get("policy_version")
+        for k, p in enumerate(pairs):
+            where = getattr(p, "origin", None) or f"session {sid} record {k}"
+            out.append((at_record(p, _call, p, f"session {sid} record {k}", _dispatched(p, version)), where))
+    return out
 
 
 def incomplete_line(incomplete: Mapping[str, str], sessions: int, shown: int = 5) -> str:

@@ -93,9 +93,31 @@ CONTEXT: dict[str, type] = {
 
 # The trainer-side hook (`integrations.rllm.dump_batch`): the DataProto row's identity (non_tensor_batch,
 # rllm/trainer/verl/transform.py `_batch_tensors_and_build_data_proto`) and the tensors it writes
-BATCH_ROWS = ("step_ids", "episode_ids", "group_roles", "is_pad_step")
+BATCH_ROWS = ("step_ids", "episode_ids", "group_roles", "is_pad_step", "trajectory_ids", "uid", "is_last_step")
 MISSING = "rollout_audit_missing"  # a line `integrations.rllm.AuditedBackend` writes for what it lost
-BATCH_TENSORS = ("prompts", "responses", "response_mask", "traj_rewards", "advantages", "rollout_log_probs")
+BATCH_TENSORS = (
+    "prompts",
+    "responses",
+    "response_mask",
+    "traj_rewards",
+    "advantages",
+    "rollout_log_probs",
+    "step_rewards",
+    "token_level_rewards",
+)
+# The settings record `integrations.rllm.AuditedWorkflowTrainer` writes beside the rows it trains: the
+# trainer, the rLLM version and what the trainer read from its configuration (`workflow_settings`)
+SETTINGS = "rollout_audit_trainer_settings"
+WORKFLOW_TRAINER = "AgentWorkflowPPOTrainer"
+TESTED_RLLM = ("0.3.0.pre",)  # rLLM's pyproject version at 9beb6e0, the commit the integration was read at
+# AgentWorkflowPPOTrainer's advantages are verl's compute_advantage (agent_workflow_trainer.py:425-433):
+# verl's GRPO divides by torch.std (Bessel's correction, ddof 1), verl's RLOO is R minus the others' mean
+VERL_ESTIMATORS = {
+    ("grpo", True): "grpo",
+    ("grpo", False): "grpo_no_std",
+    ("rloo", True): "rloo",
+    ("rloo", False): "rloo",
+}
 
 LACKS = {
     **identity_lacks(
@@ -306,18 +328,114 @@ def _trajectories(episode: Mapping[str, Any], n: int, context: Mapping[str, Any]
     return out
 
 
-def _split(records: Iterable[dict]) -> tuple[list[dict], list[dict]]:
-    """(episode records, trainer-side rows): a trainer-side row carries the batch's `responses`."""
+def _split(records: Iterable[dict]) -> tuple[list[dict], list[dict], dict[str, Any] | None]:
+    """(episode records, trainer-side rows, the workflow trainer's settings or None): a trainer-side row
+    carries the batch's `responses`, a settings record `SETTINGS`."""
     episodes: list[dict] = []
     rows: list[dict] = []
+    settings: list[tuple[str, Any]] = []
     for rec in records:
         if isinstance(rec, Mapping) and MISSING in rec:
             where = getattr(rec, "origin", None) or "the dump"
             raise AdapterError(
                 f"{where}: the recorder did not record {short(rec[MISSING])}: this run's record is incomplete"
             )
+        if isinstance(rec, Mapping) and SETTINGS in rec:
+            settings.append((getattr(rec, "origin", None) or "the dump", rec[SETTINGS]))
+            continue
         (rows if isinstance(rec, Mapping) and "responses" in rec else episodes).append(rec)
-    return episodes, rows
+    return episodes, rows, _settings(settings)
+
+
+_SETTING_TYPES: dict[str, type | tuple[type, ...]] = {
+    "trainer": str,
+    "rllm_version": (str, type(None)),
+    "loss_agg_mode": str,
+    "adv_estimator": str,
+    "norm_adv_by_std_in_grpo": bool,
+    "use_kl_in_reward": bool,
+    "distill_enable": bool,
+}
+
+
+def _settings(found: list[tuple[str, Any]]) -> dict[str, Any] | None:
+    """The workflow trainer's settings records, one per step, as one: each an object naming
+    `WORKFLOW_TRAINER`, with the types the adapter reads, and the same at every step (one run, one
+    configuration); `not_recorded` an object of strings."""
+    if not found:
+        return None
+    first_where, first = found[0]
+    for where, value in found:
+        if not isinstance(value, Mapping):
+            raise AdapterError(f"{where}: {SETTINGS} is not an object")
+        if value.get("trainer") != WORKFLOW_TRAINER:
+            raise AdapterError(f"{where}: {SETTINGS}.trainer is {short(value.get('trainer'))}, not {WORKFLOW_TRAINER}")
+        for key, kind in _SETTING_TYPES.items():
+            if key in value and not isinstance(value[key], kind):
+                raise AdapterError(f"{where}: {SETTINGS}.{key} has type {type(value[key]).__name__}")
+        lacks = value.get("not_recorded", {})
+        if not isinstance(lacks, Mapping) or not all(isinstance(v, str) for v in lacks.values()):
+            raise AdapterError(f"{where}: {SETTINGS}.not_recorded must be an object of strings")
+        if value != first:
+            key = next(k for k in sorted(set(value) | set(first), key=str) if value.get(k) != first.get(k))
+            raise AdapterError(
+                f"{where}: {SETTINGS}.{short(key)} is {short(value.get(key))}, but {short(first.get(key))} in "
+                f"{first_where}: one run's trainer has one configuration"
+            )
+    return dict(first)
+
+
+def _with_settings(context: dict[str, Any], settings: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The context with the advantage settings the workflow trainer recorded from its configuration (a
+    context option that says otherwise is refused: the trainer's own record is what it trained with).
+    AgentWorkflowPPOTrainer applies no compact filtering (agent_workflow_trainer.py at 9beb6e0 reads no
+    `rllm.compact_filtering`), so a context that enables it is refused too."""
+    if settings is None:
+        return context
+    out = dict(context)
+    for key in ("adv_estimator", "norm_adv_by_std_in_grpo"):
+        if key not in settings:
+            continue
+        if key in out and out[key] != settings[key]:
+            raise AdapterError(
+                f"--context {key}={out[key]!r} contradicts the trainer's record ({key} = {settings[key]!r}, "
+                "read from its configuration)"
+            )
+        out[key] = settings[key]
+    if out.get("compact_filtering"):
+        raise AdapterError(
+            f"--context compact_filtering=true: {WORKFLOW_TRAINER} applies no compact filtering (it reads no "
+            "rllm.compact_filtering); every episode it trains keeps its reward"
+        )
+    return out
+
+
+MAX_REASON = 400  # characters of a reason the recorder wrote (its own are one sentence)
+
+
+def _reason(text: Any) -> str:
+    """A reason from the dump as the report shows it: a string, cut at MAX_REASON characters."""
+    text = str(text)
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+
+
+def _workflow_said(settings: Mapping[str, Any], estimator: str | None) -> str:
+    """The sentence naming what the workflow trainer's record says it trained with."""
+    version = settings.get("rllm_version")
+    known = "" if version in TESTED_RLLM else f" (outside the tested range {', '.join(TESTED_RLLM)})"
+    read = ", ".join(
+        f"{k} {short(settings[k])}"
+        for k in ("loss_agg_mode", "adv_estimator", "norm_adv_by_std_in_grpo")
+        if k in settings
+    )
+    lacks = sorted(str(k) for k in settings.get("not_recorded", {}) if k not in UPDATE_COLUMNS)
+    missing = f"; not in its record: {_reason(', '.join(lacks))}" if lacks else ""
+    return (
+        f"{WORKFLOW_TRAINER} of rLLM {_reason(version) if version else '(version unknown)'}{known} trained with "
+        f"{read or 'no setting recorded'} (its own configuration, in the dump), advantages declared "
+        f"{estimator or 'not recomputable'}{missing}; it applies no compact filtering: every episode is "
+        "trained with its reward: truncation = 'penalize'"
+    )
 
 
 def _row_ids(episodes: list[dict], context: Mapping[str, Any]) -> dict[tuple[int | None, str], list[str]]:
@@ -377,7 +495,8 @@ def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     """Contract trajectories from rLLM `Episode.to_dict()` records; with trainer-side rows (`dump_batch`),
     what rLLM trains of them."""
     context = context_values(context, CONTEXT)
-    episodes, batch = _split(records)
+    episodes, batch, settings = _split(records)
+    context = _with_settings(context, settings)
     rows: list[dict[str, Any]] = [
         {**r, **origin(ep)} for n, ep in enumerate(episodes) for r in at_record(ep, _trajectories, ep, n, context)
     ]
@@ -388,6 +507,8 @@ def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
                 n, b = matched[r["trajectory_id"]]
                 at_record(b, _trained, r, b, f"batch row {n} ({r['trajectory_id']})")
     said, truncation = policy(context)
+    if settings is not None:
+        said, truncation = _workflow_said(settings, _estimator(context, settings)[0]), "penalize"
     return with_trainer_settings(contract_table(rows, LACKS, "rLLM"), said, truncation=truncation)
 
 
@@ -430,9 +551,10 @@ def updates(records: Iterable[dict], **context: Any) -> pa.Table | None:
     trainer_version is the newest weight_version of the step's batch (rLLM's episodes do not
     record the trainer's: exact for synchronous training, a lower bound otherwise)."""
     context = context_values(context, CONTEXT)
-    records, batch = _split(records)
+    records, batch, settings = _split(records)
+    context = _with_settings(context, settings)
     if batch:
-        return _batch_updates(records, batch, context)
+        return _batch_updates(records, batch, context, settings)
     steps: dict[int, dict[str, Any]] = {}
     for n, ep in enumerate(records):
         eid = str(need(ep, "id", f"episode {n}"))
@@ -459,7 +581,9 @@ def updates(records: Iterable[dict], **context: Any) -> pa.Table | None:
     )
 
 
-def _batch_updates(episodes: list[dict], batch: list[dict], context: Mapping[str, Any]) -> pa.Table | None:
+def _batch_updates(
+    episodes: list[dict], batch: list[dict], context: Mapping[str, Any], settings: Mapping[str, Any] | None
+) -> pa.Table | None:
     """One update per `global_step` of the trainer-side rows: the segments trained (rows with a trainable
     token), each with its advantage (one value on its trainable tokens) and the tokens it puts in the loss."""
     matched = _matched(batch, _row_ids(episodes, context))
@@ -484,14 +608,40 @@ def _batch_updates(episodes: list[dict], batch: list[dict], context: Mapping[str
             for k, u in sorted(steps.items())
         ],
         context,
+        settings,
     )
 
 
-def _update_table(updates: list[dict[str, Any]], context: Mapping[str, Any]) -> pa.Table | None:
-    """The update records with the declared estimator and what rLLM does not record."""
+UPDATE_COLUMNS = ("reduction", "loss_denominator", "trainer_version", "advantage_estimator")
+
+
+def _estimator(context: Mapping[str, Any], settings: Mapping[str, Any] | None) -> tuple[str | None, str]:
+    """The contract estimator of the run's advantages, and why there is none. The unified trainer's are
+    rLLM's own (population std); the workflow trainer's are verl's `compute_advantage` (`VERL_ESTIMATORS`),
+    not recomputable from the episode rewards when the KL penalty is in the reward or distillation set them."""
     name = str(context.get("adv_estimator", "grpo"))
-    normalised = name == "grpo" and context.get("norm_adv_by_std_in_grpo", True)
-    estimator = "grpo_population_std" if normalised else ESTIMATORS.get(name)
+    norm = bool(context.get("norm_adv_by_std_in_grpo", True))
+    why = f"rLLM's estimator {name!r} has no contract counterpart"
+    if settings is None:
+        return ("grpo_population_std" if name == "grpo" and norm else ESTIMATORS.get(name)), why
+    if "adv_estimator" not in settings:
+        return None, _reason(settings.get("not_recorded", {}).get("adv_estimator", "the record has no adv_estimator"))
+    if settings.get("use_kl_in_reward"):
+        return (
+            None,
+            "the advantages were computed from rewards with the KL penalty in them (algorithm.use_kl_in_reward)",
+        )
+    if settings.get("distill_enable"):
+        return None, "distillation set the advantages (rllm.distill.enable): teacher minus student log-probs"
+    return VERL_ESTIMATORS.get((name, norm)), f"verl's estimator {name!r} has no contract counterpart"
+
+
+def _update_table(
+    updates: list[dict[str, Any]], context: Mapping[str, Any], settings: Mapping[str, Any] | None = None
+) -> pa.Table | None:
+    """The update records with the declared estimator and what rLLM does not record (the workflow trainer's
+    record says what it lacks itself, and the loss aggregation it read)."""
+    estimator, why = _estimator(context, settings)
     rows: list[Mapping[str, Any]] = [
         {**u, **({"advantage_estimator": estimator} if estimator else {})} for u in updates
     ]
@@ -499,8 +649,20 @@ def _update_table(updates: list[dict[str, Any]], context: Mapping[str, Any]) -> 
         return None
     table = records_to_table(rows, kind="updates")
     lacks = dict(UPDATE_LACKS)
+    if settings is not None:
+        said = settings.get("not_recorded", {})
+        mode = settings.get("loss_agg_mode")
+        denominator = _reason(said.get("loss_denominator", _NO_LOSS))
+        loss = (
+            f"loss_agg_mode {short(mode)} is recorded (actor_rollout_ref.actor.loss_agg_mode), but not the "
+            f"denominator: {denominator}"
+            if mode is not None
+            else f"{_reason(said.get('loss_agg_mode', 'no loss_agg_mode in the record'))}; {denominator}"
+        )
+        version = _reason(said.get("trainer_version", _NO_VERSION))
+        lacks = {k: v for c, v in (("reduction", loss), ("loss_denominator", loss), ("trainer_version", version))
+                 for k in (c, f"updates.{c}")}  # fmt: skip
     if estimator is None:
-        why = f"rLLM's estimator {name!r} has no contract counterpart"
         lacks |= {"advantage_estimator": why, "updates.advantage_estimator": why}
     meta = {**(table.schema.metadata or {}), S.META_NOT_RECORDED: json.dumps(lacks, sort_keys=True).encode()}
     return table.replace_schema_metadata(meta)

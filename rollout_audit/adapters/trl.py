@@ -265,18 +265,21 @@ def records_from_batch(
 
 
 def trainer_truncation(args: Any) -> tuple[str, str]:
-    """(truncation, why): the audit's truncation policy as a `GRPOConfig` sets it. With
+    """(truncation, why): the audit's truncation policy as a `GRPOConfig` or `RLOOConfig` sets it. With
     `mask_truncated_completions` TRL trains none of a truncated completion's tokens and keeps its
-    reward in the group mean and std (grpo_trainer.py, `completion_mask * ~is_truncated`): `exclude`,
-    the rows recorded as loss_excluded. By default it trains the completion with the reward it was
-    given: `penalize`, a reward on a truncated completion being TRL's deliberate choice."""
+    reward in the group statistics (grpo_trainer.py:2489-2495, rloo_trainer.py:1519-1523,
+    `completion_mask * ~is_truncated`): `exclude`, the rows recorded as loss_excluded. By default it
+    trains the completion with the reward it was given: `penalize`, a reward on a truncated completion
+    being TRL's deliberate choice."""
+    name = type(args).__name__
+    name = name if name.endswith("Config") else "GRPOConfig"  # a recorded run's settings: the recorder is GRPO's
     if bool(getattr(args, "mask_truncated_completions", False)):
         return "exclude", (
-            "truncation = 'exclude' (GRPOConfig.mask_truncated_completions=True: TRL trains none of a "
+            f"truncation = 'exclude' ({name}.mask_truncated_completions=True: TRL trains none of a "
             "truncated completion's tokens and keeps its reward in the group statistics)"
         )
     return "penalize", (
-        "truncation = 'penalize' (GRPOConfig.mask_truncated_completions=False, TRL's default: a completion cut at "
+        f"truncation = 'penalize' ({name}.mask_truncated_completions=False, TRL's default: a completion cut at "
         "max_completion_length is trained with the reward it was given)"
     )
 

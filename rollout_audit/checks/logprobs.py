@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from ..contract.registry import rule
+from ..contract.registry import NotRun, rule
 from ..frames import native
 from ..frames.views import BatchView
 from ..replay.nucleus import read_nucleus
-from .common import ragged_index, source_breakdown, tolerance, where_first
+from .common import beyond, ragged_index, source_breakdown, tolerance, where_first
 
 
 @rule(
@@ -190,6 +190,58 @@ def decoding_params(b: BatchView, cfg) -> pl.DataFrame | None:
         pl.concat_str([part("temperature", "tt"), part("top_p", "tp")], separator="; ", ignore_nulls=True).alias(
             "message"
         ),
+    )
+
+
+@rule(
+    "L212",
+    "turn sampled at another temperature than the trainer recorded for its sampler",
+    "error",
+    requires=("turns.temperature",),
+    config=("trainer_temperature", "atol", "rtol"),
+    preview=True,
+)
+def temperature_against_trainer(b: BatchView, cfg) -> pl.DataFrame | None:
+    """A turn's recorded temperature (the one its engine call ran with) differs from the temperature
+    the trainer states its sampler used and recomputes log-probs at (`trainer_temperature`).
+
+    Lesson “Token-level and sequence-level probability ratios”: the behaviour log-probs are those of
+    the softmax at the sampling temperature; a trainer that recomputes the old and new log-probs at
+    another one builds every importance ratio between two different distributions, with no error
+    anywhere. It happens when a layer between the agent and the engine rewrites the sampling
+    parameters: agent-lightning's proxy replaces every request's temperature with its own
+    `default_proxy.train.temperature` while its verl trainer records and recomputes at
+    `actor_rollout_ref.rollout.temperature`. Set the two to the same value, or record and recompute
+    at the one the engine ran with. Turns with no recorded temperature are L204's and not compared.
+    """
+    if cfg.trainer_temperature is None:
+        raise NotRun("needs trainer_temperature (the temperature the trainer recomputes log-probs at)")
+    tr = b.turns
+    if not len(tr):
+        return None
+    expected = float(cfg.trainer_temperature)
+    temp = pl.col("temperature").cast(pl.Float64)
+    off = (temp.is_not_null() & ~temp.is_nan() & beyond(temp, expected, cfg)).fill_null(False)
+    bad = tr.filter(off)
+    if bad.is_empty():
+        return None
+    per = bad.group_by("_row", maintain_order=True).agg(
+        pl.col("trajectory_id").first(),
+        pl.col("_t").first().alias("turn"),
+        pl.col("temperature").first().cast(pl.Float64).round(6).alias("found"),
+        pl.len().alias("n"),
+    )
+    per = per.join(tr.group_by("_row").agg(pl.len().alias("T")), on="_row")
+    return per.select(
+        "trajectory_id",
+        "turn",
+        pl.format(
+            "sampled at temperature {} on {} of {} turn(s), the trainer recomputes at trainer_temperature = {}",
+            "found",
+            "n",
+            "T",
+            pl.lit(round(expected, 6)),
+        ).alias("message"),
     )
 
 

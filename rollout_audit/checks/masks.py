@@ -8,6 +8,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..contract import schema as S
+from ..contract.digests import SCHEMES
 from ..contract.registry import NotRun, rule
 from ..frames import native
 from ..frames.batch import as_bools, hex_digests, hex_matrix
@@ -809,3 +811,74 @@ def split_exposes_wrong_id(b: BatchView, cfg) -> pl.DataFrame | None:
         )
         .alias("message"),
     )
+
+
+@rule(
+    "M112",
+    "a capture layer's digest of a call does not match the trainer's tokens",
+    "error",
+    requires=(
+        "token_ids",
+        "turns.context_length",
+        "turns.sampled_token_ids",
+        "turns.capture_digest",
+        "turns.capture_digest_scheme",
+    ),
+    optional=("turns.context_sha256",),
+    preview=True,
+)
+def capture_digest(b: BatchView, cfg) -> pl.DataFrame | None:
+    """The digest a capture layer stamped on an engine call when it returned (capture_digest, in the
+    byte layout capture_digest_scheme names) is not the digest of the call's sequence as the trainer
+    has it: token_ids[:context_length] followed by the turn's sampled_token_ids.
+
+    Lesson “Log-probabilities must be captured at every turn” (token in, token out): a capture layer
+    (NeMo Gym's token-id capture) hashes each call's ids before the response reaches the agent, so
+    that whatever later carries them can be held to what the engine saw and returned. A mismatch
+    means the ids changed after the capture hashed them (a parser rewrote a sampled id, a delta
+    prompt was rebuilt onto the wrong parent, a record was edited in staging) or the layer's digest
+    is wrong; either way the trainer's tokens at this call are not the ones the capture vouches for.
+    Gym's own builder compares a child's prefix with its parent's recorded digest, never an entry's
+    digest with its own tokens. Turns whose context_sha256 already differs from the trainer's prefix
+    are M105's and not judged here; a turn with a null capture_digest is not compared.
+    """
+    tr = b.turns
+    if not len(tr) or b.tokens.ids is None:
+        return None
+    have_sha = "context_sha256" in tr.columns
+    tr = tr.filter(pl.col("capture_digest").is_not_null())
+    if tr.is_empty():
+        return None
+    ids, starts, n_tok = b.tokens.ids, b.tokens.starts, b.tokens.n_tok
+    out: list[dict] = []
+    # one hash per turn that carries a capture digest (only capture layers write one)
+    for r in tr.iter_rows(named=True):
+        row, cl, sampled = r["_row"], r["context_length"], r["sampled_token_ids"]
+        scheme, said = r["capture_digest_scheme"], r["capture_digest"].lower()
+        at = {"trajectory_id": r["trajectory_id"], "turn": r["_t"], "position": cl}
+        digest = SCHEMES.get(scheme)
+        if digest is None:
+            known = ", ".join(SCHEMES)
+            out.append(at | {"message": f"capture_digest_scheme {scheme!r} is not one this audit recomputes ({known})"})
+            continue
+        if cl is None or sampled is None or not 0 <= cl <= n_tok[row]:
+            continue  # no context or sampled ids to hash: M105 and M106 judge what is there
+        context = ids[starts[row] : starts[row] + cl]
+        if have_sha and r["context_sha256"] is not None and S.context_sha256(context) != r["context_sha256"].lower():
+            continue
+        try:
+            found = digest(np.concatenate([context.astype(np.int64), np.asarray(sampled, np.int64)]))
+            shown = f"{found[:16]}..."
+        except ValueError:
+            found, shown = "", "none (a negative id, which the scheme cannot encode)"
+        if found != said:
+            n = cl + len(sampled)
+            out.append(
+                at
+                | {
+                    "message": f"capture_digest {said[:16]}... ({scheme}) is not the digest of the call's {n} "
+                    f"tokens as the trainer has them (context {cl}, then {len(sampled)} sampled): {shown}"
+                }
+            )
+    return pl.DataFrame(out, schema={"trajectory_id": pl.String, "turn": pl.Int64, "position": pl.Int64,
+                                     "message": pl.String}) if out else None  # fmt: skip

@@ -57,7 +57,7 @@ def _replayed(log: LogView, cfg) -> pl.DataFrame:
         )
     what = f"replay of {cfg.replay} trajectories was asked for and"
     beyond = log.cache.setdefault("replay_beyond", [])
-    make = lambda: replay_frame(log.traj, int(cfg.replay), load_replayer(cfg), beyond)
+    make = lambda: replay_frame(log.traj, int(cfg.replay), load_replayer(cfg), beyond, log.memory)
     return _cached(log, "replay", make, what)
 
 
@@ -454,7 +454,7 @@ def consistent_bias(log: LogView, cfg) -> pl.DataFrame | None:
 def _neighbours(log: LogView, cfg) -> pl.DataFrame:
     """The replayed tokens also scored under the neighbouring policy versions (once per audit)."""
     _replayed(log, cfg)  # the same sample; raises NotRun / Unmet as L205 does
-    make = lambda: neighbour_frame(log.traj, int(cfg.replay), load_replayer(cfg))
+    make = lambda: neighbour_frame(log.traj, int(cfg.replay), load_replayer(cfg), log.memory)
     return _cached(log, "neighbours", make, "replay under the neighbouring versions")
 
 

@@ -174,6 +174,14 @@ class AuditOptions(Parsed):
         "verl, skyrl, slime, rllm, verifiers or openai.",
     )
     context: Mapping[str, str] = _context("With --from: what the trainer does not record.")
+    calls: tuple[str, ...] = option(
+        "--calls",
+        default=(),
+        multiple=True,
+        type=click.Path(exists=True),
+        help="With --from: a `rollout-audit capture` directory (or OpenAI request/response lines) whose engine "
+        "calls are joined to the dump's rows by their exact token prefix (calls that carry no row id).",
+    )
     replay: int | None = option(
         "--replay",
         type=click.IntRange(0),
@@ -210,6 +218,7 @@ class AuditOptions(Parsed):
             source=list(source),
             framework=self.framework,
             context=dict(self.context or {}),
+            calls=tuple(self.calls),
             config_file=self.config_file,
             replay=self.replay,
             preview=self.preview,

@@ -48,6 +48,7 @@ LOG_CONTEXT = (
     "grpo_epsilon",
     "masked_ok_reasons",
     "compare_logprobs",
+    "trainer_temperature",
     "max_examples",
 )
 # The most a configuration inside the log may state for a key, a bound no real trainer comes near
@@ -69,6 +70,7 @@ FLOAT_KEYS = (
     "max_turn_log_ratio",
     "min_logprob_bias",
     "truncation_penalty",
+    "trainer_temperature",
     "overlong_penalty_factor",
     "replay_connect_timeout",
     "replay_timeout",
@@ -189,6 +191,13 @@ class Config(BaseModel):
     replay_max_share: float = Field(0.0, ge=0, le=1, description="Share of replayed tokens allowed over replay_atol.")
     compare_logprobs: str | None = Field(
         None, description="A second per-token log-prob column (the trainer's recomputation) to compare with."
+    )
+    trainer_temperature: float | None = Field(
+        None,
+        ge=0,
+        description="The temperature the trainer recomputes log-probs at and records as the sampler's (verl "
+        "actor_rollout_ref.rollout.temperature, its batch's meta_info temperature): L212 compares every turn's "
+        "sampled temperature with it.",
     )
     denominator_not_recorded: bool = Field(
         False,

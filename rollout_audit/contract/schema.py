@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 SCHEMA_VERSION = "1"  # what a writer records when the file uses no column added later
-CONTRACT_VERSION = "1.4"  # the newest version of the contract: v1 to v1.3 files are valid v1.4 files
+CONTRACT_VERSION = "1.5"  # the newest version of the contract: v1 to v1.4 files are valid v1.5 files
 META_VERSION = b"rollout_log.schema_version"
 META_KIND = b"rollout_log.kind"
 META_NOT_RECORDED = b"rollout_log.not_recorded"  # JSON {column: why the producer's framework lacks it}

@@ -5,6 +5,8 @@
     python -m rollout_audit.dev generate --check      # exit 1, naming the stale files, if any is stale
 
 - docs/contract.md from `schemas/`, docs/checks.md from the registered rules;
+- the code blocks of docs/frameworks/{verl,skyrl,slime}.md that name an integration's options and
+  the keys it writes (`dev/pages.py`);
 - the README's generated regions: the check example (written by running the audit on the
   bundled fixture), the number of checks with their code ranges, the number of faults, the
   configuration keys a log may set and those refused inside it;
@@ -34,6 +36,7 @@ from pathlib import Path
 from ..checks import all_rules
 from ..contract.registry import FAMILIES
 from .docs import checks_markdown, configuration_markdown, contract_markdown
+from .pages import regions as framework_regions
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 COMMAND = "python -m rollout_audit.dev generate"
@@ -215,6 +218,9 @@ def text_files(root: Path = ROOT, matrix: str | None = None) -> dict[Path, str]:
     for name, regions in guide_regions(root).items():
         page = root / "docs" / "guide" / name
         out[page] = fill_regions(page.read_text(), regions, f"docs/guide/{name}")
+    for name, regions in framework_regions().items():
+        page = root / "docs" / "frameworks" / name
+        out[page] = fill_regions(page.read_text(), regions, f"docs/frameworks/{name}")
     if matrix is not None:
         page = root / "fixtures" / "README.md"
         out[page] = fill_regions(page.read_text(), {"matrix": lambda: matrix_region(matrix)}, "fixtures/README.md")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..contract.config import Config
-from .base import Ctx, fault, policy_positions
+from .base import Ctx, NoTarget, fault, policy_positions
 
 
 @fault("positive_logprob", {"L201"}, group="tokens-2")
@@ -144,3 +144,16 @@ def top_p_against_full_vocab_trainer(ctx: Ctx) -> list[str]:
                 tr["logprob"] = float(sum(lps[j] for j in policy_positions(t, k) if lps[j] is not None))
         touched.append(t["trajectory_id"])
     return touched
+
+
+@fault("trainer_temperature_not_the_samplers", {"L212"}, config={"trainer_temperature": 0.7})
+def trainer_temperature_not_the_samplers(ctx: Ctx) -> list[str]:
+    """The trainer records its sampler at temperature 0.7 and recomputes log-probs there, while a
+    proxy between the agents and the engine replaced every request's temperature with its own
+    (agent-lightning's `default_proxy.train.temperature` against verl's
+    `actor_rollout_ref.rollout.temperature`): every turn ran at the log's own temperature, so every
+    trajectory's importance ratios compare two distributions. The records are the compliant run's;
+    the trainer's setting is the bug."""
+    if any(tr.get("temperature") in (None, 0.7) for t in ctx.trajs for tr in t["turns"]):
+        raise NoTarget("a log whose every turn records a temperature other than 0.7")
+    return [t["trajectory_id"] for t in ctx.trajs]

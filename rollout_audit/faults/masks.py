@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..contract.digests import NEMO_GYM_TOKENS, nemo_gym_entry
 from .base import (
     SEPARATOR,
     Ctx,
@@ -200,4 +201,39 @@ def control_token_id_replaced(ctx: Ctx) -> list[str]:
         tr["sampled_token_ids"][policy_positions(t, turn=t["token_turn"][at]).index(at)] = sampled + 1
     t["split_exposed_position"] = at
     t["split_exposed_logprob_id"] = sampled
+    return [t["trajectory_id"]]
+
+
+@fault("token_rewritten_after_capture", {"M112"})
+def token_rewritten_after_capture(ctx: Ctx) -> list[str]:
+    """A capture layer (NeMo Gym's token-id capture) stamped every engine call with its digest of the
+    call's context and sampled ids when the call returned; afterwards one sampled id of a trajectory's
+    last call was rewritten (a parser normalising a control token, a record edited in staging) in
+    everything that carries it, the trainer's tokens and the turn's sampled ids alike, but not in the
+    stamp. Only the stamp still holds the id the engine returned.
+
+    The rewritten id is in the trajectory's last turn, so no later context holds it (M105 stays
+    silent); the turn's sampled ids follow the tokens (M106 too)."""
+
+    def stampable(t: dict) -> bool:
+        return bool(t["turns"]) and all(
+            tr.get("context_length") is not None and tr.get("sampled_token_ids") is not None for tr in t["turns"]
+        )
+
+    for t in ctx.trajs:
+        for tr in t["turns"] if stampable(t) else []:
+            seq = [*t["token_ids"][: tr["context_length"]], *tr["sampled_token_ids"]]
+            tr["capture_digest"], tr["capture_digest_scheme"] = nemo_gym_entry(seq), NEMO_GYM_TOKENS
+
+    def target(t: dict) -> int | None:
+        pos = policy_positions(t, turn=len(t["turns"]) - 1)
+        return pos[0] if pos and stampable(t) else None
+
+    t = ctx.pick(lambda t: target(t) is not None, "trajectory whose last turn records its context and sampled ids")
+    at = target(t)
+    assert at is not None
+    last = t["turns"][-1]
+    new = t["token_ids"][at] + 1
+    replace_token(t, at, new)
+    last["sampled_token_ids"][policy_positions(t, turn=len(t["turns"]) - 1).index(at)] = new
     return [t["trajectory_id"]]

@@ -39,6 +39,7 @@ from ..adapters.trl import (
     update_from_step,
 )
 from ..api import audit_tables
+from ..contract import schema as S
 from ..contract.config import Config
 from ..contract.errors import AuditFailed
 from ..reading.records import records_to_table
@@ -59,7 +60,32 @@ __all__ = [
     "trainer_settings",
     "trainer_truncation",
     "update_from_step",
+    "version_warning",
 ]
+
+TESTED = ("1.16.0",)  # the TRL releases the guards and the recorder were read against
+_warned = False
+
+
+def version_warning(version: str | None) -> str | None:
+    """One line when the installed TRL is not a release the integration was read against."""
+    if version in TESTED:
+        return None
+    return (
+        f"rollout-audit: trl {version or '(unknown version)'} is outside the tested range ({', '.join(TESTED)}); "
+        "the trainer's batch may have changed: check the audit's not-run list for what was not recorded"
+    )
+
+
+def _warn_version() -> None:
+    """`version_warning` for the installed TRL, once per process."""
+    global _warned
+    import trl
+
+    warning = None if _warned else version_warning(getattr(trl, "__version__", None))
+    _warned = True
+    if warning:
+        warnings.warn(warning, stacklevel=3)
 
 
 # ---------------------------------------------------------------- the guard
@@ -83,6 +109,18 @@ class AuditSettings:
 
 
 FEW_FIGURES = ("errors", "warnings", "exit_code", "trainable_share", "policy_lag_max")
+
+
+def _declared(table: pa.Table, reasons: Mapping[str, str], add: bool = False) -> pa.Table:
+    """`table` whose `rollout_log.not_recorded` gives `reasons` for what it already declares missing
+    (and, with `add`, declares the others missing too)."""
+    meta = dict(table.schema.metadata or {})
+    lacks = json.loads(meta.get(S.META_NOT_RECORDED) or b"{}")
+    lacks.update({k: v for k, v in reasons.items() if add or k in lacks})
+    if not lacks:
+        return table
+    meta[S.META_NOT_RECORDED] = json.dumps(lacks, sort_keys=True).encode()
+    return table.replace_schema_metadata(meta)
 
 
 def _summary(what: str, report: Report) -> str:
@@ -116,6 +154,7 @@ class _Guard:
     _metrics: Any
 
     def __init__(self, *args: Any, audit: AuditSettings | None = None, **kwargs: Any) -> None:
+        _warn_version()
         self.audit = audit or AuditSettings()
         self.audit_reports: list[tuple[str, Report]] = []
         self._ra_generation = 0
@@ -149,6 +188,25 @@ class _Guard:
     def _estimator(self) -> str | None:
         raise NotImplementedError
 
+    def _no_estimator(self) -> str:
+        """Why `_estimator` is None: the settings whose advantages no contract estimator recomputes."""
+        raise NotImplementedError
+
+    def _settings_read(self) -> dict[str, Any]:
+        """The trainer's own settings (copied by its `__init__` from its config) the records follow."""
+        return {
+            "num_generations": self.num_generations,
+            "steps_per_generation": self.args.steps_per_generation,
+            "num_iterations": self.num_iterations,
+            "gradient_accumulation_steps": self.args.gradient_accumulation_steps,
+            "mask_truncated_completions": bool(getattr(self.args, "mask_truncated_completions", False)),
+            "max_completion_length": self.max_completion_length,
+        }
+
+    def _lacks(self) -> dict[str, str]:
+        """Reasons, for this trainer, that replace TRL_LACKS' for what its batch does not carry."""
+        return {}
+
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # type: ignore[no-untyped-def]
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)  # type: ignore[misc]
         weighted = (rewards_per_func * self.reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)  # type: ignore[attr-defined]
@@ -165,7 +223,7 @@ class _Guard:
         if rewards is not None and rewards.shape[0] != n:  # several processes: keep this process's rows
             start = self.accelerator.process_index * n
             rewards = rewards[start : start + n]
-        return records_from_batch(
+        table = records_from_batch(
             out,
             tokenizer=self.processing_class,
             policy_version=self.state.global_step,
@@ -183,6 +241,7 @@ class _Guard:
             excluded=excluded,
             mask_truncated_completions=bool(getattr(self.args, "mask_truncated_completions", False)),
         )
+        return _declared(table, self._lacks())
 
     def _generate_and_score_completions(self, inputs):  # type: ignore[no-untyped-def]
         out = super()._generate_and_score_completions(inputs)  # type: ignore[misc]
@@ -253,6 +312,9 @@ class _Guard:
         label = f"update {self.state.global_step}.{self._ra_micro}"
         self._ra_micro += 1
         table = records_to_table([rec], "updates")
+        if "advantage_estimator" not in rec:  # said in the record, hence in the audit's not-run list
+            why = self._no_estimator()
+            table = _declared(table, {"advantage_estimator": why, "updates.advantage_estimator": why}, add=True)
         report = audit_tables(
             self._ra_table, table, config=self.audit.config, select=["U", "P503"], ignore=self.audit.ignore
         )
@@ -285,8 +347,10 @@ class _Guard:
             return
         c = self.audit.config
         path.parent.mkdir(parents=True, exist_ok=True)
+        read = ", ".join(f"{k}={v!r}" for k, v in self._settings_read().items()).replace("\n", " ")
         path.write_text(
             f"# the settings the trainer's configuration follows, written by {type(self).__name__}\n"
+            f"# {type(self.args).__name__} as the trainer read it: {read}\n"
             f'[tool.rollout-audit]\ntruncation = "{c.truncation}"\ngrpo_epsilon = {c.grpo_epsilon!r}\n'
             + (f"compare_logprobs = {json.dumps(c.compare_logprobs)}\n" if c.compare_logprobs else "")
         )
@@ -316,6 +380,17 @@ class AuditedGRPOTrainer(_Guard, GRPOTrainer):
     def _estimator(self) -> str | None:
         return advantage_estimator(self)
 
+    def _settings_read(self) -> dict[str, Any]:
+        t: Any = self
+        return {**super()._settings_read(), "loss_type": t.loss_type, "scale_rewards": t.scale_rewards}
+
+    def _no_estimator(self) -> str:
+        return (
+            f"GRPOConfig scale_rewards={self.scale_rewards!r}, multi_objective_aggregation="  # type: ignore[attr-defined]
+            f"{getattr(self, 'multi_objective_aggregation', 'sum_then_normalize')!r}: TRL's advantages follow no "
+            "contract estimator (batch-level std, or rewards normalised before they are summed)"
+        )
+
     def _skip_rows(self, out: dict, bad: np.ndarray) -> dict:
         """Zero the loss mask (through tool_mask, so attention is unchanged) of the excluded rows."""
         cm = out["completion_mask"]
@@ -326,22 +401,72 @@ class AuditedGRPOTrainer(_Guard, GRPOTrainer):
         return out
 
 
+_RLOO_LACKS = {
+    "behavior_logprobs": "RLOOTrainer keeps no per-token log-probs of the sampler: it asks vLLM for none "
+    "(rloo_trainer.py:782, :1306 in trl 1.16.0) and its batch carries only old_logps, the trainer's own "
+    "sequence sum under the sampling weights (:1610)",
+    "turns.logprob": "RLOOTrainer records no per-turn log-prob (it takes no rollout_func)",
+    "turns.context_length": "RLOOTrainer records no context per turn (it takes no rollout_func)",
+    "turns.context_sha256": "RLOOTrainer records no context per turn (it takes no rollout_func)",
+    "turns.sampled_token_ids": "RLOOTrainer records no sampled ids per turn (it takes no rollout_func)",
+    "reward": "RLOOTrainer's batch carries advantages, not rewards; AuditedRLOOTrainer records the weighted "
+    "sum _calculate_rewards gave",
+}
+
+
 class AuditedRLOOTrainer(_Guard, RLOOTrainer):
     """`RLOOTrainer` under the same guard as `AuditedGRPOTrainer` (same `audit=` settings). RLOO's loss is a
-    sequence-level ratio times the advantage, averaged over the micro-batch's sequences and divided by
-    gradient accumulation by the HF Trainer (rloo_trainer.py:1794-1842 in trl 1.16.0): declared
-    `seq_mean_token_sum` over B × GA. Its advantages are the leave-one-out baseline (rloo_trainer.py:1683-1693),
-    declared `rloo` unless `normalize_advantages`, a KL term in the reward (`beta` != 0, RLOO's default 0.05)
-    or `reward_clip_range` change them: then no contract estimator matches and U603 is not run. RLOO keeps
-    no per-token behaviour log-probs (only the sequence sum `old_logps`), so the L checks are not run.
-    Under `skip` a flagged row's advantage is zeroed (its sequence term then carries no gradient)."""
+    sequence-level ratio times the advantage, averaged over the micro-batch's sequences
+    (`per_sequence_loss.mean()`, rloo_trainer.py:1833 in trl 1.16.0) and divided by gradient accumulation by
+    the HF Trainer (TRL's BaseTrainer sets `model_accepts_loss_kwargs = False`, base_trainer.py:77):
+    declared `seq_mean_token_sum` over B × GA, whatever the configuration (RLOOConfig has no loss_type).
+    Its advantages are the leave-one-out baseline over the group's scorable rewards (:1683-1699), declared
+    `rloo` unless the trainer's `normalize_advantages` (:1695), a KL term in the reward (`beta` != 0,
+    RLOO's default 0.05, :1664-1673) or `reward_clip_range` (:1660) change them: then no contract
+    estimator matches, the update record says which setting, and U603 is not run with that reason. RLOO
+    keeps no per-token behaviour log-probs (only the sequence sum `old_logps`), so the L checks are not
+    run. Under `skip` a flagged row's advantage is zeroed (its sequence term then carries no gradient)."""
 
     def _loss_type(self) -> str:
         return "rloo"
 
+    def _changes_advantages(self) -> list[str]:
+        """The trainer's settings that make its advantages other than the plain leave-one-out ones."""
+        t: Any = self
+        said = ["normalize_advantages=True (rloo_trainer.py:1695)"] if t.normalize_advantages else []
+        if t.beta != 0.0:
+            said.append(
+                f"beta={t.beta!r}: a KL penalty the batch does not carry is in each reward (rloo_trainer.py:1664-1673)"
+            )
+        if t.reward_clip_range:
+            said.append(
+                f"reward_clip_range={tuple(t.reward_clip_range)!r}: rewards clipped before the baseline (rloo_trainer.py:1660)"
+            )
+        return said
+
     def _estimator(self) -> str | None:
-        plain = not self.normalize_advantages and self.beta == 0.0 and not self.reward_clip_range  # type: ignore[attr-defined]
-        return "rloo" if plain else None
+        return None if self._changes_advantages() else "rloo"
+
+    def _settings_read(self) -> dict[str, Any]:
+        t: Any = self
+        return {
+            **super()._settings_read(),
+            "beta": t.beta,
+            "normalize_advantages": t.normalize_advantages,
+            "reward_clip_range": t.reward_clip_range,
+            "epsilon_low": t.epsilon_low,
+            "epsilon_high": t.epsilon_high,
+        }
+
+    def _no_estimator(self) -> str:
+        return (
+            f"RLOOConfig {'; '.join(self._changes_advantages())}: RLOO's advantages are not the leave-one-out "
+            "difference of the recorded rewards, and no contract estimator recomputes them (beta=0.0, "
+            "normalize_advantages=False and no reward_clip_range make them `rloo`)"
+        )
+
+    def _lacks(self) -> dict[str, str]:
+        return _RLOO_LACKS
 
     def _skip_rows(self, out: dict, bad: np.ndarray) -> dict:
         adv = out["advantages"]
@@ -386,6 +511,7 @@ class RolloutRecorder:
     `missing` and as a `missing` line in its file, which `check --from trl` refuses to pass over (exit 2)."""
 
     def __init__(self, rollout_func: Any, log_dir: str | os.PathLike) -> None:
+        _warn_version()
         self.rollout_func = rollout_func
         self.log_dir = Path(log_dir)
         self.calls = 0

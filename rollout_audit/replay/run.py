@@ -83,11 +83,18 @@ def _request(rows: pa.Table, tokens: pl.DataFrame, version: int) -> tuple[Replay
     return req, sel["_i"].to_numpy()
 
 
-def replay_frame(traj: pl.DataFrame, n: int, replayer: Replayer, beyond: list[dict] | None = None) -> pl.DataFrame:
-    """Tokens of n sampled trajectories with `recorded`, `sampled` and `base` log-probs, and their ids.
+def replay_frame(
+    traj: pl.DataFrame,
+    n: int,
+    replayer: Replayer,
+    beyond: list[dict] | None = None,
+    memory: Mapping[str, pa.Table] | None = None,
+) -> pl.DataFrame:
+    """Tokens of n sampled trajectories with `recorded`, `sampled` and `base` log-probs, and their ids
+    (`memory`: the log's in-memory tables by name, as `sampled_rows` reads them).
     A trajectory holding a token id the checkpoint has no logit for is left out, and added to `beyond`
     (file, trajectory_id, position, policy_version, message) when given."""
-    rows = sampled_rows(traj, n)
+    rows = sampled_rows(traj, n, memory=memory)
     tokens = token_frame(rows)
     sampled = np.full(tokens.height, np.nan)
     base = np.full(tokens.height, np.nan)
@@ -115,11 +122,13 @@ def replay_frame(traj: pl.DataFrame, n: int, replayer: Replayer, beyond: list[di
     return frame.filter(~pl.col("_row").is_in(sorted(out))) if out else frame
 
 
-def neighbour_frame(traj: pl.DataFrame, n: int, replayer: Replayer) -> pl.DataFrame:
+def neighbour_frame(
+    traj: pl.DataFrame, n: int, replayer: Replayer, memory: Mapping[str, pa.Table] | None = None
+) -> pl.DataFrame:
     """The tokens `replay_frame` scores (the same sample), each also scored under the policy
     versions before and after its own among the versions of the sample: `prev_version`,
     `sampled_prev`, `next_version`, `sampled_next` (NaN where that version has no checkpoint)."""
-    rows = sampled_rows(traj, n)
+    rows = sampled_rows(traj, n, memory=memory)
     tokens = token_frame(rows)
     versions = sorted(int(v) for v in tokens["policy_version"].unique().to_list())
     out = {k: np.full(tokens.height, np.nan) for k in ("prev_version", "sampled_prev", "next_version", "sampled_next")}

@@ -55,12 +55,14 @@ class Request:
     (`--replay N`). `preview`: also run the checks in preview (`--preview`). `baseline`: a baseline file (replaces the configuration's); `use_baseline=False`
     settles with tolerated shares only (`diff` compares two logs, each with no baseline of its own).
     `log_root`: the directory the log lives in, when the paths are parts of it (`watch` audits
-    each step of the directory it follows)."""
+    each step of the directory it follows). `calls`: with `framework`, recordings of the engine calls
+    (`rollout-audit capture`) joined to the dump's rows by their token prefix (`--calls`)."""
 
     source: Any
     updates: Any = None
     framework: str | None = None
     context: Mapping[str, Any] = field(default_factory=dict)
+    calls: tuple[str | os.PathLike, ...] = ()
     config_file: str | os.PathLike | None = None
     config: Config | None = None
     replay: int | None = None
@@ -137,11 +139,13 @@ def run(request: Request) -> Audited:
     storage.set_timeouts(cfg.storage_connect_timeout, cfg.storage_request_timeout)
     opts = request.options
     conv: Converted | None = None
+    if request.calls and not request.framework:
+        raise ConfigError("--calls joins recorded engine calls to a trainer's dump: give the dump's --from")
     if request.framework:
         paths = request.paths
         if not paths:
             raise TypeError("a framework's dump is read from paths")
-        conv = convert(request.framework, paths, request.context)
+        conv = convert(request.framework, paths, request.context, request.calls)
         cfg = merged_trainer_settings(cfg, conv)
         checked = relabel(_checked(in_memory(conv), cfg, opts), conv)
         table = conv.trajectories

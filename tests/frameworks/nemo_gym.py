@@ -97,6 +97,15 @@ def captured(rid: str, *, break_link: bool = False) -> list[dict]:
     return [{k: v for k, v in e.items() if k != "_full"} for e in (root, child, grandchild)]
 
 
+def rewritten_after_capture(rid: str) -> list[dict]:
+    """The three calls, the last one's final sampled id rewritten in its entry after the capture stamped
+    its digest (a parser normalising the end token, an edit in staging): Gym's builder never compares
+    an entry's digest with its own tokens, M112 does."""
+    recs = captured(rid)
+    recs[2]["generation_token_ids"] = [*recs[2]["generation_token_ids"][:-1], 7]
+    return recs
+
+
 def staged(rid: str, cid: str, parent: dict | None, carry: list[int], gen: list[int], version: int) -> dict:
     """A StagedCallRecord of one call's delta (staging/digest.py:266-287) with every digest computed."""
     ids = carry + gen
@@ -168,10 +177,13 @@ def cases() -> dict[str, list[dict]]:
     compliant = base + captured("1-0") + ledger("2-0")
     broken = copy.deepcopy(base) + captured("1-0", break_link=True)
     regressed = copy.deepcopy(base) + ledger("2-0", versions=(5, 4))
+    rewritten = copy.deepcopy(base) + rewritten_after_capture("1-0")
     return {
         "compliant": compliant,
         # a call's recorded parent whose sequence its prompt does not begin with (M105 at that call)
         "parent_prefix_mismatch": broken,
         # the second call answered by an engine on older weights than the first (P502)
         "weight_version_regressed": regressed,
+        # an entry's sampled id rewritten after the capture stamped its digest (M112 at that call)
+        "token_rewritten_after_capture": rewritten,
     }
