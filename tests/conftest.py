@@ -76,7 +76,7 @@ def generate_on_a_copy(tmp_path, script: str, module: str) -> subprocess.Complet
 
 # The suite's slow modules: real trainers (importing torch, trl or verl costs each worker seconds at
 # collection), Ray, browsers, servers, training runs, campaigns and whole-catalogue sweeps. `python -m pytest -m "not slow"` is the fast tier for the inner loop
-# (under a minute on 2 cores); the README's command and CI run everything.
+# (its measured cost is in the README); the README's command and CI run everything.
 SLOW_MODULES = {
     "test_adapters_verifiers",
     "test_adapters_verl",
