@@ -7,6 +7,7 @@ audited through the CLI's `main` as a user's `rollout-audit check` runs it.
     nice -n 19 python benchmarks/fuzz_campaign.py --kind workflow --cases 2400 --out workflow.jsonl
     nice -n 19 python benchmarks/fuzz_campaign.py --kind evidence --cases 480 --out evidence.jsonl
     nice -n 19 python benchmarks/fuzz_campaign.py --kind round5 --cases 10200 --out round5.jsonl
+    nice -n 19 python benchmarks/fuzz_campaign.py --kind round6 --cases 3000 --out round6.jsonl
     python benchmarks/fuzz_campaign.py --kind dumps --isolate --seeds 341,887   # confirm a finding
     python benchmarks/fuzz_campaign.py --kind dumps --write 341 /tmp/case       # the case's files and command
 
@@ -23,13 +24,16 @@ documents, sometimes made hostile) and runs `check --from`, or `convert` then `c
 `--kind round5` runs `fuzzlib.prepare_round5` (replay of mutated logs by a numpy replayer under a
 random replay_max_bytes and compare_logprobs, token ids against a declared vocabulary, a killed
 writer's hidden leftovers, `convert` to a symlink, a dump path like a replacement template, and
-the evidence cases). A case
-is a seed: the same seed is the same files.
+the evidence cases); `--kind round6` runs `fuzzround6.prepare_round6` (the recorder's HTTP input and
+its records, the capture-layer readers' formats, the verl V1 trainer record, files under audit that
+try to weaken it). A case is a seed: the same seed is the same files.
 
 By default a long-lived worker process runs the cases one after another in-process (the imports
 are paid once), each with file descriptors 1 and 2 sent to files, its peak resident memory measured
 on its own (`/proc/self/clear_refs`), its address space capped (`--memory-mb` above what the warm
-worker already maps) and an alarm at `--timeout` seconds whose default action ends the worker.
+worker already maps) and an alarm at `--timeout` seconds whose default action ends the worker; a fatal signal, or a case still
+running a second before its alarm, leaves every thread's stack in the case's `stderr.txt` in the
+worker's scratch directory (`/tmp/fuzz-worker-*/case-SEED/`).
 The parent restarts a worker that dies or stops answering and records that case as a failure.
 `--isolate` runs each case in a fresh process forked from a preloaded server instead (the mode of
 the tests), to confirm a finding.
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import faulthandler
 import json
 import multiprocessing as mp
 import os
@@ -58,6 +63,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 PEAK_LIMIT_MB = 2048
+WORKFLOW_KINDS = ("workflow", "evidence", "round5", "round6")  # cases judged with their follow-ups
 
 
 def _vm_size() -> int:
@@ -95,6 +101,10 @@ class _Cases:
             from fuzzlib import prepare_round5
 
             return prepare_round5(seed, work, self.records)
+        if self.kind == "round6":
+            from fuzzround6 import prepare_round6
+
+            return prepare_round6(seed, work)
         if self.kind == "evidence":
             from fuzzlib import prepare_evidence
 
@@ -120,6 +130,10 @@ def label(kind: str, seed: int) -> str:
         from fuzzlib import ROUND5
 
         return ROUND5[seed % len(ROUND5)]
+    if kind == "round6":
+        from fuzzround6 import ROUND6
+
+        return ROUND6[seed % len(ROUND6)]
     if kind == "evidence":
         from fuzzlib import EVIDENCE
 
@@ -155,6 +169,9 @@ def _worker(conn, kind: str, memory_mb: int, timeout: int) -> None:
         run_in_process(cases.write(0, Path(tmp)).args, Path(tmp))
     limit = _vm_size() + memory_mb * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    # a fatal signal, or a case still running a second before its alarm, writes every thread's stack to
+    # file descriptor 2: the case's stderr.txt, left in the worker's scratch directory when it dies
+    faulthandler.enable(file=sys.__stderr__, all_threads=True)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)  # an alarm ends this process: the parent records a hang
     conn.send({"ready": True})
     while True:
@@ -172,19 +189,21 @@ def _worker(conn, kind: str, memory_mb: int, timeout: int) -> None:
         tempfile.tempdir = str(temp)
         t, cpu = time.perf_counter(), time.process_time()
         peak_reset()
+        faulthandler.dump_traceback_later(max(1, timeout - 1), exit=False, file=sys.__stderr__)
         signal.alarm(timeout)
-        if kind in ("workflow", "evidence", "round5"):  # with its writer process and follow-up commands
+        if kind in WORKFLOW_KINDS:  # with its writer process and follow-up commands
             from fuzzlib import run_workflow_case
 
             out, problems = run_workflow_case(case, work, lambda args, work=work: run_in_process(args, work))
         else:
             out = run_in_process(case.args, work)
         signal.alarm(0)
+        faulthandler.cancel_dump_traceback_later()
         out.peak_mb = peak_mb()
         seconds = time.perf_counter() - t
         cpu = time.process_time() - cpu
         tempfile.tempdir = None
-        if kind not in ("workflow", "evidence", "round5"):
+        if kind not in WORKFLOW_KINDS:
             problems = judge(case, out, before)
         if any(temp.iterdir()):
             problems.append("temporary files left")
@@ -253,7 +272,7 @@ def _isolated(kind: str, seeds: list[int], a, emit) -> None:
         with tempfile.TemporaryDirectory(dir=scratch) as tmp:
             case = cases.write(seed, Path(tmp))
             t = time.perf_counter()
-            if kind in ("workflow", "evidence", "round5"):
+            if kind in WORKFLOW_KINDS:
                 from fuzzlib import run_cli, run_workflow_case
 
                 out, problems = run_workflow_case(case, Path(tmp), lambda args: run_cli(args, Path(tmp), a.timeout))
@@ -278,7 +297,7 @@ def _seeds(text: str) -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kind", choices=["logs", "dumps", "configs", "workflow", "evidence", "round5"], default="logs")
+    ap.add_argument("--kind", choices=["logs", "dumps", "configs", *WORKFLOW_KINDS], default="logs")
     ap.add_argument("--cases", type=int, default=5000)
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--seeds", type=_seeds, help="these seeds instead of --first-seed/--cases (comma-separated)")

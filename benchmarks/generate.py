@@ -381,13 +381,19 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
         "context_sha256": ctx_sha,
         "template_context_length": pa.array(ctx_len.astype(np.int32)),  # the builder renders as the template does
         "template_context_sha256": ctx_sha,
+        # contract 1.5: no capture layer digested these calls (M112 judges nothing)
+        "capture_digest": pa.nulls(nT, pa.string()),
+        "capture_digest_scheme": pa.nulls(nT, pa.string()),
     }
     tstruct = S.turn_struct()
     turns = pa.StructArray.from_arrays([turn_fields[f.name].cast(f.type) for f in tstruct], fields=list(tstruct))
     seed_of_task = task * 7919 + 17
     reward = pa.array(np.where(term, outcome, np.nan), mask=~term)
     lp_arr = pa.array(lp32, mask=~pol)
+    # a trainer's recomputation of the behaviour log-probs (`compare_logprobs`: L207, L211): relative float32 noise of mean 0
+    noise = np.random.default_rng([seed, 3, lo]).normal(0.0, 1e-3, lp32.size).astype(np.float32)
     cols = {
+        TRAINER_LOGPROBS: _list(tok_start, pa.array(lp32 * (np.float32(1.0) + noise), mask=~pol)),
         "trajectory_id": _fmt(n, "t", (gidx, 9)),
         "task_id": _fmt(n, "task", (task, 6)),
         "group_id": _fmt(n, "task", (task, 6), "/g", (plan.group[lo:hi], 8)),
@@ -436,6 +442,9 @@ def make_chunk(plan: Plan, lo: int, hi: int, seed: int) -> tuple[pa.Table, np.nd
     cols["turns"] = _list(turn_start, pa.StructArray.from_arrays(kept, fields=list(turn_type)))
     table = pa.Table.from_arrays([cols[f.name].cast(f.type) for f in schema], schema=schema)
     return table, true_trainable
+
+
+TRAINER_LOGPROBS = "trainer_logprobs"  # a second per-token log-prob column, outside the contract (ignored unless named)
 
 
 # what a generated run has none of (no episode is split, none is kept out of the loss): absent columns
@@ -509,7 +518,7 @@ def file_schema(shape: Shape) -> pa.Schema:
     full = S.arrow_schema("trajectories", S.CONTRACT_VERSION)
     full = pa.schema([f for f in full if f.name not in NOT_GENERATED], metadata=full.metadata)
     if shape.optional:
-        return full
+        return full.append(pa.field(TRAINER_LOGPROBS, pa.list_(pa.float32())))
     # group_id stays: the updates' GRPO advantages are computed per group
     keep = {c.name for t in ("trajectories", "turn") for c in S.columns(t) if c.requirement != "O"} | {"group_id"}
     turn = pa.struct([f for f in S.turn_struct() if f.name in keep])
@@ -547,10 +556,19 @@ def make_updates(plan: Plan, trainable: np.ndarray) -> pa.Table:
         "max_policy_lag": pa.array(np.zeros(nu, np.int64)),
         "numerator_tokens": _list(offs, pa.array(trainable[keep])),  # the policy tokens each loss sums
         "stat_trajectory_ids": _list(offs, _fmt(len(keep), "t", (keep, 9))),  # statistics among the trained
+        # contract 1.4: one record per optimizer step, its token-mean divisor, the ratio on the current weights,
+        # which sampled the batch (policy_version is the update's trainer_version)
+        "reducer_mode": _take_str(["token_mean_step"], np.zeros(nu, np.int32)),
+        "reducer_divisor": pa.array(np.maximum(denom, 1.0)),
+        "ratio_anchor": _take_str(["current"], np.zeros(nu, np.int32)),
+        "ratio_correction": _take_str(["none"], np.zeros(nu, np.int32)),
+        "ratio_clipping": pa.array(np.ones(nu, bool)),
     }
     v1 = S.arrow_schema("updates")
-    evidence = [pa.field(c, S.column("updates", c).arrow_type) for c in ("numerator_tokens", "stat_trajectory_ids")]
-    schema = pa.schema([*v1, *evidence], metadata={**v1.metadata, S.META_VERSION: b"1.2"})
+    later = ("numerator_tokens", "stat_trajectory_ids", "reducer_mode", "reducer_divisor", "ratio_anchor")
+    later += ("ratio_correction", "ratio_clipping")
+    evidence = [pa.field(c, S.column("updates", c).arrow_type) for c in later]
+    schema = pa.schema([*v1, *evidence], metadata={**v1.metadata, S.META_VERSION: b"1.4"})
     return pa.Table.from_arrays([cols[f.name].cast(f.type) for f in schema], schema=schema)
 
 

@@ -320,8 +320,9 @@ class Outcome:
 
 def _one_line_per_reason(stderr: str) -> bool:
     """An exit 2's stderr: one line, or one `rollout-audit: error:` line per distinct reason (replay
-    failing and a compare_logprobs column refused are two), never a usage block or a traceback."""
-    lines = stderr.strip().splitlines()
+    failing and a compare_logprobs column refused are two), never a usage block or a traceback; the
+    trainer settings a conversion assumed (`rollout-audit: note:`) may come before them."""
+    lines = [x for x in stderr.strip().splitlines() if not x.startswith("rollout-audit: note: ")]
     return len(lines) == 1 or (len(lines) > 1 and all(x.startswith("rollout-audit: error: ") for x in lines))
 
 
@@ -462,6 +463,9 @@ REGRESSION_SEEDS = {
     # the contract 1.3 evidence (`--kind evidence`): 871 and 1422 (an rLLM routing header nested too
     # deeply: internal error), 168 and 581 (a list or a string where verl's extra_fields are: no field named)
     "evidence": [871, 1422, 168, 581],
+    # `--kind round5`: 5741 and 9965 (a verl template id outside int32), 8656 (a verifiers trace's calls
+    # an integer): "a field has the wrong shape", naming no field
+    "round5": [5741, 9965, 8656],
 }
 
 
@@ -486,7 +490,12 @@ def dump_case(seed: int) -> tuple[str, bytes]:
 
     rng = random.Random(seed)
     fw, base, _ = _dump_base(seed)
-    lines = [json.loads(x) for x in base.read_text().splitlines() if x.strip()]
+    return fw, mutated_lines(rng, [json.loads(x) for x in base.read_text().splitlines() if x.strip()])
+
+
+def mutated_lines(rng, lines: list) -> bytes:
+    """JSON Lines of the records `lines` with one to three values set, deleted or duplicated at random
+    paths (LEAVES: hostile values, raw JSON text), then the file damaged (LINE_DAMAGE) or not."""
     raws: list[str] = []
     for _ in range(rng.randint(1, 3)):
         rec = rng.choice(lines)
@@ -517,7 +526,7 @@ def dump_case(seed: int) -> tuple[str, bytes]:
         data += b"[1, 2]\n"
     elif kind == "huge_int":
         data += b'{"x": ' + b"9" * 5000 + b"}\n"
-    return fw, data
+    return data
 
 
 CONFIG_KEYS = [
@@ -878,6 +887,7 @@ class WorkflowCase(Case):
     writer: list[str] | None = None  # a writer process's command, run while the case's command runs
     clean: list[Path] | None = None  # directories in which the command must leave no hidden temp files
     named: list[Path] | None = None  # what else a refusal (exit 2) may name (the watched directory)
+    found: list[str] | None = None  # what went wrong while the case was made (the recorder's own failures)
 
 
 def _baseline_doc(rng, records, hostile: str) -> bytes:
@@ -1156,6 +1166,7 @@ def run_workflow_case(case: Case, work: Path, run, timeout: float = 60) -> tuple
     if "exit 2 names no input" in problems and any(n in out.stderr for n in extra):
         problems.remove("exit 2 names no input")
     problems += follow_ups(case, out, run)
+    problems += getattr(case, "found", None) or []
     return out, problems
 
 

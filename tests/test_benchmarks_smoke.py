@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `benchmarks` lives at the repo root
 
 import rollout_audit
-from benchmarks.generate import FAULTS, NOT_GENERATED, generate
+from benchmarks.generate import FAULTS, NOT_GENERATED, TRAINER_LOGPROBS, generate
 from benchmarks.run import naive_audit
 from rollout_audit.checks import all_rules
 from rollout_audit.contract import schema as S
@@ -34,14 +34,17 @@ def test_generated_log_has_the_full_contract(clean):
         meta = pf.schema_arrow.metadata
         assert meta[S.META_VERSION] == S.CONTRACT_VERSION.encode() and meta[S.META_KIND] == b"trajectories"
         assert pf.metadata.num_row_groups >= 1
-        # every column, but those of what a generated run has none of (split episodes, loss exclusions)
-        assert pf.schema_arrow.names == [c.name for c in S.columns("trajectories") if c.name not in NOT_GENERATED]
+        # every column, but those of what a generated run has none of (split episodes, loss exclusions), and a
+        # trainer's recomputation of the log-probs (outside the contract: read only when compare_logprobs names it)
+        contract = [c.name for c in S.columns("trajectories") if c.name not in NOT_GENERATED]
+        assert pf.schema_arrow.names == [*contract, TRAINER_LOGPROBS]
         turn_fields = [f.name for f in pf.schema_arrow.field("turns").type.value_type]
         assert turn_fields == [c.name for c in S.columns("turn")]
     upd = pq.ParquetFile(clean / "updates" / "updates.parquet")
     assert upd.schema_arrow.metadata[S.META_KIND] == b"updates"
-    # the v1 contract, every column, and the contract 1.2 loss evidence
-    assert upd.schema_arrow.names == [*S.arrow_schema("updates").names, "numerator_tokens", "stat_trajectory_ids"]
+    # the v1 contract, every column, the contract 1.2 loss evidence and what the 1.4 loss function did
+    later = ["numerator_tokens", "stat_trajectory_ids", "reducer_mode", "reducer_divisor", "ratio_anchor"]
+    assert upd.schema_arrow.names == [*S.arrow_schema("updates").names, *later, "ratio_correction", "ratio_clipping"]
     t = pq.read_table(clean / info["files"][0])
     assert t.column("truncated").to_numpy().any()
     assert t.column("reward").null_count > 0

@@ -14,7 +14,7 @@ import collections
 import os
 
 import pytest
-from fuzzlib import ROUND5, prepare_round5, run_cli, run_workflow_case
+from fuzzlib import REGRESSION_SEEDS, ROUND5, prepare_round5, run_cli, run_workflow_case
 
 from rollout_audit.synth import make_log
 
@@ -23,6 +23,14 @@ RECORDS = make_log(n_tasks=2, group_size=2, n_versions=2, seed=5)
 
 @pytest.mark.parametrize("seed", range(len(ROUND5)))
 def test_round5_surfaces_never_crash_write_nor_pass_silently(tmp_path, seed):
+    case = prepare_round5(seed, tmp_path, RECORDS)
+    out, problems = run_workflow_case(case, tmp_path, lambda args: run_cli(args, tmp_path, 120))
+    assert not problems, (case.label, problems, out.exit, out.stderr[-3000:])
+
+
+@pytest.mark.parametrize("seed", REGRESSION_SEEDS["round5"])
+def test_round5_campaign_cases_stay_fixed(tmp_path, seed):
+    """Cases the 10,200-case campaign failed (an exit 2 naming no field), each in its own process."""
     case = prepare_round5(seed, tmp_path, RECORDS)
     out, problems = run_workflow_case(case, tmp_path, lambda args: run_cli(args, tmp_path, 120))
     assert not problems, (case.label, problems, out.exit, out.stderr[-3000:])

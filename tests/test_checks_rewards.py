@@ -570,7 +570,7 @@ def test_r415_runs_only_in_preview_and_not_without_final_value(records):
     assert "final_value" in audit(trajs, ups, preview=True).not_run["R415"]
 
 
-# ---------------------------------------------------------------- R416 (preview): GAE over the trainable tokens
+# ---------------------------------------------------------------- R416: GAE over the trainable tokens
 
 
 def gae_log(records):
@@ -681,14 +681,13 @@ def test_r416_float32_targets_stay_clean_and_a_null_value_leaves_the_row_uncompa
     assert rows(audit(trajs, ups, preview=True, select=["R416"]), "R416").is_empty()
 
 
-def test_r416_runs_only_in_preview_and_not_without_values(records):
+def test_r416_runs_by_default_and_not_without_values(records):
     trajs, ups = gae_log(records)
     trajs[0]["token_value_targets"] = [x + 1.0 for x in trajs[0]["token_value_targets"]]
-    assert "R416" not in audit(trajs, ups).codes()
-    assert "R416" in audit(trajs, ups, preview=True).codes()
+    assert "R416" in audit(trajs, ups).codes()
     for t in trajs:
         del t["token_values"]
-    assert "token_values" in audit(trajs, ups, preview=True).not_run["R416"]
+    assert "token_values" in audit(trajs, ups).not_run["R416"]
 
 
 # ---------------------------------------------------------------- R417 (preview): step rewards overwritten

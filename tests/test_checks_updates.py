@@ -565,7 +565,7 @@ def test_u603_fault_singleton_groups_caught(records):
     assert "U603" in blocking(rep) and set(touched) <= set(of(rep, "U603")["trajectory_id"])
 
 
-# ---------------------------------------------------------------- U609, U610 (contract 1.4, preview)
+# ---------------------------------------------------------------- U609 (in preview), U610 (contract 1.4)
 
 PREVIEW = Config(preview=True)
 

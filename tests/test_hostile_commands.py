@@ -129,22 +129,29 @@ def _short_row(t: pa.Table) -> pa.Array:
     return pa.array(lp, pa.list_(pa.float64()))
 
 
+def _null_row(t: pa.Table) -> pa.Array:
+    lp = t.column("behavior_logprobs").to_pylist()
+    lp[2] = None
+    return pa.array(lp, pa.list_(pa.float64()))
+
+
 @pytest.mark.parametrize(
     "values, said",
     [
         (None, "old_logprobs"),
         (lambda t: pa.array(range(t.num_rows), pa.int64()), "column old_logprobs is int64, not a list"),
         (lambda t: pa.array([[[0.0]]] * t.num_rows), "column old_logprobs is list<element: list<element: double>>"),
-        (_short_row, "entries, token_ids"),
+        (_short_row, "entries, token_ids has"),
+        (_null_row, "column old_logprobs is null, token_ids has"),  # it said "has -1 entries"
     ],
-    ids=["absent", "int64", "list-of-lists", "one-row-short"],
+    ids=["absent", "int64", "list-of-lists", "one-row-short", "one-row-null"],
 )
 def test_a_bad_compare_logprobs_column_is_one_line_naming_it_and_exit_2(tmp_path, values, said):
     log, cfg = _with_second(tmp_path, values)
     r = cli("check", str(log), "--config", str(cfg), "--select", "L207")
     assert_clean_exit(r, (2,))
     assert "crashed" not in r.stdout + r.stderr and said in r.stdout + r.stderr, r.stdout + r.stderr
-    if values is _short_row:
+    if values in (_short_row, _null_row):
         tid = pq.read_table(next((log / "trajectories").glob("*.parquet"))).column("trajectory_id")[2].as_py()
         assert tid in r.stdout + r.stderr
 

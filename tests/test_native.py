@@ -361,3 +361,51 @@ def test_every_named_fault_audits_alike_with_and_without_the_native_core(compile
     with_core = _findings(run_audit(discover([tmp_path / "log"]), cfg, batch_rows=5))
     monkeypatch.setattr(native, "ACTIVE", None)
     assert _findings(run_audit(discover([tmp_path / "log"]), cfg, batch_rows=5)) == with_core
+
+
+# Token counts that wrap a 64-bit sum around to the token arrays' length: four counts of 2**62 add
+# up to 0 (mod 2**64), so a kernel that only compares the sum walks 2**62 tokens past its arrays.
+_WRAPPING = r"""
+import importlib.util, sys
+import numpy as np
+spec = importlib.util.spec_from_file_location("rollout_audit.frames._native", sys.argv[1])
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+huge = [2**62] * 4
+n_tok = np.array([*huge, 3], np.int64)
+rows, total = n_tok.size, 3
+z8, one = np.zeros(total, np.uint8), np.ones(total, np.uint8)
+src = np.full(total, 2, np.uint8)
+f64, i32 = np.zeros(total, np.float64), np.zeros(total, np.int32)
+calls = {
+    "token_counts": lambda: mod.token_counts(n_tok, src, z8, f64, one, np.empty((rows, 6, 2, 3), np.int64)),
+    "turn_keys": lambda: mod.turn_keys(n_tok, np.zeros(rows, np.int64), np.zeros(rows, np.int64), i32, src, z8,
+                                       np.empty(total, np.int32), np.empty(0, np.int64), np.empty(0, np.int64)),
+    "placement": lambda: mod.placement(n_tok, src, i32, f64, one, np.empty(total, np.uint8), np.empty(rows, np.int64)),
+    "routes": lambda: mod.routes(n_tok, i32, src, f64, one, np.ones(rows, np.uint8), np.zeros(1), np.zeros(rows),
+                                 np.zeros(rows), *(np.empty(total, np.uint8) for _ in range(3))),
+    "turn_sums": lambda: mod.turn_sums(np.array([total], np.int64), np.zeros(1, np.int64), np.full(1, 5, np.int64),
+                                       i32, src, f64, one, np.array([*huge, 3], np.int64), np.empty(3, np.int64),
+                                       *(np.empty(5, t) for t in (np.int64, np.int64, np.float64, np.int64))),
+}
+for name, call in calls.items():
+    try:
+        call()
+        print(name, "accepted")
+    except ValueError as e:
+        print(name, "refused:", e)
+    sys.stdout.flush()
+"""
+
+
+def test_token_counts_that_wrap_the_sum_around_are_refused_not_read_past(compiled, tmp_path):
+    """Every kernel that walks rows of token counts checks each count against what is left of the arrays
+    before adding it (a sum compared only at the end wraps around and the kernel reads out of bounds:
+    SIGSEGV). In a child process, so that a kernel reading out of bounds is an exit code."""
+    script = tmp_path / "wrap.py"
+    script.write_text(_WRAPPING)
+    r = subprocess.run([sys.executable, str(script), compiled.__file__], capture_output=True, text=True, timeout=120)
+    said = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])
+    assert set(said) == {"token_counts", "turn_keys", "placement", "routes", "turn_sums"}, r.stdout
+    assert all(v.startswith("refused:") for v in said.values()), said

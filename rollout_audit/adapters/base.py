@@ -611,6 +611,22 @@ def ints(record: Mapping[str, Any], field: str, where: str) -> list[int]:
     return wholes(need(record, field, where), field, where)
 
 
+_INT32 = 2**31
+
+
+def token_ids(values: Any, field: str, where: str) -> list[int]:
+    """A list of token ids: integers (as `whole` takes them) within int32, the contract's token type
+    and the one a context hash is computed over, or AdapterError naming the field, the position and
+    the record."""
+    ids = wholes(values, field, where)
+    for i, v in enumerate(ids):
+        if not -_INT32 <= v < _INT32:
+            raise AdapterError(
+                f"{where}: {field}[{i}]: token id {short(v)} is outside int32, the contract's token type"
+            )
+    return ids
+
+
 def integer(record: Mapping[str, Any], field: str, where: str) -> int:
     """`record[field]` as an integer (a decimal string too), or AdapterError naming the field."""
     value = need(record, field, where)

@@ -539,6 +539,10 @@ def _receipt(
     for cid, m in manifest.items():
         parent = m.get("parent_call_id")
         if parent is not None:
+            if not isinstance(parent, str):  # the ids are strings (manifest keys); a list is not even hashable
+                raise AdapterError(
+                    f"{at}: call {cid}: parent_call_id: expected a call id, got {type(parent).__name__} {short(parent)}"
+                )
             if parent not in manifest:
                 raise AdapterError(f"{at}: call {cid}: parent_call_id: {short(parent)} is not in the manifest")
             if whole(m.get("prev_len"), "prev_len", at) != whole(manifest[parent].get("cum_len"), "cum_len", at):

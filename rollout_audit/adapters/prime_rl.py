@@ -32,7 +32,6 @@ import pyarrow as pa
 from ..contract import schema as S
 from ..reading.records import records_to_table
 from .base import (
-    MAX_DUMP_BYTES,
     META_ORIGINS,
     META_TRAINER_SETTINGS,
     AdapterError,
@@ -123,9 +122,11 @@ def _batch_files(root: Path) -> list[Path]:
 def _decode(path: Path) -> list[Any]:
     import msgpack  # the prime-rl extra
 
-    _regular(path)
-    with path.open("rb") as fh:
-        data = fh.read(MAX_DUMP_BYTES + 1)
+    size = _regular(path)
+    with path.open("rb") as fh:  # read(n) allocates n bytes first: the file's size, not the cap
+        data = fh.read(size + 1)
+    if len(data) > size:
+        raise AdapterError(f"{path}: grew while it was read (a batch file being written)")
     try:
         out = msgpack.unpackb(data, raw=False, strict_map_key=True)
     except msgpack.exceptions.ExtraData:

@@ -100,17 +100,18 @@ def _read_only(p: Path) -> str:
     """The URI parameters that open `p` without writing anything. `mode=ro` for a rollback-journal
     store (the gateway's: `journal_mode=DELETE`, store/sqlite_store.py:64); a WAL-mode file (header
     bytes 18-19 equal to 2) would get `-wal` and `-shm` files created beside it even read-only, so it
-    is opened `immutable=1` when no `-wal` holds unmerged pages, and refused when one does."""
+    is opened `immutable=1`. A `-wal` file beside either kind is refused: SQLite opens it, read-only
+    too, and creates a `-shm` beside the store (a rollback-journal store with a stale or planted `-wal`
+    as well as a WAL store whose `-wal` holds unmerged pages)."""
     with p.open("rb") as fh:
         head = fh.read(20)
-    if head[18:20] != b"\x02\x02":
-        return "mode=ro"
     if Path(f"{p}-wal").exists():
+        kind = "a WAL-mode store" if head[18:20] == b"\x02\x02" else "a store"
         raise AdapterError(
-            f"{p}: a WAL-mode store with a {p.name}-wal beside it: reading would write beside the store; "
+            f"{p}: {kind} with a {p.name}-wal beside it: reading would write beside the store; "
             "stop its writer or checkpoint it (PRAGMA wal_checkpoint) first"
         )
-    return "mode=ro&immutable=1"
+    return "mode=ro" if head[18:20] != b"\x02\x02" else "mode=ro&immutable=1"
 
 
 def _store(p: Path) -> Iterator[Record]:

@@ -73,6 +73,7 @@ from .base import (
     short,
     step_of,
     token_columns,
+    token_ids,
     whole,
     with_context,
     with_trainer_settings,
@@ -184,7 +185,8 @@ def _engine_turns(calls: Any, n_prompt: int, n_resp: int, where: str) -> tuple[l
     turns, starts = [], []
     for t, call in enumerate(objects(calls, "engine_calls", where)):
         w = f"{where} engine_calls[{t}]"
-        ctx, ids = ints(call, "prompt_token_ids", w), ints(call, "response_ids", w)
+        ctx = token_ids(need(call, "prompt_token_ids", w), "prompt_token_ids", w)
+        ids = token_ids(need(call, "response_ids", w), "response_ids", w)
         start = len(ctx) - n_prompt
         if not 0 <= start <= n_resp:
             raise AdapterError(f"{w}: prompt_token_ids ({len(ctx)}) do not end inside the row's response")

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..contract import schema as S
-from .base import AdapterError, flags, numbers, short, whole, wholes
+from .base import AdapterError, flags, numbers, short, token_ids, whole, wholes
 
 FINISH_REASONS = frozenset(S.contract()["finish_reasons"])
 IDENTITY = ("environment_id", "environment_version", "verifier_version", "reset_seed", "tokenizer_id")
@@ -194,7 +194,7 @@ def engine_context(ids: Sequence[int] | None, field: str = "prompt_token_ids") -
     """Turn fields describing the context the engine was given (empty when not recorded)."""
     if ids is None:
         return {}
-    ids = wholes(ids, field, "the engine's context")
+    ids = token_ids(ids, field, "the engine's context")
     return {"context_length": len(ids), "context_sha256": S.context_sha256(ids)}
 
 

@@ -135,9 +135,15 @@ def stop_of(cond: Any, timeout: bool = False, last_finish: Any = None) -> tuple[
     return STOP.get(name or "", ("terminated", name or "unknown"))
 
 
+def _calls(trace: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The trace's engine calls (none when absent), or AdapterError naming the field and the trace."""
+    calls = trace.get("calls")
+    return [] if calls is None else objects(calls, "calls", f"trace {trace.get('id')}")
+
+
 def _stop(trace: Mapping[str, Any]) -> dict[str, Any]:
     """The stop flags and stop_reason of a trace (see `stop_of`)."""
-    calls = [c for c in trace.get("calls") or [] if isinstance(c, Mapping) and c.get("error") is None]
+    calls = [c for c in _calls(trace) if c.get("error") is None]
     last = calls[-1].get("finish_reason") if calls else None
     cond = trace.get("stop_condition")
     errors = trace.get("errors")
@@ -179,11 +185,10 @@ def _segment(
     """The branch's sequence, provenance, mask, log-probs and turns."""
     nodes, seg = trace["nodes"], Segment()
     calls = {}
-    for c in trace.get("calls") or []:
-        if isinstance(c, Mapping):
-            if not isinstance(c.get("node"), (int, str, type(None))):
-                raise AdapterError(f"{where}: calls: node: expected a node id, got {short(c.get('node'))}")
-            calls[c.get("node")] = c
+    for c in _calls(trace):
+        if not isinstance(c.get("node"), (int, str, type(None))):
+            raise AdapterError(f"{where}: calls: node: expected a node id, got {short(c.get('node'))}")
+        calls[c.get("node")] = c
     for nid in path:
         node, at = nodes[nid], f"{where} node {nid}"
         ids, mask = wholes(need(node, "token_ids", at), "token_ids", at), flags(need(node, "mask", at), "mask", at)

@@ -50,6 +50,7 @@ from .base import (
     sha256_hex,
     short,
     token_columns,
+    token_ids,
     with_context,
     with_trainer_settings,
 )
@@ -286,7 +287,8 @@ def _engine_turns(
         w = f"{where} engine_calls[{t}]"
         if not isinstance(call, Mapping):
             raise AdapterError(f"{w}: must be {{prompt_ids, token_ids}}")
-        ctx, ids = ints(call, "prompt_ids", w), ints(call, "token_ids", w)
+        ctx = token_ids(need(call, "prompt_ids", w), "prompt_ids", w)
+        ids = token_ids(need(call, "token_ids", w), "token_ids", w)
         start = len(ctx) - n_prompt
         if start < 0:
             raise AdapterError(f"{w}: prompt_ids shorter than the sample's prompt_ids")
@@ -307,7 +309,7 @@ def _engine_turns(
                 "sampled_token_ids": part["ids"],
             }
             if k == 0 and call.get("template_ids") is not None:
-                tmpl = ints(call, "template_ids", w)
+                tmpl = token_ids(call["template_ids"], "template_ids", w)
                 turn.update(template_context_length=len(tmpl), template_context_sha256=context_sha256(tmpl))
             if k == len(parts) - 1 and FINISH.get(stop or ""):
                 turn["finish_reason"] = FINISH[stop or ""]

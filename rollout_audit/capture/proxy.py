@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import ClientError, ClientResponse, ClientSession, ClientTimeout, StreamReader, TCPConnector, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ..contract import capture as F
 
@@ -62,6 +65,36 @@ HOP = frozenset(
         "Content-Length",
     )
 )
+
+
+class _OneLine(logging.Handler):
+    """aiohttp's word on a request it could not handle (a malformed request line, a header over 8190
+    bytes, a bad chunk size: answered 400) as one line on stderr, escaped, without aiohttp's traceback:
+    what a client sends is never printed raw, and a client's garbage is not a crash of the recorder."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        said = str(getattr(exc, "message", None) or exc or "").strip()
+        why = f": {type(exc).__name__}: {said.splitlines()[0] if said else ''}" if exc else ""
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in f"{record.getMessage()}{why}")
+        if isinstance(exc, HttpProcessingError):
+            level = "warning: a malformed request"
+        elif isinstance(exc, ConnectionError):  # the client went away before its answer was written
+            level = "warning: a client gone"
+        else:
+            level = "error"
+        try:
+            sys.stderr.write(f"rollout-audit capture: {level}: {text[:500]}\n")
+        except (OSError, ValueError):
+            pass
+
+
+# the recorder's server log (aiohttp's `logger=`): warnings and errors only, one escaped line each
+SERVER_LOG = logging.getLogger("rollout_audit.capture.server")
+SERVER_LOG.propagate = False
+SERVER_LOG.setLevel(logging.WARNING)
+SERVER_LOG.addHandler(_OneLine())
+
 _SESSION_PATH = re.compile(rf"^/sessions/({F.SESSION_PATTERN})(/.*)?$")
 _SESSION = re.compile(rf"^{F.SESSION_PATTERN}$")
 DONE = b"data: [DONE]"
@@ -104,7 +137,7 @@ class Recorder:
     def runner(self) -> web.AppRunner:
         """The application's runner; request bodies are read as the client sent them (a
         gzip-encoded request is forwarded and recorded encoded, never decoded on the way)."""
-        return web.AppRunner(self.app(), access_log=None, auto_decompress=False)
+        return web.AppRunner(self.app(), access_log=None, auto_decompress=False, logger=SERVER_LOG)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body)
@@ -335,6 +368,8 @@ class Recorder:
     async def _end(self, request: web.Request, sid: str) -> web.Response:
         try:
             fields = json.loads(await request.read() or b"{}")
+        except RecursionError:
+            return _refuse(400, "end: the body is JSON nested too deeply")
         except ValueError as e:
             return _refuse(400, f"end: the body is not JSON: {e}")
         if not isinstance(fields, dict):
@@ -351,6 +386,8 @@ class Recorder:
     async def _set_weight_version(self, request: web.Request) -> web.Response:
         try:
             doc = json.loads(await request.read())
+        except RecursionError:
+            return _refuse(400, "weight_version: the body is JSON nested too deeply")
         except ValueError as e:
             return _refuse(400, f"weight_version: the body is not JSON: {e}")
         version = doc.get("version") if isinstance(doc, dict) else None

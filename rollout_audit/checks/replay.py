@@ -320,7 +320,6 @@ def t_quantile(df: int) -> float:
     scope="log",
     optional=_READS,
     config=_REPLAY_CONFIG + ("compare_logprobs", "min_logprob_bias"),
-    preview=True,
 )
 def consistent_bias(log: LogView, cfg) -> pl.DataFrame | None:
     """Over the turns of one decoding setting (temperature, top_p), the mean per-token difference

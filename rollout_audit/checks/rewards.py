@@ -985,7 +985,6 @@ def _row_floats(b: BatchView, name: str, default: float) -> np.ndarray:
     requires=("token_values", "token_value_targets", "token_reward", "gae_lambda", "loss_mask", "token_source"),
     optional=("token_kl", "gamma", "final_value", "token_turn"),
     config=("atol", "rtol"),
-    preview=True,
 )
 def gae_targets(b: BatchView, cfg) -> pl.DataFrame | None:
     """On a trainable token, the recorded GAE target (token_value_targets, A + V) differs from GAE

@@ -1112,7 +1112,6 @@ def reducer_divisor(log, cfg) -> pl.DataFrame | None:
         "updates.trainer_version",
         "updates.ratio_clipping",
     ),
-    preview=True,
 )
 def ratio_anchor(log, cfg) -> pl.DataFrame | None:
     """An update's importance ratio is anchored on a recomputation (ratio_anchor current or

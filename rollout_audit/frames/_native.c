@@ -278,6 +278,10 @@ static PyObject *token_counts(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "n_tok: negative count");
             goto done;
         }
+        if (n_tok[i] > total - sum) { /* compared before adding: a sum that wraps around cannot add up */
+            sum = total + 1;
+            break;
+        }
         sum += n_tok[i];
     }
     if (sum != total || b[2].len != total || b[3].len != total * lpsize || b[4].len != total ||
@@ -384,8 +388,12 @@ static int check_rows(const int64_t *n_tok, const int64_t *t_start, const int64_
                       Py_ssize_t total, Py_ssize_t n_turns, Py_ssize_t *max_tok) {
     Py_ssize_t sum = 0, mx = 0;
     for (Py_ssize_t r = 0; r < rows; r++) {
-        if (n_tok[r] < 0 || t_count[r] < 0 || t_start[r] < 0 || t_start[r] + t_count[r] > n_turns) {
+        if (n_tok[r] < 0 || t_count[r] < 0 || t_start[r] < 0 || t_count[r] > n_turns || t_start[r] > n_turns - t_count[r]) {
             PyErr_Format(PyExc_ValueError, "row %zd: negative count or turns outside the batch's", r);
+            return -1;
+        }
+        if (n_tok[r] > total - sum) { /* compared before adding: a sum that wraps around cannot add up */
+            PyErr_SetString(PyExc_ValueError, "token counts do not add up to the token arrays' length");
             return -1;
         }
         sum += n_tok[r];
@@ -512,9 +520,9 @@ static PyObject *turn_sums(PyObject *self, PyObject *args) {
         goto done;
     const int64_t *n_tok = ntok->buf, *t_start = ts->buf, *t_count = tc->buf, *np_ = npol->buf;
     Py_ssize_t m = 0;
-    for (Py_ssize_t k = 0; k < n_turns; k++)
-        m += np_[k] < 0 ? idx->len + 1 : np_[k]; /* a negative count can never add up */
-    if (idx->len != m * 8) {
+    for (Py_ssize_t k = 0; k < n_turns && m >= 0; k++) /* a negative count, or one past index, never adds up */
+        m = np_[k] < 0 || np_[k] > idx->len / 8 - m ? -1 : m + np_[k];
+    if (m < 0 || idx->len != m * 8) {
         PyErr_SetString(PyExc_ValueError, "index: as many entries as policy tokens in turns expected");
         goto done;
     }
@@ -739,8 +747,8 @@ static PyObject *placement(PyObject *self, PyObject *args) {
         goto done;
     const int64_t *n_tok = ntok->buf;
     Py_ssize_t sum = 0;
-    for (Py_ssize_t r = 0; r < rows; r++)
-        sum += n_tok[r] < 0 ? total + 1 : n_tok[r];
+    for (Py_ssize_t r = 0; r < rows && sum <= total; r++) /* a negative count, or one past the tokens, never adds up */
+        sum = n_tok[r] < 0 || n_tok[r] > total - sum ? total + 1 : sum + n_tok[r];
     if (sum != total) {
         PyErr_SetString(PyExc_ValueError, "placement: token counts do not add up to the token arrays' length");
         goto done;
@@ -808,11 +816,8 @@ static PyObject *routes(PyObject *self, PyObject *args) {
         goto done;
     const int64_t *n_tok = ntok->buf;
     Py_ssize_t sum = 0, n_turns = pv->len / 8;
-    for (Py_ssize_t r = 0; r < rows; r++) {
-        if (n_tok[r] < 0)
-            break;
-        sum += n_tok[r];
-    }
+    for (Py_ssize_t r = 0; r < rows && sum <= total; r++) /* a negative count, or one past the tokens, never adds up */
+        sum = n_tok[r] < 0 || n_tok[r] > total - sum ? total + 1 : sum + n_tok[r];
     if (sum != total || (pres->len && pres->len != total)) {
         PyErr_SetString(PyExc_ValueError, "routes: token counts, present and the token arrays do not line up");
         goto done;

@@ -185,10 +185,11 @@ def second_frame(
     off = np.flatnonzero(lengths[0].to_numpy(zero_copy_only=False) != lengths[1].to_numpy(zero_copy_only=False))
     if len(off):
         r = int(off[0])
+        has = [lengths[k][r].as_py() for k in (0, 1)]
+        said = [f"{c} {'is null' if n < 0 else f'has {n} entries'}" for c, n in zip(("token_ids", column), has)]
         raise Unmet(
             f"compare_logprobs = {column!r}: {rows.column('file')[r].as_py()}, trajectory "
-            f"{rows.column('trajectory_id')[r].as_py()}: column {column} has {lengths[1][r].as_py()} entries, "
-            f"token_ids {lengths[0][r].as_py()} ({len(off)} row(s) not aligned)"
+            f"{rows.column('trajectory_id')[r].as_py()}: column {said[1]}, {said[0]} ({len(off)} row(s) not aligned)"
         )
     return with_ids(token_frame(rows, column), rows)
 
