@@ -96,6 +96,7 @@ SLOW_MODULES = {
     "test_frameworks_round4",
     "test_fuzz",
     "test_generated",
+    "test_graduation",
     "test_hostile",
     "test_hostile_round4",
     "test_integration_rllm_backend",
