@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from rollout_audit import RolloutWriter
-from rollout_audit.synth import make_log
+# rollout_audit's writer and synth are imported where they are used, never here: the controller
+# process of an xdist run loads this file and runs no test, so it imports neither polars nor the checks
 
 
 @pytest.fixture(scope="session")
 def clean_records():
+    from rollout_audit.synth import make_log
+
     return make_log(n_tasks=4, group_size=4, n_versions=2, seed=0)
 
 
@@ -33,6 +35,8 @@ def records(clean_records):
 
 def write_log(root, trajs, updates=None, parts: int = 1, validate: bool = False):
     """Write records under `root` (optionally split in hive partitions); returns root."""
+    from rollout_audit import RolloutWriter
+
     root.mkdir(parents=True, exist_ok=True)
     size = -(-len(trajs) // parts)
     for i in range(parts):
@@ -72,11 +76,12 @@ def generate_on_a_copy(tmp_path, script: str, module: str) -> subprocess.Complet
 
 # The suite's slow modules: real trainers (importing torch, trl or verl costs each worker seconds at
 # collection), Ray, browsers, servers, training runs, campaigns and whole-catalogue sweeps. `python -m pytest -m "not slow"` is the fast tier for the inner loop
-# (under a minute on 2 cores); the README's command and CI run everything.
+# (its measured cost is in the README); the README's command and CI run everything.
 SLOW_MODULES = {
     "test_adapters_verifiers",
     "test_adapters_verl",
     "test_benchmarks_smoke",
+    "test_campaign_round5",
     "test_capture_load",
     "test_capture_paths",
     "test_demo",
@@ -91,12 +96,15 @@ SLOW_MODULES = {
     "test_frameworks_round4",
     "test_fuzz",
     "test_generated",
+    "test_graduation",
     "test_hostile",
     "test_hostile_round4",
     "test_integration_rllm_backend",
+    "test_integration_rllm_workflow",
     "test_integration_slime",
     "test_integration_trl",
     "test_integration_trl_record",
+    "test_integration_trl_rloo",
     "test_integration_verl_loop",
     "test_integration_verl_v1",
     "test_native",
@@ -165,6 +173,10 @@ def _native_core(config) -> str:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: part of the full suite only (deselect with -m 'not slow')")
+    if _slow_deselected(config):
+        # hypothesis' plugin imports hypothesis at the end of every run (a second of CPU) even when
+        # no test used it; the property and fuzz tests that do are all slow
+        config.pluginmanager.set_blocked("hypothesispytest")
     NATIVE_STATUS[:] = [_native_core(config)]
 
 

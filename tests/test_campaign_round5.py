@@ -4,9 +4,9 @@ vocabulary, a killed writer's hidden leftovers, `convert` to a symbolic link, a 
 like a replacement template, and the 1.3 evidence cases. Each case runs the real CLI in its own
 process and is judged by `fuzzlib.judge` and its follow-ups: no traceback, internal error, hang or
 exit outside {0, 1, 2}; an exit 2 says why in one line per reason naming the input; no input written,
-nothing written through a link. The fast tier runs one seed of each surface; the slow tier runs
-RA_ROUND5_CASES cases (100 by default; the figures of the issue's note are of 10,200 with
-`benchmarks/fuzz_campaign.py --kind round5`)."""
+nothing written through a link. A campaign, so in the slow tier only (test_hostile_round5 holds each
+surface's behaviour in the fast tier): one seed of each surface, and RA_ROUND5_CASES cases (100 by
+default; the figures of the issue's note are of 10,200 with `benchmarks/fuzz_campaign.py --kind round5`)."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ files under audit that try to weaken it. Each case runs the real CLI in its own 
 by `fuzzlib.judge` and its follow-ups (no traceback, internal error, hang or exit outside {0, 1, 2}; an
 exit 2 says why in one line naming the input; no input written; a trust case never exits 0), and the
 recorder's cases by what the recorder did (every request answered, nothing escaped its handlers,
-every forwarded body unchanged). The fast tier runs one seed of each surface; the slow tier
-RA_ROUND6_CASES cases (100 by default; the issue's figures are of `benchmarks/fuzz_campaign.py
+every forwarded body unchanged). The fast tier runs the regression seeds; the slow tier one seed of each
+surface and RA_ROUND6_CASES cases (100 by default; the issue's figures are of `benchmarks/fuzz_campaign.py
 --kind round6`)."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ pytest.importorskip("msgpack")
 from fuzzround6 import REGRESSION_SEEDS, ROUND6, prepare_round6
 
 
+@pytest.mark.slow  # a campaign; the regression seeds below and test_hostile_round6 stay in the fast tier
 @pytest.mark.parametrize("seed", range(len(ROUND6)))
 def test_round6_surfaces_never_crash_write_nor_pass_silently(tmp_path, seed):
     case = prepare_round6(seed, tmp_path)

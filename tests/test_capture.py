@@ -4,6 +4,7 @@ real HTTP server on loopback returning vLLM's `return_token_ids` shapes; what it
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -15,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-openai = pytest.importorskip("openai")
-pytest.importorskip("aiohttp")
-import httpx  # noqa: E402
+# the client is imported where a test uses it: at collection, every worker would pay for its import
+for _needed in ("openai", "aiohttp"):
+    if importlib.util.find_spec(_needed) is None:
+        pytest.skip(f"could not import {_needed!r}", allow_module_level=True)
 
 CONTEXT = ["--context", "environment_id=doors", "--context", "environment_version=v1"]
 CONTEXT += ["--context", "verifier_version=v1", "--context", "reset_seed=0"]
@@ -82,6 +84,8 @@ def proxy(engine: str, tmp_path: Path) -> Iterator[str]:
 
 
 def _turn(url: str, sid: str) -> str:
+    import openai
+
     c = openai.OpenAI(base_url=f"{url}/sessions/{sid}/v1", api_key="none")
     r = c.chat.completions.create(
         model="m",
@@ -99,6 +103,8 @@ def _check(path: Path) -> subprocess.CompletedProcess:
 
 
 def _end(url: str, sid: str) -> None:
+    import httpx
+
     assert httpx.post(
         f"{url}/sessions/{sid}/end", json={"stop_reason": "success", "reward": 1.0, "policy_version": 5}
     ).json() == {

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from fuzzlib import run_cli
-from hostilehelp import Run, assert_clean_exit, cli
+from hostilehelp import EVIL_ID, Run, assert_clean_exit, cli, write
 
 from rollout_audit import Config, RolloutWriter, audit
 from rollout_audit.contract.config import tomllib  # tomllib, or tomli before Python 3.11
@@ -42,12 +42,6 @@ def digest(root: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def small_records():
     return make_log(n_tasks=2, group_size=2, n_versions=1, seed=3)
-
-
-def write(root: Path, trajs: list[dict], name: str = "part-0000.parquet") -> Path:
-    with RolloutWriter(root / "trajectories" / name, validate=False) as w:
-        w.write(trajs)
-    return root
 
 
 def write_table(path: Path, table: pa.Table) -> Path:
@@ -198,9 +192,6 @@ def test_duplicate_column_in_memory_is_s001(small_records):
 
 
 # ---------------------------------------------------------------- 4. injection into CI and terminals
-
-
-EVIL_ID = "t\n::error file=evil.py,line=1::forged\x1b]8;;https://evil.example\x07x\x1b[2J[link=https://e.x]y[/]"
 
 
 @pytest.fixture

@@ -11,14 +11,14 @@ import re
 import shutil
 import threading
 import tracemalloc
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
 import tomllib
-from hostilehelp import assert_clean_exit, cli
+from hostilehelp import BigAnswer, assert_clean_exit, cli
 from test_hostile import child
 
 from rollout_audit import audit
@@ -476,28 +476,15 @@ def test_a_file_name_that_is_not_utf8_is_s005_and_the_rest_is_audited(tmp_path):
     assert r.returncode == 0 and "not UTF-8" in r.stderr
 
 
-class _Big(BaseHTTPRequestHandler):
-    body = b""
-
-    def do_GET(self):
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()  # no Content-Length: read to the end, under the cap
-        self.wfile.write(self.body)
-
-    def log_message(self, *a):
-        pass
-
-
 def test_a_replay_answer_just_under_the_cap_costs_about_twice_its_size():
     from rollout_audit.replay.http import HTTPReplayer
 
     size = 8 << 20
-    _Big.body = json.dumps({"x": "a" * (size - 10)}).encode()
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Big)
+    BigAnswer.body = json.dumps({"x": "a" * (size - 10)}).encode()
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), BigAnswer)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        rep = HTTPReplayer({}, max_bytes=len(_Big.body) + 1)
+        rep = HTTPReplayer({}, max_bytes=len(BigAnswer.body) + 1)
         tracemalloc.start()
         got = rep._fetch(f"http://127.0.0.1:{srv.server_port}/")
         peak = tracemalloc.get_traced_memory()[1]
@@ -505,4 +492,6 @@ def test_a_replay_answer_just_under_the_cap_costs_about_twice_its_size():
     finally:
         srv.shutdown()
     assert len(got["x"]) == size - 10
-    assert peak < 2.5 * len(_Big.body), peak / len(_Big.body)  # the answer's bytes, its text, the parsed value
+    assert peak < 2.5 * len(BigAnswer.body), peak / len(
+        BigAnswer.body
+    )  # the answer's bytes, its text, the parsed value

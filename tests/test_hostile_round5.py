@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from test_hostile import cli
+from hostilehelp import cli
 
 from rollout_audit.contract import schema as S
 
@@ -253,17 +253,17 @@ def test_a_vllm_replay_answer_is_parsed_within_a_bounded_multiple_of_its_size():
     import tracemalloc
     from http.server import ThreadingHTTPServer
 
-    from test_hostile_round4 import _Big
+    from hostilehelp import BigAnswer
 
     from rollout_audit.replay.http import HTTPReplayer
 
-    vocab, positions = 2000, 200
+    vocab, positions = 2000, 20
     dist = {str(k): {"logprob": -1.0 - k / vocab, "rank": k + 1, "decoded_token": "ab"} for k in range(vocab)}
-    _Big.body = json.dumps({"choices": [{"index": 0, "prompt_logprobs": [None] + [dist] * positions}]}).encode()
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Big)
+    BigAnswer.body = json.dumps({"choices": [{"index": 0, "prompt_logprobs": [None] + [dist] * positions}]}).encode()
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), BigAnswer)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        rep = HTTPReplayer({}, max_bytes=len(_Big.body) + 1)
+        rep = HTTPReplayer({}, max_bytes=len(BigAnswer.body) + 1)
         tracemalloc.start()
         got = rep._fetch(f"http://127.0.0.1:{srv.server_port}/")
         peak = tracemalloc.get_traced_memory()[1]
@@ -272,7 +272,9 @@ def test_a_vllm_replay_answer_is_parsed_within_a_bounded_multiple_of_its_size():
         srv.shutdown()
     first = got["choices"][0]["prompt_logprobs"][1]
     assert first.ids.tolist() == list(range(vocab)) and first.logprobs[0] == -1.0
-    assert peak < 2.5 * len(_Big.body), peak / len(_Big.body)  # the answer's bytes, its text, two arrays a position
+    assert peak < 2.5 * len(BigAnswer.body), peak / len(
+        BigAnswer.body
+    )  # the answer's bytes, its text, two arrays a position
 
 
 @pytest.mark.parametrize("target", ["empty folder", "dangling", "folder with a file"])

@@ -9,8 +9,7 @@ import json
 from pathlib import Path
 
 import jsonschema
-from hostilehelp import assert_clean_exit, cli
-from test_hostile import EVIL_ID, write
+from hostilehelp import EVIL_ID, assert_clean_exit, cli, write
 
 from rollout_audit.synth import make_log
 

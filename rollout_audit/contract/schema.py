@@ -77,6 +77,7 @@ def contract() -> dict:
 STOP_FLAGS: tuple[str, ...] = tuple(contract()["stop_reasons"])
 
 
+@cache  # the contract is read once; every audit asks for its columns many times
 def columns(table: str) -> tuple[Column, ...]:
     """Columns of `trajectories`, `turn` (the turn struct) or `updates`."""
     return tuple(Column(**{**c, "domain": tuple(c.get("domain", {}).items())}) for c in contract()["tables"][table])
@@ -112,6 +113,7 @@ _SCALARS = {
 }
 
 
+@cache
 def parse_type(t: str) -> pa.DataType:
     """Parse the contract's type notation (`list<int32>`, `map<string,float64>`...)."""
     t = t.replace(" ", "")
