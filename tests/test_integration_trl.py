@@ -23,6 +23,7 @@ trl = pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
 import rollout_audit as ra
+from rollout_audit.contract.schema import CONTRACT_VERSION
 from rollout_audit.integrations.trl import AuditedGRPOTrainer, AuditSettings
 
 CHATML = (
@@ -291,7 +292,10 @@ def test_default_path_log_audits_with_window_denominator(default_run):
     truncated = pl.read_parquet(log / "trajectories")["truncated"].any()
     strict = ra.audit(log, config=ra.Config(grpo_epsilon=1e-4, truncation="exclude", not_recorded=NOT_RECORDED))
     assert strict.codes("error") == ({"T304", "U606"} if truncated else set()), strict.render()
-    assert pq.read_schema(next((log / "trajectories").iterdir())).metadata[b"rollout_log.schema_version"] == b"1.4"
+    assert (
+        pq.read_schema(next((log / "trajectories").iterdir())).metadata[b"rollout_log.schema_version"]
+        == CONTRACT_VERSION.encode()
+    )
 
 
 def _factor(message: str) -> float:

@@ -158,7 +158,7 @@ def test_cli_replay_option(run: Path, tmp_path: Path) -> None:
         f'replay_checkpoints = "{run / "checkpoints" / "v{version}.safetensors"}"\n'
     )
     ok = CliRunner().invoke(main, ["check", str(run), "--select", "L2", "--replay", "16", "--config", str(conf)])
-    assert ok.exit_code == 0 and "10 checks run, 0 partially run, 0 not run" in ok.output, ok.output
+    assert ok.exit_code == 0 and "11 checks run, 0 partially run, 0 not run" in ok.output, ok.output
     bad = CliRunner().invoke(
         main,
         [
@@ -219,7 +219,7 @@ def test_a_replay_asked_for_that_cannot_run_exits_2_saying_why(
     assert res.exit_code == 2, res.output
     errors = [x for x in res.stderr.splitlines() if x.startswith("rollout-audit: error: ")]
     assert len(errors) == 1 and reason.format(missing=tmp_path / "nowhere", run=run) in errors[0], res.stderr
-    assert "L205, L206, L207, L209: replay of 16 trajectories was asked for" in errors[0]
+    assert "L205, L206, L207, L209, L211: replay of 16 trajectories was asked for" in errors[0]
 
 
 def test_a_check_selected_by_code_that_cannot_run_exits_2(run: Path) -> None:
