@@ -62,7 +62,7 @@ def test_machine_formats_and_one_log_have_no_overall_line() -> None:
 @pytest.mark.slow
 def test_a_terminal_sees_the_line_while_a_long_audit_runs(tmp_path: Path) -> None:
     """The real command with stderr on a pseudo-terminal: the line is drawn, then erased; stdout (a
-    pipe) holds the reports alone."""
+    pipe) holds the reports alone. The delay is zero so that a fast machine draws it too."""
     master, slave = pty.openpty()
     logs = [str(p) for p in sorted((ROOT / "fixtures" / "broken").iterdir()) if (p / "trajectories").is_dir()][:12]
     proc = subprocess.Popen(
@@ -70,7 +70,7 @@ def test_a_terminal_sees_the_line_while_a_long_audit_runs(tmp_path: Path) -> Non
         stdout=subprocess.PIPE,
         stderr=slave,
         cwd=tmp_path,
-        env={**os.environ, "COLUMNS": "100"},
+        env={**os.environ, "COLUMNS": "100", "ROLLOUT_AUDIT_PROGRESS_DELAY": "0"},
     )
     os.close(slave)
     seen = b""
@@ -86,3 +86,15 @@ def test_a_terminal_sees_the_line_while_a_long_audit_runs(tmp_path: Path) -> Non
     os.close(master)
     assert b"auditing" in seen and b"/12" in seen, seen[-500:]
     assert "auditing" not in out and out.strip().splitlines()[-1].startswith("overall: 12 logs:")
+
+
+def test_the_delay_is_read_from_the_environment_and_a_bad_value_keeps_the_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rollout_audit.cli.progress import DELAY, DELAY_VARIABLE, delay_from_environment
+
+    for value, expected in (("0", 0.0), ("0.5", 0.5), ("-1", DELAY), ("nan", DELAY), ("soon", DELAY)):
+        monkeypatch.setenv(DELAY_VARIABLE, value)
+        assert delay_from_environment() == expected, value
+    monkeypatch.delenv(DELAY_VARIABLE)
+    assert delay_from_environment() == DELAY

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 DELAY = 2.0  # seconds of work before the line appears: a quick audit never flickers one
+DELAY_VARIABLE = "ROLLOUT_AUDIT_PROGRESS_DELAY"  # overrides DELAY, in seconds (0: draw at once)
 
 
 class Steps(Protocol):
@@ -22,16 +23,21 @@ class Steps(Protocol):
 
 
 @contextmanager
-def progress(total: int, *, enabled: bool, delay: float = DELAY, console: Console | None = None) -> Iterator[Steps]:
+def progress(
+    total: int, *, enabled: bool, delay: float | None = None, console: Console | None = None
+) -> Iterator[Steps]:
     """A context whose value is `step(label)`: call it before each of `total` logs is audited; the
     line names the log being audited and, for several, how many are done. `console`: the rich
-    console to draw on (default: stderr)."""
+    console to draw on (default: stderr); `delay`: seconds before the line appears (default:
+    $ROLLOUT_AUDIT_PROGRESS_DELAY, else DELAY)."""
     if not enabled:
         yield lambda label: None
         return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    if delay is None:
+        delay = delay_from_environment()
     columns = [SpinnerColumn(), TextColumn("{task.description}")]
     if total > 1:
         columns += [BarColumn(), MofNCompleteColumn()]
@@ -58,3 +64,15 @@ def progress(total: int, *, enabled: bool, delay: float = DELAY, console: Consol
         if timer.is_alive():
             timer.join()  # the line is never started after the work ended
         bar.stop()
+
+
+def delay_from_environment() -> float:
+    """$ROLLOUT_AUDIT_PROGRESS_DELAY when it is a number of seconds >= 0, else DELAY."""
+    import math
+    import os
+
+    try:
+        value = float(os.environ.get(DELAY_VARIABLE, DELAY))
+    except ValueError:
+        return DELAY
+    return value if math.isfinite(value) and value >= 0 else DELAY
