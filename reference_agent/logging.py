@@ -91,11 +91,14 @@ UPDATE_SCHEMA = pa.schema(
         ("max_policy_lag", pa.int64()),
         ("numerator_tokens", pa.list_(pa.int64())),
         ("stat_trajectory_ids", pa.list_(pa.string())),
+        ("ratio_anchor", pa.string()),
+        ("ratio_correction", pa.string()),
+        ("ratio_clipping", pa.bool_()),
     ]
 )
 
 SCHEMAS = {"trajectories": TRAJECTORY_SCHEMA, "updates": UPDATE_SCHEMA}
-VERSIONS = {"trajectories": "1.3", "updates": "1.2"}  # the contract version each file's columns need
+VERSIONS = {"trajectories": "1.3", "updates": "1.4"}  # the contract version each file's columns need
 # How the environment pays each reward component (file metadata `rollout_log.reward_components`):
 # the sparse outcome is paid once, when the episode ends, so R408 checks it without configuration.
 REWARD_COMPONENTS = {"outcome": "terminal"}

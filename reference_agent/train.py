@@ -528,6 +528,11 @@ def _update_record(
         # the group statistics are formed among exactly the trained members (groups of one left out)
         "stat_trajectory_ids": [r["trajectory_id"] for r in batch],
         "numerator_tokens": [],
+        # what `ppo_loss` takes the ratio against: π_θ over the logged behaviour log-probs (no
+        # recomputed anchor, so no behaviour-to-anchor correction), clipped at 1 ± clip
+        "ratio_anchor": "behavior",
+        "ratio_correction": "none",
+        "ratio_clipping": True,
     }
 
 

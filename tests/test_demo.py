@@ -27,9 +27,8 @@ REPLAY_CHECKS = {"L205", "L206", "L207", "L209", "L211"}
 # episode: M111), a critic (its advantages are group-relative: R416); its recorded nucleus (L210) is in
 # every log it writes
 CANNOT_APPLY = {"P505", "R414", "M111", "R416"}
-# what it does but does not record yet: its update records do not state the ratio's anchor (the
-# behaviour log-probs, clipped), so U610 has no evidence to read
-NOT_RECORDED = {"U610"}
+# everything it does it records: its update records state the ratio's anchor (the behaviour
+# log-probs, no correction, clipping on), so U610 runs on its log
 
 
 def cli(*args: object, cwd: Path) -> tuple[int, str, str]:
@@ -77,7 +76,7 @@ def test_the_demo_audit_replays_its_log_and_runs_every_check_that_can_apply(demo
         CONFIG,
     ]
     assert "replay ran (L205, L206, L207, L209): " in text, text
-    assert "not run: M111, P505, R414, R416, U610 (" in text, text  # nothing else lacked its evidence
+    assert "not run: M111, P505, R414, R416 (" in text, text  # nothing else lacked its evidence
     assert f"configuration: out/{CONFIG} with replay = {REPLAY}" in text, text  # as the user named OUT
     assert "\nok: 0 errors, 0 warnings" in text, text
 
@@ -95,8 +94,8 @@ def test_the_printed_replay_command_works_and_from_any_directory(demo: tuple[Pat
         code, rep = summary(*args, cwd=cwd)
         s = rep["summary"]
         assert code == 0, rep
-        assert REPLAY_CHECKS <= set(s["checks_run"]) and set(s["checks_not_run"]) == CANNOT_APPLY | NOT_RECORDED, s
-        assert not rep["unfulfilled"] and {"M107", "T306"} <= set(s["checks_run"])
+        assert REPLAY_CHECKS <= set(s["checks_run"]) and set(s["checks_not_run"]) == CANNOT_APPLY, s
+        assert not rep["unfulfilled"] and {"M107", "T306", "U610"} <= set(s["checks_run"])
         assert all(v["max"] < 1e-4 for v in s["statistics"]["L205"]), s["statistics"]["L205"]
 
 
@@ -105,7 +104,7 @@ def test_a_plain_check_of_the_demo_log_finds_the_collector_settings(demo: tuple[
     out, _ = demo
     code, rep = summary(out / LOG, cwd=elsewhere)
     assert code == 0, rep
-    assert set(rep["summary"]["checks_not_run"]) == CANNOT_APPLY | NOT_RECORDED | REPLAY_CHECKS, rep["summary"]
+    assert set(rep["summary"]["checks_not_run"]) == CANNOT_APPLY | REPLAY_CHECKS, rep["summary"]
     assert rep["summary"]["configuration"].endswith("pyproject.toml [tool.rollout-audit]")
     code, rep = summary(LOG, "--config", CONFIG, "--replay", 8, cwd=out)  # from inside OUT, relative paths
     assert code == 0 and REPLAY_CHECKS <= set(rep["summary"]["checks_run"]), rep
