@@ -74,7 +74,10 @@ def test_user_only_settings_leave_every_other_fixture_as_the_manifest_says():
     """Under every fault's user-only settings at once (preview on), the compliant log stays clean
     with the checks that read them run, and each broken log raises exactly its manifest's codes."""
     clashing = [
-        (n, k) for n, e in MANIFEST["faults"].items() for k, v in e.get("user_config", {}).items() if USER_SETTINGS[k] != v
+        (n, k)
+        for n, e in MANIFEST["faults"].items()
+        for k, v in e.get("user_config", {}).items()
+        if USER_SETTINGS[k] != v
     ]
     assert USER_SETTINGS and not clashing, clashing  # two faults stating one key differently need two runs
     readers = {c for c, r in ra.all_rules().items() if set(r.config) & set(USER_SETTINGS)}
