@@ -1,13 +1,15 @@
-"""Termination checks T301-T305 (docs/contract.md, stop causes, lesson “Success, termination, truncation, and infrastructure failure”) against mutated synthetic logs."""
+"""Termination checks T301-T309 (docs/contract.md, stop causes, lesson “Success, termination, truncation, and infrastructure failure”) against mutated synthetic logs."""
 
 from __future__ import annotations
 
 import pytest
-from checkhelp import audit, rows
+from checkhelp import audit, only, positions, rows
 from checkhelp import loud as blocking
 from conftest import write_log
 
 import rollout_audit as ra
+from rollout_audit.contract.config import Config
+from rollout_audit.faults.base import Ctx, insert_tokens, remove_tokens
 
 T_CODES = {"T301", "T302", "T303", "T304", "T305"}
 
@@ -345,3 +347,74 @@ def test_t308_not_run_under_bootstrap_without_turn_rewards(records):
             del x["reward"]
     assert "turns.reward" in audit(trajs, ups, truncation="bootstrap", select=["T308"]).not_run["T308"]
     assert "T308" not in audit(trajs, ups, select=["T308"]).not_run  # nothing to bound under exclude
+
+
+# ---------------------------------------------------------------- T309
+
+STOP_ID = 99  # an id the synthetic log uses nowhere: its engine's stop token
+
+
+def stop_turns(trajs) -> dict[str, tuple[int, int]]:
+    """Per trajectory with a turn the engine ended with finish_reason stop: that turn and the
+    position of its last policy token."""
+    return {
+        t["trajectory_id"]: (k, positions(t, 2, k)[-1])
+        for t in trajs
+        for k, tr in enumerate(t["turns"])
+        if tr["finish_reason"] == "stop"
+    }
+
+
+@pytest.fixture
+def stopped(records):
+    """The synthetic log as an engine that stops on STOP_ID writes it: every stop turn's last
+    sampled token is the stop token (inserted with the fault helper, so the log stays compliant)."""
+    trajs, ups = records
+    ctx = Ctx(trajs, ups, seed=0)
+    for t in trajs:
+        if (end := stop_turns([t]).get(t["trajectory_id"])) is not None:
+            insert_tokens(ctx, t, end[1] + 1, [STOP_ID], source=2, turn=end[0], logprobs=[-0.015625])
+    return trajs, ups
+
+
+def test_t309_stop_turn_whose_stop_token_was_stripped(stopped):
+    trajs, ups = stopped
+    ends = stop_turns(trajs)
+    a = next(t for t in trajs if t["trajectory_id"] in ends)
+    k, last = ends[a["trajectory_id"]]
+    remove_tokens(Ctx(trajs, ups, seed=0), a, last)  # the worker strips it, record and counts alike
+    f = only(audit(trajs, ups, preview=True, stop_token_ids=[STOP_ID]), "T309")
+    assert f.select("trajectory_id", "turn", "position").rows() == [(a["trajectory_id"], k, last - 1)]
+    assert f["message"][0] == (
+        "the engine stopped this turn on a stop token (finish_reason stop), but its last policy token is id "
+        f"{a['token_ids'][last - 1]}, not one of stop_token_ids [{STOP_ID}]"
+    )
+
+
+def test_t309_silent_when_every_stop_turn_ends_on_a_stop_token(stopped):
+    trajs, ups = stopped
+    rep = audit(trajs, ups, preview=True, stop_token_ids=[STOP_ID, 7])
+    assert rep.ok and not blocking(rep) and "T309" not in rep.not_run
+    assert any(tr["finish_reason"] == "tool_calls" for t in trajs for tr in t["turns"])  # end on any token
+    a = next(t for t in trajs if t["trajectory_id"] in stop_turns(trajs))
+    k, _ = stop_turns([a])[a["trajectory_id"]]
+    for i in positions(a, 2, k):
+        a["token_source"][i] = 4  # a stop turn without a policy token: nothing to compare
+    assert "T309" not in audit(trajs, ups, preview=True, stop_token_ids=[STOP_ID]).codes()
+
+
+def test_t309_fires_on_every_stop_turn_under_a_stop_list_they_do_not_end_on(stopped):
+    trajs, ups = stopped
+    f = rows(audit(trajs, ups, preview=True, stop_token_ids=[STOP_ID + 1]), "T309")
+    assert sorted(f["trajectory_id"]) == sorted(stop_turns(trajs))
+
+
+def test_t309_not_run_without_the_users_stop_list(stopped):
+    rep = audit(*stopped, preview=True)
+    assert "stop_token_ids" in rep.not_run["T309"]
+
+
+@pytest.mark.parametrize("bad", [[-1], [2**31], [True], [1.5]])
+def test_t309_stop_token_ids_are_token_ids(bad):
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        Config(stop_token_ids=bad)

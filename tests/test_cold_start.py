@@ -16,22 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from rollout_audit.dev.house import HEAVY
+
 ROOT = Path(__file__).resolve().parents[1]
 
-HEAVY = [
-    "pandas",
-    "pandera",
-    "rich",
-    "torch",
-    "ray",
-    "transformers",
-    "verl",
-    "trl",
-    "verifiers",
-    "openai",
-    "vllm",
-    "asyncio",
-]
 
 _PROBE = """
 import contextlib, io, json, sys

@@ -28,7 +28,15 @@ from rollout_audit.contract.config import Config
 from rollout_audit.contract.schema import context_sha256
 from rollout_audit.dev.fixtures import FIXTURES
 from rollout_audit.faults import FAULTS, fault, read_records
-from rollout_audit.faults.base import PER_TOKEN, Ctx, drop_token, insert_tokens, n_trainable, policy_positions
+from rollout_audit.faults.base import (
+    PER_TOKEN,
+    Ctx,
+    drop_token,
+    insert_tokens,
+    n_trainable,
+    policy_positions,
+    remove_tokens,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
@@ -121,6 +129,41 @@ def test_drop_token_undoes_an_inserted_token(agent_records):
     }
 
 
+@pytest.mark.parametrize("log", ["agent", "synthetic"])
+def test_remove_tokens_undoes_insert_tokens_everywhere(log, agent_records, clean_records):
+    """Tokens inserted at each place and removed again leave every record as it was, the turns'
+    counts, contexts, rewards and the updates' denominators included."""
+    trajs, ups = copy.deepcopy(agent_records if log == "agent" else clean_records)
+    ctx = Ctx(trajs, ups, seed=0)
+    used = ctx.used()
+    cands = [t for t in trajs if len(t["turns"]) >= 2 and t["trajectory_id"] in used]
+    old = copy.deepcopy((trajs, ups))
+    for t, what in zip(cands, _places(cands[0])):
+        pos, source, turn = _places(t)[what]
+        lps = [-0.5, -1.25] if source == 2 else None
+        insert_tokens(
+            ctx, t, pos, [t["token_ids"][min(pos, len(t["token_ids"]) - 1)], 7], source=source, turn=turn, logprobs=lps
+        )
+        remove_tokens(ctx, t, pos, 2)
+        assert_aligned(t, ups)
+    assert (trajs, ups) == old
+
+
+def test_removed_policy_tokens_leave_a_compliant_log(agent_records):
+    """A stripped last action (the turn keeps its first token) or an observation token removed
+    before a later turn: only the record the fault meant to change changes, nothing fires."""
+    trajs, ups = copy.deepcopy(agent_records)
+    ctx = Ctx(trajs, ups, seed=0)
+    t, u = [t for t in trajs if len(t["turns"]) >= 2 and t["trajectory_id"] in ctx.used()][:2]
+    end = policy_positions(t)[-1]
+    insert_tokens(ctx, t, end, [10], source=2, turn=t["token_turn"][end], logprobs=[-0.75])
+    remove_tokens(ctx, t, end + 1)  # the last action's own token goes: the reward moves to the new last
+    remove_tokens(ctx, u, policy_positions(u, turn=1)[0] - 1)  # an observation token of turn 0
+    for x in (t, u):
+        assert_aligned(x, ups)
+    assert serious(trajs, ups).is_empty(), serious(trajs, ups)
+
+
 def test_policy_tokens_need_their_log_probs(agent_records):
     trajs, ups = copy.deepcopy(agent_records)
     with pytest.raises(ValueError, match="log-prob"):
@@ -149,27 +192,28 @@ def check(*args: str) -> tuple[int, dict]:
     return res.exit_code, (json.loads(res.stdout) if res.stdout.startswith("{") else {"stderr": res.stderr})
 
 
-def test_a_user_only_setting_is_a_file_beside_the_fixture_never_inside_the_log(tmp_path):
-    """R409's loop of three is caught under the user's own loop_length (the manifest's file, with
-    --config), unreported under the default, and refused (exit 2) when the log itself states it."""
-    entry = MANIFEST["faults"]["action_loop_of_three"]
-    user = FIXTURES / entry["user_config_file"]
-    assert entry["user_config"] == {"loop_length": 3} and entry["config"] == {}
-    assert (
-        user.parent == FIXTURES / "broken"
-        and not (FIXTURES / "broken" / "action_loop_of_three" / "pyproject.toml").exists()
-    )
-    code, doc = check(str(FIXTURES / "broken" / "action_loop_of_three"), "--strict", "--config", str(user))
-    r409 = [f for f in doc["findings"] if f["code"] == "R409"]
-    assert code == 1 and {f["trajectory_id"] for f in r409} == set(entry["touched"]), doc
-    assert {f["code"] for f in doc["findings"] if f["severity"] in ("error", "warning")} == {"R409"}
-    code, doc = check(str(FIXTURES / "broken" / "action_loop_of_three"), "--strict")
-    assert code == 0 and not [f for f in doc["findings"] if f["code"] == "R409"]
-    log = tmp_path / "log"
-    shutil.copytree(FIXTURES / "broken" / "action_loop_of_three", log)
-    shutil.copy(user, log / "pyproject.toml")  # the log vouching for its own threshold
-    code, doc = check(str(log))
-    assert code == 2 and "loop_length: refused in a configuration inside the audited log" in doc["stderr"], doc
+@pytest.mark.parametrize("name", sorted(n for n, e in MANIFEST["faults"].items() if e["user_config"]))
+def test_a_user_only_setting_is_a_file_beside_the_fixture_never_inside_the_log(tmp_path, name):
+    """Each fault's code (R409's loop of three, T309's stop list) is caught under the user's own
+    setting (the manifest's file, with --config), unreported under the default, and refused (exit 2)
+    when the log itself states it."""
+    entry = MANIFEST["faults"][name]
+    user, log = FIXTURES / entry["user_config_file"], FIXTURES / "broken" / name
+    assert entry["config"] == {} and user.parent == FIXTURES / "broken" and not (log / "pyproject.toml").exists()
+    assert user.read_text().startswith("[tool.rollout-audit]\n")
+    codes = set(entry["codes"])
+    code, doc = check(str(log), "--strict", "--preview", "--config", str(user))
+    caught = [f for f in doc["findings"] if f["code"] in codes]
+    assert code == 1 and {f["trajectory_id"] for f in caught} == set(entry["touched"]), doc
+    assert {f["code"] for f in doc["findings"] if f["severity"] in ("error", "warning")} == codes
+    code, doc = check(str(log), "--strict", "--preview")
+    assert code == 0 and not [f for f in doc["findings"] if f["code"] in codes]
+    inside = tmp_path / "log"
+    shutil.copytree(log, inside)
+    shutil.copy(user, inside / "pyproject.toml")  # the log vouching for its own setting
+    code, doc = check(str(inside))
+    key = next(iter(entry["user_config"]))
+    assert code == 2 and f"{key}: refused in a configuration inside the audited log" in doc["stderr"], doc
 
 
 # ---------------------------------------------------------------- a fault that finds no target

@@ -63,6 +63,34 @@ def test_broken_fixture_raises_its_codes(name):
         assert_show_marks_what_check_reports(FIXTURES / "broken" / name, doc, code)
 
 
+# What the users of the broken fixtures state, together: every check that reads a setting the user
+# alone states runs, under it, on every fixture (the detection matrix audits each log with its
+# own fault's settings only, so such a check would be held to its own fault's log alone).
+USER_SETTINGS = {k: v for e in MANIFEST["faults"].values() for k, v in e.get("user_config", {}).items()}
+
+
+@pytest.mark.slow  # every fixture audited once more (about 11 s)
+def test_user_only_settings_leave_every_other_fixture_as_the_manifest_says():
+    """Under every fault's user-only settings at once (preview on), the compliant log stays clean
+    with the checks that read them run, and each broken log raises exactly its manifest's codes."""
+    clashing = [
+        (n, k)
+        for n, e in MANIFEST["faults"].items()
+        for k, v in e.get("user_config", {}).items()
+        if USER_SETTINGS[k] != v
+    ]
+    assert USER_SETTINGS and not clashing, clashing  # two faults stating one key differently need two runs
+    readers = {c for c, r in ra.all_rules().items() if set(r.config) & set(USER_SETTINGS)}
+    rep = ra.audit(FIXTURES / "compliant", config=matrix_config(USER_SETTINGS))
+    assert serious(rep).is_empty(), rep.render()
+    assert readers and not readers & set(rep.not_run), rep.not_run
+    for name, entry in sorted(MANIFEST["faults"].items()):
+        if not (FIXTURES / "broken" / name).is_dir():
+            continue  # a file-level fault: its log is not a directory of records
+        rep = ra.audit(FIXTURES / "broken" / name, config=matrix_config(USER_SETTINGS))
+        assert set(serious(rep)["code"]) == set(entry["codes"]), (name, rep.render())
+
+
 def test_every_fault_has_a_fixture():
     from rollout_audit.faults import FAULTS
 

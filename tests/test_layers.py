@@ -2,7 +2,8 @@
 
 Every module of rollout_audit is read with `ast` (nothing is imported), and every import in it,
 at module level, inside a function or under `if TYPE_CHECKING`, is resolved to a module of the
-package. Layers, bottom-up:
+package (the graph and the floors are `rollout_audit.dev.house`'s, which `python -m rollout_audit.dev
+house` prints). Layers, bottom-up:
 
     contract < reading < frames < replay < checks < running < writing < reporting < adapters
         < session < workflow < top
@@ -19,25 +20,12 @@ a module of its own; importing a submodule is not counted as importing its packa
 
 from __future__ import annotations
 
-import ast
 import functools
-from pathlib import Path
 
-PKG = "rollout_audit"
-ROOT = Path(__file__).resolve().parent.parent / PKG
-LAYERS = [
-    "contract",
-    "reading",
-    "frames",
-    "replay",
-    "checks",
-    "running",
-    "writing",
-    "reporting",
-    "adapters",
-    "session",
-    "workflow",
-]
+from rollout_audit.dev import house
+from rollout_audit.dev.house import LAYERS, PKG
+
+ROOT = house.CHECKOUT / PKG
 TOP = len(LAYERS)
 
 # Imports that break the layering today, as (importer, imported), names relative to rollout_audit.
@@ -46,49 +34,8 @@ TOP = len(LAYERS)
 KNOWN_VIOLATIONS: set[tuple[str, str]] = set()
 
 
-def _modules() -> dict[str, tuple[Path, bool]]:
-    out = {}
-    for f in sorted(ROOT.rglob("*.py")):
-        rel = f.relative_to(ROOT.parent).with_suffix("").parts
-        is_pkg = rel[-1] == "__init__"
-        out[".".join(rel[:-1] if is_pkg else rel)] = (f, is_pkg)
-    return out
-
-
-def _known(name: str, modules: dict) -> str | None:
-    """The longest prefix of `name` that is a module of the package."""
-    parts = name.split(".")
-    while parts:
-        if ".".join(parts) in modules:
-            return ".".join(parts)
-        parts.pop()
-    return None
-
-
-def _imports(mod: str, path: Path, is_pkg: bool, modules: dict) -> set[str]:
-    package = mod if is_pkg else mod.rsplit(".", 1)[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found |= {k for a in node.names if (k := _known(a.name, modules))}
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
-            for a in node.names:
-                sub = f"{base}.{a.name}"
-                k = sub if sub in modules else _known(base, modules)
-                if k:
-                    found.add(k)
-    found.discard(mod)
-    return found
-
-
 def _layer(mod: str) -> int:
-    parts = mod.split(".")
-    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else TOP
+    return house.layer(mod)
 
 
 def _short(mod: str) -> str:
@@ -97,8 +44,7 @@ def _short(mod: str) -> str:
 
 @functools.cache
 def graph() -> dict[str, set[str]]:
-    modules = _modules()
-    return {m: _imports(m, p, is_pkg, modules) for m, (p, is_pkg) in modules.items()}
+    return house.graph()
 
 
 def _same_layer_cycles(g: dict[str, set[str]]) -> set[tuple[str, str]]:
@@ -184,3 +130,31 @@ def test_known_violations_are_current():
     found = violations()
     gone = KNOWN_VIOLATIONS - set(found)
     assert not gone, "fixed; delete from KNOWN_VIOLATIONS in tests/test_layers.py:\n" + _lines(gone, found)
+
+
+def test_house_counts_an_upward_import_in_another_checkout(tmp_path):
+    """`python -m rollout_audit.dev house --root` measures a checkout from its files alone."""
+    pkg = tmp_path / PKG
+    for rel, text in {
+        "__init__.py": "",
+        "contract/__init__.py": "",
+        "contract/version.py": "from ..session import audit\n",
+        "session.py": "from .contract import version\ndef audit():\n    return 1\n",
+        "cli.py": "import rollout_audit.session\n",
+    }.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_layers.py").write_text('LAYERS = ["contract"]\n')
+    h = house.measure(tmp_path, cli=False)
+    assert h["floors"]["own"] == ["contract"]
+    assert h["rooms"]["session.py"] == {"modules": 1, "lines": 3, "floor": "session"}
+    assert h["upward"]["own"] == h["upward"]["today"] == ["rollout_audit.contract.version -> rollout_audit.session"]
+    assert h["arrows"] == {"cli.py -> session.py": 1, "contract/ -> session.py": 1, "session.py -> contract/": 1}
+    assert h["largest_functions"] == [[2, "rollout_audit.session.audit"]]
+
+
+def test_house_of_this_checkout_has_no_upward_import():
+    h = house.measure(cli=False)
+    assert h["upward"] == {"own": [], "today": []}
+    assert sum(r["modules"] for r in h["rooms"].values()) == len(graph())

@@ -467,3 +467,59 @@ def bootstrap_paid_outcome(b: BatchView, cfg) -> pl.DataFrame | None:
             num(pl.col("_paid")),
         ).alias("message"),
     )
+
+
+@rule(
+    "T309",
+    "turn the engine stopped on a stop token does not end on one",
+    "warning",
+    requires=("token_ids", "token_source", "token_turn", "turns.finish_reason"),
+    config=("stop_token_ids",),
+    preview=True,
+)
+def stop_token_dropped(b: BatchView, cfg) -> pl.DataFrame | None:
+    """A turn the inference engine ended with finish_reason `stop` ends, in the trainer's
+    sequence, on a policy token (token_source 2, that token_turn, the last in position order)
+    that is not one of `stop_token_ids`, the ids the user's engine stops on.
+
+    Lesson “Success, termination, truncation, and infrastructure failure”: an episode ends well
+    only if the policy learns to end it, and it learns that from the stop token it sampled: the
+    trainer must hold that token, trainable, at the end of the turn. A `stop` turn that ends on
+    another token lost its stop token between the engine and the trainer (a response cut one
+    token short, a decode with skip_special_tokens re-encoded, an EOS stripped as padding), so
+    the policy is never trained to stop and its responses grow to the budget; or the engine
+    stopped on an id the user did not mean it to (a generation_config EOS list longer than the
+    tokenizer's) or on a stop string, which leaves no stop token in the output. The setting is
+    the user's alone (the engine's stop list is not in the log): not run without it. Turns with
+    no policy token, or whose row's token lists do not line up, are not compared. Keep the
+    sampled stop token in the trainer's sequence, or list every id your engine stops on (its
+    EOS included).
+    """
+    if not cfg.stop_token_ids:
+        raise NotRun("needs stop_token_ids (the token ids your inference engine stops on)")
+    tr = b.turns
+    if not len(tr):
+        return None
+    reasons = pc.struct_field(b.col("turns").flatten(), "finish_reason")
+    t = b.tokens
+    index, n_p, p_start = b.policy_by_turn
+    k = np.flatnonzero(as_bools(pc.is_in(reasons, value_set=strings(["stop"]))) & (n_p > 0) & b.ok[b.turn_parent])
+    last = index[p_start[k] + n_p[k] - 1]
+    off = ~np.isin(t.ids[last], np.asarray(cfg.stop_token_ids, np.int64))
+    if not off.any():
+        return None
+    k, last = k[off], last[off]
+    found = pl.DataFrame({"_k": k, "position": t.pos[last].astype(np.int64), "_id": t.ids[last].astype(np.int64)})
+    return found.join(
+        tr.with_row_index("_k").select(pl.col("_k").cast(pl.Int64), "trajectory_id", "_t"), on="_k"
+    ).select(
+        "trajectory_id",
+        pl.col("_t").alias("turn"),
+        "position",
+        pl.format(
+            "the engine stopped this turn on a stop token (finish_reason stop), but its last policy token is id {}, "
+            "not one of stop_token_ids {}",
+            "_id",
+            pl.lit(str(list(cfg.stop_token_ids))),
+        ).alias("message"),
+    )

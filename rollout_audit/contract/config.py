@@ -144,6 +144,11 @@ class Config(BaseModel):
     masked_ok_reasons: list[str] = Field(
         default_factory=list, description="Engine finish reasons whose turn the trainer masks on purpose."
     )
+    stop_token_ids: list[int] = Field(
+        default_factory=list,
+        description="The token ids your inference engine stops on (its EOS and stop_token_ids): a turn it ended "
+        "with finish_reason stop must end on one of them in the trainer's sequence (T309).",
+    )
     max_row_group_bytes: int = Field(
         4 * 2**30,
         ge=1,
@@ -312,6 +317,15 @@ class Config(BaseModel):
         """inf passes every comparison (`atol = inf`) and NaN none: a tolerance or a bound is a number."""
         if v is not None and not math.isfinite(v):
             raise ValueError("a finite number, not inf or nan")
+        return v
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _token_ids(cls, v: list[int]) -> list[int]:
+        """Token ids are int32 and not negative, as the contract's token_ids are."""
+        bad = [i for i in v if not 0 <= i < 2**31]
+        if bad:
+            raise ValueError(f"{bad[0]} is not a token id (0 to 2**31 - 1)")
         return v
 
     @field_validator("extra_stop_reasons")

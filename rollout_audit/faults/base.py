@@ -177,6 +177,18 @@ def drop_token(t: dict, pos: int) -> None:
         t["nucleus_offsets"] = off[: pos + 1] + [o - (hi - lo) for o in off[pos + 2 :]]
 
 
+def _recount_turn(t: dict, k: int) -> None:
+    """Turn `k`'s record of its policy tokens follows the sequence: num_policy_tokens, logprob (the
+    sum of their behaviour log-probs) and sampled_token_ids (the engine returned them)."""
+    tr, own = t["turns"][k], policy_positions(t, turn=k)
+    if tr.get("num_policy_tokens") is not None:
+        tr["num_policy_tokens"] = len(own)
+    if tr.get("logprob") is not None:
+        tr["logprob"] = float(sum(t["behavior_logprobs"][i] or 0.0 for i in own))
+    if tr.get("sampled_token_ids") is not None:
+        tr["sampled_token_ids"] = [t["token_ids"][i] for i in own]
+
+
 def insert_tokens(
     ctx: Ctx,
     t: dict,
@@ -248,13 +260,7 @@ def insert_tokens(
         shift = grown[-1] - at if grown else 0
         t["nucleus_offsets"] = off[: pos + 1] + grown + [o + shift for o in off[pos + 1 :]]
     if policy and turn >= 0:
-        tr, own = t["turns"][turn], policy_positions(t, turn=turn)
-        if tr.get("num_policy_tokens") is not None:
-            tr["num_policy_tokens"] = len(own)
-        if tr.get("logprob") is not None:
-            tr["logprob"] = float(sum(t["behavior_logprobs"][i] or 0.0 for i in own))
-        if tr.get("sampled_token_ids") is not None:
-            tr["sampled_token_ids"] = [t["token_ids"][i] for i in own]
+        _recount_turn(t, turn)
     for j, tr in enumerate(t["turns"]):
         for length, sha in (
             ("context_length", "context_sha256"),
@@ -267,6 +273,40 @@ def insert_tokens(
             if tr.get(sha) is not None:
                 tr[sha] = context_sha256(t["token_ids"], c + n)
     if policy and pos > last_policy:
+        recredit(t)
+    if t.get("num_trainable_tokens") is not None:
+        t["num_trainable_tokens"] = n_trainable(t)
+    sync_denominator(ctx, t["trajectory_id"])
+
+
+def remove_tokens(ctx: Ctx, t: dict, pos: int, n: int = 1) -> None:
+    """Tokens `pos` to `pos + n - 1` removed, recorded as a producer whose sequence never held them
+    would record the rest (the inverse of `insert_tokens`; `drop_token` removes one token from the
+    lists alone): every per-token list and the nucleus record, each turn that lost policy tokens
+    (num_policy_tokens, logprob, sampled_token_ids), the contexts of the turns after them (lengths
+    and SHA-256), the token-level reward (on the new last policy token when the last one went,
+    `recredit`), num_trainable_tokens and the updates' loss denominators and numerator counts."""
+    from ..contract.schema import context_sha256
+
+    gone = range(pos, pos + n)
+    policy_turns = {t["token_turn"][i] for i in gone if t["token_source"][i] == 2 and t["token_turn"][i] >= 0}
+    last_policy = max(policy_positions(t), default=-1)
+    for i in reversed(gone):
+        drop_token(t, i)
+    for k in policy_turns:
+        _recount_turn(t, k)
+    for tr in t["turns"]:
+        for length, sha in (
+            ("context_length", "context_sha256"),
+            ("template_context_length", "template_context_sha256"),
+        ):
+            c = tr.get(length)
+            if c is None or c <= pos:
+                continue
+            tr[length] = c - min(n, c - pos)
+            if tr.get(sha) is not None:
+                tr[sha] = context_sha256(t["token_ids"], tr[length])
+    if pos <= last_policy < pos + n:
         recredit(t)
     if t.get("num_trainable_tokens") is not None:
         t["num_trainable_tokens"] = n_trainable(t)

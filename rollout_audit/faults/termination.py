@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Ctx, NoTarget, fault, loss_evidence, recredit
+from .base import Ctx, NoTarget, fault, insert_tokens, loss_evidence, policy_positions, recredit, remove_tokens
 
 
 @fault("two_stop_flags", {"T301", "R405", "R415"}, group="episodes-1")
@@ -113,4 +113,44 @@ def outcome_paid_at_bootstrap_cut(ctx: Ctx) -> list[str]:
     t = ctx.pick(earned_less, "truncated episode with a final_value whose turns earned less than a success")
     t["reward"] = float(success)  # type: ignore[arg-type]
     recredit(t)
+    return [t["trajectory_id"]]
+
+
+STOP = 15  # the reference agent's `finish` action: its engine ends the turn on it (finish_reason stop)
+CONTENT = 10  # its `inspect` action, the content a stop turn is given before its stop token
+
+
+def _stop_turn(t: dict) -> int | None:
+    """The turn the engine ended with finish_reason stop, when it holds a policy token."""
+    return next(
+        (k for k, tr in enumerate(t["turns"]) if tr.get("finish_reason") == "stop" and policy_positions(t, k)), None
+    )
+
+
+@fault("stop_token_stripped", {"T309"}, user_config={"stop_token_ids": [STOP]})
+def stop_token_stripped(ctx: Ctx) -> list[str]:
+    """The rollout worker strips the stop token the engine sampled from the response before the
+    trainer records it (a response cut one token short, a decode with skip_special_tokens
+    re-encoded): the turn the engine stopped on it ends on the token before, so the policy is
+    never trained to stop.
+
+    The log is first written as an engine that stops on STOP writes it (the agent's already is:
+    its `finish` ends the turn; a synthetic log's stop turns get it appended, compliantly). The
+    broken turn's engine sampled a content token and then the stop token; the record the trainer
+    keeps (token lists, sampled_token_ids, the turn's counts and log-prob, the reward on its last
+    policy token, the update's denominator) holds the content alone.
+    """
+    for o in ctx.trajs:
+        if (k := _stop_turn(o)) is not None and o["token_ids"][end := policy_positions(o, k)[-1]] != STOP:
+            insert_tokens(ctx, o, end + 1, [STOP], source=2, turn=k, logprobs=[-0.015625])
+    t = ctx.pick(
+        lambda t: _stop_turn(t) is not None, "turn with a policy token that the engine ended with finish_reason stop"
+    )
+    k = _stop_turn(t)
+    assert k is not None
+    pos = policy_positions(t, k)[-1]
+    if len(policy_positions(t, k)) == 1:  # the stop token alone: the engine sampled content before it
+        insert_tokens(ctx, t, pos, [CONTENT], source=2, turn=k, logprobs=[t["behavior_logprobs"][pos]])
+        pos += 1
+    remove_tokens(ctx, t, pos)  # what the worker stripped, and with it the turn's record
     return [t["trajectory_id"]]
