@@ -5,6 +5,7 @@ by an event loop in a thread of its own, the real `openai` client, and the audit
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -14,16 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
-openai = pytest.importorskip("openai")
-pytest.importorskip("aiohttp")
+from rollout_audit.cli.main import main
 
-import httpx  # noqa: E402
-from aiohttp import web  # noqa: E402
-from click.testing import CliRunner  # noqa: E402
-
-from rollout_audit.capture.proxy import Recorder  # noqa: E402
-from rollout_audit.cli.main import main  # noqa: E402
+# the client, the HTTP libraries and the recorder are imported where a test uses them: a module of
+# the fast tier imports this one, and at collection every worker would pay for their import
+for _needed in ("openai", "aiohttp"):
+    if importlib.util.find_spec(_needed) is None:
+        pytest.skip(f"could not import {_needed!r}", allow_module_level=True)
 
 CONTEXT = ["--context", "environment_id=doors", "--context", "environment_version=v1"]
 CONTEXT += ["--context", "verifier_version=v1", "--context", "reset_seed=0"]
@@ -155,6 +155,10 @@ class Running:
     """A Recorder served on an ephemeral loopback port by its own event loop in a thread."""
 
     def __init__(self, upstream: str, out: Path, **options: Any) -> None:
+        from aiohttp import web
+
+        from rollout_audit.capture.proxy import Recorder
+
         self.recorder = Recorder(upstream, out, **options)
         self.loop = asyncio.new_event_loop()
         self.runner = self.recorder.runner()
@@ -201,6 +205,8 @@ def lines(tmp_path: Path, sid: str) -> list[dict[str, Any]]:
 
 
 def client(url: str, sid: str, **kw: Any) -> Any:
+    import openai
+
     return openai.OpenAI(base_url=f"{url}/sessions/{sid}/v1", api_key="none", max_retries=0, **kw)
 
 
@@ -218,6 +224,8 @@ def ask(c: Any, stream: bool = True) -> Any:
 
 
 def end(url: str, sid: str) -> dict[str, Any]:
+    import httpx
+
     r = httpx.post(f"{url}/sessions/{sid}/end", json={"stop_reason": "success", "reward": 1.0, "policy_version": 5})
     return r.json()
 

@@ -82,6 +82,7 @@ SLOW_MODULES = {
     "test_adapters_verl",
     "test_benchmarks_smoke",
     "test_campaign_round5",
+    "test_campaign_round6",
     "test_capture_load",
     "test_capture_paths",
     "test_demo",

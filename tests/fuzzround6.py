@@ -67,11 +67,6 @@ READERS = {
     "verl_v1": ("verl", ["compliant_v1", "trainer_v1_advantages_mispaired"], []),
 }
 _PRIME = ["--context", "algo=grpo", "--context", "policy_version=3"]
-# what the campaign found: 42 (a gateway store with a -wal beside it: SQLite wrote a -shm beside the
-# input), 59 (a dump folder's penalty: its verl fault a warning, exit 0 by design; now an error fault),
-# 1740 (a recorder body nested too deeply: a RecursionError escaped its handler), 2598 (a null
-# compare_logprobs row: "has -1 entries"), 6625 (a NeMo Gym parent_call_id that is a list: no field named)
-REGRESSION_SEEDS = [42, 59, 1740, 2598, 6625]
 _TIMEOUT = 20.0  # seconds a raw HTTP request may wait for its answer before the case is a hang
 
 

@@ -15,7 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
-from capturehelp import Reply, Running, Upstream, check, end, lines, openai, record, upstream
+from capturehelp import Reply, Running, Upstream, check, end, lines, record, upstream
+
+openai = pytest.importorskip("openai")
 
 __all__ = ["record", "upstream"]  # fixtures
 

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from capturehelp import GATE, Running, Upstream, ask, check, client, end, lines, openai, record, sse, upstream
+from capturehelp import GATE, Running, Upstream, ask, check, client, end, lines, record, sse, upstream
+
+openai = pytest.importorskip("openai")
 
 __all__ = ["record", "upstream"]  # fixtures
 

@@ -719,3 +719,24 @@ def test_contract_1_4_update_columns_are_versioned(records, tmp_path):
     meta = pq.read_schema(next((log / "updates").iterdir())).metadata
     assert meta[b"rollout_log.schema_version"] == b"1.4"
     assert not ra.audit(str(log), config=PREVIEW).codes() & {"U609", "U610"}
+
+
+# The update checks share the frames they derive from a view (the update records, the per-trajectory
+# inputs, the batch members: each built once per set of declared inputs). What each of them finds
+# beside every other check is what it finds alone, on logs where several of them fire.
+@pytest.mark.parametrize("name", ["engine_crash_scored_zero", "loss_over_whole_transcript"])
+def test_each_update_check_finds_alone_what_it_finds_beside_the_others(name):
+    from pathlib import Path
+
+    import rollout_audit.checks  # noqa: F401  (registers the checks)
+    from rollout_audit.contract.registry import registered
+
+    path = Path(__file__).resolve().parent.parent / "fixtures" / "broken" / name
+    codes = sorted(
+        c for c, r in registered().items() if r.func.__module__ == "rollout_audit.checks.updates" and not r.preview
+    )
+    full = ra.audit(path)
+    assert len(full.codes() & set(codes)) >= 2, full.codes()  # several update checks fire together
+    for code in codes:
+        alone = ra.audit(path, select=[code])
+        assert of(alone, code).sort(pl.all()).to_dicts() == of(full, code).sort(pl.all()).to_dicts(), code

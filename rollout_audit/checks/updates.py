@@ -105,39 +105,55 @@ def trained_version_max(b, t) -> pl.Series | None:
     return _trained_versions(b, t, "max")
 
 
+# the update columns the update checks read, null where the log lacks one
+UPDATE_READS = (
+    ("update_step", pl.Int64),
+    ("reduction", pl.String),
+    ("loss_denominator", pl.Float64),
+    ("advantages", pl.List(pl.Float64)),
+    ("advantage_estimator", pl.String),
+    ("file", pl.String),
+    ("denominator_scale", pl.Float64),
+    ("window_trajectory_ids", pl.List(pl.String)),
+    ("window_tokens", pl.Float64),
+    ("trainer_version", pl.Int64),  # absent only where the producer declared it not recorded (else S005)
+    ("reducer_mode", pl.String),
+    ("reducer_divisor", pl.Float64),
+    ("ratio_anchor", pl.String),
+    ("ratio_anchor_version", pl.Int64),
+    ("ratio_correction", pl.String),
+    ("ratio_clipping", pl.Boolean),
+)
+
+
 def _step() -> pl.Expr:
     return pl.format("update {}", pl.col("update_step").cast(pl.String).fill_null("?"))
 
 
 def _updates(log) -> pl.DataFrame:
     """The update records with a stable index `_u` and every column the update checks read
-    (null where the log lacks it or the asking check did not declare it)."""
-    u = log.updates.with_row_index("_u").with_columns(pl.col("_u").cast(pl.Int64))
-    for name, dt in (
-        ("update_step", pl.Int64),
-        ("reduction", pl.String),
-        ("loss_denominator", pl.Float64),
-        ("advantages", pl.List(pl.Float64)),
-        ("advantage_estimator", pl.String),
-        ("file", pl.String),
-        ("denominator_scale", pl.Float64),
-        ("window_trajectory_ids", pl.List(pl.String)),
-        ("window_tokens", pl.Float64),
-        ("trainer_version", pl.Int64),  # absent only where the producer declared it not recorded (else S005)
-        ("reducer_mode", pl.String),
-        ("reducer_divisor", pl.Float64),
-        ("ratio_anchor", pl.String),
-        ("ratio_anchor_version", pl.Int64),
-        ("ratio_correction", pl.String),
-        ("ratio_clipping", pl.Boolean),
-    ):
-        if name not in u.columns:
-            u = u.with_columns(pl.lit(None, dtype=dt).alias(name))
-    return u.with_columns(pl.col("trajectory_ids").fill_null(pl.lit([], dtype=pl.List(pl.String))))
+    (null where the log lacks it or the asking check did not declare it). Built in one query and
+    cached per view: the update checks each ask for it several times."""
+    if "update_records" in log.cache:
+        return log.cache["update_records"]
+    u = log.updates
+    missing = [pl.lit(None, dtype=dt).alias(name) for name, dt in UPDATE_READS if name not in u.columns]
+    out = (
+        u.lazy()
+        .with_row_index("_u")
+        .with_columns(pl.col("_u").cast(pl.Int64), *missing)
+        .with_columns(pl.col("trajectory_ids").fill_null(pl.lit([], dtype=pl.List(pl.String))))
+        .collect()
+    )
+    log.cache["update_records"] = out
+    return out
 
 
 def _traj(log) -> pl.DataFrame:
-    """Per-trajectory inputs of the update checks, one row per trajectory_id."""
+    """Per-trajectory inputs of the update checks, one row per trajectory_id. Built in one query
+    and cached per view, as `_updates`."""
+    if "update_trajectories" in log.cache:
+        return log.cache["update_trajectories"]
     t = log.traj
     want = {
         "task_id": pl.String,
@@ -157,9 +173,10 @@ def _traj(log) -> pl.DataFrame:
     }
     if "trajectory_id" not in t.columns:
         return pl.DataFrame(schema={"trajectory_id": pl.String, **want})
-    t = t.with_columns(pl.lit(None, dtype=dt).alias(c) for c, dt in want.items() if c not in t.columns)
+    has_turns = "n_turns" in t.columns
+    t = t.lazy().with_columns(pl.lit(None, dtype=dt).alias(c) for c, dt in want.items() if c not in t.columns)
     turns_ok = pl.col("ok").fill_null(False)
-    if "n_turns" in t.columns:  # a trajectory without turns has no row in the per-turn summary
+    if has_turns:  # a trajectory without turns has no row in the per-turn summary
         turns_trainable = pl.col("n_turns_trainable").fill_null(pl.when(pl.col("n_turns") == 0).then(0))
     else:
         turns_trainable = pl.col("n_turns_trainable")
@@ -177,7 +194,7 @@ def _traj(log) -> pl.DataFrame:
         .otherwise(pl.col("reward").cast(pl.Float64))
         .alias("reward")
     )
-    return (
+    out = (
         t.filter(pl.col("trajectory_id").is_not_null())
         .unique("trajectory_id", keep="first", maintain_order=True)
         .select(
@@ -185,7 +202,10 @@ def _traj(log) -> pl.DataFrame:
             *[pl.col(c).cast(dt) for c, dt in want.items() if c != "n_turns_trainable"],
             pl.when(turns_ok).then(turns_trainable.cast(pl.Int64)).alias("n_turns_trainable"),
         )
+        .collect()
     )
+    log.cache["update_trajectories"] = out
+    return out
 
 
 def members(log) -> pl.DataFrame:
