@@ -111,3 +111,43 @@ def test_a_calls_path_that_does_not_exist_is_one_line_naming_it(tmp_path):
     dump = FRAMEWORKS / "slime" / "compliant.jsonl"
     line = _refusal(cli("check", "--from", "slime", str(dump), "--calls", str(missing), *IDENTITY))
     assert str(missing) in line and "Usage" not in line, line
+
+
+def _trl_run(tmp: Path, edit) -> Path:
+    """TRL's compliant run directory (the RolloutRecorder's records and TRL's completion log) with its
+    first rollout record edited."""
+    import json
+    import shutil
+
+    run = tmp / "run"
+    shutil.copytree(FRAMEWORKS / "trl" / "compliant", run)
+    f = run / "trl-rollouts.jsonl"
+    recs = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+    edit(recs[0])
+    f.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return run
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda r: r.update(step=float("inf")), "step"),
+        (lambda r: r.update(index="2"), "index"),
+        (lambda r: r["prompt_ids"].__setitem__(0, [1]), "prompt_ids"),
+        (lambda r: r["completion_ids"].__setitem__(0, 2**40), "completion_ids[0]"),
+        (lambda r: r["logprobs"].__setitem__(0, "token_id:1e30"), "logprobs"),
+        (lambda r: r["trainer"].update(temperature="0.7"), "trainer.temperature"),
+        (lambda r: r["trainer"].update(num_generations=float("nan")), "trainer.num_generations"),
+        (lambda r: r["trainer"].update(eos_token_ids=True), "trainer.eos_token_ids"),
+        (lambda r: r["turn_context_ids"].append([1, 2]), "turn_context_ids"),
+        (lambda r: r["turn_logprob"].pop(), "turn_logprob"),
+        (lambda r: r["turn_sampled_token_ids"].__setitem__(0, 5), "turn_sampled_token_ids[0]"),
+    ],
+)
+def test_a_trl_rollout_record_of_the_wrong_shape_names_file_record_and_field(tmp_path, edit, field):
+    """The RolloutRecorder's records rebuild the batch TRL built: a value of the wrong type or count was
+    "TRL: malformed record (OverflowError: cannot convert float infinity to integer)", naming neither
+    the record nor the field (one TRL case in ten of the round-7 campaign)."""
+    run = _trl_run(tmp_path, edit)
+    line = _refusal(cli("check", "--from", "trl", str(run), *IDENTITY))
+    assert f"{run / 'trl-rollouts.jsonl'}:1" in line and field in line and "malformed record" not in line, line
