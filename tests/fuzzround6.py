@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import logging
@@ -30,8 +31,10 @@ import shutil
 import socket
 import sqlite3
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -434,12 +437,9 @@ def _send(url: str, raw: bytes, half_close: bool) -> bytes | None:
 
 
 def _capture_http(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
-    import asyncio
-
-    from aiohttp import web
     from aiohttp.http_exceptions import HttpProcessingError
 
-    from rollout_audit.capture.proxy import SERVER_LOG, Recorder
+    from rollout_audit.capture.proxy import SERVER_LOG
 
     class Collect(logging.Handler):  # the recorder's server log: a request it failed on, not a malformed one
         def emit(self, record: logging.LogRecord) -> None:
@@ -448,41 +448,29 @@ def _capture_http(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
                 errors.append(f"{record.getMessage()}: {exc!r}"[:200])
 
     answer = rng.choice(["json", "json", "stream", "gzip", "garbage", "mutated", "cut", "error"])
-    up = _Upstream(answer)
     cap = work / "cap"
-    rec = Recorder(up.url, cap, max_body=rng.choice([64, 4096, 1 << 20]), read_timeout=5.0)
-    loop = asyncio.new_event_loop()
     errors: list[str] = []
     collect = Collect()
     SERVER_LOG.addHandler(collect)
-    loop.set_exception_handler(lambda _, ctx: errors.append(str(ctx.get("exception") or ctx.get("message"))[:200]))
-    runner = rec.runner()
-    loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    loop.run_until_complete(site.start())
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
     found: list[str] = []
     sent: dict[str, bytes] = {}
     try:
-        for k in range(rng.randint(1, 4)):
-            raw, exact = _request(rng, k)
-            got = _send(url, raw, half_close=exact is None)
-            if got is None:
-                found.append("recorder hang")
-            elif got and not got.startswith(b"HTTP/1."):
-                found.append("recorder answered without a status line")
-            elif b" 500 " in got.split(b"\r\n", 1)[0] and answer != "error":
-                found.append("recorder answered 500 (an error of its own)")
-            if exact is not None and got and b" 200 " in got.split(b"\r\n", 1)[0]:
-                sent[str(k)] = exact
+        with _recorder(answer, cap, max_body=rng.choice([64, 4096, 1 << 20]), read_timeout=5.0) as (url, up, loop):
+            loop.set_exception_handler(
+                lambda _, ctx: errors.append(str(ctx.get("exception") or ctx.get("message"))[:200])
+            )
+            for k in range(rng.randint(1, 4)):
+                raw, exact = _request(rng, k)
+                got = _send(url, raw, half_close=exact is None)
+                if got is None:
+                    found.append("recorder hang")
+                elif got and not got.startswith(b"HTTP/1."):
+                    found.append("recorder answered without a status line")
+                elif b" 500 " in got.split(b"\r\n", 1)[0] and answer != "error":
+                    found.append("recorder answered 500 (an error of its own)")
+                if exact is not None and got and b" 200 " in got.split(b"\r\n", 1)[0]:
+                    sent[str(k)] = exact
     finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(_TIMEOUT)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(_TIMEOUT)
-        loop.close()
-        up.close()
         SERVER_LOG.removeHandler(collect)
     for k, body in sent.items():
         if k in up.received and up.received[k] != body:
@@ -498,6 +486,40 @@ def _capture_http(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
 _RECORDING: list[bytes] = []
 
 
+@contextlib.contextmanager
+def _recorder(answer: str, out: Path, **options: Any) -> Iterator[tuple[str, _Upstream, Any]]:
+    """The recorder (recording into `out`, with `options`) served in this process on an event loop in a
+    thread of its own, in front of an upstream answering in mode `answer`: its URL, the upstream and the
+    loop; everything stopped on exit."""
+    import asyncio
+
+    from aiohttp import web
+
+    from rollout_audit.capture.proxy import Recorder
+
+    up = _Upstream(answer)
+    rec = Recorder(up.url, out, **options)
+    loop = asyncio.new_event_loop()
+    runner = rec.runner()
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}", up, loop
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(_TIMEOUT)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(_TIMEOUT)
+        loop.close()
+        up.close()
+
+
+def _post(url: str, path: str, body: str) -> None:
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    _send(url, (head + f"Content-Length: {len(body)}\r\n\r\n{body}").encode(), False)
+
+
 def recording() -> list[bytes]:
     """The lines of one real recording (made once per process): two sessions through the recorder in
     front of the upstream here, one streamed and one whole, each ended with its outcome."""
@@ -509,33 +531,11 @@ def recording() -> list[bytes]:
         rng = random.Random("recording")
         work = Path(tmp)
         for sid, answer in (("episode-0", "json"), ("episode-1", "stream")):
-            up = _Upstream(answer)
-            import asyncio
-
-            from aiohttp import web
-
-            from rollout_audit.capture.proxy import Recorder
-
-            rec = Recorder(up.url, work / "cap")
-            loop = asyncio.new_event_loop()
-            runner = rec.runner()
-            loop.run_until_complete(runner.setup())
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            loop.run_until_complete(site.start())
-            url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-            thread = threading.Thread(target=loop.run_forever, daemon=True)
-            thread.start()
-            body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": True})
-            head = f"POST /sessions/{sid}/v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-            _send(url, (head + f"Content-Length: {len(body)}\r\n\r\n{body}").encode(), False)
-            end = json.dumps({"stop_reason": "success", "reward": rng.choice([0.0, 1.0]), "policy_version": 3})
-            head = f"POST /sessions/{sid}/end HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-            _send(url, (head + f"Content-Length: {len(end)}\r\n\r\n{end}").encode(), False)
-            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(_TIMEOUT)
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(_TIMEOUT)
-            loop.close()
-            up.close()
+            with _recorder(answer, work / "cap") as (url, _, _):
+                body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": True})
+                _post(url, f"/sessions/{sid}/v1/chat/completions", body)
+                end = json.dumps({"stop_reason": "success", "reward": rng.choice([0.0, 1.0]), "policy_version": 3})
+                _post(url, f"/sessions/{sid}/end", end)
         for f in sorted((work / "cap").glob("*.jsonl")):
             _RECORDING.append(f.read_bytes())
     return _RECORDING
@@ -697,6 +697,9 @@ def prepare_round6(seed: int, work: Path) -> WorkflowCase:
 #   rLLM's backend and workflow trainer, slime, TRL's rollouts, the OpenAI client), mutated.
 
 ROUND7 = (*ROUND6, "calls_join", "integration_dumps")
+# what the round-7 campaign found: 371 and 5675 (a TRL rollout record whose step is infinite, whose turn
+# fields disagree in count: "TRL: malformed record (...)", naming neither record nor field)
+REGRESSION_SEEDS_7 = [371, 5675]
 # the join's engine calls (the recorder's upstream in "join" mode): the first call's prompt, what it sampled,
 # the tool's reply and what the second call sampled, with their log-probs
 _P0 = [1, 31, 3, 22, 23, 24, 2, 3, 1, 30, 3]
@@ -743,24 +746,10 @@ def join_recording() -> list[bytes]:
     through the recorder, the upstream answering the join's calls; the trainer posts no end."""
     if _JOIN_RECORDING:
         return _JOIN_RECORDING
-    import asyncio
     import tempfile
 
-    from aiohttp import web
-
-    from rollout_audit.capture.proxy import Recorder
-
     with tempfile.TemporaryDirectory() as tmp:
-        up = _Upstream("join")
-        rec = Recorder(up.url, Path(tmp) / "cap")
-        loop = asyncio.new_event_loop()
-        runner = rec.runner()
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        thread = threading.Thread(target=loop.run_forever, daemon=True)
-        thread.start()
-        try:
+        with _recorder("join", Path(tmp) / "cap") as (url, _, _):
             for sid in ("s0", "s1"):
                 for messages in (
                     [{"role": "user", "content": "open"}],
@@ -768,14 +757,7 @@ def join_recording() -> list[bytes]:
                 ):
                     body = json.dumps({"model": "m", "messages": messages, "temperature": 1.0, "top_p": 1.0,
                                        "return_token_ids": True, "logprobs": True})  # fmt: skip
-                    head = f"POST /sessions/{sid}/v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                    _send(url, (head + f"Content-Length: {len(body)}\r\n\r\n{body}").encode(), False)
-        finally:
-            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(_TIMEOUT)
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(_TIMEOUT)
-            loop.close()
-            up.close()
+                    _post(url, f"/sessions/{sid}/v1/chat/completions", body)
         _JOIN_RECORDING.extend(f.read_bytes() for f in sorted((Path(tmp) / "cap").glob("*.jsonl")))
     return _JOIN_RECORDING
 

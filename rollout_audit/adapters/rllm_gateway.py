@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -116,36 +116,41 @@ def _read_only(p: Path) -> str:
     return "mode=ro&immutable=1"
 
 
-def _bounded(conn: sqlite3.Connection) -> None:
-    """No extension loaded (neither by the connection nor by the file's schema), no value longer than a
-    dump's line built by SQLite, no database attached."""
-    if hasattr(conn, "enable_load_extension"):
-        conn.enable_load_extension(False)
-    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_LINE_BYTES)
-    conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-    conn.execute("PRAGMA trusted_schema = OFF")
-    conn.execute("PRAGMA query_only = ON")
-
-
-def _store(p: Path) -> Iterator[Record]:
-    """The traces of a gateway store in the order the gateway wrote them (created_at, then insertion),
-    read through a read-only immutable connection (nothing is written to the store or beside it), with
-    the schema's SQL functions untrusted, extensions off and bounds on the work and the values a
-    crafted file can ask for: `traces` must be a plain table, whose values are the file's bytes (a
-    generated column computes its value on read: `zeroblob(10**9)` is a gigabyte from a few bytes)."""
-    budget = [max(10**7, _STEPS_PER_BYTE * _regular(p)) // 1000]
-
-    def spend() -> int:
-        budget[0] -= 1
-        return 1 if budget[0] < 0 else 0
-
+def _connect(p: Path, spend: Callable[[], int]) -> sqlite3.Connection:
+    """The one way a store from an audited directory is opened: read-only and immutable (`_read_only`),
+    no extension loaded (neither by the connection nor by the file's schema, whose SQL functions are
+    untrusted), no value longer than a dump's line built by SQLite, no database attached, and `spend`
+    called every thousand VM steps (it stops a query that asks for more work than the file's size)."""
     try:
         conn = sqlite3.connect(f"{p.resolve().as_uri()}?{_read_only(p)}", uri=True)
     except sqlite3.Error as e:
         raise AdapterError(f"{p}: cannot open the SQLite store read-only: {e}") from None
     try:
         conn.set_progress_handler(spend, 1000)
-        _bounded(conn)
+        if hasattr(conn, "enable_load_extension"):
+            conn.enable_load_extension(False)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_LINE_BYTES)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+        conn.execute("PRAGMA trusted_schema = OFF")
+        conn.execute("PRAGMA query_only = ON")
+    except sqlite3.Error as e:
+        conn.close()
+        raise AdapterError(f"{p}: cannot read the SQLite store: {e}") from None
+    return conn
+
+
+def _store(p: Path) -> Iterator[Record]:
+    """The traces of a gateway store in the order the gateway wrote them (created_at, then insertion),
+    through `_connect`: `traces` must be a plain table, whose values are the file's bytes (a generated
+    column computes its value on read: `zeroblob(10**9)` is a gigabyte from a few bytes)."""
+    budget = [max(10**7, _STEPS_PER_BYTE * _regular(p)) // 1000]
+
+    def spend() -> int:
+        budget[0] -= 1
+        return 1 if budget[0] < 0 else 0
+
+    conn = _connect(p, spend)
+    try:
         kind = conn.execute("SELECT type, sql FROM sqlite_master WHERE name = 'traces'").fetchone()
         if kind is None or kind[0] != "table":
             raise AdapterError(f"{p}: no table 'traces' (not an rllm-model-gateway store)")
