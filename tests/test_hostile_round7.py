@@ -151,3 +151,20 @@ def test_a_trl_rollout_record_of_the_wrong_shape_names_file_record_and_field(tmp
     run = _trl_run(tmp_path, edit)
     line = _refusal(cli("check", "--from", "trl", str(run), *IDENTITY))
     assert f"{run / 'trl-rollouts.jsonl'}:1" in line and field in line and "malformed record" not in line, line
+
+
+def test_a_gateway_store_whose_schema_is_not_utf8_is_one_line(tmp_path):
+    """A byte flipped in the schema (an index's name): sqlite3 failed to decode SQLite's own message naming it and
+    raised UnicodeDecodeError, not sqlite3.Error ("internal error"; round-7 campaign seed 4634)."""
+    store = tmp_path / "store"
+    store.mkdir()
+    db = _store(store, rows=1)
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA writable_schema = ON")
+    # the name of the primary key's index, `sqlite_autoindex_traces_1`, with its 8th byte flipped to 0xf7
+    name = "sqlite_autoindex_traces_1".encode().hex()
+    con.execute(f"UPDATE sqlite_master SET name = CAST(x'{name[:14]}f7{name[16:]}' AS TEXT) WHERE type = 'index'")
+    con.commit()
+    con.close()
+    line = _refusal(cli("check", "--from", "rllm_gateway", str(store), *IDENTITY))
+    assert f"{db}: cannot read the SQLite store" in line, line

@@ -127,15 +127,16 @@ def _connect(p: Path, spend: Callable[[], int]) -> sqlite3.Connection:
         raise AdapterError(f"{p}: cannot open the SQLite store read-only: {e}") from None
     try:
         conn.set_progress_handler(spend, 1000)
+        conn.text_factory = bytes  # a TEXT value is not decoded by sqlite3 (which fails on bytes not UTF-8)
         if hasattr(conn, "enable_load_extension"):
             conn.enable_load_extension(False)
         conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_LINE_BYTES)
         conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
         conn.execute("PRAGMA trusted_schema = OFF")
         conn.execute("PRAGMA query_only = ON")
-    except sqlite3.Error as e:
+    except (sqlite3.Error, UnicodeDecodeError) as e:
         conn.close()
-        raise AdapterError(f"{p}: cannot read the SQLite store: {e}") from None
+        raise AdapterError(f"{p}: cannot read the SQLite store: {short(str(e))}") from None
     return conn
 
 
@@ -152,11 +153,11 @@ def _store(p: Path) -> Iterator[Record]:
     conn = _connect(p, spend)
     try:
         kind = conn.execute("SELECT type, sql FROM sqlite_master WHERE name = 'traces'").fetchone()
-        if kind is None or kind[0] != "table":
+        if kind is None or kind[0] != b"table":
             raise AdapterError(f"{p}: no table 'traces' (not an rllm-model-gateway store)")
-        if str(kind[1] or "").lstrip().upper().startswith("CREATE VIRTUAL"):
+        if bytes(kind[1] or b"").lstrip().upper().startswith(b"CREATE VIRTUAL"):
             raise AdapterError(f"{p}: traces: a virtual table (not an rllm-model-gateway store)")
-        computed = [r[1] for r in conn.execute("PRAGMA table_xinfo(traces)") if r[6]]
+        computed = [_text(r[1]) for r in conn.execute("PRAGMA table_xinfo(traces)") if r[6]]
         if computed:
             raise AdapterError(
                 f"{p}: traces: {short(computed[0])}: a column SQLite computes on read (not an rllm-model-gateway store)"
@@ -165,10 +166,10 @@ def _store(p: Path) -> Iterator[Record]:
             "SELECT trace_id FROM traces WHERE length(CAST(data AS BLOB)) > ? LIMIT 1", (MAX_LINE_BYTES,)
         ).fetchone()
         if big is not None:
-            raise AdapterError(f"{p}: trace {short(big[0])}: data: longer than {MAX_LINE_BYTES} bytes")
+            raise AdapterError(f"{p}: trace {short(_text(big[0]))}: data: longer than {MAX_LINE_BYTES} bytes")
         rows = conn.execute("SELECT trace_id, data FROM traces ORDER BY created_at, rowid")
         for tid, data in rows:
-            where = f"{p}:trace {short(tid)}"
+            where = f"{p}:trace {short(_text(tid))}"
             if isinstance(data, bytes):
                 try:
                     data = data.decode("utf-8")
@@ -185,11 +186,18 @@ def _store(p: Path) -> Iterator[Record]:
             if not isinstance(rec, dict):
                 raise AdapterError(f"{where}: data: a trace must be a JSON object, not {type(rec).__name__}")
             yield located(rec, where)
+    except UnicodeDecodeError:  # SQLite's message names a part of the schema whose bytes are not UTF-8
+        raise AdapterError(f"{p}: cannot read the SQLite store: its schema is damaged (not UTF-8)") from None
     except sqlite3.Error as e:
         why = "too much work for its size (a crafted query plan?)" if budget[0] < 0 else str(e)
         raise AdapterError(f"{p}: cannot read the SQLite store: {why}") from None
     finally:
         conn.close()
+
+
+def _text(value: Any) -> Any:
+    """A TEXT value of the store as text to name it by (bytes not UTF-8 replaced); other values as they are."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def _call(rec: Mapping[str, Any], where: str, version: int | None) -> tuple[Call, bool]:
