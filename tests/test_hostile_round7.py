@@ -162,7 +162,7 @@ def test_a_gateway_store_whose_schema_is_not_utf8_is_one_line(tmp_path):
     con = sqlite3.connect(db)
     con.execute("PRAGMA writable_schema = ON")
     # the name of the primary key's index, `sqlite_autoindex_traces_1`, with its 8th byte flipped to 0xf7
-    name = "sqlite_autoindex_traces_1".encode().hex()
+    name = b"sqlite_autoindex_traces_1".hex()
     con.execute(f"UPDATE sqlite_master SET name = CAST(x'{name[:14]}f7{name[16:]}' AS TEXT) WHERE type = 'index'")
     con.commit()
     con.close()
