@@ -699,8 +699,9 @@ def prepare_round6(seed: int, work: Path) -> WorkflowCase:
 ROUND7 = (*ROUND6, "calls_join", "integration_dumps")
 # what the round-7 campaign found: 371 and 5675 (a TRL rollout record whose step is infinite, whose turn
 # fields disagree in count: "TRL: malformed record (...)", naming neither record nor field), 4634 (a gateway
-# store whose index name is not UTF-8: UnicodeDecodeError escaped sqlite3, "internal error")
-REGRESSION_SEEDS_7 = [371, 5675, 4634]
+# store whose index name is not UTF-8: UnicodeDecodeError escaped sqlite3, "internal error"), 10547 (an rLLM
+# batch row whose traj_rewards holds a string: float()-ed, "a field has the wrong shape")
+REGRESSION_SEEDS_7 = [371, 5675, 4634, 10547]
 # the join's engine calls (the recorder's upstream in "join" mode): the first call's prompt, what it sampled,
 # the tool's reply and what the second call sampled, with their log-probs
 _P0 = [1, 31, 3, 22, 23, 24, 2, 3, 1, 30, 3]

@@ -168,3 +168,20 @@ def test_a_gateway_store_whose_schema_is_not_utf8_is_one_line(tmp_path):
     con.close()
     line = _refusal(cli("check", "--from", "rllm_gateway", str(store), *IDENTITY))
     assert f"{db}: cannot read the SQLite store" in line, line
+
+
+@pytest.mark.parametrize("value", ["token_id:1e30", [1.0], {"a": 1}, True])
+def test_an_rllm_batch_row_whose_traj_rewards_are_not_numbers_names_the_field(tmp_path, value):
+    """rLLM's trainer-side batch rows (`dump_batch`): a traj_rewards entry that is not a number was
+    float()-ed: "a field has the wrong shape (ValueError: could not convert string to float)", naming no
+    field (round-7 campaign seed 10547)."""
+    import json
+
+    lines = (FRAMEWORKS / "rllm" / "trainer_compliant.jsonl").read_text().splitlines()
+    rec = json.loads(lines[2])
+    rec["traj_rewards"][0] = value
+    lines[2] = json.dumps(rec)
+    dump = tmp_path / "trainer.jsonl"
+    dump.write_text("\n".join(lines) + "\n")
+    line = _refusal(cli("check", "--from", "rllm", str(dump), *IDENTITY))
+    assert f"{dump}:3" in line and "traj_rewards" in line and "wrong shape" not in line, line
