@@ -185,3 +185,24 @@ def test_an_rllm_batch_row_whose_traj_rewards_are_not_numbers_names_the_field(tm
     dump.write_text("\n".join(lines) + "\n")
     line = _refusal(cli("check", "--from", "rllm", str(dump), *IDENTITY))
     assert f"{dump}:3" in line and "traj_rewards" in line and "wrong shape" not in line, line
+
+
+@pytest.mark.slow  # 600 cases in child processes, restarted after each crash of the numpy twin
+def test_the_native_core_never_crashes_nor_differs_from_its_twin_on_hostile_shapes(tmp_path):
+    """`benchmarks/native_hostile.py`: every kernel on empty batches, negative, huge and wrapping counts,
+    int32's ends and indices past their arrays; a crash of the numpy twin (np.repeat on counts whose
+    sum wraps) is numpy's, and no log reaches it (the counts come from validated list offsets)."""
+    import json
+
+    from rollout_audit.frames import native
+
+    if native.ACTIVE is None:
+        pytest.skip("the native core is not built")
+    out = tmp_path / "native.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "native_hostile.py"), "--cases", "600", "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, env=env, timeout=900)
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == 600
+    bad = [r for r in rows if r["outcome"] in ("crash (native)", "differ")]
+    assert not bad, bad[:3]
