@@ -28,7 +28,10 @@ random replay_max_bytes and compare_logprobs, token ids against a declared vocab
 writer's hidden leftovers, `convert` to a symlink, a dump path like a replacement template, and
 the evidence cases); `--kind round6` runs `fuzzround6.prepare_round6` (the recorder's HTTP input and
 its records, the capture-layer readers' formats, the verl V1 trainer record, files under audit that
-try to weaken it). A case is a seed: the same seed is the same files.
+try to weaken it); `--kind round7` runs `fuzzround6.prepare_round7` (those surfaces again with more SQLite
+and msgpack shapes, the `--calls` join, every integration's dump). A case is a seed: the same seed is the
+same files (a recording's ports and times aside). `--table FILE` prints a campaign's outcomes per surface
+(`OUTCOMES`: traceback, internal error, abort, hang, silent pass, input written, memory over the bound).
 
 By default a long-lived worker process runs the cases one after another in-process (the imports
 are paid once), each with file descriptors 1 and 2 sent to files, its peak resident memory measured
