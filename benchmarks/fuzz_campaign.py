@@ -8,6 +8,8 @@ audited through the CLI's `main` as a user's `rollout-audit check` runs it.
     nice -n 19 python benchmarks/fuzz_campaign.py --kind evidence --cases 480 --out evidence.jsonl
     nice -n 19 python benchmarks/fuzz_campaign.py --kind round5 --cases 10200 --out round5.jsonl
     nice -n 19 python benchmarks/fuzz_campaign.py --kind round6 --cases 3000 --out round6.jsonl
+    nice -n 19 python benchmarks/fuzz_campaign.py --kind round7 --cases 10800 --out round7.jsonl
+    python benchmarks/fuzz_campaign.py --table round7.jsonl                     # outcomes per surface
     python benchmarks/fuzz_campaign.py --kind dumps --isolate --seeds 341,887   # confirm a finding
     python benchmarks/fuzz_campaign.py --kind dumps --write 341 /tmp/case       # the case's files and command
 
@@ -26,7 +28,10 @@ random replay_max_bytes and compare_logprobs, token ids against a declared vocab
 writer's hidden leftovers, `convert` to a symlink, a dump path like a replacement template, and
 the evidence cases); `--kind round6` runs `fuzzround6.prepare_round6` (the recorder's HTTP input and
 its records, the capture-layer readers' formats, the verl V1 trainer record, files under audit that
-try to weaken it). A case is a seed: the same seed is the same files.
+try to weaken it); `--kind round7` runs `fuzzround6.prepare_round7` (those surfaces again with more SQLite
+and msgpack shapes, the `--calls` join, every integration's dump). A case is a seed: the same seed is the
+same files (a recording's ports and times aside). `--table FILE` prints a campaign's outcomes per surface
+(`OUTCOMES`: traceback, internal error, abort, hang, silent pass, input written, memory over the bound).
 
 By default a long-lived worker process runs the cases one after another in-process (the imports
 are paid once), each with file descriptors 1 and 2 sent to files, its peak resident memory measured
@@ -63,7 +68,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 PEAK_LIMIT_MB = 2048
-WORKFLOW_KINDS = ("workflow", "evidence", "round5", "round6")  # cases judged with their follow-ups
+WORKFLOW_KINDS = ("workflow", "evidence", "round5", "round6", "round7")  # cases judged with their follow-ups
 
 
 def _vm_size() -> int:
@@ -105,6 +110,10 @@ class _Cases:
             from fuzzround6 import prepare_round6
 
             return prepare_round6(seed, work)
+        if self.kind == "round7":
+            from fuzzround6 import prepare_round7
+
+            return prepare_round7(seed, work)
         if self.kind == "evidence":
             from fuzzlib import prepare_evidence
 
@@ -134,6 +143,10 @@ def label(kind: str, seed: int) -> str:
         from fuzzround6 import ROUND6
 
         return ROUND6[seed % len(ROUND6)]
+    if kind == "round7":
+        from fuzzround6 import ROUND7
+
+        return ROUND7[seed % len(ROUND7)]
     if kind == "evidence":
         from fuzzlib import EVIDENCE
 
@@ -306,7 +319,11 @@ def main() -> None:
     ap.add_argument("--isolate", action="store_true", help="each case in its own process (confirms a finding)")
     ap.add_argument("--write", nargs=2, metavar=("SEED", "DIR"), help="write one case's files and print its command")
     ap.add_argument("--out", default="fuzz.jsonl")
+    ap.add_argument("--table", metavar="JSONL", help="print the outcomes per surface of a campaign's output")
     a = ap.parse_args()
+    if a.table:
+        print(table(a.table))
+        return
     if a.write:
         _write(a.kind, int(a.write[0]), a.write[1])
         return
@@ -322,6 +339,48 @@ def main() -> None:
 
         (_isolated if a.isolate else _in_process)(a.kind, seeds, a, emit)
     print(json.dumps(summary(a.out, time.time() - t0), indent=1))
+
+
+# a case's problems sorted into the outcomes a campaign reports per surface (the first that matches)
+OUTCOMES = (
+    ("traceback", ("traceback",)),
+    ("internal error", ("internal error", "generator error")),
+    ("abort/segfault", ("worker died", "exit -", "exit 1", "exit 3")),
+    ("hang", ("hang",)),
+    ("silent pass", ("exit 0", "in silence", "weakened")),
+    ("input written", ("input written",)),
+    ("memory over bound", ("over 2 GB",)),
+)
+
+
+def outcome(problem: str) -> str:
+    """The outcome a problem counts as ("other": a refusal naming no input or field, a file left, ...)."""
+    for name, marks in OUTCOMES:
+        if any(m in problem for m in marks):
+            return name
+    return "other"
+
+
+def table(path: str) -> str:
+    """The campaign's outcomes per surface (the label's first part), as a Markdown table: exits, then
+    the cases with each kind of failure (a case counts once per kind it shows)."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    kinds = [name for name, _ in OUTCOMES] + ["other"]
+    per: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for r in rows:
+        for key in (r.get("label", "?").split(":")[0], "all"):
+            c = per[key]
+            c["cases"] += 1
+            c[f"exit {r['exit']}"] += 1
+            for k in {outcome(p) for p in r["problems"]}:
+                c[k] += 1
+            c["max s"] = max(c["max s"], r.get("seconds", 0))
+            c["max MB"] = max(c["max MB"], r.get("peak_mb", 0))
+    cols = ["cases", "exit 0", "exit 1", "exit 2", *kinds, "max s", "max MB"]
+    out = ["| surface | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for key in sorted(per, key=lambda k: (k == "all", k)):
+        out.append(f"| {key} | " + " | ".join(str(round(per[key][c], 2)) for c in cols) + " |")
+    return "\n".join(out)
 
 
 def summary(path: str, seconds: float = 0.0) -> dict:

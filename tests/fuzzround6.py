@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import logging
@@ -30,8 +31,10 @@ import shutil
 import socket
 import sqlite3
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -92,17 +95,40 @@ def _reader(what: str, seed: int, work: Path, rng: random.Random) -> WorkflowCas
     return WorkflowCase("round6", seed, args, [dump], f"{what}:{base.stem}", judged)
 
 
-def _gateway_store(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
+def _gateway_store(seed: int, work: Path, rng: random.Random, more: bool = False) -> WorkflowCase:
     """The gateway's store: table `traces(trace_id, data, created_at)` (store/sqlite_store.py) of
-    mutated traces, its end lines in a JSON Lines file beside it; sometimes damaged."""
+    mutated traces, its end lines in a JSON Lines file beside it; sometimes damaged. `more`: also a
+    table whose `data` SQLite computes on read (a generated column of a gigabyte, a call of
+    load_extension), a virtual table, a hot journal left beside the store."""
     base = FIXTURES / "rllm_gateway" / f"{rng.choice(['compliant', 'compliant_streamed', 'logprobs_false_kept'])}.jsonl"
     data = mutated_lines(rng, _lines(base))
     store = work / "store"
     store.mkdir()
     db = store / "gateway_traces.db"
     con = sqlite3.connect(db)
-    shape = rng.choice(["gateway", "gateway", "gateway", "no_table", "view", "typed", "wal"])
-    if shape == "no_table":
+    shape = rng.choice(
+        ["gateway", "gateway", "gateway", "no_table", "view", "typed", "wal"]
+        + (["generated_bomb", "generated_ext", "virtual"] if more else [])
+    )
+    if shape == "generated_bomb":  # a few kB on disk, a gigabyte per row when read
+        n = rng.choice([300_000_000, 900_000_000, 2_000_000_000])
+        what = rng.choice([f"zeroblob({n})", f"'\"' || replace(hex(zeroblob({n // 2})), '0', 'a') || '\"'"])
+        con.execute("CREATE TABLE traces (trace_id TEXT, created_at REAL, data GENERATED ALWAYS AS (abs(1)))")
+        con.executemany("INSERT INTO traces (trace_id, created_at) VALUES (?, ?)", [(f"t{k}", k) for k in range(3)])
+        con.execute("PRAGMA writable_schema = ON")  # the value computed only when read, not here
+        con.execute("UPDATE sqlite_master SET sql = replace(sql, 'abs(1)', ?) WHERE name = 'traces'", (what,))
+    elif shape == "generated_ext":  # SQLite refuses such a column: the schema is rewritten in place
+        con.execute("CREATE TABLE traces (trace_id TEXT, created_at REAL, data GENERATED ALWAYS AS (abs(1)))")
+        con.execute("INSERT INTO traces (trace_id, created_at) VALUES ('t', 0)")
+        con.execute("PRAGMA writable_schema = ON")
+        con.execute(
+            "UPDATE sqlite_master SET sql = replace(sql, 'abs(1)', ?) WHERE name = 'traces'",
+            (rng.choice(["load_extension('/nonexistent/evil')", "load_extension('./x.so', 'init')", "random()"]),),
+        )
+    elif shape == "virtual":
+        con.execute("CREATE VIRTUAL TABLE traces USING fts5(trace_id, data, created_at)")
+        con.execute("INSERT INTO traces VALUES ('t', '{}', 0)")
+    elif shape == "no_table":
         con.execute("CREATE TABLE other (x)")
     elif shape == "view":
         con.execute("CREATE TABLE t (a)")
@@ -132,7 +158,9 @@ def _gateway_store(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
         (store / "outcomes.jsonl").write_bytes(b"".join(e + b"\n" for e in ends))
     con.commit()
     con.close()
-    damage = rng.choice(["none", "none", "none", "truncate", "flip", "wal_beside", "not_sqlite"])
+    damage = rng.choice(
+        ["none", "none", "none", "truncate", "flip", "wal_beside", "not_sqlite"] + (["journal_beside"] if more else [])
+    )
     raw = db.read_bytes()
     if damage == "truncate":
         db.write_bytes(raw[: rng.randrange(1, len(raw))])
@@ -145,6 +173,10 @@ def _gateway_store(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
         (store / "gateway_traces.db-wal").write_bytes(
             bytes(rng.randrange(256) for _ in range(rng.choice([0, 32, 4096])))
         )
+    elif damage == "journal_beside":  # a rollback journal a writer left: SQLite would roll it back into the store
+        (store / "gateway_traces.db-journal").write_bytes(
+            bytes.fromhex("d9d505f920a163d7") + bytes(rng.randrange(256) for _ in range(rng.choice([0, 504, 4096])))
+        )
     elif damage == "not_sqlite":
         db.write_bytes(b"\x00\x01 not a database" * rng.randint(1, 100))
     target = rng.choice([store, db])
@@ -153,18 +185,25 @@ def _gateway_store(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
     return WorkflowCase("round6", seed, args, [store], f"rllm_gateway_sqlite:{shape}:{damage}", judged)
 
 
-def _prime_rl(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
+def _prime_rl(seed: int, work: Path, rng: random.Random, more: bool = False) -> WorkflowCase:
+    """A prime-rl run directory, its traces mutated or its msgpack batch damaged; `more`: also batches
+    that claim a map, a string or a binary of 4 GiB, a map nested 100,000 deep, an extension type, and
+    a bomb of empty arrays (one byte each on disk, a Python list each when decoded)."""
     base = FIXTURES / "prime_rl" / rng.choice(["compliant", "baseline_dropped", "logprobs_shifted", "padding_trained"])
     run = work / "outputs"
     shutil.copytree(base, run)
     what = rng.choice(["traces", "traces", "batch", "both"])
+    how = ""
     if what in ("traces", "both"):
         traces = run / "traces.jsonl"
         traces.write_bytes(mutated_lines(rng, _lines(traces)))
     if what in ("batch", "both"):
         batch = next(run.rglob("rank_*.bin"))
         raw = bytearray(batch.read_bytes())
-        how = rng.choice(["truncate", "flip", "append", "empty", "deep", "huge_len"])
+        how = rng.choice(
+            ["truncate", "flip", "append", "empty", "deep", "huge_len"]
+            + (["huge_map", "huge_str", "huge_bin", "deep_map", "ext", "bomb"] if more else [])
+        )
         if how == "truncate":
             raw = raw[: rng.randrange(len(raw))]
         elif how == "flip":
@@ -176,12 +215,25 @@ def _prime_rl(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
             raw = bytearray()
         elif how == "deep":
             raw = bytearray(b"\x91" * 100_000 + b"\xc0")  # a list nested 100,000 deep
-        else:
+        elif how == "huge_len":
             raw = bytearray(b"\xdd\xff\xff\xff\xff")  # an array that claims 2^32 - 1 items
+        elif how == "huge_map":
+            raw = bytearray(b"\xdf\xff\xff\xff\xff")
+        elif how == "huge_str":
+            raw = bytearray(b"\x91\xdb\xff\xff\xff\xff" + b"a" * 64)
+        elif how == "huge_bin":
+            raw = bytearray(b"\x91\xc6\xff\xff\xff\xff" + b"a" * 64)
+        elif how == "deep_map":
+            raw = bytearray(b"\x81\xa1k" * 100_000 + b"\xc0")
+        elif how == "ext":
+            raw = bytearray(b"\x91\xd4\x05\x00" if rng.random() < 0.5 else b"\x91\xc7\x08\xff" + b"\x00" * 8)
+        else:  # 8 MB of empty arrays in one array of arrays
+            n = rng.choice([1 << 20, 8 << 20])
+            raw = bytearray(b"\xdd" + n.to_bytes(4, "big") + b"\x90" * n)
         batch.write_bytes(bytes(raw))
     fmt, judged = _fmt(rng)
     args = ["check", "--from", "prime_rl", str(run), *_CTX, *_PRIME, "--format", fmt]
-    return WorkflowCase("round6", seed, args, [run], f"prime_rl:{base.name}:{what}", judged)
+    return WorkflowCase("round6", seed, args, [run], f"prime_rl:{base.name}:{what}{':' + how if how else ''}", judged)
 
 
 # ---------------------------------------------------------------- the recorder's HTTP input
@@ -273,6 +325,8 @@ def _answer(answer: str, body: bytes) -> tuple[bytes, str]:
         return bytes(rng.randrange(256) for _ in range(rng.randint(0, 300))), rng.choice(
             ["application/json", "text/event-stream", "text/plain"]
         )
+    if answer == "join":
+        return json.dumps(_joined(b"tool" in body)).encode(), "application/json"
     doc = _completion([rng.choice([5, 6, 7, -1, 2**31 - 1]) for _ in range(rng.randint(0, 4))])
     if answer == "mutated":
         return mutated_lines(rng, [doc]).strip(), "application/json"
@@ -378,12 +432,9 @@ def _send(url: str, raw: bytes, half_close: bool) -> bytes | None:
 
 
 def _capture_http(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
-    import asyncio
-
-    from aiohttp import web
     from aiohttp.http_exceptions import HttpProcessingError
 
-    from rollout_audit.capture.proxy import SERVER_LOG, Recorder
+    from rollout_audit.capture.proxy import SERVER_LOG
 
     class Collect(logging.Handler):  # the recorder's server log: a request it failed on, not a malformed one
         def emit(self, record: logging.LogRecord) -> None:
@@ -392,41 +443,29 @@ def _capture_http(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
                 errors.append(f"{record.getMessage()}: {exc!r}"[:200])
 
     answer = rng.choice(["json", "json", "stream", "gzip", "garbage", "mutated", "cut", "error"])
-    up = _Upstream(answer)
     cap = work / "cap"
-    rec = Recorder(up.url, cap, max_body=rng.choice([64, 4096, 1 << 20]), read_timeout=5.0)
-    loop = asyncio.new_event_loop()
     errors: list[str] = []
     collect = Collect()
     SERVER_LOG.addHandler(collect)
-    loop.set_exception_handler(lambda _, ctx: errors.append(str(ctx.get("exception") or ctx.get("message"))[:200]))
-    runner = rec.runner()
-    loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    loop.run_until_complete(site.start())
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
     found: list[str] = []
     sent: dict[str, bytes] = {}
     try:
-        for k in range(rng.randint(1, 4)):
-            raw, exact = _request(rng, k)
-            got = _send(url, raw, half_close=exact is None)
-            if got is None:
-                found.append("recorder hang")
-            elif got and not got.startswith(b"HTTP/1."):
-                found.append("recorder answered without a status line")
-            elif b" 500 " in got.split(b"\r\n", 1)[0] and answer != "error":
-                found.append("recorder answered 500 (an error of its own)")
-            if exact is not None and got and b" 200 " in got.split(b"\r\n", 1)[0]:
-                sent[str(k)] = exact
+        with _recorder(answer, cap, max_body=rng.choice([64, 4096, 1 << 20]), read_timeout=5.0) as (url, up, loop):
+            loop.set_exception_handler(
+                lambda _, ctx: errors.append(str(ctx.get("exception") or ctx.get("message"))[:200])
+            )
+            for k in range(rng.randint(1, 4)):
+                raw, exact = _request(rng, k)
+                got = _send(url, raw, half_close=exact is None)
+                if got is None:
+                    found.append("recorder hang")
+                elif got and not got.startswith(b"HTTP/1."):
+                    found.append("recorder answered without a status line")
+                elif b" 500 " in got.split(b"\r\n", 1)[0] and answer != "error":
+                    found.append("recorder answered 500 (an error of its own)")
+                if exact is not None and got and b" 200 " in got.split(b"\r\n", 1)[0]:
+                    sent[str(k)] = exact
     finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(_TIMEOUT)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(_TIMEOUT)
-        loop.close()
-        up.close()
         SERVER_LOG.removeHandler(collect)
     for k, body in sent.items():
         if k in up.received and up.received[k] != body:
@@ -442,6 +481,40 @@ def _capture_http(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
 _RECORDING: list[bytes] = []
 
 
+@contextlib.contextmanager
+def _recorder(answer: str, out: Path, **options: Any) -> Iterator[tuple[str, _Upstream, Any]]:
+    """The recorder (recording into `out`, with `options`) served in this process on an event loop in a
+    thread of its own, in front of an upstream answering in mode `answer`: its URL, the upstream and the
+    loop; everything stopped on exit."""
+    import asyncio
+
+    from aiohttp import web
+
+    from rollout_audit.capture.proxy import Recorder
+
+    up = _Upstream(answer)
+    rec = Recorder(up.url, out, **options)
+    loop = asyncio.new_event_loop()
+    runner = rec.runner()
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", 0).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}", up, loop
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(_TIMEOUT)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(_TIMEOUT)
+        loop.close()
+        up.close()
+
+
+def _post(url: str, path: str, body: str) -> None:
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    _send(url, (head + f"Content-Length: {len(body)}\r\n\r\n{body}").encode(), False)
+
+
 def recording() -> list[bytes]:
     """The lines of one real recording (made once per process): two sessions through the recorder in
     front of the upstream here, one streamed and one whole, each ended with its outcome."""
@@ -453,33 +526,11 @@ def recording() -> list[bytes]:
         rng = random.Random("recording")
         work = Path(tmp)
         for sid, answer in (("episode-0", "json"), ("episode-1", "stream")):
-            up = _Upstream(answer)
-            import asyncio
-
-            from aiohttp import web
-
-            from rollout_audit.capture.proxy import Recorder
-
-            rec = Recorder(up.url, work / "cap")
-            loop = asyncio.new_event_loop()
-            runner = rec.runner()
-            loop.run_until_complete(runner.setup())
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            loop.run_until_complete(site.start())
-            url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-            thread = threading.Thread(target=loop.run_forever, daemon=True)
-            thread.start()
-            body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": True})
-            head = f"POST /sessions/{sid}/v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-            _send(url, (head + f"Content-Length: {len(body)}\r\n\r\n{body}").encode(), False)
-            end = json.dumps({"stop_reason": "success", "reward": rng.choice([0.0, 1.0]), "policy_version": 3})
-            head = f"POST /sessions/{sid}/end HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-            _send(url, (head + f"Content-Length: {len(end)}\r\n\r\n{end}").encode(), False)
-            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(_TIMEOUT)
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(_TIMEOUT)
-            loop.close()
-            up.close()
+            with _recorder(answer, work / "cap") as (url, _, _):
+                body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": True})
+                _post(url, f"/sessions/{sid}/v1/chat/completions", body)
+                end = json.dumps({"stop_reason": "success", "reward": rng.choice([0.0, 1.0]), "policy_version": 3})
+                _post(url, f"/sessions/{sid}/end", end)
         for f in sorted((work / "cap").glob("*.jsonl")):
             _RECORDING.append(f.read_bytes())
     return _RECORDING
@@ -627,4 +678,188 @@ def prepare_round6(seed: int, work: Path) -> WorkflowCase:
         "rllm_gateway_sqlite": _gateway_store,
         "prime_rl": _prime_rl,
         "trust": _trust,
+    }[what](seed, work, rng)
+
+
+# ---------------------------------------------------------------- round 7: the rest of this round's surfaces
+#
+# `prepare_round7` draws from ROUND7: the round-6 surfaces (the same builders, a stream of their own, the
+# SQLite store and the prime-rl batch with more shapes) and
+# - `calls_join`: `check --from slime DUMP --calls CAPTURE` on a real recording of the recorder joined to a
+#   slime dump by token prefix, either side mutated, the calls path hostile; a dump row re-rendered or a call
+#   resampled must never exit 0 (a join in silence);
+# - `integration_dumps`: the records the integrations write (verl's legacy and V1 trainers, SkyRL's trainer,
+#   rLLM's backend and workflow trainer, slime, TRL's rollouts, the OpenAI client), mutated.
+
+ROUND7 = (*ROUND6, "calls_join", "integration_dumps")
+# what the round-7 campaign found: 371 and 5675 (a TRL rollout record whose step is infinite, whose turn
+# fields disagree in count: "TRL: malformed record (...)", naming neither record nor field), 4634 (a gateway
+# store whose index name is not UTF-8: UnicodeDecodeError escaped sqlite3, "internal error"), 10547 (an rLLM
+# batch row whose traj_rewards holds a string: float()-ed, "a field has the wrong shape")
+REGRESSION_SEEDS_7 = [371, 5675, 4634, 10547]
+# the join's engine calls (the recorder's upstream in "join" mode): the first call's prompt, what it sampled,
+# the tool's reply and what the second call sampled, with their log-probs
+_P0 = [1, 31, 3, 22, 23, 24, 2, 3, 1, 30, 3]
+_A0, _A1 = [50, 51, 2], [60, 61, 62, 2]
+_TOOL = [3, 1, 33, 3, 40, 41, 2, 3, 1, 30, 3]
+_LPS = {tuple(_A0): [-0.5, -0.25, -0.125], tuple(_A1): [-0.75, -0.375, -0.0625, -0.03125]}
+_JOIN_CTX = ["--context", "temperature=1.0", "--context", "top_p=1.0"]
+# (framework, fixture, context its page documents): each integration's own record
+INTEGRATION_DUMPS = [
+    ("verl", "trainer_compliant.jsonl", []),
+    ("verl", "trainer_rejected_in_group_statistics.jsonl", []),
+    ("verl", "compliant_v1.jsonl", []),
+    ("skyrl", "trainer.jsonl", []),
+    ("skyrl", "trainer_mask_trains_more.jsonl", []),
+    ("rllm", "trainer_compliant.jsonl", []),
+    ("rllm", "trainer_fully_async.jsonl", []),
+    ("rllm", "compliant_workflow.jsonl", []),
+    ("rllm", "workflow_grouped_by_trajectory_uid.jsonl", []),
+    ("slime", "compliant.jsonl", []),
+    ("openai", "compliant.jsonl", []),
+    ("trl", "compliant", []),
+    ("nemo_gym", "token_rewritten_after_capture.jsonl", []),
+    ("agent_lightning", "temperature_override.jsonl", ["--context", "rollout_temperature=1.0"]),
+]
+# the recorder's join answers, keyed by the second call's tool message
+_JOIN: dict[bool, dict] = {}
+
+
+def _joined(second: bool) -> dict:
+    """vLLM's chat answer with return_token_ids for the join's first or second call."""
+    prompt, ids = (_P0 + _A0 + _TOOL, _A1) if second else (_P0, _A0)
+    content = [{"token": f"token_id:{i}", "logprob": lp, "bytes": None, "top_logprobs": []}
+               for i, lp in zip(ids, _LPS[tuple(ids)])]  # fmt: skip
+    choice = {"index": 0, "message": {"role": "assistant", "content": "x"}, "logprobs": {"content": content}}
+    choice |= {"finish_reason": "stop" if second else "tool_calls", "token_ids": ids}
+    return {"id": "c", "object": "chat.completion", "model": "m", "choices": [choice], "prompt_token_ids": prompt}
+
+
+_JOIN_RECORDING: list[bytes] = []
+
+
+def join_recording() -> list[bytes]:
+    """The session files of one real recording (made once per process): two sessions of two calls each
+    through the recorder, the upstream answering the join's calls; the trainer posts no end."""
+    if _JOIN_RECORDING:
+        return _JOIN_RECORDING
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with _recorder("join", Path(tmp) / "cap") as (url, _, _):
+            for sid in ("s0", "s1"):
+                for messages in (
+                    [{"role": "user", "content": "open"}],
+                    [{"role": "user", "content": "open"}, {"role": "tool", "content": "tool says"}],
+                ):
+                    body = json.dumps({"model": "m", "messages": messages, "temperature": 1.0, "top_p": 1.0,
+                                       "return_token_ids": True, "logprobs": True})  # fmt: skip
+                    _post(url, f"/sessions/{sid}/v1/chat/completions", body)
+        _JOIN_RECORDING.extend(f.read_bytes() for f in sorted((Path(tmp) / "cap").glob("*.jsonl")))
+    return _JOIN_RECORDING
+
+
+def _slime_sample(index: int, prompt: list[int] = _P0) -> dict:
+    """A slime sample of the join's two calls as its generate hook keeps them (no call ids, no contexts)."""
+    resp = _A0 + _TOOL + _A1
+    return {
+        "rollout_id": None, "group_index": 0, "index": index, "tokens": prompt + resp,
+        "response_length": len(resp), "reward": 1.0, "status": "completed", "remove_sample": False,
+        "loss_mask": [1] * len(_A0) + [0] * len(_TOOL) + [1] * len(_A1), "weight_versions": ["5", "5"],
+        "rollout_log_probs": _LPS[tuple(_A0)] + [0.0] * len(_TOOL) + _LPS[tuple(_A1)],
+        "metadata": {"engine_calls": [{"response_length": 0, "tokens": list(_A0), "weight_version": "5"},
+                                      {"response_length": len(_A0 + _TOOL), "tokens": list(_A1), "weight_version": "5"}]},
+    }  # fmt: skip
+
+
+def _calls_join(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
+    dump = work / "rollout_dumps.jsonl"
+    cap = work / "cap"
+    cap.mkdir()
+    samples = [_slime_sample(0), _slime_sample(1)]
+    files = [[json.loads(x) for x in data.splitlines() if x.strip()] for data in join_recording()]
+    how = rng.choice(["dump", "calls", "calls", "both", "drift", "resampled", "calls_path"])
+    fmt, judged = _fmt(rng)
+    never_ok: list[FollowUp] = []
+    calls = str(cap)
+    if how == "drift":  # the trainer re-rendered a prefix: M105 at that row, never joined in silence
+        prompt = list(_P0)
+        prompt[rng.randrange(len(prompt))] += rng.choice([1, 7, 1000])
+        samples[rng.randrange(2)] = _slime_sample(1, prompt)
+    elif how == "resampled":  # a call's sampled ids are not the trainer's: the row meets no call
+        x = next(r for f in files for r in f if isinstance(r.get("response_body"), dict))
+        body = json.loads(x["response_body"]["text"]) if "text" in x["response_body"] else x["response_body"]
+        body["choices"][0]["token_ids"][0] += 1
+        x["response_body"] = {"text": json.dumps(body)} if "text" in x["response_body"] else body
+    dump.write_bytes(
+        mutated_lines(rng, samples)
+        if how in ("dump", "both")
+        else b"".join(json.dumps(s).encode() + b"\n" for s in samples)
+    )
+    for n, lines in enumerate(files):
+        out = (
+            mutated_lines(rng, lines)
+            if how in ("calls", "both")
+            else b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+        )
+        (cap / f"s{n}.jsonl").write_bytes(out)
+    if how == "calls_path":
+        where = rng.choice(["missing", "empty", "dump", "fifo", "devzero", "hidden", "not_jsonl"])
+        calls = str(work / "calls")
+        if where == "empty":
+            (work / "calls").mkdir()
+        elif where == "dump":
+            calls = str(dump)
+        elif where == "fifo":
+            import os
+
+            os.mkfifo(work / "calls.jsonl")
+            calls = str(work / "calls.jsonl")
+        elif where == "devzero":
+            (work / "calls.jsonl").symlink_to("/dev/zero")
+            calls = str(work / "calls.jsonl")
+        elif where == "hidden":
+            (work / "calls").mkdir()
+            shutil.copy(cap / "s0.jsonl", work / "calls" / ".s0.jsonl")
+        elif where == "not_jsonl":
+            (work / "calls.txt").write_bytes(b"\x00" * 100)
+            calls = str(work / "calls.txt")
+        how = f"calls_path:{where}"
+    args = ["check", "--from", "slime", str(dump), "--calls", calls, *_CTX, *_JOIN_CTX, "--format", fmt]
+    if how in ("drift", "resampled"):
+        never_ok = [FollowUp(args, (0,), (1, 2), f"calls_join: {how} joined in silence (exit 0)")]
+    named = [Path(calls)] if how.startswith("calls_path") else None
+    return WorkflowCase("round6", seed, args, [dump, cap], f"calls_join:{how}", judged, never_ok, named=named)
+
+
+def _integration_dump(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
+    fw, name, extra = rng.choice(INTEGRATION_DUMPS)
+    base = FIXTURES / fw / name
+    if base.is_dir():  # TRL's run directory: its rollouts mutated, its own completion log beside them
+        dump = work / "run"
+        shutil.copytree(base, dump)
+        for f in dump.glob("*.jsonl"):
+            f.write_bytes(mutated_lines(rng, _lines(f)))
+    else:
+        dump = work / name
+        dump.write_bytes(mutated_lines(rng, _lines(base)))
+    fmt, judged = _fmt(rng)
+    args = ["check", "--from", fw, str(dump), *_CTX, *extra, "--format", fmt]
+    return WorkflowCase("round6", seed, args, [dump], f"integration_dumps:{fw}:{Path(name).stem}", judged)
+
+
+def prepare_round7(seed: int, work: Path) -> WorkflowCase:
+    """The case of `seed`: surface ROUND7[seed % 12], its files drawn from a stream of its own."""
+    rng = random.Random(f"round7:{seed}")
+    what = ROUND7[seed % len(ROUND7)]
+    if what in READERS:
+        return _reader(what, seed, work, rng)
+    return {
+        "capture_http": _capture_http,
+        "capture_records": _capture_records,
+        "rllm_gateway_sqlite": lambda s, w, r: _gateway_store(s, w, r, more=True),
+        "prime_rl": lambda s, w, r: _prime_rl(s, w, r, more=True),
+        "trust": _trust,
+        "calls_join": _calls_join,
+        "integration_dumps": _integration_dump,
     }[what](seed, work, rng)

@@ -1,4 +1,4 @@
-"""The seeds the round-6 campaign (test_campaign_round6, slow) failed on, replayed in the fast tier:
+"""The seeds the round-6 and round-7 campaigns (test_campaign_round6, slow) failed on, replayed in the fast tier:
 each case runs the real CLI in its own process, forked from `fuzzlib`'s preloaded server, and is
 judged as the campaign judges it."""
 
@@ -24,14 +24,27 @@ REGRESSION_SEEDS = [42, 59, 1740, 2598, 6625]
 
 def test_round6_campaign_cases_stay_fixed(tmp_path):
     """Every seed in one test: the worker that runs it starts fuzzlib's server once for them all."""
-    from fuzzlib import run_cli, run_workflow_case
     from fuzzround6 import prepare_round6
 
+    replay(REGRESSION_SEEDS, prepare_round6, tmp_path)
+
+
+def test_round7_campaign_cases_stay_fixed(tmp_path):
+    """The round-7 seeds (`fuzzround6.REGRESSION_SEEDS_7`, which names what each found)."""
+    from fuzzround6 import REGRESSION_SEEDS_7, prepare_round7
+
+    replay(REGRESSION_SEEDS_7, prepare_round7, tmp_path)
+
+
+def replay(seeds, prepare, tmp_path):
+    """Each seed's case through the real CLI, judged as the campaign judges it; every failure at once."""
+    from fuzzlib import run_cli, run_workflow_case
+
     failed = {}
-    for seed in REGRESSION_SEEDS:
+    for seed in seeds:
         work = tmp_path / str(seed)
         work.mkdir()
-        case = prepare_round6(seed, work)
+        case = prepare(seed, work)
         out, problems = run_workflow_case(case, work, lambda args, work=work: run_cli(args, work, 120))
         if problems:
             failed[seed] = (case.label, problems, out.exit, out.stderr[-3000:])

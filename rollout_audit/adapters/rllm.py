@@ -486,7 +486,7 @@ def _trained(row: dict[str, Any], batch: Mapping[str, Any], where: str) -> None:
         raise AdapterError(f"{where}: response_mask and traj_rewards must have one value per response token")
     cut = [False] * (len(resp) - len(kept))
     row["loss_mask"] = row["loss_mask"][:first] + [a and b for a, b in zip(row["loss_mask"][first:], mask)] + cut
-    rewards = [0.0 if v is None else float(v) for v in placed]
+    rewards = [0.0 if v is None else v for v in numbers(placed, "traj_rewards", where)]
     row["token_reward"] = [0.0] * first + rewards + [0.0] * len(cut)
 
 

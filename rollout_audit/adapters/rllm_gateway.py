@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,53 +97,79 @@ def _is_sqlite(p: Path) -> bool:
 
 
 def _read_only(p: Path) -> str:
-    """The URI parameters that open `p` without writing anything. `mode=ro` for a rollback-journal
-    store (the gateway's: `journal_mode=DELETE`, store/sqlite_store.py:64); a WAL-mode file (header
-    bytes 18-19 equal to 2) would get `-wal` and `-shm` files created beside it even read-only, so it
-    is opened `immutable=1`. A `-wal` file beside either kind is refused: SQLite opens it, read-only
-    too, and creates a `-shm` beside the store (a rollback-journal store with a stale or planted `-wal`
-    as well as a WAL store whose `-wal` holds unmerged pages)."""
+    """The URI parameters that open `p` without writing anything: `mode=ro&immutable=1`, under which
+    SQLite takes no lock and opens no file beside the store. A `-wal` or `-journal` file beside it is
+    refused: read-only, SQLite would open the `-wal` and create a `-shm` beside the store, or find a
+    hot journal it must roll back into the store ("attempt to write a readonly database"); immutable,
+    it would read the store without the pages they hold (a store whose writer is still running, or
+    crashed mid-transaction)."""
     with p.open("rb") as fh:
-        head = fh.read(20)
-    if Path(f"{p}-wal").exists():
-        kind = "a WAL-mode store" if head[18:20] == b"\x02\x02" else "a store"
-        raise AdapterError(
-            f"{p}: {kind} with a {p.name}-wal beside it: reading would write beside the store; "
-            "stop its writer or checkpoint it (PRAGMA wal_checkpoint) first"
-        )
-    return "mode=ro" if head[18:20] != b"\x02\x02" else "mode=ro&immutable=1"
+        kind = "a WAL-mode store" if fh.read(20)[18:20] == b"\x02\x02" else "a store"
+    for side, why in (
+        ("-wal", "reading would write beside the store or miss its unmerged pages; stop its writer or checkpoint "
+         "it (PRAGMA wal_checkpoint) first"),
+        ("-journal", "a transaction its writer left unfinished: reading would roll it back into the store or miss "
+         "it; stop its writer, or let sqlite3 finish it, first"),
+    ):  # fmt: skip
+        if Path(f"{p}{side}").exists():
+            raise AdapterError(f"{p}: {kind} with a {p.name}{side} beside it: {why}")
+    return "mode=ro&immutable=1"
 
 
-def _store(p: Path) -> Iterator[Record]:
-    """The traces of a gateway store in the order the gateway wrote them (created_at, then insertion),
-    read through a read-only connection (`mode=ro`: nothing is written to the store, not even a
-    journal), with the schema's SQL functions untrusted and a bound on the work a crafted file can
-    ask for."""
-    budget = [max(10**7, _STEPS_PER_BYTE * _regular(p)) // 1000]
-
-    def spend() -> int:
-        budget[0] -= 1
-        return 1 if budget[0] < 0 else 0
-
+def _connect(p: Path, spend: Callable[[], int]) -> sqlite3.Connection:
+    """The one way a store from an audited directory is opened: read-only and immutable (`_read_only`),
+    no extension loaded (neither by the connection nor by the file's schema, whose SQL functions are
+    untrusted), no value longer than a dump's line built by SQLite, no database attached, and `spend`
+    called every thousand VM steps (it stops a query that asks for more work than the file's size)."""
     try:
         conn = sqlite3.connect(f"{p.resolve().as_uri()}?{_read_only(p)}", uri=True)
     except sqlite3.Error as e:
         raise AdapterError(f"{p}: cannot open the SQLite store read-only: {e}") from None
     try:
         conn.set_progress_handler(spend, 1000)
+        conn.text_factory = bytes  # a TEXT value is not decoded by sqlite3 (which fails on bytes not UTF-8)
+        if hasattr(conn, "enable_load_extension"):
+            conn.enable_load_extension(False)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_LINE_BYTES)
+        conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
         conn.execute("PRAGMA trusted_schema = OFF")
         conn.execute("PRAGMA query_only = ON")
-        kind = conn.execute("SELECT type FROM sqlite_master WHERE name = 'traces'").fetchone()
-        if kind is None or kind[0] != "table":
+    except (sqlite3.Error, UnicodeDecodeError) as e:
+        conn.close()
+        raise AdapterError(f"{p}: cannot read the SQLite store: {short(str(e))}") from None
+    return conn
+
+
+def _store(p: Path) -> Iterator[Record]:
+    """The traces of a gateway store in the order the gateway wrote them (created_at, then insertion),
+    through `_connect`: `traces` must be a plain table, whose values are the file's bytes (a generated
+    column computes its value on read: `zeroblob(10**9)` is a gigabyte from a few bytes)."""
+    budget = [max(10**7, _STEPS_PER_BYTE * _regular(p)) // 1000]
+
+    def spend() -> int:
+        budget[0] -= 1
+        return 1 if budget[0] < 0 else 0
+
+    conn = _connect(p, spend)
+    try:
+        kind = conn.execute("SELECT type, sql FROM sqlite_master WHERE name = 'traces'").fetchone()
+        if kind is None or kind[0] != b"table":
             raise AdapterError(f"{p}: no table 'traces' (not an rllm-model-gateway store)")
+        if bytes(kind[1] or b"").lstrip().upper().startswith(b"CREATE VIRTUAL"):
+            raise AdapterError(f"{p}: traces: a virtual table (not an rllm-model-gateway store)")
+        computed = [_text(r[1]) for r in conn.execute("PRAGMA table_xinfo(traces)") if r[6]]
+        if computed:
+            raise AdapterError(
+                f"{p}: traces: {short(computed[0])}: a column SQLite computes on read (not an rllm-model-gateway store)"
+            )
         big = conn.execute(
             "SELECT trace_id FROM traces WHERE length(CAST(data AS BLOB)) > ? LIMIT 1", (MAX_LINE_BYTES,)
         ).fetchone()
         if big is not None:
-            raise AdapterError(f"{p}: trace {short(big[0])}: data: longer than {MAX_LINE_BYTES} bytes")
+            raise AdapterError(f"{p}: trace {short(_text(big[0]))}: data: longer than {MAX_LINE_BYTES} bytes")
         rows = conn.execute("SELECT trace_id, data FROM traces ORDER BY created_at, rowid")
         for tid, data in rows:
-            where = f"{p}:trace {short(tid)}"
+            where = f"{p}:trace {short(_text(tid))}"
             if isinstance(data, bytes):
                 try:
                     data = data.decode("utf-8")
@@ -160,11 +186,18 @@ def _store(p: Path) -> Iterator[Record]:
             if not isinstance(rec, dict):
                 raise AdapterError(f"{where}: data: a trace must be a JSON object, not {type(rec).__name__}")
             yield located(rec, where)
+    except UnicodeDecodeError:  # SQLite's message names a part of the schema whose bytes are not UTF-8
+        raise AdapterError(f"{p}: cannot read the SQLite store: its schema is damaged (not UTF-8)") from None
     except sqlite3.Error as e:
         why = "too much work for its size (a crafted query plan?)" if budget[0] < 0 else str(e)
         raise AdapterError(f"{p}: cannot read the SQLite store: {why}") from None
     finally:
         conn.close()
+
+
+def _text(value: Any) -> Any:
+    """A TEXT value of the store as text to name it by (bytes not UTF-8 replaced); other values as they are."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 def _call(rec: Mapping[str, Any], where: str, version: int | None) -> tuple[Call, bool]:

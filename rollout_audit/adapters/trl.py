@@ -22,7 +22,20 @@ import pyarrow as pa
 
 from ..contract import schema as S
 from ..reading.records import records_to_table
-from .base import AdapterError, context_values, flags, need, number, short, whole, wholes, with_trainer_settings
+from .base import (
+    AdapterError,
+    context_values,
+    flags,
+    mapping,
+    need,
+    number,
+    numbers,
+    short,
+    token_ids,
+    whole,
+    wholes,
+    with_trainer_settings,
+)
 from .steps import guarded, identity
 
 # the fields of TRL's own classes the converter and the guard read (tests/test_framework_drift.py)
@@ -509,6 +522,7 @@ def _split_recorded(records: Iterable[Mapping[str, Any]]) -> tuple[list[list[Map
                     "incomplete"
                 )
             if rec.get("mode", "train") == "train":
+                _check_rollout(rec, where)
                 calls.setdefault(whole(need(rec, "call", where), "call", where), []).append(rec)
         elif all(k in rec for k in COMPLETION_KEYS):
             rows.append(rec)
@@ -522,6 +536,73 @@ def _split_recorded(records: Iterable[Mapping[str, Any]]) -> tuple[list[list[Map
         samples = sorted(calls[c], key=lambda r: (r.get("process", 0), r.get("index", 0)))
         ordered.append(samples)
     return ordered, rows
+
+
+# the recorder's trainer settings and the type each must have when present (records_from_batch reads them)
+_SETTINGS = {
+    "temperature": "number",
+    "top_p": "number",
+    "num_generations": "whole",
+    "pad_token_id": "whole",
+    "eos_token_ids": "wholes",
+    "reward_weights": "numbers",
+    "reward_func_names": "strings",
+    "mask_truncated_completions": "bool",
+    "scale_rewards": "string",
+    "multi_objective_aggregation": "string",
+    "tokenizer": "string",
+    "tokenizer_id": "string",
+}
+
+
+def _check_rollout(rec: Mapping[str, Any], where: str) -> None:
+    """A RolloutRecorder record of a training call has its fields of their types, named when not: the
+    batch TRL built is rebuilt from them as if they were the trainer's tensors."""
+    for key in ("step", "process", "index"):
+        if rec.get(key) is not None:
+            whole(rec[key], key, where)
+    settings = mapping(rec.get("trainer"), "trainer", where)
+    for key, kind in _SETTINGS.items():
+        value, field = settings.get(key), f"trainer.{key}"
+        if value is None:
+            continue
+        if kind == "number":
+            number(value, field, where)
+        elif kind == "whole":
+            whole(value, field, where)
+        elif kind == "wholes":
+            wholes(value, field, where)
+        elif kind == "numbers":
+            if any(v is None for v in numbers(value, field, where)):
+                raise AdapterError(f"{where}: {field}: a weight is null")
+        elif kind == "bool" and not isinstance(value, bool):
+            raise AdapterError(f"{where}: {field}: expected true or false, got {short(value)}")
+        elif kind == "string" and not isinstance(value, str):
+            raise AdapterError(f"{where}: {field}: expected a string, got {short(value)}")
+        elif kind == "strings" and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
+            raise AdapterError(f"{where}: {field}: expected a list of names, got {short(value)}")
+    for key in ("prompt_ids", "completion_ids"):
+        token_ids(need(rec, key, where), key, where)
+    if rec.get("logprobs") is not None:
+        numbers(rec["logprobs"], "logprobs", where)
+    if rec.get("completion_text") is not None and not isinstance(rec["completion_text"], str):
+        raise AdapterError(f"{where}: completion_text: expected a string, got {short(rec['completion_text'])}")
+    turns: dict[str, int] = {}
+    for key in _TURN_EXTRAS:
+        value = rec.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, list):
+            raise AdapterError(f"{where}: {key}: expected one entry per agent turn, got {short(value)}")
+        if key == "turn_logprob":
+            numbers(value, key, where)
+        else:
+            for t, ids in enumerate(value):
+                token_ids(ids, f"{key}[{t}]", where)
+        turns[key] = len(value)
+    if len(set(turns.values())) > 1:
+        said = ", ".join(f"{n} {k}" for k, n in turns.items())
+        raise AdapterError(f"{where}: {said}: one entry per agent turn in each")
 
 
 def _plainer(value: Any) -> Any:
@@ -672,23 +753,27 @@ def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
     for n, samples in enumerate(calls):
         batch, extras, settings = _call_batch(samples, n)
         rows = matched.get(n)
-        t = records_from_batch(
-            batch,
-            tokenizer=_RecordedTokenizer(settings),
-            policy_version=int(samples[0].get("step", 0)),
-            batch_id=_batch_id(samples, n),
-            group_size=settings.get("num_generations"),
-            rewards=None if rows is None else _rewards(rows, settings),
-            temperature=settings.get("temperature"),
-            top_p=settings.get("top_p"),
-            eos_token_ids=settings.get("eos_token_ids"),
-            environment_id=given.get("environment_id"),
-            environment_version=given.get("environment_version"),
-            verifier_version=given.get("verifier_version"),
-            reset_seed=given.get("reset_seed"),
-            extras=extras,
-            mask_truncated_completions=bool(settings.get("mask_truncated_completions", False)),
-        )
+        where = getattr(samples[0], "origin", None) or f"rollout_func call {n}"
+        try:  # a sample whose per-turn fields disagree with its turns: the record named
+            t = records_from_batch(
+                batch,
+                tokenizer=_RecordedTokenizer(settings),
+                policy_version=int(samples[0].get("step", 0)),
+                batch_id=_batch_id(samples, n),
+                group_size=settings.get("num_generations"),
+                rewards=None if rows is None else _rewards(rows, settings),
+                temperature=settings.get("temperature"),
+                top_p=settings.get("top_p"),
+                eos_token_ids=settings.get("eos_token_ids"),
+                environment_id=given.get("environment_id"),
+                environment_version=given.get("environment_version"),
+                verifier_version=given.get("verifier_version"),
+                reset_seed=given.get("reset_seed"),
+                extras=extras,
+                mask_truncated_completions=bool(settings.get("mask_truncated_completions", False)),
+            )
+        except ValueError as e:
+            raise AdapterError(f"{where}: {e}") from None
         truncation, said = trainer_truncation(_Args(settings))
         tables.append(t)
     meta = tables[0].schema.metadata or {}

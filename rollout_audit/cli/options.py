@@ -178,7 +178,6 @@ class AuditOptions(Parsed):
         "--calls",
         default=(),
         multiple=True,
-        type=click.Path(exists=True),
         help="With --from: a `rollout-audit capture` directory (or OpenAI request/response lines) whose engine "
         "calls are joined to the dump's rows by their exact token prefix (calls that carry no row id).",
     )
