@@ -66,12 +66,12 @@ LECTURE = (
 
 
 def explain(code: str | None, list_all: bool, echo: Echo) -> None:
-    """`rollout-audit explain`: one check's rule, lesson and inputs; or the checks by family."""
-    from ..checks import all_rules
+    """`rollout-audit explain`: one check's rule, lesson and inputs; or the checks by family. Read
+    from the catalogue's text, so that no check module is imported."""
     from ..contract.registry import FAMILIES
-    from ..frames.batch import contract_names
+    from ..running.catalogue import entries
 
-    rules = all_rules()
+    rules = entries()
     want = (code or "").upper()
     if list_all or not code or want in FAMILIES:
         for fam, title in FAMILIES.items():
@@ -86,8 +86,8 @@ def explain(code: str | None, list_all: bool, echo: Echo) -> None:
     r = rules.get(want)
     if r is None:
         raise UsageError(f"unknown check code {code!r}; see `rollout-audit explain --list`")
-    needs = ", ".join(contract_names(r.requires)) or "nothing beyond the file list"
-    extra = (f"\nReads when present: {', '.join(contract_names(r.optional))}" if r.optional else "") + (
+    needs = ", ".join(r.needs) or "nothing beyond the file list"
+    extra = (f"\nReads when present: {', '.join(r.reads)}" if r.reads else "") + (
         f"\nConfiguration: {', '.join(r.config)}" if r.config else ""
     )
     state = ", preview: runs only with --preview" if r.preview else ""

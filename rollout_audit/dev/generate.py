@@ -4,7 +4,8 @@
     python -m rollout_audit.dev generate --fixtures   # also retrain the compliant agent log (torch)
     python -m rollout_audit.dev generate --check      # exit 1, naming the stale files, if any is stale
 
-- docs/contract.md from `schemas/`, docs/checks.md from the registered rules;
+- docs/contract.md from `schemas/`, docs/checks.md from the registered rules, and the rules' text
+  that `explain` reads without importing a check (rollout_audit/running/catalogue.json);
 - the code blocks of docs/frameworks/{verl,skyrl,slime}.md that name an integration's options and
   the keys it writes (`dev/pages.py`);
 - the README's generated regions: the check example (written by running the audit on the
@@ -35,6 +36,7 @@ from pathlib import Path
 
 from ..checks import all_rules
 from ..contract.registry import FAMILIES
+from ..running import catalogue
 from .docs import checks_markdown, configuration_markdown, contract_markdown
 from .pages import regions as framework_regions
 
@@ -212,6 +214,7 @@ def text_files(root: Path = ROOT, matrix: str | None = None) -> dict[Path, str]:
     out = {
         root / "docs" / "contract.md": contract_markdown(),
         root / "docs" / "checks.md": checks_markdown(),
+        root / "rollout_audit" / "running" / catalogue.FILE.name: catalogue.render(all_rules()),
         root / "docs" / "configuration.md": configuration_markdown(),
         root / "README.md": readme((root / "README.md").read_text(), root),
     }
