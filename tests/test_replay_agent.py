@@ -228,10 +228,10 @@ def test_a_check_selected_by_code_that_cannot_run_exits_2(run: Path) -> None:
     from click.testing import CliRunner
 
     res = CliRunner().invoke(main, ["check", str(run), "--select", "L205,L201"])
-    assert res.exit_code == 2 and "error: L205: selected by its code and not run: replay is off" in res.output, (
-        res.output
-    )
-    assert res.output.rstrip().splitlines()[-1].startswith("INCOMPLETE: 0 errors")
+    assert (
+        res.exit_code == 2 and f"error: {run}: L205: selected by its code and not run: replay is off" in res.stderr
+    ), res.output
+    assert res.stdout.rstrip().splitlines()[-1].startswith("INCOMPLETE: 0 errors")
     family = CliRunner().invoke(main, ["check", str(run), "--select", "L2", "--show-not-run"])
     assert family.exit_code == 0 and "L205: replay is off" in family.output, family.output
 
