@@ -52,6 +52,12 @@ def write_log(root, trajs, updates=None, parts: int = 1, validate: bool = False)
     return root
 
 
+# the headless Chromium the report's browser tests drive (the distribution's package), and why they
+# skip without it
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+NO_CHROMIUM = "headless Chromium is not installed (apt-get install chromium; .ci/run does)"
+
+
 def generate_on_a_copy(tmp_path, script: str, module: str) -> subprocess.CompletedProcess:
     """`script` run in a fresh Python on a copy of the checkout's derived files (README, docs/,
     fixtures/, the checks' catalogue) under tmp_path/repo, with the module text `module` beside it: `python script COPY
