@@ -4,7 +4,7 @@
 
 Times, each in a fresh `python -m rollout_audit.cli` process, `--repeat` runs, median:
 `check` on a one-trajectory log (written under `--out` with `RolloutWriter`), `check` on each
-`--log`, `explain U602`, `--version`, and `python -c "import rollout_audit"`. Wall seconds, and
+`--log`, `explain U602`, `explain --list`, `--help`, `--version`, and `python -c "import rollout_audit"`. Wall seconds, and
 CPU seconds (user + system of the child, from `resource.getrusage(RUSAGE_CHILDREN)`): on a
 machine shared with other jobs the wall time stretches and CPU is the figure to compare. Also
 lists the heavy modules (pandas, pandera, rich, torch, ray, a trainer framework) each command
@@ -103,7 +103,9 @@ def main(argv: list[str] | None = None) -> None:
     commands = [
         ("import rollout_audit", ["import"]),
         ("--version", ["--version"]),
+        ("--help", ["--help"]),
         ("explain U602", ["explain", "U602"]),
+        ("explain --list", ["explain", "--list"]),
         ("check (one trajectory)", ["check", str(one)]),
         *((f"check {p}", ["check", str(Path(p).resolve())]) for p in a.log),
     ]

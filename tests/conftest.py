@@ -52,15 +52,22 @@ def write_log(root, trajs, updates=None, parts: int = 1, validate: bool = False)
     return root
 
 
+# the headless Chromium the report's browser tests drive (the distribution's package), and why they
+# skip without it
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+NO_CHROMIUM = "headless Chromium is not installed (apt-get install chromium; .ci/run does)"
+
+
 def generate_on_a_copy(tmp_path, script: str, module: str) -> subprocess.CompletedProcess:
     """`script` run in a fresh Python on a copy of the checkout's derived files (README, docs/,
-    fixtures/) under tmp_path/repo, with the module text `module` beside it: `python script COPY
+    fixtures/, the checks' catalogue) under tmp_path/repo, with the module text `module` beside it: `python script COPY
     MODULE`, so that what the module registers (a check, a fault) never reaches this process or
     the committed files."""
     copy = tmp_path / "repo"
     copy.mkdir()
-    for name in ("README.md", "docs", "fixtures"):
+    for name in ("README.md", "docs", "fixtures", "rollout_audit/running/catalogue.json"):
         src = ROOT / name
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if src.is_dir() else shutil.copy)(src, copy / name)
     (tmp_path / "module.py").write_text(textwrap.dedent(module))
     (tmp_path / "run.py").write_text(textwrap.dedent(script))

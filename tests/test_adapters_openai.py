@@ -147,9 +147,10 @@ def test_check_from_replays_and_names_the_dump_records(
 def test_check_from_with_replay_and_no_replayer_exits_2(tmp_path: Path) -> None:
     res = cli("check", fixture("openai", "compliant"), "--from", "openai", *opts(IDENTITY), "--replay", "8")
     assert res.exit_code == 2, res.output + res.stderr
-    assert (
-        "error: L205, L206, L207, L209, L211: replay of 8 trajectories was asked for and did not run: no replayer"
-        in res.output
+    assert (  # on stderr, naming the log, as every error is
+        ": L205, L206, L207, L209, L211: replay of 8 trajectories was asked for and did not run: no replayer"
+        in res.stderr
+        and res.stderr.startswith("rollout-audit: error: ")
     )
 
 

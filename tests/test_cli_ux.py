@@ -322,3 +322,28 @@ def test_every_command_has_examples_that_use_its_own_options():
             declared = {o for p in target.params for o in (*p.opts, *p.secondary_opts)}
             used = {a.split("=", 1)[0] for a in args if a.startswith("-")}
             assert used <= declared, (line, used - declared)
+
+
+def test_why_an_audit_is_incomplete_goes_to_stderr_with_the_prefix(tmp_path):
+    """A linter's errors are on stderr, `rollout-audit: error: LOG: why`; stdout holds the report (its
+    findings; the overall line of several logs), with no unprefixed `error:` line, in text and concise."""
+    corrupt = FIXTURES / "broken" / "corrupt_file"
+    why = "nothing to audit: no readable trajectory file (1 file unusable: see S005)"
+    for fmt in ("text", "concise"):
+        one = cli("check", corrupt, "--format", fmt)
+        assert one.exit_code == 2
+        assert one.stderr.splitlines() == [
+            f"rollout-audit: error: {corrupt}: {why} (configuration: pyproject.toml [tool.rollout-audit])"
+        ]
+        assert "S005" in one.stdout and not [x for x in one.stdout.splitlines() if "error: " in x]
+        two = cli("check", corrupt, COMPLIANT, "--format", fmt)
+        assert two.exit_code == 2 and f"rollout-audit: error: {corrupt}: {why}" in two.stderr
+        assert "nothing to audit" not in two.stdout
+    several = cli("check", corrupt, COMPLIANT)
+    assert (
+        several.stdout.splitlines()[-1] == "overall: 2 logs: 1 ok, 0 FAIL, 1 INCOMPLETE; 0 errors, 0 warnings; exit 2"
+    )
+    # a report written to a file keeps the reason; stderr says it too
+    written = cli("check", corrupt, "-o", tmp_path / "audit.txt")
+    assert written.exit_code == 2 and f"rollout-audit: error: {corrupt}: {why}" in written.stderr
+    assert f"error: {why}" in (tmp_path / "audit.txt").read_text()

@@ -4,27 +4,30 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _sources() -> list[Path]:
+def _sources(root: Path = ROOT) -> list[Path]:
     """The repository's .py and .md files: those git tracks (a virtual environment of any name, or
     anything else beside the checkout, is not the repository's). Without git (an unpacked
     archive), every file outside the hidden directories."""
     try:
         listed = subprocess.run(
             ["git", "ls-files", "-z", "--cached"],
-            cwd=ROOT,
+            cwd=root,
             capture_output=True,
             check=True,
         ).stdout.decode()
-        names = [ROOT / n for n in listed.split("\0") if n]
+        names = [root / n for n in listed.split("\0") if n]
     except (OSError, subprocess.CalledProcessError):
         names = []
-        for top, dirs, files in os.walk(ROOT):
+        for top, dirs, files in os.walk(root):
             dirs[:] = [d for d in dirs if not d.startswith(".")]
             names += [Path(top) / f for f in files]
     return [p for p in names if p.suffix in (".py", ".md")]
@@ -40,11 +43,24 @@ def test_no_reference_to_documents_outside_the_repository():
     assert not hits, hits
 
 
-def test_a_virtual_environment_of_another_name_is_not_scanned():
-    """A `venv/` with third-party text beside the checkout is not the repository's."""
+def test_a_virtual_environment_of_another_name_is_not_scanned(tmp_path):
+    """A `venv/` or `.venv-user/` with third-party text beside the checkout is not the repository's:
+    in a clone with both (untracked, as a user's are), only what git tracks is scanned."""
     scanned = {p.relative_to(ROOT).parts[0] for p in _sources()}
     assert "rollout_audit" in scanned and "tests" in scanned
     assert not scanned & {".venv", "venv", ".git", "node_modules"}
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed: the scan falls back to every file outside hidden directories")
+    clone = tmp_path / "clone"
+    (clone / "pkg").mkdir(parents=True)
+    (clone / "pkg" / "mod.py").write_text("x = 1\n")
+    for venv in ("venv", ".venv-user"):
+        (clone / venv / "lib").mkdir(parents=True)
+        (clone / venv / "lib" / "README.md").write_text("see DESIGN.md 4\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(clone)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "pkg"], check=True)
+    assert _sources(clone) == [clone / "pkg" / "mod.py"]
 
 
 def test_every_page_states_the_current_contract_version():

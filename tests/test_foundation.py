@@ -252,8 +252,11 @@ def test_nothing_selected_ran_is_never_ok(tmp_path, records):
     root = write_log(tmp_path / "log", trajs, ups)
     res = run_cli("check", root, "--select", "L201,L203")
     assert res.exit_code == 2, res.output
-    assert "error: L201, L203: selected by its code and not run: column behavior_logprobs absent" in res.output
-    assert res.output.rstrip().splitlines()[-1].startswith("INCOMPLETE: 0 errors, 0 warnings, 0 info; 0 checks run")
+    assert (
+        f"rollout-audit: error: {root}: L201, L203: selected by its code and not run: column behavior_logprobs absent"
+        in res.stderr
+    )
+    assert res.stdout.rstrip().splitlines()[-1].startswith("INCOMPLETE: 0 errors, 0 warnings, 0 info; 0 checks run")
     rep = ra.audit(root, select=["L201"])
     assert rep.exit_code() == 2 and not rep.ok and set(rep.unfulfilled) == {"L201"}
     only_l2 = ra.audit(root, select=["L201", "L"], ignore=["L202", "L204", "L205", "L206", "L207", "L208"])

@@ -5,6 +5,7 @@ test's own duration (M198 on turns sampled above temperature 10) and removed aft
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -101,3 +102,24 @@ def test_a_plain_check_names_the_preview_checks_it_left_out():
     with_preview = CliRunner().invoke(main, ["check", log, "--preview"])
     assert with_preview.exit_code == 1 and "R415" in with_preview.stdout
     assert "in preview, not selected" not in with_preview.stdout
+
+
+def test_each_fault_only_a_preview_check_catches_is_named_so_on_the_fixtures_page():
+    """fixtures/README.md's matrix runs the checks in preview; the page names the broken logs that a
+    plain `check` therefore passes, and each of them passes a plain `check` naming its check as left
+    out, and fails with `--preview` on exactly its codes."""
+    manifest = json.loads(Path("fixtures/manifest.json").read_text())
+    preview = {c for c, r in ra.all_rules().items() if r.preview}
+    only = {n: set(e["codes"]) for n, e in manifest["faults"].items() if set(e["codes"]) <= preview}
+    assert "bootstrapped_through_terminal" in only
+    page = " ".join(Path("fixtures/README.md").read_text().split())
+    assert "Caught only with `--preview`" in page
+    for name, codes in only.items():
+        assert f"{name} ({', '.join(sorted(codes))})" in page
+        log = f"fixtures/broken/{name}"
+        plain = CliRunner().invoke(main, ["check", log])
+        assert plain.exit_code == 0 and plain.stdout.splitlines()[-1].startswith("ok: "), plain.output
+        left_out = next(x for x in plain.stdout.splitlines() if x.startswith("in preview, not selected: "))
+        assert codes <= set(left_out.split(": ", 1)[1].split(" (")[0].split(", "))
+        res, rep = _check(log, "--preview")
+        assert res.exit_code == 1 and {f["code"] for f in rep["findings"] if f["severity"] == "error"} == codes

@@ -228,10 +228,10 @@ def test_a_check_selected_by_code_that_cannot_run_exits_2(run: Path) -> None:
     from click.testing import CliRunner
 
     res = CliRunner().invoke(main, ["check", str(run), "--select", "L205,L201"])
-    assert res.exit_code == 2 and "error: L205: selected by its code and not run: replay is off" in res.output, (
-        res.output
-    )
-    assert res.output.rstrip().splitlines()[-1].startswith("INCOMPLETE: 0 errors")
+    assert (
+        res.exit_code == 2 and f"error: {run}: L205: selected by its code and not run: replay is off" in res.stderr
+    ), res.output
+    assert res.stdout.rstrip().splitlines()[-1].startswith("INCOMPLETE: 0 errors")
     family = CliRunner().invoke(main, ["check", str(run), "--select", "L2", "--show-not-run"])
     assert family.exit_code == 0 and "L205: replay is off" in family.output, family.output
 
@@ -240,7 +240,6 @@ def test_what_was_replayed_is_shown_in_text_json_and_the_browser(run: Path, tmp_
     """`check --replay` says what it recomputed (trajectories, tokens, versions, largest gap), JSON has
     `summary.replay`, and the HTML report of `report --replay` shows it in a real headless Chromium."""
     import json
-    import shutil
 
     from click.testing import CliRunner
 
@@ -261,11 +260,12 @@ def test_what_was_replayed_is_shown_in_text_json_and_the_browser(run: Path, tmp_
     rep = CliRunner().invoke(main, ["report", *args, "-o", str(page)])
     assert rep.exit_code == 0, rep.output
     sync_api = pytest.importorskip("playwright.sync_api")
-    chromium = shutil.which("chromium") or "/usr/bin/chromium"
-    if not Path(chromium).exists():
-        pytest.skip("headless Chromium is not installed")
+    from conftest import CHROMIUM, NO_CHROMIUM
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip(NO_CHROMIUM)
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         try:
             tab = browser.new_page()
             tab.goto(page.as_uri())

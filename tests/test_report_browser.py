@@ -4,7 +4,6 @@ downloads nothing), pages served over HTTP on loopback by the test. Screenshots 
 from __future__ import annotations
 
 import functools
-import shutil
 import threading
 from collections.abc import Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -12,16 +11,15 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import write_log
+from conftest import CHROMIUM, NO_CHROMIUM, write_log
 
 from rollout_audit.cli import main
 from rollout_audit.reporting.html import svg
 from rollout_audit.synth import make_log
 
 sync_api = pytest.importorskip("playwright.sync_api")
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 if not Path(CHROMIUM).exists():
-    pytest.skip("headless Chromium is not installed (apt-get install chromium; .ci/run does)", allow_module_level=True)
+    pytest.skip(NO_CHROMIUM, allow_module_level=True)
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"

@@ -77,7 +77,9 @@ def test_a_crashing_check_is_exit_2_and_named_in_text_and_json(tmp_path, complia
     log = broken_log(tmp_path, compliant, "tool_tokens_trained")
     res = cli("check", log)
     assert res.exit_code == 2, res.output
-    assert "error: check Z901 crashed on " in res.output and "FakePanic: assertion failed" in res.output
+    # said on stderr, with the log, as every error is; the report on stdout ends on its verdict
+    assert f"rollout-audit: error: {log}: check Z901 crashed on " in res.stderr and "FakePanic: assertion" in res.stderr
+    assert "crashed on" not in res.stdout and res.stdout.splitlines()[-1].startswith("INCOMPLETE: ")
     assert "Traceback" not in res.output
     # the other checks still ran: the fault is still found
     assert "M101 [error]" in res.output
@@ -317,8 +319,9 @@ def test_no_usable_input_is_exit_2_with_one_line(tmp_path, what):
     res = cli("check", target)
     assert res.exit_code == 2, res.output
     last = res.output.strip().splitlines()[-1]
-    expected = "rollout-audit: error: " if what == "csv" else "error: nothing to audit: "  # csv: not Parquet at all
-    assert last.startswith(expected), res.output
+    expected = "rollout-audit: error: " if what == "csv" else f"rollout-audit: error: {target}: nothing to audit: "
+    assert last.startswith(expected), res.output  # csv: not Parquet at all
+    assert "nothing to audit" not in res.stdout
     assert "not run" not in res.output and "U605" not in res.output
 
 

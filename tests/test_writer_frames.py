@@ -29,12 +29,18 @@ def _written(tmp_path, name, batch) -> pl.DataFrame:
     return pl.from_arrow(pq.read_table(path))
 
 
-@pytest.mark.parametrize("kind", ["polars", "pandas", "arrow"])
+@pytest.mark.parametrize("kind", ["polars", "pandas", "pandas-read", "arrow"])
 def test_a_dataframe_writes_what_its_records_write(tmp_path, kind):
     frame = _frame()
     records = frame.to_dicts()
-    # pandas as a user builds it, from records (polars' to_pandas turns a nested null into NaN)
-    batch = {"polars": frame, "pandas": pd.DataFrame(records), "arrow": frame.to_arrow()}[kind]
+    # pandas as a user builds it, from records (polars' to_pandas turns a nested null into NaN), or
+    # as pandas reads a log back (pd.read_parquet: Arrow's conversion, a map cell as (key, value) pairs)
+    batch = {
+        "polars": frame,
+        "pandas": pd.DataFrame(records),
+        "pandas-read": frame.to_arrow().to_pandas(),
+        "arrow": frame.to_arrow(),
+    }[kind]
     assert _written(tmp_path, kind, batch).equals(_written(tmp_path, "records", records))
     code = ra.audit(str(tmp_path / kind)).exit_code()
     assert code in (0, 1)  # audited as a log (eight trajectories of a batch: groups may be cut)

@@ -30,12 +30,13 @@ def first_line(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 
-def say_incomplete(rep, paths: Sequence[str], echo: Echo) -> None:
+def say_incomplete(rep, paths: Sequence[str], echo: Echo, *, full: bool = False) -> None:
     """One line on stderr per reason the audit of the log at `paths` could not be completed (exit 2),
-    naming the log."""
-    from ..reporting.report import incomplete, printable
+    naming the log; `full`: each reason in full (`audit_errors`: a crash's file and error), for a
+    report that leaves them out."""
+    from ..reporting.report import audit_errors, incomplete, printable
 
-    for line in incomplete(rep):
+    for line in audit_errors(rep) if full else incomplete(rep):
         echo(f"rollout-audit: error: {', '.join(map(printable, paths))}: {line}", err=True)
 
 
@@ -66,12 +67,12 @@ LECTURE = (
 
 
 def explain(code: str | None, list_all: bool, echo: Echo) -> None:
-    """`rollout-audit explain`: one check's rule, lesson and inputs; or the checks by family."""
-    from ..checks import all_rules
+    """`rollout-audit explain`: one check's rule, lesson and inputs; or the checks by family. Read
+    from the catalogue's text, so that no check module is imported."""
     from ..contract.registry import FAMILIES
-    from ..frames.batch import contract_names
+    from ..running.catalogue import entries
 
-    rules = all_rules()
+    rules = entries()
     want = (code or "").upper()
     if list_all or not code or want in FAMILIES:
         for fam, title in FAMILIES.items():
@@ -86,8 +87,8 @@ def explain(code: str | None, list_all: bool, echo: Echo) -> None:
     r = rules.get(want)
     if r is None:
         raise UsageError(f"unknown check code {code!r}; see `rollout-audit explain --list`")
-    needs = ", ".join(contract_names(r.requires)) or "nothing beyond the file list"
-    extra = (f"\nReads when present: {', '.join(contract_names(r.optional))}" if r.optional else "") + (
+    needs = ", ".join(r.needs) or "nothing beyond the file list"
+    extra = (f"\nReads when present: {', '.join(r.reads)}" if r.reads else "") + (
         f"\nConfiguration: {', '.join(r.config)}" if r.config else ""
     )
     state = ", preview: runs only with --preview" if r.preview else ""
@@ -240,8 +241,17 @@ def check(opts: options.CheckOptions, echo: Echo) -> int:
     fmt = opts.fmt
     painted = fmt == "text" and not opts.output and opts.color
     limit = None if opts.show_all else done[0][1].cfg.max_examples
+    # a report for a person on stdout: why an audit is incomplete goes to stderr, as every error does
+    errors_apart = fmt in ("text", "concise") and not opts.output and not opts.quiet
     text = render_logs(
-        reports, fmt, limit=limit, color=painted, strict=opts.strict, quiet=opts.quiet, show_not_run=opts.show_not_run
+        reports,
+        fmt,
+        limit=limit,
+        color=painted,
+        strict=opts.strict,
+        quiet=opts.quiet,
+        show_not_run=opts.show_not_run,
+        errors=not errors_apart,
     )
     if fmt == "text" and len(reports) > 1 and not opts.quiet:
         text += "\n\n" + overall_line(reports, opts.strict)
@@ -249,9 +259,8 @@ def check(opts: options.CheckOptions, echo: Echo) -> int:
         write_atomic(opts.output, text + "\n")
     elif text:
         echo(text, color=painted)  # click strips styles off a non-terminal unless told
-    for log, rep in reports:
-        if fmt != "text" or opts.output or opts.quiet:  # the report is elsewhere or cut short: say why on stderr too
-            say_incomplete(rep, log, echo)
+    for log, rep in reports:  # the report left them out, or is elsewhere or cut short: said on stderr
+        say_incomplete(rep, log, echo, full=errors_apart)
     return max(rep.exit_code(opts.strict) for _, rep in reports)
 
 

@@ -4,7 +4,8 @@
     python -m rollout_audit.dev generate --fixtures   # also retrain the compliant agent log (torch)
     python -m rollout_audit.dev generate --check      # exit 1, naming the stale files, if any is stale
 
-- docs/contract.md from `schemas/`, docs/checks.md from the registered rules;
+- docs/contract.md from `schemas/`, docs/checks.md from the registered rules, and the rules' text
+  that `explain` reads without importing a check (rollout_audit/running/catalogue.json);
 - the code blocks of docs/frameworks/{verl,skyrl,slime}.md that name an integration's options and
   the keys it writes (`dev/pages.py`);
 - the README's generated regions: the check example (written by running the audit on the
@@ -35,6 +36,7 @@ from pathlib import Path
 
 from ..checks import all_rules
 from ..contract.registry import FAMILIES
+from ..running import catalogue
 from .docs import checks_markdown, configuration_markdown, contract_markdown
 from .pages import regions as framework_regions
 
@@ -200,8 +202,29 @@ class MatrixError(Exception):
     """`generate` found a fault not caught, or a check firing on another fault's log."""
 
 
+def preview_note() -> str:
+    """The faults only a check in preview catches: the matrix runs those checks, a plain `check` of
+    their broken logs does not (it says ok, and names the checks in preview it left out)."""
+    from ..faults import FAULTS
+
+    preview = {c for c, r in all_rules().items() if r.preview}
+    only = [f for f in FAULTS.values() if f.codes and f.codes <= preview]
+    if not only:
+        return ""
+    named = ", ".join(f"{f.name} ({', '.join(sorted(f.codes))})" for f in only)
+    text = (
+        "Caught only with `--preview`: the faults whose checks are all in preview, which the matrix runs and a "
+        "plain `rollout-audit check` does not (it says ok, and its summary names the checks in preview it left "
+        f"out): {named}. For example `rollout-audit check fixtures/broken/{only[0].name} --preview`."
+    )
+    return "\n" + textwrap.fill(text, 100, break_on_hyphens=False, break_long_words=False) + "\n"
+
+
 def matrix_region(matrix: str) -> str:
-    return f"\n`rollout-audit faults matrix fixtures/compliant` (each fault applied, written, audited):\n\n{matrix}\n\n"
+    return (
+        f"\n`rollout-audit faults matrix fixtures/compliant` (each fault applied, written, audited):\n\n{matrix}\n"
+        f"{preview_note()}\n"
+    )
 
 
 # ---------------------------------------------------------------- the command
@@ -212,6 +235,7 @@ def text_files(root: Path = ROOT, matrix: str | None = None) -> dict[Path, str]:
     out = {
         root / "docs" / "contract.md": contract_markdown(),
         root / "docs" / "checks.md": checks_markdown(),
+        root / "rollout_audit" / "running" / catalogue.FILE.name: catalogue.render(all_rules()),
         root / "docs" / "configuration.md": configuration_markdown(),
         root / "README.md": readme((root / "README.md").read_text(), root),
     }
@@ -269,7 +293,10 @@ def stale(root: Path = ROOT) -> list[str]:
     ]
     page = (root / "fixtures" / "README.md").read_text()
     named = re.findall(r"^\| (\w+) \| ([A-Z0-9, ]+) \|", page, re.M)
-    if named != [(n, ", ".join(e["codes"])) for n, e in _in_fault_order(manifest).items()]:
+    if (
+        named != [(n, ", ".join(e["codes"])) for n, e in _in_fault_order(manifest).items()]
+        or preview_note() not in page
+    ):
         out.append("fixtures/README.md")
     return out
 

@@ -101,10 +101,13 @@ def render_text(
     strict: bool = False,
     quiet: bool = False,
     show_not_run: bool = False,
+    errors: bool = True,
     **_: object,
 ) -> str:
     """Findings grouped by code, a bounded sample each, then not-run checks and a summary line.
-    `quiet`: the findings alone (nothing when there are none). `color`: ANSI styles (rich)."""
+    `quiet`: the findings alone (nothing when there are none). `color`: ANSI styles (rich).
+    `errors=False`: without the lines saying why the audit is incomplete (`audit_errors`), which the
+    caller says elsewhere (the command line: on stderr)."""
     out: list[list[tuple[str, str | None]]] = []  # lines of (text, style) segments
     shown_findings = rep.findings.filter(pl.col("severity") != "info") if quiet else rep.findings
     for (code,), grp in shown_findings.group_by("code", maintain_order=True):
@@ -121,7 +124,7 @@ def render_text(
         if limit is not None and grp.height > limit:
             out.append([(f"  ... {grp.height - limit} more (use --show-all or --format json)", None)])
     if not quiet:
-        out += [[(line, None)] for line in _coda(rep, show_not_run)]
+        out += [[(line, None)] for line in _coda(rep, show_not_run, errors)]
         if rep.unusable is None and rep.summary.get("configuration"):
             out.append([(f"configuration: {printable(rep.summary['configuration'])}", None)])
         if rep.unusable is None:
@@ -131,15 +134,34 @@ def render_text(
     return _join(out, color)
 
 
-def _coda(rep: Report, show_not_run: bool = True) -> list[str]:
-    """What follows the findings: why nothing was audited, or not-run (one line naming them unless
-    `show_not_run`), partial and crashed checks."""
+def audit_errors(rep: Report) -> list[str]:
+    """Why the audit could not be completed (exit 2), in full, one line each: why nothing was
+    audited, each crashed check with where and what it raised, what was asked for and did not
+    happen, no check run. `incomplete` says the same in short."""
     if rep.unusable is not None:
         conf = rep.summary.get("configuration")
         return [
-            f"error: nothing to audit: {printable(rep.unusable)}"
-            + (f" (configuration: {printable(conf)})" if conf else "")
+            f"nothing to audit: {printable(rep.unusable)}" + (f" (configuration: {printable(conf)})" if conf else "")
         ]
+    out = []
+    for c in rep.crashes:
+        where = ", ".join(x for x in (c["file"], c["rows"] and f"rows {c['rows']}") if x)
+        out.append(
+            f"check {c['code']} crashed{' on ' + printable(where) if where else ''}: {printable(c['error'])}"
+            + (f" ({c['times']} times)" if c["times"] > 1 else "")
+        )
+    out += _unfulfilled_lines(rep)
+    if not rep.summary["checks_run"] and not rep.crashes:
+        out.append("no check ran: nothing was verified")
+    return out
+
+
+def _coda(rep: Report, show_not_run: bool = True, errors: bool = True) -> list[str]:
+    """What follows the findings: why nothing was audited, or not-run (one line naming them unless
+    `show_not_run`), partial and crashed checks (`errors=False`: without the `audit_errors`)."""
+    said = [f"error: {line}" for line in audit_errors(rep)] if errors else []
+    if rep.unusable is not None:
+        return said
     out = _policy_lines(rep)
     if rep.summary.get("replay"):
         out.append(replay_line(rep.summary["replay"]))
@@ -154,16 +176,7 @@ def _coda(rep: Report, show_not_run: bool = True) -> list[str]:
     if rep.partial:
         out.append("partially run:")
         out += [f"  {code}: {printable(why)}" for code, why in sorted(rep.partial.items())]
-    for c in rep.crashes:
-        where = ", ".join(x for x in (c["file"], c["rows"] and f"rows {c['rows']}") if x)
-        out.append(
-            f"error: check {c['code']} crashed{' on ' + printable(where) if where else ''}: {printable(c['error'])}"
-            + (f" ({c['times']} times)" if c["times"] > 1 else "")
-        )
-    out += [f"error: {line}" for line in _unfulfilled_lines(rep)]
-    if not rep.summary["checks_run"] and not rep.crashes:
-        out.append("error: no check ran: nothing was verified")
-    return out
+    return out + said
 
 
 def _policy_lines(rep: Report) -> list[str]:
@@ -229,16 +242,19 @@ def _join(lines: list[list[tuple[str, str | None]]], color: bool) -> str:
     return buf.getvalue().rstrip("\n")
 
 
-def render_concise(rep: Report, *, strict: bool = False, quiet: bool = False, label: str = "", **_: object) -> str:
+def render_concise(
+    rep: Report, *, strict: bool = False, quiet: bool = False, label: str = "", errors: bool = True, **_: object
+) -> str:
     """One finding per line, `file:trajectory:turn:position: CODE message` (grep and editors);
-    absent parts are empty, `:` in a trajectory id is escaped (`\\x3a`). Then the verdict line."""
+    absent parts are empty, `:` in a trajectory id is escaped (`\\x3a`). Then the verdict line
+    (`errors=False`: without the `audit_errors` lines before it, said elsewhere)."""
     lines = []
     for r in (rep.findings.filter(pl.col("severity") != "info") if quiet else rep.findings).iter_rows(named=True):
         tid = "" if r["trajectory_id"] is None else printable(r["trajectory_id"]).replace(":", "\\x3a")
         loc = [printable(r["file"] or ""), tid, *("" if r[k] is None else str(r[k]) for k in ("turn", "position"))]
         lines.append(f"{':'.join(loc)}: {r['code']} {printable(r['message'])}")
     if not quiet:  # `label` (several logs): the log's path before its verdict line
-        lines += [label + x for x in _coda(rep) if x.startswith("error: ")]
+        lines += [f"{label}error: {x}" for x in audit_errors(rep)] if errors else []
         if rep.unusable is None:
             lines.append(label + verdict_line(rep, strict))
     return "\n".join(lines)
@@ -343,7 +359,10 @@ def render_logs(reports: list[tuple[list, Report]], fmt: str, **kw: Any) -> str:
         return "\n".join(x for x in (r.render(fmt) for _, r in reports) if x)
     if fmt == "concise":  # no headers: every line stays one finding, or one log's verdict after its path
         bodies = (
-            render_concise(r, strict=kw["strict"], quiet=kw["quiet"], label=f"{printable(p[0])}: ") for p, r in reports
+            render_concise(
+                r, strict=kw["strict"], quiet=kw["quiet"], label=f"{printable(p[0])}: ", errors=kw.get("errors", True)
+            )
+            for p, r in reports
         )
         return "\n".join(b for b in bodies if b)
     parts = []

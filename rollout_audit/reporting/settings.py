@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..checks import all_rules
 from ..contract.config import LOG_CONTEXT, TRUSTED_ONLY, Config
 from ..contract.errors import UsageError
+from ..running.catalogue import entries
 
 __all__ = ["key_entry", "keys", "readers"]
 
@@ -21,7 +21,7 @@ def keys() -> list[str]:
 
 def readers(key: str) -> list[str]:
     """The codes of the checks that declare they read `key`."""
-    return sorted(c for c, r in all_rules().items() if key in r.config)
+    return sorted(c for c, r in entries().items() if key in r.config)
 
 
 def _default(key: str) -> Any:

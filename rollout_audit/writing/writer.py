@@ -231,12 +231,15 @@ def write_table(
 def _plain(v: Any) -> Any:
     """A pandas cell as Python values: numpy arrays (pandas' list cells) as lists, scalars as Python's,
     and a float NaN as a missing value, which is what pandas means by it (a None in a float column
-    becomes NaN; `pd.isna` reads both as missing)."""
+    becomes NaN; `pd.isna` reads both as missing). A tuple stays one: pandas reads a map cell of a
+    Parquet file as a list of (key, value) tuples, the form Arrow takes back as a map."""
     if isinstance(v, float) and v != v:
         return None
     if isinstance(v, dict):
         return {k: _plain(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
+    if isinstance(v, tuple):
+        return tuple(_plain(x) for x in v)
+    if isinstance(v, list):
         return [_plain(x) for x in v]
     tolist = getattr(v, "tolist", None)  # a numpy array or scalar
     return _plain(tolist()) if tolist is not None and not isinstance(v, (str, bytes)) else v
