@@ -28,8 +28,10 @@ def test_compliant_agent_log_is_clean():
     # token-level rewards, KL and returns (R411-R413), its loss weights (M110), the numerator and
     # group-statistics members of each update (U607, U608 run); it is no mixture of experts (P505)
     # and applies no overlong penalty (R414); it records the nucleus it sampled each action from (the
-    # actions its mask and top-p kept: L210 runs) and never splits an episode (M111)
-    assert set(rep.not_run) == {"L205", "L206", "L207", "L209", "L211", "P505", "R414", "M111", "R416", "U610"}
+    # actions its mask and top-p kept: L210 runs) and never splits an episode (M111); no trainer temperature
+    # is stated apart from the turns' (L212) and no capture layer digested its calls (M112)
+    not_run = {"L205", "L206", "L207", "L209", "L211", "P505", "R414", "M111", "R416", "U610", "L212", "M112"}
+    assert set(rep.not_run) == not_run
     assert rep.summary["configuration"].endswith("compliant/pyproject.toml [tool.rollout-audit]")
     assert rep.summary["rows_read"] > 100
     assert_show_marks_what_check_reports(FIXTURES / "compliant", *checked(FIXTURES / "compliant"))
