@@ -184,3 +184,14 @@ def test_known_violations_are_current():
     found = violations()
     gone = KNOWN_VIOLATIONS - set(found)
     assert not gone, "fixed; delete from KNOWN_VIOLATIONS in tests/test_layers.py:\n" + _lines(gone, found)
+
+
+def test_the_recorder_imports_nothing_of_the_audit_but_its_record_format():
+    """`rollout-audit capture` has a room of its own: what it imports of rollout_audit is the record
+    format it writes (`contract.capture`) and the version it prints, never the readers or checks."""
+    allowed = {"rollout_audit.contract.capture", "rollout_audit.contract.version"}
+    g = graph()
+    used = {dst for src, dsts in g.items() if src.startswith("rollout_audit.capture") for dst in dsts}
+    assert used, "no import of the recorder was read"
+    outside = {d for d in used if d.startswith("rollout_audit") and not d.startswith("rollout_audit.capture")}
+    assert outside <= allowed, sorted(outside - allowed)
