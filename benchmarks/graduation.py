@@ -1,4 +1,4 @@
-"""False positives of the contract 1.4 rules on every compliant fixture, and their cost on a benchmark log.
+"""False positives of the contract 1.4 rules and the capture layers' (L212, M112) on every compliant fixture, and their cost on a benchmark log.
 
     python -m benchmarks.graduation [--all] [--cost 12M] [--codes R416,U609]
 
@@ -37,7 +37,7 @@ from click.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
-CODES = ("R416", "R417", "U609", "U610", "L211")  # the contract 1.4 rules
+CODES = ("R416", "R417", "U609", "U610", "L211", "L212", "M112")  # contract 1.4 rules, and the capture layers'
 # each rule's faults in a framework's own record shape (fixtures/frameworks/<name>/<case>): never compliant
 FRAMEWORK_FAULTS = {
     "R416": ("slime/ppo_gae_over_every_position", "verl/trainer_gae_over_every_position"),
@@ -45,7 +45,12 @@ FRAMEWORK_FAULTS = {
     "U609": (),  # no adapted framework records the reducer's divisor with the samples it divides
     "U610": ("slime/async_ratio_on_current_weights",),
     "L211": ("verifiers/v1_top_p_against_full_vocab_trainer",),
+    "L212": ("agent_lightning/temperature_override",),
+    "M112": ("nemo_gym/token_rewritten_after_capture",),
 }
+# the trainer's settings that make a case a fault, after its page's documented command (the last
+# `--context` of a key wins): agent-lightning's proxy sampled at 1.0, its trainer recomputes at 0.7
+FAULT_SETTINGS = {"agent_lightning/temperature_override": ("--context", "rollout_temperature=0.7")}
 # compliant fixtures without "compliant" in their name on which these rules run (their faults' counterparts)
 EXERCISED = ("slime/ppo_masked_gae", "slime/removed_sample", "verl/trainer_compliant")
 
@@ -143,7 +148,7 @@ def caught(codes: tuple[str, ...] = CODES) -> dict[str, dict[str, int]]:
             path = ROOT / "fixtures" / "frameworks" / name / f"{stem}.jsonl"
             n = 0
             for c in (c for c in pages.commands(text) if "--from" in c):
-                _, rep = _run(pages.on_fixture(c, path))
+                _, rep = _run([*pages.on_fixture(c, path), *FAULT_SETTINGS.get(case, ())])
                 n = max(n, sum(f["code"] == code for f in (rep or {}).get("findings", [])))
             out[code][case] = n
     return out

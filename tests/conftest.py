@@ -113,6 +113,7 @@ SLOW_MODULES = {
     "test_integration_trl",
     "test_integration_trl_record",
     "test_integration_trl_rloo",
+    "test_integration_trl_server",
     "test_integration_verl_loop",
     "test_integration_verl_v1",
     "test_native",

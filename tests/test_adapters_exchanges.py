@@ -224,7 +224,7 @@ def test_agent_lightning_faults_are_flagged(case: str, code: str, where: str) ->
 def test_a_temperature_override_against_the_trainers_is_l212_on_every_call() -> None:
     """The proxy sampled at 1.0 (adjusted_params) while the agent asked, and the trainer recomputes at,
     0.7: the recorded request alone would audit clean. L212 names each rollout at its first turn."""
-    ctx = ["--context", "rollout_temperature=0.7", "--context", "top_p=1.0", *IDENTITY, "--preview"]
+    ctx = ["--context", "rollout_temperature=0.7", "--context", "top_p=1.0", *IDENTITY]
     res = check("agent_lightning", fixture("agent_lightning", "temperature_override"), *ctx)
     rep = json.loads(res.stdout)
     found = {(f["code"], f["trajectory_id"], f["turn"]) for f in rep["findings"]}
@@ -235,10 +235,10 @@ def test_a_temperature_override_against_the_trainers_is_l212_on_every_call() -> 
     res = check("agent_lightning", fixture("agent_lightning", "compliant"), *ctx)
     assert res.exit_code == 1 and codes(res) == ["L212"], res.output
     # a trainer at the proxy's temperature: nothing to find, and the sampler's value is on the turns
-    res = check("agent_lightning", fixture("agent_lightning", "temperature_override"), *AGL, "--preview")
+    res = check("agent_lightning", fixture("agent_lightning", "temperature_override"), *AGL)
     assert res.exit_code == 0 and not json.loads(res.stdout)["findings"], res.output
     # without the trainer's temperature L212 is not run, and says what it needs
-    res = check("agent_lightning", fixture("agent_lightning", "temperature_override"), *IDENTITY, "--preview")
+    res = check("agent_lightning", fixture("agent_lightning", "temperature_override"), *IDENTITY)
     reasons = {n["code"]: n["reason"] for n in json.loads(res.stdout)["not_run"]}
     assert "trainer_temperature" in reasons["L212"], reasons
 

@@ -105,7 +105,7 @@ def _write(tmp: Path, records: list[dict], name: str = "dump.jsonl") -> Path:
 
 
 def _m112(path: Path):
-    res, rep = check(path, "--preview")
+    res, rep = check(path)
     return res, {(f["code"], f["trajectory_id"], f["turn"]) for f in rep["findings"]}, rep
 
 
@@ -121,9 +121,9 @@ def test_an_entry_whose_digest_disagrees_with_its_tokens_is_m112_at_that_call(tm
     assert res.exit_code == 1 and found == {("M112", "1-0/capture", 1)}, res.output
     f = rep["findings"][0]
     assert f["file"].endswith("dump.jsonl:1") and "nemo-gym-tokens-v1" in f["message"], f  # the path's root entry
-    # without --preview M112 is not selected: the audit says so, it does not pass the digest as checked
+    # M112 is stable: a plain check runs it, no --preview needed
     res, rep = check(_write(tmp_path, recs))
-    assert "M112" in rep["summary"]["checks_in_preview_not_selected"], rep["summary"]
+    assert res.exit_code == 1 and "M112" in rep["summary"]["counts"], rep["summary"]
 
 
 def test_a_delta_prompt_is_rebuilt_through_its_parent_before_its_digest_is_checked(tmp_path):

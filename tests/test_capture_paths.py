@@ -153,3 +153,47 @@ def test_an_answer_the_client_stopped_waiting_for_is_not_recorded_as_received(
     end(rec.url, "s1")
     done = check(tmp_path / "cap")
     assert done.exit_code == 2 and "session s1" in done.output and "client gone before the response" in done.output
+
+
+def test_a_recorder_killed_mid_stream_leaves_its_session_not_run_capture_incomplete(
+    upstream: Upstream, tmp_path: Path
+) -> None:
+    """The recorder as users run it (a process), SIGKILLed while a stream of a session's second turn is
+    in flight: the client's stream breaks, the session has no end, and the audit says "not run: capture
+    incomplete" (exit 2), never a pass on the turn that was whole."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    cmd = [sys.executable, "-m", "rollout_audit.cli", "capture", "--upstream", upstream.url]
+    p = subprocess.Popen([*cmd, "--out", str(tmp_path / "cap"), "--port", "0"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stderr is not None
+        m = re.search(r"(http://\S+) ->", p.stderr.readline())
+        assert m, "the recorder did not say where it listens"
+        c = client(m.group(1), "s1")
+        assert list(ask(c))  # a whole streamed turn
+        upstream.mode = "gated"  # the next stream sends its first chunk, then waits
+        failed: list[str] = []
+
+        def second() -> None:
+            try:
+                list(ask(c))
+            except (openai.APIError, httpx.HTTPError) as e:  # a cut stream is httpx's RemoteProtocolError
+                failed.append(type(e).__name__)
+
+        t = threading.Thread(target=second, daemon=True)
+        t.start()
+        assert upstream.sent.wait(GATE)
+        p.send_signal(signal.SIGKILL)
+        p.wait(GATE)
+    finally:
+        p.kill()
+        p.wait()
+    upstream.release.set()
+    t.join(GATE)
+    assert failed, "the client's stream did not break"
+    res = check(tmp_path / "cap")
+    assert res.exit_code == 2 and "not run: capture incomplete: 1 of 1 sessions not audited: session s1" in res.output

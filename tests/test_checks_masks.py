@@ -18,8 +18,9 @@ def test_compliant_log_is_silent(records):
     rep = ra.audit(*records)
     assert not loud(rep), rep.render()
     # every stable M check whose inputs the synthetic log records ran (M107 needs template renders,
-    # M110 loss streams or weights, M111 a split's exposed token)
-    runnable = {c for c, r in ra.all_rules().items() if c.startswith("M") and not r.preview} - {"M107", "M110", "M111"}
+    # M110 loss streams or weights, M111 a split's exposed token, M112 a capture layer's digests)
+    runnable = {c for c, r in ra.all_rules().items() if c.startswith("M") and not r.preview}
+    runnable -= {"M107", "M110", "M111", "M112"}
     for code in runnable:
         assert code not in rep.not_run and code in rep.summary["checks_run"], code
 
@@ -363,7 +364,7 @@ def test_echo_stream_is_clean_and_m110_fires_on_a_wrong_stream_or_weight(records
     assert any("loss_weight 0 (dropped silently)" in m for m in msgs) and any("non-finite" in m for m in msgs)
 
 
-# ---------------------------------------------------------------- M112 (preview)
+# ---------------------------------------------------------------- M112
 
 
 def _stamped(trajs):
@@ -378,7 +379,7 @@ def _stamped(trajs):
 
 
 def _m112(trajs, ups):
-    return ra.audit(trajs, ups, config=Config(preview=True))
+    return ra.audit(trajs, ups)
 
 
 def test_m112_silent_on_true_stamps_and_firing_where_the_tokens_changed(records):

@@ -24,9 +24,10 @@ from rollout_audit.cli import main
 REPLAY_CHECKS = {"L205", "L206", "L207", "L209", "L211"}
 # what the agent's trainer does not have, so no log of it can record them: expert routes (it is no
 # mixture of experts: P505), an overlong penalty (R414) and a split's exposed token (it never splits an
-# episode: M111), a critic (its advantages are group-relative: R416); its recorded nucleus (L210) is in
-# every log it writes
-CANNOT_APPLY = {"P505", "R414", "M111", "R416"}
+# episode: M111), a critic (its advantages are group-relative: R416), a trainer temperature apart from
+# the turns' (it recomputes each turn at the temperature logged on it: L212), a capture layer in front of
+# its sampler (M112); its recorded nucleus (L210) is in every log it writes
+CANNOT_APPLY = {"P505", "R414", "M111", "R416", "L212", "M112"}
 # everything it does it records: its update records state the ratio's anchor (the behaviour
 # log-probs, no correction, clipping on), so U610 runs on its log
 
@@ -76,7 +77,7 @@ def test_the_demo_audit_replays_its_log_and_runs_every_check_that_can_apply(demo
         CONFIG,
     ]
     assert "replay ran (L205, L206, L207, L209): " in text, text
-    assert "not run: M111, P505, R414, R416 (" in text, text  # nothing else lacked its evidence
+    assert "not run: L212, M111, M112, P505, R414, R416 (" in text, text  # nothing else lacked its evidence
     assert f"configuration: out/{CONFIG} with replay = {REPLAY}" in text, text  # as the user named OUT
     assert "\nok: 0 errors, 0 warnings" in text, text
 

@@ -55,11 +55,11 @@ def test_compliant_log_is_clean_in_one_file_and_in_partitions(base, tmp_path):
         # no contract 1.2 loss evidence (R411-R413, U607, U608)
         # no contract 1.3 routes, loss streams or overlong penalty (P505, M110, R414), no recorded
         # nucleus (L210), no split's exposed token (M111); no contract 1.4 critic values, ratio anchor or
-        # second log-prob column (R416, U610, L211)
+        # second log-prob column (R416, U610, L211); no trainer temperature (L212), no capture digest (M112)
         assert (
             set(rep.not_run)
             == {"R408", "T306", "M107", "L205", "L206", "L207", "L209", "P505", "M110", "R414", "L210", "M111"}
-            | {"R416", "U610", "L211"}
+            | {"R416", "U610", "L211", "L212", "M112"}
             | EVIDENCE
         )
 

@@ -29,8 +29,10 @@ def test_compliant_agent_log_is_clean():
     # group-statistics members of each update (U607, U608 run); it is no mixture of experts (P505)
     # and applies no overlong penalty (R414); it records the nucleus it sampled each action from (the
     # actions its mask and top-p kept: L210 runs) and never splits an episode (M111); it has no critic
-    # (R416); its updates state the ratio's anchor, the behaviour log-probs (U610 runs)
-    assert set(rep.not_run) == {"L205", "L206", "L207", "L209", "L211", "P505", "R414", "M111", "R416"}
+    # (R416); no trainer temperature is stated apart from the turns' (L212) and no capture layer digested
+    # its calls (M112); its updates state the ratio's anchor, the behaviour log-probs (U610 runs)
+    not_run = {"L205", "L206", "L207", "L209", "L211", "P505", "R414", "M111", "R416", "L212", "M112"}
+    assert set(rep.not_run) == not_run
     assert "U610" in rep.summary["checks_run"]
     assert rep.summary["configuration"].endswith("compliant/pyproject.toml [tool.rollout-audit]")
     assert rep.summary["rows_read"] > 100

@@ -118,8 +118,8 @@ def test_missing_required_column_s001_and_checks_not_run(tmp_path, records):
     # configuration needed (R408, T306), no template render (M107); replay is off by default; no
     # per-token loss evidence (contract 1.2: R411-R413), no routes or overlong penalty (contract 1.3: P505, R414),
     # no recorded nucleus or split's exposed token (contract 1.3: L210, M111), no critic values or second
-    # log-prob column (contract 1.4: R416, L211)
-    evidence = {"R411", "R412", "R413", "P505", "R414", "L210", "M111", "R416", "L211"}
+    # log-prob column (contract 1.4: R416, L211), no trainer temperature (L212), no capture digest (1.5: M112)
+    evidence = {"R411", "R412", "R413", "P505", "R414", "L210", "M111", "R416", "L211", "L212", "M112"}
     assert (
         set(rep.not_run) - readers == {"R408", "T306", "M107", "L205", "L206", "L207", "L209"} | no_updates | evidence
     )

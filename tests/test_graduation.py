@@ -1,4 +1,4 @@
-"""The contract 1.4 rules on every compliant fixture (benchmarks/graduation.py): no finding on any of
+"""The contract 1.4 rules and the capture layers' (L212, M112) on every compliant fixture (benchmarks/graduation.py): no finding on any of
 them with the checks in preview on, each stable rule run on at least one of them (a rule never run there
 has not been measured) and caught on a fault in a framework's own record shape and on a synthetic one;
 a rule with no framework-shape fault stays in preview."""

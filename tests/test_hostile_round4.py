@@ -237,7 +237,7 @@ EXTREMES = [
     ("overlong_penalty_counts_tool_tokens", "overlong_buffer", "1000000000", ""),
     ("overlong_penalty_counts_tool_tokens", "overlong_penalty_factor", "0.0", ""),
     ("overlong_penalty_counts_tool_tokens", "overlong_penalty_factor", "1e300", ""),
-    ("policy_tokens_unmasked", "trainer_temperature", "0.0", ""),  # L212 is in preview: another fault
+    ("policy_tokens_unmasked", "trainer_temperature", "0.0", ""),  # at most adds L212, another fault
     ("policy_tokens_unmasked", "trainer_temperature", "1e300", ""),
 ]
 

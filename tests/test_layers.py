@@ -158,3 +158,14 @@ def test_house_of_this_checkout_has_no_upward_import():
     h = house.measure(cli=False)
     assert h["upward"] == {"own": [], "today": []}
     assert sum(r["modules"] for r in h["rooms"].values()) == len(graph())
+
+
+def test_the_recorder_imports_nothing_of_the_audit_but_its_record_format():
+    """`rollout-audit capture` has a room of its own: what it imports of rollout_audit is the record
+    format it writes (`contract.capture`) and the version it prints, never the readers or checks."""
+    allowed = {"rollout_audit.contract.capture", "rollout_audit.contract.version"}
+    g = graph()
+    used = {dst for src, dsts in g.items() if src.startswith("rollout_audit.capture") for dst in dsts}
+    assert used, "no import of the recorder was read"
+    outside = {d for d in used if d.startswith("rollout_audit") and not d.startswith("rollout_audit.capture")}
+    assert outside <= allowed, sorted(outside - allowed)

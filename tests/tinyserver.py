@@ -26,8 +26,11 @@ class _Sampler(_Handler):
     (renderers) calls with ids it rendered itself."""
 
     mode = "processed_logprobs"
+    stop_ids: frozenset[int] = frozenset({0})  # the ids sampling stops on (the tiny GPT-2's eos)
 
-    def _sample(self, ids: list[int], params: dict[str, Any], stop_ids: set[int]) -> tuple[list[int], list[float], str]:
+    def _sample(
+        self, ids: list[int], params: dict[str, Any], stop_ids: frozenset[int] | set[int]
+    ) -> tuple[list[int], list[float], str]:
         """(sampled ids, their log-probs, finish reason): seeded sampling through transformers' warpers,
         stopping on an id of `stop_ids` ("stop") or after max_tokens ("length")."""
         import torch
@@ -57,17 +60,31 @@ class _Sampler(_Handler):
             self.rfile = io.BytesIO(body)  # the parent reads the body again
             self.headers.replace_header("Content-Length", str(len(body)))
             return super().do_POST()
-        ids = list(req["prompt"])
-        sampled, lps, finish = self._sample(ids, req, {0})  # 0 is the eos
-        choice = {
-            "index": 0,
-            "text": " ".join(str(t) for t in sampled),
-            "token_ids": sampled,
-            "prompt_token_ids": ids,
-            "logprobs": {"tokens": [f"token_id:{t}" for t in sampled], "token_logprobs": lps},
-            "finish_reason": finish,
-        }
-        self._send(200, {"object": "text_completion", "model": self.name, "choices": [choice]})
+        # one prompt of ids, or a batch of them (TRL's VLLMClient.generate); `n` samples of each, prompt-major,
+        # each choice with its own prompt_token_ids and seed (the request's seed plus the choice's index)
+        prompts = req["prompt"] if req["prompt"] and isinstance(req["prompt"][0], list) else [req["prompt"]]
+        n, seed = int(req.get("n") or 1), int(req.get("seed") or 0)
+        choices = []
+        for index, ids in enumerate(list(p) for p in prompts for _ in range(n)):
+            sampled, lps, finish = self._sample(ids, {**req, "seed": seed + index}, self.stop_ids)
+            named = [f"token_id:{t}" for t in sampled]
+            logprobs = {"tokens": named, "token_logprobs": lps, "top_logprobs": [{e: lp} for e, lp in zip(named, lps)]}
+            choices.append(
+                {
+                    "index": index,
+                    "text": " ".join(str(t) for t in sampled),
+                    "token_ids": sampled,
+                    "prompt_token_ids": ids,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                }
+            )
+        self._send(200, {"object": "text_completion", "model": self.name, "choices": choices})
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/") == "/health":  # vLLM's liveness route, which TRL's VLLMClient polls
+            return self._send(200, {})
+        return super().do_GET()
 
     def _generate(self, req: dict[str, Any]) -> None:
         """vLLM's /inference/v1/generate: token_ids and sampling_params in; the prompt's and the sampled
@@ -86,8 +103,13 @@ def serve(model_dir: str, mode: str) -> tuple[ThreadingHTTPServer, str]:
     """Serve the model of `model_dir` on a free loopback port; `mode` is the log-prob mode."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    handler: Any = type("Handler", (_Sampler,), {"model": model, "mode": mode})
+    return serve_model(AutoModelForCausalLM.from_pretrained(model_dir).eval(), mode)
+
+
+def serve_model(model: Any, mode: str, stop_ids: set[int] | None = None) -> tuple[ThreadingHTTPServer, str]:
+    """Serve `model` (a causal LM in memory) on a free loopback port, stopping on `stop_ids`."""
+    attrs = {"model": model, "mode": mode} | ({"stop_ids": frozenset(stop_ids)} if stop_ids is not None else {})
+    handler: Any = type("Handler", (_Sampler,), attrs)
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}/v1"

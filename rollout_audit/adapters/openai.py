@@ -256,7 +256,9 @@ def to_contract(records: Iterable[dict], **context: Any) -> pa.Table:
 def recorded_calls(records: Iterable[dict]) -> list[tuple[Call, str]]:
     """Every engine call of the recorded sessions, with the record it was read from, for a join to a
     trainer's rows (`exchanges.with_calls`): the session's outcome is the trainer's there, so a session
-    with no end record is read; one that lost or tore a record is refused (a call may be missing)."""
+    with no end record is read; one that lost or tore a record is refused (a call may be missing).
+    A response of several choices is one call per choice (`per_choice`): each is a sample of its own,
+    joined to its row by its own prefix."""
     sessions, incomplete = _sessions(records)
     lost = {sid: why for sid, why in incomplete.items() if why != NO_END}
     if lost:
@@ -266,8 +268,27 @@ def recorded_calls(records: Iterable[dict]) -> list[tuple[Call, str]]:
         version = end.get("policy_version")
         for k, p in enumerate(pairs):
             where = getattr(p, "origin", None) or f"session {sid} record {k}"
-            out.append((at_record(p, _call, p, f"session {sid} record {k}", _dispatched(p, version)), where))
+            for j, one in per_choice(p):
+                said = f"session {sid} record {k}" + ("" if j is None else f" choice {j}")
+                call = at_record(p, _call, one, said, _dispatched(p, version))
+                out.append((call, where if j is None else f"{where} choice {j}"))
     return out
+
+
+def per_choice(pair: Mapping[str, Any]) -> list[tuple[int | None, Mapping[str, Any]]]:
+    """A request/response pair as one pair per choice of its response, with the choice's index (None
+    when there is one choice or none: the pair as it is). A client that batches prompts or asks for n
+    samples in one request (TRL's server mode: `VLLMClient.generate` posts every prompt of a generation
+    batch with `n` = num_generations to `/v1/completions`) gets one choice per sample, prompt-major;
+    vLLM puts each choice's `prompt_token_ids` on the choice for completions and on the response for
+    chat, where they are kept."""
+    response = pair.get("response")
+    if not isinstance(response, Mapping) or not isinstance(response.get("choices"), list):
+        return [(None, pair)]
+    choices = response["choices"]
+    if len(choices) <= 1:
+        return [(None, pair)]
+    return [(j, {**pair, "response": {**response, "choices": [c]}}) for j, c in enumerate(choices)]
 
 
 def incomplete_line(incomplete: Mapping[str, str], sessions: int, shown: int = 5) -> str:

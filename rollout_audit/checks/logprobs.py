@@ -199,7 +199,6 @@ def decoding_params(b: BatchView, cfg) -> pl.DataFrame | None:
     "error",
     requires=("turns.temperature",),
     config=("trainer_temperature", "atol", "rtol"),
-    preview=True,
 )
 def temperature_against_trainer(b: BatchView, cfg) -> pl.DataFrame | None:
     """A turn's recorded temperature (the one its engine call ran with) differs from the temperature

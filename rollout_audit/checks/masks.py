@@ -821,7 +821,6 @@ def split_exposes_wrong_id(b: BatchView, cfg) -> pl.DataFrame | None:
         "turns.capture_digest_scheme",
     ),
     optional=("turns.context_sha256",),
-    preview=True,
 )
 def capture_digest(b: BatchView, cfg) -> pl.DataFrame | None:
     """The digest a capture layer stamped on an engine call when it returned (capture_digest, in the
