@@ -113,20 +113,26 @@ def test_compliant_fixture_audits_alike_on_both_paths(pool_path):
     assert pipe.summary["rows_read"] == one.summary["rows_read"] > 0
 
 
-def test_pool_decoding_gives_the_tables_of_one_thread(base, tmp_path, pool_path):
-    """Decoded on Arrow's pool `batch_rows` rows at a time, a row group gives the same batches
-    (first rows and tables, every column, the nested turns among them) as a column at a time on
-    one thread, however `batch_rows` falls against the row groups."""
+@pytest.mark.parametrize("piece", [1, 2, 3, None])
+def test_pool_decoding_gives_the_tables_of_one_thread(base, tmp_path, pool_path, monkeypatch, piece):
+    """Decoded on Arrow's pool `batch_rows` rows at a time, in pieces of `piece` rows that the
+    batches' edges cut (None: each batch in one piece), a row group gives the same batches (first
+    rows and tables, every column, the nested turns among them, one chunk per column) as a column
+    at a time on one thread, however `batch_rows` falls against the row groups."""
     root = tmp_path / "log"
     faultgroups.write_group(root, faultgroups.RECORD_GROUPS[0], *base)
     _in_row_groups(root, 5)
     (f,) = discover([root]).of_kind("trajectories")
-    for rows in (1, 2, 5, 7, 1 << 20):
+    if piece is not None:  # DECODE_BYTES that make pieces of `piece` rows of the largest group
+        g = max(f.groups, key=lambda g: g.decoded)
+        monkeypatch.setattr(io, "DECODE_BYTES", -(-piece * g.decoded // g.rows))
+    for rows in (1, 2, 3, 4, 5, 7, 1 << 20):
         pool = list(io.iter_batches(f, f.schema.names, rows, threads=True))
         alone = list(io.iter_batches(f, f.schema.names, rows, threads=False))
         assert [o for o, _ in pool] == [o for o, _ in alone] and len(pool) >= 2
         for (_, a), (_, b) in zip(pool, alone):
             assert a.equals(b)
+            assert all(c.num_chunks == 1 for c in a.columns)
 
 
 def test_the_reader_holds_two_batches_at_most():

@@ -335,9 +335,10 @@ _SMALL_ROW_GROUP = 8 * 2**20  # decoded bytes
 # columns holds about three times its decoded size in transient buffers (a 72 MB row group took
 # the process 200 MB up). On one thread it is read a column at a time (about one column's worth of
 # transients); decoded on Arrow's thread pool, a batch of rows at a time (every column of the
-# batch at once, spread over the pool's threads).
+# batch at once, spread over the pool's threads), in pieces of DECODE_BYTES joined into the batch.
 COLUMNWISE_BYTES = 16 * 2**20
 SLICE_BYTES = 256 * 2**20  # a row group that decodes to more is read in slices of about this size
+DECODE_BYTES = 16 * 2**20  # decoded bytes Arrow's reader decodes at once on its pool (`_pieced`)
 
 
 def share_groups(f: LogFile) -> range:
@@ -388,10 +389,43 @@ def _groups(
             yield size.first_row, pa.Table.from_arrays(columns, names=cols)
             continue
         rows = max(1, min(batch_rows, size.rows * SLICE_BYTES // size.decoded))
-        first = size.first_row
-        for b in pf.iter_batches(batch_size=rows, row_groups=[rg], columns=cols, use_threads=threads):
-            yield first, pa.Table.from_batches([b])
-            first += b.num_rows
+        step = max(1, min(rows, size.rows * DECODE_BYTES // size.decoded))
+        yield from _pieced(
+            pf.iter_batches(batch_size=step, row_groups=[rg], columns=cols, use_threads=threads), rows, size.first_row
+        )
+
+
+def _pieced(pieces: Iterator[pa.RecordBatch], rows: int, first: int) -> Iterator[tuple[int, pa.Table]]:
+    """(first row, table) of `rows` rows each (the last fewer) from the record batches `pieces`,
+    each table one chunk per column: Arrow's reader keeps buffers of about twice the rows it
+    decodes at once for as long as it reads, so it decodes pieces of DECODE_BYTES and they are
+    joined here, a column at a time (one column's copy in flight)."""
+    held: list[pa.RecordBatch] = []
+    n = 0
+    for b in pieces:
+        while b.num_rows:
+            take = min(b.num_rows, rows - n)
+            held.append(b.slice(0, take))
+            n += take
+            b = b.slice(take)
+            if n == rows:
+                yield first, _joined(held)
+                first, held, n = first + rows, [], 0
+    if held:
+        yield first, _joined(held)
+
+
+def _joined(held: list[pa.RecordBatch]) -> pa.Table:
+    """One table of the record batches `held` (emptied), a chunk per column."""
+    schema = held[0].schema
+    columns = [[b.column(i) for b in held] for i in range(len(schema))]
+    held.clear()
+    out = []
+    for i, chunks in enumerate(columns):
+        columns[i] = []
+        out.append(chunks[0] if len(chunks) == 1 else pa.concat_arrays(chunks))
+        del chunks
+    return pa.Table.from_arrays(out, schema=schema)
 
 
 def read_table(f: LogFile, columns: Sequence[str] | None = None) -> pa.Table:
