@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import msgpack
@@ -128,3 +129,47 @@ def test_the_committed_batches_are_msgpack_of_microbatch_arrays():
     assert isinstance(batches, list) and all(len(mb) == 9 for mb in batches)
     assert all(sum(mb[5]) == len(mb[0]) == len(mb[1]) for mb in batches)
     assert gen.micro_batch(gen._samples(gen.traces())[:1])[4][-1] == 5  # padding restarts its position ids
+
+
+_PEAK = r"""
+import resource, sys
+import msgpack, polars, pyarrow.parquet  # noqa: F401 - what the audit maps, before the baseline
+from rollout_audit.cli import main
+
+unit = 1024 if sys.platform == "darwin" else 1  # ru_maxrss is in bytes there, in kB on Linux
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    main(sys.argv[1:], prog_name="rollout-audit")
+finally:
+    print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) // unit, file=sys.stderr)
+"""
+_EMPTIES = 8_000_000  # one byte each: an 8 MB file that decodes whole to ~700 MB of empty lists
+_HOSTILE = {
+    "empty micro batches": b"\xdd" + _EMPTIES.to_bytes(4, "big") + b"\x90" * _EMPTIES,
+    "empty arrays in input_ids": b"\x91\x99\xdd" + _EMPTIES.to_bytes(4, "big") + b"\x90" * _EMPTIES + b"\x00" * 8,
+}
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="reads ru_maxrss (the resource module)")
+@pytest.mark.parametrize(
+    "name, expected", [("empty micro batches", "fields"), ("empty arrays in input_ids", "input_ids")]
+)
+def test_a_batch_of_nested_empty_arrays_is_refused_within_memory_bounded_by_its_size(tmp_path, name, expected):
+    """Every element of a msgpack array takes one byte and an empty list ~60 bytes of Python: 8 MB of
+    them decoded whole reached ~700 MB before the structure check refused them. The headers are walked
+    and a field stops building at its first inner container, so the peak grows by a few times the
+    file's size: one line naming the file, micro batch and field."""
+    import os
+    import subprocess
+
+    script = tmp_path / "peak.py"
+    script.write_text(_PEAK)
+    root = _dump(tmp_path, _HOSTILE[name])
+    args = ["check", "--from", "prime_rl", str(root), *CONTEXT, "--format", "json"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # this checkout's package
+    r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=300)
+    *lines, grown = r.stderr.splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "rank_0.bin: micro batch 0" in lines[0] and expected in lines[0], lines[0]
+    assert "not a complete" not in lines[0], lines[0]
+    assert int(grown) < 150_000, grown  # kB above what the audit's imports take: 8 MB read, no lists built

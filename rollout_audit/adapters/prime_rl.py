@@ -119,7 +119,18 @@ def _batch_files(root: Path) -> list[Path]:
     return out
 
 
-def _decode(path: Path) -> list[Any]:
+USED = 7  # the leading fields `samples` reads; the others are skipped unbuilt
+
+
+class _Nested(Exception):
+    """A container inside a field that holds scalars."""
+
+
+def _decode(path: Path) -> list[list[Any]]:
+    """The micro batches of a batch file, each its fields (None for the ones `samples` does not read).
+    The array headers of the batch and its micro batches are walked, and each field is built only
+    when it is flat: a container inside one stops the build at its second, so a hostile file costs
+    memory in proportion to its bytes, never the ~100x that nested empty arrays decode to."""
     import msgpack  # the prime-rl extra
 
     size = _regular(path)
@@ -127,14 +138,64 @@ def _decode(path: Path) -> list[Any]:
         data = fh.read(size + 1)
     if len(data) > size:
         raise AdapterError(f"{path}: grew while it was read (a batch file being written)")
+    lists = [0]
+
+    def flat(values: list) -> list:
+        lists[0] += 1
+        if lists[0] > 1:  # the field's own array is the only one, and it completes last
+            raise _Nested
+        return values
+
+    def no_map(_: Any) -> Any:
+        raise _Nested
+
+    limit = max(len(data), 1)  # every element takes at least one byte
+    unpacker = msgpack.Unpacker(
+        raw=False,
+        strict_map_key=True,
+        list_hook=flat,
+        object_hook=no_map,
+        max_buffer_size=limit,
+        max_str_len=limit,
+        max_bin_len=limit,
+        max_array_len=limit,
+        max_map_len=limit,
+        max_ext_len=limit,
+    )
+    unpacker.feed(data)
+    out: list[list[Any]] = []
+    m, field = -1, ""
     try:
-        out = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except msgpack.exceptions.ExtraData:
-        raise AdapterError(f"{path}: bytes after the msgpack batch (not one list[MicroBatch])") from None
+        try:
+            n = unpacker.read_array_header()
+        except ValueError:
+            raise AdapterError(
+                f"{path}: a batch file holds an array of micro batches, not another msgpack value"
+            ) from None
+        for m in range(n):
+            where = f"{path}: micro batch {m}"
+            try:
+                k = unpacker.read_array_header()
+            except ValueError:
+                k = -1
+            if not REQUIRED <= k <= len(FIELDS):
+                raise AdapterError(f"{where}: a MicroBatch is an array of {REQUIRED} to {len(FIELDS)} fields")
+            mb: list[Any] = []
+            for field in FIELDS[:k]:
+                lists[0] = 0
+                mb.append(unpacker.unpack() if field in FIELDS[:USED] else unpacker.skip())  # skip() is None
+            out.append(mb)
+            field = ""
+    except AdapterError:
+        raise
+    except _Nested:
+        raise AdapterError(
+            f"{path}: micro batch {m}: {field}: a flat array of scalars, not one holding arrays or maps"
+        ) from None
     except (ValueError, TypeError, msgpack.exceptions.UnpackException, RecursionError) as e:
         raise AdapterError(f"{path}: not a complete msgpack batch ({type(e).__name__}: {e})") from None
-    if not isinstance(out, list):
-        raise AdapterError(f"{path}: a batch file holds a list of micro batches, not a {type(out).__name__}")
+    if unpacker.tell() != len(data):
+        raise AdapterError(f"{path}: bytes after the msgpack batch (not one list[MicroBatch])")
     return out
 
 
@@ -145,8 +206,6 @@ def samples(path: Path) -> list[Mapping[str, Any]]:
     out: list[Mapping[str, Any]] = []
     for m, raw in enumerate(_decode(path)):
         where = f"{path}: micro batch {m}"
-        if not isinstance(raw, list) or not REQUIRED <= len(raw) <= len(FIELDS):
-            raise AdapterError(f"{where}: a MicroBatch is an array of {REQUIRED} to {len(FIELDS)} fields")
         mb = dict(zip(FIELDS, raw))
         ids = wholes(mb["input_ids"], "input_ids", where)
         mask = flags(mb["loss_mask"], "loss_mask", where)
