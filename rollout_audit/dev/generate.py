@@ -212,10 +212,12 @@ def preview_note() -> str:
     if not only:
         return ""
     named = ", ".join(f"{f.name} ({', '.join(sorted(f.codes))})" for f in only)
+    example = next((f for f in only if not f.user_config), only[0])  # a fault of the user's setting needs their file
+    config = f" --config fixtures/broken/{example.name}.user.toml" if example.user_config else ""
     text = (
         "Caught only with `--preview`: the faults whose checks are all in preview, which the matrix runs and a "
         "plain `rollout-audit check` does not (it says ok, and its summary names the checks in preview it left "
-        f"out): {named}. For example `rollout-audit check fixtures/broken/{only[0].name} --preview`."
+        f"out): {named}. For example `rollout-audit check fixtures/broken/{example.name} --preview{config}`."
     )
     return "\n" + textwrap.fill(text, 100, break_on_hyphens=False, break_long_words=False) + "\n"
 
