@@ -668,17 +668,24 @@ def _trust(seed: int, work: Path, rng: random.Random) -> WorkflowCase:
 
 def prepare_round6(seed: int, work: Path) -> WorkflowCase:
     """The case of `seed`: surface ROUND6[seed % 10], its files drawn from a stream of its own."""
-    rng = random.Random(f"round6:{seed}")
-    what = ROUND6[seed % len(ROUND6)]
-    if what in READERS:
-        return _reader(what, seed, work, rng)
-    return {
+    builders = {
         "capture_http": _capture_http,
         "capture_records": _capture_records,
         "rllm_gateway_sqlite": _gateway_store,
         "prime_rl": _prime_rl,
         "trust": _trust,
-    }[what](seed, work, rng)
+    }
+    return _prepare("round6", ROUND6, builders, seed, work)
+
+
+def _prepare(name: str, surfaces: tuple[str, ...], builders: dict, seed: int, work: Path) -> WorkflowCase:
+    """The case of `seed` of campaign `name`: surface `surfaces[seed % len]`, its files drawn from the
+    stream `name:seed` (so a seed replays the same case), by the readers' builder or its own."""
+    rng = random.Random(f"{name}:{seed}")
+    what = surfaces[seed % len(surfaces)]
+    if what in READERS:
+        return _reader(what, seed, work, rng)
+    return builders[what](seed, work, rng)
 
 
 # ---------------------------------------------------------------- round 7: the rest of this round's surfaces
@@ -850,11 +857,7 @@ def _integration_dump(seed: int, work: Path, rng: random.Random) -> WorkflowCase
 
 def prepare_round7(seed: int, work: Path) -> WorkflowCase:
     """The case of `seed`: surface ROUND7[seed % 12], its files drawn from a stream of its own."""
-    rng = random.Random(f"round7:{seed}")
-    what = ROUND7[seed % len(ROUND7)]
-    if what in READERS:
-        return _reader(what, seed, work, rng)
-    return {
+    builders = {
         "capture_http": _capture_http,
         "capture_records": _capture_records,
         "rllm_gateway_sqlite": lambda s, w, r: _gateway_store(s, w, r, more=True),
@@ -862,4 +865,5 @@ def prepare_round7(seed: int, work: Path) -> WorkflowCase:
         "trust": _trust,
         "calls_join": _calls_join,
         "integration_dumps": _integration_dump,
-    }[what](seed, work, rng)
+    }
+    return _prepare("round7", ROUND7, builders, seed, work)

@@ -23,51 +23,39 @@ pytest.importorskip("msgpack")
 
 from fuzzround6 import ROUND6, ROUND7, prepare_round6, prepare_round7
 
+# one seed of each surface of each round (seed k draws surface k)
+ONE_OF_EACH = [(prepare_round6, s) for s in range(len(ROUND6))] + [(prepare_round7, s) for s in range(len(ROUND7))]
 
-@pytest.mark.parametrize("seed", range(len(ROUND6)))
-def test_round6_surfaces_never_crash_write_nor_pass_silently(tmp_path, seed):
-    case = prepare_round6(seed, tmp_path)
+
+@pytest.mark.parametrize(("prepare", "seed"), ONE_OF_EACH, ids=[f"{p.__name__[-6:]}-{s}" for p, s in ONE_OF_EACH])
+def test_each_surface_never_crashes_writes_nor_passes_silently(tmp_path, prepare, seed):
+    case = prepare(seed, tmp_path)
     out, problems = run_workflow_case(case, tmp_path, lambda args: run_cli(args, tmp_path, 120))
     assert not problems, (case.label, problems, out.exit, out.stderr[-3000:])
 
 
 def test_round6_campaign(tmp_path):
-    cases = int(os.environ.get("RA_ROUND6_CASES", "100"))
+    campaign(prepare_round6, ROUND6, range(20_000, 20_000 + int(os.environ.get("RA_ROUND6_CASES", "100"))), tmp_path)
+
+
+def campaign(prepare, surfaces, seeds, tmp_path):
+    """Every seed's case through the real CLI: none has a problem, and every surface was drawn."""
     failed: dict[int, list[str]] = {}
-    surfaces: collections.Counter[str] = collections.Counter()
-    for seed in range(20_000, 20_000 + cases):
+    drawn: collections.Counter[str] = collections.Counter()
+    for seed in seeds:
         work = tmp_path / str(seed)
         work.mkdir()
-        case = prepare_round6(seed, work)
-        surfaces[case.label.split(":")[0]] += 1
+        case = prepare(seed, work)
+        drawn[case.label.split(":")[0]] += 1
         _, problems = run_workflow_case(case, work, lambda args, work=work: run_cli(args, work, 120))
         if problems:
             failed[seed] = problems
     assert not failed, failed
-    assert set(surfaces) == set(ROUND6), surfaces
+    assert set(drawn) == set(surfaces), drawn
 
 
 # round 7; the issue's figures are of `benchmarks/fuzz_campaign.py --kind round7`
 
 
-@pytest.mark.parametrize("seed", range(len(ROUND7)))
-def test_round7_surfaces_never_crash_write_nor_pass_silently(tmp_path, seed):
-    case = prepare_round7(seed, tmp_path)
-    out, problems = run_workflow_case(case, tmp_path, lambda args: run_cli(args, tmp_path, 120))
-    assert not problems, (case.label, problems, out.exit, out.stderr[-3000:])
-
-
 def test_round7_campaign(tmp_path):
-    cases = int(os.environ.get("RA_ROUND7_CASES", "120"))
-    failed: dict[int, list[str]] = {}
-    surfaces: collections.Counter[str] = collections.Counter()
-    for seed in range(30_000, 30_000 + cases):
-        work = tmp_path / str(seed)
-        work.mkdir()
-        case = prepare_round7(seed, work)
-        surfaces[case.label.split(":")[0]] += 1
-        _, problems = run_workflow_case(case, work, lambda args, work=work: run_cli(args, work, 120))
-        if problems:
-            failed[seed] = problems
-    assert not failed, failed
-    assert set(surfaces) == set(ROUND7), surfaces
+    campaign(prepare_round7, ROUND7, range(30_000, 30_000 + int(os.environ.get("RA_ROUND7_CASES", "120"))), tmp_path)

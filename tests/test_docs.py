@@ -56,7 +56,7 @@ def test_a_virtual_environment_of_another_name_is_not_scanned(tmp_path):
     (clone / "pkg" / "mod.py").write_text("x = 1\n")
     for venv in ("venv", ".venv-user"):
         (clone / venv / "lib").mkdir(parents=True)
-        (clone / venv / "lib" / "README.md").write_text("see DESIGN.md 4\n")
+        (clone / venv / "lib" / "README.md").write_text("third-party text the repository's rules do not govern\n")
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(clone)]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "pkg"], check=True)
