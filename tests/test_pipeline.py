@@ -191,3 +191,32 @@ def test_check_one_thread_reports_what_the_pipeline_reports(base, tmp_path, pool
     assert runs == [1]  # the one-thread audit read without the reader thread
     assert pipe.exit_code == one.exit_code == 1, (pipe.output, one.output)
     assert pipe.output == one.output and '"code": "M' in pipe.output
+
+
+def test_spread_returns_every_result_in_order_and_raises_the_first_error():
+    """The tasks of one batch on this thread and a helper: results in the tasks' order whichever
+    thread ran each, every task run once, and the first failing task's error raised after all ran."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rollout_audit.running.concurrency import spread
+
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def task(i: int):
+        def run() -> int:
+            with lock:
+                seen.append(i)
+            if i in (3, 7):
+                raise ValueError(f"task {i}")
+            return i * i
+
+        return run
+
+    with ThreadPoolExecutor(1) as pool:
+        assert spread([task(i) for i in (0, 1, 2, 4, 5)], pool) == [0, 1, 4, 16, 25]
+        seen.clear()
+        with pytest.raises(ValueError, match="task 3"):
+            spread([task(i) for i in range(10)], pool)
+        assert sorted(seen) == list(range(10))
+    assert spread([task(2)], None) == [4]

@@ -1,12 +1,13 @@
-"""Overlapping reading with checking: a read-ahead thread, and ordered mapping over threads."""
+"""Overlapping reading with checking: a read-ahead thread, ordered mapping over threads, and the
+tasks of one step spread over the calling thread and a pool."""
 
 from __future__ import annotations
 
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -27,6 +28,39 @@ def map_ordered(func: Callable[[T], R], items: Iterable[T], workers: int) -> Ite
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
+
+
+def spread(tasks: Sequence[Callable[[], R]], pool: Executor | None, helpers: int = 1) -> list[R]:
+    """Every task's result, in the order of `tasks`: run on the calling thread and on `helpers`
+    of the pool's threads at once, each thread taking the next task not yet taken (so put the longest
+    first). Without a pool, one after the other here. The first task's error (in that order) is
+    re-raised once every task is done."""
+    if pool is None or len(tasks) < 2:
+        return [t() for t in tasks]
+    results: list[Any] = [_DONE] * len(tasks)
+    errors: list[BaseException | None] = [None] * len(tasks)
+    order = iter(range(len(tasks)))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = next(order, None)
+            if i is None:
+                return
+            try:
+                results[i] = tasks[i]()
+            except BaseException as e:  # noqa: BLE001 - re-raised on the calling thread
+                errors[i] = e
+
+    running = [pool.submit(work) for _ in range(max(1, helpers))]
+    work()
+    for h in running:
+        h.result()
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
+    return results
 
 
 def prefetch(items: Iterator[T], held: int = 2) -> Iterator[T]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -106,10 +107,10 @@ def executor(choice: str | Executor, **options: Any) -> Executor:
 
 class Threads:
     """This process. With `Work.pipeline`, a reader thread decodes the next batch on Arrow's
-    thread pool while the checks of the current one run (numpy, the native core, polars and Arrow
-    release the GIL), so both cores stay busy; at most two batches are in memory (the one checked,
-    the one decoded). Without it, everything runs on the calling thread. `workers` batches are
-    checked at once on threads."""
+    thread pool while the checks of the current one run on the calling thread and one more
+    (numpy, the native core, polars and Arrow release the GIL), so both cores stay busy; at most
+    two batches are in memory (the one checked, the one decoded). Without it, everything runs on
+    the calling thread. `workers` batches are checked at once on threads."""
 
     def __init__(self, workers: int = 1, **_: Any) -> None:
         self.workers = max(1, int(workers))
@@ -124,8 +125,12 @@ class Threads:
         rows = tokens = 0
         summaries: list[pl.DataFrame] = []
         bar = progress_for(files)
+        # one batch at a time: its checks spread over this thread and one more (batches at once do without)
+        crew = (
+            ThreadPoolExecutor(1, thread_name_prefix="rollout-audit-check") if pipeline and self.workers == 1 else None
+        )
         try:
-            for done in map_ordered(lambda part: runner.check_batch(part, p), parts, self.workers):
+            for done in map_ordered(lambda part: runner.check_batch(part, p, crew), parts, self.workers):
                 rows += done.rows
                 tokens += done.tokens
                 if done.summary is not None:
@@ -133,6 +138,8 @@ class Threads:
                 if bar is not None:
                     bar.advance(done.rows)
         finally:
+            if crew is not None:
+                crew.shutdown()
             if bar is not None:
                 bar.stop()
         work.release()  # the batches' buffers go back to the OS before the log checks allocate

@@ -151,7 +151,9 @@ def build_report(runner: Runner, *, rows: int, tokens: int, stats: dict, cfg, un
     not_run, partial = runner.not_run(), runner.partial(rows)
     if unusable is not None:  # no column was read at all: the reason is why, not which columns are absent
         not_run = {c: f"nothing was audited: {unusable}" for c in not_run}
-    crashes = [{**c.to_dict(), "times": runner.crash_counts[c.code]} for c in runner.crashes]
+    # by code (each check's own in the order of its batches), whichever thread finished first
+    ordered = sorted(runner.crashes, key=lambda c: c.code)
+    crashes = [{**c.to_dict(), "times": runner.crash_counts[c.code]} for c in ordered]
     per_code = findings.group_by("code", "severity").len().sort("code").to_dicts()
     summary = {
         "rows_read": rows,

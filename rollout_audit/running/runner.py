@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import numpy as np
 import polars as pl
@@ -24,6 +27,9 @@ from ..frames.batch import SUMMARY_INPUTS, TOKEN_LISTS, Batch, contract_names
 from ..frames.views import BatchView, ConfigView, LogCheckView, LogView
 from ..reading.io import one_line
 from ..reading.read import Part
+from .concurrency import spread
+
+R = TypeVar("R")
 
 FINDING_SCHEMA: dict[str, Any] = {
     "code": pl.String,
@@ -155,6 +161,7 @@ class Runner:
         self.declared: dict[str, str] = {}  # input -> why the producer's framework does not record it
         self._configured = cfg.users_keys()  # keys the user's configuration set (never the log's own)
         self._lock = threading.Lock()
+        self._cost: dict[str, float] = {}  # seconds each batch task took last (a scheduling hint only)
 
     @property
     def batch_rules(self) -> list[Rule]:
@@ -208,19 +215,38 @@ class Runner:
                     if update:
                         self.cfg = self.cfg.model_copy(update=update)
 
-    def check_batch(self, part: Part, p: Plan) -> Checked:
+    def check_batch(self, part: Part, p: Plan, pool: Executor | None = None, helpers: int = 1) -> Checked:
         """Every batch rule on one part of the log (read by `reading.batches`): the per-batch
         step of every executor. Returns the rows and tokens read and, when log rules are
-        selected, the part's per-trajectory summary; the batch's buffers are released."""
+        selected, the part's per-trajectory summary; the batch's buffers are released.
+
+        With a `pool`, the rules (and the summary) run on this thread and `helpers` of the pool's
+        threads at once, the longest in the last batch first; what each records is the same, and
+        the report orders findings and crashes whichever finished first."""
         b = Batch(part.table, part.file, part.first_row, part.problems, p.turn_fields, part.sources)
         self.note_batch(b)
-        for r in self.batch_rules:
-            self.apply_batch(r, b)
+        summarise = any(r.scope == "log" for r in self.rules.values())
+        tasks: list[tuple[str, Callable[[], Any]]] = [
+            (r.code, partial(self.apply_batch, r, b)) for r in self.batch_rules
+        ]
+        if summarise:
+            tasks.append(("summary", partial(b.summary, p.summary)))
+        if pool is not None:
+            tasks.sort(key=lambda t: -self._cost.get(t[0], 0.0))
+        out = spread([partial(self._timed, code, task) for code, task in tasks], pool, helpers)
         k = int(np.clip(b.lengths["token_source"], 0, None).sum()) if "token_source" in b.columns else 0
         n = b.n
-        summary = b.summary(p.summary) if any(r.scope == "log" for r in self.rules.values()) else None
+        summary = next((o for (code, _), o in zip(tasks, out) if code == "summary"), None)
         b.release()
         return Checked(n, k, summary)
+
+    def _timed(self, code: str, task: Callable[[], R]) -> R:
+        """`task()`, remembering how long it took (the order `check_batch` runs tasks in on a pool)."""
+        start = time.perf_counter()
+        try:
+            return task()
+        finally:
+            self._cost[code] = time.perf_counter() - start
 
     def check_log(
         self,
