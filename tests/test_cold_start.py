@@ -5,11 +5,16 @@ interpreter holds after the request, never on a timing.
 
 pandas is the one pyarrow would bring in by itself: it imports it (when it is installed) the first
 time it converts Arrow to numpy or a Python value to Arrow (`Array.to_numpy`, `pa.scalar`,
-`pa.array`, `pc.fill_null(a, 0)`), so the audit converts through `rollout_audit.reading.arrays`."""
+`pa.array`, `pc.fill_null(a, 0)`), so the audit converts through `rollout_audit.reading.arrays`.
+
+A plain `check` of a log that comes with no configuration (the defaults) imports no pydantic either
+(the configuration's pydantic model is built when a value is validated), no HTTP client (a replay
+over HTTP and JUnit's XML escaping bring it) and no statistics (a replay's bias interval)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +24,8 @@ import pytest
 from rollout_audit.dev.house import HEAVY
 
 ROOT = Path(__file__).resolve().parents[1]
+# What a plain `check` on the defaults leaves out beyond HEAVY (top-level modules)
+NOT_ON_THE_DEFAULTS = {"pydantic", "pydantic_core", "annotated_types", "http", "xml", "statistics"}
 
 
 _PROBE = """
@@ -69,6 +76,39 @@ def test_plain_check_loads_no_heavy_module():
     assert "ok: 0 errors" in out  # the audit ran to its verdict, so the set below is the whole path's
     assert {"polars", "pyarrow", "numpy"} <= modules
     assert not modules & set(HEAVY)
+
+
+def test_plain_check_on_the_defaults_loads_no_pydantic_nor_http(tmp_path):
+    for part in ("trajectories", "updates"):  # the compliant log without the pyproject.toml it comes with
+        shutil.copytree(ROOT / "fixtures" / "compliant" / part, tmp_path / part)
+    modules, out = _fresh(["check", str(tmp_path)])
+    assert "configuration: defaults" in out and "ok: 0 errors" in out
+    assert not modules & (set(HEAVY) | NOT_ON_THE_DEFAULTS)
+
+
+_CONFIG_PROBE = """
+import json, pickle, sys
+from rollout_audit.contract.config import Config
+cfg = Config().model_copy(update={"preview": True}).with_source("defaults")
+before = sorted(m.split(".")[0] for m in sys.modules)
+try:
+    cfg.loop_length = 1
+    refused = False
+except ValueError:
+    refused = True
+cfg.atol = 0
+print(json.dumps({"before": before, "refused": refused, "atol": repr(cfg.atol), "set": sorted(cfg.model_fields_set),
+                  "same": pickle.loads(pickle.dumps(cfg)) == cfg, "source": cfg.source,
+                  "after": sorted(m.split(".")[0] for m in sys.modules)}))
+"""
+
+
+def test_the_configuration_validates_through_pydantic_once_a_value_is_given():
+    res = subprocess.run([sys.executable, "-c", _CONFIG_PROBE], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    got = json.loads(res.stdout)
+    assert "pydantic" not in got["before"] and "pydantic" in got["after"]  # the defaults and a copy need none
+    assert got["refused"] and got["atol"] == "0.0"  # an assignment is validated, TOML's integer made a float
+    assert got["set"] == ["atol", "preview"] and got["same"] and got["source"] == "defaults"
 
 
 @pytest.mark.slow  # a fresh interpreter each; import and a plain check stay in the fast tier

@@ -5,7 +5,6 @@ the logged policy version and the logged decoding parameters (lessons “Log-pro
 from __future__ import annotations
 
 import math
-from statistics import NormalDist
 from typing import TYPE_CHECKING
 
 import polars as pl
@@ -302,6 +301,8 @@ def t_quantile(df: int) -> float:
         return _T_SMALL[df]
     if df < 7:
         raise ValueError(f"t_quantile needs at least 7 degrees of freedom, got {df}")
+    from statistics import NormalDist  # with fractions and decimal: only a replay's bias needs it
+
     z = NormalDist().inv_cdf((1 + BIAS_LEVEL) / 2)
     terms = (
         (z**3 + z) / 4,

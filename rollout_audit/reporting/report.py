@@ -8,7 +8,6 @@ import math
 import re
 from collections.abc import Callable
 from typing import Any
-from xml.sax.saxutils import escape, quoteattr
 
 import polars as pl
 
@@ -303,6 +302,8 @@ def _gh_property(s: str) -> str:
 
 def render_junit(rep: Report, **_: object) -> str:
     """JUnit XML: one test case per check code; error findings fail it, not-run skips it."""
+    from xml.sax.saxutils import escape, quoteattr  # brings urllib.request and http.client: JUnit only
+
     cases = []
     failures = skipped = 0
     for code, rule in sorted(rep.rules.items()):
@@ -375,6 +376,8 @@ def render_logs(reports: list[tuple[list, Report]], fmt: str, **kw: Any) -> str:
 
 def _xml(s: str) -> str:
     """`s` as an XML attribute value (printable, quotes escaped)."""
+    from xml.sax.saxutils import escape
+
     return escape(printable(s), {'"': "&quot;"})
 
 
