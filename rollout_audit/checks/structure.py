@@ -93,6 +93,10 @@ def _token_ids_out_of_range(b: BatchView, vocabulary: int | None) -> list[pl.Dat
     ):
         return []  # a list of another type is a schema problem, reported above
     flat = pc.list_flatten(col)
+    extremes = pc.min_max(flat)  # one pass: most batches hold no id to report
+    low, high = extremes["min"].as_py(), extremes["max"].as_py()
+    if low is None or (low >= 0 and (vocabulary is None or high < vocabulary)):
+        return []
     out = []
     for what, bad in (
         ("negative token id(s)", pc.less(flat, scalar(0, flat.type))),
