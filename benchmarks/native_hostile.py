@@ -29,7 +29,19 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-KERNELS = ("token_counts", "turn_pass", "to_go", "routes", "terms", "placement", "streams", "outside", "prefix_sha256")
+KERNELS = (
+    "token_counts",
+    "turn_pass",
+    "to_go",
+    "routes",
+    "terms",
+    "placement",
+    "streams",
+    "outside",
+    "prefix_sha256",
+    "turn_tags",
+    "hex_differs",
+)
 REFUSED = (ValueError, IndexError, TypeError, MemoryError, OverflowError)
 COUNT_MODES = ("valid", "valid", "negative", "huge", "wrap", "short", "long", "empty", "unsigned", "int32")
 
@@ -170,6 +182,26 @@ def _case(seed: int, native):
             mode,
             lambda twin: native.outside_numpy(held, length, ids) if twin else native.outside(held, length, ids),
         )
+    if kernel == "turn_tags":
+        key = np.where(t["turn"] >= 0, t["turn"], -1)[: total + int(rng.choice([0, 0, 1 if total else 0, -1]))]
+        key = key.astype(rng.choice([np.int32, np.int64]))
+        args = (n_tok, t["turn"], key)
+        return kernel, mode, lambda twin: native.turn_tags_numpy(*args) if twin else native.turn_tags(*args)
+    if kernel == "hex_differs":
+        k = int(rng.integers(0, 6))
+        lengths = rng.choice(np.array([0, 63, 64, 64, 64, 65]), k)
+        offsets = np.zeros(k + 1, rng.choice([np.int32, np.int64]))
+        np.cumsum(lengths, out=offsets[1:])
+        data = rng.choice(np.frombuffer(b"0123456789abcdefABCDEFgz", np.uint8), int(offsets[-1]))
+        if k and rng.random() < 0.3:  # a boundary past the data, or decreasing
+            offsets[rng.integers(1, k + 1)] = rng.choice([-1, int(offsets[-1]) + 1, 2**31 - 1])
+        at = rng.integers(0, max(k, 1), int(rng.integers(0, 6))).astype(np.int64)
+        if at.size and rng.random() < 0.3:
+            at[rng.integers(at.size)] = rng.choice([k, -1, 2**62, -(2**63)])
+        valid = None if rng.random() < 0.5 else rng.random(k + int(rng.choice([0, 0, 1]))) < 0.8
+        digests = rng.integers(0, 256, (at.size + int(rng.choice([0, 0, 1])), 32)).astype(np.uint8)
+        args = (offsets, data, valid, at, digests)
+        return kernel, mode, lambda twin: native.hex_differs_numpy(*args) if twin else native.hex_differs(*args)
     data = memoryview(bytes(rng.integers(0, 256, int(rng.integers(0, 64))).astype(np.uint8)))
     m = int(rng.integers(0, 6))
     lo = rng.integers(0, max(len(data), 1), m).astype(np.int64)

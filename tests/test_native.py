@@ -387,6 +387,7 @@ calls = {
     "turn_sums": lambda: mod.turn_sums(np.array([total], np.int64), np.zeros(1, np.int64), np.full(1, 5, np.int64),
                                        i32, src, f64, one, np.array([*huge, 3], np.int64), np.empty(3, np.int64),
                                        *(np.empty(5, t) for t in (np.int64, np.int64, np.float64, np.int64))),
+    "turn_tags": lambda: mod.turn_tags(n_tok, i32, i32, *(np.empty(rows, np.int64) for _ in range(4))),
 }
 for name, call in calls.items():
     try:
@@ -407,5 +408,96 @@ def test_token_counts_that_wrap_the_sum_around_are_refused_not_read_past(compile
     r = subprocess.run([sys.executable, str(script), compiled.__file__], capture_output=True, text=True, timeout=120)
     said = dict(line.split(" ", 1) for line in r.stdout.splitlines())
     assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])
-    assert set(said) == {"token_counts", "turn_keys", "placement", "routes", "turn_sums"}, r.stdout
+    assert set(said) == {"token_counts", "turn_keys", "placement", "routes", "turn_sums", "turn_tags"}, r.stdout
     assert all(v.startswith("refused:") for v in said.values()), said
+
+
+# S004's token_turn tags and M105/M107's recorded digests (native.turn_tags, native.hex_differs)
+
+
+@settings(max_examples=150, deadline=None)
+@given(turn_rows, st.booleans(), st.lists(st.integers(-(2**31), 2**31 - 1), max_size=4))
+def test_native_turn_tags_equal_numpy(compiled, rows, wide, extremes):
+    """S004's per-row counts and first positions of late -1 tags and of tags naming no turn: the same
+    on both paths and as defined token by token, with null fillers (-2), int32's ends, values past
+    the row's turns and out of turn order, and int32 and int64 turn keys."""
+    n_tok = np.array([len(t) for _, t in rows], np.int64)
+    count = np.array([k for k, _ in rows], np.int64)
+    start = np.zeros(n_tok.size, np.int64)
+    np.cumsum(count[:-1], out=start[1:])
+    turn = np.array([x for _, t in rows for x in t], np.int32)
+    if turn.size:
+        turn[: len(extremes)] = extremes[: turn.size]
+    row = np.repeat(np.arange(n_tok.size), n_tok)
+    inside = (turn >= 0) & (turn < count[row])
+    key = np.where(inside, start[row] + turn, -1).astype(np.int64 if wide else np.int32)
+    got, want = _both(compiled, native.turn_tags, n_tok, turn, key)
+    assert all(g.dtype == w.dtype == np.int64 and np.array_equal(g, w) for g, w in zip(got, want))
+    at = 0
+    for r, n in enumerate(n_tok.tolist()):
+        tags = turn[at : at + n].tolist()
+        late = [p for p, t in enumerate(tags) if t == -1 and any(u >= 0 for u in tags[:p])]
+        wrong = [p for p, t in enumerate(tags) if key[at + p] < 0 and t != -1]
+        assert (want.late_n[r], want.late_first[r]) == (len(late), late[0] if late else -1)
+        assert (want.wrong_n[r], want.wrong_first[r]) == (len(wrong), wrong[0] if wrong else -1)
+        at += n
+    if n_tok.size:
+        with pytest.raises(ValueError, match="do not add up"):
+            compiled.turn_tags(n_tok + 1, turn, key, *(np.empty(n_tok.size, np.int64) for _ in range(4)))
+
+
+# a recorded digest: its digest's hex in some case, or one changed, cut, lengthened, non-hex or null
+recorded = st.lists(
+    st.tuples(
+        st.binary(min_size=32, max_size=32),
+        st.sampled_from(["lower", "upper", "mixed", "digit", "short", "long", "nonhex", "utf8", "null", "empty"]),
+    ),
+    max_size=30,
+)
+
+
+def _recorded(digest: bytes, how: str) -> str | None:
+    h = digest.hex()
+    return {
+        "lower": h,
+        "upper": h.upper(),
+        "mixed": "".join(c.upper() if i % 3 else c for i, c in enumerate(h)),
+        "digit": h[:-1] + ("0" if h[-1] != "0" else "1"),
+        "short": h[:-1],
+        "long": h + "0",
+        "nonhex": "g" + h[1:],
+        "utf8": "é" + h[2:],  # two bytes: 64 bytes that are no hex digest
+        "null": None,
+        "empty": "",
+    }[how]
+
+
+@settings(max_examples=150, deadline=None)
+@given(recorded, st.booleans(), st.integers(0, 3), st.integers(0, 2**32 - 1))
+def test_native_hex_digests_compare_as_numpy(compiled, entries, large, cut, seed):
+    """M105/M107's recorded digests against ours: equal in any case, different when a digit changes,
+    the length is not 64 bytes, a character is no hex digit (or not ASCII) or the value is null; on
+    string and large_string arrays, sliced (an offset into the buffers), at a shuffled subset."""
+    import pyarrow as pa
+
+    from rollout_audit.reading.arrays import validity
+
+    digests = np.frombuffer(b"".join(d for d, _ in entries), np.uint8).reshape(-1, 32)
+    strings = [_recorded(d, how) for d, how in entries]
+    arr = pa.array(["x" * 64] * cut + strings, pa.large_string() if large else pa.string()).slice(cut)
+    width = np.int64 if large else np.int32
+    buf = arr.buffers()
+    offsets = np.frombuffer(buf[1], width, len(arr) + 1, arr.offset * np.dtype(width).itemsize)
+    data = np.frombuffer(buf[2], np.uint8) if buf[2] is not None else np.zeros(0, np.uint8)
+    valid = validity(arr) if arr.null_count else None
+    at = np.random.default_rng(seed).permutation(len(arr)).astype(np.int64)
+    got, want = _both(compiled, native.hex_differs, offsets, data, valid, at, digests[at])
+    expected = [
+        strings[i] is None or strings[i].encode().lower() != digests[i].tobytes().hex().encode() for i in at.tolist()
+    ]
+    assert got.dtype == want.dtype == np.bool_ and got.tolist() == want.tolist() == expected
+    if len(arr):
+        with pytest.raises(ValueError, match="names no string"):
+            compiled.hex_differs(
+                offsets, data, np.zeros(0, np.uint8), np.array([len(arr)]), digests[:1], np.empty(1, np.uint8)
+            )

@@ -12,7 +12,7 @@ from ..contract import schema as S
 from ..contract.digests import SCHEMES
 from ..contract.registry import NotRun, rule
 from ..frames import native
-from ..frames.batch import as_bools, hex_digests, hex_matrix
+from ..frames.batch import as_bools, hex_digests
 from ..frames.views import BatchView
 from ..reading.arrays import fill_null, from_numpy, list_lengths, to_numpy, validity
 from .common import NON_POLICY, ragged_index, source_breakdown, token_list, where_first
@@ -212,45 +212,41 @@ def context_prefix(b: BatchView, cfg) -> pl.DataFrame | None:
     tr = b.turns
     if not len(tr) or "rc_first_policy_pos" not in tr.columns or b.tokens.ids is None:
         return None
-    parent = tr["_row"].to_numpy()
-    tr = tr.select(
-        "trajectory_id",
-        "_row",
-        "_t",
-        pl.col("context_length").cast(pl.Int64).alias("cl"),
-        pl.col("context_sha256").alias("sha"),
-        "rc_first_policy_pos",
-        pl.Series("n_tok", b.lengths["token_source"][parent]),
-        pl.Series("ok", b.ok[parent]),
-    ).filter(pl.col("ok") & pl.col("cl").is_not_null())
-    if tr.is_empty():
-        return None
-    cl, n_tok, rows = tr["cl"].to_numpy(), tr["n_tok"].to_numpy(), tr["_row"].to_numpy()
+    # per turn, in numpy: only the turns with a finding become a frame
+    parent = b.turn_parent
+    cl, has_cl = _ints(tr["context_length"])
+    n_tok = b.lengths["token_source"][parent]
+    keep = b.ok[parent] & has_cl
     in_range = (cl >= 0) & (cl <= n_tok)
-    first_pol = tr["rc_first_policy_pos"]
-    len_bad = (first_pol.is_not_null() & (first_pol != tr["cl"])).fill_null(False).to_numpy()
+    first_pol, has_first = _ints(tr["rc_first_policy_pos"])
+    len_bad = has_first & (first_pol != cl)
+    sha = _turn_field(b, "context_sha256")
     # incremental prefix hashes: one sha256 per trajectory, fed segment by segment in
     # increasing context_length; hexdigest() at each turn boundary works on a copy of the state
-    todo = _prefix_order(np.flatnonzero(in_range & tr["sha"].is_not_null().to_numpy()), rows, cl)
-    r, c = rows[todo], cl[todo]
-    digests = b.tokens.prefix_digests(r, c)
-    sha_bad = _differs(tr["sha"], todo, digests)
-    bad_rows = np.flatnonzero(len_bad | sha_bad | ~in_range)
+    todo = _prefix_order(np.flatnonzero(keep & in_range & validity(sha)), parent, cl)
+    digests = b.tokens.prefix_digests(parent[todo], cl[todo])
+    sha_bad = _differs(sha, todo, digests)
+    bad_rows = np.flatnonzero(keep & (len_bad | sha_bad | ~in_range))
     if not bad_rows.size:
         return None
-    at = np.full(tr.height, -1, np.int64)
+    at = np.full(len(tr), -1, np.int64)
     at[todo] = np.arange(todo.size)
     hashed = at[bad_rows] >= 0
     found = pl.Series("found", dtype=pl.String).extend_constant(None, bad_rows.size)
     found = found.scatter(np.flatnonzero(hashed), hex_digests(digests[at[bad_rows][hashed]]))
     bad = (
         tr[bad_rows]
-        .with_columns(
+        .select(
+            "trajectory_id",
+            "_t",
+            pl.col("context_length").cast(pl.Int64).alias("cl"),
+            pl.col("context_sha256").str.to_lowercase().alias("sha"),
+            "rc_first_policy_pos",
+            pl.Series("n_tok", n_tok[bad_rows]),
             pl.Series("in_range", in_range[bad_rows]),
             pl.Series("len_bad", len_bad[bad_rows]),
             pl.Series("sha_bad", sha_bad[bad_rows]),
             found.alias("found"),
-            pl.col("sha").str.to_lowercase(),
         )
         .with_columns((pl.col("sha_bad") & ~pl.col("sha").str.contains("^[0-9a-f]{64}$")).alias("malformed"))
     )
@@ -294,26 +290,35 @@ def _prefix_order(todo: np.ndarray, rows: np.ndarray, length: np.ndarray) -> np.
     return todo
 
 
-def _differs(recorded: pl.Series, todo: np.ndarray, digests: np.ndarray) -> np.ndarray:
-    """Per row of `recorded` (hex digests as logged, any case): whether the value at the rows
-    `todo` differs from `digests` (null and malformed differ; rows outside `todo` are False).
-    Compared as ASCII bytes in numpy: no string is built per turn."""
+def _differs(recorded: pa.Array, todo: np.ndarray, digests: np.ndarray) -> np.ndarray:
+    """Per string of `recorded` (hex digests as logged, any case): whether the value at the indices
+    `todo` differs from `digests` (null and malformed differ; strings outside `todo` are False).
+    Compared as ASCII bytes in the native core: no string is built per turn."""
     bad = np.zeros(len(recorded), bool)
-    arr = recorded.gather(todo).to_arrow().cast(pa.large_string())
-    length = to_numpy(fill_null(pc.binary_length(arr), -1))
-    full = np.flatnonzero(length == 64)
-    differ = np.ones(todo.size, bool)
-    if full.size:
-        hexes = arr.take(from_numpy(full)) if full.size < todo.size else arr
-        hexes = hexes.combine_chunks() if isinstance(hexes, pa.ChunkedArray) else hexes
-        off = np.frombuffer(hexes.buffers()[1], np.int64, 1, hexes.offset * 8)[0]
-        theirs = np.frombuffer(hexes.buffers()[2], np.uint8, 64 * full.size, off).reshape(-1, 64)
-        upper = (theirs >= ord("A")) & (theirs <= ord("Z"))
-        lower = theirs + upper.view(np.uint8) * np.uint8(32)  # ASCII lowercase, as str.to_lowercase
-        ours = hex_matrix(digests[full] if full.size < todo.size else digests)
-        differ[full] = (lower.view(np.uint64) != ours.view(np.uint64)).any(axis=1)  # 8 bytes at a time
-    bad[todo] = differ
+    if todo.size:
+        if not (pa.types.is_string(recorded.type) or pa.types.is_large_string(recorded.type)):
+            recorded = recorded.cast(pa.large_string())
+        width = np.int64 if pa.types.is_large_string(recorded.type) else np.int32
+        buf = recorded.buffers()
+        at = recorded.offset * np.dtype(width).itemsize  # in bytes
+        offsets = np.frombuffer(buf[1], width, len(recorded) + 1, at)
+        data = np.frombuffer(buf[2], np.uint8) if buf[2] is not None else np.zeros(0, np.uint8)
+        valid = validity(recorded) if recorded.null_count else None
+        bad[todo] = native.hex_differs(offsets, data, valid, todo, digests)
     return bad
+
+
+def _turn_field(b: BatchView, name: str) -> pa.Array:
+    """One turn field as an Arrow array, one entry per turn (the order of `turns`)."""
+    return pc.struct_field(b.col("turns").flatten(), name)
+
+
+def _ints(s: pl.Series) -> tuple[np.ndarray, np.ndarray]:
+    """An integer column as int64 values (-1 where null) and whether each is present."""
+    s = s.cast(pl.Int64)
+    if not s.null_count():
+        return s.to_numpy(), np.ones(len(s), bool)
+    return s.fill_null(-1).to_numpy(), s.is_not_null().to_numpy()
 
 
 @rule(
@@ -336,7 +341,7 @@ def sampled_ids(b: BatchView, cfg) -> pl.DataFrame | None:
     tr = b.turns
     if not len(tr) or "rc_n_policy" not in tr.columns or b.tokens.ids is None:
         return None
-    samp = pc.struct_field(b.col("turns").flatten(), "sampled_token_ids")
+    samp = _turn_field(b, "sampled_token_ids")
     s_len = list_lengths(samp, -1)
     s_vals = samp.flatten()
     s_flat = to_numpy(fill_null(s_vals, -1))
@@ -443,22 +448,23 @@ def template_context(b: BatchView, cfg) -> pl.DataFrame | None:
     tr = b.turns
     if not len(tr) or "rc_first_policy_pos" not in tr.columns or b.tokens.ids is None:
         return None
-    tr = tr.select(
+    parent = b.turn_parent
+    tl, has_tl = _ints(tr["template_context_length"])
+    pos, has_pos = _ints(tr["rc_first_policy_pos"])
+    keep = b.ok[parent] & has_tl & has_pos
+    same = tl == pos
+    sha = _turn_field(b, "template_context_sha256")
+    todo = _prefix_order(np.flatnonzero(keep & same & validity(sha)), parent, pos)
+    sha_bad = _differs(sha, todo, b.tokens.prefix_digests(parent[todo], pos[todo]))
+    bad_rows = np.flatnonzero(keep & (~same | sha_bad))
+    if not bad_rows.size:
+        return None
+    bad = tr[bad_rows].select(
         "trajectory_id",
-        "_row",
         "_t",
         pl.col("template_context_length").cast(pl.Int64).alias("tl"),
-        pl.col("template_context_sha256").alias("sha"),
         pl.col("rc_first_policy_pos").cast(pl.Int64).alias("pos"),
-        pl.Series("ok", b.ok[tr["_row"].to_numpy()]),
-    ).filter(pl.col("ok") & pl.col("tl").is_not_null() & pl.col("pos").is_not_null())
-    if tr.is_empty():
-        return None
-    rows, pos = tr["_row"].to_numpy(), tr["pos"].to_numpy()
-    same = (tr["tl"] == tr["pos"]).to_numpy()
-    todo = _prefix_order(np.flatnonzero(same & tr["sha"].is_not_null().to_numpy()), rows, pos)
-    sha_bad = _differs(tr["sha"], todo, b.tokens.prefix_digests(rows[todo], pos[todo]))
-    bad = tr.filter(pl.Series(~same | sha_bad))
+    )
     return bad.select(
         "trajectory_id",
         pl.col("_t").alias("turn"),

@@ -7,6 +7,7 @@ import polars as pl
 
 from ..contract import schema as S
 from ..contract.registry import RULES, rule
+from ..frames import native
 from ..frames.batch import TOKEN_LISTS, as_bools
 from ..frames.views import BatchView
 from ..reading.arrays import scalar, to_numpy, validity
@@ -92,6 +93,10 @@ def _token_ids_out_of_range(b: BatchView, vocabulary: int | None) -> list[pl.Dat
     ):
         return []  # a list of another type is a schema problem, reported above
     flat = pc.list_flatten(col)
+    extremes = pc.min_max(flat)  # one pass: most batches hold no id to report
+    low, high = extremes["min"].as_py(), extremes["max"].as_py()
+    if low is None or (low >= 0 and (vocabulary is None or high < vocabulary)):
+        return []
     out = []
     for what, bad in (
         ("negative token id(s)", pc.less(flat, scalar(0, flat.type))),
@@ -290,24 +295,25 @@ def turn_numbering(b: BatchView, cfg) -> pl.DataFrame | None:
     if b.ok.any():
         t = b.tokens
         T = b.turn_counts
-        late = _unassigned_after_a_turn(t.turn, t.row)
-        if late.any():
-            rows, pos = b.first_position(late)
-            n = np.bincount(t.row[late], minlength=b.n)[rows]
+        # per row: tokens with token_turn -1 after a token of a turn, and tokens that name no turn
+        # (token_turn neither -1 nor 0..T-1; the key of S004's cases), each with its first position
+        tags = native.turn_tags(t.n_tok, t.turn, b.turn_key)
+        rows = np.flatnonzero(tags.late_n)
+        if rows.size:
             out.append(
                 pl.DataFrame(
                     {
                         "trajectory_id": b.ids.gather(rows),
-                        "position": pos,
-                        "message": [f"{k} token(s) with token_turn -1 after a token of a turn" for k in n],
+                        "position": tags.late_first[rows],
+                        "message": [
+                            f"{k} token(s) with token_turn -1 after a token of a turn" for k in tags.late_n[rows]
+                        ],
                     }
                 )
             )
-        out_of_turns = b.turn_key < 0  # token_turn is -1 or names no turn (the key of S004's cases)
-        if np.count_nonzero(out_of_turns) > np.count_nonzero(t.turn == -1):
-            wrong = out_of_turns & (t.turn != -1)
-            rows, pos = b.first_position(wrong)
-            n = np.bincount(t.row[wrong], minlength=b.n)[rows]
+        rows = np.flatnonzero(tags.wrong_n)
+        if rows.size:
+            pos = tags.wrong_first[rows]
             first_val = t.turn[t.starts[rows] + pos]
             out.append(
                 pl.DataFrame(
@@ -317,23 +323,12 @@ def turn_numbering(b: BatchView, cfg) -> pl.DataFrame | None:
                         "message": [
                             f"{k} token(s) name a turn that does not exist (first: token_turn {v}, "
                             f"the trajectory has {T[r]} turns)"
-                            for k, v, r in zip(n, first_val, rows)
+                            for k, v, r in zip(tags.wrong_n[rows], first_val, rows)
                         ],
                     }
                 )
             )
     return pl.concat(out, how="diagonal_relaxed") if out else None
-
-
-def _unassigned_after_a_turn(turn: np.ndarray, row: np.ndarray) -> np.ndarray:
-    """Per token: token_turn is -1 (before the first agent turn) but an earlier token of its row
-    names a turn. A running maximum over (row, turn) keys that increase from row to row."""
-    if not turn.size:
-        return np.zeros(0, bool)
-    span = int(turn.max()) + 3  # turn ≥ -2 (-2: a null filler), so turn + 2 lies in [0, span)
-    key = row.astype(np.int64) * span + (turn.astype(np.int64) + 2)
-    seen = np.maximum.accumulate(key) - row.astype(np.int64) * span - 2
-    return (turn == -1) & (seen >= 0)
 
 
 @rule("S005", "unreadable or corrupt file", scope="log")

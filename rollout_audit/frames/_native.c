@@ -997,6 +997,10 @@ static PyObject *sha_extensions(PyObject *self, PyObject *noargs) {
     return PyBool_FromLong(compress != compress_c);
 }
 
+/* Defined in the block at the end of the file (turn tags and hex digests). */
+static PyObject *turn_tags(PyObject *self, PyObject *args);
+static PyObject *hex_differs(PyObject *self, PyObject *args);
+
 static PyMethodDef methods[] = {
     {"prefix_sha256", prefix_sha256, METH_VARARGS,
      "prefix_sha256(data, lo, hi, first, out): SHA-256 of consecutive prefixes, GIL released."},
@@ -1021,6 +1025,12 @@ static PyMethodDef methods[] = {
     {"outside", outside, METH_VARARGS,
      "outside(held, length, ids, miss): L210's tokens outside their recorded nucleus, GIL released."},
     {"sha_extensions", sha_extensions, METH_NOARGS, "Whether the CPU's SHA instructions are used."},
+    {"turn_tags", turn_tags, METH_VARARGS,
+     "turn_tags(n_tok, turn, key, late_n, late_first, wrong_n, wrong_first): S004's token_turn tags per row, "
+     "GIL released."},
+    {"hex_differs", hex_differs, METH_VARARGS,
+     "hex_differs(offsets, data, valid, at, digests, out): recorded hex digests against SHA-256 digests, GIL "
+     "released."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1034,4 +1044,133 @@ PyMODINIT_FUNC PyInit__native(void) {
         compress = compress_shani;
 #endif
     return PyModule_Create(&module);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * S004's token_turn tags and M105/M107's recorded digests: one pass each instead of numpy's casts,
+ * running maximum and byte matrices. */
+
+/* Whether rows of `n_tok` tokens add up to `total` (each count checked before it is added: a sum
+ * that wraps around never does). */
+static int counts_add_up(const int64_t *n_tok, Py_ssize_t rows, Py_ssize_t total) {
+    Py_ssize_t sum = 0;
+    for (Py_ssize_t r = 0; r < rows && sum <= total; r++) /* a negative count, or one past the tokens, never adds up */
+        sum = n_tok[r] < 0 || n_tok[r] > total - sum ? total + 1 : sum + n_tok[r];
+    return sum == total;
+}
+
+/* turn_tags(n_tok, turn, key, late_n, late_first, wrong_n, wrong_first): per row of `n_tok`
+ * consecutive tokens (int32 `turn`, its token_turn; int32 or int64 `key`, its turn key, -1 when it
+ * names no turn of the row), how many tokens carry token_turn -1 after a token of the row with a
+ * token_turn >= 0 (late), and how many have a negative key with a token_turn other than -1
+ * (wrong), with the position in the row of the first of each (-1: none). All outputs int64. */
+static PyObject *turn_tags(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[7];
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6]))
+        return NULL;
+    buffers bs = {.got = 0};
+    int ok = 0;
+    Py_buffer *ntok = arg(&bs, o[0], 8, -1, 0, "n_tok"), *turn = ntok ? arg(&bs, o[1], 4, -1, 0, "turn") : NULL;
+    if (!turn)
+        goto done;
+    Py_ssize_t rows = ntok->len / 8, total = turn->len / 4;
+    Py_buffer *key = arg(&bs, o[2], 0, total, 0, "key");
+    Py_buffer *ln = key ? arg(&bs, o[3], 8, rows, 1, "late_n") : NULL;
+    Py_buffer *lf = ln ? arg(&bs, o[4], 8, rows, 1, "late_first") : NULL;
+    Py_buffer *wn = lf ? arg(&bs, o[5], 8, rows, 1, "wrong_n") : NULL;
+    Py_buffer *wf = wn ? arg(&bs, o[6], 8, rows, 1, "wrong_first") : NULL;
+    if (!wf)
+        goto done;
+    const int64_t *n_tok = ntok->buf;
+    if (!counts_add_up(n_tok, rows, total)) {
+        PyErr_SetString(PyExc_ValueError, "turn_tags: token counts do not add up to the token arrays' length");
+        goto done;
+    }
+    const int32_t *tt = turn->buf, *k32 = key->buf;
+    const int64_t *k64 = key->buf;
+    int wide = key->itemsize == 8;
+    int64_t *lnp = ln->buf, *lfp = lf->buf, *wnp = wn->buf, *wfp = wf->buf;
+    Py_BEGIN_ALLOW_THREADS;
+    Py_ssize_t j = 0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        int64_t late = 0, wrong = 0, first_late = -1, first_wrong = -1;
+        int seen = 0; /* a token of the row so far names a turn (token_turn >= 0) */
+        for (Py_ssize_t row0 = j, end = j + n_tok[r]; j < end; j++) {
+            int32_t t = tt[j];
+            if (t == -1) {
+                if (seen && !late++)
+                    first_late = j - row0;
+                continue;
+            }
+            seen |= t >= 0;
+            if ((wide ? k64[j] : (int64_t)k32[j]) < 0 && !wrong++)
+                first_wrong = j - row0;
+        }
+        lnp[r] = late;
+        lfp[r] = first_late;
+        wnp[r] = wrong;
+        wfp[r] = first_wrong;
+    }
+    Py_END_ALLOW_THREADS;
+    ok = 1;
+done:
+    return finish(&bs, ok);
+}
+
+/* hex_differs(offsets, data, valid, at, digests, out): per entry i of `at` (int64 indices into a
+ * string array of n strings: `offsets`, its n + 1 int32 or int64 boundaries into `data`; `valid`,
+ * uint8 per string, empty when every one is), out[i] = 0 when string at[i] is valid and is the
+ * 64 hex digits of the 32 bytes digests[32 i : 32 i + 32] in any case (ASCII A-Z read as a-z),
+ * 1 otherwise. */
+static PyObject *hex_differs(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[6];
+    if (!PyArg_ParseTuple(args, "OOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5]))
+        return NULL;
+    buffers bs = {.got = 0};
+    int ok = 0;
+    Py_buffer *off = arg(&bs, o[0], 0, -1, 0, "offsets"), *data = off ? arg(&bs, o[1], 1, -1, 0, "data") : NULL;
+    Py_buffer *valid = data ? arg(&bs, o[2], 1, -1, 0, "valid") : NULL;
+    Py_buffer *at = valid ? arg(&bs, o[3], 8, -1, 0, "at") : NULL;
+    Py_ssize_t k = at ? at->len / 8 : 0, n = off ? off->len / off->itemsize - 1 : -1;
+    Py_buffer *dig = at ? arg(&bs, o[4], 1, 32 * k, 0, "digests") : NULL;
+    Py_buffer *out = dig ? arg(&bs, o[5], 1, k, 1, "out") : NULL;
+    if (!out)
+        goto done;
+    if (n < 0 || (valid->len && valid->len != n)) {
+        PyErr_SetString(PyExc_ValueError, "hex_differs: offsets and valid do not describe one string array");
+        goto done;
+    }
+    const int32_t *o32 = off->buf;
+    const int64_t *o64 = off->buf, *ap = at->buf;
+    int wide = off->itemsize == 8;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        int64_t a = ap[i];
+        int64_t lo = a >= 0 && a < n ? (wide ? o64[a] : o32[a]) : -1, hi = lo >= 0 ? (wide ? o64[a + 1] : o32[a + 1]) : -1;
+        if (lo < 0 || hi < lo || hi > data->len) {
+            PyErr_Format(PyExc_ValueError, "hex_differs: entry %zd names no string inside the data", i);
+            goto done;
+        }
+    }
+    const uint8_t *dp = data->buf, *vp = valid->buf, *gp = dig->buf;
+    uint8_t *op = out->buf;
+    static const char hex[] = "0123456789abcdef";
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        int64_t a = ap[i], lo = wide ? o64[a] : o32[a], hi = wide ? o64[a + 1] : o32[a + 1];
+        uint8_t differ = hi - lo != 64 || (valid->len && !vp[a]);
+        const uint8_t *s = dp + lo, *g = gp + 32 * i;
+        for (int b = 0; b < 32 && !differ; b++) {
+            uint8_t c0 = s[2 * b], c1 = s[2 * b + 1];
+            c0 += (c0 >= 'A' && c0 <= 'Z') ? 32 : 0;
+            c1 += (c1 >= 'A' && c1 <= 'Z') ? 32 : 0;
+            differ = c0 != (uint8_t)hex[g[b] >> 4] || c1 != (uint8_t)hex[g[b] & 15];
+        }
+        op[i] = differ;
+    }
+    Py_END_ALLOW_THREADS;
+    ok = 1;
+done:
+    return finish(&bs, ok);
 }

@@ -424,3 +424,103 @@ def outside_numpy(held: np.ndarray, length: np.ndarray, ids: np.ndarray) -> np.n
     miss = np.zeros(held.size, bool)
     miss[recorded] = ~hit
     return miss
+
+
+# S004's token_turn tags and M105/M107's recorded digests
+
+
+class TurnTags(NamedTuple):
+    """S004's per-row counts (`turn_tags`): tokens with token_turn -1 after a token of a turn (late) and
+    tokens whose token_turn is neither -1 nor a turn of the row (wrong), each with the position in the
+    row of its first (-1: none)."""
+
+    late_n: np.ndarray
+    late_first: np.ndarray
+    wrong_n: np.ndarray
+    wrong_first: np.ndarray
+
+
+def turn_tags(n_tok: np.ndarray, turn: np.ndarray, key: np.ndarray) -> TurnTags:
+    """S004's tags of the tokens of rows of `n_tok` consecutive tokens: late, token_turn (`turn`) -1
+    after a token of the row whose token_turn is >= 0; wrong, a turn key (`key`) below 0 with a
+    token_turn other than -1; counted per row, with the first position of each."""
+    kernel = getattr(ACTIVE, "turn_tags", None)  # a core built before `turn_tags`: the numpy path
+    if kernel is None:
+        return turn_tags_numpy(n_tok, turn, key)
+    out = [np.empty(n_tok.size, np.int64) for _ in range(4)]
+    wide = key.dtype.itemsize == 8
+    kernel(
+        np.ascontiguousarray(n_tok, np.int64),
+        np.ascontiguousarray(turn, np.int32),
+        np.ascontiguousarray(key, np.int64 if wide else np.int32),
+        *out,
+    )
+    return TurnTags(*out)
+
+
+def turn_tags_numpy(n_tok: np.ndarray, turn: np.ndarray, key: np.ndarray) -> TurnTags:
+    """`turn_tags` in numpy: a running maximum over (row, turn) keys that increase from row to row,
+    then per-row counts (bincount) and first positions (the first of each row among the hits)."""
+    n = n_tok.size
+    row = np.repeat(np.arange(n, dtype=np.int64), n_tok)
+    starts = np.zeros(n + 1, np.int64)
+    np.cumsum(n_tok, out=starts[1:])
+    late = np.zeros(turn.size, bool)
+    if turn.size:
+        # turn + 2 >= 0 lies in [0, span) for every token that can name a turn or be -1; a value below
+        # -2 gives a key below its row's, which never reads as a turn seen
+        span = max(int(turn.max()), -2) + 3
+        k = row * span + (turn.astype(np.int64) + 2)
+        late = (turn == -1) & (np.maximum.accumulate(k) - row * span - 2 >= 0)
+    wrong = (key < 0) & (turn != -1)
+
+    def per_row(hit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        idx = np.flatnonzero(hit)
+        first = np.full(n, -1, np.int64)
+        rows, at = np.unique(row[idx], return_index=True)
+        first[rows] = idx[at] - starts[rows]
+        return np.bincount(row[idx], minlength=n).astype(np.int64), first
+
+    return TurnTags(*per_row(late), *per_row(wrong))
+
+
+def hex_differs(
+    offsets: np.ndarray, data: np.ndarray, valid: np.ndarray | None, at: np.ndarray, digests: np.ndarray
+) -> np.ndarray:
+    """Per entry of `at` (indices into a string array: `offsets`, its n + 1 boundaries into the bytes
+    `data`; `valid`, per string, None when every one is): whether string at[i] differs from the 64
+    hex digits of digests[i] (32 bytes) read in any case (ASCII A-Z as a-z); a null, a string of
+    another length or a character that is no hex digit differs."""
+    kernel = getattr(ACTIVE, "hex_differs", None)  # a core built before `hex_differs`: the numpy path
+    if kernel is None:
+        return hex_differs_numpy(offsets, data, valid, at, digests)
+    out = np.empty(at.size, np.bool_)
+    wide = offsets.dtype.itemsize == 8
+    kernel(
+        np.ascontiguousarray(offsets, np.int64 if wide else np.int32),
+        np.ascontiguousarray(data, np.uint8),
+        np.zeros(0, np.uint8) if valid is None else np.ascontiguousarray(valid).view(np.uint8),
+        np.ascontiguousarray(at, np.int64),
+        np.ascontiguousarray(digests, np.uint8),
+        out.view(np.uint8),
+    )
+    return out
+
+
+def hex_differs_numpy(
+    offsets: np.ndarray, data: np.ndarray, valid: np.ndarray | None, at: np.ndarray, digests: np.ndarray
+) -> np.ndarray:
+    """`hex_differs` in numpy: each 64-character string's digits parsed into 32 bytes (a character
+    outside 0-9, a-f, A-F parses as no byte) and compared with the digest."""
+    lo, hi = offsets[at].astype(np.int64), offsets[at + 1].astype(np.int64)
+    differ = hi - lo != 64
+    if valid is not None:
+        differ |= ~valid[at]
+    full = np.flatnonzero(~differ)
+    chars = data[lo[full, None] + np.arange(64)].astype(np.int16)
+    chars += ((chars >= ord("A")) & (chars <= ord("Z"))) * 32
+    digit = np.where((chars >= ord("0")) & (chars <= ord("9")), chars - ord("0"), -256)
+    digit = np.where((chars >= ord("a")) & (chars <= ord("f")), chars - ord("a") + 10, digit)
+    parsed = digit[:, 0::2] * 16 + digit[:, 1::2]  # negative where a character is no hex digit
+    differ[full] = (parsed != digests[full].astype(np.int16)).any(axis=1)
+    return differ
