@@ -30,7 +30,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = (
-    "token_counts",
+    "token_stats",
     "turn_pass",
     "to_go",
     "routes",
@@ -97,16 +97,13 @@ def _case(seed: int, native):
     n_tok, total = _counts(rng, mode)
     t = _tokens(rng, total)
     rows = n_tok.size
-    if kernel == "token_counts":
-        return (
-            kernel,
-            mode,
-            lambda twin: (
-                native.token_counts_numpy(n_tok, t["source"], t["mask"], native.lp_states(t["lp"], t["present"]))
-                if twin
-                else native.token_counts(n_tok, t["source"], t["mask"], t["lp"], t["present"])
-            ),
-        )
+    if kernel == "token_stats":
+        k = int(rng.integers(0, 4))
+        weights = rng.random((36, k)) < 0.5
+        if rng.random() < 0.2:  # not 36 rows of weights
+            weights = weights[: int(rng.integers(0, 36))]
+        args = (n_tok, t["source"], t["mask"], t["lp"], t["present"], weights)
+        return kernel, mode, lambda twin: native.token_stats_numpy(*args) if twin else native.token_stats(*args)
     if kernel == "turn_pass":
         tc = rng.integers(0, 4, rows).astype(np.int64)
         ts = np.zeros(rows, np.int64)
@@ -144,8 +141,14 @@ def _case(seed: int, native):
         fits = rng.random(rows) < 0.7
         lo, hi = np.zeros(rows + int(rng.choice([0, 0, 1]))), np.full(rows, 3.0)
         present = None if rng.random() < 0.3 else t["present"]
-        args = (n_tok, key, t["source"], t["v"], present, fits, pv, lo, hi)
-        return kernel, mode, lambda twin: native.routes_numpy(*args) if twin else native.routes(*args)
+        routes = rng.choice(np.array([0, 1, 3, -1, 2**63 - 1, -(2**63)]), total).astype(np.int64)
+        args = (n_tok, key, t["source"], routes, present, fits, pv, lo, hi)
+        floats = native.floats(routes, present)
+        return (
+            kernel,
+            mode,
+            lambda twin: native.routes_numpy(*args[:3], floats, *args[4:]) if twin else native.routes(*args),
+        )
     if kernel == "terms":
         at = rng.integers(0, max(total, 1), int(rng.integers(0, 10))).astype(np.int64)
         if at.size and rng.random() < 0.4:
@@ -163,7 +166,7 @@ def _case(seed: int, native):
         args = (n_tok, t["source"], t["turn"], t["v"], t["present"])
         return kernel, mode, lambda twin: native.placement_numpy(*args) if twin else native.placement(*args)
     if kernel == "streams":
-        stream = None if rng.random() < 0.3 else rng.choice(np.array([0.0, 1.0, 1.9, 2.0, -1.0, np.nan]), total)
+        stream = None if rng.random() < 0.3 else rng.choice(np.array([0, 1, 2, 255], np.uint8), total)
         weight = None if rng.random() < 0.3 else t["v"][: total + int(rng.choice([0, 0, -1 if total else 0]))]
         sp = None if stream is None or rng.random() < 0.5 else t["present"]
         wp = None if weight is None or rng.random() < 0.5 else rng.random(weight.size) < 0.5

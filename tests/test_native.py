@@ -20,7 +20,7 @@ from conftest import compile_native, load_native
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_audit.frames import native
+from rollout_audit.frames import batch, native
 from rollout_audit.reading.io import discover
 from rollout_audit.running.engine import run_audit
 from rollout_audit.synth import make_log
@@ -113,20 +113,22 @@ SPECIAL = np.array([-1.5, -0.0, 0.0, 1e-30, 2.0, np.nan, np.inf, -np.inf, -1e30]
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.integers(0, 40), min_size=0, max_size=12), st.integers(0, 2**32 - 1), st.booleans())
-def test_native_token_counts_equal_numpy(compiled, n_tok, seed, single):
-    """Per-row category counts on random sources (out-of-range folded to 5), masks, log-probs with
-    NaN, infinities, signed zeros and values above 0, some absent; float32 and float64."""
+def test_native_token_stats_equal_numpy(compiled, n_tok, seed, single):
+    """Per-row token statistics (every count of `Tokens.stats`, and random weights) on random sources
+    (out of range: any value above 4), masks, log-probs with NaN, infinities, signed zeros and values
+    above 0, some absent; float32 and float64."""
     rng = np.random.default_rng(seed)
     n_tok = np.array(n_tok, np.int64)
     total = int(n_tok.sum())
-    source = rng.integers(0, 6, total).astype(np.uint8)
+    source = rng.integers(0, 9, total).astype(np.uint8)
     mask = rng.random(total) < 0.5
     lp = rng.choice(SPECIAL, total).astype(np.float32 if single else np.float64)
     present = rng.random(total) < 0.8
-    got = np.empty((n_tok.size, native.N_SOURCE, 2, native.N_LP), np.int64)
-    compiled.token_counts(n_tok, source, mask, lp, present, got)
-    want = native.token_counts_numpy(n_tok, source, mask, native.lp_states(lp, present))
-    assert np.array_equal(got, want)
+    for weights in (batch._STAT_WEIGHTS, rng.random((36, 5)) < 0.3):
+        got, want = _both(compiled, native.token_stats, n_tok, source, mask, lp, present, weights)
+        assert got.shape == (weights.shape[1], n_tok.size) and got.dtype == want.dtype == np.int64
+        assert np.array_equal(got, want)
+    assert list(batch._STAT_CATEGORIES) == list(batch.STAT_INPUTS)  # the frame's columns, in their order
 
 
 # a batch for the per-turn pass: per row, its turn count and its tokens' token_turn values (in
@@ -225,8 +227,8 @@ def test_native_to_go_equals_numpy(compiled, lens, seed, wide):
 @given(turn_rows, st.integers(0, 2**32 - 1), st.booleans())
 def test_native_routes_equal_numpy(compiled, rows, seed, complete):
     """P505's per-token conditions: lost routes, policy tokens replayed with another version than
-    their turn's, other tokens outside their row's versions; with NaN values and versions, rows
-    whose list does not fit, and tokens outside every turn."""
+    their turn's, other tokens outside their row's versions; int64 routes as stored (absent ones
+    among them) against NaN versions, rows whose list does not fit, and tokens outside every turn."""
     rng = np.random.default_rng(seed)
     n_tok = np.array([len(t) for _, t in rows], np.int64)
     turn_count = np.array([k for k, _ in rows], np.int64)
@@ -246,19 +248,14 @@ def test_native_routes_equal_numpy(compiled, rows, seed, complete):
     pv = rng.integers(0, 4, int(turn_count.sum())).astype(np.float64)
     pv[rng.random(pv.size) < 0.1] = np.nan
     lo, hi = rng.integers(0, 3, n_tok.size).astype(np.float64), rng.integers(1, 5, n_tok.size).astype(np.float64)
-    v = rng.integers(0, 5, turn.size).astype(np.float64)
-    v[rng.random(v.size) < 0.1] = np.nan
+    # routes as stored (int64, extreme values among them; a slot without a value holds anything)
+    v = rng.choice(np.r_[0, 1, 2, 3, 4, -1, 2**53 + 1, 2**63 - 1, -(2**63)], turn.size).astype(np.int64)
     present = None if complete else rng.random(turn.size) < 0.8
     fits = rng.random(n_tok.size) < 0.8
     args = (n_tok, key, source, v, present, fits, pv, lo, hi)
-    want = native.routes_numpy(*args)
-    active, native.ACTIVE = native.ACTIVE, compiled
-    try:
-        got = native.routes(*args)
-    finally:
-        native.ACTIVE = active
-    for g, w in zip(got, want):
-        assert np.array_equal(g, w)
+    got, want = _both(compiled, native.routes, *args)
+    for g, w, old in zip(got, want, native.routes_numpy(n_tok, key, source, native.floats(v, present), *args[4:])):
+        assert g.dtype == w.dtype == np.bool_ and np.array_equal(g, w) and np.array_equal(w, old)
 
 
 def _both(compiled, func, *args):
@@ -308,15 +305,14 @@ def test_native_reward_terms_and_placement_equal_numpy(compiled, rows, seed, sin
     st.booleans(),
 )
 def test_native_loss_streams_equal_numpy(compiled, n, seed, single, columns, stream_complete, weight_complete):
-    """M110's per-token bits: streams 0, 1, 2 and above (fractions, NaN and infinities among them)
-    on every source, in and out of the loss; float32 and float64 weights with NaN, infinities,
+    """M110's per-token bits: uint8 streams 0, 1, 2 and above, some absent, on every source, in and out of the loss; float32 and float64 weights with NaN, infinities,
     signed zeros, zeros and absent values; either column alone."""
     rng = np.random.default_rng(seed)
     mask = rng.random(n) < 0.5
     source = rng.integers(0, 7, n).astype(np.uint8)
     stream = weight = stream_present = weight_present = None
     if columns != "weight":
-        stream = rng.choice(np.r_[0.0, 1.0, 1.0, 2.0, 255.0, 1.5, 0.99, -1.0, np.nan, np.inf, -np.inf], n)
+        stream = rng.choice(np.r_[0, 1, 1, 2, 255], n).astype(np.uint8)  # a slot without a value holds anything
         stream_present = None if stream_complete else rng.random(n) < 0.8
     if columns != "stream":
         dt = np.float32 if single else np.float64
@@ -326,6 +322,27 @@ def test_native_loss_streams_equal_numpy(compiled, n, seed, single, columns, str
     (got, got_seen), (want, want_seen) = _both(compiled, native.streams, *args)
     assert got.dtype == want.dtype == np.uint8 and np.array_equal(got, want) and got_seen == want_seen
     assert want_seen == int(np.bitwise_or.reduce(want)) if n else want_seen == 0
+    if stream is not None:  # the float path: the same stream values, NaN where absent
+        floats = np.where(stream_present, stream, np.nan) if stream_present is not None else stream.astype(float)
+        assert np.array_equal(native.streams_numpy(mask, source, floats, stream_present, *args[4:])[0], want)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 500), st.integers(0, 2**32 - 1), st.booleans())
+def test_float_loss_streams_truncate_toward_zero(n, seed, complete):
+    """A loss_stream of another type than the contract's uint8 (a table built without the reader's
+    cast) goes through the numpy path: fractions, negatives, NaN and infinities count as their
+    value truncated toward zero, NaN as 0."""
+    rng = np.random.default_rng(seed)
+    mask, source = np.ones(n, bool), rng.integers(0, 6, n).astype(np.uint8)
+    stream = rng.choice(np.r_[0.0, 1.0, 2.0, 255.0, 1.5, 0.99, -1.0, np.nan, np.inf, -np.inf], n)
+    present = None if complete else rng.random(n) < 0.8
+    bits, _ = native.streams(mask, source, stream, present, None, None)
+    t = np.where(np.isnan(stream), 0.0, np.trunc(stream))
+    if present is not None:
+        t[~present] = 0.0
+    assert np.array_equal(bits & native.UNKNOWN_STREAM != 0, t > 1)
+    assert np.array_equal(bits & native.ECHO_WRONG != 0, (t == 1) & (source != 1) & (source != 3))
 
 
 @settings(max_examples=150, deadline=None)
@@ -378,12 +395,12 @@ z8, one = np.zeros(total, np.uint8), np.ones(total, np.uint8)
 src = np.full(total, 2, np.uint8)
 f64, i32 = np.zeros(total, np.float64), np.zeros(total, np.int32)
 calls = {
-    "token_counts": lambda: mod.token_counts(n_tok, src, z8, f64, one, np.empty((rows, 6, 2, 3), np.int64)),
+    "token_stats": lambda: mod.token_stats(n_tok, src, z8, f64, one, np.ones(36, np.uint8), np.empty(rows, np.int64)),
     "turn_keys": lambda: mod.turn_keys(n_tok, np.zeros(rows, np.int64), np.zeros(rows, np.int64), i32, src, z8,
                                        np.empty(total, np.int32), np.empty(0, np.int64), np.empty(0, np.int64)),
     "placement": lambda: mod.placement(n_tok, src, i32, f64, one, np.empty(total, np.uint8), np.empty(rows, np.int64)),
-    "routes": lambda: mod.routes(n_tok, i32, src, f64, one, np.ones(rows, np.uint8), np.zeros(1), np.zeros(rows),
-                                 np.zeros(rows), *(np.empty(total, np.uint8) for _ in range(3))),
+    "routes64": lambda: mod.routes64(n_tok, i32, src, np.zeros(total, np.int64), one, np.ones(rows, np.uint8),
+                                     np.zeros(1), np.zeros(rows), np.zeros(rows), *(np.empty(total, np.uint8) for _ in range(3))),
     "turn_sums": lambda: mod.turn_sums(np.array([total], np.int64), np.zeros(1, np.int64), np.full(1, 5, np.int64),
                                        i32, src, f64, one, np.array([*huge, 3], np.int64), np.empty(3, np.int64),
                                        *(np.empty(5, t) for t in (np.int64, np.int64, np.float64, np.int64))),
@@ -408,7 +425,7 @@ def test_token_counts_that_wrap_the_sum_around_are_refused_not_read_past(compile
     r = subprocess.run([sys.executable, str(script), compiled.__file__], capture_output=True, text=True, timeout=120)
     said = dict(line.split(" ", 1) for line in r.stdout.splitlines())
     assert r.returncode == 0, (r.returncode, r.stdout, r.stderr[-2000:])
-    assert set(said) == {"token_counts", "turn_keys", "placement", "routes", "turn_sums", "turn_tags"}, r.stdout
+    assert set(said) == {"token_stats", "turn_keys", "placement", "routes64", "turn_sums", "turn_tags"}, r.stdout
     assert all(v.startswith("refused:") for v in said.values()), said
 
 

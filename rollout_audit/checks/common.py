@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import math
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from ..frames import native
 from ..frames.views import BatchView
-from ..reading.arrays import from_numpy, list_lengths, to_numpy, validity
+from ..reading.arrays import from_numpy, list_lengths, stored, to_numpy, validity
 
 # token_source values other than policy, with the name used in messages (5: out of range)
 NON_POLICY = ((0, "system"), (1, "user"), (3, "observation"), (4, "template"), (5, "invalid source"))
@@ -105,11 +107,13 @@ def of_rows(parent: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
 
 
 class TokenList:
-    """A per-token list column aligned with the batch's token arrays: `values` as stored (float32
-    or float64; NaN where null or where the row's list does not line up: upcast the indices you
-    sum over), `present` per token (`complete`: on every token), `fits` per row
-    (the list is there and as long as the row's tokens), `broken` per row (there, but of
-    another length) and `bad`, a finding for each broken row."""
+    """A per-token list column aligned with the batch's token arrays: `stored`, the values in the
+    list's own type (an integer list as it is, without a float copy; read it only where `present`),
+    `values` as floats (float32 or float64 as stored, an integer list as float64; NaN where null or
+    where the row's list does not line up: upcast the indices you sum over; an integer list's made on
+    first use), `present` per token (`complete`: on every token), `fits` per row (the list is there
+    and as long as the row's tokens), `broken` per row (there, but of another length) and `bad`, a
+    finding for each broken row."""
 
     def __init__(self, b: BatchView, name: str) -> None:
         t = b.tokens
@@ -119,19 +123,20 @@ class TokenList:
         self.broken = b.ok & (lens >= 0) & (lens != t.n_tok)
         whole = bool(self.fits.all())  # the usual case: no take, and the values come out in token order
         flat = (a if whole else a.take(from_numpy(np.flatnonzero(self.fits)))).flatten()
-        if not (pa.types.is_float32(flat.type) or pa.types.is_float64(flat.type)):
-            # an integer past 2^53 (a version no trainer reaches) is rounded as polars casts the turns' own,
-            # not an ArrowInvalid that crashes the check
-            flat = flat.cast(pa.float64(), safe=False)
-        vals = to_numpy(flat)  # NaN under a null
+        if pa.types.is_integer(flat.type):
+            vals = stored(flat)  # a null's slot as Arrow left it: `present` says which to read
+        else:
+            if not (pa.types.is_float32(flat.type) or pa.types.is_float64(flat.type)):
+                flat = flat.cast(pa.float64(), safe=False)
+            vals = to_numpy(flat)  # NaN under a null
         valid = validity(flat)
         self.complete = whole and not flat.null_count  # a value on every token: `present` need not be read
         if whole:
-            self.values, self.present = vals, valid
+            self.stored, self.present = vals, valid
         else:
             have = self.fits[t.row]
-            self.values = np.full(t.row.size, np.nan, dtype=vals.dtype)
-            self.values[have] = vals
+            self.stored = np.full(t.row.size, np.nan if vals.dtype.kind == "f" else 0, dtype=vals.dtype)
+            self.stored[have] = vals
             self.present = np.zeros(t.row.size, bool)
             self.present[have] = valid
         off = np.flatnonzero(self.broken)
@@ -145,6 +150,12 @@ class TokenList:
             "trajectory_id",
             pl.format(f"{name} has {{}} entries for {{}} tokens; it is not read", "_n", "_k").alias("message"),
         )
+
+    @cached_property
+    def values(self) -> np.ndarray:
+        """The values as floats (`native.floats`: an integer list's cast on first use, past 2^53, a
+        version no trainer reaches, to the nearest float as polars casts the turns' own)."""
+        return native.floats(self.stored, None if self.complete else self.present)
 
 
 def token_list(b: BatchView, name: str) -> TokenList:

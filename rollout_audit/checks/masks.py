@@ -687,7 +687,7 @@ def loss_streams(b: BatchView, cfg) -> pl.DataFrame | None:
     bits, seen = native.streams(
         t.mask,
         t.source,
-        None if lst is None else lst.values,
+        None if lst is None else lst.stored,
         None if lst is None or lst.complete else lst.present,
         None if lw is None else lw.values,  # NaN where null or where the row's list does not line up
         None if lw is None or lw.complete else lw.present,

@@ -333,10 +333,9 @@ def routes_replayed(b: BatchView, cfg) -> pl.DataFrame | None:
     if some.any():  # each row's turns run from its start to the next row's (rows without turns skipped)
         lo[some] = np.fmin.reduceat(pv, start[some])
         hi[some] = np.fmax.reduceat(pv, start[some])
-    v = lst.values
     key = b.turn_key
     lost, wrong_turn, other = native.routes(
-        t.n_tok, key, t.source, v, None if lst.complete else lst.present, lst.fits, pv, lo, hi
+        t.n_tok, key, t.source, lst.stored, None if lst.complete else lst.present, lst.fits, pv, lo, hi
     )
     for where, what in (
         (lost, "no route of their own position recorded for {} token(s): a lost or misplaced segment; first at "),
@@ -358,7 +357,8 @@ def routes_replayed(b: BatchView, cfg) -> pl.DataFrame | None:
         of_turn = (t.source[idx] == S.POLICY) & (key[idx] >= 0)
         turn_v[of_turn] = pv[key[idx[of_turn]]]
         # a policy token's log-prob is replayed through the routes at the position before it
-        loc = loc.with_columns(pl.Series("_v", v[idx - 1 if where is wrong_turn else idx]), pl.Series("_tv", turn_v))
+        v = lst.values[idx - 1 if where is wrong_turn else idx]
+        loc = loc.with_columns(pl.Series("_v", v), pl.Series("_tv", turn_v))
         tail = pl.format(" (routes of version {}", _version_text("_v")) + pl.when(pl.col("_tv").is_not_nan()).then(
             pl.format(", turn sampled at {})", _version_text("_tv"))
         ).otherwise(pl.lit(")"))

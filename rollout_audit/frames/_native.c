@@ -252,68 +252,6 @@ e0:
     return NULL;
 }
 
-/* token_counts(n_tok, source, mask, lp, lp_present, out): per row, how many of its tokens fall
- * in each category source (0..5) x trainable (0, 1) x log-prob state (0 none, 1 finite and <= 0,
- * 2 NaN, infinite or > 0), into out[row * 36 + category]. One pass over the tokens instead of
- * numpy's state, code, repeat and bincount passes; `lp` holds float32 or float64 values. */
-static PyObject *token_counts(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *o[6];
-    if (!PyArg_ParseTuple(args, "OOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5]))
-        return NULL;
-    static const char *names[6] = {"n_tok", "source", "mask", "lp", "lp_present", "out"};
-    static const Py_ssize_t sizes[6] = {8, 1, 1, 0, 1, 8};
-    Py_buffer b[6];
-    int got = 0;
-    PyObject *result = NULL;
-    for (; got < 6; got++)
-        if (get_buffer(o[got], &b[got], got == 5 ? PyBUF_WRITABLE | PyBUF_FORMAT : PyBUF_FORMAT, sizes[got],
-                       names[got]) < 0)
-            goto done;
-    Py_ssize_t rows = b[0].len / 8, total = b[1].len, lpsize = b[3].itemsize;
-    const int64_t *n_tok = b[0].buf;
-    Py_ssize_t sum = 0;
-    for (Py_ssize_t i = 0; i < rows; i++) {
-        if (n_tok[i] < 0) {
-            PyErr_SetString(PyExc_ValueError, "n_tok: negative count");
-            goto done;
-        }
-        if (n_tok[i] > total - sum) { /* compared before adding: a sum that wraps around cannot add up */
-            sum = total + 1;
-            break;
-        }
-        sum += n_tok[i];
-    }
-    if (sum != total || b[2].len != total || b[3].len != total * lpsize || b[4].len != total ||
-        b[5].len != rows * 36 * 8 || (lpsize != 4 && lpsize != 8)) {
-        PyErr_SetString(PyExc_ValueError, "token_counts: arrays of different lengths, or lp not float32/float64");
-        goto done;
-    }
-    const uint8_t *src = b[1].buf, *mask = b[2].buf, *present = b[4].buf;
-    const float *lp32 = b[3].buf;
-    const double *lp64 = b[3].buf;
-    int64_t *out = b[5].buf;
-    Py_BEGIN_ALLOW_THREADS;
-    memset(out, 0, (size_t)rows * 36 * 8);
-    Py_ssize_t j = 0;
-    for (Py_ssize_t i = 0; i < rows; i++) {
-        int64_t *row = out + 36 * i;
-        for (Py_ssize_t end = j + n_tok[i]; j < end; j++) {
-            double v = lpsize == 4 ? (double)lp32[j] : lp64[j];
-            int state = present[j] ? ((v <= 0.0 && v > -HUGE_VAL) ? 1 : 2) : 0;
-            int s = src[j] > 5 ? 5 : src[j];
-            row[s * 6 + (mask[j] ? 3 : 0) + state]++;
-        }
-    }
-    Py_END_ALLOW_THREADS;
-    result = Py_None;
-    Py_INCREF(result);
-done:
-    while (got-- > 0)
-        PyBuffer_Release(&b[got]);
-    return result;
-}
-
 /* Numpy's pairwise summation of doubles (what np.add.reduce and reduceat run for a contiguous
  * float64 segment): below 8 values a running sum from -0.0, up to 128 eight accumulators combined
  * as a tree then the rest, above that the two halves (split at a multiple of 8) summed apart. The
@@ -783,156 +721,6 @@ done:
     return finish(&bs, ok);
 }
 
-/* routes(n_tok, key, source, v, present, fits, pv, lo, hi, lost, wrong, other): P505's three
- * per-token conditions over a batch's routes `v` (float64, NaN where none): `lost`, a token of a
- * row whose list fits without a value, before its row's last policy token (no log-prob reads the
- * routes from there on; only when `present` is given: empty means every token has one); `wrong`, a
- * policy token (source 2) of a turn (key >= 0), not its row's first, whose log-prob is read
- * through the routes at the position before it, when those differ from its turn's version
- * pv[key] (NaN differs; a turn without a version, or no value at that position, is not
- * compared); `other`, a token the policy did not sample whose value lies outside its row's
- * [lo, hi] (NaN is not outside). */
-static PyObject *routes(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *o[12];
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
-                          &o[9], &o[10], &o[11]))
-        return NULL;
-    buffers bs = {.got = 0};
-    int ok = 0;
-    Py_buffer *ntok = arg(&bs, o[0], 8, -1, 0, "n_tok"), *key = ntok ? arg(&bs, o[1], 0, -1, 0, "key") : NULL;
-    if (!key)
-        goto done;
-    Py_ssize_t rows = ntok->len / 8, total = key->len / key->itemsize;
-    Py_buffer *src = arg(&bs, o[2], 1, total, 0, "source"), *v = src ? arg(&bs, o[3], 8, total, 0, "v") : NULL;
-    Py_buffer *pres = v ? arg(&bs, o[4], 1, -1, 0, "present") : NULL;
-    Py_buffer *fits = pres ? arg(&bs, o[5], 1, rows, 0, "fits") : NULL;
-    Py_buffer *pv = fits ? arg(&bs, o[6], 8, -1, 0, "pv") : NULL;
-    Py_buffer *lo = pv ? arg(&bs, o[7], 8, rows, 0, "lo") : NULL, *hi = lo ? arg(&bs, o[8], 8, rows, 0, "hi") : NULL;
-    Py_buffer *lost = hi ? arg(&bs, o[9], 1, total, 1, "lost") : NULL;
-    Py_buffer *wrong = lost ? arg(&bs, o[10], 1, total, 1, "wrong") : NULL;
-    Py_buffer *other = wrong ? arg(&bs, o[11], 1, total, 1, "other") : NULL;
-    if (!other)
-        goto done;
-    const int64_t *n_tok = ntok->buf;
-    Py_ssize_t sum = 0, n_turns = pv->len / 8;
-    for (Py_ssize_t r = 0; r < rows && sum <= total; r++) /* a negative count, or one past the tokens, never adds up */
-        sum = n_tok[r] < 0 || n_tok[r] > total - sum ? total + 1 : sum + n_tok[r];
-    if (sum != total || (pres->len && pres->len != total)) {
-        PyErr_SetString(PyExc_ValueError, "routes: token counts, present and the token arrays do not line up");
-        goto done;
-    }
-    const int32_t *k32 = key->buf;
-    const int64_t *k64 = key->buf;
-    int wide = key->itemsize == 8, complete = pres->len == 0;
-    const uint8_t *sp = src->buf, *pp = pres->buf, *fp = fits->buf;
-    const double *vp = v->buf, *pvp = pv->buf, *lop = lo->buf, *hip = hi->buf;
-    uint8_t *lp_ = lost->buf, *wp = wrong->buf, *op = other->buf;
-    Py_ssize_t bad = -1;
-    Py_BEGIN_ALLOW_THREADS;
-    Py_ssize_t j = 0;
-    for (Py_ssize_t r = 0; r < rows && bad < 0; r++) {
-        double rlo = lop[r], rhi = hip[r];
-        uint8_t rfits = fp[r] != 0;
-        Py_ssize_t row0 = j, end = j + n_tok[r], last = end - 1;
-        while (last >= row0 && sp[last] != 2) /* the row's last policy token: no route is read from it on */
-            last--;
-        for (; j < end; j++) {
-            lp_[j] = complete || j >= last ? 0 : rfits & !pp[j];
-            if (sp[j] != 2) {
-                wp[j] = 0;
-                op[j] = vp[j] < rlo || vp[j] > rhi;
-                continue;
-            }
-            op[j] = 0;
-            int64_t k = wide ? k64[j] : k32[j];
-            if (k < 0 || j == row0) {
-                wp[j] = 0;
-                continue;
-            }
-            if (k >= n_turns) {
-                bad = j;
-                break;
-            }
-            double tv = pvp[k], before = vp[j - 1];
-            wp[j] = !(before == tv) && !isnan(tv) && (complete || pp[j - 1]);
-        }
-    }
-    Py_END_ALLOW_THREADS;
-    if (bad >= 0) {
-        PyErr_Format(PyExc_ValueError, "routes: the key of token %zd names no turn", bad);
-        goto done;
-    }
-    ok = 1;
-done:
-    return finish(&bs, ok);
-}
-
-/* streams(mask, source, stream, stream_present, weight, weight_present, out) -> int: M110's
- * per-token conditions in one pass, as bits of `out` (uint8): 1, a token in the loss whose stream
- * (truncated toward zero, as numpy's cast to int64; 0 where not present or NaN) is the echo
- * stream 1 and whose source is neither user (1) nor observation (3); 2, a token in the loss whose
- * stream is above 1; 4, a present weight that is negative, NaN or +inf; 8, a present weight that
- * is not invalid and is > 0 outside the loss; 16, one that is not > 0 in the loss. An empty
- * `stream` or `weight` (float32 or float64): that column is absent; an empty `*_present`: every
- * token has a value. Returns the OR of every token's bits. */
-static PyObject *streams(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *o[7];
-    if (!PyArg_ParseTuple(args, "OOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6]))
-        return NULL;
-    buffers bs = {.got = 0};
-    int ok = 0;
-    long seen = 0;
-    Py_buffer *mask = arg(&bs, o[0], 1, -1, 0, "mask"), *src = mask ? arg(&bs, o[1], 1, mask->len, 0, "source") : NULL;
-    if (!src)
-        goto done;
-    Py_ssize_t total = mask->len;
-    Py_buffer *st = arg(&bs, o[2], 0, -1, 0, "stream"), *sp = st ? arg(&bs, o[3], 1, -1, 0, "stream_present") : NULL;
-    Py_buffer *w = sp ? arg(&bs, o[4], 0, -1, 0, "weight") : NULL;
-    Py_buffer *wp = w ? arg(&bs, o[5], 1, -1, 0, "weight_present") : NULL;
-    Py_buffer *out = wp ? arg(&bs, o[6], 1, total, 1, "out") : NULL;
-    if (!out)
-        goto done;
-    int has_st = st->len > 0, has_w = w->len > 0;
-    if ((has_st && st->len != total * st->itemsize) || (sp->len && (!has_st || sp->len != total)) ||
-        (has_w && w->len != total * w->itemsize) || (wp->len && (!has_w || wp->len != total))) {
-        PyErr_SetString(PyExc_ValueError, "streams: every array must cover the same tokens");
-        goto done;
-    }
-    const uint8_t *mp = mask->buf, *srp = src->buf, *spp = sp->buf, *wpp = wp->buf;
-    uint8_t *op = out->buf, any = 0;
-    Py_BEGIN_ALLOW_THREADS;
-    for (Py_ssize_t i = 0; i < total; i++) {
-        uint8_t bits = 0, m = mp[i] != 0;
-        if (has_st && m && (!sp->len || spp[i])) {
-            double x = fget(st, i);
-            double t = x == x ? trunc(x) : 0.0; /* NaN counts 0, as numpy's nan_to_num */
-            if (t == 1.0 && srp[i] != 1 && srp[i] != 3)
-                bits |= 1;
-            else if (t > 1.0)
-                bits |= 2;
-        }
-        if (has_w && (!wp->len || wpp[i])) {
-            double x = fget(w, i);
-            if (!(x >= 0.0) || x == HUGE_VAL)
-                bits |= 4;
-            else if ((x > 0.0) != m)
-                bits |= m ? 16 : 8;
-        }
-        op[i] = bits;
-        any |= bits;
-    }
-    Py_END_ALLOW_THREADS;
-    seen = any;
-    ok = 1;
-done:
-    if (!finish(&bs, ok))
-        return NULL;
-    Py_DECREF(Py_None); /* finish returned a new reference to None */
-    return PyLong_FromLong(seen);
-}
-
 /* outside(held, length, ids, miss): L210's membership test in one pass over the kept ids: per
  * token i (int32 `held`), miss[i] = 1 when it records a nucleus (length[i] > 0, int64) and none of
  * its length[i] ids (the next ones in `ids`, int32 or int64, back to back in token order) equals
@@ -1000,12 +788,271 @@ static PyObject *sha_extensions(PyObject *self, PyObject *noargs) {
 /* Defined in the block at the end of the file (turn tags and hex digests). */
 static PyObject *turn_tags(PyObject *self, PyObject *args);
 static PyObject *hex_differs(PyObject *self, PyObject *args);
+/* The rows of a batch as token counts (int64, `rows` of them) that add up to `total`, each count
+ * compared with what is left before it is added (a sum that wraps around cannot add up). */
+static int counts_add_up(const int64_t *n_tok, Py_ssize_t rows, Py_ssize_t total, const char *who) {
+    Py_ssize_t sum = 0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        if (n_tok[r] < 0 || n_tok[r] > total - sum) {
+            sum = -1;
+            break;
+        }
+        sum += n_tok[r];
+    }
+    if (sum != total) {
+        PyErr_Format(PyExc_ValueError, "%s: token counts do not add up to the token arrays' length", who);
+        return -1;
+    }
+    return 0;
+}
+
+/* One row's tokens [j, end) counted by category (source * 2 + trainable) * 3 + log-prob state into
+ * h (the float compared only where a log-prob is present: most tokens have none). */
+static inline __attribute__((always_inline)) void count_row(int64_t h[36], const uint8_t *src, const uint8_t *mask,
+                                                            const void *lp, int wide, const uint8_t *present,
+                                                            Py_ssize_t j, Py_ssize_t end) {
+    for (; j < end; j++) {
+        int state = 0;
+        if (present[j]) {
+            double v = wide ? ((const double *)lp)[j] : (double)((const float *)lp)[j];
+            state = v <= 0.0 && v > -HUGE_VAL ? 1 : 2;
+        }
+        int s = src[j] > 5 ? 5 : src[j];
+        h[s * 6 + (mask[j] ? 3 : 0) + state]++;
+    }
+}
+
+/* token_stats(n_tok, source, mask, lp, lp_present, weights, out): per row, its tokens counted by
+ * category (source 0..5, any other value 5; trainable 0 or 1; log-prob state 0
+ * none, 1 finite and <= 0, 2 NaN, infinite or > 0), and from those counts each of k statistics:
+ * out[s * rows + row] = the sum of the counts of the categories c with weights[c * k + s] = 1
+ * (`weights` uint8, 36 x k, every entry 0 or 1; `lp` float32 or float64). */
+static PyObject *token_stats(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[7];
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6]))
+        return NULL;
+    buffers bs = {.got = 0};
+    int ok = 0;
+    Py_buffer *ntok = arg(&bs, o[0], 8, -1, 0, "n_tok"), *src = ntok ? arg(&bs, o[1], 1, -1, 0, "source") : NULL;
+    if (!src)
+        goto done;
+    Py_ssize_t rows = ntok->len / 8, total = src->len;
+    Py_buffer *mask = arg(&bs, o[2], 1, total, 0, "mask"), *lp = mask ? arg(&bs, o[3], 0, total, 0, "lp") : NULL;
+    Py_buffer *pres = lp ? arg(&bs, o[4], 1, total, 0, "lp_present") : NULL;
+    Py_buffer *w = pres ? arg(&bs, o[5], 1, -1, 0, "weights") : NULL;
+    if (!w)
+        goto done;
+    Py_ssize_t k = w->len / 36;
+    Py_buffer *out = arg(&bs, o[6], 8, k * rows, 1, "out");
+    if (!out || counts_add_up(ntok->buf, rows, total, "token_stats") < 0)
+        goto done;
+    const uint8_t *wp = w->buf;
+    if (w->len != 36 * k) {
+        PyErr_SetString(PyExc_ValueError, "token_stats: weights must hold 36 rows of k entries");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < w->len; i++)
+        if (wp[i] > 1) {
+            PyErr_SetString(PyExc_ValueError, "token_stats: every weight must be 0 or 1");
+            goto done;
+        }
+    const int64_t *n_tok = ntok->buf;
+    const uint8_t *sp = src->buf, *mp = mask->buf, *pp = pres->buf;
+    int64_t *op = out->buf;
+    int wide = lp->itemsize == 8;
+    Py_BEGIN_ALLOW_THREADS;
+    Py_ssize_t j = 0;
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        int64_t h[36];
+        memset(h, 0, sizeof h);
+        Py_ssize_t end = j + n_tok[r];
+        if (wide)
+            count_row(h, sp, mp, lp->buf, 1, pp, j, end);
+        else
+            count_row(h, sp, mp, lp->buf, 0, pp, j, end);
+        j = end;
+        for (Py_ssize_t s = 0; s < k; s++)
+            op[s * rows + r] = 0;
+        for (int c = 0; c < 36; c++) {
+            int64_t n = h[c];
+            if (!n)
+                continue;
+            for (Py_ssize_t s = 0; s < k; s++)
+                if (wp[c * k + s])
+                    op[s * rows + r] += n;
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    ok = 1;
+done:
+    return finish(&bs, ok);
+}
+
+/* A route of `routes64` in float64, as a cast of the int64 routes gives it; NaN where not present. */
+static inline double route_at(const int64_t *v, const uint8_t *present, int complete, Py_ssize_t j) {
+    return complete || present[j] ? (double)v[j] : NAN;
+}
+
+/* routes64(n_tok, key, source, v, present, fits, pv, lo, hi, lost, wrong, other): P505's three
+ * per-token conditions over a batch's routes `v` as stored (int64, read only where `present`: an
+ * empty `present` means every token has one), each compared as its float64 value: `lost`, a token
+ * of a row whose list fits without a value, before its row's last policy token (no log-prob reads
+ * the routes from there on); `wrong`, a policy token (source 2) of a turn (key >= 0), not its
+ * row's first, whose log-prob is read through the routes at the position before it, when those
+ * differ from its turn's version pv[key] (a turn without a version, NaN, or no value at that
+ * position is not compared); `other`, a token the policy did not sample whose value lies outside
+ * its row's [lo, hi] (no value is not outside). */
+static PyObject *routes64(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[12];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
+                          &o[9], &o[10], &o[11]))
+        return NULL;
+    buffers bs = {.got = 0};
+    int ok = 0;
+    Py_buffer *ntok = arg(&bs, o[0], 8, -1, 0, "n_tok"), *key = ntok ? arg(&bs, o[1], 0, -1, 0, "key") : NULL;
+    if (!key)
+        goto done;
+    Py_ssize_t rows = ntok->len / 8, total = key->len / key->itemsize;
+    Py_buffer *src = arg(&bs, o[2], 1, total, 0, "source"), *v = src ? arg(&bs, o[3], 8, total, 0, "v") : NULL;
+    Py_buffer *pres = v ? arg(&bs, o[4], 1, -1, 0, "present") : NULL;
+    Py_buffer *fits = pres ? arg(&bs, o[5], 1, rows, 0, "fits") : NULL;
+    Py_buffer *pv = fits ? arg(&bs, o[6], 8, -1, 0, "pv") : NULL;
+    Py_buffer *lo = pv ? arg(&bs, o[7], 8, rows, 0, "lo") : NULL, *hi = lo ? arg(&bs, o[8], 8, rows, 0, "hi") : NULL;
+    Py_buffer *lost = hi ? arg(&bs, o[9], 1, total, 1, "lost") : NULL;
+    Py_buffer *wrong = lost ? arg(&bs, o[10], 1, total, 1, "wrong") : NULL;
+    Py_buffer *other = wrong ? arg(&bs, o[11], 1, total, 1, "other") : NULL;
+    if (!other || counts_add_up(ntok->buf, rows, total, "routes64") < 0)
+        goto done;
+    if (pres->len && pres->len != total) {
+        PyErr_SetString(PyExc_ValueError, "routes64: present must cover the tokens");
+        goto done;
+    }
+    const int64_t *n_tok = ntok->buf, *vp = v->buf, *k64 = key->buf;
+    const int32_t *k32 = key->buf;
+    Py_ssize_t n_turns = pv->len / 8;
+    int wide = key->itemsize == 8, complete = pres->len == 0;
+    const uint8_t *sp = src->buf, *pp = pres->buf, *fp = fits->buf;
+    const double *pvp = pv->buf, *lop = lo->buf, *hip = hi->buf;
+    uint8_t *lp_ = lost->buf, *wp = wrong->buf, *op = other->buf;
+    Py_ssize_t bad = -1;
+    Py_BEGIN_ALLOW_THREADS;
+    Py_ssize_t j = 0;
+    for (Py_ssize_t r = 0; r < rows && bad < 0; r++) {
+        double rlo = lop[r], rhi = hip[r];
+        uint8_t rfits = fp[r] != 0;
+        Py_ssize_t row0 = j, end = j + n_tok[r], last = end - 1;
+        while (last >= row0 && sp[last] != 2) /* the row's last policy token: no route is read from it on */
+            last--;
+        for (; j < end; j++) {
+            lp_[j] = complete || j >= last ? 0 : rfits & !pp[j];
+            if (sp[j] != 2) {
+                double x = route_at(vp, pp, complete, j);
+                wp[j] = 0;
+                op[j] = x < rlo || x > rhi;
+                continue;
+            }
+            op[j] = 0;
+            int64_t k = wide ? k64[j] : k32[j];
+            if (k < 0 || j == row0) {
+                wp[j] = 0;
+                continue;
+            }
+            if (k >= n_turns) {
+                bad = j;
+                break;
+            }
+            double tv = pvp[k];
+            wp[j] = (complete || pp[j - 1]) && !isnan(tv) && !((double)vp[j - 1] == tv);
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    if (bad >= 0) {
+        PyErr_Format(PyExc_ValueError, "routes64: the key of token %zd names no turn", bad);
+        goto done;
+    }
+    ok = 1;
+done:
+    return finish(&bs, ok);
+}
+
+/* One token's M110 bits (see streams8) from its stream value (uint8; `has_st`: the column is there,
+ * `st_here`: this token has a value) and its weight (`has_w`, `w_here`, the value `x`). */
+static inline uint8_t stream_bits(uint8_t m, uint8_t src, int st_here, uint8_t stream, int w_here, double x) {
+    uint8_t bits = 0;
+    if (m && st_here) {
+        if (stream == 1 && src != 1 && src != 3)
+            bits |= 1;
+        else if (stream > 1)
+            bits |= 2;
+    }
+    if (w_here) {
+        if (!(x >= 0.0) || x == HUGE_VAL)
+            bits |= 4;
+        else if ((x > 0.0) != m)
+            bits |= m ? 16 : 8;
+    }
+    return bits;
+}
+
+/* streams8(mask, source, stream, stream_present, weight, weight_present, out) -> int: M110's
+ * per-token conditions in one pass, as bits of `out` (uint8): 1, a token in the loss whose stream
+ * (uint8 as stored, 0 where not present) is the echo stream 1 and whose source is neither user (1)
+ * nor observation (3); 2, a token in the loss whose stream is above 1; 4, a present weight that is
+ * negative, NaN or +inf; 8, a present weight that is not invalid and is > 0 outside the loss; 16,
+ * one that is not > 0 in the loss. An empty `stream` or `weight` (float32 or float64): that column
+ * is absent; an empty `*_present`: every token has a value. Returns the OR of every token's bits. */
+static PyObject *streams8(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o[7];
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6]))
+        return NULL;
+    buffers bs = {.got = 0};
+    int ok = 0;
+    long seen = 0;
+    Py_buffer *mask = arg(&bs, o[0], 1, -1, 0, "mask"), *src = mask ? arg(&bs, o[1], 1, mask->len, 0, "source") : NULL;
+    if (!src)
+        goto done;
+    Py_ssize_t total = mask->len;
+    Py_buffer *st = arg(&bs, o[2], 1, -1, 0, "stream"), *sp = st ? arg(&bs, o[3], 1, -1, 0, "stream_present") : NULL;
+    Py_buffer *w = sp ? arg(&bs, o[4], 0, -1, 0, "weight") : NULL;
+    Py_buffer *wp = w ? arg(&bs, o[5], 1, -1, 0, "weight_present") : NULL;
+    Py_buffer *out = wp ? arg(&bs, o[6], 1, total, 1, "out") : NULL;
+    if (!out)
+        goto done;
+    int has_st = st->len > 0, has_w = w->len > 0;
+    if ((has_st && st->len != total) || (sp->len && (!has_st || sp->len != total)) ||
+        (has_w && w->len != total * w->itemsize) || (wp->len && (!has_w || wp->len != total))) {
+        PyErr_SetString(PyExc_ValueError, "streams8: every array must cover the same tokens");
+        goto done;
+    }
+    const uint8_t *mp = mask->buf, *srp = src->buf, *stp = st->buf, *spp = sp->buf, *wpp = wp->buf;
+    const float *w32 = w->buf;
+    const double *w64 = w->buf;
+    int wide = w->itemsize == 8, st_all = !sp->len, w_all = !wp->len;
+    uint8_t *op = out->buf, any = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t i = 0; i < total; i++) {
+        int st_here = has_st && (st_all || spp[i]), w_here = has_w && (w_all || wpp[i]);
+        double x = !w_here ? 0.0 : wide ? w64[i] : (double)w32[i];
+        uint8_t bits = stream_bits(mp[i] != 0, srp[i], st_here, st_here ? stp[i] : 0, w_here, x);
+        op[i] = bits;
+        any |= bits;
+    }
+    Py_END_ALLOW_THREADS;
+    seen = any;
+    ok = 1;
+done:
+    if (!finish(&bs, ok))
+        return NULL;
+    Py_DECREF(Py_None); /* finish returned a new reference to None */
+    return PyLong_FromLong(seen);
+}
 
 static PyMethodDef methods[] = {
     {"prefix_sha256", prefix_sha256, METH_VARARGS,
      "prefix_sha256(data, lo, hi, first, out): SHA-256 of consecutive prefixes, GIL released."},
-    {"token_counts", token_counts, METH_VARARGS,
-     "token_counts(n_tok, source, mask, lp, lp_present, out): per-row token counts by category, GIL released."},
     {"turn_keys", turn_keys, METH_VARARGS,
      "turn_keys(n_tok, turn_start, turn_count, turn, source, mask, key, n_policy, n_trainable): turn keys and "
      "per-turn counts, GIL released."},
@@ -1016,12 +1063,6 @@ static PyMethodDef methods[] = {
     {"terms", terms, METH_VARARGS, "terms(at, rew, rew_present, kl, kl_present, out): R413's terms, GIL released."},
     {"placement", placement, METH_VARARGS,
      "placement(n_tok, source, turn, v, present, wrong, n_placed): R411's misplaced values, GIL released."},
-    {"routes", routes, METH_VARARGS,
-     "routes(n_tok, key, source, v, present, fits, pv, lo, hi, lost, wrong, other): P505's per-token conditions, "
-     "GIL released."},
-    {"streams", streams, METH_VARARGS,
-     "streams(mask, source, stream, stream_present, weight, weight_present, out): M110's per-token conditions as "
-     "bits, GIL released; returns the OR of the bits."},
     {"outside", outside, METH_VARARGS,
      "outside(held, length, ids, miss): L210's tokens outside their recorded nucleus, GIL released."},
     {"sha_extensions", sha_extensions, METH_NOARGS, "Whether the CPU's SHA instructions are used."},
@@ -1031,6 +1072,15 @@ static PyMethodDef methods[] = {
     {"hex_differs", hex_differs, METH_VARARGS,
      "hex_differs(offsets, data, valid, at, digests, out): recorded hex digests against SHA-256 digests, GIL "
      "released."},
+    {"token_stats", token_stats, METH_VARARGS,
+     "token_stats(n_tok, source, mask, lp, lp_present, weights, out): per-row token statistics from the counts "
+     "by category, GIL released."},
+    {"routes64", routes64, METH_VARARGS,
+     "routes64(n_tok, key, source, v, present, fits, pv, lo, hi, lost, wrong, other): P505's per-token "
+     "conditions over int64 routes, GIL released."},
+    {"streams8", streams8, METH_VARARGS,
+     "streams8(mask, source, stream, stream_present, weight, weight_present, out): M110's per-token conditions "
+     "over uint8 streams as bits, GIL released; returns the OR of the bits."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1049,15 +1099,6 @@ PyMODINIT_FUNC PyInit__native(void) {
 /* ------------------------------------------------------------------------------------------------
  * S004's token_turn tags and M105/M107's recorded digests: one pass each instead of numpy's casts,
  * running maximum and byte matrices. */
-
-/* Whether rows of `n_tok` tokens add up to `total` (each count checked before it is added: a sum
- * that wraps around never does). */
-static int counts_add_up(const int64_t *n_tok, Py_ssize_t rows, Py_ssize_t total) {
-    Py_ssize_t sum = 0;
-    for (Py_ssize_t r = 0; r < rows && sum <= total; r++) /* a negative count, or one past the tokens, never adds up */
-        sum = n_tok[r] < 0 || n_tok[r] > total - sum ? total + 1 : sum + n_tok[r];
-    return sum == total;
-}
 
 /* turn_tags(n_tok, turn, key, late_n, late_first, wrong_n, wrong_first): per row of `n_tok`
  * consecutive tokens (int32 `turn`, its token_turn; int32 or int64 `key`, its turn key, -1 when it
@@ -1083,10 +1124,8 @@ static PyObject *turn_tags(PyObject *self, PyObject *args) {
     if (!wf)
         goto done;
     const int64_t *n_tok = ntok->buf;
-    if (!counts_add_up(n_tok, rows, total)) {
-        PyErr_SetString(PyExc_ValueError, "turn_tags: token counts do not add up to the token arrays' length");
+    if (counts_add_up(n_tok, rows, total, "turn_tags") < 0)
         goto done;
-    }
     const int32_t *tt = turn->buf, *k32 = key->buf;
     const int64_t *k64 = key->buf;
     int wide = key->itemsize == 8;

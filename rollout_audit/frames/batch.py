@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..contract import schema as S
-from ..reading.arrays import as_bools, fill_null, from_numpy, list_lengths, scalar, to_numpy, validity
+from ..reading.arrays import as_bools, fill_null, from_numpy, list_lengths, scalar, stored, to_numpy, validity
 from . import native
 
 TOKEN_LISTS = S.TOKEN_LISTS
@@ -40,6 +40,21 @@ STAT_INPUTS: dict[str, tuple[str, ...]] = {
     **{f"n_lp_src{s}": ("behavior_logprobs", "token_source") for s in _SRC},
     "n_src_invalid": ("token_source",),
 }
+# each token category of `native.token_stats` (source 0..5, trainable, log-prob state: none, valid,
+# invalid; flattened), as its source, trainable flag and state; and the categories each count adds up
+_CS, _CT, _CL = np.indices((_NSRC, 2, _NLP)).reshape(3, -1)
+_STAT_CATEGORIES: dict[str, np.ndarray] = {
+    "n_tokens": _CS >= 0,
+    "n_trainable": _CT == 1,
+    "n_policy": _CS == S.POLICY,
+    **{f"n_trainable_src{s}": (_CT == 1) & (_CS == s) for s in _SRC},
+    "n_policy_unmasked": (_CS == S.POLICY) & (_CT == 0),
+    "n_trainable_bad_lp": (_CT == 1) & (_CL != 1),
+    "n_lp_nonpolicy": (_CS != S.POLICY) & (_CL > 0),
+    **{f"n_lp_src{s}": (_CS == s) & (_CL > 0) for s in _SRC},
+    "n_src_invalid": _CS == 5,
+}
+_STAT_WEIGHTS = np.stack(list(_STAT_CATEGORIES.values()), axis=1)
 # per-turn values recomputed from the tokens of each turn (`Tokens.turn_values`)
 TURN_INPUTS: dict[str, tuple[str, ...]] = {
     "rc_n_policy": ("token_source", "token_turn"),
@@ -93,10 +108,9 @@ def _floats(a: pa.Array) -> np.ndarray:
     """A float array's values as numpy without a copy; values under a null are undefined."""
     if not len(a):
         return np.zeros(0, np.float32)
-    dt = np.float32 if pa.types.is_float32(a.type) else np.float64
     if not (pa.types.is_float32(a.type) or pa.types.is_float64(a.type)):
         return to_numpy(pc.fill_null(a.cast(pa.float64()), scalar(np.nan, pa.float64())))
-    return np.frombuffer(a.buffers()[1], dt, len(a), a.offset * np.dtype(dt).itemsize)
+    return stored(a)
 
 
 def _sources(a: pa.Array) -> np.ndarray:
@@ -265,28 +279,9 @@ class Tokens:
     @cached_property
     def stats(self) -> pl.DataFrame:
         """Per-trajectory token counts (`STAT_INPUTS`), from the per-row counts of each token
-        category (`native.token_counts`); null on rows whose lists do not line up."""
-        n = self.batch.n
-        if not self.ok.any():
-            counts = np.zeros((n, _NSRC, 2, _NLP), np.int64)
-        else:
-            counts = native.token_counts(self.n_tok, self.source, self.mask, self.lp, self.lp_present)
-        cols = {
-            "n_tokens": counts.sum(axis=(1, 2, 3)),
-            "n_trainable": counts[:, :, 1, :].sum(axis=(1, 2)),
-            "n_policy": counts[:, S.POLICY].sum(axis=(1, 2)),
-        }
-        for s in _SRC:
-            cols[f"n_trainable_src{s}"] = counts[:, s, 1, :].sum(axis=1)
-        cols["n_policy_unmasked"] = counts[:, S.POLICY, 0, :].sum(axis=1)
-        cols["n_trainable_bad_lp"] = counts[:, :, 1, 0].sum(axis=1) + counts[:, :, 1, 2].sum(axis=1)
-        cols["n_lp_nonpolicy"] = counts[:, :, :, 1:].sum(axis=(2, 3)).sum(axis=1) - counts[:, S.POLICY, :, 1:].sum(
-            axis=(1, 2)
-        )
-        for s in _SRC:
-            cols[f"n_lp_src{s}"] = counts[:, s, :, 1:].sum(axis=(1, 2))
-        cols["n_src_invalid"] = counts[:, 5].sum(axis=(1, 2))
-        df = pl.DataFrame({k: v.astype(np.int64, copy=False) for k, v in cols.items()})
+        category (`native.token_stats`); null on rows whose lists do not line up."""
+        cols = native.token_stats(self.n_tok, self.source, self.mask, self.lp, self.lp_present, _STAT_WEIGHTS)
+        df = pl.DataFrame({name: cols[i] for i, name in enumerate(_STAT_CATEGORIES)})
         if not self.ok.all():  # counts of rows whose lists do not line up are unknown
             df = df.with_columns(pl.when(pl.Series(self.ok)).then(pl.all()))
         return df

@@ -63,21 +63,42 @@ def lp_states(lp: np.ndarray, present: np.ndarray) -> np.ndarray:
     return state
 
 
-def token_counts(
-    n_tok: np.ndarray, source: np.ndarray, mask: np.ndarray, lp: np.ndarray, present: np.ndarray
+def token_stats(
+    n_tok: np.ndarray, source: np.ndarray, mask: np.ndarray, lp: np.ndarray, present: np.ndarray, weights: np.ndarray
 ) -> np.ndarray:
-    """Per row (its `n_tok` consecutive tokens), how many tokens of each category: an int64 array
-    of shape (rows, source, trainable, log-prob state), `source` already folded into 0..5."""
-    n = n_tok.size
-    if ACTIVE is not None:
-        out = np.empty((n, N_SOURCE, 2, N_LP), np.int64)
-        ACTIVE.token_counts(np.ascontiguousarray(n_tok, np.int64), source, mask, lp, present, out)
-        return out
-    return token_counts_numpy(n_tok, source, mask, lp_states(lp, present))
+    """Per row (its `n_tok` consecutive tokens), k statistics of its tokens as an int64 array of
+    shape (k, rows): statistic s counts the tokens whose category (source, any value past 4 as 5;
+    trainable; log-prob state: the axes of `token_counts_numpy`, flattened) has weights[c, s] set
+    (`weights`: bool, 36 x k)."""
+    kernel = getattr(ACTIVE, "token_stats", None)  # a core built before `token_stats`: the numpy path
+    if kernel is None:
+        return token_stats_numpy(n_tok, source, mask, lp, present, weights)
+    out = np.empty((weights.shape[1], n_tok.size), np.int64)
+    kernel(
+        np.ascontiguousarray(n_tok, np.int64),
+        np.ascontiguousarray(source, np.uint8),
+        np.ascontiguousarray(mask).view(np.uint8),
+        np.ascontiguousarray(lp),
+        np.ascontiguousarray(present).view(np.uint8),
+        np.ascontiguousarray(weights, np.uint8),
+        out,
+    )
+    return out
+
+
+def token_stats_numpy(*arrays: np.ndarray) -> np.ndarray:
+    """`token_stats` in numpy (the same arguments): the per-row counts of every category, then one
+    integer product with the weights."""
+    n_tok, source, mask, lp, present, weights = arrays
+    folded = np.minimum(source, np.uint8(N_SOURCE - 1))  # any source past 4 counts as 5, as `Tokens` folds it
+    counts = token_counts_numpy(n_tok, folded, mask, lp_states(lp, present)).reshape(n_tok.size, N_SOURCE * 2 * N_LP)
+    return weights.T.astype(np.int64) @ counts.T
 
 
 def token_counts_numpy(n_tok: np.ndarray, source: np.ndarray, mask: np.ndarray, lp_state: np.ndarray) -> np.ndarray:
-    """`token_counts` in numpy: one bincount over a combined category code."""
+    """Per row (its `n_tok` consecutive tokens), how many tokens of each category: an int64 array
+    of shape (rows, source, trainable, log-prob state), `source` already folded into 0..5; one
+    bincount over a combined category code."""
     n, per = n_tok.size, N_SOURCE * 2 * N_LP
     small = source * np.uint8(2 * N_LP)  # the token's category, 0..35
     small += mask.view(np.uint8) * np.uint8(N_LP)
@@ -211,24 +232,25 @@ def routes(
     lo: np.ndarray,
     hi: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """P505's per-token conditions over the routes `v` of a batch's tokens (NaN where none), as bool
+    """P505's per-token conditions over the routes `v` of a batch's tokens (as stored: int64 read
+    only where `present`, or floats, NaN where none; each compared as its float64 value), as bool
     arrays: (lost) a token of a row whose list fits (`fits`) without a value (`present`; None: every
     token has one) before its row's last policy token (no log-prob reads the routes from there on);
     (wrong) a policy token of a turn (`key` >= 0), not its row's first, whose log-prob is read
     through the routes at the position before it, when those differ from its turn's version
     pv[key] (a turn without a version, or no value at that position, is not compared); (other) a
     token the policy did not sample whose value lies outside its row's [lo, hi]."""
-    if ACTIVE is None:
-        return routes_numpy(n_tok, key, source, v, present, fits, pv, lo, hi)
+    kernel = getattr(ACTIVE, "routes64", None) if v.dtype == np.int64 else None  # a core built before `routes64`
+    if kernel is None:
+        return routes_numpy(n_tok, key, source, floats(v, present), present, fits, pv, lo, hi)
     total = key.size
     lost, wrong, other = (np.empty(total, np.bool_) for _ in range(3))
-    have = np.zeros(0, np.uint8) if present is None else np.ascontiguousarray(present).view(np.uint8)
-    ACTIVE.routes(
+    kernel(
         np.ascontiguousarray(n_tok, np.int64),
         np.ascontiguousarray(key),
         np.ascontiguousarray(source),
-        np.ascontiguousarray(v, np.float64),
-        have,
+        np.ascontiguousarray(v),
+        _flags(present),
         np.ascontiguousarray(fits).view(np.uint8),
         np.ascontiguousarray(pv, np.float64),
         np.ascontiguousarray(lo, np.float64),
@@ -240,8 +262,21 @@ def routes(
     return lost, wrong, other
 
 
+def floats(v: np.ndarray, present: np.ndarray | None) -> np.ndarray:
+    """A token list's values as floats, NaN where not present (`present` None: every one is): an
+    integer array cast to float64 (past 2^53 to the nearest float), a float array as it is (NaN
+    already where it has no value)."""
+    if v.dtype.kind == "f":
+        return v
+    out = v.astype(np.float64)
+    if present is not None:
+        out[~present] = np.nan
+    return out
+
+
 def routes_numpy(*arrays: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`routes` in numpy (the same arguments): per-token gathers of the turns' and rows' versions."""
+    """`routes` in numpy (the same arguments, float routes): per-token gathers of the turns' and rows'
+    versions."""
     n_tok, key, source, v, present, fits, pv, lo, hi = arrays
     row = np.repeat(np.arange(n_tok.size), n_tok)
     starts = np.zeros(n_tok.size + 1, np.int64)
@@ -352,20 +387,20 @@ def streams(
     nor observation (3) text; UNKNOWN_STREAM, a token in the loss in a stream above 1 (a stream
     counts as its value truncated toward zero, 0 where not present); BAD_WEIGHT, a present weight
     that is negative, NaN or +inf; WEIGHT_OFF, a valid weight > 0 outside the loss; WEIGHT_DROPPED,
-    a valid weight that is not > 0 in the loss. `stream`, `weight`: the columns' values per token
-    (float32 or float64; None when the column is absent); `*_present`: None when every token has
-    a value."""
-    kernel = getattr(ACTIVE, "streams", None)  # a core built before `streams`: the numpy path
+    a valid weight that is not > 0 in the loss. `stream`: the column's values per token as stored
+    (uint8, the contract's type, read only where present; or floats), `weight` (float32 or float64);
+    None when the column is absent; `*_present`: None when every token has a value."""
+    # the kernel reads uint8 streams; a core built before `streams8`, or another type: the numpy path
+    kernel = getattr(ACTIVE, "streams8", None) if stream is None or stream.dtype == np.uint8 else None
     if kernel is None:
         return streams_numpy(mask, source, stream, stream_present, weight, weight_present)
     out = np.empty(mask.size, np.uint8)
-    empty = np.zeros(0, np.float64)
     seen = kernel(
         np.ascontiguousarray(mask).view(np.uint8),
         np.ascontiguousarray(source, np.uint8),
-        empty if stream is None else np.ascontiguousarray(stream),
+        np.zeros(0, np.uint8) if stream is None else np.ascontiguousarray(stream),
         _flags(stream_present),
-        empty if weight is None else np.ascontiguousarray(weight),
+        np.zeros(0, np.float64) if weight is None else np.ascontiguousarray(weight),
         _flags(weight_present),
         out,
     )
@@ -377,7 +412,7 @@ def streams_numpy(*arrays: Any) -> tuple[np.ndarray, int]:
     mask, source, stream, stream_present, weight, weight_present = arrays
     out = np.zeros(mask.size, np.uint8)
     if stream is not None:
-        st = np.trunc(np.nan_to_num(stream, nan=0.0))
+        st = np.trunc(np.nan_to_num(stream, nan=0.0)) if stream.dtype.kind == "f" else stream
         if stream_present is not None:
             st = np.where(stream_present, st, 0.0)
         echo_wrong = mask & (st == 1) & (source != 1) & (source != 3)

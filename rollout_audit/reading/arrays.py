@@ -72,6 +72,15 @@ def _chunk(a: pa.Array) -> np.ndarray:
     return out
 
 
+def stored(a: pa.Array) -> np.ndarray:
+    """The values of an array of fixed-width numbers as numpy without a copy, in its own type; a
+    null's slot holds whatever Arrow left there (read only where `validity` holds)."""
+    dtype = np.dtype(_NUMPY[a.type])
+    if not len(a):
+        return np.zeros(0, dtype)
+    return np.frombuffer(a.buffers()[1], dtype, len(a), a.offset * dtype.itemsize)
+
+
 def to_numpy(a: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """`a.to_numpy(zero_copy_only=False)`: a read-only view of the values when `a` is one chunk of
     numbers without nulls, else a copy (NaN under a null; an integer column with nulls as float64)."""
